@@ -1,0 +1,16 @@
+"""kernels — quantized GGUF weight formats: dequantization and fused matmuls.
+
+Contract (what may live in this package):
+
+* One small, readable description per ggml block layout (``kernels/blocks.py``), and for every type
+  a numba dequantizer that is **bit-identical** to ``gguf.quants.dequantize`` (gguf 0.19.0).
+* ``matmul(w_raw, qtype, x)`` computes ``y = x @ W.T`` (i.e. ``y[t] = W @ x[t]``) for 1 or more
+  activation rows straight from the quantized bytes, never materialising the whole dequantized
+  matrix. Two paths behind one interface: ``path="numpy"`` (plain, obvious, slow) and
+  ``path="numba"`` (the default). They are tested equal within the tolerance stated in
+  ``kernels/matmul.py``; each output element is computed by one thread in a fixed order, so results
+  do not depend on the thread count or on how many activation rows are in the batch.
+* ``act_quant=True`` emulates llama.cpp's CPU activation quantization (Q8_0 / Q8_1 / Q8_K, F16 and
+  BF16 rounding) and integer block dot products, to match llama.cpp to float-accumulation noise.
+* Numeric flags (fastmath, caching, threading layer) live in ``kernels/flags.py`` only.
+"""

@@ -1,0 +1,34 @@
+"""``refimpl inspect MODEL``: what a GGUF holds, as refimpl (and llama.cpp) will read it."""
+
+from __future__ import annotations
+
+from refimpl.load import ModelFile
+
+
+def describe(m: ModelFile) -> str:
+    c, p, gf = m.config, m.plan, m.gguf
+    kinds = [c.layer_kind(il) for il in range(c.n_layer_all)]
+    n_deltanet, n_attn = kinds.count("deltanet"), kinds.count("attention")
+    mtp = {
+        "present": f"present (blk.{c.n_layer}.nextn.*; extras: {', '.join(sorted(p.mtp_extras)) or 'none'})",
+        "stripped": "stripped (no nextn block declared; converted without MTP)",
+        "missing": f"missing ({len(p.mtp_missing)} tensors of blk.{c.n_layer} absent, e.g. {p.mtp_missing[0]}; a stripped quantisation dropped them)",
+    }[p.mtp]
+    lines = [
+        f"file          {gf.path} ({gf.file_size:,} bytes)",
+        f"model         {c.name} (qwen35moe)",
+        f"layers        {c.n_layer} trunk ({n_deltanet} deltanet + {n_attn} attention) + {c.n_layer_nextn} MTP (block_count {c.n_layer_all})",
+        "layer kinds   " + " ".join({"deltanet": "D", "attention": "A", "mtp": "M"}[k] for k in kinds)
+        + "   (D = Gated DeltaNet, A = gated attention, M = MTP block)",
+        f"embedding     E={c.n_embd}  vocab V={c.n_vocab}  context {c.n_ctx_train}  rms eps {c.rms_eps:g}",
+        f"attention     H={c.n_head}  Hkv={c.n_head_kv}  D={c.head_dim}  rope R={c.n_rot} sections {list(c.rope_sections)} base {c.rope_freq_base:g} scale {c.rope_freq_scale:g}",
+        f"deltanet      Hk={c.ssm_n_group}  Hv={c.ssm_dt_rank}  S={c.ssm_d_state}  Din={c.ssm_d_inner}  conv C={c.conv_channels} Kc={c.ssm_d_conv}",
+        f"moe           X={c.n_expert} experts, top K={c.n_expert_used}, F={c.n_ff_exp}; shared expert Fs={c.n_ff_shexp}"
+        + ("; fused gate_up" if any(p.fused_gate_up) else ""),
+        f"lm head       {'tied to token_embd.weight' if p.tied else 'output.weight'}",
+        f"mtp           {mtp}",
+        f"tensors       {len(gf.tensors)}",
+    ]
+    for name, (n, b) in gf.bytes_by_qtype().items():
+        lines.append(f"  {name:<8} {n:>5} tensors {b:>16,} bytes")
+    return "\n".join(lines)

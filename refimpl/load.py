@@ -1,0 +1,27 @@
+"""Open a qwen35moe GGUF and check it: file → :class:`Config` → :class:`TensorPlan`.
+
+``open_model(path)`` is the single entry point every command uses; everything it can reject is
+rejected here, at the boundary, with a one-line :class:`~refimpl.errors.RefimplError`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from refimpl.config import Config, load_config
+from refimpl.gguf_file import GGUFFile
+from refimpl.tensors import TensorPlan, plan_tensors
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    gguf: GGUFFile
+    config: Config
+    plan: TensorPlan
+
+
+def open_model(path: str | os.PathLike) -> ModelFile:
+    gf = GGUFFile(path)
+    config = load_config(gf)
+    return ModelFile(gguf=gf, config=config, plan=plan_tensors(gf, config))

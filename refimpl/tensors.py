@@ -1,0 +1,173 @@
+"""Step 3: which tensors a qwen35moe file must hold, with which numpy shapes — checked once, here.
+
+Mirrors ``src/models/qwen35moe.cpp::load_arch_tensors`` (and ``create_tensor_qkv`` /
+``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); spec §2. Shapes are numpy order
+(ggml ``ne`` reversed): a matrix used as ``y = W @ x`` is ``(out, in)``.
+
+The result, :class:`TensorPlan`, records the variants a file may come in:
+
+* ``tied``: no ``output.weight``; the LM head is ``token_embd.weight``;
+* ``fused_gate_up[il]``: layer il has ``ffn_gate_up_exps`` (gate rows first) instead of separate
+  ``ffn_gate_exps`` / ``ffn_up_exps``;
+* ``mtp``: ``"present"`` (all nextn-block tensors there), ``"stripped"`` (the file declares no
+  nextn block — converted with ``--no-mtp``), or ``"missing"`` (``nextn_predict_layers`` says there
+  is a block, but a quantisation dropped its tensors; ``mtp_missing`` names them). llama.cpp only
+  loads MTP tensors with ``load_mtp``; the trunk never needs them.
+* ``mtp_extras``: which of the optional ``nextn.embed_tokens`` / ``nextn.shared_head_head`` /
+  ``nextn.shared_head_norm`` are present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as Q
+
+from refimpl.config import Config
+from refimpl.errors import RefimplError
+from refimpl.gguf_file import GGUFFile
+
+# Weight formats refimpl can multiply (kernels/blocks.py describes each layout).
+SUPPORTED_QTYPES = frozenset({
+    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
+    Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS,
+})
+# Tensors the CPU graph reads as plain floats (ssm_conv asserts 4-byte elements; the others are
+# vectors added or multiplied elementwise). The converter and llama-quantize keep them F32.
+F32_ONLY_SUFFIXES = ("norm.weight", "ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ffn_gate_inp_shexp.weight")
+
+MTP_EXTRAS = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight", "nextn.shared_head_norm.weight")
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    tied: bool
+    fused_gate_up: tuple[bool, ...]  # per layer index 0 … n_layer_all-1
+    mtp: str  # "present" | "stripped" | "missing"
+    mtp_missing: tuple[str, ...]
+    mtp_extras: frozenset[str]  # subset of MTP_EXTRAS present in the file
+
+
+def _attention_block(c: Config, il: int) -> dict[str, tuple[int, ...]]:
+    E, H, Hkv, D = c.n_embd, c.n_head, c.n_head_kv, c.head_dim
+    b = f"blk.{il}."
+    return {
+        b + "attn_q.weight": (2 * H * D, E),  # Q and output gate, per-head interleaved
+        b + "attn_k.weight": (Hkv * D, E),
+        b + "attn_v.weight": (Hkv * D, E),
+        b + "attn_output.weight": (E, H * D),
+        b + "attn_q_norm.weight": (D,),
+        b + "attn_k_norm.weight": (D,),
+    }
+
+
+def _deltanet_block(c: Config, il: int) -> dict[str, tuple[int, ...]]:
+    E, Hv, S, Din, C, Kc = c.n_embd, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_inner, c.conv_channels, c.ssm_d_conv
+    b = f"blk.{il}."
+    return {
+        b + "attn_qkv.weight": (C, E),  # rows [q (Hk·S) ‖ k (Hk·S) ‖ v (Hv·S)]
+        b + "attn_gate.weight": (Din, E),  # z
+        b + "ssm_conv1d.weight": (C, Kc),
+        b + "ssm_dt.bias": (Hv,),
+        b + "ssm_a": (Hv,),
+        b + "ssm_beta.weight": (Hv, E),
+        b + "ssm_alpha.weight": (Hv, E),
+        b + "ssm_norm.weight": (S,),
+        b + "ssm_out.weight": (E, Din),
+    }
+
+
+def _ffn_block(c: Config, il: int, fused: bool) -> dict[str, tuple[int, ...]]:
+    E, X, F, Fs = c.n_embd, c.n_expert, c.n_ff_exp, c.n_ff_shexp
+    b = f"blk.{il}."
+    out = {
+        b + "attn_norm.weight": (E,),
+        b + "post_attention_norm.weight": (E,),  # the pre-FFN norm
+        b + "ffn_gate_inp.weight": (X, E),
+        b + "ffn_down_exps.weight": (X, E, F),
+        b + "ffn_gate_inp_shexp.weight": (E,),
+        b + "ffn_gate_shexp.weight": (Fs, E),
+        b + "ffn_up_shexp.weight": (Fs, E),
+        b + "ffn_down_shexp.weight": (E, Fs),
+    }
+    if fused:
+        out[b + "ffn_gate_up_exps.weight"] = (X, 2 * F, E)
+    else:
+        out[b + "ffn_gate_exps.weight"] = (X, F, E)
+        out[b + "ffn_up_exps.weight"] = (X, F, E)
+    return out
+
+
+def _mtp_block(c: Config, il: int, fused: bool) -> dict[str, tuple[int, ...]]:
+    E = c.n_embd
+    b = f"blk.{il}."
+    return {
+        **_ffn_block(c, il, fused),
+        **_attention_block(c, il),
+        b + "nextn.eh_proj.weight": (E, 2 * E),  # columns [0,E) embedding half, [E,2E) hidden half
+        b + "nextn.enorm.weight": (E,),
+        b + "nextn.hnorm.weight": (E,),
+    }
+
+
+def _mtp_extra_shapes(c: Config, il: int) -> dict[str, tuple[int, ...]]:
+    V, E = c.n_vocab, c.n_embd
+    b = f"blk.{il}."
+    return {b + "nextn.embed_tokens.weight": (V, E), b + "nextn.shared_head_head.weight": (V, E), b + "nextn.shared_head_norm.weight": (E,)}
+
+
+def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
+    """Check every tensor the graph reads exists with the right shape and a supported type."""
+    t = gf.tensors
+    fused = tuple(f"blk.{il}.ffn_gate_up_exps.weight" in t for il in range(c.n_layer_all))
+
+    required: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (c.n_vocab, c.n_embd),
+        "output_norm.weight": (c.n_embd,),
+    }
+    tied = "output.weight" not in t
+    if not tied:
+        required["output.weight"] = (c.n_vocab, c.n_embd)
+    for il in range(c.n_layer):
+        if f"blk.{il}.attn_qkv.weight" in t and not c.is_recurrent[il]:
+            raise RefimplError(f"{gf.path}: fused 'blk.{il}.attn_qkv.weight' in a full-attention layer (--fuse-qkv) is not supported")
+        required.update(_ffn_block(c, il, fused[il]))
+        required.update(_deltanet_block(c, il) if c.is_recurrent[il] else _attention_block(c, il))
+
+    mtp_expected: dict[str, tuple[int, ...]] = {}
+    for il in range(c.n_layer, c.n_layer_all):
+        mtp_expected.update(_mtp_block(c, il, fused[il]))
+    missing = [name for name in required if name not in t]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise RefimplError(f"{gf.path}: missing tensor '{missing[0]}'{more}")
+    mtp_missing = tuple(name for name in mtp_expected if name not in t)
+
+    extras: dict[str, tuple[int, ...]] = {}
+    for il in range(c.n_layer, c.n_layer_all):
+        extras.update({k: v for k, v in _mtp_extra_shapes(c, il).items() if k in t})
+
+    for name, shape in {**required, **{k: v for k, v in mtp_expected.items() if k in t}, **extras}.items():
+        info = t[name]
+        if info.shape != shape:
+            raise RefimplError(
+                f"{gf.path}: tensor '{name}' has numpy shape {info.shape}, but the config implies {shape}"
+            )
+        if info.qtype not in SUPPORTED_QTYPES:
+            raise RefimplError(f"{gf.path}: tensor '{name}' has unsupported quant type {info.qtype.name}")
+        if name.endswith(F32_ONLY_SUFFIXES) and info.qtype != Q.F32:
+            raise RefimplError(f"{gf.path}: tensor '{name}' must be F32 (llama.cpp reads it as floats), got {info.qtype.name}")
+
+    if c.n_layer_nextn == 0:
+        mtp = "stripped"
+    elif mtp_missing:
+        mtp = "missing"
+    else:
+        mtp = "present"
+    return TensorPlan(
+        tied=tied,
+        fused_gate_up=fused,
+        mtp=mtp,
+        mtp_missing=mtp_missing,
+        mtp_extras=frozenset(name.split(".", 2)[2] for name in extras),
+    )

@@ -1,0 +1,117 @@
+"""Gated full attention (``llama_model_qwen35moe::graph::build_layer_attn``, spec §3.3).
+
+Per token at position p, input a [E]:
+
+1. ``Qcur_full = W_q a`` [2·H·D], viewed [H, 2, D]: head h's query is ``[h, 0]``, its output gate
+   ``[h, 1]`` (memory ``[q_0 | g_0 | q_1 | g_1 | …]``). ``Kcur = W_k a``, ``Vcur = W_v a`` [Hkv, D].
+2. q and k RMSNorm over D with ``attn_q_norm`` / ``attn_k_norm`` (weights stored as 1+w).
+3. IMRoPE on q and k (:func:`rope_imrope`).
+4. K, V appended to this layer's cache; GQA: query head h reads KV head ``h // (H/Hkv)``.
+5. ``softmax(q·k / sqrt(D))`` over cached positions ≤ p (causal), ``o_h = Σ p·v``.
+6. ``o ⊙ sigmoid(gate)``, then ``W_o`` → ``attn_output`` [E].
+
+The KV cache lives in :class:`refimpl.state.KVCache`; this function returns a new one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refimpl.ops import F32, Ctx, dot64, mm, rms_norm_w, sigmoid, softmax, to_f16
+from refimpl.state import KVCache
+
+
+def rope_cache(pos: int, n_dims: int, sections: tuple[int, ...], freq_base: float, freq_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin for the R/2 rotated pairs at text position p (``ggml_mrope_cache_init``, IMRoPE).
+
+    Positions are (p, p, p, 0) for text tokens (``llm_graph_input_pos::set_input``). Four float32
+    angles start at those components and are each multiplied by ``theta_scale = powf(base, -2/R)``
+    once per pair (a running product, rounded step by step). Pair k takes the t/h/w/e angle by the
+    interleaved sector rule; the e angle is 0 for text, i.e. that pair is not rotated.
+    Returns (cos [R/2], sin [R/2]) in float32.
+    """
+    theta_scale = np.power(F32(freq_base), F32(-2.0) / F32(n_dims), dtype=F32)
+    s0, s1, s2, s3 = sections
+    sect_dims = s0 + s1 + s2 + s3
+    theta = {"t": F32(pos), "h": F32(pos), "w": F32(pos), "e": F32(0.0)}
+    cos = np.empty(n_dims // 2, dtype=F32)
+    sin = np.empty(n_dims // 2, dtype=F32)
+    for k in range(n_dims // 2):
+        sector = k % sect_dims
+        if sector % 3 == 1 and sector < 3 * s1:
+            which = "h"
+        elif sector % 3 == 2 and sector < 3 * s2:
+            which = "w"
+        elif sector % 3 == 0 and sector < 3 * s0:
+            which = "t"
+        else:
+            which = "e"
+        angle = F32(freq_scale) * theta[which]  # rope_yarn with ext_factor = 0, mscale = 1
+        cos[k] = np.cos(angle)
+        sin[k] = np.sin(angle)
+        for key in theta:
+            theta[key] = F32(theta[key] * theta_scale)
+    return cos, sin
+
+
+def rope_imrope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """NEOX pairing over the first R dims (``rotate_pairs`` with offset R/2); dims ≥ R unchanged.
+
+    [heads, D] -> [heads, D]
+    """
+    half = cos.shape[0]
+    out = x.copy()
+    x0, x1 = x[:, :half], x[:, half:2 * half]  # [heads, R/2] each
+    out[:, :half] = x0 * cos - x1 * sin
+    out[:, half:2 * half] = x0 * sin + x1 * cos
+    return out
+
+
+def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il: int, ctx: Ctx) -> tuple[np.ndarray, KVCache]:
+    """One gated-attention layer over a batch of T consecutive tokens of one sequence.
+
+    ``w``: :class:`refimpl.weights.AttentionWeights`; ``c``: :class:`refimpl.config.Config`;
+    ``a``: attn_norm output [T, E]; ``positions`` [T]. Returns (attn_output [T, E], new cache).
+    """
+    T = a.shape[0]
+    H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
+    qg = mm(w.attn_q, a, ctx).reshape(T, H, 2, D)  # [T, 2HD] -> [T, H, 2, D]
+    ctx.cb("Qcur_full", il, qg.reshape(T, 2 * H * D))
+    q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps)  # [T, H, D]
+    ctx.cb("Qcur_normed", il, q)
+    gate = np.ascontiguousarray(qg[:, :, 1, :]).reshape(T, H * D)  # [T, HD]
+    k = rms_norm_w(mm(w.attn_k, a, ctx).reshape(T, Hkv, D), w.attn_k_norm, c.rms_eps)  # [T, Hkv, D]
+    ctx.cb("Kcur_normed", il, k)
+    v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
+
+    for t in range(T):
+        cos, sin = rope_cache(int(positions[t]), c.n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
+        q[t] = rope_imrope(q[t], cos, sin)
+        k[t] = rope_imrope(k[t], cos, sin)
+    ctx.cb("Qcur", il, q)
+    ctx.cb("Kcur", il, k)
+    ctx.cb("Vcur", il, v)
+
+    if ctx.kv_f16:  # the cache stores F16 (llama_context default type_k = type_v = F16)
+        k, v = to_f16(k), to_f16(v)
+    kv = kv.append(k, v, positions)
+
+    scale = F32(1.0 / np.sqrt(np.float32(D)))  # kq_scale = 1/sqrtf(n_embd_head)
+    group = H // Hkv
+    o = np.empty((T, H, D), dtype=F32)
+    for t in range(T):
+        visible = kv.pos <= positions[t]  # causal mask: p_kv <= p_q (set_input_kq_mask_impl)
+        keys, vals = kv.k[visible], kv.v[visible]  # [n_kv, Hkv, D]
+        for h in range(H):
+            j = h // group  # GQA: ggml broadcast i02 = i12 / r2
+            qh = to_f16(q[t, h]) if ctx.kv_f16 else q[t, h]
+            kq = dot64(keys[:, j, :], qh) * scale  # [n_kv]
+            p = softmax(kq)  # [n_kv]
+            if ctx.kv_f16:
+                p = to_f16(p)
+            o[t, h] = dot64(vals[:, j, :].T, p)  # [D]
+    o = o.reshape(T, H * D)
+    ctx.cb("attn_pregate", il, o)
+    o = o * sigmoid(gate)  # [T, HD]
+    ctx.cb("attn_gated", il, o)
+    return ctx.cb("attn_output", il, mm(w.attn_output, o, ctx)), kv

@@ -1,0 +1,97 @@
+"""Gated DeltaNet layer (``graph::build_layer_attn_linear``, ``delta-net-base.cpp``; spec §3.4).
+
+Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464) keeps, per value head j, a matrix
+state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbols of the paper:
+
+* α_j = exp(g_j) is the decay, g_j = softplus(alpha_j + dt_bias_j) · ssm_a_j ≤ 0 (log-space;
+  ssm_a = −exp(A_log) is stored by the converter);
+* β_j = sigmoid(beta_j) ∈ (0, 1) is the write strength (the "learning rate" of the delta rule);
+* M_j ← α_j M_j;  δ = β_j (v_j − M_j k);  M_j ← M_j + δ kᵀ;  o_j = (M_j q) / sqrt(S)
+  — i.e. S ← α S (I − β k kᵀ) + β v kᵀ, read out from the *updated* state
+  (ops.cpp ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's
+  ``naive_recurrent_gated_delta_rule`` is the same recurrence).
+
+Value head j uses query/key head ``j mod Hk`` (the converter's tiled V-head order, spec §2.6).
+Before the recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window state
+carried between calls), SiLU, and L2 norm of q and k. After it, a gated RMSNorm with SiLU(z) and
+``ssm_out``.
+
+Functions are pure: state in, (output, new state) out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refimpl.ops import F32, Ctx, dot64, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
+from refimpl.state import DeltaNetState
+
+
+def causal_conv(conv_state: np.ndarray, x: np.ndarray, w_conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depthwise causal conv (``ggml_compute_forward_ssm_conv_f32``) over T new inputs.
+
+    conv_state [Kc−1, C] (oldest first), x [T, C], w_conv [C, Kc] (column Kc−1 multiplies the
+    current token). For token t the window is rows t … t+Kc−1 of ``[conv_state ‖ x]``;
+    ``y[c] = Σ_i window[i, c] · w_conv[c, i]``, summed in float32 in order i = 0 … Kc−1.
+    Returns (y [T, C], new conv_state [Kc−1, C] = the last Kc−1 rows of ``[conv_state ‖ x]``).
+    """
+    Kc = w_conv.shape[1]
+    full = np.concatenate([conv_state, x.astype(F32)])  # [Kc−1+T, C]
+    T = x.shape[0]
+    y = np.zeros((T, full.shape[1]), dtype=F32)
+    for t in range(T):
+        acc = np.zeros(full.shape[1], dtype=F32)  # float sumf = 0.0f
+        for i in range(Kc):
+            acc = acc + full[t + i] * w_conv[:, i]
+        y[t] = acc
+    return y, full[full.shape[0] - (Kc - 1):].copy()
+
+
+def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One token of the gated delta rule for all value heads; pure (M is not modified).
+
+    M [Hv, S_v, S_k]; q, k [Hv, S_k] (already mapped to value heads); v [Hv, S_v]; g, beta [Hv].
+    Returns (o [Hv, S_v], M' [Hv, S_v, S_k]).
+    """
+    S = M.shape[-1]
+    M = M * np.exp(g)[:, None, None]  # decay: M_j ← M_j · expf(g_j)
+    u = dot64(M, k[:, None, :])  # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
+    delta = (v - u) * beta[:, None]  # [Hv, S_v]
+    M = M + delta[:, :, None] * k[:, None, :]  # M[vi, ki] += δ[vi] k[ki]
+    o = dot64(M, q[:, None, :]) * (F32(1.0) / np.sqrt(F32(S)))  # read out from the updated state
+    return o.astype(F32), M.astype(F32)
+
+
+def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) -> tuple[np.ndarray, DeltaNetState]:
+    """One Gated DeltaNet layer over T consecutive tokens of one sequence.
+
+    ``w``: :class:`refimpl.weights.DeltaNetWeights`; ``a``: attn_norm output [T, E].
+    Returns (linear_attn_out [T, E], new state).
+    """
+    T = a.shape[0]
+    Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+    qkv_mixed = ctx.cb("linear_attn_qkv_mixed", il, mm(w.attn_qkv, a, ctx))  # [T, C]
+    z = ctx.cb("z", il, mm(w.attn_gate, a, ctx))  # [T, Din]
+    beta = ctx.cb("beta_sigmoid", il, sigmoid(mm(w.ssm_beta, a, ctx)))  # [T, Hv]
+    alpha = mm(w.ssm_alpha, a, ctx)  # [T, Hv]
+    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt) * w.ssm_a)  # [T, Hv], ≤ 0
+
+    conv_out, conv_state = causal_conv(st.conv, qkv_mixed, w.ssm_conv1d)  # [T, C], [Kc−1, C]
+    ctx.cb("conv_output_raw", il, conv_out)
+    y = ctx.cb("conv_output_silu", il, silu(conv_out))  # [T, C]
+
+    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
+    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
+    v = y[:, 2 * Hk * S :].reshape(T, Hv, S)  # [T, Hv, S]
+    head = np.arange(Hv) % Hk  # value head j reads q/k head j mod Hk (tiled order)
+
+    M = st.ssm
+    o = np.empty((T, Hv, S), dtype=F32)
+    for t in range(T):
+        o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t])
+    ctx.cb("attn_output_delta", il, o)
+
+    # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
+    out = rms_norm_w(o, w.ssm_norm, c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
+    final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
+    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), DeltaNetState(conv=conv_state, ssm=M)

@@ -1,0 +1,63 @@
+"""MoE FFN with a sigmoid-gated shared expert (``graph::build_layer_ffn``,
+``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``; spec §3.5).
+
+Per token, input x = RMSNorm(r, post_attention_norm) [E]:
+
+1. ``ffn_moe_logits = W_router x`` [X]; ``ffn_moe_probs = softmax`` over **all** X experts.
+2. ``ffn_moe_topk``: the K experts with the largest probability, descending (ggml's argsort
+   top-k; ties are unspecified there, lowest index first here).
+3. ``ffn_moe_weights_norm``: w = p[sel] / max(Σ p[sel], 2^-14) (renormalisation is hard-coded on
+   for this arch; no expert_weights_scale).
+4. per selected expert e, in selection order: SwiGLU ``down_e(silu(gate_e x) ⊙ up_e x)``, times w_e
+   (weights applied after the down projection), then summed left to right (a chain of ggml_add).
+5. shared expert ``down_s(silu(gate_s x) ⊙ up_s x)`` times the scalar gate
+   ``sigmoid(ffn_gate_inp_shexp · x)``; ``ffn_out = ffn_moe_out + that``.
+
+Routed experts are reached only through ``w.experts``, an object with ``gate(e)``, ``up(e)``,
+``down(e)`` returning weight matrices; ``refimpl.weights`` pins them from the memory map, and the
+expert streamer can stand in for it with the same three methods.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refimpl.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax
+
+
+def route(logits: np.ndarray, n_used: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax over all experts, top-K, renormalise. logits [T, X] -> (sel [T, K] int, w [T, K])."""
+    probs = softmax(logits)  # [T, X]
+    sel = np.argsort(-probs, axis=-1, kind="stable")[:, :n_used]  # [T, K], descending probability
+    w = np.take_along_axis(probs, sel, axis=-1)  # [T, K]
+    w_sum = np.sum(w, axis=-1, keepdims=True, dtype=F32)  # ggml_sum_rows (float)
+    w = w / np.maximum(w_sum, F32(6.103515625e-5))  # clamp at 2^-14, then divide
+    return sel, w.astype(F32)
+
+
+def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Routed experts + shared expert. x [T, E] -> (ffn_out [T, E], sel [T, K], weights [T, K])."""
+    T = x.shape[0]
+    logits = ctx.cb("ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
+    sel, weights = route(logits, c.n_expert_used)  # [T, K], [T, K]
+    ctx.cb("ffn_moe_topk", il, sel)
+    ctx.cb("ffn_moe_weights_norm", il, weights)
+
+    moe_out = np.zeros((T, c.n_embd), dtype=F32)
+    for t in range(T):
+        xt = x[t : t + 1]  # [1, E]: mul_mat_id shares the token's activation row across experts
+        acc = None
+        for i, e in enumerate(sel[t]):
+            gate = mm(w.experts.gate(int(e)), xt, ctx)  # [1, F]
+            up = mm(w.experts.up(int(e)), xt, ctx)  # [1, F]
+            y = mm(w.experts.down(int(e)), silu(gate) * up, ctx)[0] * weights[t, i]  # [E]
+            acc = y if acc is None else acc + y
+        moe_out[t] = acc
+    ctx.cb("ffn_moe_out", il, moe_out)
+
+    shexp = mm(w.ffn_down_shexp, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx), ctx)  # [T, E]
+    ctx.cb("ffn_shexp", il, shexp)
+    shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :]))  # [T]: a [E]·[E, T] mat-vec
+    ctx.cb("shared_expert_gate_sigmoid", il, shared_gate)
+    out = moe_out + shexp * shared_gate[:, None]  # [T, E]
+    return ctx.cb("ffn_out", il, out), sel, weights

@@ -1,0 +1,112 @@
+"""Primitive operations, each written to compute what llama.cpp's CPU op computes (spec §3.1).
+
+All activations are float32 (as in llama.cpp). Reductions that llama.cpp accumulates in double
+(RMSNorm's sum of squares, softmax's sum) are accumulated in float64 here too; dot products are
+float64-accumulated and rounded once (closer to exact than ggml's float32 SIMD sums, whose order
+varies by kernel). Every function treats each row (last axis) independently and identically, so a
+batch of T rows gives bit-identical results to T single-row calls — the property that makes
+verify batches exact in this oracle.
+
+Shapes use the legend of docs/architecture.md; ``...`` is any leading batch shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+import kernels
+
+F32 = np.float32
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """How to compute and what to record, passed to every layer function.
+
+    * ``act_quant``: emulate llama.cpp's per-matmul activation quantization (Q8_0/Q8_1/Q8_K, F16/BF16
+      rounding) — spec §7.2, ``kernels.matmul(act_quant=True)``.
+    * ``kv_f16``: emulate llama.cpp's default F16 K/V cache (K and V rounded to F16 when stored; with
+      flash attention off Q is rounded to F16 for K·Q and the softmax probabilities for P·V).
+    * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the quantized
+      matmul runs; both compute the same numbers (kernels/matmul.py states the tolerance).
+    * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
+      — ``il`` = -1 for model-level tensors; ``None`` records nothing.
+    """
+
+    act_quant: bool = False
+    kv_f16: bool = False
+    kernel: str = "numba"
+    trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
+
+    def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
+        """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``."""
+        if self.trace is not None:
+            self.trace(name, il, x)
+        return x
+
+
+def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
+    """``ggml_mul_mat(W, x)``: [T, in] -> [T, out] for a weight W of numpy shape (out, in)."""
+    return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """``ggml_rms_norm`` (ops.cpp ``ggml_compute_forward_rms_norm_f32``), without the weight.
+
+    Squares are float32 products summed in double; ``mean = (float)(sum / n)``;
+    ``scale = 1.0f / sqrtf(mean + eps)``; ``y = x * scale``.  [..., n] -> [..., n]
+    """
+    x = np.asarray(x, dtype=F32)
+    ss = np.sum((x * x).astype(np.float64), axis=-1, keepdims=True)  # [..., 1]
+    mean = (ss / x.shape[-1]).astype(F32)
+    scale = F32(1.0) / np.sqrt(mean + F32(eps))
+    return x * scale
+
+
+def rms_norm_w(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """``build_norm(x, w, LLM_NORM_RMS)``: RMSNorm then multiply by the stored weight (already 1+w)."""
+    return rms_norm(x, eps) * w
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """``build_gdn_l2_norm`` (src/models/models.h): ``rms_norm(x, eps/n) * (1/sqrtf(n))``
+    = x / sqrt(Σx² + eps).  [..., n] -> [..., n]"""
+    n = x.shape[-1]
+    return rms_norm(x, eps / n) * (F32(1.0) / np.sqrt(F32(n)))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """``op_sigmoid``: 1 / (1 + expf(-x))."""
+    return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``ggml_vec_silu_f32``: x / (1 + exp(-x))."""
+    return x / (F32(1.0) + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """``op_softplus``: x > 20 ? x : logf(1 + expf(x))."""
+    with np.errstate(over="ignore"):
+        return np.where(x > F32(20.0), x, np.log(F32(1.0) + np.exp(x))).astype(F32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """``ggml_compute_forward_soft_max_f32``: e = exp(x - max), Σ in double, p = e * (float)(1/Σ)."""
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    s = np.sum(e.astype(np.float64), axis=-1, keepdims=True)
+    return e * (1.0 / s).astype(F32)
+
+
+def dot64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Σ a·b over the last axis, float64 accumulation, rounded once to float32."""
+    return np.einsum("...i,...i->...", a.astype(np.float64), b.astype(np.float64)).astype(F32)
+
+
+def to_f16(x: np.ndarray) -> np.ndarray:
+    """Round float32 to F16 (nearest even) and back, as ggml's fp32→fp16 conversion does."""
+    return x.astype(np.float16).astype(F32)

@@ -1,0 +1,184 @@
+"""Step 3b: the weights, grouped by layer, as views into the GGUF memory map.
+
+Matrices stay in their stored format (a :class:`Matrix` is the raw bytes plus the quant type);
+``refimpl.ops.mm`` multiplies them through ``kernels.matmul`` without dequantizing the whole
+matrix. Vectors (norms, biases, ssm_a, the conv kernel) are float32 arrays — the loader has checked
+they are F32. Attribute names are the GGUF tensor names without ``blk.N.`` and ``.weight``.
+
+Conventions baked into the file by the converter (spec §2.6) are used as stored: norm weights
+already include the +1 (except ``ssm_norm``), ``ssm_a`` = −exp(A_log), value heads in tiled order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+import kernels
+from refimpl.load import ModelFile
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A 2-D weight used as ``y = W @ x``: numpy shape (out, in), raw rows in ``qtype``."""
+
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]
+    raw: np.ndarray
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """Dequantized rows (``ggml_get_rows``): [n] -> [n, in] float32."""
+        return kernels.dequantize(self.raw[np.asarray(idx)], self.qtype, self.shape[1])
+
+
+@dataclass(frozen=True)
+class PinnedExperts:
+    """Routed expert matrices read from the memory map: ``gate(e)``, ``up(e)``, ``down(e)``.
+
+    ``gate_up`` is the fused [X, 2F, E] tensor when the file has one (gate rows first).
+    """
+
+    gate_exps: Matrix | None  # [X, F, E] viewed per expert
+    up_exps: Matrix | None
+    gate_up_exps: Matrix | None
+    down_exps: Matrix  # [X, E, F]
+    n_ff: int
+
+    def _slice(self, m: Matrix, e: int, start: int = 0, stop: int | None = None) -> Matrix:
+        raw = m.raw[e][start:stop]
+        return Matrix(f"{m.name}[{e}]", m.qtype, (raw.shape[0], m.shape[-1]), raw)
+
+    def gate(self, e: int) -> Matrix:
+        if self.gate_up_exps is not None:
+            return self._slice(self.gate_up_exps, e, 0, self.n_ff)
+        return self._slice(self.gate_exps, e)
+
+    def up(self, e: int) -> Matrix:
+        if self.gate_up_exps is not None:
+            return self._slice(self.gate_up_exps, e, self.n_ff, 2 * self.n_ff)
+        return self._slice(self.up_exps, e)
+
+    def down(self, e: int) -> Matrix:
+        return self._slice(self.down_exps, e)
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    attn_q: Matrix  # [2HD, E]
+    attn_k: Matrix  # [Hkv·D, E]
+    attn_v: Matrix  # [Hkv·D, E]
+    attn_output: Matrix  # [E, HD]
+    attn_q_norm: np.ndarray  # [D]
+    attn_k_norm: np.ndarray  # [D]
+
+
+@dataclass(frozen=True)
+class DeltaNetWeights:
+    attn_qkv: Matrix  # [C, E]
+    attn_gate: Matrix  # [Din, E]
+    ssm_beta: Matrix  # [Hv, E]
+    ssm_alpha: Matrix  # [Hv, E]
+    ssm_out: Matrix  # [E, Din]
+    ssm_conv1d: np.ndarray  # [C, Kc]
+    ssm_dt: np.ndarray  # [Hv] (ssm_dt.bias)
+    ssm_a: np.ndarray  # [Hv] = −exp(A_log)
+    ssm_norm: np.ndarray  # [S], plain weight
+
+
+@dataclass(frozen=True)
+class FFNWeights:
+    ffn_gate_inp: Matrix  # router [X, E]
+    experts: PinnedExperts
+    ffn_gate_inp_shexp: np.ndarray  # [E]
+    ffn_gate_shexp: Matrix  # [Fs, E]
+    ffn_up_shexp: Matrix  # [Fs, E]
+    ffn_down_shexp: Matrix  # [E, Fs]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # [E]
+    post_attention_norm: np.ndarray  # [E], the pre-FFN norm
+    mixer: AttentionWeights | DeltaNetWeights
+    ffn: FFNWeights
+
+
+@dataclass(frozen=True)
+class Weights:
+    token_embd: Matrix  # [V, E]
+    output_norm: np.ndarray  # [E]
+    output: Matrix  # [V, E]; token_embd itself when tied
+    layers: tuple[LayerWeights, ...]  # trunk layers 0 … n_layer-1
+
+
+def _matrix(m: ModelFile, name: str) -> Matrix:
+    info = m.gguf.tensors[name]
+    return Matrix(name, info.qtype, info.shape, m.gguf.raw(name))
+
+
+def _vector(m: ModelFile, name: str) -> np.ndarray:
+    return np.asarray(m.gguf.raw(name), dtype=np.float32)
+
+
+def _optional(m: ModelFile, name: str) -> Matrix | None:
+    return _matrix(m, name) if name in m.gguf.tensors else None
+
+
+def layer_weights(m: ModelFile, il: int, attention: bool) -> LayerWeights:
+    b = f"blk.{il}."
+    if attention:
+        mixer = AttentionWeights(
+            attn_q=_matrix(m, b + "attn_q.weight"),
+            attn_k=_matrix(m, b + "attn_k.weight"),
+            attn_v=_matrix(m, b + "attn_v.weight"),
+            attn_output=_matrix(m, b + "attn_output.weight"),
+            attn_q_norm=_vector(m, b + "attn_q_norm.weight"),
+            attn_k_norm=_vector(m, b + "attn_k_norm.weight"),
+        )
+    else:
+        mixer = DeltaNetWeights(
+            attn_qkv=_matrix(m, b + "attn_qkv.weight"),
+            attn_gate=_matrix(m, b + "attn_gate.weight"),
+            ssm_beta=_matrix(m, b + "ssm_beta.weight"),
+            ssm_alpha=_matrix(m, b + "ssm_alpha.weight"),
+            ssm_out=_matrix(m, b + "ssm_out.weight"),
+            ssm_conv1d=_vector(m, b + "ssm_conv1d.weight"),
+            ssm_dt=_vector(m, b + "ssm_dt.bias"),
+            ssm_a=_vector(m, b + "ssm_a"),
+            ssm_norm=_vector(m, b + "ssm_norm.weight"),
+        )
+    experts = PinnedExperts(
+        gate_exps=_optional(m, b + "ffn_gate_exps.weight"),
+        up_exps=_optional(m, b + "ffn_up_exps.weight"),
+        gate_up_exps=_optional(m, b + "ffn_gate_up_exps.weight"),
+        down_exps=_matrix(m, b + "ffn_down_exps.weight"),
+        n_ff=m.config.n_ff_exp,
+    )
+    ffn = FFNWeights(
+        ffn_gate_inp=_matrix(m, b + "ffn_gate_inp.weight"),
+        experts=experts,
+        ffn_gate_inp_shexp=_vector(m, b + "ffn_gate_inp_shexp.weight"),
+        ffn_gate_shexp=_matrix(m, b + "ffn_gate_shexp.weight"),
+        ffn_up_shexp=_matrix(m, b + "ffn_up_shexp.weight"),
+        ffn_down_shexp=_matrix(m, b + "ffn_down_shexp.weight"),
+    )
+    return LayerWeights(
+        attn_norm=_vector(m, b + "attn_norm.weight"),
+        post_attention_norm=_vector(m, b + "post_attention_norm.weight"),
+        mixer=mixer,
+        ffn=ffn,
+    )
+
+
+def load_weights(m: ModelFile) -> Weights:
+    c = m.config
+    token_embd = _matrix(m, "token_embd.weight")
+    return Weights(
+        token_embd=token_embd,
+        output_norm=_vector(m, "output_norm.weight"),
+        output=token_embd if m.plan.tied else _matrix(m, "output.weight"),
+        layers=tuple(layer_weights(m, il, attention=not c.is_recurrent[il]) for il in range(c.n_layer)),
+    )

@@ -1,0 +1,376 @@
+"""Dequantization: raw GGUF rows -> float32, bit-identical to ``gguf.quants.dequantize`` (gguf 0.19.0).
+
+``dequantize(raw, qtype)`` is the public entry point. Underneath, one numba row decoder per type,
+``_deq_<type>(src, dst)``, turns the bytes of one row (``src``, uint8) into its values (``dst``,
+float32). Each decoder performs the same float32 operations in the same order as gguf's numpy code
+(which matches ggml's ``dequantize_row_*``):
+
+* scales are converted from f16 exactly, then ``d * sc`` (and ``dmin * m``) is formed first,
+* then multiplied by the integer quant, then the min is subtracted: ``(d*sc)*q - dmin*m``;
+  Q4_1/Q5_1 add their min last: ``(d*q) + m``; Q6_K is ``(d*sc)*q``.
+
+No fused multiply-add is formed (``flags.FASTMATH`` is off), so every intermediate is a rounded
+float32, as in numpy. Layouts and field names are in :mod:`kernels.blocks`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .blocks import QT, WEIGHT_TYPES, weight_layout
+from .flags import jit
+from .floats import E8M0_HALF, f16_at, f16_bits_to_f32
+
+#: The 16 values of a 4-bit MXFP4 code: twice the E2M1 values (``kvalues_mxfp4``).
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+#: The non-linear 16-entry table of IQ4_NL and IQ4_XS (``kvalues_iq4nl``).
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+# Type codes for the compiled dispatch below (numba cannot hold enum members; these are their values
+# under their names, and nothing else in the package spells a type as a number).
+_F32, _F16, _BF16 = int(QT.F32), int(QT.F16), int(QT.BF16)
+_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QT.Q8_0), int(QT.Q4_0), int(QT.Q4_1), int(QT.Q5_0), int(QT.Q5_1)
+_MXFP4, _IQ4_NL, _IQ4_XS = int(QT.MXFP4), int(QT.IQ4_NL), int(QT.IQ4_XS)
+_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QT.Q2_K), int(QT.Q3_K), int(QT.Q4_K), int(QT.Q5_K), int(QT.Q6_K)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain floats
+
+
+@jit()
+def _deq_f32(src, dst):
+    x = src.view(np.float32)
+    for i in range(dst.size):
+        dst[i] = x[i]
+
+
+@jit()
+def _deq_f16(src, dst):
+    for i in range(dst.size):
+        dst[i] = f16_at(src, 2 * i)
+
+
+@jit()
+def _deq_bf16(src, dst):
+    bits = dst.view(np.uint32)  # write the float32 bit pattern directly: (u16 << 16)
+    for i in range(dst.size):
+        bits[i] = np.uint32((int(src[2 * i]) | (int(src[2 * i + 1]) << 8)) << 16)
+
+
+# --------------------------------------------------------------------------------------------
+# 32-value blocks
+
+
+@jit()
+def _deq_q8_0(src, dst):
+    qs = src.view(np.int8)
+    for b in range(dst.size // 32):
+        o = 34 * b
+        d = f16_at(src, o)
+        for j in range(32):
+            dst[32 * b + j] = np.float32(qs[o + 2 + j]) * d
+
+
+@jit()
+def _deq_q4_0(src, dst):
+    for b in range(dst.size // 32):
+        o = 18 * b
+        d = f16_at(src, o)
+        for j in range(16):
+            byte = int(src[o + 2 + j])
+            dst[32 * b + j] = d * np.float32((byte & 15) - 8)
+            dst[32 * b + j + 16] = d * np.float32((byte >> 4) - 8)
+
+
+@jit()
+def _deq_q4_1(src, dst):
+    for b in range(dst.size // 32):
+        o = 20 * b
+        d = f16_at(src, o)
+        m = f16_at(src, o + 2)
+        for j in range(16):
+            byte = int(src[o + 4 + j])
+            dst[32 * b + j] = d * np.float32(byte & 15) + m
+            dst[32 * b + j + 16] = d * np.float32(byte >> 4) + m
+
+
+@jit()
+def _qh32(src, o):
+    """The little-endian uint32 at ``src[o:o+4]`` (the 5th bits of Q5_0 / Q5_1)."""
+    return int(src[o]) | (int(src[o + 1]) << 8) | (int(src[o + 2]) << 16) | (int(src[o + 3]) << 24)
+
+
+@jit()
+def _deq_q5_0(src, dst):
+    for b in range(dst.size // 32):
+        o = 22 * b
+        d = f16_at(src, o)
+        qh = _qh32(src, o + 2)
+        for j in range(16):
+            byte = int(src[o + 6 + j])
+            lo = (byte & 15) | (((qh >> j) & 1) << 4)
+            hi = (byte >> 4) | (((qh >> (j + 16)) & 1) << 4)
+            dst[32 * b + j] = d * np.float32(lo - 16)
+            dst[32 * b + j + 16] = d * np.float32(hi - 16)
+
+
+@jit()
+def _deq_q5_1(src, dst):
+    for b in range(dst.size // 32):
+        o = 24 * b
+        d = f16_at(src, o)
+        m = f16_at(src, o + 2)
+        qh = _qh32(src, o + 4)
+        for j in range(16):
+            byte = int(src[o + 8 + j])
+            lo = (byte & 15) | (((qh >> j) & 1) << 4)
+            hi = (byte >> 4) | (((qh >> (j + 16)) & 1) << 4)
+            dst[32 * b + j] = d * np.float32(lo) + m
+            dst[32 * b + j + 16] = d * np.float32(hi) + m
+
+
+@jit()
+def _deq_mxfp4(src, dst):
+    for b in range(dst.size // 32):
+        o = 17 * b
+        d = E8M0_HALF[src[o]]
+        for j in range(16):
+            byte = int(src[o + 1 + j])
+            dst[32 * b + j] = d * np.float32(MXFP4_VALUES[byte & 15])
+            dst[32 * b + j + 16] = d * np.float32(MXFP4_VALUES[byte >> 4])
+
+
+@jit()
+def _deq_iq4_nl(src, dst):
+    for b in range(dst.size // 32):
+        o = 18 * b
+        d = f16_at(src, o)
+        for j in range(16):
+            byte = int(src[o + 2 + j])
+            dst[32 * b + j] = d * np.float32(IQ4NL_VALUES[byte & 15])
+            dst[32 * b + j + 16] = d * np.float32(IQ4NL_VALUES[byte >> 4])
+
+
+# --------------------------------------------------------------------------------------------
+# 256-value super-blocks
+
+
+@jit()
+def _deq_q2_k(src, dst):
+    for b in range(dst.size // 256):
+        o = 84 * b
+        d = f16_at(src, o + 80)
+        dmin = f16_at(src, o + 82)
+        for g in range(16):  # group g = 8n + 2j + h: half n, shift 2j, 16-value half h of a 32-run
+            n, j, h = g >> 3, (g >> 1) & 3, g & 1
+            sc = int(src[o + g])
+            dl = d * np.float32(sc & 15)
+            ml = dmin * np.float32(sc >> 4)
+            for l in range(16):
+                q = (int(src[o + 16 + 32 * n + 16 * h + l]) >> (2 * j)) & 3
+                dst[256 * b + 16 * g + l] = dl * np.float32(q) - ml
+
+
+@jit()
+def _q3_k_scale(src, o, i):
+    """Six-bit scale ``i`` (0..15) of the Q3_K block at ``src[o:]``, as stored (0..63, offset 32)."""
+    low = (int(src[o + 96 + (i & 7)]) >> (4 * (i >> 3))) & 15
+    high = (int(src[o + 96 + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
+    return low | (high << 4)
+
+
+@jit()
+def _deq_q3_k(src, dst):
+    for b in range(dst.size // 256):
+        o = 110 * b
+        d = f16_at(src, o + 108)
+        for g in range(16):
+            n, j, h = g >> 3, (g >> 1) & 3, g & 1  # as in Q2_K; the hmask bit is 4n + j
+            dl = d * np.float32(_q3_k_scale(src, o, g) - 32)
+            for l in range(16):
+                ll = 16 * h + l
+                q = (int(src[o + 32 + 32 * n + ll]) >> (2 * j)) & 3
+                if not (int(src[o + ll]) >> (4 * n + j)) & 1:
+                    q -= 4
+                dst[256 * b + 16 * g + l] = dl * np.float32(q)
+
+
+@jit()
+def k_scale_min(src, o, j):
+    """``get_scale_min_k4``: (sc, m) of sub-block ``j`` (0..7) from the 12 scale bytes at ``src[o:]``."""
+    if j < 4:
+        sc = int(src[o + j]) & 63
+        m = int(src[o + j + 4]) & 63
+    else:
+        sc = (int(src[o + j + 4]) & 15) | ((int(src[o + j - 4]) >> 6) << 4)
+        m = (int(src[o + j + 4]) >> 4) | ((int(src[o + j]) >> 6) << 4)
+    return sc, m
+
+
+@jit()
+def _deq_q4_k(src, dst):
+    for b in range(dst.size // 256):
+        o = 144 * b
+        d = f16_at(src, o)
+        dmin = f16_at(src, o + 2)
+        for s in range(8):  # sub-block s: chunk c = s // 2, low nibbles if s is even
+            sc, m = k_scale_min(src, o + 4, s)
+            ds = d * np.float32(sc)
+            ms = dmin * np.float32(m)
+            shift = 4 * (s & 1)
+            for l in range(32):
+                q = (int(src[o + 16 + 32 * (s >> 1) + l]) >> shift) & 15
+                dst[256 * b + 32 * s + l] = ds * np.float32(q) - ms
+
+
+@jit()
+def _deq_q5_k(src, dst):
+    for b in range(dst.size // 256):
+        o = 176 * b
+        d = f16_at(src, o)
+        dmin = f16_at(src, o + 2)
+        for s in range(8):  # as Q4_K; the 5th bit of value l is bit s of qh[l]
+            sc, m = k_scale_min(src, o + 4, s)
+            ds = d * np.float32(sc)
+            ms = dmin * np.float32(m)
+            shift = 4 * (s & 1)
+            for l in range(32):
+                q = ((int(src[o + 48 + 32 * (s >> 1) + l]) >> shift) & 15) | (((int(src[o + 16 + l]) >> s) & 1) << 4)
+                dst[256 * b + 32 * s + l] = ds * np.float32(q) - ms
+
+
+@jit()
+def _deq_q6_k(src, dst):
+    scales = src.view(np.int8)
+    for b in range(dst.size // 256):
+        o = 210 * b
+        d = f16_at(src, o + 208)
+        for n in range(2):
+            for k in range(4):  # quarter k of the half: low/high nibble of ql[l] or ql[l + 32]
+                ql_off = o + 64 * n + 32 * (k & 1)
+                nib = 4 * (k >> 1)
+                for l in range(32):
+                    i = 128 * n + 32 * k + l
+                    q = ((int(src[ql_off + l]) >> nib) & 15) | (((int(src[o + 128 + 32 * n + l]) >> (2 * k)) & 3) << 4)
+                    dsc = d * np.float32(scales[o + 192 + i // 16])
+                    dst[256 * b + i] = dsc * np.float32(q - 32)
+
+
+@jit()
+def _deq_iq4_xs(src, dst):
+    for b in range(dst.size // 256):
+        o = 136 * b
+        d = f16_at(src, o)
+        scales_h = int(src[o + 2]) | (int(src[o + 3]) << 8)
+        for s in range(8):
+            ls = ((int(src[o + 4 + s // 2]) >> (4 * (s & 1))) & 15) | (((scales_h >> (2 * s)) & 3) << 4)
+            dl = d * np.float32(ls - 32)
+            for j in range(16):
+                byte = int(src[o + 8 + 16 * s + j])
+                dst[256 * b + 32 * s + j] = dl * np.float32(IQ4NL_VALUES[byte & 15])
+                dst[256 * b + 32 * s + 16 + j] = dl * np.float32(IQ4NL_VALUES[byte >> 4])
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatch and the public entry point
+
+
+@jit()
+def dequantize_row(kind, src, dst):
+    """Decode one row: ``src`` = its bytes (uint8), ``dst`` = its values (float32), ``kind`` = type code."""
+    if kind == _Q8_0:
+        _deq_q8_0(src, dst)
+    elif kind == _Q4_K:
+        _deq_q4_k(src, dst)
+    elif kind == _Q5_K:
+        _deq_q5_k(src, dst)
+    elif kind == _Q6_K:
+        _deq_q6_k(src, dst)
+    elif kind == _MXFP4:
+        _deq_mxfp4(src, dst)
+    elif kind == _F32:
+        _deq_f32(src, dst)
+    elif kind == _F16:
+        _deq_f16(src, dst)
+    elif kind == _BF16:
+        _deq_bf16(src, dst)
+    elif kind == _Q4_0:
+        _deq_q4_0(src, dst)
+    elif kind == _Q4_1:
+        _deq_q4_1(src, dst)
+    elif kind == _Q5_0:
+        _deq_q5_0(src, dst)
+    elif kind == _Q5_1:
+        _deq_q5_1(src, dst)
+    elif kind == _Q2_K:
+        _deq_q2_k(src, dst)
+    elif kind == _Q3_K:
+        _deq_q3_k(src, dst)
+    elif kind == _IQ4_NL:
+        _deq_iq4_nl(src, dst)
+    elif kind == _IQ4_XS:
+        _deq_iq4_xs(src, dst)
+    else:
+        raise ValueError("dequantize_row: unsupported type code")
+
+
+@jit(parallel=True)
+def _dequantize_rows(kind, raw, out):
+    """``out[r] = decode(raw[r])`` for every row; rows are independent, so ``prange`` over them."""
+    for r in prange(raw.shape[0]):
+        dequantize_row(kind, raw[r], out[r])
+
+
+def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray, int]:
+    """Validate ``raw`` as GGUF data of ``qtype``; return (C-contiguous uint8 bytes view, n_cols).
+
+    Accepted: uint8 rows for every type (last axis = bytes per row); also float32 for F32, float16
+    for F16, and uint16 for BF16 (last axis = values). No copy is made when ``raw`` is already
+    C-contiguous.
+    """
+    cls = weight_layout(qtype)
+    raw = np.asarray(raw)
+    if raw.ndim == 0:
+        raise ValueError(f"{what} for {cls.qtype.name} must have at least one axis")
+    native = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}.get(cls.qtype)
+    if raw.dtype == np.uint8:
+        pass
+    elif native is not None and raw.dtype == native:
+        raw = np.ascontiguousarray(raw)
+        raw = raw.view(np.uint8).reshape(raw.shape[:-1] + (raw.shape[-1] * raw.itemsize,))
+    else:
+        allowed = "uint8" + (f" or {np.dtype(native).name}" if native is not None else "")
+        raise ValueError(f"{what} for {cls.qtype.name} must be {allowed}, got {raw.dtype}")
+    raw = np.ascontiguousarray(raw)
+    n_bytes = raw.shape[-1]
+    if n_bytes % cls.type_size:
+        raise ValueError(
+            f"{what} for {cls.qtype.name}: {n_bytes} bytes per row is not a multiple of the {cls.type_size}-byte block"
+        )
+    return raw, n_bytes // cls.type_size * cls.block_size
+
+
+def dequantize(raw: np.ndarray, qtype, n_cols: int | None = None) -> np.ndarray:
+    """GGUF tensor data -> float32 values, bit-identical to ``gguf.quants.dequantize``.
+
+    ``raw`` is what ``gguf.GGUFReader`` hands out: for quantized types and BF16 a uint8 array whose
+    last axis is the bytes of one row; for F32 / F16 a float32 / float16 array (its uint8 view is
+    accepted too). ``n_cols``, if given, must equal the number of values per row.
+    Returns a new float32 array of shape ``raw.shape[:-1] + (n_cols,)``.
+    Raises ``ValueError`` (one line) for an unsupported type, a wrong dtype or a bad row length.
+    """
+    cls = weight_layout(qtype)
+    rows, cols = as_row_bytes(raw, cls.qtype)
+    if n_cols is not None and n_cols != cols:
+        raise ValueError(f"{cls.qtype.name} data holds {cols} values per row, but n_cols={n_cols}")
+    lead = rows.shape[:-1]
+    rows2d = rows.reshape(-1, rows.shape[-1])
+    out = np.empty((rows2d.shape[0], cols), dtype=np.float32)
+    if out.size:
+        _dequantize_rows(int(cls.qtype), rows2d, out)
+    return out.reshape(lead + (cols,))
+
+
+__all__ = ["dequantize", "dequantize_row", "as_row_bytes", "MXFP4_VALUES", "IQ4NL_VALUES", "WEIGHT_TYPES"]

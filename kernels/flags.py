@@ -1,0 +1,87 @@
+"""Numeric and compile flags for every numba kernel in ``kernels/`` — in one place, with reasons.
+
+Every compiled function in this package is decorated with :func:`jit` (never ``numba.njit``
+directly), so the flags below are the whole story of how kernel code is compiled.
+
+``FASTMATH = False``
+    Never relaxed. ``fastmath`` lets LLVM reassociate sums (the order of a float64 row sum and of
+    llama.cpp's float32 block accumulation is part of our numerics), contract ``a*b + c`` into an
+    FMA (changes the rounding of the act-quant block combinations) and, with ``nnan``/``ninf``,
+    assume values are finite. A kernel must give the same bits on every machine and thread count.
+``ERROR_MODEL = "numpy"``
+    IEEE semantics for division like C (``x/0`` is ``inf``/``nan``, no ``ZeroDivisionError``), and
+    no per-division check in the hot loops. Our kernels guard their divisions the way llama.cpp does.
+``CACHE = True``
+    Compiled machine code is cached on disk (``kernels/__pycache__/*.nbi, *.nbc``). Caching never
+    changes results, it only skips recompilation. One trap, handled by :func:`_drop_stale_cache`:
+    numba invalidates a cached function only when *its own* source file changes, but a kernel in
+    ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
+    whole package and clear it when any ``kernels/*.py`` file changes.
+``BOUNDSCHECK``
+    Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
+Threading layer
+    Left to numba (tbb, omp or workqueue). Results do not depend on it nor on
+    ``numba.set_num_threads``: ``prange`` only ever splits independent output rows, and each output
+    element is reduced by one thread in a fixed order.
+
+To run every kernel as plain Python (coverage, pdb, or to rule the compiler out), set
+``NUMBA_DISABLE_JIT=1`` before importing: ``jit`` then returns the Python function unchanged and
+``prange`` is ``range``. All kernel code is written to mean the same thing interpreted (explicit
+``int(...)`` around byte reads, explicit ``np.float32(...)`` around every float32 operand), only
+much slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+FASTMATH = False
+ERROR_MODEL = "numpy"
+CACHE = True
+
+
+def jit(*, parallel: bool = False):
+    """The one decorator for compiled code in ``kernels/``: ``numba.njit`` with this module's flags.
+
+    ``parallel=True`` only for the top-level kernels whose ``prange`` runs over independent output
+    rows; every helper they call is serial.
+    """
+    return numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL)
+
+
+def _drop_stale_cache() -> None:
+    """Delete numba's cached kernels in ``kernels/__pycache__`` when any ``kernels/*.py`` changed.
+
+    The package-wide source hash is stored next to the cache files. Only the in-tree cache is
+    handled (the default when the package directory is writable); with ``NUMBA_CACHE_DIR`` set, or a
+    read-only install, numba's own per-file invalidation applies.
+    """
+    if not CACHE or os.environ.get("NUMBA_CACHE_DIR") or os.environ.get("NUMBA_DISABLE_JIT") == "1":
+        return
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(here.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    stamp = digest.hexdigest()
+    cache_dir = here / "__pycache__"
+    stamp_file = cache_dir / "numba-kernels-source.sha256"
+    try:
+        if stamp_file.read_text() == stamp:
+            return
+    except OSError:
+        pass
+    try:
+        cache_dir.mkdir(exist_ok=True)
+        for pattern in ("*.nbi", "*.nbc"):
+            for stale in cache_dir.glob(pattern):
+                stale.unlink(missing_ok=True)
+        stamp_file.write_text(stamp)
+    except OSError:  # read-only tree: numba falls back to its user-wide cache directory
+        pass
+
+
+_drop_stale_cache()

@@ -81,7 +81,7 @@ _UNICODE_15_LMN_ADDITIONS = (
 )
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=1 << 16)
 def char_class(ch: str) -> str:
     """The class of one code point as llama.cpp's splitter sees it: one of ``"WLMNO"``.
 
@@ -337,6 +337,9 @@ class Tokenizer:
                 ids[key] = found[0]  # llama.cpp takes the first in hash-map order; here the lowest id
                 attrs[found[0]] |= TokenAttr.CONTROL
         self.bos_id, self.eos_id = ids.get(_K.BOS_ID), ids.get(_K.EOS_ID)
+        for i, text in enumerate(self.tokens):  # "auto-detect unused tokens" (no effect on ids or pieces)
+            if attrs[i] & TokenAttr.CONTROL and "unused" in text:
+                attrs[i] |= TokenAttr.UNUSED
 
         # end-of-generation set (llama-vocab.cpp, "maintain a list of tokens that cause end-of-generation")
         eog = {ids[k] for k in (_K.FIM_PAD_ID, _K.FIM_REP_ID, _K.FIM_SEP_ID) if k in ids}

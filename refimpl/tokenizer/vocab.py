@@ -1,0 +1,264 @@
+"""The GGUF vocabulary as llama.cpp loads it (``llama_vocab::impl::load``), and encode/decode on it."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import gguf
+
+from refimpl.errors import RefimplError
+from refimpl.tokenizer.bpe import bpe_merge, byte_encode, unicode_to_bytes
+from refimpl.tokenizer.split import split_qwen35
+
+class TokenAttr(enum.IntFlag):
+    """``llama_token_attr`` (include/llama.h): what llama.cpp derives from ``tokenizer.ggml.token_type``."""
+
+    UNDEFINED = 0
+    UNKNOWN = 1 << 0
+    UNUSED = 1 << 1
+    NORMAL = 1 << 2
+    CONTROL = 1 << 3
+    USER_DEFINED = 1 << 4
+    BYTE = 1 << 5
+
+
+_ATTR_OF_TYPE = {
+    gguf.TokenType.NORMAL: TokenAttr.NORMAL,
+    gguf.TokenType.UNKNOWN: TokenAttr.UNKNOWN,
+    gguf.TokenType.CONTROL: TokenAttr.CONTROL,
+    gguf.TokenType.USER_DEFINED: TokenAttr.USER_DEFINED,
+    gguf.TokenType.UNUSED: TokenAttr.UNUSED,
+    gguf.TokenType.BYTE: TokenAttr.BYTE,
+}  # any other type value (0 included) → UNDEFINED
+
+_K = gguf.Keys.Tokenizer
+# Special-id keys read from the GGUF. For "gpt2" vocabularies llama.cpp defaults BOS and EOS to 11.
+_DEFAULT_SPECIAL_IDS = {_K.BOS_ID: 11, _K.EOS_ID: 11}
+_SPECIAL_ID_KEYS = (_K.BOS_ID, _K.EOS_ID, _K.EOT_ID, _K.EOM_ID, _K.UNK_ID, _K.SEP_ID, _K.PAD_ID,
+                    _K.MASK_ID, _K.FIM_PRE_ID, _K.FIM_SUF_ID, _K.FIM_MID_ID, _K.FIM_PAD_ID,
+                    _K.FIM_REP_ID, _K.FIM_SEP_ID)
+
+# llama-vocab.cpp "auto-detect special tokens by text": if the GGUF key is absent, a token with one
+# of these texts becomes that special token and is forced to CONTROL. (EOT/EOM detection is left
+# out: all its texts are in _EOG_TEXTS below, which does the same and more.)
+_FIM_TEXTS = {
+    _K.FIM_PRE_ID: ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    _K.FIM_SUF_ID: ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    _K.FIM_MID_ID: ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    _K.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    _K.FIM_REP_ID: ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    _K.FIM_SEP_ID: ("<|file_sep|>",),
+}
+# Tokens with these texts end generation (and are forced to CONTROL).
+_EOG_TEXTS = frozenset((
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+))
+_ALWAYS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+
+
+def _read_field(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _merge_ranks(merges: Sequence[str]) -> dict[tuple[str, str], int]:
+    """``tokenizer.ggml.merges`` → {(left, right): rank}. Each entry is split at its first space after
+    position 0 (no space: the pair ("", "")); the first of duplicate pairs keeps its rank."""
+    ranks: dict[tuple[str, str], int] = {}
+    for rank, merge in enumerate(merges):
+        cut = merge.find(" ", 1)
+        ranks.setdefault((merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", ""), rank)
+    return ranks
+
+
+def _special_tokens(tokens: Sequence[str], attrs: Sequence[TokenAttr], gguf_ids: Mapping[str, int]):
+    """llama.cpp's special-token pass of ``llama_vocab::impl::load``, in its order.
+
+    Returns (special ids by GGUF key, end-of-generation ids, final attrs):
+
+    * ids: the ``gpt2`` defaults BOS = EOS = 11, replaced by in-range ``*_token_id`` values; FIM
+      ids not in the GGUF are found by token text (and forced to CONTROL);
+    * control tokens whose text contains ``unused`` get UNUSED (affects neither ids nor pieces);
+    * EOG: FIM pad/repo/file-sep, every token with an end-of-turn-looking text (forced to
+      CONTROL), then EOS/EOT/EOM; minus ``<|end|>`` (harmony, solar-open) and ``</s>`` (gemma4,
+      plamo) when their marker tokens are present; gpt-oss channel tokens become USER_DEFINED.
+    """
+    n_vocab, attrs = len(tokens), list(attrs)
+    ids = {key: i for key, i in _DEFAULT_SPECIAL_IDS.items() if i < n_vocab}
+    ids.update({key: i for key, i in gguf_ids.items() if key in _SPECIAL_ID_KEYS and 0 <= i < n_vocab})
+    for key, texts in _FIM_TEXTS.items():
+        found = [i for i, text in enumerate(tokens) if text in texts]
+        if key not in ids and found:
+            ids[key] = found[0]  # llama.cpp takes the first in hash-map order; here the lowest id
+            attrs[found[0]] |= TokenAttr.CONTROL
+    for i, text in enumerate(tokens):
+        if attrs[i] & TokenAttr.CONTROL and "unused" in text:
+            attrs[i] |= TokenAttr.UNUSED
+
+    eog = {ids[k] for k in (_K.FIM_PAD_ID, _K.FIM_REP_ID, _K.FIM_SEP_ID) if k in ids}
+    for i, text in enumerate(tokens):
+        if text in _EOG_TEXTS:
+            eog.add(i)
+            attrs[i] |= TokenAttr.CONTROL
+        if text in _ALWAYS_USER_DEFINED:
+            attrs[i] = TokenAttr.USER_DEFINED
+    eog |= {ids[k] for k in (_K.EOS_ID, _K.EOT_ID, _K.EOM_ID) if k in ids}
+    by_text = {tokens[i]: i for i in eog}
+    if "<|end|>" in by_text and ({"<|return|>", "<|call|>"} <= by_text.keys() or {"<|calls|>", "<|flush|>"} <= by_text.keys()):
+        eog.discard(by_text["<|end|>"])
+        attrs[by_text["<|end|>"]] = TokenAttr.USER_DEFINED
+    if "</s>" in by_text and {"<|tool_response>", "<|plamo:eos|>"} & by_text.keys():
+        eog.discard(by_text["</s>"])
+        attrs[by_text["</s>"]] = TokenAttr.NORMAL
+    return ids, frozenset(eog), tuple(attrs)
+
+
+class Tokenizer:
+    """A ``gpt2``/``qwen35`` GGUF vocabulary: encode text to ids and ids back to bytes/text.
+
+    Attributes: ``n_vocab``; ``tokens`` (GGUF token texts) and ``attrs`` (:class:`TokenAttr`, after
+    llama.cpp's by-text fix-ups); ``bos_id``, ``eos_id`` (``None`` if absent); ``eog_ids``
+    (frozenset: EOS plus tokens llama.cpp treats as end-of-generation); ``add_bos``, ``add_eos``.
+    """
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int] | None, merges: Sequence[str], *,
+                 special_ids: Mapping[str, int] | None = None, add_bos: bool = False, add_eos: bool = False):
+        """Build from GGUF metadata values; ``special_ids`` maps ``tokenizer.ggml.*_token_id`` keys to ids."""
+        # llama.cpp renames empty texts and asserts that no text repeats
+        self.tokens = tuple(text or f"[EMPTY_{i}]" for i, text in enumerate(tokens))
+        self.n_vocab = len(self.tokens)
+        self._id_of = {text: i for i, text in enumerate(self.tokens)}
+        if len(self._id_of) != self.n_vocab:
+            raise RefimplError(f"{_K.LIST} has duplicate token texts ({self.n_vocab - len(self._id_of)} repeats)")
+        types = token_types if token_types is not None else [gguf.TokenType.NORMAL] * self.n_vocab
+        if len(types) < self.n_vocab:
+            raise RefimplError(f"{_K.TOKEN_TYPE} has {len(types)} entries for {self.n_vocab} tokens")
+        attrs = [_ATTR_OF_TYPE.get(t, TokenAttr.UNDEFINED) for t in types[: self.n_vocab]]
+        self._ranks = _merge_ranks(merges)
+
+        ids, self.eog_ids, self.attrs = _special_tokens(self.tokens, attrs, special_ids or {})
+        self.bos_id, self.eos_id = ids.get(_K.BOS_ID), ids.get(_K.EOS_ID)
+        self.add_bos, self.add_eos = add_bos, add_eos
+
+        # what tokenizer_st_partition cuts out: longest UTF-8 text first (std::sort; ties here by id)
+        special = [i for i, a in enumerate(self.attrs) if a & (TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)]
+        self._special_longest_first = sorted(special, key=lambda i: -len(self.tokens[i].encode()))
+
+    @classmethod
+    def from_gguf(cls, reader_or_path: gguf.GGUFReader | str | Path) -> Tokenizer:
+        """Read ``tokenizer.ggml.*`` from a GGUF; only ``model="gpt2"`` with ``pre="qwen35"`` is supported."""
+        reader = reader_or_path if isinstance(reader_or_path, gguf.GGUFReader) else gguf.GGUFReader(reader_or_path)
+        model, pre = _read_field(reader, _K.MODEL), _read_field(reader, _K.PRE)
+        if model != "gpt2":
+            raise RefimplError(f"unsupported tokenizer: {_K.MODEL} = {model!r} (refimpl reads only 'gpt2' byte-level BPE)")
+        if pre != "qwen35":
+            raise RefimplError(f"unsupported pre-tokenizer: {_K.PRE} = {pre!r} (refimpl implements only 'qwen35')")
+        tokens = _read_field(reader, _K.LIST)
+        merges = _read_field(reader, _K.MERGES)
+        if tokens is None or merges is None:
+            raise RefimplError(f"GGUF has no {_K.LIST if tokens is None else _K.MERGES}")
+        special_ids = {key: _read_field(reader, key) for key in _SPECIAL_ID_KEYS if key in reader.fields}
+        return cls(tokens, _read_field(reader, _K.TOKEN_TYPE), merges, special_ids=special_ids,
+                   add_bos=bool(_read_field(reader, _K.ADD_BOS, False)),
+                   add_eos=bool(_read_field(reader, _K.ADD_EOS, False)))
+
+    # ---- encode --------------------------------------------------------------------------------
+
+    def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
+        """``llama_tokenize(vocab, text, add_special=True, parse_special)``: text → token ids.
+
+        BOS is prepended only if the GGUF sets ``add_bos_token`` (Qwen's do not), EOS appended only
+        if it sets ``add_eos_token``. User-defined token texts always become their ids; control
+        token texts only with ``parse_special`` (otherwise they are tokenized as plain text).
+        """
+        ids = [self.bos_id] if self.add_bos and self.bos_id is not None else []
+        for fragment in self._partition_special(text, parse_special):
+            if isinstance(fragment, int):
+                ids.append(fragment)
+                continue
+            for word in split_qwen35(fragment):
+                for symbol in bpe_merge(byte_encode(word), self._ranks):
+                    ids.extend(self._symbol_ids(symbol))
+        if self.add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def _partition_special(self, text: str, parse_special: bool) -> list[str | int]:
+        """``tokenizer_st_partition``: cut special-token texts out of ``text``, longest first.
+
+        Each special text splits every remaining raw fragment at its non-overlapping leftmost
+        occurrences; empty raw pieces are dropped. (The LSTRIP/RSTRIP attributes llama.cpp sets for a
+        few named models -- phi-3, jina, modern-bert -- never apply to qwen35 files.)
+        """
+        fragments: list[str | int] = [text] if text else []
+        for tid in self._special_longest_first:
+            if not parse_special and self.attrs[tid] & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
+                continue
+            special_text, cut = self.tokens[tid], []
+            for fragment in fragments:
+                if isinstance(fragment, int):
+                    cut.append(fragment)
+                    continue
+                for j, piece in enumerate(fragment.split(special_text)):
+                    if j:
+                        cut.append(tid)
+                    if piece:
+                        cut.append(piece)
+            fragments = cut
+        return fragments
+
+    def _symbol_ids(self, symbol: str) -> list[int]:
+        """A merged symbol's id; for a symbol missing from the vocab, llama.cpp looks up each single
+        *byte* of its UTF-8 text, so only ASCII bytes can match and the rest are silently dropped."""
+        tid = self._id_of.get(symbol)
+        if tid is not None:
+            return [tid]
+        return [self._id_of[chr(b)] for b in symbol.encode() if b < 0x80 and chr(b) in self._id_of]
+
+    # ---- decode --------------------------------------------------------------------------------
+
+    def piece(self, tid: int, *, special: bool = True) -> bytes:
+        """``llama_token_to_piece(vocab, tid, lstrip=0, special)``: the bytes one token stands for.
+
+        Normal tokens are byte-decoded through the alphabet; control/unknown tokens render their text
+        when ``special`` and nothing otherwise; user-defined tokens always render their text as is;
+        unused/undefined tokens (the ``[PAD…]`` fillers) render nothing.
+        """
+        if not 0 <= tid < self.n_vocab:
+            raise RefimplError(f"token id {tid} is out of range [0, {self.n_vocab})")
+        attr, text = self.attrs[tid], self.tokens[tid]
+        if attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL):
+            return text.encode() if special else b""
+        if attr & TokenAttr.USER_DEFINED:
+            return text.encode()
+        if attr & TokenAttr.NORMAL:
+            return self._decode_alphabet(text)
+        if attr & TokenAttr.BYTE:  # "<0xXX>" byte-fallback tokens (not used by Qwen)
+            return bytes([int(text[3:5], 16)])
+        return b""
+
+    @staticmethod
+    def _decode_alphabet(text: str) -> bytes:
+        """``llama_decode_text``: alphabet characters → bytes. A character outside the alphabet becomes
+        ``[UNK_BYTE_0x<its utf-8 hex><the whole token text>]``, as llama.cpp writes it."""
+        to_byte, out = unicode_to_bytes(), bytearray()
+        for ch in text:
+            if ch in to_byte:
+                out.append(to_byte[ch])
+            else:
+                out += f"[UNK_BYTE_0x{ch.encode().hex()}{text}]".encode()
+        return bytes(out)
+
+    def decode(self, ids: Sequence[int], *, special: bool = True) -> str:
+        """Concatenate :meth:`piece` of each id and decode the bytes as UTF-8 (invalid bytes → U+FFFD).
+
+        ``special=True`` (the default, llama.cpp's ``common_detokenize`` default) renders control
+        tokens such as ``<|im_end|>`` as their text, so ``decode(encode(s, parse_special=p)) == s``
+        for either ``p``. No spaces are cleaned up: ``qwen35`` sets ``clean_spaces = false``.
+        """
+        return b"".join(self.piece(tid, special=special) for tid in ids).decode("utf-8", errors="replace")

@@ -1,0 +1,252 @@
+"""The fixture writer: files read back with the expected metadata, tensors, shapes and types.
+
+Expected names and shapes are written out here from spec §2 (not taken from the writer), and the
+Q4_K_M table from ``llama-quant.cpp`` as worked out for the tiny dims (docs/fixtures.md).
+"""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+
+from refimpl.errors import RefimplError
+from refimpl.fixtures import PRESETS, QUANT_MIXES, predictable_successors, write_fixture
+from refimpl.fixtures.vocab import build_vocab
+
+MIXES = list(QUANT_MIXES)
+ARCH = "qwen35moe"
+VARIANTS = [
+    {"mtp": "stripped"},
+    {"mtp": "extras"},
+    {"tied": True},
+    {"fused_gate_up": True},
+    {"recurrent_layers_key": False},
+]
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _fields(reader):
+    return {k: f.contents() for k, f in reader.fields.items()}
+
+
+def _tensors(reader):
+    """name → (numpy shape, qtype); the numpy shape of a block type is its element shape."""
+    out = {}
+    for t in reader.tensors:
+        out[t.name] = (tuple(int(n) for n in reversed(t.shape)), t.tensor_type)
+    return out
+
+
+def expected_shapes(p, *, mtp="full", tied=False, fused_gate_up=False):
+    """Spec §2: every tensor of the file with its numpy shape."""
+    E, V, H, Hkv, D = p.n_embd, p.n_vocab, p.n_head, p.n_head_kv, p.head_dim
+    X, F, Fs, Hv, S = p.n_expert, p.n_ff_exp, p.n_ff_shexp, p.ssm_time_step_rank, p.ssm_state_size
+    Din, C, Kc = Hv * S, 2 * p.ssm_group_count * S + Hv * S, p.ssm_conv_kernel
+    s = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
+    if not tied:
+        s["output.weight"] = (V, E)
+    n_blocks = p.n_layer + (mtp != "stripped")
+    for il in range(n_blocks):
+        b = f"blk.{il}."
+        s.update({b + "attn_norm.weight": (E,), b + "post_attention_norm.weight": (E,)})
+        if il < p.n_layer and (il + 1) % p.full_attention_interval != 0:
+            s.update({b + "attn_qkv.weight": (C, E), b + "attn_gate.weight": (Din, E), b + "ssm_conv1d.weight": (C, Kc),
+                      b + "ssm_dt.bias": (Hv,), b + "ssm_a": (Hv,), b + "ssm_beta.weight": (Hv, E),
+                      b + "ssm_alpha.weight": (Hv, E), b + "ssm_norm.weight": (S,), b + "ssm_out.weight": (E, Din)})
+        else:
+            s.update({b + "attn_q.weight": (2 * H * D, E), b + "attn_k.weight": (Hkv * D, E), b + "attn_v.weight": (Hkv * D, E),
+                      b + "attn_output.weight": (E, H * D), b + "attn_q_norm.weight": (D,), b + "attn_k_norm.weight": (D,)})
+        s.update({b + "ffn_gate_inp.weight": (X, E), b + "ffn_down_exps.weight": (X, E, F), b + "ffn_gate_inp_shexp.weight": (E,),
+                  b + "ffn_gate_shexp.weight": (Fs, E), b + "ffn_up_shexp.weight": (Fs, E), b + "ffn_down_shexp.weight": (E, Fs)})
+        if fused_gate_up:
+            s[b + "ffn_gate_up_exps.weight"] = (X, 2 * F, E)
+        else:
+            s.update({b + "ffn_gate_exps.weight": (X, F, E), b + "ffn_up_exps.weight": (X, F, E)})
+        if il == p.n_layer:
+            s.update({b + "nextn.eh_proj.weight": (E, 2 * E), b + "nextn.enorm.weight": (E,), b + "nextn.hnorm.weight": (E,)})
+            if mtp == "extras":
+                s.update({b + "nextn.embed_tokens.weight": (V, E), b + "nextn.shared_head_head.weight": (V, E),
+                          b + "nextn.shared_head_norm.weight": (E,)})
+    return s
+
+
+def _always_f32(name, shape):
+    return len(shape) == 1 or "ffn_gate_inp.weight" in name or "ssm_conv1d" in name
+
+
+def expected_q4_k_m(name, shape, tied=False, stripped=False):
+    """llama-quantize Q4_K_M for the tiny dims: X = 8, and use_more_bits(il, block_count) holds for
+    layers 2 and 4 with block_count 5, layers 2 and 3 with block_count 4 (MTP stripped)."""
+    if _always_f32(name, shape):
+        return Q.F32
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return Q.Q6_K
+    if name.endswith(("attn_qkv.weight", "attn_k.weight", "attn_v.weight")):
+        return Q.Q8_0
+    if name.endswith("attn_output.weight"):
+        return Q.Q5_K
+    if "ffn_down" in name and name.split(".")[1] in (("2", "3") if stripped else ("2", "4")):
+        return Q.Q6_K
+    return Q.Q4_K
+
+
+def expected_type(quant, name, shape, tied=False, stripped=False):
+    if quant == "q4_k_m":
+        return expected_q4_k_m(name, shape, tied, stripped)
+    if quant == "f32" or _always_f32(name, shape):
+        return Q.F32
+    if quant == "mxfp4":
+        return Q.MXFP4 if len(shape) == 3 else Q.Q8_0
+    return {"bf16": Q.BF16, "q8_0": Q.Q8_0}[quant]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("quant", MIXES)
+def test_tensors_shapes_and_types(make_fixture, preset, quant):
+    p = PRESETS[preset]
+    reader = GGUFReader(make_fixture(preset, quant))
+    got = _tensors(reader)
+    want = expected_shapes(p, mtp=p.default_mtp)
+    assert {n: s for n, (s, _) in got.items()} == want
+    for name, (shape, qtype) in got.items():
+        assert qtype == expected_type(quant, name, shape), name
+
+
+def test_q4_k_m_has_every_k_type_and_q8_0(make_fixture):
+    types = {t.tensor_type for t in GGUFReader(make_fixture("tiny", "q4_k_m")).tensors}
+    assert {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.F32} <= types
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
+def test_option_variants(make_fixture, options, quant):
+    p = PRESETS["tiny"]
+    reader = GGUFReader(make_fixture("tiny", quant, **options))
+    got = _tensors(reader)
+    shape_opts = {k: v for k, v in options.items() if k != "recurrent_layers_key"}
+    assert {n: s for n, (s, _) in got.items()} == expected_shapes(p, **shape_opts)
+    stripped = options.get("mtp") == "stripped"
+    for name, (shape, qtype) in got.items():
+        assert qtype == expected_type(quant, name, shape, tied=options.get("tied", False), stripped=stripped), name
+    f = _fields(reader)
+    assert f[f"{ARCH}.block_count"] == p.n_layer + (not stripped)
+    assert (f"{ARCH}.nextn_predict_layers" in f) == (not stripped)
+    if options.get("recurrent_layers_key", True):
+        assert f[f"{ARCH}.attention.recurrent_layers"] == [True, True, True, False] + [False] * (not stripped)
+    else:
+        assert f"{ARCH}.attention.recurrent_layers" not in f
+    assert json.loads(f["refimpl.fixture.options"])["mtp"] == options.get("mtp", "full")
+
+
+def test_metadata_keys(make_fixture):
+    p = PRESETS["tiny"]
+    f = _fields(GGUFReader(make_fixture("tiny", "q4_k_m")))
+    a = ARCH + "."
+    expect = {
+        "general.architecture": ARCH, "general.file_type": 15, "general.quantization_version": 2,
+        a + "block_count": 5, a + "nextn_predict_layers": 1, a + "context_length": 4096, a + "embedding_length": 256,
+        a + "feed_forward_length": 512, a + "attention.head_count": 4, a + "attention.head_count_kv": 2,
+        a + "attention.key_length": 64, a + "attention.value_length": 64, a + "rope.dimension_count": 16,
+        a + "rope.dimension_sections": [3, 3, 2, 0], a + "expert_count": 8, a + "expert_used_count": 2,
+        a + "expert_feed_forward_length": 256, a + "expert_shared_feed_forward_length": 256,
+        a + "ssm.conv_kernel": 4, a + "ssm.inner_size": 256, a + "ssm.state_size": 64, a + "ssm.time_step_rank": 4,
+        a + "ssm.group_count": 2, a + "full_attention_interval": 4,
+        a + "attention.recurrent_layers": [True, True, True, False, False],
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen35", "tokenizer.ggml.add_bos_token": False,
+        "refimpl.fixture.preset": "tiny", "refimpl.fixture.seed": 0, "refimpl.fixture.quant": "q4_k_m",
+    }
+    for key, value in expect.items():
+        assert f[key] == value, key
+    assert f[a + "rope.freq_base"] == pytest.approx(1e7)
+    assert f[a + "attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
+    vocab = build_vocab(p.n_vocab)
+    assert f["tokenizer.ggml.tokens"] == list(vocab.tokens)
+    assert f["tokenizer.ggml.token_type"] == list(vocab.token_types)
+    assert f["tokenizer.ggml.merges"] == list(vocab.merges)
+    assert f["tokenizer.ggml.eos_token_id"] == vocab.eos_id
+    assert f["tokenizer.ggml.padding_token_id"] == vocab.special_ids["<|endoftext|>"]
+    assert json.loads(f["refimpl.fixture.options"]) == {
+        "mtp": "full", "tied": False, "fused_gate_up": False, "recurrent_layers_key": True}
+
+
+@pytest.mark.parametrize("quant", MIXES)
+def test_deterministic_and_rebuildable_from_metadata(make_fixture, tmp_path, quant):
+    first = make_fixture("tiny", quant)
+    f = _fields(GGUFReader(first))
+    again = write_fixture(tmp_path / "again.gguf", preset=f["refimpl.fixture.preset"], quant=f["refimpl.fixture.quant"],
+                          seed=f["refimpl.fixture.seed"], **json.loads(f["refimpl.fixture.options"]))
+    assert _sha(again) == _sha(first)
+    assert not list(tmp_path.glob(".*tmp"))  # the temporary file was renamed away
+
+
+def test_seed_changes_weights_not_layout(make_fixture):
+    a, b = GGUFReader(make_fixture("tiny", "f32", seed=0)), GGUFReader(make_fixture("tiny", "f32", seed=1))
+    assert _tensors(a) == _tensors(b)
+    assert not np.array_equal(_f32(a, "token_embd.weight"), _f32(b, "token_embd.weight"))
+
+
+def _f32(reader, name):
+    return next(t for t in reader.tensors if t.name == name).data
+
+
+def test_weight_conventions(make_fixture):
+    r = GGUFReader(make_fixture("tiny", "f32"))
+    a = _f32(r, "blk.0.ssm_a")
+    assert np.all(a <= -1.0) and np.all(a >= -16.0)  # −exp(U(log 1, log 16))
+    for name in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.3.attn_q_norm.weight", "blk.0.ssm_norm.weight"):
+        w = _f32(r, name)
+        assert abs(w.mean() - 1) < 0.05 and w.std() < 0.2, name  # stored as 1 + small noise
+    assert np.abs(_f32(r, "blk.0.ssm_dt.bias")).max() < 1.0
+    emb = _f32(r, "token_embd.weight")
+    assert abs(np.sqrt((emb**2).mean()) - 1) < 0.01  # unit-RMS embedding rows
+
+
+def test_fused_gate_up_is_gate_then_up(make_fixture):
+    r, fused = GGUFReader(make_fixture("tiny", "f32")), GGUFReader(make_fixture("tiny", "f32", fused_gate_up=True))
+    gu = _f32(fused, "blk.1.ffn_gate_up_exps.weight")
+    assert np.array_equal(gu[:, :256], _f32(r, "blk.1.ffn_gate_exps.weight"))
+    assert np.array_equal(gu[:, 256:], _f32(r, "blk.1.ffn_up_exps.weight"))
+
+
+def test_predictable_heads_follow_the_permutations(make_fixture):
+    r = GGUFReader(make_fixture("predictable", "f32"))
+    pi, pi_mtp = predictable_successors(0)
+    emb, out, head = (_f32(r, n) for n in ("token_embd.weight", "output.weight", "blk.4.nextn.shared_head_head.weight"))
+    normal = np.nonzero(pi >= 0)[0]
+    assert len(normal) == 391 and sorted(pi[normal]) == sorted(normal)  # a permutation of the normal tokens
+    assert np.argmax(emb[normal] @ out.T, axis=1).tolist() == pi[normal].tolist()
+    assert np.argmax(emb[normal] @ head.T, axis=1).tolist() == pi_mtp[normal].tolist()
+    assert np.mean(pi_mtp[normal] != pi[normal]) == pytest.approx(0.3, abs=0.01)
+    # one cycle: following pi from any normal token visits every normal token
+    x, seen = normal[0], set()
+    for _ in range(len(normal)):
+        seen.add(int(x))
+        x = pi[x]
+    assert len(seen) == len(normal)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable\\)"),
+        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4\\)"),
+        ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: mtp, tied"),
+        ({"mtp": "half"}, "mtp='half' is not one of full, stripped, extras"),
+        ({"tied": "yes"}, "tied='yes' must be true or false"),
+        ({"seed": -1}, "seed must be an integer"),
+        ({"mtp_mismatch": 0.5}, "only applies to preset 'predictable'"),
+        ({"preset": "predictable", "tied": True}, "tied=true is not supported"),
+        ({"preset": "predictable", "mtp_mismatch": 2}, "must be in \\[0, 1\\]"),
+    ],
+)
+def test_bad_arguments_raise_one_line_errors(tmp_path, kwargs, match):
+    with pytest.raises(RefimplError, match=match) as info:
+        write_fixture(tmp_path / "x.gguf", **kwargs)
+    assert "\n" not in str(info.value)
+    assert not list(tmp_path.iterdir())

@@ -9,11 +9,13 @@ def describe(m: ModelFile) -> str:
     c, p, gf = m.config, m.plan, m.gguf
     kinds = [c.layer_kind(il) for il in range(c.n_layer_all)]
     n_deltanet, n_attn = kinds.count("deltanet"), kinds.count("attention")
-    mtp = {
-        "present": f"present (blk.{c.n_layer}.nextn.*; extras: {', '.join(sorted(p.mtp_extras)) or 'none'})",
-        "stripped": "stripped (no nextn block declared; converted without MTP)",
-        "missing": f"missing ({len(p.mtp_missing)} tensors of blk.{c.n_layer} absent, e.g. {p.mtp_missing[0]}; a stripped quantisation dropped them)",
-    }[p.mtp]
+    if p.mtp == "present":
+        mtp = f"present (blk.{c.n_layer}.nextn.*; extras: {', '.join(sorted(p.mtp_extras)) or 'none'})"
+    elif p.mtp == "stripped":
+        mtp = "stripped (no nextn block declared; converted without MTP)"
+    else:
+        mtp = (f"missing ({len(p.mtp_missing)} tensors of blk.{c.n_layer} absent, e.g. {p.mtp_missing[0]}; "
+               "a stripped quantisation dropped them)")
     lines = [
         f"file          {gf.path} ({gf.file_size:,} bytes)",
         f"model         {c.name} (qwen35moe)",

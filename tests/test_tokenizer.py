@@ -22,7 +22,6 @@ from conftest import require_llama_cpp
 from refimpl.errors import RefimplError
 from refimpl.tokenizer import (
     LLAMA_CPP_UNICODE_VERSION,
-    TokenAttr,
     Tokenizer,
     bpe_merge,
     byte_encode,
@@ -96,8 +95,7 @@ def llama_tokenize(path, text: str | bytes, *, add_special=True, parse_special=F
 
 
 def llama_piece(path, tid: int, *, special: bool) -> bytes:
-    import llama_cpp
-
+    llama_cpp = require_llama_cpp()
     model = _llama(str(path))
     buf = ctypes.create_string_buffer(1024)
     n = llama_cpp.llama_token_to_piece(model._model.vocab, tid, buf, len(buf), 0, special)
@@ -107,8 +105,7 @@ def llama_piece(path, tid: int, *, special: bool) -> bytes:
 
 def llama_vocab_facts(path):
     """(n_vocab, eos, eog set, attrs) as llama.cpp's vocab reports them."""
-    import llama_cpp
-
+    llama_cpp = require_llama_cpp()
     vocab = _llama(str(path))._model.vocab
     n = llama_cpp.llama_vocab_n_tokens(vocab)
     eog = {i for i in range(n) if llama_cpp.llama_vocab_is_eog(vocab, i)}
@@ -270,6 +267,7 @@ def test_byte_alphabet():
 # ---- the fixture vocabulary against llama.cpp -------------------------------------------------------
 
 
+@pytest.mark.oracle
 def test_metadata(tok, tiny):
     assert (tok.n_vocab, tok.add_bos, tok.add_eos) == (512, False, False)
     assert tok.tokens[tok.eos_id] == "<|im_end|>"
@@ -279,6 +277,7 @@ def test_metadata(tok, tiny):
     assert attrs == [int(a) for a in tok.attrs]
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("parse_special", [False, True])
 @pytest.mark.parametrize("text", CORPUS, ids=range(len(CORPUS)))
 def test_ids_equal_llama_cpp(tok, tiny, text, parse_special):
@@ -299,6 +298,7 @@ _INTERESTING = list("aZé\u0301 \t\n\r'sStTlLrReEvVmMdD0٣½!?.,<>|_-x中😀\u0
 ]
 
 
+@pytest.mark.oracle
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pieces=st.lists(st.sampled_from(_INTERESTING) | st.characters(exclude_categories=("Cs",)), max_size=24),
        parse_special=st.booleans())
@@ -307,12 +307,14 @@ def test_ids_equal_llama_cpp_on_generated_text(tok, tiny, pieces, parse_special)
     assert tok.encode(text, parse_special=parse_special) == llama_tokenize(tiny, text, parse_special=parse_special)
 
 
+@pytest.mark.oracle
 def test_lone_surrogates_follow_llama_cpp(tok, tiny):
     """llama.cpp decodes UTF-8-encoded surrogates as code points (class O); so does refimpl."""
     text = "a\ud800b \udfff!"
     assert tok.encode(text) == llama_tokenize(tiny, text.encode("utf-8", "surrogatepass"))
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("special", [False, True])
 def test_every_piece_equals_llama_cpp(tok, tiny, special):
     assert [tok.piece(i, special=special) for i in range(tok.n_vocab)] == [
@@ -349,6 +351,7 @@ def test_decode_round_trip_generated(tok, text):
 # ---- hand-made vocabularies: the text rules, quirks and errors -------------------------------------
 
 
+@pytest.mark.oracle
 def test_text_rules_and_quirks_equal_llama_cpp(tmp_path):
     """FIM/EOG detection by text, forced CONTROL, empty tokens, merges without a token, odd pieces."""
     alphabet = list(bytes_to_unicode().values())
@@ -380,6 +383,7 @@ def test_text_rules_and_quirks_equal_llama_cpp(tmp_path):
     assert tok.piece(tokens.index("€x")) == b"[UNK_BYTE_0xe282ac\xe2\x82\xacx]x"
 
 
+@pytest.mark.oracle
 def test_add_bos_and_eos_when_the_gguf_asks(tmp_path):
     tokens = list(bytes_to_unicode().values()) + ["<s>", "</s>"]
     types = [1] * 256 + [3, 3]
@@ -406,6 +410,7 @@ def test_unsupported_tokenizer_is_a_one_line_error(tmp_path, key, value, kwargs)
 # ---- every code point classified as llama.cpp classifies it -----------------------------------------
 
 
+@pytest.mark.oracle
 @pytest.mark.slow
 def test_every_code_point_class_equals_llama_cpp(tmp_path):
     """A probe vocabulary whose merges make the class of a code point c visible in the ids.

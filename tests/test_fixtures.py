@@ -27,6 +27,10 @@ VARIANTS = [
 ]
 
 
+def _id(options):
+    return "-".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+
+
 def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -123,11 +127,13 @@ def test_q4_k_m_has_every_k_type_and_q8_0(make_fixture):
     assert {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.F32} <= types
 
 
-@pytest.mark.parametrize("options", VARIANTS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
-@pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
+@pytest.mark.parametrize(
+    "quant, options",
+    # every variant in f32; in q4_k_m those that change tensors (recurrent_layers_key is metadata only)
+    [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o],
+    ids=lambda v: v if isinstance(v, str) else _id(v),
+)
 def test_option_variants(make_fixture, options, quant):
-    if quant == "q4_k_m" and "recurrent_layers_key" in options:
-        pytest.skip("metadata-only option: the f32 case covers it")
     p = PRESETS["tiny"]
     reader = GGUFReader(make_fixture("tiny", quant, **options))
     got = _tensors(reader)
@@ -177,9 +183,16 @@ def test_metadata_keys(make_fixture):
         "mtp": "full", "tied": False, "fused_gate_up": False, "recurrent_layers_key": True}
 
 
-@pytest.mark.parametrize("quant", MIXES)
-def test_deterministic_and_rebuildable_from_metadata(make_fixture, tmp_path, quant):
-    first = make_fixture("tiny", quant)
+@pytest.mark.parametrize(
+    "preset, quant, options",
+    [("tiny", q, {}) for q in MIXES]
+    + [("tiny", "f32", {"mtp": "extras", "fused_gate_up": True, "recurrent_layers_key": False}),
+       ("tiny", "q8_0", {"mtp": "stripped", "tied": True}),
+       ("predictable", "f32", {}), ("predictable", "q8_0", {"mtp_mismatch": 0.5})],
+    ids=lambda v: v if isinstance(v, str) else _id(v),
+)
+def test_deterministic_and_rebuildable_from_metadata(make_fixture, tmp_path, preset, quant, options):
+    first = make_fixture(preset, quant, **options)
     f = _fields(GGUFReader(first))
     again = write_fixture(tmp_path / "again.gguf", preset=f["refimpl.fixture.preset"], quant=f["refimpl.fixture.quant"],
                           seed=f["refimpl.fixture.seed"], **json.loads(f["refimpl.fixture.options"]))

@@ -265,3 +265,8 @@ def test_bad_arguments_raise_one_line_errors(tmp_path, kwargs, match):
         write_fixture(tmp_path / "x.gguf", **kwargs)
     assert "\n" not in str(info.value)
     assert not list(tmp_path.iterdir())
+
+
+def test_unwritable_path_is_a_one_line_error(tmp_path):
+    with pytest.raises(RefimplError, match="cannot write fixture .*missing/x.gguf"):
+        write_fixture(tmp_path / "missing" / "x.gguf")

@@ -1,0 +1,205 @@
+"""GGUF loading: config derivation, tensor plan variants, and one-line errors for bad files."""
+
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+from refimpl.config import load_config
+from refimpl.errors import RefimplError
+from refimpl.gguf_file import GGUFFile
+from refimpl.inspect_model import describe
+from refimpl.load import open_model
+
+
+def test_config_of_the_tiny_fixture(make_fixture):
+    m = open_model(make_fixture("tiny", "f32"))
+    c = m.config
+    assert (c.n_layer_all, c.n_layer_nextn, c.n_layer) == (5, 1, 4)
+    assert c.is_recurrent == (True, True, True, False, False)
+    assert [c.layer_kind(il) for il in range(5)] == ["deltanet", "deltanet", "deltanet", "attention", "mtp"]
+    assert (c.n_embd, c.n_vocab, c.n_head, c.n_head_kv, c.head_dim, c.n_rot) == (256, 512, 4, 2, 64, 16)
+    assert (c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_inner, c.conv_channels) == (2, 4, 64, 256, 512)
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff_shexp) == (8, 2, 256, 256)
+    assert c.rope_sections == (3, 3, 2, 0) and c.rope_freq_base == 1e7
+    assert m.plan.mtp == "present" and not m.plan.tied and not any(m.plan.fused_gate_up)
+
+
+def test_recurrent_flags_fall_back_to_full_attention_interval(make_fixture):
+    with_key = open_model(make_fixture("tiny", "f32")).config
+    without = open_model(make_fixture("tiny", "f32", recurrent_layers_key=False)).config
+    assert not GGUFFile(make_fixture("tiny", "f32", recurrent_layers_key=False)).has("qwen35moe.attention.recurrent_layers")
+    assert with_key.is_recurrent == without.is_recurrent
+
+
+@pytest.mark.parametrize(
+    "options, check",
+    [
+        ({"tied": True}, lambda p: p.tied),
+        ({"fused_gate_up": True}, lambda p: all(p.fused_gate_up)),
+        ({"mtp": "stripped"}, lambda p: p.mtp == "stripped"),
+        ({"mtp": "extras"}, lambda p: p.mtp == "present" and p.mtp_extras == {"nextn.embed_tokens.weight", "nextn.shared_head_head.weight", "nextn.shared_head_norm.weight"}),
+    ],
+    ids=["tied", "fused_gate_up", "mtp_stripped", "mtp_extras"],
+)
+def test_variants_are_recognised(make_fixture, options, check):
+    m = open_model(make_fixture("tiny", "f32", **options))
+    assert check(m.plan)
+    if options.get("mtp") == "stripped":
+        assert m.config.n_layer_nextn == 0 and m.config.n_layer == 4
+
+
+@pytest.mark.parametrize("quant", ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4"])
+def test_inspect_reports_types_and_mtp(make_fixture, quant):
+    text = describe(open_model(make_fixture("tiny", quant)))
+    assert "4 trunk (3 deltanet + 1 attention) + 1 MTP" in text
+    assert "D D D A M" in text and "mtp           present" in text
+    expected = {"f32": ["F32"], "bf16": ["BF16"], "q8_0": ["Q8_0"], "q4_k_m": ["Q4_K", "Q5_K", "Q6_K", "Q8_0"], "mxfp4": ["MXFP4", "Q8_0"]}[quant]
+    for name in expected:
+        assert f"  {name} " in text
+
+
+# ---- errors: each a one-line RefimplError naming the problem ---------------------------------
+
+
+def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None, retype=None):
+    """Copy a GGUF with edits, through gguf's writer."""
+    r = GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = GGUFWriter(str(dst), arch=arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        if (set_keys or {}).get(key) is not None:
+            value = set_keys[key]
+        sub = field.types[-1] if vtype.name == "ARRAY" else None
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for key, value in (set_keys or {}).items():
+        if key not in r.fields:
+            w.add_string(key, value) if isinstance(value, str) else w.add_uint32(key, value)
+    for t in r.tensors:
+        if t.name in drop_tensors:
+            continue
+        qtype = GGMLQuantizationType(t.tensor_type)
+        data = np.asarray(t.data)
+        if reshape and t.name in reshape:
+            w.add_tensor(t.name, np.zeros(reshape[t.name], dtype=np.float32))
+            continue
+        if retype and t.name in retype:
+            w.add_tensor(t.name, np.zeros(data.shape[:-1] + (data.shape[-1] // 32 * 34,), dtype=np.uint8),
+                         raw_dtype=GGMLQuantizationType.Q8_0)
+            continue
+        w.add_tensor(t.name, data, raw_shape=tuple(reversed(t.shape.tolist())), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def _error(path) -> str:
+    with pytest.raises(RefimplError) as e:
+        open_model(path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"NOPE" + bytes(100))
+    assert "not a GGUF file" in _error(p)
+
+
+def test_missing_file(tmp_path):
+    assert "no such file" in _error(tmp_path / "absent.gguf")
+
+
+def test_truncated_header(make_fixture, tmp_path):
+    p = tmp_path / "t.gguf"
+    p.write_bytes(make_fixture("tiny", "f32").read_bytes()[:200])
+    assert "truncated or corrupt GGUF header" in _error(p)
+
+
+def test_truncated_tensor_data(make_fixture, tmp_path):
+    p = tmp_path / "t.gguf"
+    data = make_fixture("tiny", "f32").read_bytes()
+    p.write_bytes(data[: len(data) - 1000])
+    assert "truncated" in _error(p)
+
+
+def test_wrong_architecture(make_fixture, tmp_path):
+    src = make_fixture("tiny", "f32")
+    r = GGUFReader(src)
+    dst = tmp_path / "llama.gguf"
+    # rewrite the architecture string in place: same length keeps every offset valid
+    raw = bytearray(src.read_bytes())
+    i = raw.index(b"qwen35moe", raw.index(b"general.architecture"))
+    raw[i : i + 9] = b"qwen3next"
+    dst.write_bytes(bytes(raw))
+    assert r.fields["general.architecture"].contents() == "qwen35moe"
+    assert "architecture 'qwen3next' is not supported" in _error(dst)
+
+
+def test_missing_required_key(make_fixture, tmp_path):
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "k.gguf", drop_keys=("qwen35moe.ssm.state_size",))
+    assert _error(dst).endswith("missing required metadata key 'qwen35moe.ssm.state_size'")
+
+
+def test_missing_tensor(make_fixture, tmp_path):
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "t.gguf", drop_tensors=("blk.1.ssm_out.weight",))
+    assert _error(dst).endswith("missing tensor 'blk.1.ssm_out.weight'")
+
+
+def test_shape_contradicting_config(make_fixture, tmp_path):
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "s.gguf", reshape={"blk.3.attn_k.weight": (64, 256)})
+    msg = _error(dst)
+    assert "tensor 'blk.3.attn_k.weight' has numpy shape (64, 256), but the config implies (128, 256)" in msg
+
+
+def test_f32_only_tensor_quantized(make_fixture, tmp_path):
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "q.gguf", retype={"blk.0.ffn_gate_inp_shexp.weight"})
+    assert "tensor 'blk.0.ffn_gate_inp_shexp.weight' must be F32" in _error(dst)
+
+
+def test_unsupported_quant_type(make_fixture, tmp_path):
+    src = make_fixture("tiny", "f32")
+    r = GGUFReader(src)
+    t = next(t for t in r.tensors if t.name == "blk.0.ffn_gate_shexp.weight")
+    # patch the type id of that tensor descriptor to IQ2_XXS, whose block (256 values, 66 bytes)
+    # has a different size: the reader still parses it, the loader must refuse it
+    raw = bytearray(src.read_bytes())
+    name = t.name.encode()
+    i = raw.index(name) + len(name)
+    n_dims = int.from_bytes(raw[i : i + 4], "little")
+    type_off = i + 4 + 8 * n_dims
+    raw[type_off : type_off + 4] = int(GGMLQuantizationType.IQ2_XXS).to_bytes(4, "little")
+    dst = tmp_path / "iq.gguf"
+    dst.write_bytes(bytes(raw))
+    msg = _error(dst)
+    assert "unsupported quant type IQ2_XXS" in msg or "truncated" in msg
+
+
+def test_mtp_tensors_missing_is_reported_not_fatal(make_fixture, tmp_path):
+    src = make_fixture("tiny", "f32")
+    names = [t.name for t in GGUFReader(src).tensors if t.name.startswith("blk.4.")]
+    dst = _rewrite(src, tmp_path / "nomtp.gguf", drop_tensors=tuple(names))
+    m = open_model(dst)
+    assert m.plan.mtp == "missing" and "blk.4.nextn.eh_proj.weight" in m.plan.mtp_missing
+    assert "stripped quantisation dropped them" in describe(m)
+
+
+def test_load_config_rejects_bad_sections(make_fixture, tmp_path):
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "r.gguf", set_keys={"qwen35moe.rope.dimension_sections": [3, 3, 2]})
+    with pytest.raises(RefimplError, match="must be an array of exactly 4 integers"):
+        load_config(GGUFFile(dst))
+
+
+def test_copy_is_still_loadable(make_fixture, tmp_path):
+    """The rewrite helper itself produces valid files (so the error tests test the edit, not it)."""
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "same.gguf")
+    assert open_model(dst).config == open_model(make_fixture("tiny", "f32")).config
+    shutil.copy(dst, tmp_path / "again.gguf")

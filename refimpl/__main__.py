@@ -1,0 +1,7 @@
+"""``python -m refimpl`` = the ``refimpl`` command."""
+
+import sys
+
+from refimpl.cli import main
+
+sys.exit(main())

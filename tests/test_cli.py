@@ -1,0 +1,91 @@
+"""The command line: the main job on the built-in model, outputs, and one-line errors (exit 2)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from refimpl.generate import greedy
+from refimpl.model import forward, load_model
+from refimpl.state import SeqState
+from refimpl.tokenizer import Tokenizer
+
+
+def _refimpl(*args, cache, check=True):
+    env = dict(os.environ, REFIMPL_CACHE=str(cache))
+    proc = subprocess.run([sys.executable, "-m", "refimpl", *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("refimpl-cache")
+
+
+def test_run_json_on_the_builtin_model_is_greedy(cache):
+    proc = _refimpl("run", "-p", "Hello world", "-n", "6", "--json", cache=cache)
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"prompt_tokens", "tokens", "text"}
+    assert "built-in synthetic model" in proc.stderr
+    model = load_model(cache / "tiny-f32-s0.gguf")
+    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    assert out["prompt_tokens"] == tok.encode("Hello world", parse_special=True)
+    assert out["tokens"] == greedy(model, out["prompt_tokens"], 6, eog_ids=tok.eog_ids)
+    assert out["text"] == tok.decode(out["tokens"])
+
+
+def test_run_streams_text(cache):
+    proc = _refimpl("run", "--tokens", "1,2,3", "-n", "5", cache=cache)
+    model = load_model(cache / "tiny-f32-s0.gguf")
+    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    expected = tok.decode(greedy(model, [1, 2, 3], 5, eog_ids=tok.eog_ids))
+    assert proc.stdout == expected + "\n"
+
+
+def test_logits_and_trace_files(cache, tmp_path):
+    model_path = cache / "tiny-f32-s0.gguf"
+    _refimpl("run", "--tokens", "1", "-n", "1", cache=cache)  # make sure the built-in model exists
+    out = tmp_path / "l.npy"
+    _refimpl("logits", model_path, "--tokens", "5,6,7", "--out", out, cache=cache)
+    model = load_model(model_path)
+    expected, _, _ = forward(model, SeqState.fresh(model.config), [5, 6, 7])
+    assert np.array_equal(np.load(out), expected)
+    tdir = tmp_path / "trace"
+    proc = _refimpl("trace", model_path, "--tokens", "5,6,7", "--out", tdir, cache=cache)
+    for name in ("attn_norm-0", "linear_attn_out-0", "ffn_moe_out-0", "l_out-3", "result_norm", "result_output"):
+        assert (tdir / f"{name}.npy").is_file() and name in proc.stdout
+    assert np.array_equal(np.load(tdir / "result_output.npy"), expected)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "/nonexistent.gguf"], "no such file"),
+        (["run", "--tokens", "1,2,99999", "-n", "1"], "out of range"),
+        (["run", "--tokens", "1,x"], "comma-separated integers"),
+        (["run", "--bogus"], "unrecognized arguments"),
+        (["fixture", "OUT.gguf", "--preset", "nope"], "nope"),
+        (["logits", "--tokens", "1"], "--out"),
+    ],
+    ids=["missing-file", "token-range", "token-syntax", "unknown-flag", "bad-preset", "missing-out"],
+)
+def test_bad_input_is_one_line_and_exit_2(cache, tmp_path, args, message):
+    args = [str(tmp_path / a) if a == "OUT.gguf" else a for a in args]
+    proc = _refimpl(*args, cache=cache, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    lines = [l for l in lines if "built-in synthetic model" not in l]
+    assert len(lines) == 1 and lines[0].startswith("refimpl: error:") and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_not_a_gguf_exit_2(cache, tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_text("hello")
+    proc = _refimpl("inspect", p, cache=cache, check=False)
+    assert proc.returncode == 2 and "not a GGUF file" in proc.stderr and proc.stderr.count("\n") == 1

@@ -13,4 +13,30 @@ Contract (what may live in this package):
 * ``act_quant=True`` emulates llama.cpp's CPU activation quantization (Q8_0 / Q8_1 / Q8_K, F16 and
   BF16 rounding) and integer block dot products, to match llama.cpp to float-accumulation noise.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/flags.py`` only.
+
+Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks`` (byte layouts) →
+``floats`` (exact f16/bf16/E8M0 conversions) → ``dequant`` (bytes → float32) → ``actquant``
+(llama.cpp's activation quantizers and integer dots) → ``matmul`` (the public product) →
+``testing`` (random rows with controlled scales, for tests and ``bench/kernels.py``).
+Precision policy, tolerances and measured speed: ``docs/kernels.md``.
 """
+
+from .actquant import Q8_0Blocks, Q8_1Blocks, Q8_KBlocks, activation_values, quantize_q8_0, quantize_q8_1, quantize_q8_K
+from .blocks import WEIGHT_TYPES, layout, row_bytes
+from .dequant import dequantize
+from .matmul import matmul
+
+__all__ = [
+    "WEIGHT_TYPES",
+    "layout",
+    "row_bytes",
+    "dequantize",
+    "matmul",
+    "quantize_q8_0",
+    "quantize_q8_1",
+    "quantize_q8_K",
+    "Q8_0Blocks",
+    "Q8_1Blocks",
+    "Q8_KBlocks",
+    "activation_values",
+]

@@ -20,12 +20,14 @@ from numba import prange
 
 from .blocks import QT, WEIGHT_TYPES, weight_layout
 from .flags import jit
-from .floats import E8M0_HALF, f16_at, f16_bits_to_f32
+from .floats import E8M0_HALF, f16_at
 
 #: The 16 values of a 4-bit MXFP4 code: twice the E2M1 values (``kvalues_mxfp4``).
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 #: The non-linear 16-entry table of IQ4_NL and IQ4_XS (``kvalues_iq4nl``).
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+MXFP4_F32 = MXFP4_VALUES.astype(np.float32)  # the same tables as float32, for the decoders
+IQ4NL_F32 = IQ4NL_VALUES.astype(np.float32)
 
 # Type codes for the compiled dispatch below (numba cannot hold enum members; these are their values
 # under their names, and nothing else in the package spells a type as a number).
@@ -36,6 +38,24 @@ _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QT.Q2_K), int(QT.Q3_K), int(QT.Q4_K), in
 
 
 # --------------------------------------------------------------------------------------------
+# The decoders. Loops run over the bytes of a block with constant shifts and write every value the
+# byte holds (as ggml's C does); integers become float32 only at the end. ``dst`` may be float32 or
+# float64 (the float32 value is then stored exactly).
+#
+# Speed note (measured, about 2-4x): where an inner loop's length is written as a literal (16, 32),
+# LLVM unrolls the short loop completely and then cannot vectorize it, because it cannot prove that
+# ``src`` and ``dst`` do not overlap. Most decoders therefore take the block length ``qk`` from the
+# array sizes (``_blocks``), which keeps a real loop that LLVM vectorizes with one overlap check.
+# Q4_K, Q5_K and Q6_K vectorize as written (and get slower the other way).
+
+
+@jit()
+def _blocks(src, dst, type_size):
+    """(number of blocks, values per block) of a row, from the array sizes (see the speed note)."""
+    n_blocks = src.size // type_size
+    return n_blocks, (dst.size // n_blocks if n_blocks else 0)
+
+
 # Plain floats
 
 
@@ -54,9 +74,13 @@ def _deq_f16(src, dst):
 
 @jit()
 def _deq_bf16(src, dst):
-    bits = dst.view(np.uint32)  # write the float32 bit pattern directly: (u16 << 16)
+    bits = np.empty(dst.size, dtype=np.uint32)  # the float32 bit patterns: u16 << 16
+    u16 = src.view(np.uint16)
     for i in range(dst.size):
-        bits[i] = np.uint32((int(src[2 * i]) | (int(src[2 * i + 1]) << 8)) << 16)
+        bits[i] = np.uint32(u16[i]) << np.uint32(16)
+    values = bits.view(np.float32)
+    for i in range(dst.size):
+        dst[i] = values[i]
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,91 +90,96 @@ def _deq_bf16(src, dst):
 @jit()
 def _deq_q8_0(src, dst):
     qs = src.view(np.int8)
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 34)
+    for b in range(n_blocks):
         o = 34 * b
         d = f16_at(src, o)
-        for j in range(32):
+        for j in range(qk):
             dst[32 * b + j] = np.float32(qs[o + 2 + j]) * d
 
 
 @jit()
 def _deq_q4_0(src, dst):
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 18)
+    for b in range(n_blocks):
         o = 18 * b
         d = f16_at(src, o)
-        for j in range(16):
-            byte = int(src[o + 2 + j])
-            dst[32 * b + j] = d * np.float32((byte & 15) - 8)
-            dst[32 * b + j + 16] = d * np.float32((byte >> 4) - 8)
+        for j in range(qk // 2):
+            byte = src[o + 2 + j]
+            dst[32 * b + j] = d * (np.float32(byte & 15) - np.float32(8))
+            dst[32 * b + j + 16] = d * (np.float32(byte >> 4) - np.float32(8))
 
 
 @jit()
 def _deq_q4_1(src, dst):
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 20)
+    for b in range(n_blocks):
         o = 20 * b
         d = f16_at(src, o)
         m = f16_at(src, o + 2)
-        for j in range(16):
-            byte = int(src[o + 4 + j])
+        for j in range(qk // 2):
+            byte = src[o + 4 + j]
             dst[32 * b + j] = d * np.float32(byte & 15) + m
             dst[32 * b + j + 16] = d * np.float32(byte >> 4) + m
 
 
 @jit()
-def _qh32(src, o):
-    """The little-endian uint32 at ``src[o:o+4]`` (the 5th bits of Q5_0 / Q5_1)."""
-    return int(src[o]) | (int(src[o + 1]) << 8) | (int(src[o + 2]) << 16) | (int(src[o + 3]) << 24)
+def _qh_bit(src, o, j):
+    """Bit ``j`` (0..31) of the little-endian uint32 at ``src[o:o+4]`` (Q5_0 / Q5_1 fifth bits)."""
+    return (src[o + (j >> 3)] >> (j & 7)) & 1
 
 
 @jit()
 def _deq_q5_0(src, dst):
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 22)
+    for b in range(n_blocks):
         o = 22 * b
         d = f16_at(src, o)
-        qh = _qh32(src, o + 2)
-        for j in range(16):
-            byte = int(src[o + 6 + j])
-            lo = (byte & 15) | (((qh >> j) & 1) << 4)
-            hi = (byte >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            dst[32 * b + j] = d * np.float32(lo - 16)
-            dst[32 * b + j + 16] = d * np.float32(hi - 16)
+        for j in range(qk // 2):
+            byte = src[o + 6 + j]
+            lo = (byte & 15) | (_qh_bit(src, o + 2, j) << 4)
+            hi = (byte >> 4) | (_qh_bit(src, o + 2, j + 16) << 4)
+            dst[32 * b + j] = d * (np.float32(lo) - np.float32(16))
+            dst[32 * b + j + 16] = d * (np.float32(hi) - np.float32(16))
 
 
 @jit()
 def _deq_q5_1(src, dst):
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 24)
+    for b in range(n_blocks):
         o = 24 * b
         d = f16_at(src, o)
         m = f16_at(src, o + 2)
-        qh = _qh32(src, o + 4)
-        for j in range(16):
-            byte = int(src[o + 8 + j])
-            lo = (byte & 15) | (((qh >> j) & 1) << 4)
-            hi = (byte >> 4) | (((qh >> (j + 16)) & 1) << 4)
+        for j in range(qk // 2):
+            byte = src[o + 8 + j]
+            lo = (byte & 15) | (_qh_bit(src, o + 4, j) << 4)
+            hi = (byte >> 4) | (_qh_bit(src, o + 4, j + 16) << 4)
             dst[32 * b + j] = d * np.float32(lo) + m
             dst[32 * b + j + 16] = d * np.float32(hi) + m
 
 
 @jit()
 def _deq_mxfp4(src, dst):
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 17)
+    for b in range(n_blocks):
         o = 17 * b
         d = E8M0_HALF[src[o]]
-        for j in range(16):
-            byte = int(src[o + 1 + j])
-            dst[32 * b + j] = d * np.float32(MXFP4_VALUES[byte & 15])
-            dst[32 * b + j + 16] = d * np.float32(MXFP4_VALUES[byte >> 4])
+        for j in range(qk // 2):
+            byte = src[o + 1 + j]
+            dst[32 * b + j] = d * MXFP4_F32[byte & 15]
+            dst[32 * b + j + 16] = d * MXFP4_F32[byte >> 4]
 
 
 @jit()
 def _deq_iq4_nl(src, dst):
-    for b in range(dst.size // 32):
+    n_blocks, qk = _blocks(src, dst, 18)
+    for b in range(n_blocks):
         o = 18 * b
         d = f16_at(src, o)
-        for j in range(16):
-            byte = int(src[o + 2 + j])
-            dst[32 * b + j] = d * np.float32(IQ4NL_VALUES[byte & 15])
-            dst[32 * b + j + 16] = d * np.float32(IQ4NL_VALUES[byte >> 4])
+        for j in range(qk // 2):
+            byte = src[o + 2 + j]
+            dst[32 * b + j] = d * IQ4NL_F32[byte & 15]
+            dst[32 * b + j + 16] = d * IQ4NL_F32[byte >> 4]
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,54 +188,60 @@ def _deq_iq4_nl(src, dst):
 
 @jit()
 def _deq_q2_k(src, dst):
-    for b in range(dst.size // 256):
+    n_blocks, qk = _blocks(src, dst, 84)
+    for b in range(n_blocks):
         o = 84 * b
         d = f16_at(src, o + 80)
         dmin = f16_at(src, o + 82)
-        for g in range(16):  # group g = 8n + 2j + h: half n, shift 2j, 16-value half h of a 32-run
-            n, j, h = g >> 3, (g >> 1) & 3, g & 1
-            sc = int(src[o + g])
-            dl = d * np.float32(sc & 15)
-            ml = dmin * np.float32(sc >> 4)
-            for l in range(16):
-                q = (int(src[o + 16 + 32 * n + 16 * h + l]) >> (2 * j)) & 3
-                dst[256 * b + 16 * g + l] = dl * np.float32(q) - ml
+        for n in range(2):  # half n: 32 bytes of qs, read four times with shift 2j
+            for j in range(4):
+                for h in range(2):  # two groups of 16 per shift, each with its own scale byte
+                    g = 8 * n + 2 * j + h
+                    sc = src[o + g]
+                    dl = d * np.float32(sc & 15)
+                    ml = dmin * np.float32(sc >> 4)
+                    for l in range(qk // 16):
+                        q = (src[o + 16 + 32 * n + 16 * h + l] >> (2 * j)) & 3
+                        dst[256 * b + 16 * g + l] = dl * np.float32(q) - ml
 
 
 @jit()
 def _q3_k_scale(src, o, i):
     """Six-bit scale ``i`` (0..15) of the Q3_K block at ``src[o:]``, as stored (0..63, offset 32)."""
-    low = (int(src[o + 96 + (i & 7)]) >> (4 * (i >> 3))) & 15
-    high = (int(src[o + 96 + 8 + (i & 3)]) >> (2 * (i >> 2))) & 3
-    return low | (high << 4)
+    low = (src[o + 96 + (i & 7)] >> (4 * (i >> 3))) & 15
+    high = (src[o + 96 + 8 + (i & 3)] >> (2 * (i >> 2))) & 3
+    return int(low | (high << 4))
 
 
 @jit()
 def _deq_q3_k(src, dst):
-    for b in range(dst.size // 256):
+    n_blocks, qk = _blocks(src, dst, 110)
+    for b in range(n_blocks):
         o = 110 * b
         d = f16_at(src, o + 108)
-        for g in range(16):
-            n, j, h = g >> 3, (g >> 1) & 3, g & 1  # as in Q2_K; the hmask bit is 4n + j
-            dl = d * np.float32(_q3_k_scale(src, o, g) - 32)
-            for l in range(16):
-                ll = 16 * h + l
-                q = (int(src[o + 32 + 32 * n + ll]) >> (2 * j)) & 3
-                if not (int(src[o + ll]) >> (4 * n + j)) & 1:
-                    q -= 4
-                dst[256 * b + 16 * g + l] = dl * np.float32(q)
+        for n in range(2):  # as Q2_K; the high bit of value 128n + 32j + l is bit 4n + j of hmask[l]
+            for j in range(4):
+                for h in range(2):
+                    g = 8 * n + 2 * j + h
+                    dl = d * np.float32(_q3_k_scale(src, o, g) - 32)
+                    for l in range(qk // 16):
+                        ll = 16 * h + l
+                        q = np.float32((src[o + 32 + 32 * n + ll] >> (2 * j)) & 3)
+                        if not (src[o + ll] >> (4 * n + j)) & 1:
+                            q -= np.float32(4)
+                        dst[256 * b + 16 * g + l] = dl * q
 
 
 @jit()
 def k_scale_min(src, o, j):
     """``get_scale_min_k4``: (sc, m) of sub-block ``j`` (0..7) from the 12 scale bytes at ``src[o:]``."""
     if j < 4:
-        sc = int(src[o + j]) & 63
-        m = int(src[o + j + 4]) & 63
+        sc = src[o + j] & 63
+        m = src[o + j + 4] & 63
     else:
-        sc = (int(src[o + j + 4]) & 15) | ((int(src[o + j - 4]) >> 6) << 4)
-        m = (int(src[o + j + 4]) >> 4) | ((int(src[o + j]) >> 6) << 4)
-    return sc, m
+        sc = (src[o + j + 4] & 15) | ((src[o + j - 4] >> 6) << 4)
+        m = (src[o + j + 4] >> 4) | ((src[o + j] >> 6) << 4)
+    return int(sc), int(m)
 
 
 @jit()
@@ -215,14 +250,15 @@ def _deq_q4_k(src, dst):
         o = 144 * b
         d = f16_at(src, o)
         dmin = f16_at(src, o + 2)
-        for s in range(8):  # sub-block s: chunk c = s // 2, low nibbles if s is even
-            sc, m = k_scale_min(src, o + 4, s)
-            ds = d * np.float32(sc)
-            ms = dmin * np.float32(m)
-            shift = 4 * (s & 1)
+        for c in range(4):  # 32 bytes: low nibbles = sub-block 2c, high nibbles = sub-block 2c+1
+            sc, m = k_scale_min(src, o + 4, 2 * c)
+            d_lo, m_lo = d * np.float32(sc), dmin * np.float32(m)
+            sc, m = k_scale_min(src, o + 4, 2 * c + 1)
+            d_hi, m_hi = d * np.float32(sc), dmin * np.float32(m)
             for l in range(32):
-                q = (int(src[o + 16 + 32 * (s >> 1) + l]) >> shift) & 15
-                dst[256 * b + 32 * s + l] = ds * np.float32(q) - ms
+                byte = src[o + 16 + 32 * c + l]
+                dst[256 * b + 64 * c + l] = d_lo * np.float32(byte & 15) - m_lo
+                dst[256 * b + 64 * c + 32 + l] = d_hi * np.float32(byte >> 4) - m_hi
 
 
 @jit()
@@ -231,14 +267,16 @@ def _deq_q5_k(src, dst):
         o = 176 * b
         d = f16_at(src, o)
         dmin = f16_at(src, o + 2)
-        for s in range(8):  # as Q4_K; the 5th bit of value l is bit s of qh[l]
-            sc, m = k_scale_min(src, o + 4, s)
-            ds = d * np.float32(sc)
-            ms = dmin * np.float32(m)
-            shift = 4 * (s & 1)
+        for c in range(4):  # as Q4_K; the fifth bits are bits 2c and 2c+1 of qh[l]
+            sc, m = k_scale_min(src, o + 4, 2 * c)
+            d_lo, m_lo = d * np.float32(sc), dmin * np.float32(m)
+            sc, m = k_scale_min(src, o + 4, 2 * c + 1)
+            d_hi, m_hi = d * np.float32(sc), dmin * np.float32(m)
             for l in range(32):
-                q = ((int(src[o + 48 + 32 * (s >> 1) + l]) >> shift) & 15) | (((int(src[o + 16 + l]) >> s) & 1) << 4)
-                dst[256 * b + 32 * s + l] = ds * np.float32(q) - ms
+                byte = src[o + 48 + 32 * c + l]
+                qh = src[o + 16 + l] >> (2 * c)
+                dst[256 * b + 64 * c + l] = d_lo * np.float32((byte & 15) | ((qh & 1) << 4)) - m_lo
+                dst[256 * b + 64 * c + 32 + l] = d_hi * np.float32((byte >> 4) | ((qh & 2) << 3)) - m_hi
 
 
 @jit()
@@ -247,30 +285,38 @@ def _deq_q6_k(src, dst):
     for b in range(dst.size // 256):
         o = 210 * b
         d = f16_at(src, o + 208)
-        for n in range(2):
-            for k in range(4):  # quarter k of the half: low/high nibble of ql[l] or ql[l + 32]
-                ql_off = o + 64 * n + 32 * (k & 1)
-                nib = 4 * (k >> 1)
-                for l in range(32):
-                    i = 128 * n + 32 * k + l
-                    q = ((int(src[ql_off + l]) >> nib) & 15) | (((int(src[o + 128 + 32 * n + l]) >> (2 * k)) & 3) << 4)
-                    dsc = d * np.float32(scales[o + 192 + i // 16])
-                    dst[256 * b + i] = dsc * np.float32(q - 32)
+        for n in range(2):  # half n: ql[64n : 64n+64], qh[32n : 32n+32], groups 8n .. 8n+7
+            for h in range(2):  # l in 16h .. 16h+15 shares one scale per quarter
+                g = 8 * n + h
+                ds0 = d * np.float32(scales[o + 192 + g])
+                ds1 = d * np.float32(scales[o + 192 + g + 2])
+                ds2 = d * np.float32(scales[o + 192 + g + 4])
+                ds3 = d * np.float32(scales[o + 192 + g + 6])
+                for l in range(16 * h, 16 * h + 16):
+                    ql0 = src[o + 64 * n + l]
+                    ql1 = src[o + 64 * n + l + 32]
+                    qh = src[o + 128 + 32 * n + l]
+                    y = 256 * b + 128 * n + l
+                    dst[y] = ds0 * (np.float32((ql0 & 15) | ((qh & 3) << 4)) - np.float32(32))
+                    dst[y + 32] = ds1 * (np.float32((ql1 & 15) | (((qh >> 2) & 3) << 4)) - np.float32(32))
+                    dst[y + 64] = ds2 * (np.float32((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - np.float32(32))
+                    dst[y + 96] = ds3 * (np.float32((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - np.float32(32))
 
 
 @jit()
 def _deq_iq4_xs(src, dst):
-    for b in range(dst.size // 256):
+    n_blocks, qk = _blocks(src, dst, 136)
+    for b in range(n_blocks):
         o = 136 * b
         d = f16_at(src, o)
         scales_h = int(src[o + 2]) | (int(src[o + 3]) << 8)
         for s in range(8):
             ls = ((int(src[o + 4 + s // 2]) >> (4 * (s & 1))) & 15) | (((scales_h >> (2 * s)) & 3) << 4)
             dl = d * np.float32(ls - 32)
-            for j in range(16):
-                byte = int(src[o + 8 + 16 * s + j])
-                dst[256 * b + 32 * s + j] = dl * np.float32(IQ4NL_VALUES[byte & 15])
-                dst[256 * b + 32 * s + 16 + j] = dl * np.float32(IQ4NL_VALUES[byte >> 4])
+            for j in range(qk // 16):
+                byte = src[o + 8 + 16 * s + j]
+                dst[256 * b + 32 * s + j] = dl * IQ4NL_F32[byte & 15]
+                dst[256 * b + 32 * s + 16 + j] = dl * IQ4NL_F32[byte >> 4]
 
 
 # --------------------------------------------------------------------------------------------

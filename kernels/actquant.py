@@ -1,0 +1,621 @@
+"""Emulation of llama.cpp's CPU activation quantization and integer block dot products.
+
+``ggml_compute_forward_mul_mat`` (``ggml-cpu.c``) converts every float32 activation row to the
+weight type's ``vec_dot_type`` (see ``blocks.Block.vec_dot_type``) before the dot product:
+
+=====================================  ===========  =========================================
+weight type                            activation   quantizer emulated here
+=====================================  ===========  =========================================
+Q8_0, Q4_0, Q5_0, MXFP4, IQ4_NL        Q8_0         x86 ``arch/x86/quants.c::quantize_row_q8_0``
+Q4_1, Q5_1                             Q8_1         x86 ``quantize_row_q8_1``
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS   Q8_K         ``ggml-quants.c::quantize_row_q8_K_ref``
+F16 / BF16 / F32                       F16 / BF16   round to nearest even / unchanged
+=====================================  ===========  =========================================
+
+* **Q8_0 (x86)**, per 32 values: ``amax = max|x|``; ``d = fp16(amax / 127)``; ``id = 127/amax``
+  (float32; 0 if amax = 0 — *not* ``1/d`` as in the portable ``quantize_row_q8_0_ref``);
+  ``q = round_half_even(x * id)`` (``_mm256_round_ps``), saturated to int8.
+* **Q8_1 (x86)**: as Q8_0, plus ``s = fp16(d * sum(q))`` with the *unrounded* float32 ``d``.
+* **Q8_K**, per 256 values: ``max`` = the signed value of largest ``|x|`` (the first on ties);
+  if it is 0 the block is all zero; else ``iscale = -127/max``,
+  ``q = min(127, nearest_int(iscale * x))`` (``nearest_int`` = the ``+ 1.5*2**23`` bit trick, i.e.
+  round half to even), ``d = 1/iscale`` (float32, negative when max > 0), ``bsums`` = sums of ``q``
+  per 16. (llama.cpp leaves ``bsums`` unset for an all-zero block; they only ever multiply a zero
+  ``d`` there, and we store zeros.)
+
+The dot products are transcriptions of the generic ``ggml_vec_dot_<w>_<a>_generic`` functions in
+``ggml-cpu/quants.c``: an exact integer dot per block (int arithmetic, which no reordering can
+change), combined with the block scales in float32 in the same formula and order as the C code,
+including the K-quants' 8 float lanes (``sums[8]``, one per ``aux32`` lane, added up at the end)
+and the ``dmin * Σ bsums*m`` correction. F16/BF16/F32 weights use the generic
+``ggml_vec_dot_f16/bf16/f32``: float32 products summed in double. llama.cpp's SIMD kernels compute
+the same integer dots and only reorder the float32 combination, so they differ from this by float32
+accumulation noise (~1e-7 relative per block sum), not by quantization error.
+
+Non-finite activations are outside the emulation (llama.cpp's SIMD max/round on NaN are not
+modelled bit for bit); weights with inf/NaN scales propagate them as IEEE arithmetic does.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import prange
+
+from .blocks import QT, layout
+from .dequant import (
+    IQ4NL_VALUES,
+    MXFP4_VALUES,
+    _IQ4_NL,
+    _IQ4_XS,
+    _MXFP4,
+    _Q2_K,
+    _Q3_K,
+    _Q4_0,
+    _Q4_1,
+    _Q4_K,
+    _Q5_0,
+    _Q5_1,
+    _Q5_K,
+    _Q6_K,
+    _Q8_0,
+    _q3_k_scale,
+    _qh_bit,
+    dequantize_row,
+    k_scale_min,
+)
+from .flags import jit
+from .floats import E8M0_HALF, f16_at, round_to_bf16, round_to_f16
+
+# --------------------------------------------------------------------------------------------
+# Activation quantizers: x (R, K) float32 -> block fields, one activation row at a time
+
+
+@jit()
+def _quantize_rows_q8_0(x, qs, d, s):
+    """x86 ``quantize_row_q8_0`` (and ``_q8_1`` when ``s`` has columns): fill qs (R, K) int8, d (R, K/32).
+
+    ``d`` and ``s`` hold the values of their f16 fields, as float32.
+    """
+    with_s = s.shape[1] > 0
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[r, 32 * b + j]))
+            d_unrounded = amax / np.float32(127.0)
+            d[r, b] = round_to_f16(d_unrounded)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            total = 0
+            for j in range(32):
+                v = np.rint(x[r, 32 * b + j] * inv)  # _MM_ROUND_NEAREST: half to even
+                if v != v:
+                    q = -128  # cvtps_epi32(NaN) = INT_MIN, saturated by the int8 pack
+                else:
+                    q = int(min(max(v, np.float32(-128.0)), np.float32(127.0)))
+                qs[r, 32 * b + j] = q
+                total += q
+            if with_s:
+                s[r, b] = round_to_f16(d_unrounded * np.float32(total))
+
+
+@jit()
+def _quantize_rows_q8_k(x, qs, d, bsums):
+    """``quantize_row_q8_K_ref``: fill qs (R, K) int8, d (R, K/256) float32, bsums (R, K/16) int16."""
+    shifted = np.empty(256, dtype=np.float32)
+    shifted_bits = shifted.view(np.int32)
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 256):
+            o = 256 * b
+            vmax = np.float32(0.0)
+            amax = np.float32(0.0)
+            for j in range(256):
+                ax = abs(x[r, o + j])
+                if ax > amax:
+                    amax = ax
+                    vmax = x[r, o + j]
+            if amax == 0:
+                d[r, b] = 0.0
+                for j in range(256):
+                    qs[r, o + j] = 0
+                for g in range(16):
+                    bsums[r, 16 * b + g] = 0
+                continue
+            iscale = np.float32(-127.0) / vmax
+            for j in range(256):  # nearest_int(): add 1.5*2**23 in float32, read the low mantissa bits
+                shifted[j] = iscale * x[r, o + j] + np.float32(12582912.0)
+            for j in range(256):
+                qs[r, o + j] = min(127, (int(shifted_bits[j]) & 0x007FFFFF) - 0x00400000)
+            for g in range(16):
+                total = 0
+                for j in range(16):
+                    total += int(qs[r, o + 16 * g + j])
+                bsums[r, 16 * b + g] = total
+            d[r, b] = np.float32(1.0) / iscale
+
+
+@jit()
+def _round_rows(x, out, to_bf16):
+    """F16 / BF16 activation rounding (nearest even), kept as float32 values."""
+    for r in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            out[r, k] = round_to_bf16(x[r, k]) if to_bf16 else round_to_f16(x[r, k])
+
+
+class Q8_0Blocks(NamedTuple):
+    """Q8_0 activation blocks: value ``j`` of block ``b`` is ``qs[..., b, j] * d[..., b]``."""
+
+    d: np.ndarray  # float16 (..., n_blocks)
+    qs: np.ndarray  # int8 (..., n_blocks, 32)
+
+
+class Q8_1Blocks(NamedTuple):
+    """Q8_1 activation blocks: as Q8_0, plus ``s = fp16(d_unrounded * sum(qs))`` per block."""
+
+    d: np.ndarray  # float16 (..., n_blocks)
+    s: np.ndarray  # float16 (..., n_blocks)
+    qs: np.ndarray  # int8 (..., n_blocks, 32)
+
+
+class Q8_KBlocks(NamedTuple):
+    """Q8_K activation blocks: value ``j`` of block ``b`` is ``qs[..., b, j] * d[..., b]`` (float32 d)."""
+
+    d: np.ndarray  # float32 (..., n_blocks)
+    qs: np.ndarray  # int8 (..., n_blocks, 256)
+    bsums: np.ndarray  # int16 (..., n_blocks, 16): sums of qs per 16 values
+
+
+def _as_activation_rows(x, block: int, what: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise ValueError(f"{what}: activations must be float32, got {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] % block:
+        raise ValueError(f"{what}: the last axis must be a multiple of {block} values, got shape {x.shape}")
+    return np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+
+
+def _q8_0_rows(x2d, with_s: bool):
+    R, K = x2d.shape
+    qs = np.empty((R, K), np.int8)
+    d = np.empty((R, K // 32), np.float32)
+    s = np.empty((R, K // 32 if with_s else 0), np.float32)
+    _quantize_rows_q8_0(x2d, qs, d, s)
+    return qs, d, s
+
+
+def _q8_k_rows(x2d):
+    R, K = x2d.shape
+    qs = np.empty((R, K), np.int8)
+    d = np.empty((R, K // 256), np.float32)
+    bsums = np.empty((R, K // 16), np.int16)
+    _quantize_rows_q8_k(x2d, qs, d, bsums)
+    return qs, d, bsums
+
+
+def quantize_q8_0(x: np.ndarray) -> Q8_0Blocks:
+    """float32 (..., K) -> Q8_0 blocks exactly as llama.cpp's x86 ``quantize_row_q8_0``. K % 32 == 0."""
+    x2d = _as_activation_rows(x, 32, "quantize_q8_0")
+    qs, d, _ = _q8_0_rows(x2d, with_s=False)
+    lead = np.shape(x)[:-1]
+    nb = x2d.shape[1] // 32
+    return Q8_0Blocks(d.astype(np.float16).reshape(lead + (nb,)), qs.reshape(lead + (nb, 32)))
+
+
+def quantize_q8_1(x: np.ndarray) -> Q8_1Blocks:
+    """float32 (..., K) -> Q8_1 blocks exactly as llama.cpp's x86 ``quantize_row_q8_1``. K % 32 == 0."""
+    x2d = _as_activation_rows(x, 32, "quantize_q8_1")
+    qs, d, s = _q8_0_rows(x2d, with_s=True)
+    lead = np.shape(x)[:-1]
+    nb = x2d.shape[1] // 32
+    return Q8_1Blocks(
+        d.astype(np.float16).reshape(lead + (nb,)), s.astype(np.float16).reshape(lead + (nb,)), qs.reshape(lead + (nb, 32))
+    )
+
+
+def quantize_q8_K(x: np.ndarray) -> Q8_KBlocks:
+    """float32 (..., K) -> Q8_K blocks exactly as ``quantize_row_q8_K_ref`` (used on x86). K % 256 == 0."""
+    x2d = _as_activation_rows(x, 256, "quantize_q8_K")
+    qs, d, bsums = _q8_k_rows(x2d)
+    lead = np.shape(x)[:-1]
+    nb = x2d.shape[1] // 256
+    return Q8_KBlocks(d.reshape(lead + (nb,)), qs.reshape(lead + (nb, 256)), bsums.reshape(lead + (nb, 16)))
+
+
+def activation_values(x: np.ndarray, qtype) -> np.ndarray:
+    """The activations as a ``qtype`` weight's dot product sees them, as exact float64 values.
+
+    ``x`` float32 (..., K) is converted to ``qtype``'s ``vec_dot_type`` as above and expanded back
+    (``qs * d``; F16/BF16 rounding; F32 unchanged). For tests and for a float64 model of llama.cpp.
+    """
+    vdt = layout(qtype).vec_dot_type
+    block = {QT.Q8_0: 32, QT.Q8_1: 32, QT.Q8_K: 256}.get(vdt, 1)
+    x2d = _as_activation_rows(x, block, "activation_values")
+    if vdt in (QT.Q8_0, QT.Q8_1):
+        qs, d, _ = _q8_0_rows(x2d, with_s=False)
+        vals = qs.reshape(len(qs), -1, 32).astype(np.float64) * d[:, :, None].astype(np.float64)
+    elif vdt == QT.Q8_K:
+        qs, d, _ = _q8_k_rows(x2d)
+        vals = qs.reshape(len(qs), -1, 256).astype(np.float64) * d[:, :, None].astype(np.float64)
+    elif vdt in (QT.F16, QT.BF16):
+        vals = np.empty_like(x2d)
+        _round_rows(x2d, vals, vdt == QT.BF16)
+    else:
+        vals = x2d
+    return vals.astype(np.float64).reshape(np.shape(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Dot products with Q8_0 activations (ggml_vec_dot_{q8_0,q4_0,q5_0,mxfp4,iq4_nl}_q8_0_generic)
+# Arguments: x = the weight row's bytes; yqs (K,) int8 and yd (K/32,) float32 = one activation row.
+
+
+@jit()
+def _dot_q8_0_q8_0(x, yqs, yd):
+    xqs = x.view(np.int8)
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 34 * ib
+        sumi = 0
+        for j in range(32):
+            sumi += int(xqs[o + 2 + j]) * int(yqs[32 * ib + j])
+        sumf += np.float32(sumi) * (f16_at(x, o) * yd[ib])
+    return sumf
+
+
+@jit()
+def _dot_q4_0_q8_0(x, yqs, yd):
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 18 * ib
+        sumi = 0
+        for j in range(16):
+            byte = int(x[o + 2 + j])
+            sumi += ((byte & 15) - 8) * int(yqs[32 * ib + j]) + ((byte >> 4) - 8) * int(yqs[32 * ib + j + 16])
+        sumf += np.float32(sumi) * f16_at(x, o) * yd[ib]  # (sumi * dx) * dy, left to right as in C
+    return sumf
+
+
+@jit()
+def _dot_q5_0_q8_0(x, yqs, yd):
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 22 * ib
+        sumi = 0
+        for j in range(16):
+            byte = int(x[o + 6 + j])
+            x0 = ((byte & 15) | (int(_qh_bit(x, o + 2, j)) << 4)) - 16
+            x1 = ((byte >> 4) | (int(_qh_bit(x, o + 2, j + 16)) << 4)) - 16
+            sumi += x0 * int(yqs[32 * ib + j]) + x1 * int(yqs[32 * ib + j + 16])
+        sumf += (f16_at(x, o) * yd[ib]) * np.float32(sumi)
+    return sumf
+
+
+@jit()
+def _dot_mxfp4_q8_0(x, yqs, yd):
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 17 * ib
+        d = yd[ib] * E8M0_HALF[x[o]]
+        sumi = 0
+        for j in range(16):
+            byte = int(x[o + 1 + j])
+            sumi += int(yqs[32 * ib + j]) * int(MXFP4_VALUES[byte & 15])
+            sumi += int(yqs[32 * ib + j + 16]) * int(MXFP4_VALUES[byte >> 4])
+        sumf += d * np.float32(sumi)
+    return sumf
+
+
+@jit()
+def _dot_iq4_nl_q8_0(x, yqs, yd):
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 18 * ib
+        d = yd[ib] * f16_at(x, o)
+        sumi = 0
+        for j in range(16):
+            byte = int(x[o + 2 + j])
+            sumi += int(yqs[32 * ib + j]) * int(IQ4NL_VALUES[byte & 15])
+            sumi += int(yqs[32 * ib + j + 16]) * int(IQ4NL_VALUES[byte >> 4])
+        sumf += d * np.float32(sumi)
+    return sumf
+
+
+@jit()
+def _dot_with_q8_0(kind, x, yqs, yd):
+    if kind == _Q8_0:
+        return _dot_q8_0_q8_0(x, yqs, yd)
+    elif kind == _Q4_0:
+        return _dot_q4_0_q8_0(x, yqs, yd)
+    elif kind == _Q5_0:
+        return _dot_q5_0_q8_0(x, yqs, yd)
+    elif kind == _MXFP4:
+        return _dot_mxfp4_q8_0(x, yqs, yd)
+    elif kind == _IQ4_NL:
+        return _dot_iq4_nl_q8_0(x, yqs, yd)
+    raise ValueError("no Q8_0 dot product for this weight type")
+
+
+# --------------------------------------------------------------------------------------------
+# Dot products with Q8_1 activations (ggml_vec_dot_{q4_1,q5_1}_q8_1_generic); ys = the s fields
+
+
+@jit()
+def _dot_q4_1_q8_1(x, yqs, yd, ys):
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 20 * ib
+        sumi = 0
+        for j in range(16):
+            byte = int(x[o + 4 + j])
+            sumi += (byte & 15) * int(yqs[32 * ib + j]) + (byte >> 4) * int(yqs[32 * ib + j + 16])
+        sumf += (f16_at(x, o) * yd[ib]) * np.float32(sumi) + f16_at(x, o + 2) * ys[ib]
+    return sumf
+
+
+@jit()
+def _dot_q5_1_q8_1(x, yqs, yd, ys):
+    sumf = np.float32(0.0)
+    for ib in range(yd.size):
+        o = 24 * ib
+        sumi = 0
+        for j in range(16):
+            byte = int(x[o + 8 + j])
+            x0 = (byte & 15) | (int(_qh_bit(x, o + 4, j)) << 4)
+            x1 = (byte >> 4) | (int(_qh_bit(x, o + 4, j + 16)) << 4)
+            sumi += x0 * int(yqs[32 * ib + j]) + x1 * int(yqs[32 * ib + j + 16])
+        sumf += (f16_at(x, o) * yd[ib]) * np.float32(sumi) + f16_at(x, o + 2) * ys[ib]
+    return sumf
+
+
+@jit()
+def _dot_with_q8_1(kind, x, yqs, yd, ys):
+    if kind == _Q4_1:
+        return _dot_q4_1_q8_1(x, yqs, yd, ys)
+    elif kind == _Q5_1:
+        return _dot_q5_1_q8_1(x, yqs, yd, ys)
+    raise ValueError("no Q8_1 dot product for this weight type")
+
+
+# --------------------------------------------------------------------------------------------
+# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic)
+# yd (K/256,) float32, ybsums (K/16,) int16.
+
+
+@jit()
+def _dot_q2_k_q8_k(x, yqs, yd, ybsums):
+    sumf = np.float32(0.0)
+    for i in range(yd.size):
+        o = 84 * i
+        summs = 0
+        for g in range(16):
+            summs += int(ybsums[16 * i + g]) * (int(x[o + g]) >> 4)
+        dall = yd[i] * f16_at(x, o + 80)
+        dmin = yd[i] * f16_at(x, o + 82)
+        isum = 0
+        for g in range(16):  # group g = 8n + 2j + h, as in dequant._deq_q2_k
+            n, j, h = g >> 3, (g >> 1) & 3, g & 1
+            isuml = 0
+            for l in range(16):
+                q2 = (int(x[o + 16 + 32 * n + 16 * h + l]) >> (2 * j)) & 3
+                isuml += int(yqs[256 * i + 16 * g + l]) * q2
+            isum += (int(x[o + g]) & 15) * isuml
+        sumf += dall * np.float32(isum) - dmin * np.float32(summs)
+    return sumf
+
+
+@jit()
+def _add_lanes(sums, d, prod):
+    """The K-quants' float lanes: ``sums[l] += d * aux32[l]`` for l = 0..7, where the C code's
+    ``aux32[l]`` is the exact integer Σ of ``prod[p]`` over the values p ≡ l (mod 8) of the
+    super-block (``prod[p]`` = scale · weight quant · activation quant of value p)."""
+    for l in range(8):
+        lane = 0
+        for k in range(32):
+            lane += prod[8 * k + l]
+        sums[l] += d * np.float32(lane)
+
+
+@jit()
+def _dot_q3_k_q8_k(x, yqs, yd, ybsums):
+    sums = np.zeros(8, dtype=np.float32)
+    prod = np.empty(256, dtype=np.int32)
+    for i in range(yd.size):
+        o = 110 * i
+        for n in range(2):  # value 128n + 32j + 16h + l, as in dequant._deq_q3_k
+            for j in range(4):
+                for h in range(2):
+                    g = 8 * n + 2 * j + h
+                    scale = _q3_k_scale(x, o, g) - 32
+                    for l in range(16):
+                        ll = 16 * h + l
+                        a = np.int32((x[o + 32 + 32 * n + ll] >> (2 * j)) & 3)
+                        if not (x[o + ll] >> (4 * n + j)) & 1:
+                            a -= 4
+                        prod[16 * g + l] = np.int32(scale) * a * np.int32(yqs[256 * i + 16 * g + l])
+        _add_lanes(sums, f16_at(x, o + 108) * yd[i], prod)
+    sumf = np.float32(0.0)
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@jit()
+def _dot_q45_k_q8_k(x, yqs, yd, ybsums, five_bits):
+    """Q4_K (``five_bits=False``, 144-byte blocks) and Q5_K (176-byte blocks, qh at 16, qs at 48)."""
+    block, qs_at = (176, 48) if five_bits else (144, 16)
+    sums = np.zeros(8, dtype=np.float32)
+    prod = np.empty(256, dtype=np.int32)
+    sumf = np.float32(0.0)
+    for i in range(yd.size):
+        o = block * i
+        sumi = 0  # Σ_g bsums[g] * m[g // 2]
+        for c in range(4):  # 32 bytes: sub-block 2c in the low nibbles, 2c+1 in the high nibbles
+            sc_lo, m_lo = k_scale_min(x, o + 4, 2 * c)
+            sc_hi, m_hi = k_scale_min(x, o + 4, 2 * c + 1)
+            sumi += (int(ybsums[16 * i + 4 * c]) + int(ybsums[16 * i + 4 * c + 1])) * m_lo
+            sumi += (int(ybsums[16 * i + 4 * c + 2]) + int(ybsums[16 * i + 4 * c + 3])) * m_hi
+            for l in range(32):
+                byte = x[o + qs_at + 32 * c + l]
+                a_lo = np.int32(byte & 15)
+                a_hi = np.int32(byte >> 4)
+                if five_bits:
+                    qh = x[o + 16 + l] >> (2 * c)
+                    a_lo |= np.int32((qh & 1) << 4)
+                    a_hi |= np.int32((qh & 2) << 3)
+                p = 64 * c + l
+                prod[p] = np.int32(sc_lo) * a_lo * np.int32(yqs[256 * i + p])
+                prod[p + 32] = np.int32(sc_hi) * a_hi * np.int32(yqs[256 * i + p + 32])
+        _add_lanes(sums, f16_at(x, o) * yd[i], prod)
+        dmin = f16_at(x, o + 2) * yd[i]
+        sumf -= dmin * np.float32(sumi)
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@jit()
+def _dot_q6_k_q8_k(x, yqs, yd, ybsums):
+    scales = x.view(np.int8)
+    sums = np.zeros(8, dtype=np.float32)
+    prod = np.empty(256, dtype=np.int32)
+    sc = np.empty(16, dtype=np.int32)
+    for i in range(yd.size):
+        o = 210 * i
+        for g in range(16):
+            sc[g] = scales[o + 192 + g]
+        for n in range(2):  # as dequant._deq_q6_k; value 128n + 32k + l is in group 8n + 2k + l // 16
+            for l in range(32):
+                ql0 = x[o + 64 * n + l]
+                ql1 = x[o + 64 * n + l + 32]
+                qh = x[o + 128 + 32 * n + l]
+                g = 8 * n + (l >> 4)
+                p = 128 * n + l
+                y = 256 * i + p
+                prod[p] = sc[g] * (np.int32((ql0 & 15) | ((qh & 3) << 4)) - 32) * np.int32(yqs[y])
+                prod[p + 32] = sc[g + 2] * (np.int32((ql1 & 15) | (((qh >> 2) & 3) << 4)) - 32) * np.int32(yqs[y + 32])
+                prod[p + 64] = sc[g + 4] * (np.int32((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32) * np.int32(yqs[y + 64])
+                prod[p + 96] = sc[g + 6] * (np.int32((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32) * np.int32(yqs[y + 96])
+        _add_lanes(sums, f16_at(x, o + 208) * yd[i], prod)
+    sumf = np.float32(0.0)
+    for l in range(8):
+        sumf += sums[l]
+    return sumf
+
+
+@jit()
+def _dot_iq4_xs_q8_k(x, yqs, yd, ybsums):
+    sumf = np.float32(0.0)
+    for i in range(yd.size):
+        o = 136 * i
+        d4d8 = f16_at(x, o) * yd[i]
+        scales_h = int(x[o + 2]) | (int(x[o + 3]) << 8)
+        for s in range(8):
+            ls = ((int(x[o + 4 + s // 2]) >> (4 * (s & 1))) & 15) | (((scales_h >> (2 * s)) & 3) << 4)
+            dl = d4d8 * np.float32(ls - 32)
+            sumi = 0
+            for j in range(16):
+                byte = int(x[o + 8 + 16 * s + j])
+                sumi += int(yqs[256 * i + 32 * s + j]) * int(IQ4NL_VALUES[byte & 15])
+                sumi += int(yqs[256 * i + 32 * s + 16 + j]) * int(IQ4NL_VALUES[byte >> 4])
+            sumf += dl * np.float32(sumi)
+    return sumf
+
+
+@jit()
+def _dot_with_q8_k(kind, x, yqs, yd, ybsums):
+    if kind == _Q4_K:
+        return _dot_q45_k_q8_k(x, yqs, yd, ybsums, False)
+    elif kind == _Q5_K:
+        return _dot_q45_k_q8_k(x, yqs, yd, ybsums, True)
+    elif kind == _Q6_K:
+        return _dot_q6_k_q8_k(x, yqs, yd, ybsums)
+    elif kind == _Q2_K:
+        return _dot_q2_k_q8_k(x, yqs, yd, ybsums)
+    elif kind == _Q3_K:
+        return _dot_q3_k_q8_k(x, yqs, yd, ybsums)
+    elif kind == _IQ4_XS:
+        return _dot_iq4_xs_q8_k(x, yqs, yd, ybsums)
+    raise ValueError("no Q8_K dot product for this weight type")
+
+
+# --------------------------------------------------------------------------------------------
+# The act-quant matmul kernels: prange over weight rows, each dotted with every activation row
+
+
+@jit(parallel=True)
+def _matmul_q8_0(kind, w, yqs, yd, out):
+    for n in prange(w.shape[0]):
+        for t in range(yqs.shape[0]):
+            out[t, n] = _dot_with_q8_0(kind, w[n], yqs[t], yd[t])
+
+
+@jit(parallel=True)
+def _matmul_q8_1(kind, w, yqs, yd, ys, out):
+    for n in prange(w.shape[0]):
+        for t in range(yqs.shape[0]):
+            out[t, n] = _dot_with_q8_1(kind, w[n], yqs[t], yd[t], ys[t])
+
+
+@jit(parallel=True)
+def _matmul_q8_k(kind, w, yqs, yd, ybsums, out):
+    for n in prange(w.shape[0]):
+        for t in range(yqs.shape[0]):
+            out[t, n] = _dot_with_q8_k(kind, w[n], yqs[t], yd[t], ybsums[t])
+
+
+@jit(parallel=True)
+def _matmul_float(kind, w, xr, out):
+    """F32/F16/BF16 weights: ``ggml_vec_dot_f32/f16/bf16`` scalar form, float32 products summed in double."""
+    for n in prange(w.shape[0]):
+        row = np.empty(xr.shape[1], dtype=np.float32)
+        dequantize_row(kind, w[n], row)
+        for t in range(xr.shape[0]):
+            acc = 0.0
+            for k in range(row.size):
+                acc += np.float64(row[k] * xr[t, k])
+            out[t, n] = np.float32(acc)
+
+
+def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """``y[t, n]`` = llama.cpp's generic CPU dot of weight row n with activation row t quantized to
+    the weight's ``vec_dot_type``. ``w_bytes`` (N, row bytes) uint8 C-contiguous, ``x`` (T, K)
+    float32 C-contiguous, both validated by :func:`kernels.matmul.matmul`. Returns float32 (T, N).
+    """
+    cls = layout(qtype)
+    kind = int(cls.qtype)
+    vdt = cls.vec_dot_type
+    out = np.empty((x.shape[0], w_bytes.shape[0]), dtype=np.float32)
+    if out.size == 0:
+        return out
+    if x.shape[1] == 0:
+        out[:] = 0.0
+        return out
+    if vdt == QT.Q8_0:
+        qs, d, _ = _q8_0_rows(x, with_s=False)
+        _matmul_q8_0(kind, w_bytes, qs, d, out)
+    elif vdt == QT.Q8_1:
+        qs, d, s = _q8_0_rows(x, with_s=True)
+        _matmul_q8_1(kind, w_bytes, qs, d, s, out)
+    elif vdt == QT.Q8_K:
+        qs, d, bsums = _q8_k_rows(x)
+        _matmul_q8_k(kind, w_bytes, qs, d, bsums, out)
+    else:
+        xr = x
+        if vdt in (QT.F16, QT.BF16):
+            xr = np.empty_like(x)
+            _round_rows(x, xr, vdt == QT.BF16)
+        _matmul_float(kind, w_bytes, xr, out)
+    return out
+
+
+__all__ = [
+    "Q8_0Blocks",
+    "Q8_1Blocks",
+    "Q8_KBlocks",
+    "quantize_q8_0",
+    "quantize_q8_1",
+    "quantize_q8_K",
+    "activation_values",
+    "matmul_act_quant",
+]

@@ -1,0 +1,166 @@
+"""Fused quantized matmul: ``y = x @ W.T`` straight from GGUF bytes, without materialising W.
+
+``matmul(w_raw, qtype, x)`` with ``W`` (N, K) stored as N quantized rows and ``x`` (T, K) float32
+returns ``y`` (T, N) float32, ``y[t, n] = W[n] · x[t]`` (ggml's ``mul_mat(W, x)``).
+
+Precision policy of the plain mode (``act_quant=False``) — the oracle's own numerics
+    The weights are dequantized exactly as ``gguf.quants.dequantize`` does (float32, see
+    :mod:`kernels.dequant`); each product ``w * x`` is formed in float64, where it is exact (two
+    float32 significands fit in 53 bits); the K products are summed in float64; the sum is rounded
+    once to float32. Every output element is computed alone, the same way whatever T and N are, so a
+    batch gives bit-identical rows to single-row calls and nothing depends on the thread count.
+
+``path="numba"`` (default)
+    ``prange`` over tasks of 16 weight rows; each row is decoded once into a thread-local float64
+    buffer (holding the exact float32 values) and dotted with all T activation rows, so the weights
+    are read once per batch.
+    The float64 sum runs in **increasing column order**; four rows are summed side by side (four
+    independent chains, the same order each) to keep the FPU busy.
+``path="numpy"``
+    The obvious form: ``gguf.quants.dequantize`` on chunks of rows (never the whole matrix of a big
+    tensor), then ``np.sum(w64 * x64[t], axis=1)`` — exact float64 products, numpy's pairwise sum.
+
+Tolerance between the two paths
+    They differ only in the float64 summation order (sequential vs pairwise). Each float64 sum is
+    within ``K * 2**-53 * Σ|w·x|`` of the exact sum, so after rounding to float32 the two results
+    differ by at most one float32 ulp of ``y`` plus ``~1e-12 * Σ_k |w_k x_k|``; the tests assert
+    ``|y_numba - y_numpy| <= 1e-6 * Σ_k |w_k x_k|`` (and in practice see 0 or 1 ulp).
+
+``act_quant=True`` — llama.cpp's numerics (numba path only)
+    Each activation row is quantized to the weight type's ``vec_dot_type`` exactly as llama.cpp's
+    x86 CPU backend does (Q8_0 / Q8_1 / Q8_K, F16 or BF16 rounding), the per-block integer dots are
+    exact, and the block scales are combined in float32 exactly as the generic
+    ``ggml_vec_dot_*_generic`` C code does; see :mod:`kernels.actquant`. Also batch- and
+    thread-count-independent. It differs from llama.cpp's SIMD kernels only in float32 accumulation
+    order, and from the plain mode by the activation quantization error.
+
+Inputs: ``w_raw`` is the (N, row bytes) uint8 array of one weight matrix as GGUFReader hands it out
+(a C-contiguous slice ``raw[e]`` of a 3-D expert tensor is used without copying); for F32 / F16 it
+may be the (N, K) float32 / float16 array. ``x`` is float32 (T, K), or (K,) for a single row (then
+the result is (N,)), or any (..., K). Bad input raises ``ValueError`` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants as gguf_quants
+from numba import prange
+
+from .actquant import matmul_act_quant
+from .blocks import weight_layout
+from .dequant import as_row_bytes, dequantize_row
+from .flags import jit
+
+ROWS_PER_TASK = 16  # weight rows per prange iteration (buffers are allocated once per task)
+_NUMPY_CHUNK_VALUES = 1 << 20  # path="numpy": dequantize about this many weights at a time
+
+
+# --------------------------------------------------------------------------------------------
+# numba path
+
+
+@jit()
+def _dot_f64(w, x):
+    """Σ_k w[k]*x[k] in float64, k increasing."""
+    acc = 0.0
+    for k in range(w.size):
+        acc += w[k] * x[k]
+    return acc
+
+
+@jit()
+def _dot4_f64(w, x):
+    """The four sums ``_dot_f64(w[i], x)``, i = 0..3, side by side: four independent float64 chains,
+    each in increasing k, so each result is bit-identical to ``_dot_f64``. One chain alone is bound
+    by the add latency; four reach the scalar multiply/add throughput (eight measured no faster)."""
+    a0 = a1 = a2 = a3 = 0.0
+    for k in range(x.size):
+        xk = x[k]
+        a0 += w[0, k] * xk
+        a1 += w[1, k] * xk
+        a2 += w[2, k] * xk
+        a3 += w[3, k] * xk
+    return a0, a1, a2, a3
+
+
+@jit(parallel=True)
+def _matmul_rows(kind, w, x64, out):
+    """out[t, n] = float32(Σ_k float64(W[n, k]) * x64[t, k]) for W's rows given as bytes ``w``."""
+    N = w.shape[0]
+    T, K = x64.shape
+    n_tasks = (N + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(n_tasks):
+        rows = np.empty((4, K), dtype=np.float64)  # up to 4 decoded weight rows (exact float32 values)
+        start = task * ROWS_PER_TASK
+        stop = min(N, start + ROWS_PER_TASK)
+        for n0 in range(start, stop, 4):
+            group = min(4, stop - n0)
+            for i in range(group):
+                dequantize_row(kind, w[n0 + i], rows[i])
+            for t in range(T):
+                if group == 4:
+                    s0, s1, s2, s3 = _dot4_f64(rows, x64[t])
+                    out[t, n0] = s0
+                    out[t, n0 + 1] = s1
+                    out[t, n0 + 2] = s2
+                    out[t, n0 + 3] = s3
+                else:
+                    for i in range(group):
+                        out[t, n0 + i] = _dot_f64(rows[i], x64[t])
+
+
+# --------------------------------------------------------------------------------------------
+# numpy path
+
+
+def _matmul_numpy(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    N = w_bytes.shape[0]
+    T, K = x.shape
+    x64 = x.astype(np.float64)
+    out = np.empty((T, N), dtype=np.float32)
+    chunk = max(1, _NUMPY_CHUNK_VALUES // max(K, 1))
+    for n0 in range(0, N, chunk):
+        w64 = gguf_quants.dequantize(w_bytes[n0 : n0 + chunk], qtype).astype(np.float64)  # (n, K)
+        for t in range(T):
+            out[t, n0 : n0 + len(w64)] = np.sum(w64 * x64[t], axis=1)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_quant: bool = False) -> np.ndarray:
+    """``y = x @ W.T`` for the quantized matrix ``W`` (N, K) stored in ``w_raw``: float32 (T, N).
+
+    ``x`` float32 (T, K) -> (T, N); (K,) -> (N,); any leading shape (..., K) -> (..., N).
+    ``path`` is ``"numba"`` or ``"numpy"``; ``act_quant=True`` (numba only) emulates llama.cpp's
+    activation quantization and integer block dots. The module docstring states the precision
+    policy and the tolerance between the paths. Bad input raises ``ValueError`` (one line).
+    """
+    if path not in ("numba", "numpy"):
+        raise ValueError(f"matmul: path must be 'numba' or 'numpy', got {path!r}")
+    if act_quant and path != "numba":
+        raise ValueError("matmul: act_quant=True is implemented on the numba path only")
+    qtype = weight_layout(qtype).qtype
+    w_raw = np.asarray(w_raw)
+    if w_raw.ndim != 2:
+        raise ValueError(f"matmul: w_raw for {qtype.name} must be 2-D (N rows x row bytes), got shape {w_raw.shape}")
+    w_bytes, K = as_row_bytes(w_raw, qtype, what="matmul: w_raw")
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise ValueError(f"matmul: x must be float32, got {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] != K:
+        raise ValueError(f"matmul: x of shape {x.shape} does not end in K={K}, the values per {qtype.name} weight row")
+    x2d = np.ascontiguousarray(x.reshape(-1, K))
+    N, T = w_bytes.shape[0], x2d.shape[0]
+
+    if act_quant:
+        y = matmul_act_quant(w_bytes, qtype, x2d)
+    elif path == "numpy":
+        y = _matmul_numpy(w_bytes, qtype, x2d)
+    else:
+        y = np.zeros((T, N), dtype=np.float32)
+        if y.size and K:
+            _matmul_rows(int(qtype), w_bytes, x2d.astype(np.float64), y)
+    return y.reshape(x.shape[:-1] + (N,))

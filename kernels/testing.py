@@ -1,0 +1,57 @@
+"""Random GGUF rows of any supported type, with controlled scales (for tests and benchmarks).
+
+gguf 0.19.0 cannot quantize most K-quants, and fully random bytes make f16 scales that are often
+huge, inf or NaN. :func:`random_rows` therefore draws random bytes for the quant fields and writes
+every ``f16`` scale field (found by name in :mod:`kernels.blocks`) and the MXFP4 exponent with
+values from a chosen regime:
+
+* ``"normal"``: magnitudes spread over 2**-12 .. 2**-4, either sign — typical weights;
+* ``"extreme"``: a mix of 0, ±f16 subnormals, ±65504 (f16 max), tiny and huge normals, and normal
+  values (for MXFP4: exponents 0, 1, 2, 127, 128, 250); still finite after dequantization;
+* ``"raw"``: the random bytes as drawn (may dequantize to inf / NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .blocks import QT, weight_layout
+
+_EXTREME_F16 = np.array(
+    [0.0, -0.0, 2.0**-24, -(2.0**-24), 3 * 2.0**-24, 2.0**-14, 65504.0, -65504.0, 1.0, -1.0, 2.0**-10, 0.5, 1e-3, -7.5],
+    dtype=np.float16,
+)
+
+
+def random_rows(qtype, n_rows: int, n_cols: int, rng: np.random.Generator, scales: str = "normal") -> np.ndarray:
+    """(n_rows, row bytes) uint8 rows of ``qtype`` (for F32/F16: float32/float16 (n_rows, n_cols))."""
+    cls = weight_layout(qtype)
+    if n_cols % cls.block_size:
+        raise ValueError(f"n_cols={n_cols} is not a multiple of the {cls.qtype.name} block size {cls.block_size}")
+    if scales not in ("normal", "extreme", "raw"):
+        raise ValueError(f"scales must be 'normal', 'extreme' or 'raw', got {scales!r}")
+    if cls.qtype in (QT.F32, QT.F16, QT.BF16):
+        x = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+        if scales == "extreme":
+            x *= np.float32(2.0) ** rng.integers(-30, 30, x.shape).astype(np.float32)
+        if cls.qtype == QT.F32:
+            return x
+        if cls.qtype == QT.F16:
+            return x.astype(np.float16)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n_rows, 2 * n_cols)  # truncated
+
+    n_blocks = n_cols // cls.block_size
+    raw = rng.integers(0, 256, (n_rows, n_blocks, cls.type_size), dtype=np.uint8)
+    if scales != "raw":
+        for field in cls.fields:
+            if field.ctype == "f16":
+                if scales == "normal":
+                    mag = 2.0 ** rng.uniform(-12, -4, (n_rows, n_blocks))
+                    vals = (mag * rng.choice([-1.0, 1.0], mag.shape)).astype(np.float16)
+                else:
+                    vals = rng.choice(_EXTREME_F16, (n_rows, n_blocks))
+                raw[:, :, field.offset : field.offset + 2] = vals.view(np.uint8).reshape(n_rows, n_blocks, 2)
+            elif cls.qtype == QT.MXFP4 and field.name == "e":
+                choices = np.arange(118, 130) if scales == "normal" else np.array([0, 1, 2, 127, 128, 250])
+                raw[:, :, field.offset] = rng.choice(choices, (n_rows, n_blocks)).astype(np.uint8)
+    return raw.reshape(n_rows, n_blocks * cls.type_size)

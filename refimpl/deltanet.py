@@ -62,11 +62,12 @@ def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     return o.astype(F32), M.astype(F32)
 
 
-def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) -> tuple[np.ndarray, DeltaNetState]:
+def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) -> tuple[np.ndarray, list[DeltaNetState]]:
     """One Gated DeltaNet layer over T consecutive tokens of one sequence.
 
     ``w``: :class:`refimpl.weights.DeltaNetWeights`; ``a``: attn_norm output [T, E].
-    Returns (linear_attn_out [T, E], new state).
+    Returns (linear_attn_out [T, E], the state after each of the T tokens — the last one is the
+    new state; the others are the per-position snapshots a rollback restores).
     """
     T = a.shape[0]
     Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
@@ -87,11 +88,15 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
 
     M = st.ssm
     o = np.empty((T, Hv, S), dtype=F32)
+    states = []
+    window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]
     for t in range(T):
         o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t])
+        states.append(DeltaNetState(conv=window[t + 1 : t + c.ssm_d_conv], ssm=M))  # after token t
+    assert np.array_equal(states[-1].conv, conv_state)
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
     out = rms_norm_w(o, w.ssm_norm, c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
     final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
-    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), DeltaNetState(conv=conv_state, ssm=M)
+    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states

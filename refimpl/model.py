@@ -63,12 +63,17 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx()) -> tuple[np
         raise ValueError(f"token id out of range [0, {c.n_vocab})")
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
+    T = int(tokens.size)
     h = ctx.cb("model.input_embed", -1, w.token_embd.rows(tokens))  # [T, E]
     layers = list(state.layers)
+    per_token = [[None] * c.n_layer for _ in range(T)]  # recurrent state after each token
     for il, lw in enumerate(w.layers):
         a = ctx.cb("attn_norm", il, rms_norm_w(h, lw.attn_norm, c.rms_eps))  # [T, E]
         if c.is_recurrent[il]:
-            m, layers[il] = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx)  # [T, E]
+            m, states = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx)  # [T, E], T states
+            layers[il] = states[-1]
+            for t in range(T):
+                per_token[t][il] = states[t]
         else:
             m, layers[il] = gated_attention(lw.mixer, c, a, positions, layers[il], il, ctx)  # [T, E]
         r = ctx.cb("attn_residual", il, m + h)  # [T, E]
@@ -78,4 +83,4 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx()) -> tuple[np
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
     logits = ctx.cb("result_output", -1, mm(w.output, h_nextn, ctx))  # [T, V]
-    return logits, h_nextn, SeqState(n_past=state.n_past + int(tokens.size), layers=tuple(layers))
+    return logits, h_nextn, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])

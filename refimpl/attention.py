@@ -67,30 +67,31 @@ def rope_imrope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
-def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il: int, ctx: Ctx) -> tuple[np.ndarray, KVCache]:
+def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, KVCache]:
     """One gated-attention layer over a batch of T consecutive tokens of one sequence.
 
     ``w``: :class:`refimpl.weights.AttentionWeights`; ``c``: :class:`refimpl.config.Config`;
     ``a``: attn_norm output [T, E]; ``positions`` [T]. Returns (attn_output [T, E], new cache).
+    ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block, as in ``graph_mtp``).
     """
     T = a.shape[0]
     H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
     qg = mm(w.attn_q, a, ctx).reshape(T, H, 2, D)  # [T, 2HD] -> [T, H, 2, D]
-    ctx.cb("Qcur_full", il, qg.reshape(T, 2 * H * D))
+    ctx.cb(prefix + "Qcur_full", il, qg.reshape(T, 2 * H * D))
     q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps)  # [T, H, D]
-    ctx.cb("Qcur_normed", il, q)
+    ctx.cb(prefix + "Qcur_normed", il, q)
     gate = np.ascontiguousarray(qg[:, :, 1, :]).reshape(T, H * D)  # [T, HD]
     k = rms_norm_w(mm(w.attn_k, a, ctx).reshape(T, Hkv, D), w.attn_k_norm, c.rms_eps)  # [T, Hkv, D]
-    ctx.cb("Kcur_normed", il, k)
+    ctx.cb(prefix + "Kcur_normed", il, k)
     v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
 
     for t in range(T):
         cos, sin = rope_cache(int(positions[t]), c.n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
         q[t] = rope_imrope(q[t], cos, sin)
         k[t] = rope_imrope(k[t], cos, sin)
-    ctx.cb("Qcur", il, q)
-    ctx.cb("Kcur", il, k)
-    ctx.cb("Vcur", il, v)
+    ctx.cb(prefix + "Qcur", il, q)
+    ctx.cb(prefix + "Kcur", il, k)
+    ctx.cb(prefix + "Vcur", il, v)
 
     if ctx.kv_f16:  # the cache stores F16 (llama_context default type_k = type_v = F16)
         k, v = to_f16(k), to_f16(v)
@@ -111,7 +112,7 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
                 p = to_f16(p)
             o[t, h] = dot64(vals[:, j, :].T, p)  # [D]
     o = o.reshape(T, H * D)
-    ctx.cb("attn_pregate", il, o)
+    ctx.cb(prefix + "attn_pregate", il, o)
     o = o * sigmoid(gate)  # [T, HD]
-    ctx.cb("attn_gated", il, o)
-    return ctx.cb("attn_output", il, mm(w.attn_output, o, ctx)), kv
+    ctx.cb(prefix + "attn_gated", il, o)
+    return ctx.cb(prefix + "attn_output", il, mm(w.attn_output, o, ctx)), kv

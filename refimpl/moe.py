@@ -35,13 +35,15 @@ def route(logits: np.ndarray, n_used: int) -> tuple[np.ndarray, np.ndarray]:
     return sel, w.astype(F32)
 
 
-def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Routed experts + shared expert. x [T, E] -> (ffn_out [T, E], sel [T, K], weights [T, K])."""
+def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Routed experts + shared expert. x [T, E] -> (ffn_out [T, E], sel [T, K], weights [T, K]).
+
+    ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block)."""
     T = x.shape[0]
-    logits = ctx.cb("ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
+    logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
     sel, weights = route(logits, c.n_expert_used)  # [T, K], [T, K]
-    ctx.cb("ffn_moe_topk", il, sel)
-    ctx.cb("ffn_moe_weights_norm", il, weights)
+    ctx.cb(prefix + "ffn_moe_topk", il, sel)
+    ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
     moe_out = np.zeros((T, c.n_embd), dtype=F32)
     for t in range(T):
@@ -53,11 +55,11 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx) -> tuple[np.ndarray, np.ndar
             y = mm(w.experts.down(int(e)), silu(gate) * up, ctx)[0] * weights[t, i]  # [E]
             acc = y if acc is None else acc + y
         moe_out[t] = acc
-    ctx.cb("ffn_moe_out", il, moe_out)
+    ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 
     shexp = mm(w.ffn_down_shexp, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx), ctx)  # [T, E]
-    ctx.cb("ffn_shexp", il, shexp)
+    ctx.cb(prefix + "ffn_shexp", il, shexp)
     shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :]))  # [T]: a [E]·[E, T] mat-vec
-    ctx.cb("shared_expert_gate_sigmoid", il, shared_gate)
+    ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]
-    return ctx.cb("ffn_out", il, out), sel, weights
+    return ctx.cb(prefix + "ffn_out", il, out), sel, weights

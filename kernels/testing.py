@@ -32,8 +32,9 @@ def random_rows(qtype, n_rows: int, n_cols: int, rng: np.random.Generator, scale
         raise ValueError(f"scales must be 'normal', 'extreme' or 'raw', got {scales!r}")
     if cls.qtype in (QT.F32, QT.F16, QT.BF16):
         x = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
-        if scales == "extreme":
-            x *= np.float32(2.0) ** rng.integers(-30, 30, x.shape).astype(np.float32)
+        if scales == "extreme":  # wide exponents, still finite in the type (f16 max 65504)
+            lo, hi = (-24, 12) if cls.qtype == QT.F16 else (-60, 60)
+            x *= np.float32(2.0) ** rng.integers(lo, hi, x.shape).astype(np.float32)
         if cls.qtype == QT.F32:
             return x
         if cls.qtype == QT.F16:

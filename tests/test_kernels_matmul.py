@@ -1,0 +1,171 @@
+"""kernels.matmul, plain mode: both paths vs float64, batch/thread invariance, inputs and errors.
+
+The precision policy (kernels/matmul.py): exact float32 weights, float64 products and sums, one
+rounding to float32. So against ``dequantize(W) @ x`` in float64 the error is at most one float32
+rounding plus ~K·2^-53 of Σ|w·x|, and the numba and numpy paths differ only by summation order.
+"""
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+import kernels
+from kernels.dequant import as_row_bytes
+from kernels.testing import random_rows
+
+TYPES = kernels.WEIGHT_TYPES
+IDS = [t.name for t in TYPES]
+K = 512  # two Q*_K super-blocks, sixteen 32-blocks
+N = 37  # odd: 2 tasks of 16 rows + a task of 5 (a group of 4 plus a single row)
+
+
+def problem(qtype, seed, n_rows=N, T=9):
+    rng = np.random.default_rng([int(qtype), seed])
+    w = random_rows(qtype, n_rows, K, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[0, :7] = 0.0  # a few exact zeros and a tiny value
+    x[1, 3] = np.float32(1e-30)
+    return w, x
+
+
+def exact_reference(w, qtype, x):
+    W = kernels.dequantize(w, qtype).astype(np.float64)  # (N, K) exact
+    x64 = x.astype(np.float64)
+    return x64 @ W.T, np.abs(x64) @ np.abs(W).T  # (T, N) value and Σ|w·x|
+
+
+@pytest.mark.parametrize("path", ["numba", "numpy"])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_matches_float64_reference(qtype, path):
+    w, x = problem(qtype, 0)
+    for T in range(1, 10):
+        y = kernels.matmul(w, qtype, x[:T], path=path)
+        assert y.shape == (T, N) and y.dtype == np.float32
+        ref, mag = exact_reference(w, qtype, x[:T])
+        # one float32 rounding of the result + float64 summation error (K * 2**-53 relative)
+        tol = np.abs(ref) * 2.0**-24 + mag * K * 2.0**-52
+        err = np.abs(y.astype(np.float64) - ref)
+        assert (err <= tol).all(), f"T={T}: worst {np.max(err / mag):.3g} of Σ|w·x|"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_numba_and_numpy_paths_agree(qtype):
+    """The stated tolerance: |Δ| ≤ 1e-6 · Σ|w·x| (in practice 0 or 1 ulp)."""
+    w, x = problem(qtype, 1)
+    y_nb = kernels.matmul(w, qtype, x, path="numba")
+    y_np = kernels.matmul(w, qtype, x, path="numpy")
+    _, mag = exact_reference(w, qtype, x)
+    assert (np.abs(y_nb.astype(np.float64) - y_np) <= 1e-6 * mag).all()
+    ulps = np.abs(y_nb.view(np.int32).astype(np.int64) - y_np.view(np.int32))
+    assert ulps.max() <= 1
+
+
+@pytest.mark.parametrize("path", ["numba", "numpy"])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_batch_rows_equal_single_rows_bit_for_bit(qtype, path):
+    w, x = problem(qtype, 2, T=7)
+    batch = kernels.matmul(w, qtype, x, path=path)
+    singles = np.stack([kernels.matmul(w, qtype, x[t], path=path) for t in range(7)])
+    np.testing.assert_array_equal(batch.view(np.uint32), singles.view(np.uint32))
+
+
+@pytest.mark.parametrize("act_quant", [False, True], ids=["plain", "act_quant"])
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.BF16, QT.F32], ids=lambda q: q.name)
+def test_thread_count_does_not_change_results(qtype, act_quant):
+    w, x = problem(qtype, 3, n_rows=67, T=5)
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = kernels.matmul(w, qtype, x, act_quant=act_quant)
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = kernels.matmul(w, qtype, x, act_quant=act_quant)
+    finally:
+        numba.set_num_threads(saved)
+    np.testing.assert_array_equal(one.view(np.uint32), two.view(np.uint32))
+
+
+def test_many_rows_and_a_long_batch():
+    w, _ = problem(QT.Q4_K, 4, n_rows=130)
+    x = np.random.default_rng(5).standard_normal((33, K)).astype(np.float32)
+    y = kernels.matmul(w, QT.Q4_K, x)
+    ref, mag = exact_reference(w, QT.Q4_K, x)
+    assert (np.abs(y - ref) <= np.abs(ref) * 2.0**-24 + mag * 1e-12).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Input forms
+
+
+def test_vector_and_leading_shapes():
+    w, x = problem(QT.Q8_0, 6, T=6)
+    y = kernels.matmul(w, QT.Q8_0, x)
+    np.testing.assert_array_equal(kernels.matmul(w, QT.Q8_0, x[2]), y[2])  # (K,) -> (N,)
+    np.testing.assert_array_equal(kernels.matmul(w, QT.Q8_0, x.reshape(2, 3, K)), y.reshape(2, 3, N))
+    assert kernels.matmul(w, QT.Q8_0, x[:0]).shape == (0, N)
+
+
+def test_expert_slice_is_used_without_copy():
+    rng = np.random.default_rng(7)
+    experts = random_rows(QT.Q4_K, 4 * 24, K, rng).reshape(4, 24, -1)  # (X, rows, bytes)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    view, _ = as_row_bytes(experts[2], QT.Q4_K)
+    assert np.shares_memory(view, experts)
+    np.testing.assert_array_equal(kernels.matmul(experts[2], QT.Q4_K, x), kernels.matmul(experts[2].copy(), QT.Q4_K, x))
+
+
+def test_f32_and_f16_weights_as_floats_or_bytes():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    for qtype, w in ((QT.F32, rng.standard_normal((5, 64)).astype(np.float32)), (QT.F16, rng.standard_normal((5, 64)).astype(np.float16))):
+        y = kernels.matmul(w, qtype, x)
+        np.testing.assert_array_equal(y, kernels.matmul(w.view(np.uint8), qtype, x))
+        ref = (x.astype(np.float64) @ w.astype(np.float64).T).astype(np.float32)
+        np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_weights_from_a_gguf_file(tmp_path):
+    """What GGUFReader hands out (memmap views, 3-D expert tensors) goes straight in."""
+    from gguf import GGUFReader, GGUFWriter
+
+    rng = np.random.default_rng(9)
+    q8 = random_rows(QT.Q8_0, 16, 64, rng)
+    exps = random_rows(QT.MXFP4, 3 * 8, 64, rng).reshape(3, 8, -1)
+    writer = GGUFWriter(tmp_path / "t.gguf", "test")
+    writer.add_tensor("q8", q8, raw_dtype=QT.Q8_0)
+    writer.add_tensor("exps", exps, raw_dtype=QT.MXFP4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensors = {t.name: t for t in GGUFReader(tmp_path / "t.gguf").tensors}
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(kernels.matmul(tensors["q8"].data, QT.Q8_0, x), kernels.matmul(q8, QT.Q8_0, x))
+    np.testing.assert_array_equal(kernels.matmul(tensors["exps"].data[1], QT.MXFP4, x), kernels.matmul(exps[1], QT.MXFP4, x))
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda w, x: kernels.matmul(w, QT.Q8_0, x.astype(np.float64)), "x must be float32, got float64"),
+        (lambda w, x: kernels.matmul(w, QT.Q8_0, x[:, :32]), r"does not end in K=64"),
+        (lambda w, x: kernels.matmul(w[0], QT.Q8_0, x), "must be 2-D"),
+        (lambda w, x: kernels.matmul(w.astype(np.float32), QT.Q8_0, x), "must be uint8, got float32"),
+        (lambda w, x: kernels.matmul(w[:, :-1], QT.Q8_0, x), "not a multiple of the 34-byte block"),
+        (lambda w, x: kernels.matmul(w, QT.IQ2_XXS, x), "unsupported ggml type IQ2_XXS"),
+        (lambda w, x: kernels.matmul(w, QT.Q8_K, x), "Q8_K is an activation-only format"),
+        (lambda w, x: kernels.matmul(w, QT.Q8_0, x, path="blas"), "path must be 'numba' or 'numpy'"),
+        (lambda w, x: kernels.matmul(w, QT.Q8_0, x, path="numpy", act_quant=True), "numba path only"),
+    ],
+    ids=["x-dtype", "K-mismatch", "w-1d", "w-dtype", "w-row-bytes", "unsupported", "activation-type", "path", "numpy-act-quant"],
+)
+def test_errors_are_one_line_value_errors(call, message):
+    w = np.zeros((3, 68), np.uint8)  # 3 rows of 64 Q8_0 values
+    x = np.zeros((2, 64), np.float32)
+    with pytest.raises(ValueError, match=message) as info:
+        call(w, x)
+    assert "\n" not in str(info.value)

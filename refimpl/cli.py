@@ -94,16 +94,61 @@ def _cmd_run(args) -> int:
         prompt = tok.encode(args.prompt, parse_special=True)
         if not prompt:
             raise RefimplError("the prompt encodes to no tokens")
+    spec = _speculative_options(args, model)
     stream = _TextStream(tok) if not args.json else None
     bar = tqdm(total=args.n_predict, desc="generating", unit="tok", file=sys.stderr, disable=None, leave=False)
-    out = greedy(model, prompt, args.n_predict, _ctx_from_args(args), eog_ids=frozenset(tok.eog_ids),
-                 on_token=stream.write if stream else None, progress=bar)
+    kwargs = dict(eog_ids=frozenset(tok.eog_ids), on_token=stream.write if stream else None, progress=bar)
+    if spec is None:
+        out, stats = greedy(model, prompt, args.n_predict, _ctx_from_args(args), **kwargs), None
+    else:
+        from refimpl.speculative import speculative_generate
+
+        out, stats = speculative_generate(model, prompt, args.n_predict, _ctx_from_args(args), **spec, **kwargs)
     bar.close()
     if stream:
         stream.close()
     else:
-        print(json.dumps({"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}, ensure_ascii=False))
+        result = {"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}
+        if stats is not None:
+            result["stats"] = stats.counters()
+        print(json.dumps(result, ensure_ascii=False))
+    if stats is not None:
+        _report_speculative(args, model, tok, stats)
     return 0
+
+
+def _speculative_options(args, model) -> dict | None:
+    """speculative_generate's keyword arguments from run's flags, or None for plain greedy."""
+    if args.temp != 0:
+        raise RefimplError(f"only greedy decoding is supported (--temp 0), got --temp {args.temp}")
+    source = "mtp" if args.mtp else "ngram" if args.ngram else None
+    for flag, value, needed, given in (("--draft", args.draft, "--mtp or --ngram", source),
+                                       ("--mtp-p-min", args.mtp_p_min, "--mtp", args.mtp),
+                                       ("--ngram-min-match", args.ngram_min_match, "--ngram", args.ngram)):
+        if value is not None and not given:
+            raise RefimplError(f"{flag} needs {needed}")
+    if source is None and args.csv is None:
+        return None
+    from refimpl.speculative import MAX_DRAFT, make_source
+
+    n_draft = 3 if args.draft is None else args.draft
+    if not 1 <= n_draft <= MAX_DRAFT:
+        raise RefimplError(f"--draft must be between 1 and {MAX_DRAFT}, got {n_draft}")
+    p_min = args.mtp_p_min or 0.0
+    min_match = 3 if args.ngram_min_match is None else args.ngram_min_match
+    # build the source now: --mtp on a GGUF without nextn tensors is refused here, before generating
+    src = make_source(model, source, _ctx_from_args(args), p_min=p_min, ngram_min_match=min_match)
+    return dict(source=src, n_draft=n_draft, p_min=p_min, ngram_min_match=min_match)
+
+
+def _report_speculative(args, model, tok, stats) -> None:
+    from refimpl.telemetry import summary_lines, write_csv
+
+    for line in summary_lines(stats):
+        print(line, file=sys.stderr)
+    if args.csv:
+        write_csv(args.csv, stats, model=str(model.file.gguf.path), piece=tok.piece)
+        print(f"wrote {args.csv}: {len(stats.rows)} token rows", file=sys.stderr)
 
 
 class _TextStream:
@@ -144,15 +189,27 @@ def _cmd_logits(args) -> int:
     tokens = _check_tokens(model, _parse_tokens(args.tokens))
     # Chunks of 16 positions with a progress bar; forward is batch-invariant, so chunking changes
     # nothing in the numbers.
-    state, rows, ctx = SeqState.fresh(model.config), [], _ctx_from_args(args)
+    state, rows, hs, ctx = SeqState.fresh(model.config), [], [], _ctx_from_args(args)
+    if args.mtp_out:
+        from refimpl.mtp import require_mtp
+
+        require_mtp(model.file)
     with tqdm(total=len(tokens), desc="logits", unit="tok", file=sys.stderr, disable=None, leave=False) as bar:
         for i in range(0, len(tokens), 16):
-            chunk, _, state = forward(model, state, tokens[i : i + 16], ctx)
+            chunk, h, state = forward(model, state, tokens[i : i + 16], ctx)
             rows.append(chunk)
+            hs.append(h)
             bar.update(len(tokens[i : i + 16]))
     logits = np.concatenate(rows)
     np.save(args.out, logits.astype(np.float32))
     print(f"wrote {args.out}: logits {logits.shape[0]} x {logits.shape[1]} (row p = logits after position p)", file=sys.stderr)
+    if args.mtp_out:
+        from refimpl.drafts import mtp_catchup_logits
+
+        mtp = mtp_catchup_logits(model, tokens, np.concatenate(hs), ctx)  # [T, V]
+        np.save(args.mtp_out, mtp.astype(np.float32))
+        print(f"wrote {args.mtp_out}: MTP logits {mtp.shape[0]} x {mtp.shape[1]} (row p fed token p and the "
+              f"trunk's h_nextn of p-1, zeros at p = 0; predicts token p+1)", file=sys.stderr)
     return 0
 
 
@@ -184,6 +241,18 @@ def _add_numerics(p) -> None:
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
 
 
+def _add_speculative(p) -> None:
+    """run's self-speculative flags (docs/speculative.md)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--mtp", action="store_true", help="draft with the model's MTP (nextn) head")
+    g.add_argument("--ngram", action="store_true", help="draft by n-gram lookup in the prompt and output")
+    p.add_argument("--draft", type=int, metavar="N", help="most drafted tokens per round, 1..8 (default 3)")
+    p.add_argument("--mtp-p-min", type=float, metavar="F", help="stop MTP drafting below this top-10 probability (default 0)")
+    p.add_argument("--ngram-min-match", type=int, metavar="N", help="shortest n-gram match that drafts (default 3)")
+    p.add_argument("--csv", metavar="FILE", help="write per-token speculative telemetry (CSV)")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; only 0 (greedy) is supported")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="refimpl", description="Reference implementation of llama.cpp's qwen35moe inference.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -210,12 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_numerics(p)
+    _add_speculative(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("logits", help="write every position's logits as a (T, V) float32 .npy")
     p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True, help="output .npy path")
+    p.add_argument("--mtp-out", metavar="FILE.npy",
+                   help="also write the MTP head's (T, V) logits: row p fed token p and the trunk's h_nextn of p-1")
     _add_numerics(p)
     p.set_defaults(func=_cmd_logits)
 

@@ -144,6 +144,16 @@ class MTPSource(DraftSource):
         return MTPDraftState(mtp=state.mtp.truncate(n_past), pending_h=state.verify_h[i_h], verify_h=state.verify_h)
 
 
+def mtp_catchup_logits(model, tokens, h_tgt: np.ndarray, ctx: Ctx = Ctx()) -> np.ndarray:
+    """The head's logits for rows p = 0 … T−1 fed as catch-up feeds them: token p and the trunk's
+    h_nextn of p−1 (zeros at p = 0). tokens [T], h_tgt [T, E] -> [T, V]; row p predicts token p+1.
+    (``refimpl logits --mtp-out``; tests/llama_ref.py computes the same with llama.cpp.)"""
+    w = load_mtp_weights(model.file, model.weights)
+    h_in = np.concatenate([np.zeros((1, h_tgt.shape[1]), dtype=F32), h_tgt[:-1]])  # [T, E]
+    logits, _, _ = mtp_forward(model, w, MTPState.fresh(model.config), tokens, h_in, ctx)  # [T, V]
+    return logits
+
+
 # --------------------------------------------------------------------------------------------------
 # n-gram (prompt lookup): copy what followed the most similar earlier context.
 

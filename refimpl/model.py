@@ -16,10 +16,15 @@ then ``h_nextn = result_norm = RMSNorm(h, output_norm)`` and ``result_output = W
 decode step, or a 1+N verify batch) and returns every position's logits. Every operation treats
 rows independently and identically, so the logits of a batch are bit-identical to decoding the
 same tokens one at a time (tested in tests/test_trunk.py) — unlike a batched C++ engine.
+
+With ``load_model(path, cache_mb=…)`` the routed experts are streamed from the file
+(:mod:`refimpl.streamer`); ``forward`` then declares which trunk pass it is — ``prompt``, ``decode``
+or ``verify`` — so the streamer can say whose routing caused each read (docs/streamer.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -32,6 +37,7 @@ from refimpl.load import ModelFile, open_model
 from refimpl.moe import moe_ffn
 from refimpl.ops import Ctx, mm, rms_norm_w
 from refimpl.state import SeqState
+from refimpl.streamer import ExpertStreamer, cache_budget, pin_dense
 from refimpl.weights import Weights, load_weights
 
 
@@ -44,16 +50,40 @@ class Model:
     def config(self) -> Config:
         return self.file.config
 
+    @property
+    def streamer(self) -> ExpertStreamer | None:
+        """The expert streamer, or None when the routed experts are pinned (memory-map views)."""
+        return self.weights.streamer
 
-def load_model(path: str | os.PathLike) -> Model:
+    def stream_phase(self, name: str, positions):
+        """``streamer.phase(name, positions)`` (refimpl.streamer), or nothing when pinned."""
+        return self.streamer.phase(name, positions) if self.streamer is not None else contextlib.nullcontext()
+
+
+def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True) -> Model:
+    """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
+    a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
+    (``--cache-mb``; refimpl.streamer.cache_budget), dense weights pinned now (a progress bar on
+    stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace)."""
     m = open_model(path)
-    return Model(file=m, weights=load_weights(m))
+    if cache_mb is None:
+        return Model(file=m, weights=load_weights(m))
+    streamer = ExpertStreamer.open(m, cache_budget(cache_mb), on_route=on_route)
+    streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
+    return Model(file=m, weights=load_weights(m, streamer))
 
 
-def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx()) -> tuple[np.ndarray, np.ndarray, SeqState]:
+def trunk_phase(n_tokens: int, n_past: int) -> str:
+    """Which trunk pass a forward call is, for the streamer: one token → ``decode``; several at
+    position 0 → ``prompt``; several after that → ``verify`` (a speculative 1+N batch)."""
+    return "decode" if n_tokens == 1 else "prompt" if n_past == 0 else "verify"
+
+
+def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: str | None = None) -> tuple[np.ndarray, np.ndarray, SeqState]:
     """Run T tokens at positions n_past … n_past+T−1.
 
-    Returns (result_output [T, V] float32, h_nextn [T, E] float32, new state).
+    Returns (result_output [T, V] float32, h_nextn [T, E] float32, new state). ``phase`` names the
+    pass for the expert streamer's counters (default :func:`trunk_phase`); numbers never depend on it.
     """
     c, w = model.config, model.weights
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [T]
@@ -67,19 +97,20 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx()) -> tuple[np
     h = ctx.cb("model.input_embed", -1, w.token_embd.rows(tokens))  # [T, E]
     layers = list(state.layers)
     per_token = [[None] * c.n_layer for _ in range(T)]  # recurrent state after each token
-    for il, lw in enumerate(w.layers):
-        a = ctx.cb("attn_norm", il, rms_norm_w(h, lw.attn_norm, c.rms_eps))  # [T, E]
-        if c.is_recurrent[il]:
-            m, states = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx)  # [T, E], T states
-            layers[il] = states[-1]
-            for t in range(T):
-                per_token[t][il] = states[t]
-        else:
-            m, layers[il] = gated_attention(lw.mixer, c, a, positions, layers[il], il, ctx)  # [T, E]
-        r = ctx.cb("attn_residual", il, m + h)  # [T, E]
-        x = ctx.cb("attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
-        f, _, _ = moe_ffn(lw.ffn, c, x, il, ctx)  # [T, E]
-        h = ctx.cb("l_out", il, f + r)  # [T, E]
+    with model.stream_phase(phase or trunk_phase(T, state.n_past), positions):
+        for il, lw in enumerate(w.layers):
+            a = ctx.cb("attn_norm", il, rms_norm_w(h, lw.attn_norm, c.rms_eps))  # [T, E]
+            if c.is_recurrent[il]:
+                m, states = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx)  # [T, E], T states
+                layers[il] = states[-1]
+                for t in range(T):
+                    per_token[t][il] = states[t]
+            else:
+                m, layers[il] = gated_attention(lw.mixer, c, a, positions, layers[il], il, ctx)  # [T, E]
+            r = ctx.cb("attn_residual", il, m + h)  # [T, E]
+            x = ctx.cb("attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
+            f, _, _ = moe_ffn(lw.ffn, c, x, il, ctx)  # [T, E]
+            h = ctx.cb("l_out", il, f + r)  # [T, E]
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
     logits = ctx.cb("result_output", -1, mm(w.output, h_nextn, ctx))  # [T, V]

@@ -13,9 +13,10 @@ Per token, input x = RMSNorm(r, post_attention_norm) [E]:
 5. shared expert ``down_s(silu(gate_s x) ⊙ up_s x)`` times the scalar gate
    ``sigmoid(ffn_gate_inp_shexp · x)``; ``ffn_out = ffn_moe_out + that``.
 
-Routed experts are reached only through ``w.experts``, an object with ``gate(e)``, ``up(e)``,
-``down(e)`` returning weight matrices; ``refimpl.weights`` pins them from the memory map, and the
-expert streamer can stand in for it with the same three methods.
+Routed experts are reached only through ``w.experts.routed(sel, weights)``, the batch's experts,
+an object with ``gate(e)``, ``up(e)``, ``down(e)`` returning weight matrices: ``refimpl.weights``
+pins them from the memory map (``routed`` returns itself), and ``refimpl.streamer`` reads the union
+of the batch's selected experts from the file once, there (docs/streamer.md).
 """
 
 from __future__ import annotations
@@ -45,14 +46,15 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     ctx.cb(prefix + "ffn_moe_topk", il, sel)
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
+    experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
     moe_out = np.zeros((T, c.n_embd), dtype=F32)
     for t in range(T):
         xt = x[t : t + 1]  # [1, E]: mul_mat_id shares the token's activation row across experts
         acc = None
         for i, e in enumerate(sel[t]):
-            gate = mm(w.experts.gate(int(e)), xt, ctx)  # [1, F]
-            up = mm(w.experts.up(int(e)), xt, ctx)  # [1, F]
-            y = mm(w.experts.down(int(e)), silu(gate) * up, ctx)[0] * weights[t, i]  # [E]
+            gate = mm(experts.gate(int(e)), xt, ctx)  # [1, F]
+            up = mm(experts.up(int(e)), xt, ctx)  # [1, F]
+            y = mm(experts.down(int(e)), silu(gate) * up, ctx)[0] * weights[t, i]  # [E]
             acc = y if acc is None else acc + y
         moe_out[t] = acc
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)

@@ -72,7 +72,7 @@ def load_mtp_weights(m: ModelFile, trunk) -> MTPWeights:
         embed_tokens=_matrix(m, b + "embed_tokens.weight") if b + "embed_tokens.weight" in t else trunk.token_embd,
         shared_head_norm=_vector(m, b + "shared_head_norm.weight") if b + "shared_head_norm.weight" in t else trunk.output_norm,
         shared_head_head=_matrix(m, b + "shared_head_head.weight") if b + "shared_head_head.weight" in t else trunk.output,
-        layer=layer_weights(m, il, attention=True),
+        layer=layer_weights(m, il, attention=True, streamer=trunk.streamer),  # routed experts streamed like the trunk's
     )
 
 
@@ -116,7 +116,8 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     ctx.cb("mtp_attn_out", il, attn)
     r = ctx.cb("mtp_attn_residual", il, attn + z)  # [T, E]
     x = ctx.cb("mtp_attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
-    f, _, _ = moe_ffn(lw.ffn, c, x, il, ctx, prefix="mtp_")  # [T, E]
+    with model.stream_phase("mtp", positions):  # the expert streamer counts these reads as the head's
+        f, _, _ = moe_ffn(lw.ffn, c, x, il, ctx, prefix="mtp_")  # [T, E]
     out = ctx.cb("mtp_post_ffn", il, f + r)  # [T, E]
 
     h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps))  # [T, E]

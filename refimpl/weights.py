@@ -7,17 +7,25 @@ they are F32. Attribute names are the GGUF tensor names without ``blk.N.`` and `
 
 Conventions baked into the file by the converter (spec §2.6) are used as stored: norm weights
 already include the +1 (except ``ssm_norm``), ``ssm_a`` = −exp(A_log), value heads in tiled order.
+
+Routed experts are :class:`PinnedExperts` (views into the map) unless a
+:class:`refimpl.streamer.ExpertStreamer` is given, which reads each routed slice from the file on
+demand instead (same ``routed``/``gate``/``up``/``down`` methods; docs/streamer.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 import kernels
 from refimpl.load import ModelFile
+
+if TYPE_CHECKING:
+    from refimpl.streamer import ExpertStreamer
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,11 @@ class PinnedExperts:
     def down(self, e: int) -> Matrix:
         return self._slice(self.down_exps, e)
 
+    def routed(self, sel: np.ndarray, weights: np.ndarray) -> "PinnedExperts":
+        """The experts one moe_ffn batch routed to (sel [T, K]): all of them are mapped already,
+        so this is ``self``. :class:`refimpl.streamer.StreamedExperts` reads them here instead."""
+        return self
+
 
 @dataclass(frozen=True)
 class AttentionWeights:
@@ -91,7 +104,7 @@ class DeltaNetWeights:
 @dataclass(frozen=True)
 class FFNWeights:
     ffn_gate_inp: Matrix  # router [X, E]
-    experts: PinnedExperts
+    experts: PinnedExperts  # or refimpl.streamer.StreamedExperts (same methods)
     ffn_gate_inp_shexp: np.ndarray  # [E]
     ffn_gate_shexp: Matrix  # [Fs, E]
     ffn_up_shexp: Matrix  # [Fs, E]
@@ -112,6 +125,7 @@ class Weights:
     output_norm: np.ndarray  # [E]
     output: Matrix  # [V, E]; token_embd itself when tied
     layers: tuple[LayerWeights, ...]  # trunk layers 0 … n_layer-1
+    streamer: "ExpertStreamer | None" = None  # routed experts read through it; None: pinned (memory map)
 
 
 def _matrix(m: ModelFile, name: str) -> Matrix:
@@ -127,7 +141,8 @@ def _optional(m: ModelFile, name: str) -> Matrix | None:
     return _matrix(m, name) if name in m.gguf.tensors else None
 
 
-def layer_weights(m: ModelFile, il: int, attention: bool) -> LayerWeights:
+def layer_weights(m: ModelFile, il: int, attention: bool, streamer: "ExpertStreamer | None" = None) -> LayerWeights:
+    """Block il's weights; its routed experts from ``streamer`` when given, else pinned views."""
     b = f"blk.{il}."
     if attention:
         mixer = AttentionWeights(
@@ -150,7 +165,7 @@ def layer_weights(m: ModelFile, il: int, attention: bool) -> LayerWeights:
             ssm_a=_vector(m, b + "ssm_a"),
             ssm_norm=_vector(m, b + "ssm_norm.weight"),
         )
-    experts = PinnedExperts(
+    experts = streamer.experts(il) if streamer is not None else PinnedExperts(
         gate_exps=_optional(m, b + "ffn_gate_exps.weight"),
         up_exps=_optional(m, b + "ffn_up_exps.weight"),
         gate_up_exps=_optional(m, b + "ffn_gate_up_exps.weight"),
@@ -173,12 +188,14 @@ def layer_weights(m: ModelFile, il: int, attention: bool) -> LayerWeights:
     )
 
 
-def load_weights(m: ModelFile) -> Weights:
+def load_weights(m: ModelFile, streamer: "ExpertStreamer | None" = None) -> Weights:
+    """The trunk's weights; routed experts through ``streamer`` (refimpl.streamer) when given."""
     c = m.config
     token_embd = _matrix(m, "token_embd.weight")
     return Weights(
         token_embd=token_embd,
         output_norm=_vector(m, "output_norm.weight"),
         output=token_embd if m.plan.tied else _matrix(m, "output.weight"),
-        layers=tuple(layer_weights(m, il, attention=not c.is_recurrent[il]) for il in range(c.n_layer)),
+        layers=tuple(layer_weights(m, il, attention=not c.is_recurrent[il], streamer=streamer) for il in range(c.n_layer)),
+        streamer=streamer,
     )

@@ -1,0 +1,543 @@
+"""Step 3c: the expert streamer — routed expert slices read from the file on demand, through a
+byte-budgeted LRU cache, with counters that say whose routing caused each read.
+
+The C++ engine this oracle checks streams routed experts from flash because the model does not fit
+in RAM; most of what its speculation costs is the wider read set of a verify batch and the MTP
+head's own routing. The streamer makes those bytes visible and countable, and lets refimpl run a
+model whose experts are larger than memory. It changes cost, never numbers: a streamed slice is
+the same bytes the memory map holds, so logits are bit-identical for every budget (tested).
+
+**What is read when** (docs/streamer.md has the long form):
+
+* At load, nothing of the routed experts. :meth:`ExpertStreamer.open` builds a table of every
+  routed expert tensor of the file — ``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps`` or the
+  fused ``ffn_gate_up_exps`` (gate rows first), in every trunk block and in the MTP block — and
+  never touches their pages. Expert e's *slice* of a tensor of numpy shape (X, rows, cols) is the
+  byte range ``offset + e·n … offset + (e+1)·n`` with n = rows · row_bytes(qtype, cols).
+  The dense tensors (everything else) are pinned once by :func:`pin_dense` (their pages are touched
+  so they are resident; they stay memory-map views).
+* In :func:`refimpl.moe.moe_ffn`, right after routing a batch of T rows, ``w.experts.routed(sel,
+  weights)`` walks the union of the selected experts in first-use order (row by row, in selection
+  order) and, for each (tensor, expert) slice of that union, takes it from the cache (a *hit*) or
+  reads it with one positioned read (``os.preadv`` on a file descriptor — never through the memory
+  map, so expert pages never enter the process's RSS) and offers it to the cache (a *miss*). The
+  batch keeps its slices until moe_ffn returns, so within one forward call every slice is read at
+  most once, whatever the budget — a verify batch reads the union of its 1+N rows' experts once.
+* The cache is least-recently-used over slices and never holds more than ``budget`` bytes: a new
+  slice first evicts the least recently used ones until it fits; a slice larger than the whole
+  budget is not kept (``--cache-mb 0`` keeps nothing: every decode reads its routed slices again).
+  A hit makes the slice the most recently used.
+
+**Whose routing caused a read.** Every read, hit and pass is counted under one *phase*:
+
+* ``prompt`` — a trunk forward over the prompt (T > 1 at position 0);
+* ``decode`` — a trunk forward of one token (the plain path);
+* ``verify`` — a trunk forward of a speculative verify batch (T = 1 + N > 1 after the prompt); its
+  bytes are split into those of slices the first row routes to (what a plain decode would read)
+  and ``widened`` bytes, of slices only the draft rows 1 … N route to;
+* ``mtp`` — the MTP head's own MoE (block n_layer), drafting and catching up alike — decided by the
+  block index, so it needs no declaration;
+* ``other`` — a trunk MoE run outside any declared phase (e.g. a test calling moe_ffn directly).
+
+``refimpl.model.forward`` declares its phase with :meth:`ExpertStreamer.phase` (inferred from T
+and the state's position, or given by the caller as ``forward(…, phase="verify")``), and
+``refimpl.mtp.mtp_forward`` declares ``mtp``; both pass the batch's positions, which the route
+trace records.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+import kernels
+from refimpl.errors import RefimplError
+from refimpl.weights import Matrix
+
+MIB = 1 << 20
+AUTO_FRACTION = 0.5  # --cache-mb auto = this fraction of MemAvailable (/proc/meminfo) at load
+AUTO_FALLBACK_BYTES = 1 << 30  # auto budget when /proc/meminfo cannot be read
+PIN_BAR_MIN_BYTES = 64 * MIB  # show the pinning progress bar for dense weights at least this large
+PAGE = 4096
+
+EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps")
+_EXPERT_NAME = re.compile(r"^blk\.(\d+)\.(" + "|".join(EXPERT_KINDS) + r")\.weight$")
+PHASES = ("prompt", "decode", "verify", "mtp", "other")
+
+
+# ---- the table of slices ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpertTensor:
+    """One routed expert tensor of the file, numpy shape (X, rows, cols), cut into X slices."""
+
+    name: str  # GGUF name, e.g. "blk.3.ffn_down_exps.weight"
+    kind: str  # one of EXPERT_KINDS
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int, int]  # (X, rows, cols): rows = F (gate, up), 2F (gate_up) or E (down)
+    offset: int  # absolute file offset of expert 0's slice
+    slice_bytes: int  # rows · row_bytes(qtype, cols)
+
+    def slice_offset(self, e: int) -> int:
+        return self.offset + e * self.slice_bytes
+
+    def matrix(self, e: int, buf: np.ndarray, start: int = 0, stop: int | None = None) -> Matrix:
+        """Rows [start, stop) of expert e, given its slice bytes ``buf`` [slice_bytes] uint8, typed
+        as :meth:`refimpl.gguf_file.GGUFFile.raw` types them (float32 / float16 values for F32 /
+        F16, uint8 rows of row_bytes otherwise) — the same Matrix :class:`PinnedExperts` returns."""
+        _, rows, cols = self.shape
+        if self.qtype == GGMLQuantizationType.F32:
+            raw = buf.view(np.float32).reshape(rows, cols)
+        elif self.qtype == GGMLQuantizationType.F16:
+            raw = buf.view(np.float16).reshape(rows, cols)
+        else:
+            raw = buf.reshape(rows, -1)  # [rows, row_bytes]
+        raw = raw[start:stop]
+        return Matrix(f"{self.name}[{e}]", self.qtype, (raw.shape[0], cols), raw)
+
+
+def expert_tensors(gguf) -> dict[int, tuple[ExpertTensor, ...]]:
+    """block index → its routed expert tensors, from a :class:`~refimpl.gguf_file.GGUFFile`'s table."""
+    out: dict[int, list[ExpertTensor]] = {}
+    for name, info in gguf.tensors.items():
+        m = _EXPERT_NAME.match(name)
+        if m is None:
+            continue
+        X, rows, cols = info.shape
+        slice_bytes = rows * kernels.row_bytes(info.qtype, cols)
+        if slice_bytes * X != info.n_bytes:
+            raise RefimplError(f"{gguf.path}: tensor {name} holds {info.n_bytes} bytes, expected {X} slices of {slice_bytes}")
+        out.setdefault(int(m.group(1)), []).append(ExpertTensor(name, m.group(2), info.qtype, (X, rows, cols), info.offset, slice_bytes))
+    return {il: tuple(sorted(ts, key=lambda t: EXPERT_KINDS.index(t.kind))) for il, ts in sorted(out.items())}
+
+
+class SliceKey(NamedTuple):
+    il: int  # block index (n_layer = the MTP block)
+    kind: str  # one of EXPERT_KINDS
+    expert: int
+
+
+# ---- the cache ----------------------------------------------------------------------------------
+
+
+class SliceCache:
+    """Least-recently-used slices, never more than ``budget`` bytes in total.
+
+    ``get(key)`` returns the slice or None; a hit makes it the most recently used.
+    ``put(key, buf)`` evicts least recently used slices until ``buf`` fits, then keeps it as the most
+    recently used; a slice larger than the whole budget is not kept (budget 0 keeps nothing).
+    Returns the evicted keys, oldest first.
+    """
+
+    def __init__(self, budget: int):
+        if budget < 0:
+            raise ValueError(f"cache budget must be ≥ 0 bytes, got {budget}")
+        self.budget = budget
+        self.used = 0  # bytes held now
+        self.peak = 0  # most bytes ever held
+        self.evictions = 0
+        self._slices: OrderedDict[SliceKey, np.ndarray] = OrderedDict()  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._slices)
+
+    def __contains__(self, key) -> bool:
+        return key in self._slices
+
+    def keys(self) -> list:
+        """Held keys, least recently used first (the next to go)."""
+        return list(self._slices)
+
+    def get(self, key) -> np.ndarray | None:
+        buf = self._slices.get(key)
+        if buf is not None:
+            self._slices.move_to_end(key)
+        return buf
+
+    def put(self, key, buf: np.ndarray) -> list:
+        assert key not in self._slices, key
+        if buf.nbytes > self.budget:
+            return []
+        evicted = []
+        while self.used + buf.nbytes > self.budget:
+            old, old_buf = self._slices.popitem(last=False)
+            self.used -= old_buf.nbytes
+            evicted.append(old)
+        self.evictions += len(evicted)
+        self._slices[key] = buf
+        self.used += buf.nbytes
+        self.peak = max(self.peak, self.used)
+        return evicted
+
+
+# ---- counters -----------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseCounters:
+    """What the routing of one phase cost. A miss is one positioned read of one slice."""
+
+    bytes_read: int = 0
+    slices_read: int = 0  # = misses
+    hits: int = 0  # slices of a batch's union found in the cache
+    passes: int = 0  # forward calls declared with this phase (0 for "other")
+    widened_bytes: int = 0  # verify only: bytes of slices that only the draft rows 1 … N routed to
+
+    @property
+    def misses(self) -> int:
+        return self.slices_read
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.slices_read
+        return self.hits / n if n else 0.0
+
+    def as_dict(self) -> dict:
+        return {"bytes_read": self.bytes_read, "slices_read": self.slices_read, "hits": self.hits,
+                "misses": self.misses, "hit_rate": self.hit_rate, "passes": self.passes,
+                "widened_bytes": self.widened_bytes}
+
+
+@dataclass
+class StreamCounters:
+    """Counters per phase (PHASES), cumulative since load; ``total`` sums them."""
+
+    phases: dict[str, PhaseCounters] = field(default_factory=lambda: {p: PhaseCounters() for p in PHASES})
+
+    def __getitem__(self, phase: str) -> PhaseCounters:
+        return self.phases[phase]
+
+    @property
+    def total(self) -> PhaseCounters:
+        t = PhaseCounters()
+        for c in self.phases.values():
+            t.bytes_read += c.bytes_read
+            t.slices_read += c.slices_read
+            t.hits += c.hits
+            t.passes += c.passes
+            t.widened_bytes += c.widened_bytes
+        return t
+
+    def columns(self) -> dict[str, int]:
+        """Flat cumulative integers, the names of the per-token CSV columns (difference two
+        snapshots for a token's share): ``stream_bytes``, ``stream_slices``, ``stream_hits``,
+        ``stream_misses``, and per phase ``stream_bytes_<phase>``; plus
+        ``stream_bytes_verify_widened``."""
+        t = self.total
+        out = {"stream_bytes": t.bytes_read, "stream_slices": t.slices_read, "stream_hits": t.hits, "stream_misses": t.misses}
+        for p, c in self.phases.items():
+            out[f"stream_bytes_{p}"] = c.bytes_read
+        out["stream_bytes_verify_widened"] = self.phases["verify"].widened_bytes
+        return out
+
+
+# ---- routing records (for --route-trace) --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Routes:
+    """One moe_ffn batch's routing as the streamer saw it: T rows of K experts."""
+
+    pass_index: int  # which declared forward pass (0, 1, …); -1 outside any
+    phase: str  # PHASES
+    layer: int  # block index; n_layer = the MTP head
+    head: bool  # True for the MTP head's MoE
+    positions: np.ndarray  # [T] int: sequence position of each row, -1 where not declared
+    sel: np.ndarray  # [T, K] expert ids, in selection order (descending probability)
+    weights: np.ndarray  # [T, K] float32 renormalised routing weights
+
+
+@dataclass(frozen=True)
+class _Pass:
+    index: int
+    phase: str
+    positions: np.ndarray | None
+
+
+# ---- the streamer -------------------------------------------------------------------------------
+
+
+class ExpertStreamer:
+    """Routed expert slices of one GGUF file, read on demand through a :class:`SliceCache`.
+
+    ``experts(il)`` is block il's drop-in for :class:`refimpl.weights.PinnedExperts`;
+    ``phase(name, positions)`` declares whose routing the reads inside belong to;
+    ``counters`` (a :class:`StreamCounters`) and ``cache`` are the live state; ``stats()`` and
+    ``summary_lines()`` report them. ``on_route(Routes)`` (optional) is called once per moe_ffn batch.
+    """
+
+    def __init__(self, path, tensors: dict[int, tuple[ExpertTensor, ...]], *, n_layer: int, n_ff: int,
+                 budget: int, on_route: Callable[[Routes], None] | None = None):
+        self.path = path
+        self.tensors = tensors  # block index → its expert tensors
+        self.n_layer = n_layer  # trunk layers; block n_layer (if present) is the MTP head's
+        self.n_ff = n_ff  # F: rows of gate (and of up) per expert; splits the fused gate_up slice
+        self.cache = SliceCache(budget)
+        self.counters = StreamCounters()
+        self.on_route = on_route
+        self.expert_bytes = sum(t.slice_bytes * t.shape[0] for ts in tensors.values() for t in ts)
+        self.dense_bytes = 0  # set by pin_dense
+        self._pass: _Pass | None = None
+        self._n_passes = 0
+        self._fd = os.open(path, os.O_RDONLY)
+        self._close = weakref.finalize(self, os.close, self._fd)
+
+    @classmethod
+    def open(cls, m, budget: int, on_route: Callable[[Routes], None] | None = None) -> "ExpertStreamer":
+        """The streamer of a :class:`~refimpl.load.ModelFile` (its config gives n_layer and F)."""
+        return cls(m.gguf.path, expert_tensors(m.gguf), n_layer=m.config.n_layer, n_ff=m.config.n_ff_exp,
+                   budget=budget, on_route=on_route)
+
+    def close(self) -> None:
+        self._close()
+
+    @property
+    def budget(self) -> int:
+        return self.cache.budget
+
+    def experts(self, il: int) -> "StreamedExperts":
+        if il not in self.tensors:
+            raise RefimplError(f"{self.path}: block {il} has no routed expert tensors")
+        return StreamedExperts(self, il)
+
+    # ---- phases ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def phase(self, name: str, positions=None):
+        """Attribute the reads inside to phase ``name`` (PHASES); ``positions`` [T] are the
+        sequence positions of the forward pass's rows (for the route trace). Counts one pass."""
+        if name not in PHASES:
+            raise ValueError(f"unknown streamer phase {name!r} (one of {', '.join(PHASES)})")
+        outer = self._pass
+        self._pass = _Pass(self._n_passes, name, None if positions is None else np.asarray(positions, dtype=np.int64))
+        self._n_passes += 1
+        self.counters[name].passes += 1
+        try:
+            yield self
+        finally:
+            self._pass = outer
+
+    def _phase_of(self, il: int) -> str:
+        if il >= self.n_layer:
+            return "mtp"  # the head's own routing, whatever the caller declared
+        return self._pass.phase if self._pass is not None else "other"
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    def _read(self, t: ExpertTensor, e: int) -> np.ndarray:
+        """One positioned read of expert e's slice of t: a fresh read-only [slice_bytes] uint8."""
+        buf = np.empty(t.slice_bytes, dtype=np.uint8)
+        offset, done = t.slice_offset(e), 0
+        while done < t.slice_bytes:  # preadv may return short; loop until the slice is complete
+            n = os.preadv(self._fd, [buf[done:]], offset + done)
+            if n == 0:
+                raise RefimplError(f"{self.path}: unexpected end of file reading {t.name}[{e}]")
+            done += n
+        buf.flags.writeable = False
+        return buf
+
+    def _fetch(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters) -> tuple[np.ndarray, int]:
+        """Expert e's slice of t from the cache (a hit) or the file (a miss, then cached).
+        Returns (slice bytes, bytes read now)."""
+        key = SliceKey(il, t.kind, e)
+        buf = self.cache.get(key)
+        if buf is not None:
+            c.hits += 1
+            return buf, 0
+        buf = self._read(t, e)
+        c.slices_read += 1
+        c.bytes_read += buf.nbytes
+        self.cache.put(key, buf)
+        return buf, buf.nbytes
+
+    def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
+        """Block il's routed slices for one moe_ffn batch: sel [T, K] expert ids, weights [T, K] →
+        {(tensor kind, expert): slice bytes}.
+
+        Walks the union of sel in first-use order and fetches each of the block's tensors for each
+        expert once; in a verify batch, bytes of experts that row 0 does not route to are counted
+        as ``widened``. Calls ``on_route`` first."""
+        sel = np.asarray(sel)  # [T, K]
+        phase = self._phase_of(il)
+        c = self.counters[phase]
+        if self.on_route is not None:
+            self.on_route(self._routes(il, phase, sel, weights))
+        first_row: dict[int, int] = {}  # expert → the first batch row routing to it (insertion = first use)
+        for t, row in enumerate(sel.tolist()):
+            for e in row:
+                first_row.setdefault(int(e), t)
+        slices: dict[tuple[str, int], np.ndarray] = {}
+        for e, t in first_row.items():
+            for tensor in self.tensors[il]:
+                buf, n_read = self._fetch(il, tensor, e, c)
+                if phase == "verify" and t > 0:
+                    c.widened_bytes += n_read
+                slices[tensor.kind, e] = buf
+        return slices
+
+    def read_one(self, il: int, kind: str, e: int) -> np.ndarray:
+        """One slice through the cache, outside a batch (``StreamedExperts.gate(e)`` etc.)."""
+        tensor = next(t for t in self.tensors[il] if t.kind == kind)
+        return self._fetch(il, tensor, e, self.counters[self._phase_of(il)])[0]
+
+    def _routes(self, il: int, phase: str, sel: np.ndarray, weights: np.ndarray) -> Routes:
+        p = self._pass
+        T = sel.shape[0]
+        positions = p.positions if p is not None and p.positions is not None and len(p.positions) == T else np.full(T, -1)
+        return Routes(p.index if p is not None else -1, phase, il, il >= self.n_layer, positions, sel, np.asarray(weights))
+
+    # ---- reporting ------------------------------------------------------------------------------
+
+    def bytes_read(self) -> int:
+        """Bytes read so far (cumulative) — the speculative loop's ``bytes_read`` hook."""
+        return self.counters.total.bytes_read
+
+    def stats(self, n_generated: int | None = None) -> dict:
+        """Everything for ``run --json`` ``stats.streamer`` (docs/streamer.md defines each field)."""
+        t, ph = self.counters.total, self.counters.phases
+        trunk_decodes = ph["decode"].passes + ph["verify"].passes
+        out = {
+            "budget_bytes": self.budget, "expert_bytes": self.expert_bytes, "dense_bytes": self.dense_bytes,
+            "cache_bytes": self.cache.used, "cache_peak_bytes": self.cache.peak, "cache_slices": len(self.cache),
+            "evictions": self.cache.evictions, **t.as_dict(),
+            "phases": {p: c.as_dict() for p, c in ph.items()},
+            "trunk_decodes": trunk_decodes,
+            "bytes_per_decode": (ph["decode"].bytes_read + ph["verify"].bytes_read) / trunk_decodes if trunk_decodes else 0.0,
+        }
+        if n_generated:
+            out["bytes_per_token"] = (t.bytes_read - ph["prompt"].bytes_read) / n_generated
+        return out
+
+    def summary_lines(self, n_generated: int | None = None, mtp: bool = False) -> list[str]:
+        """The stderr summary: one ``stream:`` line, and with ``mtp`` the C++ engine's split line."""
+        s = self.stats(n_generated)
+        ph = self.counters.phases
+        line = (f"stream: {s['bytes_read'] / MIB:.1f} MiB read in {s['slices_read']} slices "
+                f"({s['hits']} hits, {100 * s['hit_rate']:.1f}% hit rate), cache {self.budget / MIB:.0f} MiB; "
+                f"{s['bytes_per_decode'] / MIB:.2f} MiB per decode")
+        if n_generated:
+            line += f", {s['bytes_per_token'] / MIB:.2f} MiB per generated token"
+        lines = [line]
+        if mtp:
+            total, head, wide = s["bytes_read"], ph["mtp"].bytes_read, ph["verify"].widened_bytes
+            pct = 100 * head / total if total else 0.0
+            lines.append(f"mtp: of {total / MIB:.1f} MiB streamed, {head / MIB:.1f} MiB ({pct:.0f}%) was the head's own "
+                         f"routing, {wide / MIB:.1f} MiB the widened verify batch")
+        return lines
+
+
+class StreamedExperts:
+    """Block il's routed experts read through an :class:`ExpertStreamer` — a drop-in for
+    :class:`refimpl.weights.PinnedExperts`: ``routed(sel, weights)`` for a moe_ffn batch, and
+    ``gate(e)``, ``up(e)``, ``down(e)`` for one slice at a time."""
+
+    def __init__(self, streamer: ExpertStreamer, il: int):
+        self.streamer, self.il = streamer, il
+        self._by_kind = {t.kind: t for t in streamer.tensors[il]}
+
+    def layout(self, which: str) -> tuple[ExpertTensor, int, int | None]:
+        """Where ``which`` ("gate" | "up" | "down") rows live: (tensor, first row, stop row) — its
+        own tensor, or the fused gate_up tensor (gate rows first, then up)."""
+        F, fused = self.streamer.n_ff, self._by_kind.get("ffn_gate_up_exps")
+        if which == "down":
+            return self._by_kind["ffn_down_exps"], 0, None
+        if fused is not None:
+            return (fused, 0, F) if which == "gate" else (fused, F, 2 * F)
+        return self._by_kind[f"ffn_{which}_exps"], 0, None
+
+    def routed(self, sel: np.ndarray, weights: np.ndarray) -> "RoutedExperts":
+        """The batch's slices, the union of sel [T, K] read once (``ExpertStreamer.read_union``)."""
+        return RoutedExperts(self, self.streamer.read_union(self.il, sel, weights))
+
+    def _one(self, which: str, e: int) -> Matrix:
+        tensor, start, stop = self.layout(which)
+        return tensor.matrix(e, self.streamer.read_one(self.il, tensor.kind, e), start, stop)
+
+    def gate(self, e: int) -> Matrix:
+        return self._one("gate", e)
+
+    def up(self, e: int) -> Matrix:
+        return self._one("up", e)
+
+    def down(self, e: int) -> Matrix:
+        return self._one("down", e)
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """The slices of one moe_ffn batch, read once: ``gate(e)``, ``up(e)``, ``down(e)`` for any
+    expert the batch routed to."""
+
+    layer: StreamedExperts
+    slices: dict[tuple[str, int], np.ndarray]  # (tensor kind, expert) → slice bytes
+
+    def _matrix(self, which: str, e: int) -> Matrix:
+        tensor, start, stop = self.layer.layout(which)
+        return tensor.matrix(e, self.slices[tensor.kind, e], start, stop)
+
+    def gate(self, e: int) -> Matrix:
+        return self._matrix("gate", e)
+
+    def up(self, e: int) -> Matrix:
+        return self._matrix("up", e)
+
+    def down(self, e: int) -> Matrix:
+        return self._matrix("down", e)
+
+
+# ---- budget and dense pinning -------------------------------------------------------------------
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cache_budget(cache_mb) -> int:
+    """``--cache-mb`` in bytes: a whole number of MiB ≥ 0, or ``"auto"`` = AUTO_FRACTION (half) of
+    MemAvailable at the time of the call (AUTO_FALLBACK_BYTES, 1 GiB, if /proc/meminfo is missing)."""
+    if isinstance(cache_mb, str) and cache_mb.strip().lower() == "auto":
+        avail = mem_available()
+        return int(AUTO_FRACTION * avail) if avail is not None else AUTO_FALLBACK_BYTES
+    try:
+        mb = int(cache_mb)
+    except (TypeError, ValueError):
+        raise RefimplError(f"--cache-mb expects a whole number of MiB or 'auto', got {cache_mb!r}") from None
+    if mb < 0:
+        raise RefimplError(f"--cache-mb must be ≥ 0, got {mb}")
+    return mb * MIB
+
+
+def pin_dense(gguf, progress: bool = True) -> int:
+    """Touch every page of every tensor that is not a routed expert tensor, once, so the dense
+    weights are resident before the first token (they stay memory-map views). A tqdm bar on stderr
+    when there are at least PIN_BAR_MIN_BYTES. Returns the dense bytes."""
+    from tqdm import tqdm
+
+    dense = [name for name in gguf.tensors if _EXPERT_NAME.match(name) is None]
+    total = sum(gguf.tensors[n].n_bytes for n in dense)
+    with tqdm(total=total, desc="pinning dense weights", unit="B", unit_scale=True, file=sys.stderr, leave=False,
+              disable=None if progress and total >= PIN_BAR_MIN_BYTES else True) as bar:
+        for name in dense:
+            flat = np.ascontiguousarray(gguf.raw(name)).reshape(-1).view(np.uint8)  # a view: the map is contiguous
+            if flat.size:
+                _ = flat[::PAGE].sum(dtype=np.uint64) + flat[-1]  # reading one byte per page faults it in
+            bar.update(gguf.tensors[name].n_bytes)
+    return total

@@ -41,18 +41,26 @@ def random_rows(qtype, n_rows: int, n_cols: int, rng: np.random.Generator, scale
             return x.astype(np.float16)
         return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n_rows, 2 * n_cols)  # truncated
 
-    n_blocks = n_cols // cls.block_size
-    raw = rng.integers(0, 256, (n_rows, n_blocks, cls.type_size), dtype=np.uint8)
+    raw = rng.integers(0, 256, (n_rows, n_cols // cls.block_size * cls.type_size), dtype=np.uint8)
     if scales != "raw":
-        for field in cls.fields:
-            if field.ctype == "f16":
-                if scales == "normal":
-                    mag = 2.0 ** rng.uniform(-12, -4, (n_rows, n_blocks))
-                    vals = (mag * rng.choice([-1.0, 1.0], mag.shape)).astype(np.float16)
-                else:
-                    vals = rng.choice(_EXTREME_F16, (n_rows, n_blocks))
-                raw[:, :, field.offset : field.offset + 2] = vals.view(np.uint8).reshape(n_rows, n_blocks, 2)
-            elif cls.qtype == QT.MXFP4 and field.name == "e":
-                choices = np.arange(118, 130) if scales == "normal" else np.array([0, 1, 2, 127, 128, 250])
-                raw[:, :, field.offset] = rng.choice(choices, (n_rows, n_blocks)).astype(np.uint8)
-    return raw.reshape(n_rows, n_blocks * cls.type_size)
+        set_scales(raw, cls.qtype, rng, scales)
+    return raw
+
+
+def set_scales(raw: np.ndarray, qtype, rng: np.random.Generator, scales: str = "normal") -> None:
+    """Overwrite, in place, the f16 scale fields (and MXFP4 exponents) of quantized rows ``raw``
+    (uint8, C-contiguous, last axis = row bytes) with values of the ``scales`` regime."""
+    cls = weight_layout(qtype)
+    blocks = raw.reshape(-1, cls.type_size, copy=False)  # a view: every block of every row
+    n = blocks.shape[0]
+    for field in cls.fields:
+        if field.ctype == "f16":
+            if scales == "normal":
+                mag = 2.0 ** rng.uniform(-12, -4, n)
+                vals = (mag * rng.choice([-1.0, 1.0], n)).astype(np.float16)
+            else:
+                vals = rng.choice(_EXTREME_F16, n)
+            blocks[:, field.offset : field.offset + 2] = vals.view(np.uint8).reshape(n, 2)
+        elif cls.qtype == QT.MXFP4 and field.name == "e":
+            choices = np.arange(118, 130) if scales == "normal" else np.array([0, 1, 2, 127, 128, 250])
+            blocks[:, field.offset] = rng.choice(choices, n).astype(np.uint8)

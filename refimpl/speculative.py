@@ -129,6 +129,7 @@ class TokenRow:
     mtp_batch: float  # ms of the round's target decode (first row of the round; 0 after)
     mtp_draft_ms: float  # ms of the round's drafting + source catch-up (first row; 0 after)
     bytes_read: int | None  # bytes the round read (first row), None without a streamer
+    counters: dict[str, int] | None = None  # the round's share of the ``counters`` hook (first row; zeros after)
 
 
 @dataclass
@@ -150,6 +151,7 @@ class SpecStats:
     decode_s: float = 0.0
     draft_s: float = 0.0
     bytes_read: int | None = None
+    stream: dict[str, int] | None = None  # totals of the ``counters`` hook over generation (docs/streamer.md)
     snapshot_bytes: int = 0  # one recurrent snapshot
     snapshot_ring_bytes: int = 0  # largest ring held (≤ n_rs_seq · snapshot_bytes)
     n_rs_seq: int = 0
@@ -178,7 +180,7 @@ class SpecStats:
             "prompt_s": self.prompt_s, "decode_s": self.decode_s, "mtp_draft_s": self.draft_s,
             "mtp_draft_s/tok": self.draft_s_per_token, "bytes_read": self.bytes_read,
             "n_rs_seq": self.n_rs_seq, "snapshot_bytes": self.snapshot_bytes,
-            "snapshot_ring_bytes": self.snapshot_ring_bytes,
+            "snapshot_ring_bytes": self.snapshot_ring_bytes, **(self.stream or {}),
         }
 
 
@@ -210,6 +212,7 @@ def speculative_generate(
     on_token: Callable[[int], None] | None = None,
     progress=None,
     bytes_read: Callable[[], int] | None = None,
+    counters: Callable[[], dict[str, int]] | None = None,
 ) -> tuple[list[int], SpecStats]:
     """Generate up to ``n_predict`` tokens greedily with speculative rounds; returns (tokens, stats).
 
@@ -220,7 +223,9 @@ def speculative_generate(
     (``server_slot::get_n_draft_max``); at 0 it takes the plain path. ``p_min``: MTP drafting stops at
     a draft whose top-10 probability is below it. ``ngram_min_match``: the n-gram source's gate.
     ``bytes_read``: the expert streamer's hook — a callable returning bytes read so far (cumulative);
-    each round's difference is charged to its first row. ``on_token(id)`` / ``progress`` as in
+    each round's difference is charged to its first row. ``counters``: more cumulative integer
+    counters (the streamer's ``counters.columns``), charged the same way per key (``TokenRow.counters``,
+    extra CSV columns) and summed into ``SpecStats.stream``. ``on_token(id)`` / ``progress`` as in
     :func:`refimpl.generate.greedy`; generation stops after an end-of-generation token (included).
     """
     if not 1 <= n_draft <= MAX_DRAFT:
@@ -243,6 +248,7 @@ def speculative_generate(
     out: list[int] = []
     t_gen = time.perf_counter()
     read0 = bytes_read() if bytes_read is not None else None
+    count0 = counters() if counters is not None else None
     while len(out) < n_predict:
         n_max = min(n_draft, n_predict - len(out) - 1)
         r, s = step(model, src, s, n_max, ctx, eog_ids)
@@ -252,6 +258,11 @@ def speculative_generate(
             read1 = bytes_read()
             read, read0 = read1 - read0, read1
             stats.bytes_read = (stats.bytes_read or 0) + read
+        counted = None
+        if counters is not None:
+            count1 = counters()
+            counted, count0 = {k: count1[k] - count0[k] for k in count1}, count1
+            stats.stream = {k: (stats.stream or {}).get(k, 0) + v for k, v in counted.items()}
         stats.n_decodes += 1
         stats.n_drafted += len(r.drafts)
         stats.n_accepted += r.n_accepted
@@ -265,7 +276,8 @@ def speculative_generate(
             kind = "plain" if not r.drafts else "draft" if j < r.n_accepted else "bonus" if r.rollback == 0 else "correction"
             first = j == 0
             stats.rows.append(TokenRow(tok, wall_ms, stats.n_decodes - 1, kind, r.decode_s * 1e3 if first else 0.0,
-                                       r.draft_s * 1e3 if first else 0.0, read if first else (0 if read is not None else None)))
+                                       r.draft_s * 1e3 if first else 0.0, read if first else (0 if read is not None else None),
+                                       counted if first or counted is None else dict.fromkeys(counted, 0)))
             out.append(tok)
             if on_token is not None:
                 on_token(tok)

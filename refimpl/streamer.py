@@ -229,16 +229,16 @@ class StreamCounters:
         return t
 
     def columns(self) -> dict[str, int]:
-        """Flat cumulative integers, the names of the per-token CSV columns (difference two
-        snapshots for a token's share): ``stream_bytes``, ``stream_slices``, ``stream_hits``,
-        ``stream_misses``, and per phase ``stream_bytes_<phase>``; plus
-        ``stream_bytes_verify_widened``."""
-        t = self.total
-        out = {"stream_bytes": t.bytes_read, "stream_slices": t.slices_read, "stream_hits": t.hits, "stream_misses": t.misses}
-        for p, c in self.phases.items():
-            out[f"stream_bytes_{p}"] = c.bytes_read
-        out["stream_bytes_verify_widened"] = self.phases["verify"].widened_bytes
-        return out
+        """Flat cumulative integers named as the per-token CSV columns (the speculative loop's
+        ``counters`` hook differences two calls for a round's share): ``stream_bytes``,
+        ``stream_slices``, ``stream_hits``, ``stream_misses``, and the bytes of the phases that run
+        during generation — ``stream_bytes_decode``, ``stream_bytes_verify``,
+        ``stream_bytes_verify_widened``, ``stream_bytes_mtp``."""
+        t, ph = self.total, self.phases
+        return {"stream_bytes": t.bytes_read, "stream_slices": t.slices_read, "stream_hits": t.hits,
+                "stream_misses": t.misses, "stream_bytes_decode": ph["decode"].bytes_read,
+                "stream_bytes_verify": ph["verify"].bytes_read,
+                "stream_bytes_verify_widened": ph["verify"].widened_bytes, "stream_bytes_mtp": ph["mtp"].bytes_read}
 
 
 # ---- routing records (for --route-trace) --------------------------------------------------------

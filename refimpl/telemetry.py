@@ -25,7 +25,9 @@ Per row: ``wall_ms`` = ms since generation started when the token was confirmed 
 share it); ``step`` = the round; ``kind`` = plain | draft | correction | bonus; ``mtp_batch`` = ms of
 the round's target decode and ``mtp_draft_ms`` = ms of its drafting plus the head's catch-up, both
 charged to the round's first row (0 on the others); ``bytes_read`` = bytes the expert streamer read
-in the round (first row; empty when no streamer is attached).
+in the round (first row; empty when no streamer is attached). With the streamer's ``counters`` hook,
+its per-round counters follow as extra columns (``stream_*``, same charging) and their totals as
+trailer lines (docs/streamer.md).
 """
 
 from __future__ import annotations
@@ -73,12 +75,13 @@ def write_csv(path, stats: SpecStats, *, model: str, piece: Callable[[int], byte
         for k, v in preamble(stats, model=model).items():
             f.write(f"# {k}={_fmt(v)}\n")
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(COLUMNS)
+        extra = list(stats.stream or {})  # the streamer's counters, when its hook was attached
+        w.writerow(COLUMNS + tuple(extra))
         for i, r in enumerate(stats.rows):
             text = piece(r.token).decode("utf-8", errors="backslashreplace")
             w.writerow([i, r.token, text, f"{r.wall_ms:.3f}", r.step, r.kind, f"{r.mtp_batch:.3f}",
-                        f"{r.mtp_draft_ms:.3f}", _fmt(r.bytes_read)])
-        for k in TRAILER:
+                        f"{r.mtp_draft_ms:.3f}", _fmt(r.bytes_read), *[r.counters[k] for k in extra]])
+        for k in TRAILER + tuple(extra):
             f.write(f"# {k}={_fmt(counters[k])}\n")
     return path
 

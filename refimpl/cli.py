@@ -57,8 +57,9 @@ def _ctx_from_args(args, trace=None):
     return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
 
 
-def _load(args):
-    """The model named by MODEL or -m, or the built-in synthetic model when neither is given."""
+def _load(args, cache_mb=None):
+    """The model named by MODEL or -m, or the built-in synthetic model when neither is given;
+    ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer)."""
     from refimpl.builtin import fixture_path
     from refimpl.model import load_model
 
@@ -66,7 +67,7 @@ def _load(args):
     if path is None:
         path = fixture_path()
         print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    return load_model(path)
+    return load_model(path, cache_mb)
 
 
 def _check_tokens(model, tokens: list[int]) -> list[int]:
@@ -86,7 +87,8 @@ def _cmd_run(args) -> int:
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
-    model = _load(args)
+    model = _load(args, cache_mb=args.cache_mb)
+    trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     if args.tokens is not None:
         prompt = _check_tokens(model, _parse_tokens(args.tokens))
@@ -103,18 +105,36 @@ def _cmd_run(args) -> int:
     else:
         from refimpl.speculative import speculative_generate
 
-        out, stats = speculative_generate(model, prompt, args.n_predict, _ctx_from_args(args), **spec, **kwargs)
+        out, stats = speculative_generate(model, prompt, args.n_predict, _ctx_from_args(args), **spec, **kwargs,
+                                          bytes_read=model.streamer.bytes_read, counters=model.streamer.counters.columns)
     bar.close()
+    if trace is not None:
+        trace.close()
     if stream:
         stream.close()
     else:
         result = {"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}
         if stats is not None:
             result["stats"] = stats.counters()
+        result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
         print(json.dumps(result, ensure_ascii=False))
     if stats is not None:
         _report_speculative(args, model, tok, stats)
+    for line in model.streamer.summary_lines(len(out), mtp=args.mtp):
+        print(line, file=sys.stderr)
+    if trace is not None:
+        print(f"wrote {trace.path}: {trace.n_rows} routing rows (one per position and layer)", file=sys.stderr)
     return 0
+
+
+def _route_trace(args, model):
+    """run --route-trace FILE: attach a CSV route-trace writer to the model's streamer."""
+    if args.route_trace is None:
+        return None
+    from refimpl.route_trace import RouteTrace
+
+    model.streamer.on_route = RouteTrace(args.route_trace, model.config.n_expert_used)
+    return model.streamer.on_route
 
 
 def _speculative_options(args, model) -> dict | None:
@@ -278,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tokens", help="prompt as comma-separated token ids")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--cache-mb", default="auto", metavar="N|auto",
+                   help="routed experts are read from the file through an LRU cache of N MiB (0: read every "
+                        "decode; default auto = half of MemAvailable); docs/streamer.md")
+    p.add_argument("--route-trace", metavar="FILE", help="write every MoE routing (position, layer, experts, weights) as CSV")
     _add_numerics(p)
     _add_speculative(p)
     p.set_defaults(func=_cmd_run)

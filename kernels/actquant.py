@@ -47,6 +47,8 @@ from .blocks import QT, layout
 from .dequant import (
     IQ4NL_VALUES,
     MXFP4_VALUES,
+    _F16,
+    _F32,
     _IQ4_NL,
     _IQ4_XS,
     _MXFP4,
@@ -60,9 +62,11 @@ from .dequant import (
     _Q5_K,
     _Q6_K,
     _Q8_0,
+    _deq_bf16,
+    _deq_f16,
+    _deq_f32,
     _q3_k_scale,
     _qh_bit,
-    dequantize_row,
     k_scale_min,
 )
 from .flags import jit
@@ -564,12 +568,22 @@ def _matmul_q8_k(kind, w, yqs, yd, ybsums, out):
             out[t, n] = _dot_with_q8_k(kind, w[n], yqs[t], yd[t], ybsums[t])
 
 
+@jit()
+def _decode_float_row(kind, src, dst):
+    if kind == _F32:
+        _deq_f32(src, dst)
+    elif kind == _F16:
+        _deq_f16(src, dst)
+    else:
+        _deq_bf16(src, dst)
+
+
 @jit(parallel=True)
 def _matmul_float(kind, w, xr, out):
     """F32/F16/BF16 weights: ``ggml_vec_dot_f32/f16/bf16`` scalar form, float32 products summed in double."""
     for n in prange(w.shape[0]):
         row = np.empty(xr.shape[1], dtype=np.float32)
-        dequantize_row(kind, w[n], row)
+        _decode_float_row(kind, w[n], row)
         for t in range(xr.shape[0]):
             acc = 0.0
             for k in range(row.size):

@@ -39,8 +39,7 @@ _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QT.Q2_K), int(QT.Q3_K), int(QT.Q4_K), in
 
 # --------------------------------------------------------------------------------------------
 # The decoders. Loops run over the bytes of a block with constant shifts and write every value the
-# byte holds (as ggml's C does); integers become float32 only at the end. ``dst`` may be float32 or
-# float64 (the float32 value is then stored exactly).
+# byte holds (as ggml's C does); integers become float32 only at the end.
 #
 # Speed note (measured, about 2-4x): where an inner loop's length is written as a literal (16, 32),
 # LLVM unrolls the short loop completely and then cannot vectorize it, because it cannot prove that

@@ -11,11 +11,10 @@ Precision policy of the plain mode (``act_quant=False``) — the oracle's own nu
     batch gives bit-identical rows to single-row calls and nothing depends on the thread count.
 
 ``path="numba"`` (default)
-    ``prange`` over tasks of 16 weight rows; each row is decoded once into a thread-local float64
-    buffer (holding the exact float32 values) and dotted with all T activation rows, so the weights
-    are read once per batch.
-    The float64 sum runs in **increasing column order**; four rows are summed side by side (four
-    independent chains, the same order each) to keep the FPU busy.
+    ``prange`` over tasks of 16 weight rows; each row is decoded once into a thread-local float32
+    buffer, widened (exactly) to float64 and dotted with all T activation rows, so the weights are
+    read once per batch. The float64 sum runs in **increasing column order**; four rows are summed
+    side by side (four independent chains, the same order each) to keep the FPU busy.
 ``path="numpy"``
     The obvious form: ``gguf.quants.dequantize`` on chunks of rows (never the whole matrix of a big
     tensor), then ``np.sum(w64 * x64[t], axis=1)`` — exact float64 products, numpy's pairwise sum.
@@ -90,13 +89,16 @@ def _matmul_rows(kind, w, x64, out):
     T, K = x64.shape
     n_tasks = (N + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(n_tasks):
-        rows = np.empty((4, K), dtype=np.float64)  # up to 4 decoded weight rows (exact float32 values)
+        row = np.empty(K, dtype=np.float32)  # one decoded weight row
+        rows = np.empty((4, K), dtype=np.float64)  # up to 4 decoded rows, widened (exactly)
         start = task * ROWS_PER_TASK
         stop = min(N, start + ROWS_PER_TASK)
         for n0 in range(start, stop, 4):
             group = min(4, stop - n0)
             for i in range(group):
-                dequantize_row(kind, w[n0 + i], rows[i])
+                dequantize_row(kind, w[n0 + i], row)
+                for k in range(K):
+                    rows[i, k] = row[k]
             for t in range(T):
                 if group == 4:
                     s0, s1, s2, s3 = _dot4_f64(rows, x64[t])

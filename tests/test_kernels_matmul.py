@@ -169,3 +169,41 @@ def test_errors_are_one_line_value_errors(call, message):
     with pytest.raises(ValueError, match=message) as info:
         call(w, x)
     assert "\n" not in str(info.value)
+
+
+def test_interpreted_kernels_give_the_same_bits(tmp_path):
+    """flags.py promises the kernel code means the same under NUMBA_DISABLE_JIT=1 (plain Python)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, numpy as np, kernels\n"
+        "from kernels.testing import random_rows\n"
+        "out = {}\n"
+        "for qt in kernels.WEIGHT_TYPES:\n"
+        "    rng = np.random.default_rng(int(qt))\n"
+        "    w = random_rows(qt, 3, 256, rng, scales='extreme')\n"
+        "    x = rng.standard_normal((2, 256)).astype(np.float32)\n"
+        "    out[qt.name + '_deq'] = kernels.dequantize(w, qt)\n"
+        "    out[qt.name + '_mm'] = kernels.matmul(w, qt, x)\n"
+        "    out[qt.name + '_aq'] = kernels.matmul(w, qt, x, act_quant=True)\n"
+        "np.savez(sys.argv[1], **out)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", PYTHONPATH=str(root))
+    subprocess.run([sys.executable, str(script), str(tmp_path / "py.npz")], env=env, check=True, cwd=root)
+    interpreted = np.load(tmp_path / "py.npz")
+    for qt in TYPES:
+        rng = np.random.default_rng(int(qt))
+        w = random_rows(qt, 3, 256, rng, scales="extreme")
+        x = rng.standard_normal((2, 256)).astype(np.float32)
+        for key, got in (
+            ("deq", kernels.dequantize(w, qt)),
+            ("mm", kernels.matmul(w, qt, x)),
+            ("aq", kernels.matmul(w, qt, x, act_quant=True)),
+        ):
+            want = interpreted[f"{qt.name}_{key}"]
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{qt.name} {key}")

@@ -14,7 +14,7 @@ batch's T rows becomes one CSV row. Columns:
 ``layer``      block index il (the head is il = n_layer)
 ``expert_i``   i = 0 … K−1: the selected expert ids in selection order (descending probability)
 ``weight_i``   their renormalised routing weights, float32 printed with 9 significant digits
-               (``float(np.float32(s))`` gives the stored value back exactly)
+               (``np.float32(s)`` gives the computed value back exactly)
 =============  ===============================================================================
 
 Rows are in the order the model computed them: for each pass, layer by layer, and rows of a batch
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+
+import numpy as np
 
 from refimpl.errors import RefimplError
 from refimpl.streamer import Routes
@@ -64,7 +66,7 @@ class RouteTrace:
 
 def read_route_trace(path) -> list[dict]:
     """The rows of a route-trace CSV: ints for the index columns, ``experts`` (list of int) and
-    ``weights`` (list of float32-exact floats)."""
+    ``weights`` (list of floats, each the exact float32 value written)."""
     out = []
     with open(path, newline="", encoding="utf-8") as f:
         for rec in csv.DictReader(f):
@@ -73,6 +75,6 @@ def read_route_trace(path) -> list[dict]:
                 "pass": int(rec["pass"]), "phase": rec["phase"], "kind": rec["kind"], "row": int(rec["row"]),
                 "position": int(rec["position"]), "layer": int(rec["layer"]),
                 "experts": [int(rec[f"expert_{i}"]) for i in range(k)],
-                "weights": [float(rec[f"weight_{i}"]) for i in range(k)],
+                "weights": [float(np.float32(rec[f"weight_{i}"])) for i in range(k)],
             })
     return out

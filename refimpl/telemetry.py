@@ -120,6 +120,4 @@ def summary_lines(stats: SpecStats) -> list[str]:
                      f"{effective:.2f} tok/s effective (vs {reported:.2f} reported)")
     lines.append(f"{name}: snapshots n_rs_seq={s.n_rs_seq}, {s.snapshot_bytes} bytes each, "
                  f"ring peak {s.snapshot_ring_bytes} bytes")
-    if s.bytes_read is not None:
-        lines.append(f"{name}: {s.bytes_read} bytes read ({s.bytes_read / n:.0f} per token)")
-    return lines
+    return lines  # the streamer prints its own byte lines (docs/streamer.md)

@@ -169,6 +169,31 @@ class SpecStats:
     def draft_s_per_token(self) -> float:
         return self.draft_s / self.n_generated if self.n_generated else 0.0
 
+    def record(self, r: Round, emitted: list[int], wall_ms: float, read: int | None, counted: dict | None) -> None:
+        """Add one round: its counters, and a row per emitted token (its costs on the first row)."""
+        self.n_decodes += 1
+        self.n_drafted += len(r.drafts)
+        self.n_accepted += r.n_accepted
+        self.n_drafted_steps += bool(r.drafts)
+        for i in range(r.n_accepted):
+            self.accepted_per_pos[i] += 1
+        self.decode_s += r.decode_s
+        self.draft_s += r.draft_s
+        self.snapshot_ring_bytes = max(self.snapshot_ring_bytes, r.ring_bytes)
+        if read is not None:
+            self.bytes_read = (self.bytes_read or 0) + read
+        if counted is not None:
+            self.stream = {k: (self.stream or {}).get(k, 0) + v for k, v in counted.items()}
+        for j, tok in enumerate(emitted):
+            kind = "plain" if not r.drafts else "draft" if j < r.n_accepted else "bonus" if r.rollback == 0 else "correction"
+            if j == 0:
+                row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, r.decode_s * 1e3, r.draft_s * 1e3, read, counted)
+            else:
+                row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, 0.0, 0.0, None if read is None else 0,
+                               None if counted is None else dict.fromkeys(counted, 0))
+            self.rows.append(row)
+        self.n_generated += len(emitted)
+
     def counters(self) -> dict:
         """The counters as the CSV trailer and ``--json`` ``stats`` name them."""
         return {
@@ -250,42 +275,25 @@ def speculative_generate(
     read0 = bytes_read() if bytes_read is not None else None
     count0 = counters() if counters is not None else None
     while len(out) < n_predict:
-        n_max = min(n_draft, n_predict - len(out) - 1)
-        r, s = step(model, src, s, n_max, ctx, eog_ids)
+        r, s = step(model, src, s, min(n_draft, n_predict - len(out) - 1), ctx, eog_ids)
         wall_ms = (time.perf_counter() - t_gen) * 1e3
-        read = None
+        read = counted = None
         if bytes_read is not None:
             read1 = bytes_read()
             read, read0 = read1 - read0, read1
-            stats.bytes_read = (stats.bytes_read or 0) + read
-        counted = None
         if counters is not None:
             count1 = counters()
             counted, count0 = {k: count1[k] - count0[k] for k in count1}, count1
-            stats.stream = {k: (stats.stream or {}).get(k, 0) + v for k, v in counted.items()}
-        stats.n_decodes += 1
-        stats.n_drafted += len(r.drafts)
-        stats.n_accepted += r.n_accepted
-        stats.n_drafted_steps += bool(r.drafts)
-        for i in range(r.n_accepted):
-            stats.accepted_per_pos[i] += 1
-        stats.decode_s += r.decode_s
-        stats.draft_s += r.draft_s
-        stats.snapshot_ring_bytes = max(stats.snapshot_ring_bytes, r.ring_bytes)
-        for j, tok in enumerate(r.ids):
-            kind = "plain" if not r.drafts else "draft" if j < r.n_accepted else "bonus" if r.rollback == 0 else "correction"
-            first = j == 0
-            stats.rows.append(TokenRow(tok, wall_ms, stats.n_decodes - 1, kind, r.decode_s * 1e3 if first else 0.0,
-                                       r.draft_s * 1e3 if first else 0.0, read if first else (0 if read is not None else None),
-                                       counted if first or counted is None else dict.fromkeys(counted, 0)))
+        eog_at = next((j for j, t in enumerate(r.ids) if t in eog_ids), None)
+        emitted = r.ids if eog_at is None else r.ids[: eog_at + 1]  # an EOG ends generation, included
+        assert len(out) + len(emitted) <= n_predict, "the draft budget keeps every round within n_predict"
+        stats.record(r, emitted, wall_ms, read, counted)
+        for tok in emitted:
             out.append(tok)
             if on_token is not None:
                 on_token(tok)
             if progress is not None:
                 progress.update(1)
-            if tok in eog_ids or len(out) == n_predict:
-                break
-        if out and out[-1] in eog_ids:
+        if eog_at is not None:
             break
-    stats.n_generated = len(out)
     return out, stats

@@ -251,3 +251,16 @@ def test_counts_equal_llama_cpp(make_fixture, runs, n_draft):
     kinds = "".join("d" * (len(r["ids"]) - 1) + ("b" if len(r["ids"]) > len(r["drafts"]) else "c") if r["drafts"] else "p"
                     for r in theirs.rounds)
     assert "".join(r.kind[0] for r in stats.rows) == kinds[: len(tokens)]
+
+
+@pytest.mark.parametrize("n_right", [99, 0], ids=["accept-all", "reject-all"])
+def test_end_of_generation_stops_the_loop(runs, n_right):
+    """An EOG token ends generation (included), even inside an accepted run of drafts."""
+    model, prompt, _ = runs("tiny-f32")
+    truth = list(prompt) + greedy(model, prompt, 6)
+    eog = frozenset({truth[len(prompt) + 2]})  # pretend the third generated token is EOG
+    expected = greedy(model, prompt, 6, eog_ids=eog)
+    tokens, st = speculative_generate(model, prompt, 6, source=Scripted(truth, n_right, model.config.n_vocab),
+                                      n_draft=3, eog_ids=eog)
+    assert tokens == expected == truth[len(prompt): len(prompt) + 3]
+    assert st.n_generated == len(st.rows) == 3

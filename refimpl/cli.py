@@ -255,6 +255,56 @@ def _cmd_trace(args) -> int:
     return 0
 
 
+def _cmd_golden_make(args) -> int:
+    from refimpl.golden import Settings, make_golden
+
+    source = "mtp" if args.mtp else "ngram" if args.ngram else None
+    if args.draft is not None and source is None:
+        raise RefimplError("--draft needs --mtp or --ngram")
+    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, args.emulate)
+    out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_golden_check(args) -> int:
+    from refimpl.golden import check_golden
+
+    result = check_golden(args.golden, args.model, jobs=args.jobs, kernel=args.kernel)
+    print("\n".join(result.lines), file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
+
+
+def _cmd_audit(args) -> int:
+    import json
+
+    from refimpl.audit import audit, read_stream, report_lines
+    from refimpl.golden import resolve_model
+    from refimpl.model import load_model
+    from refimpl.tokenizer import Tokenizer
+
+    if len(args.streams) > 2:
+        raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
+    model = load_model(resolve_model(args.model))
+    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
+    if args.prompt_tokens is not None:
+        prompt = _check_tokens(model, _parse_tokens(args.prompt_tokens))
+    elif args.prompt is not None:
+        prompt = tok.encode(args.prompt, parse_special=True)
+    else:
+        given = {tuple(s.prompt) for s in streams if s.prompt is not None}
+        if len(given) != 1:
+            raise RefimplError("audit needs the prompt: --prompt TEXT or --prompt-tokens IDS" if not given else
+                               "the streams carry different prompt_tokens; give the prompt with --prompt-tokens")
+        prompt = _check_tokens(model, list(given.pop()))
+    if not prompt:
+        raise RefimplError("the prompt encodes to no tokens")
+    rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
+    print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
+    return rep.exit_code
+
+
 def _add_numerics(p) -> None:
     p.add_argument("--emulate", action="store_true",
                    help="emulate llama.cpp rounding: activation quantization per matmul and an F16 K/V cache")
@@ -321,6 +371,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="trace", help="output directory (default ./trace)")
     _add_numerics(p)
     p.set_defaults(func=_cmd_trace)
+
+    p = sub.add_parser("golden", help="golden token streams: make a golden file, or check one (docs/golden.md)")
+    gsub = p.add_subparsers(dest="golden_command", required=True, parser_class=_Parser)
+    p = gsub.add_parser("make", help="decode a prompts file and write a golden file")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or a built-in fixture: builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
+    p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    p.add_argument("--out", metavar="PATH", help="golden file to write (default MODEL-NAME.golden.jsonl)")
+    p.add_argument("--jobs", type=int, default=1, metavar="J", help="prompts decoded in J parallel processes (same output)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--mtp", action="store_true", help="decode with MTP drafting (tokens equal plain greedy)")
+    g.add_argument("--ngram", action="store_true", help="decode with n-gram drafting (tokens equal plain greedy)")
+    p.add_argument("--draft", type=int, metavar="N", help="drafts per round with --mtp/--ngram (default 3)")
+    _add_numerics(p)
+    p.set_defaults(func=_cmd_golden_make)
+    p = gsub.add_parser("check", help="recompute a golden file and compare (exit 1 on a mismatch)")
+    p.add_argument("golden", metavar="GOLDEN", help="a golden .jsonl file")
+    p.add_argument("model", metavar="MODEL", nargs="?", help="the GGUF it was made from (not needed for built-in fixtures)")
+    p.add_argument("--jobs", type=int, default=1, metavar="J", help="prompts recomputed in J parallel processes")
+    p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
+    p.set_defaults(func=_cmd_golden_check)
+
+    p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("streams", metavar="STREAM", nargs="+", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")
+    src.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
+                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _add_numerics(p)
+    p.set_defaults(func=_cmd_audit)
     return parser
 
 

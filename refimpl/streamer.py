@@ -403,19 +403,22 @@ class ExpertStreamer:
         return self.counters.total.bytes_read
 
     def stats(self, n_generated: int | None = None) -> dict:
-        """Everything for ``run --json`` ``stats.streamer`` (docs/streamer.md defines each field)."""
+        """Everything for ``run --json`` ``stats.streamer`` (docs/streamer.md defines each field).
+        ``bytes_per_decode`` / ``bytes_per_token``: every byte read except the trunk's prompt pass,
+        per trunk decode (decode + verify passes) / per generated token."""
         t, ph = self.counters.total, self.counters.phases
         trunk_decodes = ph["decode"].passes + ph["verify"].passes
+        after_prompt = t.bytes_read - ph["prompt"].bytes_read  # decode + verify + the head's (+ other)
         out = {
             "budget_bytes": self.budget, "expert_bytes": self.expert_bytes, "dense_bytes": self.dense_bytes,
             "cache_bytes": self.cache.used, "cache_peak_bytes": self.cache.peak, "cache_slices": len(self.cache),
             "evictions": self.cache.evictions, **t.as_dict(),
             "phases": {p: c.as_dict() for p, c in ph.items()},
             "trunk_decodes": trunk_decodes,
-            "bytes_per_decode": (ph["decode"].bytes_read + ph["verify"].bytes_read) / trunk_decodes if trunk_decodes else 0.0,
+            "bytes_per_decode": after_prompt / trunk_decodes if trunk_decodes else 0.0,
         }
         if n_generated:
-            out["bytes_per_token"] = (t.bytes_read - ph["prompt"].bytes_read) / n_generated
+            out["bytes_per_token"] = after_prompt / n_generated
         return out
 
     def summary_lines(self, n_generated: int | None = None, mtp: bool = False) -> list[str]:

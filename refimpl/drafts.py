@@ -13,9 +13,9 @@ returns a new one, never mutating it::
                                                           holds n_past positions
 
 The loop (:mod:`refimpl.speculative`) calls them in llama.cpp's order: draft → verify → process →
-accept. Three sources live here: :class:`NoDraft` (plain decoding through the same loop),
-:class:`MTPSource` (the model's own nextn head, ``common_speculative_impl_draft_mtp``) and
-:class:`NgramSource` (prompt lookup over token ids, :func:`ngram_draft`).
+accept. Three sources live here: :class:`DraftSource` itself (drafts nothing: plain decoding through
+the same loop), :class:`MTPSource` (the model's own nextn head, ``common_speculative_impl_draft_mtp``)
+and :class:`NgramSource` (prompt lookup over token ids, :func:`ngram_draft`).
 """
 
 from __future__ import annotations
@@ -66,8 +66,6 @@ class DraftSource:
     def accept(self, state, n_accepted: int, n_past: int):
         return state
 
-
-NoDraft = DraftSource
 
 
 # --------------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def prefill(model: Model, source: DraftSource, prompt: list[int], n_rs_seq: int,
     target = SeqState.fresh(model.config, n_rs_seq=n_rs_seq)
     src = source.start()
     if len(prompt) > 1:
-        _, h, target = forward(model, target, prompt[:-1], ctx)  # h [N−1, E]
+        _, h, target = forward(model, target, prompt[:-1], ctx, phase="prompt")  # h [N−1, E]
         src = source.process(src, prompt[:-1], h)
     return SpecState(target=target, source=src, history=tuple(prompt))
 
@@ -103,7 +103,8 @@ def step(model: Model, source: DraftSource, s: SpecState, n_max: int, ctx: Ctx =
     drafts = [int(d) for d in drafts][:n_max]
     t1 = time.perf_counter()
     batch = [id_last] + drafts
-    logits, h, target = forward(model, s.target, batch, ctx)  # [1+n, V], [1+n, E]
+    phase = "verify" if drafts else "decode"  # for the expert streamer's counters (docs/streamer.md)
+    logits, h, target = forward(model, s.target, batch, ctx, phase=phase)  # [1+n, V], [1+n, E]
     ring_bytes = target.snapshot_nbytes()
     t2 = time.perf_counter()
     src = source.process(src, batch, h)

@@ -279,7 +279,9 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
 
 
 def _tok(tokenizer, t: int) -> str:
-    return f"{t} {tokenizer.decode([t])!r}"
+    from refimpl.golden import show_piece
+
+    return f"{t} {show_piece(tokenizer, t)}"
 
 
 def _oracle_line(tokenizer, pos: Position) -> str:
@@ -335,5 +337,5 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
     events = rep.findings + ([d] if d else [])
     n_wrong = sum(not f.benign for f in events)
     n_ties = sum(f.benign for f in events)
-    lines.append(f"result: {rep.verdict}; {n_ties} near-tie, {n_wrong} not → exit {rep.exit_code}")
+    lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong → exit {rep.exit_code}")
     return lines

@@ -561,8 +561,17 @@ def _rebuild(recipe: FixtureRecipe, cached: Path) -> Path:
     return cached
 
 
+def show_piece(tok, tid: int) -> str:
+    """A token's text as a Python literal: ``' fox'``, or ``b'\\x81'`` for part of a UTF-8 character."""
+    piece = tok.piece(tid)
+    try:
+        return repr(piece.decode("utf-8"))
+    except UnicodeDecodeError:
+        return repr(piece)
+
+
 def _show(tok, tid: int) -> str:
-    return f"{tid} {tok.decode([tid])!r}"
+    return f"{tid} {show_piece(tok, tid)}"
 
 
 def _prompt_label(rec: dict) -> str:
@@ -589,8 +598,13 @@ def compare_prompt(rec: dict, now: PromptResult, tok) -> list[str]:
         lines.append(f"  golden token {g_tok}" + (f", margin then {gs['margin']:.6g}" if gs else ""))
         lines.append(f"  now    token {n_tok}" + (f", margin now {ns['margin']:.6g} (top-1 {ns['top_ids'][0]} "
                                                     f"{ns['top_logits'][0]:.6g}, top-2 {ns['top_ids'][1]} {ns['top_logits'][1]:.6g})" if ns else ""))
-        if gs and ns and ns["margin"] < 1e-2 * max(abs(ns["top_logits"][0]), 1e-30):
-            lines.append("  (a near-tie: the oracle's top-1 − top-2 margin is under 1% of the top logit)")
+        if gs and ns:
+            from refimpl.audit import TIE_THRESHOLD
+
+            scale = max(abs(x) for x in gs["top_logits"] + ns["top_logits"])
+            rel = max(gs["margin"], ns["margin"]) / scale
+            lines.append(f"  {'a near-tie' if rel <= TIE_THRESHOLD else 'not a near-tie'}: the larger margin is {100 * rel:.2g}% "
+                         f"of the largest top logit ({'a small numerics change can flip it' if rel <= TIE_THRESHOLD else 'the numbers changed materially'})")
         return lines
     if rec.get("draft") != now.draft:
         return [f"{_prompt_label(rec)}: tokens match, but the drafter's counters changed: golden {rec.get('draft')} "

@@ -315,10 +315,8 @@ def decode(model, prompt: list[int], settings: Settings, ctx, eog_ids: frozenset
         from refimpl.generate import greedy
 
         return greedy(model, prompt, settings.n_predict, ctx, eog_ids=eog_ids), None
-    try:
-        from refimpl.speculative import speculative_generate
-    except ImportError as exc:
-        raise RefimplError(f"--{settings.draft_source} needs refimpl.speculative, which cannot be imported ({exc})") from None
+    from refimpl.speculative import speculative_generate
+
     tokens, stats = speculative_generate(model, prompt, settings.n_predict, ctx, source=settings.draft_source,
                                          n_draft=settings.n_draft, p_min=settings.p_min,
                                          ngram_min_match=settings.ngram_min_match, eog_ids=eog_ids)
@@ -401,7 +399,6 @@ def _dumps(obj) -> str:
 
 
 def producer() -> dict:
-    import gguf  # noqa: F401
     from importlib.metadata import version
 
     import refimpl

@@ -3,7 +3,6 @@ oracle is recognised as benign, and every stream format is read."""
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest

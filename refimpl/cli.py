@@ -63,11 +63,13 @@ def _load(args, cache_mb=None):
     from refimpl.builtin import fixture_path
     from refimpl.model import load_model
 
+    from refimpl.golden import resolve_model
+
     path = getattr(args, "m", None) or args.model
     if path is None:
         path = fixture_path()
         print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    return load_model(path, cache_mb)
+    return load_model(resolve_model(str(path)), cache_mb)  # a builtin:PRESET/QUANT spec is built on demand
 
 
 def _check_tokens(model, tokens: list[int]) -> list[int]:

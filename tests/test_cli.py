@@ -89,3 +89,10 @@ def test_not_a_gguf_exit_2(cache, tmp_path):
     p.write_text("hello")
     proc = _refimpl("inspect", p, cache=cache, check=False)
     assert proc.returncode == 2 and "not a GGUF file" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_run_accepts_a_builtin_fixture_spec(cache):
+    proc = _refimpl("run", "builtin:tiny/q8_0", "--tokens", "1,2,3", "-n", "3", "--json", cache=cache)
+    out = json.loads(proc.stdout)
+    model = load_model(cache / "tiny-q8_0-s0.gguf")
+    assert out["tokens"] == greedy(model, [1, 2, 3], 3, eog_ids=Tokenizer.from_gguf(model.file.gguf.reader).eog_ids)

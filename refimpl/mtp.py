@@ -49,7 +49,7 @@ def require_mtp(m: ModelFile) -> None:
     if plan.mtp == "stripped":
         raise RefimplError(
             f"{m.gguf.path}: --mtp needs the nextn (MTP) block, but this GGUF declares none "
-            f"(no {c.n_layer_all}-th block; it was converted without MTP)"
+            f"(no qwen35moe.nextn_predict_layers; it was converted without MTP)"
         )
     if plan.mtp == "missing":
         shown = ", ".join(plan.mtp_missing[:3])

@@ -42,6 +42,9 @@ import numba
 FASTMATH = False
 ERROR_MODEL = "numpy"
 CACHE = True
+#: False under ``NUMBA_DISABLE_JIT=1``: then the LLVM-IR lane kernels (kernels/lanes.py), which
+#: cannot run as Python, are skipped and every product takes the plain numba-or-Python path.
+JIT_ENABLED = not numba.config.DISABLE_JIT
 
 
 def jit(*, parallel: bool = False):

@@ -11,10 +11,13 @@ Precision policy of the plain mode (``act_quant=False``) — the oracle's own nu
     batch gives bit-identical rows to single-row calls and nothing depends on the thread count.
 
 ``path="numba"`` (default)
-    ``prange`` over tasks of 16 weight rows; each row is decoded once into a thread-local float32
-    buffer, widened (exactly) to float64 and dotted with all T activation rows, so the weights are
-    read once per batch. The float64 sum runs in **increasing column order**; four rows are summed
-    side by side (four independent chains, the same order each) to keep the FPU busy.
+    For Q8_0, MXFP4, Q4_K and Q6_K, :mod:`kernels.lanes`: 16 weight rows at a time, one row's
+    float64 sum per SIMD lane, weight blocks decoded once per four activation rows. Otherwise (and
+    for the last N mod 16 rows) ``_matmul_rows``: ``prange`` over tasks of 16 weight rows; each row
+    is decoded once into a thread-local float32 buffer, widened (exactly) to float64 and dotted with
+    all T activation rows, so the weights are read once per batch. Both sum in **increasing column
+    order** (``_matmul_rows`` sums four rows side by side, four independent chains in the same
+    order each) and give the same bits.
 ``path="numpy"``
     The obvious form: ``gguf.quants.dequantize`` on chunks of rows (never the whole matrix of a big
     tensor), then ``np.sum(w64 * x64[t], axis=1)`` — exact float64 products, numpy's pairwise sum.
@@ -45,10 +48,11 @@ import numpy as np
 from gguf import quants as gguf_quants
 from numba import prange
 
+from . import lanes
 from .actquant import matmul_act_quant
 from .blocks import weight_layout
 from .dequant import as_row_bytes, dequantize_row
-from .flags import jit
+from .flags import JIT_ENABLED, jit
 
 ROWS_PER_TASK = 16  # weight rows per prange iteration (buffers are allocated once per task)
 _NUMPY_CHUNK_VALUES = 1 << 20  # path="numpy": dequantize about this many weights at a time
@@ -164,5 +168,15 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     else:
         y = np.zeros((T, N), dtype=np.float32)
         if y.size and K:
-            _matmul_rows(int(qtype), w_bytes, x2d.astype(np.float64), y)
+            _matmul_plain(w_bytes, qtype, x2d.astype(np.float64), y)
     return y.reshape(x.shape[:-1] + (N,))
+
+
+def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray) -> None:
+    """The plain numba product into ``y`` (T, N): 16-row lanes where :mod:`kernels.lanes` has a kernel
+    for the type (bit-identical to ``_matmul_rows``), ``_matmul_rows`` for the rest of the rows."""
+    n = lanes.matmul_lanes(w_bytes, qtype, x64, y) if JIT_ENABLED and lanes.supported(qtype) else 0
+    if n < w_bytes.shape[0]:
+        tail = np.zeros((y.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
+        _matmul_rows(int(qtype), w_bytes[n:], x64, tail)
+        y[:, n:] = tail

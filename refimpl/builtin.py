@@ -1,4 +1,6 @@
-"""The built-in synthetic model: what ``refimpl run`` uses when no GGUF is given.
+"""Model arguments: a GGUF path, or a built-in synthetic fixture built on demand.
+
+The built-in synthetic model is what ``refimpl run`` uses when no GGUF is given.
 
 It is the ``tiny`` fixture (seed 0, f32), generated on first use into a cache directory
 (``$REFIMPL_CACHE``, default ``~/.cache/refimpl``) and reused afterwards; generation is
@@ -7,12 +9,18 @@ deterministic, so every machine gets the same bytes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from refimpl.errors import RefimplError
 
 BUILTIN_PRESET = "tiny"
 BUILTIN_QUANT = "f32"
 BUILTIN_SEED = 0
+BUILTIN_PREFIX = "builtin:"
 
 
 def cache_dir() -> Path:
@@ -29,3 +37,98 @@ def fixture_path(preset: str = BUILTIN_PRESET, quant: str = BUILTIN_QUANT, seed:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_fixture(path, preset=preset, quant=quant, seed=seed, **options)
     return path
+
+
+# ---- model arguments: a GGUF path or a built-in fixture ---------------------------------------
+
+
+@dataclass(frozen=True)
+class FixtureRecipe:
+    """How ``refimpl.fixtures.write_fixture`` makes a file; ``options`` holds non-default values only."""
+
+    preset: str
+    quant: str
+    seed: int = 0
+    options: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        """The canonical ``builtin:`` spelling, e.g. ``builtin:predictable/q8_0/seed=1/mtp_mismatch=0.5``."""
+        parts = [self.preset, self.quant] + ([f"seed={self.seed}"] if self.seed else [])
+        parts += [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(self.options.items())]
+        return BUILTIN_PREFIX + "/".join(parts)
+
+    def as_json(self) -> dict:
+        return {"spec": self.spec, "preset": self.preset, "quant": self.quant, "seed": self.seed, "options": dict(self.options)}
+
+
+def parse_builtin(spec: str) -> FixtureRecipe:
+    """``builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE …]`` → recipe. QUANT defaults to f32, the seed
+    to 0; KEY=VALUE are fixture options (values read as JSON when they parse: true, 0.5; else text).
+    ``builtin:`` alone is the built-in model of ``refimpl run`` (tiny, f32, seed 0)."""
+    body = spec[len(BUILTIN_PREFIX):]
+    parts = [p for p in body.split("/")] if body else []
+    if any(not p for p in parts):
+        raise RefimplError(f"bad built-in model '{spec}': empty segment (expected builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…])")
+    plain = [p for p in parts if "=" not in p]
+    if len(plain) > 2 or parts[: len(plain)] != plain:
+        raise RefimplError(f"bad built-in model '{spec}': expected builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
+    preset = plain[0] if plain else BUILTIN_PRESET
+    quant = plain[1] if len(plain) > 1 else BUILTIN_QUANT
+    seed, options = BUILTIN_SEED, {}
+    for item in parts[len(plain):]:
+        key, _, value = item.partition("=")
+        if key == "seed":
+            try:
+                seed = int(value)
+            except ValueError:
+                raise RefimplError(f"bad built-in model '{spec}': seed must be an integer, got '{value}'") from None
+            continue
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return canonical_recipe(FixtureRecipe(preset, quant, seed, options))
+
+
+def canonical_recipe(recipe: FixtureRecipe) -> FixtureRecipe:
+    """Drop options equal to the preset's defaults (so one recipe has one spelling); validate."""
+    from refimpl.fixtures import PRESETS, QUANT_MIXES, resolve_options
+
+    if recipe.preset not in PRESETS:
+        raise RefimplError(f"unknown fixture preset '{recipe.preset}' (valid: {', '.join(PRESETS)})")
+    if recipe.quant not in QUANT_MIXES:
+        raise RefimplError(f"unknown quant mix '{recipe.quant}' (valid: {', '.join(QUANT_MIXES)})")
+    preset = PRESETS[recipe.preset]
+    effective, defaults = resolve_options(preset, recipe.options), resolve_options(preset, {})
+    options = {k: v for k, v in effective.items() if defaults.get(k) != v}
+    return FixtureRecipe(recipe.preset, recipe.quant, int(recipe.seed), options)
+
+
+def recipe_of(gguf_file) -> FixtureRecipe | None:
+    """The recipe a ``refimpl.fixtures`` file records in its metadata, or None for other files."""
+    preset = gguf_file.key("refimpl.fixture.preset")
+    if preset is None:
+        return None
+    options = json.loads(gguf_file.key("refimpl.fixture.options", "{}"))
+    return canonical_recipe(FixtureRecipe(preset, gguf_file.key("refimpl.fixture.quant"), int(gguf_file.key("refimpl.fixture.seed", 0)), options))
+
+
+def build_fixture(recipe: FixtureRecipe) -> Path:
+    """The cached file of a recipe (``refimpl.builtin.fixture_path``), built on first use."""
+    return fixture_path(recipe.preset, recipe.quant, recipe.seed, **recipe.options)
+
+
+def resolve_model(arg: str) -> Path:
+    """A MODEL argument → the GGUF path (a ``builtin:`` spec is built into the cache)."""
+    if arg.startswith(BUILTIN_PREFIX):
+        return build_fixture(parse_builtin(arg))
+    return Path(arg)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -63,7 +63,7 @@ def _load(args, cache_mb=None):
     from refimpl.builtin import fixture_path
     from refimpl.model import load_model
 
-    from refimpl.golden import resolve_model
+    from refimpl.builtin import resolve_model
 
     path = getattr(args, "m", None) or args.model
     if path is None:
@@ -281,7 +281,7 @@ def _cmd_audit(args) -> int:
     import json
 
     from refimpl.audit import audit, read_stream, report_lines
-    from refimpl.golden import resolve_model
+    from refimpl.builtin import resolve_model
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 

@@ -21,7 +21,7 @@ How one prompt's record is made (:func:`run_prompt`):
    time; every generated id must be its row's argmax, which checks the decoding path for free.
 
 Model arguments name a GGUF file or a built-in fixture (``builtin:tiny/q8_0``, see
-:func:`parse_builtin`). A file written by ``refimpl.fixtures`` carries its recipe in its metadata;
+:func:`refimpl.builtin.parse_builtin`). A file written by ``refimpl.fixtures`` carries its recipe in its metadata;
 the header records it, so ``golden check`` can rebuild the model without being told where it is.
 """
 
@@ -33,118 +33,19 @@ import os
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from refimpl.builtin import BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, recipe_of, resolve_model, sha256_file
 from refimpl.errors import RefimplError
 
 FORMAT = "refimpl-golden"
 VERSION = 1
 TOP_K = 5
 LOGIT_RTOL = 1e-5  # `golden check`: allowed |Δ top-k logit| / max |top-k logit| (numba and numpy agree bit for bit)
-BUILTIN_PREFIX = "builtin:"
 CHUNK = 32  # positions per teacher-forced forward call (batch invariance: any chunking gives the same bits)
-
-
-# ---- model arguments: a GGUF path or a built-in fixture ---------------------------------------
-
-
-@dataclass(frozen=True)
-class FixtureRecipe:
-    """How ``refimpl.fixtures.write_fixture`` makes a file; ``options`` holds non-default values only."""
-
-    preset: str
-    quant: str
-    seed: int = 0
-    options: dict = field(default_factory=dict)
-
-    @property
-    def spec(self) -> str:
-        """The canonical ``builtin:`` spelling, e.g. ``builtin:predictable/q8_0/seed=1/mtp_mismatch=0.5``."""
-        parts = [self.preset, self.quant] + ([f"seed={self.seed}"] if self.seed else [])
-        parts += [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(self.options.items())]
-        return BUILTIN_PREFIX + "/".join(parts)
-
-    def as_json(self) -> dict:
-        return {"spec": self.spec, "preset": self.preset, "quant": self.quant, "seed": self.seed, "options": dict(self.options)}
-
-
-def parse_builtin(spec: str) -> FixtureRecipe:
-    """``builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE …]`` → recipe. QUANT defaults to f32, the seed
-    to 0; KEY=VALUE are fixture options (values read as JSON when they parse: true, 0.5; else text).
-    ``builtin:`` alone is the built-in model of ``refimpl run`` (tiny, f32, seed 0)."""
-    from refimpl.builtin import BUILTIN_PRESET, BUILTIN_QUANT, BUILTIN_SEED
-
-    body = spec[len(BUILTIN_PREFIX):]
-    parts = [p for p in body.split("/")] if body else []
-    if any(not p for p in parts):
-        raise RefimplError(f"bad built-in model '{spec}': empty segment (expected builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…])")
-    plain = [p for p in parts if "=" not in p]
-    if len(plain) > 2 or parts[: len(plain)] != plain:
-        raise RefimplError(f"bad built-in model '{spec}': expected builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
-    preset = plain[0] if plain else BUILTIN_PRESET
-    quant = plain[1] if len(plain) > 1 else BUILTIN_QUANT
-    seed, options = BUILTIN_SEED, {}
-    for item in parts[len(plain):]:
-        key, _, value = item.partition("=")
-        if key == "seed":
-            try:
-                seed = int(value)
-            except ValueError:
-                raise RefimplError(f"bad built-in model '{spec}': seed must be an integer, got '{value}'") from None
-            continue
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return _minimal(FixtureRecipe(preset, quant, seed, options))
-
-
-def _minimal(recipe: FixtureRecipe) -> FixtureRecipe:
-    """Drop options equal to the preset's defaults (so one recipe has one spelling); validate."""
-    from refimpl.fixtures import PRESETS, QUANT_MIXES, resolve_options
-
-    if recipe.preset not in PRESETS:
-        raise RefimplError(f"unknown fixture preset '{recipe.preset}' (valid: {', '.join(PRESETS)})")
-    if recipe.quant not in QUANT_MIXES:
-        raise RefimplError(f"unknown quant mix '{recipe.quant}' (valid: {', '.join(QUANT_MIXES)})")
-    preset = PRESETS[recipe.preset]
-    effective, defaults = resolve_options(preset, recipe.options), resolve_options(preset, {})
-    options = {k: v for k, v in effective.items() if defaults.get(k) != v}
-    return FixtureRecipe(recipe.preset, recipe.quant, int(recipe.seed), options)
-
-
-def recipe_of(gguf_file) -> FixtureRecipe | None:
-    """The recipe a ``refimpl.fixtures`` file records in its metadata, or None for other files."""
-    preset = gguf_file.key("refimpl.fixture.preset")
-    if preset is None:
-        return None
-    options = json.loads(gguf_file.key("refimpl.fixture.options", "{}"))
-    return _minimal(FixtureRecipe(preset, gguf_file.key("refimpl.fixture.quant"), int(gguf_file.key("refimpl.fixture.seed", 0)), options))
-
-
-def build_fixture(recipe: FixtureRecipe) -> Path:
-    """The cached file of a recipe (``refimpl.builtin.fixture_path``), built on first use."""
-    from refimpl.builtin import fixture_path
-
-    return fixture_path(recipe.preset, recipe.quant, recipe.seed, **recipe.options)
-
-
-def resolve_model(arg: str) -> Path:
-    """A MODEL argument → the GGUF path (a ``builtin:`` spec is built into the cache)."""
-    if arg.startswith(BUILTIN_PREFIX):
-        return build_fixture(parse_builtin(arg))
-    return Path(arg)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---- prompts -----------------------------------------------------------------------------------
@@ -525,7 +426,7 @@ def _model_for_check(g: Golden, model_arg: str | None) -> Path:
     if model_arg is None:
         if not fixture:
             raise RefimplError(f"{g.path}: made from {m['file']}, not a built-in fixture; pass MODEL (the GGUF file)")
-        recipe = _minimal(FixtureRecipe(fixture["preset"], fixture["quant"], fixture["seed"], fixture["options"]))
+        recipe = canonical_recipe(FixtureRecipe(fixture["preset"], fixture["quant"], fixture["seed"], fixture["options"]))
         path = build_fixture(recipe)
         if sha256_file(path) != m["sha256"]:
             path = _rebuild(recipe, path)  # the cache may hold a file from an older generator

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from refimpl import builtin as B
 from refimpl import golden as G
 from refimpl.cli import main
 from refimpl.errors import RefimplError
@@ -138,7 +139,7 @@ def test_small_golden_contents(small, fixture_cache):
     assert (h["format"], h["version"]) == ("refimpl-golden", 1)
     assert h["model"]["fixture"] == {"spec": "builtin:tiny/f32", "preset": "tiny", "quant": "f32", "seed": 0, "options": {}}
     model_path = fixture_cache / "tiny-f32-s0.gguf"
-    assert h["model"]["sha256"] == G.sha256_file(model_path) and h["model"]["size"] == model_path.stat().st_size
+    assert h["model"]["sha256"] == B.sha256_file(model_path) and h["model"]["size"] == model_path.stat().st_size
     assert h["settings"] == {"n_predict": 6, "draft": {"source": "none", "n_draft": 0}, "emulate": False, "top_k": 5,
                              "stop_at_eog": True}
     assert h["regenerate"].startswith("refimpl golden make builtin:tiny/f32 --prompts ")
@@ -201,7 +202,7 @@ def test_check_rebuilds_a_stale_cached_fixture(small, fixture_cache):
     data[-1] ^= 0xFF  # a cache left behind by an older generator
     cached.write_bytes(bytes(data))
     assert G.check_golden(small[0]).ok
-    assert G.sha256_file(cached) == G.read_golden(small[0]).header["model"]["sha256"]
+    assert B.sha256_file(cached) == G.read_golden(small[0]).header["model"]["sha256"]
 
 
 def test_check_refuses_a_fixture_that_rebuilds_differently(small, tmp_path, capsys):
@@ -269,8 +270,8 @@ def test_a_failed_write_leaves_the_old_file(small, tmp_path):
 
 
 def test_builtin_specs():
-    p = G.parse_builtin
-    assert p("builtin:") == G.FixtureRecipe("tiny", "f32", 0, {})
+    p = B.parse_builtin
+    assert p("builtin:") == B.FixtureRecipe("tiny", "f32", 0, {})
     assert p("builtin:tiny/q8_0").spec == "builtin:tiny/q8_0"
     assert p("builtin:predictable/q4_k_m/seed=2/mtp_mismatch=0.5").options == {"mtp_mismatch": 0.5}
     assert p("builtin:tiny/bf16/mtp=full/tied=false").spec == "builtin:tiny/bf16"  # defaults dropped
@@ -287,7 +288,7 @@ def test_recipe_is_read_back_from_fixture_metadata(make_fixture):
     from refimpl.gguf_file import GGUFFile
 
     path = make_fixture("predictable", "q8_0", seed=3, mtp_mismatch=0.5)
-    assert G.recipe_of(GGUFFile(path)).spec == "builtin:predictable/q8_0/seed=3/mtp_mismatch=0.5"
+    assert B.recipe_of(GGUFFile(path)).spec == "builtin:predictable/q8_0/seed=3/mtp_mismatch=0.5"
 
 
 def test_prompts_files(tmp_path):

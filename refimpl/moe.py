@@ -10,6 +10,9 @@ Per token, input x = RMSNorm(r, post_attention_norm) [E]:
    for this arch; no expert_weights_scale).
 4. per selected expert e, in selection order: SwiGLU ``down_e(silu(gate_e x) ⊙ up_e x)``, times w_e
    (weights applied after the down projection), then summed left to right (a chain of ggml_add).
+   Computed expert by expert for a batch: each expert of the batch's union multiplies all the rows
+   that selected it at once (as ``ggml_mul_mat_id`` does), so a verify batch decodes each routed
+   expert's weights once; every row's numbers are those of the row alone.
 5. shared expert ``down_s(silu(gate_s x) ⊙ up_s x)`` times the scalar gate
    ``sigmoid(ffn_gate_inp_shexp · x)``; ``ffn_out = ffn_moe_out + that``.
 
@@ -47,15 +50,20 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
     experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
+    # Each expert once, for all the rows that chose it (mul_mat_id): rows are independent in every
+    # op, so expert_out[t, i] is the same whether token t is alone or in a batch (weights read once).
+    expert_out = np.empty((T, c.n_expert_used, c.n_embd), dtype=F32)  # [T, K, E], before weighting
+    for e in dict.fromkeys(sel.reshape(-1).tolist()):  # union in first-use order
+        rows, slots = np.nonzero(sel == e)  # the tokens that chose e, and where in their top-K
+        xe = x[rows]  # [n, E]
+        gate = mm(experts.gate(e), xe, ctx)  # [n, F]
+        up = mm(experts.up(e), xe, ctx)  # [n, F]
+        expert_out[rows, slots] = mm(experts.down(e), silu(gate) * up, ctx)  # [n, E]
     moe_out = np.zeros((T, c.n_embd), dtype=F32)
-    for t in range(T):
-        xt = x[t : t + 1]  # [1, E]: mul_mat_id shares the token's activation row across experts
-        acc = None
-        for i, e in enumerate(sel[t]):
-            gate = mm(experts.gate(int(e)), xt, ctx)  # [1, F]
-            up = mm(experts.up(int(e)), xt, ctx)  # [1, F]
-            y = mm(experts.down(int(e)), silu(gate) * up, ctx)[0] * weights[t, i]  # [E]
-            acc = y if acc is None else acc + y
+    for t in range(T):  # weighted after the down projection, summed in selection order
+        acc = expert_out[t, 0] * weights[t, 0]  # [E]
+        for i in range(1, c.n_expert_used):
+            acc = acc + expert_out[t, i] * weights[t, i]
         moe_out[t] = acc
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 

@@ -1,6 +1,7 @@
 """Shared test plumbing: the llama.cpp oracle gate and session-cached synthetic GGUF fixtures."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,23 @@ def make_fixture(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def fixture_cache(tmp_path_factory):
+    """``$REFIMPL_CACHE`` pointed at one per-session directory while a module runs (built-in
+    fixtures are built there once and shared by the golden and audit tests), and one numba thread:
+    the thread count never changes a bit (docs/numerics.md), and on these tiny matrices a parallel
+    region's start-up costs more than the work, badly so on a loaded machine."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    old = os.environ.get("REFIMPL_CACHE")
+    os.environ["REFIMPL_CACHE"] = str(tmp_path_factory.getbasetemp() / "refimpl-cache")
+    yield Path(os.environ["REFIMPL_CACHE"])
+    if old is None:
+        os.environ.pop("REFIMPL_CACHE")
+    else:
+        os.environ["REFIMPL_CACHE"] = old
+    numba.set_num_threads(threads)

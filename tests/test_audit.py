@@ -2,7 +2,6 @@
 oracle is recognised as benign, and every stream format is read."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -20,23 +19,7 @@ from refimpl.tokenizer import Tokenizer
 N = 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fixture_cache(tmp_path_factory):
-    """Built-in fixtures go to one cache per test session (shared with tests/test_golden.py)."""
-    import numba
-
-    # One numba thread: the thread count never changes a bit (docs/numerics.md), and on these tiny
-    # matrices a parallel region's start-up costs more than the work, badly so on a loaded machine.
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    old = os.environ.get("REFIMPL_CACHE")
-    os.environ["REFIMPL_CACHE"] = str(tmp_path_factory.getbasetemp() / "refimpl-cache")
-    yield
-    if old is None:
-        os.environ.pop("REFIMPL_CACHE")
-    else:
-        os.environ["REFIMPL_CACHE"] = old
-    numba.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("fixture_cache")  # conftest: shared fixture cache, one numba thread
 
 
 class Case:

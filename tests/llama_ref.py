@@ -78,18 +78,29 @@ def llama_run(model_path, tokens, *, n_generate: int = 0, load_mtp: bool = False
         "n_threads": int(n_threads),
         "n_ctx": int(n_ctx or max(256, n_total)),
     }
+    def read(out: Path) -> dict:
+        with np.load(out) as z:
+            return {k: z[k] for k in z.files}
+
+    arrays, log = run_child(__file__, request, "result.npz", "llama.cpp", timeout, read)
+    extra = {k: arrays[k] for k in ("hidden", "mtp_logits", "mtp_hidden") if k in arrays}
+    return LlamaRun(tokens=arrays["tokens"], logits=arrays["logits"], log=log, **extra)
+
+
+def run_child(script: str, request: dict, out_name: str, what: str, timeout: float, read):
+    """Run ``python script request.json OUT`` in a temporary directory and return
+    ``(read(OUT), log)``; a non-zero exit or a missing OUT raises :class:`LlamaRefError` with the
+    tail of the child's log (shared with tests/llama_spec.py)."""
     with tempfile.TemporaryDirectory(prefix="llama_ref-") as tmp:
-        req, out = Path(tmp) / "request.json", Path(tmp) / "result.npz"
+        req, out = Path(tmp) / "request.json", Path(tmp) / out_name
         req.write_text(json.dumps(request))
-        proc = subprocess.run([sys.executable, __file__, str(req), str(out)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, script, str(req), str(out)], capture_output=True, text=True,
                               errors="replace", timeout=timeout)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(log.strip().splitlines()[-LOG_TAIL_LINES:])
-            raise LlamaRefError(f"llama.cpp failed on {model_path} (exit code {proc.returncode}):\n{tail}")
-        with np.load(out) as z:
-            extra = {k: z[k] for k in ("hidden", "mtp_logits", "mtp_hidden") if k in z}
-            return LlamaRun(tokens=z["tokens"], logits=z["logits"], log=log, **extra)
+            raise LlamaRefError(f"{what} failed on {request['model']} (exit code {proc.returncode}):\n{tail}")
+        return read(out), log
 
 
 def llama_logits(model_path, tokens, *, load_mtp: bool = False, n_threads: int = 2) -> np.ndarray:

@@ -27,15 +27,13 @@ API: :func:`llama_speculative` → :class:`LlamaSpecRun`.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from llama_ref import LOG_TAIL_LINES, LlamaRefError, _context_params
+from llama_ref import _context_params, run_child
 
 
 @dataclass(frozen=True)
@@ -56,16 +54,9 @@ def llama_speculative(model_path, prompt, n_predict: int, *, n_draft: int = 3, p
         "n_draft": int(n_draft), "p_min": float(p_min), "n_threads": int(n_threads),
         "n_ctx": max(256, len(prompt) + n_predict + n_draft + 8),
     }
-    with tempfile.TemporaryDirectory(prefix="llama_spec-") as tmp:
-        req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req.write_text(json.dumps(request))
-        proc = subprocess.run([sys.executable, __file__, str(req), str(out)], capture_output=True, text=True,
-                              errors="replace", timeout=timeout)
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0 or not out.exists():
-            tail = "\n".join(log.strip().splitlines()[-LOG_TAIL_LINES:])
-            raise LlamaRefError(f"llama.cpp speculative loop failed on {model_path} (exit code {proc.returncode}):\n{tail}")
-        return LlamaSpecRun(**json.loads(out.read_text()), log=log)
+    result, log = run_child(__file__, request, "result.json", "llama.cpp speculative loop", timeout,
+                            lambda out: json.loads(out.read_text()))
+    return LlamaSpecRun(**result, log=log)
 
 
 # --------------------------------------------------------------------------------------------------

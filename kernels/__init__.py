@@ -24,6 +24,7 @@ Precision policy, tolerances and measured speed: ``docs/kernels.md``.
 from .actquant import Q8_0Blocks, Q8_1Blocks, Q8_KBlocks, activation_values, quantize_q8_0, quantize_q8_1, quantize_q8_K
 from .blocks import WEIGHT_TYPES, layout, row_bytes
 from .dequant import dequantize
+from .lanes import PackedRows, pack
 from .matmul import matmul
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "row_bytes",
     "dequantize",
     "matmul",
+    "pack",
+    "PackedRows",
     "quantize_q8_0",
     "quantize_q8_1",
     "quantize_q8_K",

@@ -149,6 +149,11 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     if act_quant and path != "numba":
         raise ValueError("matmul: act_quant=True is implemented on the numba path only")
     qtype = weight_layout(qtype).qtype
+    packed = w_raw if isinstance(w_raw, lanes.PackedRows) and w_raw.ndim == 2 else None
+    if isinstance(w_raw, lanes.PackedRows):
+        if w_raw.qtype != qtype:
+            raise ValueError(f"matmul: a {w_raw.qtype.name} packed matrix passed as {qtype.name}")
+        w_raw = w_raw.raw
     w_raw = np.asarray(w_raw)
     if w_raw.ndim != 2:
         raise ValueError(f"matmul: w_raw for {qtype.name} must be 2-D (N rows x row bytes), got shape {w_raw.shape}")
@@ -168,14 +173,20 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     else:
         y = np.zeros((T, N), dtype=np.float32)
         if y.size and K:
-            _matmul_plain(w_bytes, qtype, x2d.astype(np.float64), y)
+            _matmul_plain(w_bytes, qtype, x2d.astype(np.float64), y, packed)
     return y.reshape(x.shape[:-1] + (N,))
 
 
-def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray) -> None:
+def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray, packed=None) -> None:
     """The plain numba product into ``y`` (T, N): 16-row lanes where :mod:`kernels.lanes` has a kernel
-    for the type (bit-identical to ``_matmul_rows``), ``_matmul_rows`` for the rest of the rows."""
-    n = lanes.matmul_lanes(w_bytes, qtype, x64, y) if JIT_ENABLED and lanes.supported(qtype) else 0
+    for the type (bit-identical to ``_matmul_rows``; from the packed words when given),
+    ``_matmul_rows`` for the rest of the rows."""
+    if packed is not None and JIT_ENABLED:
+        n = lanes.matmul_packed(packed, x64, y)
+    elif JIT_ENABLED and lanes.supported(qtype):
+        n = lanes.matmul_lanes(w_bytes, qtype, x64, y)
+    else:
+        n = 0
     if n < w_bytes.shape[0]:
         tail = np.zeros((y.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
         _matmul_rows(int(qtype), w_bytes[n:], x64, tail)

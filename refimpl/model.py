@@ -25,11 +25,13 @@ or ``verify`` — so the streamer can say whose routing caused each read (docs/s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+import kernels
 from refimpl.attention import gated_attention
 from refimpl.config import Config
 from refimpl.deltanet import gated_deltanet
@@ -38,7 +40,7 @@ from refimpl.moe import moe_ffn
 from refimpl.ops import Ctx, mm, rms_norm_w
 from refimpl.state import SeqState
 from refimpl.streamer import ExpertStreamer, cache_budget, pin_dense
-from refimpl.weights import Weights, load_weights
+from refimpl.weights import Matrix, PinnedExperts, Weights, load_weights
 
 
 @dataclass(frozen=True)
@@ -60,17 +62,37 @@ class Model:
         return self.streamer.phase(name, positions) if self.streamer is not None else contextlib.nullcontext()
 
 
-def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True) -> Model:
+def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
+               pack: bool = False) -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
     a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
     (``--cache-mb``; refimpl.streamer.cache_budget), dense weights pinned now (a progress bar on
-    stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace)."""
+    stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace).
+    ``pack``: see :func:`pack_weights` (same numbers, faster decoding, more memory)."""
     m = open_model(path)
     if cache_mb is None:
-        return Model(file=m, weights=load_weights(m))
-    streamer = ExpertStreamer.open(m, cache_budget(cache_mb), on_route=on_route)
-    streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
-    return Model(file=m, weights=load_weights(m, streamer))
+        weights = load_weights(m)
+    else:
+        streamer = ExpertStreamer.open(m, cache_budget(cache_mb), on_route=on_route)
+        streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
+        weights = load_weights(m, streamer)
+    return Model(file=m, weights=pack_weights(weights) if pack else weights)
+
+
+def pack_weights(obj):
+    """``obj`` (the :class:`Weights`, or any part of them) with every matrix also held in the lane
+    kernels' packed layout (``kernels.pack``), routed experts included when they are pinned (streamed
+    ones are read per batch and stay as read); the embedding table is left alone. Every product gives
+    the same bits; a decoded token skips the lane kernels' gathers, at the cost of a second copy of
+    those matrices' bytes in memory (docs/performance.md)."""
+    if isinstance(obj, Matrix):
+        return dataclasses.replace(obj, raw=kernels.pack(obj.raw, obj.qtype))
+    if isinstance(obj, tuple):
+        return tuple(pack_weights(o) for o in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        skip = ("token_embd", "streamer") + (() if isinstance(getattr(obj, "experts", None), PinnedExperts) else ("experts",))
+        return dataclasses.replace(obj, **{f.name: pack_weights(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name not in skip})
+    return obj
 
 
 def trunk_phase(n_tokens: int, n_past: int) -> str:

@@ -1,0 +1,272 @@
+"""Decode speed of refimpl against llama.cpp, side by side on the same GGUF and thread count.
+
+    python bench/decode.py                                   # tiny and medium, q4_k_m and mxfp4
+    python bench/decode.py --models medium --quants mxfp4 --n 32 --rounds 5
+    python bench/decode.py --models tiny --emulate           # refimpl with llama.cpp's rounding
+
+For every (model, mix), in one run:
+
+* **decode tok/s** — greedy decoding of ``--n`` tokens after a short prompt, one token per forward
+  call, by refimpl (``refimpl.model.forward``, plain numerics unless ``--emulate``) — loaded two
+  ways: ``mapped`` (``load_model(path)``: every matrix read from the memory map) and ``packed``
+  (``load_model(path, pack=True)``: dense matrices also copied into the lane kernels' layout, same
+  numbers) — and by llama.cpp
+  (llama-cpp-python 0.3.36 in a child process: one token per ``llama_decode``, F32 K/V cache, flash
+  attention off, the settings of tests/llama_ref.py), both with ``--threads`` threads. The two run
+  alternately, ``--rounds`` times each (round r of refimpl right before round r of llama.cpp), so
+  they see the same machine load; the ratio is formed per round and its median and range printed.
+  Only the generated tokens are timed (the prompt is processed first, untimed).
+* **verify / decode** — refimpl's time for one verify batch of 1+3 positions (``forward`` of 4 tokens
+  after the prompt: the last token and three drafts, phase ``verify``) divided by its time for one
+  single-token decode from the same state; the two are timed alternately ``--verify-reps`` times and
+  the medians divided. States are immutable, so every repetition starts from the same state.
+
+Both sides are warm before timing: llama.cpp has loaded (and repacked) its weights; refimpl has
+compiled its kernels and touched every page of the memory-mapped file once (so the first tokens do
+not pay page faults for experts they route to for the first time — llama.cpp's load reads the file
+too). Models: ``tiny`` (refimpl.builtin.fixture_path) and ``medium`` (the real Qwen3.6-35B-A3B
+layer widths with 4 trunk layers + MTP, ~3 GiB per mix, written once into the fixture cache by
+refimpl.fixtures.large). Noise: the machine is shared, so each figure is printed with its range
+over rounds, and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MIB = 1 << 20
+
+
+# ---- llama.cpp: a child process that decodes on request -------------------------------------------
+
+
+def _llama_child(path: str, threads: int) -> int:
+    """Load the model once; then per stdin line ``{"prompt": [...], "n": N}`` decode the prompt one
+    token at a time, then N greedy tokens (timed), and print ``{"tok_s": …, "tokens": [...]}``."""
+    import llama_cpp as L
+
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+    if not model:
+        print(json.dumps({"error": "llama_model_load_from_file returned NULL"}), flush=True)
+        return 3
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 512, 8, 8, 1
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.type_k = cp.type_v = L.GGML_TYPE_F32
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.no_perf = True
+    ctx = L.llama_init_from_model(model, cp)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    batch = L.llama_batch_init(1, 0, 1)
+
+    def decode(tok: int, pos: int) -> int:
+        batch.n_tokens = 1
+        batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = tok, pos, 1, 0, 1
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError(f"llama_decode failed at position {pos}")
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,))
+        return int(np.argmax(logits))
+
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        prompt = req["prompt"]
+        for pos, tok in enumerate(prompt):
+            nxt = decode(tok, pos)
+        out = [nxt]
+        t0 = time.perf_counter()
+        for i in range(req["n"]):
+            out.append(decode(out[-1], len(prompt) + i))
+        dt = time.perf_counter() - t0
+        print(json.dumps({"tok_s": req["n"] / dt, "tokens": out[:-1]}), flush=True)
+    return 0
+
+
+class LlamaDecoder:
+    """The llama.cpp child of one model (``with`` closes it)."""
+
+    def __init__(self, path: Path, threads: int):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--llama-child", str(path), "--threads", str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        ready = json.loads(self.proc.stdout.readline() or '{"error": "llama.cpp child died while loading"}')
+        if "error" in ready:
+            raise RuntimeError(ready["error"])
+
+    def run(self, prompt: list[int], n: int) -> dict:
+        self.proc.stdin.write(json.dumps({"prompt": prompt, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+# ---- refimpl ----------------------------------------------------------------------------------------
+
+
+def touch_pages(model) -> None:
+    """Read one byte of every page of every tensor (the whole file is mapped once, as llama.cpp's load does)."""
+    g = model.file.gguf
+    for name in g.tensors:
+        flat = np.ascontiguousarray(g.raw(name)).reshape(-1).view(np.uint8)
+        if flat.size:
+            _ = flat[::4096].sum(dtype=np.uint64)
+
+
+def refimpl_decode(model, prompt: list[int], n: int, ctx) -> tuple[float, list[int]]:
+    """Greedy decode of n tokens after the prompt (untimed); returns (tok/s of the n decodes, tokens)."""
+    from refimpl.generate import argmax
+    from refimpl.model import forward
+    from refimpl.state import SeqState
+
+    logits, _, state = forward(model, SeqState.fresh(model.config), prompt, ctx)
+    out = [argmax(logits[-1])]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits, _, state = forward(model, state, [out[-1]], ctx)
+        out.append(argmax(logits[-1]))
+    return n / (time.perf_counter() - t0), out[:-1]
+
+
+def verify_ratio(model, prompt: list[int], drafts: list[int], reps: int, ctx) -> tuple[float, float, float, list[float]]:
+    """(median decode s, median verify s, their ratio, per-rep ratios): forward of [x] vs [x, *drafts]
+    from the state after the prompt, timed alternately."""
+    from refimpl.model import forward
+    from refimpl.state import SeqState
+
+    _, _, state = forward(model, SeqState.fresh(model.config), prompt[:-1], ctx)
+    x = prompt[-1]
+    forward(model, state, [x], ctx)  # warm
+    forward(model, state, [x, *drafts], ctx, phase="verify")
+    one, batch = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        forward(model, state, [x], ctx)
+        t1 = time.perf_counter()
+        forward(model, state, [x, *drafts], ctx, phase="verify")
+        t2 = time.perf_counter()
+        one.append(t1 - t0)
+        batch.append(t2 - t1)
+    d, v = statistics.median(one), statistics.median(batch)
+    return d, v, v / d, [b / a for a, b in zip(one, batch)]
+
+
+def model_path(preset: str, quant: str) -> Path:
+    from refimpl.builtin import fixture_path
+    from refimpl.fixtures.large import large_fixture
+
+    if preset in ("medium", "full"):
+        return large_fixture(preset, quant)
+    return fixture_path(preset, quant)
+
+
+def _range(xs) -> str:
+    m = statistics.median(xs)
+    fmt = ".0f" if m >= 100 else ".1f" if m >= 10 else ".2f"
+    return f"{m:{fmt}} [{min(xs):{fmt}}–{max(xs):{fmt}}]"
+
+
+def bench_one(preset: str, quant: str, args) -> list[dict]:
+    """Both refimpl variants (memory-map rows, and ``load_model(pack=True)``) and llama.cpp on one file."""
+    import numba
+
+    from refimpl.model import load_model
+    from refimpl.ops import Ctx
+
+    numba.set_num_threads(args.threads)
+    ctx = Ctx(act_quant=True) if args.emulate else Ctx()
+    path = model_path(preset, quant)
+    variants = {v: load_model(path, pack=(v == "packed")) for v in args.variants}
+    for model in variants.values():
+        touch_pages(model)
+    V = next(iter(variants.values())).config.n_vocab
+    prompt = [int(t) for t in np.random.default_rng(7).integers(0, min(V, 390), size=args.prompt_len)]
+    for model in variants.values():
+        refimpl_decode(model, prompt, 2, ctx)  # compile / warm
+    ours = {v: [] for v in variants}
+    theirs, tokens = [], {}
+    with LlamaDecoder(path, args.threads) as llama:
+        llama.run(prompt, 2)  # warm
+        for r in range(args.rounds):
+            for v, model in variants.items():
+                tok_s, tokens[v] = refimpl_decode(model, prompt, args.n, ctx)
+                ours[v].append(tok_s)
+            res = llama.run(prompt, args.n)
+            theirs.append(res["tok_s"])
+            print(f"  round {r + 1}: " + ", ".join(f"refimpl {v} {ours[v][-1]:6.2f}" for v in variants)
+                  + f", llama.cpp {res['tok_s']:6.2f} tok/s", file=sys.stderr, flush=True)
+    rows = []
+    for v, model in variants.items():
+        assert tokens[v] == tokens[next(iter(variants))], "refimpl variants generated different tokens"
+        d, vs, _, vrs = verify_ratio(model, prompt, tokens[v][:3], args.verify_reps, ctx)
+        rows.append({"model": preset, "quant": quant, "variant": v, "mib": path.stat().st_size / MIB, "ours": ours[v],
+                     "theirs": theirs, "ratio": [a / b for a, b in zip(ours[v], theirs)], "verify": vrs,
+                     "decode_s": d, "verify_s": vs, "same_tokens": tokens[v] == res["tokens"]})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,medium", help="comma-separated presets (tiny, medium)")
+    ap.add_argument("--quants", default="q4_k_m,mxfp4", help="comma-separated mixes")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n", type=int, default=16, help="generated tokens timed per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=4)
+    ap.add_argument("--verify-reps", type=int, default=7)
+    ap.add_argument("--emulate", action="store_true", help="refimpl with --emulate numerics (act_quant)")
+    ap.add_argument("--variants", default="mapped,packed",
+                    help="refimpl loads to time: mapped (load_model), packed (load_model(pack=True))")
+    ap.add_argument("--json", help="also write the raw figures to this file")
+    ap.add_argument("--llama-child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",")]
+    if args.llama_child:
+        return _llama_child(args.llama_child, args.threads)
+
+    load0 = os.getloadavg()
+    print(f"# {args.threads} threads (numba and llama.cpp), {args.n} tokens per round, {args.rounds} rounds, "
+          f"refimpl numerics {'emulate' if args.emulate else 'plain'}; load average {load0[0]:.2f}", flush=True)
+    rows = []
+    for preset in args.models.split(","):
+        for quant in args.quants.split(","):
+            print(f"{preset}-{quant}:", file=sys.stderr, flush=True)
+            rows.extend(bench_one(preset.strip(), quant.strip(), args))
+    print()
+    hdr = (f"{'model':<7} {'mix':<7} {'MiB':>5} {'refimpl':<7} | {'refimpl tok/s':>18} | {'llama.cpp tok/s':>18} | "
+           f"{'refimpl / llama.cpp':>19} | {'verify(1+3)/decode':>18} | same tokens")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['model']:<7} {r['quant']:<7} {r['mib']:5.0f} {r['variant']:<7} | {_range(r['ours']):>18} | "
+              f"{_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
+              f"{'yes' if r['same_tokens'] else 'no'}")
+    load1 = os.getloadavg()
+    print(f"\n# median [min–max] over rounds; verify/decode: per-repetition ratios ({args.verify_reps}), "
+          f"decode and verify medians in the JSON. Load average {load0[0]:.2f} before, {load1[0]:.2f} after.")
+    print("# 'same tokens': refimpl's greedy tokens equal llama.cpp's (plain numerics differ from llama.cpp's "
+          "by its activation quantization, so a near-tie can legitimately differ; --emulate matches its rounding).")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

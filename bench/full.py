@@ -1,0 +1,167 @@
+"""The full-size model in 24 GiB: refimpl decoding a 40-layer Qwen3.6-35B-A3B-shaped GGUF (~20 GB).
+
+    python bench/full.py                          # build the fixture once (~4 min, 21.7 GB), then measure
+    python bench/full.py --dir /big/disk --n 32 --cache-mb 4096
+    python bench/full.py --model FILE.gguf        # any qwen35moe GGUF instead of the fixture
+    python bench/full.py --delete                 # remove the fixture afterwards (disk short)
+
+The model is the ``full`` preset (refimpl.fixtures.presets.LARGE_PRESETS: the real widths, 40 trunk
+layers + the MTP block, block_count 41) in ``q4_k_m``, written by refimpl.fixtures.large from
+reference-quantized blocks without ever holding float32 weights; it is cached as
+``$REFIMPL_CACHE/full-q4_k_m-s0-pool.gguf`` (or in ``--dir``). Free disk space is checked first.
+
+Two configurations, each in a fresh child process (so its peak RSS is its own; this parent stays
+small — Linux carries a parent's peak into a forked child's ru_maxrss), both with routed experts
+streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.streamer) and dense weights pinned
+(``--pack``: also packed for the lane kernels, +their size in RAM):
+
+* plain greedy decoding of ``--n`` tokens after a ``--prompt-len``-token prompt;
+* MTP speculation, ``--mtp --draft 3`` (refimpl.speculative.speculative_generate).
+
+Reported per configuration: generation tok/s (tokens after the first, over the time from the first
+to the last, so the prompt pass is excluded), MiB read from the file per generated token and the
+hit rate of the expert cache over generation (prompt pass excluded; from the streamer's phase
+counters), peak RSS (ru_maxrss, VmHWM cross-check), the cache's peak, and for MTP the accepted
+drafts. The two runs must produce the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def _vm_hwm() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _child(args) -> None:
+    """Load, generate, print one JSON line."""
+    import numba
+    import numpy as np
+
+    from refimpl.model import load_model
+    from refimpl.speculative import speculative_generate
+
+    numba.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(args.model, args.cache_mb, progress=False, pack=args.pack)
+    load_s = time.perf_counter() - t0
+    s = model.streamer
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, 390, size=args.prompt_len)]
+    stamps = []
+    t0 = time.perf_counter()
+    out, st = speculative_generate(model, prompt, args.n, source="mtp" if args.mtp else None, n_draft=3,
+                                   on_token=lambda _: stamps.append(time.perf_counter()),
+                                   bytes_read=s.bytes_read, counters=s.counters.columns)
+    total_s = time.perf_counter() - t0
+    stats = s.stats(len(out))
+    gen = [c for name, c in stats["phases"].items() if name != "prompt"]
+    hits, misses = sum(c["hits"] for c in gen), sum(c["misses"] for c in gen)
+    print(json.dumps({
+        "tokens": out, "load_s": load_s, "total_s": total_s, "prompt_and_first_s": stamps[0] - t0,
+        "tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
+        "bytes_per_token": stats["bytes_per_token"], "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "vm_hwm": _vm_hwm(),
+        "cache_peak": stats["cache_peak_bytes"], "dense_bytes": stats["dense_bytes"], "expert_bytes": stats["expert_bytes"],
+        "n_decodes": st.n_decodes, "accepted": st.n_accepted, "drafted": st.n_drafted,
+    }))
+
+
+def _run_child(args, mtp: bool) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--model", str(args.model), "--cache-mb", str(args.cache_mb),
+           "--n", str(args.n), "--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
+    cmd += (["--mtp"] if mtp else []) + (["--pack"] if args.pack else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"child failed ({'mtp' if mtp else 'plain'}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def build(args) -> Path:
+    """The fixture path, written first if missing (after checking the disk has room)."""
+    from refimpl.builtin import cache_dir
+    from refimpl.fixtures.large import expected_size
+
+    directory = Path(args.dir) if args.dir else cache_dir()
+    path = directory / "full-q4_k_m-s0-pool.gguf"
+    if path.is_file():
+        return path
+    need = expected_size("full", "q4_k_m")
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    print(f"# the full fixture needs {need / GIB:.1f} GiB; {free / GIB:.1f} GiB free in {directory}", flush=True)
+    if free < need + 2 * GIB:
+        raise SystemExit(f"not enough disk in {directory}: pass --dir with ≥ {need / GIB + 2:.0f} GiB free")
+    # written in a child, so this process's peak RSS stays small for the children it forks
+    subprocess.run([sys.executable, "-c", "import sys; from refimpl.fixtures.large import large_fixture; "
+                    "large_fixture('full', 'q4_k_m', directory=sys.argv[1])", str(directory)], check=True)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a GGUF to use instead of the full fixture")
+    ap.add_argument("--dir", help="where the full fixture lives / is written (default $REFIMPL_CACHE)")
+    ap.add_argument("--cache-mb", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=32, help="tokens to generate")
+    ap.add_argument("--prompt-len", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pack", action="store_true", help="load_model(pack=True): dense matrices packed too")
+    ap.add_argument("--delete", action="store_true", help="delete the fixture when done")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mtp", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        _child(args)
+        return 0
+
+    fixture = not args.model
+    args.model = Path(args.model) if args.model else build(args)
+    size = args.model.stat().st_size
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    print(f"# {args.model.name}: {size / GIB:.1f} GiB file, {mem / GIB:.1f} GiB RAM, --cache-mb {args.cache_mb}, "
+          f"{args.threads} threads, prompt {args.prompt_len} + {args.n} generated tokens"
+          f"{', dense packed' if args.pack else ''}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    rows = {}
+    for label, mtp in (("plain", False), ("--mtp --draft 3", True)):
+        r = rows[label] = _run_child(args, mtp)
+        print(f"  {label}: done in {r['total_s']:.0f} s (load {r['load_s']:.0f} s)", file=sys.stderr, flush=True)
+    print()
+    hdr = (f"{'run':<16} {'tok/s':>6} {'MiB/token':>9} {'hit rate':>8} {'peak RSS MiB':>12} {'(VmHWM)':>8} "
+           f"{'cache peak MiB':>14} {'dense MiB':>9} {'decodes':>7} {'accepted':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for label, r in rows.items():
+        acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
+        print(f"{label:<16} {r['tok_s']:6.2f} {r['bytes_per_token'] / MIB:9.1f} {100 * r['hit_rate']:7.1f}% "
+              f"{r['peak_rss'] / MIB:12.0f} {(r['vm_hwm'] or 0) / MIB:8.0f} {r['cache_peak'] / MIB:14.0f} "
+              f"{r['dense_bytes'] / MIB:9.0f} {r['n_decodes']:7d} {acc:>9}")
+    same = rows["plain"]["tokens"] == rows["--mtp --draft 3"]["tokens"]
+    print(f"\n# routed experts in the file: {rows['plain']['expert_bytes'] / GIB:.1f} GiB; tok/s excludes the prompt pass "
+          f"(prompt + first token: {rows['plain']['prompt_and_first_s']:.1f} s plain); same tokens: {'yes' if same else 'NO'}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    if args.delete and fixture:
+        args.model.unlink()
+        print(f"# deleted {args.model}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

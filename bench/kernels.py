@@ -7,6 +7,8 @@ For each type it times, in the same run and on the same bytes:
 
 * ``kernels.matmul`` (numba, plain mode) for T = 1 on the whole matrix and T = 4 on its first
   ``--sub-mib`` MiB of rows,
+* the same on ``kernels.pack(matrix)`` (the lane kernels' gather-free layout, for the types that have
+  one) for T = 1 on the whole matrix — the steady state of a model loaded with ``pack=True``,
 * ``kernels.matmul(act_quant=True)`` for T = 1 and T = 4 (first ``--sub-mib`` MiB),
 * the baseline ``gguf.quants.dequantize`` + numpy ``x @ W.T`` (float32 BLAS) for T = 1 and 4 — on
   the first ``--baseline-mib`` MiB of rows only, since it materialises the float32 matrix,
@@ -14,7 +16,7 @@ For each type it times, in the same run and on the same bytes:
 and reports weight bytes per second (matrix bytes / time of one call; best of ``--reps``). It also
 measures this machine's read bandwidth (a sum over an array larger than L3, with numpy on one
 thread and with numba on ``--threads``; the larger is used) and prints the single-row (T = 1)
-numba rate as a percentage of it. By default each matrix is sized just above the L3 cache (from
+numba rates, raw and packed, as a percentage of it. By default each matrix is sized just above the L3 cache (from
 ``/sys/devices/system/cpu/cpu0/cache``), so it streams from DRAM, with ``--cols`` = 2048 (the
 35B-A3B model's hidden size).
 """
@@ -135,8 +137,8 @@ def main(argv=None) -> int:
     print(f"# weight-GB/s = matrix bytes / time per call (best of {args.reps}); K = {args.cols}")
     print()
     head = (
-        f"{'type':7s} {'MiB':>5s} | {'numba T=1':>9s} {'T=4':>6s} | {'act_q T=1':>9s} {'T=4':>6s} | "
-        f"{'gguf+np T=1':>11s} {'T=4':>6s} | {'x T=1':>6s} {'x T=4':>6s} | {'T=1 %bw':>7s}"
+        f"{'type':7s} {'MiB':>5s} | {'numba T=1':>9s} {'T=4':>6s} {'packed':>6s} | {'act_q T=1':>9s} {'T=4':>6s} | "
+        f"{'gguf+np T=1':>11s} {'T=4':>6s} | {'x T=1':>6s} {'x T=4':>6s} | {'T=1 %bw':>7s} {'packed':>6s}"
     )
     print(head)
     print("-" * len(head))
@@ -156,6 +158,10 @@ def main(argv=None) -> int:
         base = w[: max(1, min(w.shape[0], (args.baseline_mib * MIB) // w.shape[1]))]
         rate = {("nb", 1): nbytes / best_time(lambda: kernels.matmul(w, qtype, x1), args.reps) / 1e9}
         rate["nb", 4] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x4), args.reps) / 1e9
+        packed = kernels.pack(w, qtype)
+        if isinstance(packed, kernels.PackedRows):
+            rate["pk", 1] = nbytes / best_time(lambda: kernels.matmul(packed, qtype, x1), args.reps, warm=True) / 1e9
+        del packed
         for T, x in ((1, x1), (4, x4)):
             rate["aq", T] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x, act_quant=True), args.reps) / 1e9
 
@@ -166,14 +172,18 @@ def main(argv=None) -> int:
             rate["gg", T] = base.nbytes / best_time(baseline, args.reps) / 1e9
         big = nbytes > (l3 or 0)
         pct = f"{100 * rate['nb', 1] / bandwidth:6.1f}%" if big else "   (L3)"
+        pk = f"{rate['pk', 1]:6.2f}" if ("pk", 1) in rate else "     —"
+        pk_pct = (f"{100 * rate['pk', 1] / bandwidth:5.1f}%" if big else "  (L3)") if ("pk", 1) in rate else "     —"
         print(
-            f"{qtype.name:7s} {nbytes / MIB:5.0f} | {rate['nb', 1]:9.2f} {rate['nb', 4]:6.2f} | "
+            f"{qtype.name:7s} {nbytes / MIB:5.0f} | {rate['nb', 1]:9.2f} {rate['nb', 4]:6.2f} {pk} | "
             f"{rate['aq', 1]:9.2f} {rate['aq', 4]:6.2f} | {rate['gg', 1]:11.3f} {rate['gg', 4]:6.3f} | "
-            f"{rate['nb', 1] / rate['gg', 1]:6.1f} {rate['nb', 4] / rate['gg', 4]:6.1f} | {pct}",
+            f"{rate['nb', 1] / rate['gg', 1]:6.1f} {rate['nb', 4] / rate['gg', 4]:6.1f} | {pct} {pk_pct}",
             flush=True,
         )
     print()
-    print("# x T=1 / x T=4: numba plain rate / gguf+numpy rate. %bw: numba plain T=1 / read bandwidth")
+    print("# packed: numba plain T=1 on kernels.pack(matrix) (types with a lane kernel: F32, Q8_0, MXFP4, Q4_K, Q6_K;")
+    print("# the rate counts the original matrix bytes). x T=1 / x T=4: numba plain rate / gguf+numpy rate.")
+    print("# %bw: numba plain T=1 (raw, packed) / read bandwidth")
     print("# (only for matrices larger than L3; '(L3)' marks a matrix that fits in the cache).")
     return 0
 

@@ -57,9 +57,10 @@ def _ctx_from_args(args, trace=None):
     return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
 
 
-def _load(args, cache_mb=None):
+def _load(args, cache_mb=None, pack=False):
     """The model named by MODEL or -m, or the built-in synthetic model when neither is given;
-    ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer)."""
+    ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
+    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
     from refimpl.builtin import fixture_path
     from refimpl.model import load_model
 
@@ -69,7 +70,7 @@ def _load(args, cache_mb=None):
     if path is None:
         path = fixture_path()
         print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    return load_model(resolve_model(str(path)), cache_mb)  # a builtin:PRESET/QUANT spec is built on demand
+    return load_model(resolve_model(str(path)), cache_mb, pack=pack)  # a builtin:PRESET/QUANT spec is built on demand
 
 
 def _check_tokens(model, tokens: list[int]) -> list[int]:
@@ -89,7 +90,7 @@ def _cmd_run(args) -> int:
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
-    model = _load(args, cache_mb=args.cache_mb)
+    model = _load(args, cache_mb=args.cache_mb, pack=args.pack)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     if args.tokens is not None:
@@ -354,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="routed experts are read from the file through an LRU cache of N MiB (0: read every "
                         "decode; default auto = half of MemAvailable); docs/streamer.md")
     p.add_argument("--route-trace", metavar="FILE", help="write every MoE routing (position, layer, experts, weights) as CSV")
+    p.add_argument("--pack", action="store_true",
+                   help="also hold the matrices in the fast kernels' layout: same numbers, faster decoding, "
+                        "+their size in RAM (docs/performance.md)")
     _add_numerics(p)
     _add_speculative(p)
     p.set_defaults(func=_cmd_run)

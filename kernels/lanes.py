@@ -601,9 +601,9 @@ def _pack_words(w, type_size, slots, out):
 def _pack_q6_k(w, out):
     """out[g, blk, :, i] for row r = g·LANES + i: its 256 codes q − 32 as int8, four per word in k order
     (q as ``_deq_q6_k`` assembles it), then the 16 int8 scales, then d (``F16_TABLE``) as float32 bits."""
-    codes = np.empty(256, dtype=np.int8)
     for g in prange(out.shape[0]):
         codes = np.empty(256, dtype=np.int8)
+        d = np.empty(1, dtype=np.float32)
         for i in range(LANES):
             src = w[g * LANES + i]
             for blk in range(out.shape[1]):
@@ -625,7 +625,6 @@ def _pack_q6_k(w, out):
                     b0 = o + 192 + 4 * j
                     out[g, blk, 64 + j, i] = (np.uint32(src[b0]) | (np.uint32(src[b0 + 1]) << np.uint32(8))
                                               | (np.uint32(src[b0 + 2]) << np.uint32(16)) | (np.uint32(src[b0 + 3]) << np.uint32(24)))
-                d = np.empty(1, dtype=np.float32)
                 d[0] = F16_TABLE[int(src[o + 208]) | (int(src[o + 209]) << 8)]
                 out[g, blk, 68, i] = d.view(np.uint32)[0]
 

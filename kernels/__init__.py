@@ -12,12 +12,17 @@ Contract (what may live in this package):
   do not depend on the thread count or on how many activation rows are in the batch.
 * ``act_quant=True`` emulates llama.cpp's CPU activation quantization (Q8_0 / Q8_1 / Q8_K, F16 and
   BF16 rounding) and integer block dot products, to match llama.cpp to float-accumulation noise.
+* Speed without new numbers: the numba path runs the big types through ``kernels/lanes.py`` (16
+  weight rows per SIMD vector, LLVM IR), tested bit-identical to the scalar row kernel;
+  ``pack(w_raw, qtype)`` returns a layout ``matmul`` accepts in place of ``w_raw`` (same results,
+  no gathers). docs/performance.md.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/flags.py`` only.
 
 Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks`` (byte layouts) →
 ``floats`` (exact f16/bf16/E8M0 conversions) → ``dequant`` (bytes → float32) → ``actquant``
-(llama.cpp's activation quantizers and integer dots) → ``matmul`` (the public product) →
-``testing`` (random rows with controlled scales, for tests and ``bench/kernels.py``).
+(llama.cpp's activation quantizers and integer dots) → ``lanes`` (the fast plain kernels) →
+``matmul`` (the public product) → ``testing`` (random rows with controlled scales, for tests and
+``bench/kernels.py``).
 Precision policy, tolerances and measured speed: ``docs/kernels.md``.
 """
 

@@ -127,13 +127,16 @@ def test_forward_independent_of_threads_and_packing(quant, thread_count):
         assert all(same_bits(a, b) for a, b in zip(results[0], other))
 
 
-def test_forward_emulated_independent_of_threads(thread_count):
-    model = load_model(fixture_path("tiny", "q4_k_m"))
+def test_forward_emulated_independent_of_threads_and_packing(thread_count):
+    """--emulate numerics (act_quant): a packed model multiplies from its original bytes."""
+    path = fixture_path("tiny", "q4_k_m")
+    model, packed = load_model(path), load_model(path, pack=True)
     thread_count(1)
     one = _decode_path(model, Ctx(act_quant=True))
     thread_count(2)
     two = _decode_path(model, Ctx(act_quant=True))
-    assert all(same_bits(a, b) for a, b in zip(one, two))
+    three = _decode_path(packed, Ctx(act_quant=True))
+    assert all(same_bits(a, b) and same_bits(a, c) for a, b, c in zip(one, two, three))
 
 
 def test_moe_batch_with_shared_experts_equals_rows_alone():

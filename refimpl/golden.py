@@ -23,16 +23,18 @@ How one prompt's record is made (:func:`run_prompt`):
 Model arguments name a GGUF file or a built-in fixture (``builtin:tiny/q8_0``, see
 :func:`refimpl.builtin.parse_builtin`). A file written by ``refimpl.fixtures`` carries its recipe in its metadata;
 the header records it, so ``golden check`` can rebuild the model without being told where it is.
+
+Where things live, in dataflow order: :mod:`refimpl.golden_run` (the oracle's view of a stream,
+:class:`Settings`, one prompt decoded and scored, :func:`run_all` over worker processes) →
+:mod:`refimpl.golden_file` (the prompts file read, the golden file written, read and validated) →
+this module (``golden make`` and ``golden check``: :func:`make_golden`, :func:`check_golden` and the
+comparison report). Every name of the two is importable from here too.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shlex
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,338 +42,29 @@ import numpy as np
 
 from refimpl.builtin import BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, recipe_of, resolve_model, sha256_file
 from refimpl.errors import RefimplError
+from refimpl.golden_file import FORMAT, VERSION, Golden, Prompt, producer, read_golden, read_prompts, write_golden
+from refimpl.golden_run import (
+    CHUNK,
+    TOP_K,
+    Cursor,
+    PromptResult,
+    Settings,
+    decode,
+    run_all,
+    run_prompt,
+    start,
+    step_record,
+    top_k,
+    walk,
+)
 
-FORMAT = "refimpl-golden"
-VERSION = 1
-TOP_K = 5
+__all__ = [
+    "CHUNK", "FORMAT", "LOGIT_RTOL", "TOP_K", "VERSION", "CheckResult", "Cursor", "Golden", "Prompt", "PromptResult",
+    "Settings", "check_golden", "compare_prompt", "decode", "make_golden", "producer", "read_golden", "read_prompts",
+    "run_all", "run_prompt", "show_piece", "start", "step_record", "top_k", "walk", "write_golden",
+]
+
 LOGIT_RTOL = 1e-5  # `golden check`: allowed |Δ top-k logit| / max |top-k logit| (numba and numpy agree bit for bit)
-CHUNK = 32  # positions per teacher-forced forward call (batch invariance: any chunking gives the same bits)
-
-
-# ---- prompts -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str | None  # None when the prompt was given as ids
-    ids: list[int]
-
-
-def read_prompts(path: str | os.PathLike, tokenizer, n_vocab: int) -> list[Prompt]:
-    """A prompts file: JSON Lines with ``{"text": …}`` or ``{"tokens": [ids]}`` per line when its
-    first non-blank line is a JSON object, else one text prompt per line (blank lines skipped).
-    Text is tokenized as ``refimpl run -p`` does (special-token text parsed)."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RefimplError(f"{path}: cannot read prompts file ({exc.__class__.__name__}: {exc})") from None
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
-    if not numbered:
-        raise RefimplError(f"{path}: the prompts file holds no prompts")
-    jsonl = numbered[0][1].lstrip().startswith("{")
-    prompts = []
-    for n, line in numbered:
-        where = f"{path}:{n}"
-        if not jsonl:
-            prompts.append(Prompt(line, tokenizer.encode(line, parse_special=True)))
-        else:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RefimplError(f"{where}: not a JSON object ({exc.msg}); a JSONL prompts file needs one per line") from None
-            if not isinstance(obj, dict) or ("text" in obj) == ("tokens" in obj):
-                raise RefimplError(f"{where}: expected an object with exactly one of 'text' or 'tokens'")
-            if "text" in obj:
-                if not isinstance(obj["text"], str):
-                    raise RefimplError(f"{where}: 'text' must be a string")
-                prompts.append(Prompt(obj["text"], tokenizer.encode(obj["text"], parse_special=True)))
-            else:
-                ids = obj["tokens"]
-                if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                    raise RefimplError(f"{where}: 'tokens' must be a list of integer token ids")
-                prompts.append(Prompt(None, ids))
-        if not prompts[-1].ids:
-            raise RefimplError(f"{where}: the prompt encodes to no tokens")
-        bad = [t for t in prompts[-1].ids if not 0 <= t < n_vocab]
-        if bad:
-            raise RefimplError(f"{where}: token id {bad[0]} is out of range for this model's vocabulary [0, {n_vocab})")
-    return prompts
-
-
-# ---- the oracle's view of a stream -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """The oracle part-way through a sequence: its state and the logits row [V] for the next token."""
-
-    state: object  # refimpl.state.SeqState
-    row: np.ndarray
-
-
-def _feed(model, state, tokens: list[int], ctx, on_rows, chunk: int = CHUNK):
-    """Forward ``tokens`` after ``state``, ``chunk`` positions per call; ``on_rows(offset, logits)``
-    sees each chunk's rows. Batch invariance: any chunking gives bit-identical rows."""
-    from refimpl.model import forward
-
-    for start in range(0, len(tokens), chunk):
-        logits, _, state = forward(model, state, tokens[start : start + chunk], ctx)  # [≤chunk, V]
-        on_rows(start, logits)
-    return state
-
-
-def start(model, prompt: list[int], ctx) -> Cursor:
-    """The oracle after reading the prompt."""
-    from refimpl.state import SeqState
-
-    last = []
-    state = _feed(model, SeqState.fresh(model.config), list(prompt), ctx, lambda _, logits: last.append(logits[-1]))
-    return Cursor(state, last[-1])
-
-
-def walk(model, cur: Cursor, tokens: list[int], ctx, on_row) -> Cursor:
-    """Teacher forcing: for i = 0 … len(tokens)−1 call ``on_row(i, row)`` with the logits the oracle
-    gives the token after everything before tokens[i] (row 0 is ``cur.row``); return the cursor
-    after all of them. Only one chunk of rows is held at a time."""
-    if not tokens:
-        return cur
-    on_row(0, cur.row)
-    last = [cur.row]
-
-    def rows(offset, logits):
-        for j in range(logits.shape[0]):
-            if offset + j + 1 < len(tokens):
-                on_row(offset + j + 1, logits[j])
-        last[0] = logits[-1]
-
-    state = _feed(model, cur.state, list(tokens), ctx, rows)
-    return Cursor(state, last[0])
-
-
-def top_k(row: np.ndarray, k: int = TOP_K) -> tuple[list[int], list[float]]:
-    """The k best ids by logit, ties to the lower id (the greedy sampler's first maximum)."""
-    ids = np.argsort(-row, kind="stable")[:k]
-    return [int(i) for i in ids], [float(row[i]) for i in ids]
-
-
-def step_record(row: np.ndarray) -> dict:
-    ids, logits = top_k(row)
-    return {"top_ids": ids, "top_logits": logits, "margin": logits[0] - logits[1]}
-
-
-# ---- settings and one prompt -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything that decides a golden file's numbers (and nothing that does not, like --jobs)."""
-
-    n_predict: int
-    draft_source: str | None = None  # None (plain greedy), "mtp" or "ngram"
-    n_draft: int = 0  # drafts per round; 0 without a source
-    emulate: bool = False  # Ctx(act_quant=True, kv_f16=True)
-    p_min: float = 0.0  # speculative_generate's MTP draft cut-off (its default)
-    ngram_min_match: int = 3  # speculative_generate's n-gram gate (its default)
-
-    def as_json(self) -> dict:
-        draft = {"source": self.draft_source or "none", "n_draft": self.n_draft}
-        if self.draft_source == "mtp":
-            draft["p_min"] = self.p_min
-        if self.draft_source == "ngram":
-            draft["ngram_min_match"] = self.ngram_min_match
-        return {"n_predict": self.n_predict, "draft": draft, "emulate": self.emulate, "top_k": TOP_K, "stop_at_eog": True}
-
-    @classmethod
-    def from_json(cls, obj: dict) -> Settings:
-        d = obj["draft"]
-        source = None if d["source"] == "none" else d["source"]
-        return cls(int(obj["n_predict"]), source, int(d["n_draft"]), bool(obj["emulate"]),
-                   float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)))
-
-    def ctx(self, kernel: str = "numba"):
-        from refimpl.ops import Ctx
-
-        return Ctx(act_quant=self.emulate, kv_f16=self.emulate, kernel=kernel)
-
-    def make_flags(self) -> list[str]:
-        flags = ["-n", str(self.n_predict)]
-        if self.draft_source:
-            flags += [f"--{self.draft_source}", "--draft", str(self.n_draft)]
-        return flags + (["--emulate"] if self.emulate else [])
-
-
-@dataclass(frozen=True)
-class PromptResult:
-    ids: list[int]
-    steps: list[dict]  # step_record per generated token
-    stop: str  # "eog" or "n_predict"
-    departure: int | None  # first step whose id is not its row's argmax (a decoding-path bug), or None
-    draft: dict | None = None  # with a draft source: {"drafted", "accepted", "decodes"} (deterministic counters)
-
-
-def decode(model, prompt: list[int], settings: Settings, ctx, eog_ids: frozenset) -> tuple[list[int], dict | None]:
-    """Step 1: the stream, from the decoding path the settings name, and the drafter's counters
-    (recorded so a golden made with --mtp also pins how many drafts the MTP head gets accepted)."""
-    if settings.draft_source is None:
-        from refimpl.generate import greedy
-
-        return greedy(model, prompt, settings.n_predict, ctx, eog_ids=eog_ids), None
-    from refimpl.speculative import speculative_generate
-
-    tokens, stats = speculative_generate(model, prompt, settings.n_predict, ctx, source=settings.draft_source,
-                                         n_draft=settings.n_draft, p_min=settings.p_min,
-                                         ngram_min_match=settings.ngram_min_match, eog_ids=eog_ids)
-    return [int(t) for t in tokens], {"drafted": stats.n_drafted, "accepted": stats.n_accepted, "decodes": stats.n_decodes}
-
-
-def run_prompt(model, prompt: list[int], settings: Settings, ctx, eog_ids: frozenset) -> PromptResult:
-    """Decode (step 1), then score the stream teacher-forced (step 2); see the module docstring."""
-    ids, draft = decode(model, prompt, settings, ctx, eog_ids)
-    steps = []
-    walk(model, start(model, prompt, ctx), ids, ctx, lambda i, row: steps.append(step_record(row)))
-    departure = next((i for i, s in enumerate(steps) if s["top_ids"][0] != ids[i]), None)
-    stop = "eog" if ids and ids[-1] in eog_ids else "n_predict"
-    return PromptResult(ids, steps, stop, departure, draft)
-
-
-# ---- parallel runs: each worker process loads the model once ----------------------------------
-
-_WORKER: dict = {}
-
-
-def _worker_init(path: str, settings: Settings, kernel: str, threads: int | None) -> None:
-    from refimpl.model import load_model
-    from refimpl.tokenizer import Tokenizer
-
-    if threads:
-        import numba
-
-        numba.set_num_threads(threads)  # thread count never changes a bit (docs/numerics.md)
-    model = load_model(path)
-    _WORKER.update(model=model, settings=settings, ctx=settings.ctx(kernel),
-                   eog=frozenset(Tokenizer.from_gguf(model.file.gguf.reader).eog_ids))
-
-
-def _worker_run(prompt: list[int]) -> PromptResult:
-    w = _WORKER
-    return run_prompt(w["model"], prompt, w["settings"], w["ctx"], w["eog"])
-
-
-def run_all(path: Path, prompts: list[list[int]], settings: Settings, *, jobs: int = 1, kernel: str = "numba",
-            desc: str = "golden") -> list[PromptResult]:
-    """run_prompt for every prompt, in order; ``jobs`` > 1 spreads prompts over spawned worker
-    processes (results are identical: each prompt's numbers depend only on the prompt)."""
-    from tqdm import tqdm
-
-    if jobs < 1:
-        raise RefimplError(f"--jobs must be ≥ 1, got {jobs}")
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=None, leave=False)
-    results: list[PromptResult | None] = [None] * len(prompts)
-    try:
-        if jobs == 1 or len(prompts) == 1:
-            _worker_init(str(path), settings, kernel, None)
-            for i, p in enumerate(prompts):
-                results[i] = _worker_run(p)
-                bar.update(1)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            import numba
-
-            threads = max(1, numba.config.NUMBA_NUM_THREADS // jobs)
-            with ProcessPoolExecutor(max_workers=min(jobs, len(prompts)), mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_worker_init, initargs=(str(path), settings, kernel, threads)) as pool:
-                futures = {pool.submit(_worker_run, p): i for i, p in enumerate(prompts)}
-                for fut in as_completed(futures):
-                    results[futures[fut]] = fut.result()
-                    bar.update(1)
-    finally:
-        _WORKER.clear()
-        bar.close()
-    return results
-
-
-# ---- the file ------------------------------------------------------------------------------------
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))
-
-
-def producer() -> dict:
-    from importlib.metadata import version
-
-    import refimpl
-
-    return {"name": "refimpl", "version": refimpl.__version__, "numpy": np.__version__, "gguf": version("gguf")}
-
-
-def write_golden(path: Path, header: dict, records: list[dict]) -> None:
-    """Write header, records and the end record to a temporary file next to ``path``, then rename
-    it into place: a reader sees the old file or the complete new one, never a part."""
-    body = "".join(_dumps(r) + "\n" for r in [header, *records])
-    end = {"record": "end", "prompts": len(records), "sha256": hashlib.sha256(body.encode("utf-8")).hexdigest()}
-    data = (body + _dumps(end) + "\n").encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@dataclass(frozen=True)
-class Golden:
-    path: Path
-    header: dict
-    prompts: list[dict]
-
-    @property
-    def settings(self) -> Settings:
-        return Settings.from_json(self.header["settings"])
-
-
-def read_golden(path: str | os.PathLike) -> Golden:
-    """Read and validate a golden file: format and version, one header first, an end record whose
-    prompt count and sha256 match what precedes it (a truncated or edited file is refused)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RefimplError(f"{path}: cannot read golden file ({exc.strerror or exc})") from None
-    lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
-    records = []
-    for n, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise RefimplError(f"{path}:{n}: not a JSON record; not a golden file, or damaged") from None
-    if not records or not isinstance(records[0], dict) or records[0].get("format") != FORMAT:
-        raise RefimplError(f"{path}: not a golden file (the first record must be a '{FORMAT}' header)")
-    header = records[0]
-    if header.get("version") != VERSION:
-        raise RefimplError(f"{path}: golden format version {header.get('version')!r}; this refimpl reads version {VERSION}")
-    end = records[-1]
-    if len(records) < 2 or not isinstance(end, dict) or end.get("record") != "end":
-        raise RefimplError(f"{path}: incomplete golden file: no end record (truncated?); regenerate it: {header.get('regenerate', '')}")
-    prompts = records[1:-1]
-    if end.get("prompts") != len(prompts):
-        raise RefimplError(f"{path}: incomplete golden file: the end record counts {end.get('prompts')} prompts, the file holds {len(prompts)}")
-    body = data[: len(data) - len(lines[-1].encode("utf-8"))]
-    if hashlib.sha256(body).hexdigest() != end.get("sha256"):
-        raise RefimplError(f"{path}: golden file damaged or edited: its records do not match the end record's sha256")
-    if any(not isinstance(r, dict) or r.get("record") != "prompt" for r in prompts):
-        raise RefimplError(f"{path}: golden file holds a record that is not a prompt between header and end")
-    return Golden(path, header, prompts)
 
 
 # ---- golden make ---------------------------------------------------------------------------------

@@ -1,0 +1,216 @@
+"""Golden records computed: the oracle's view of a stream, the settings, one prompt, and many.
+
+What :mod:`refimpl.golden` writes for one prompt is made here, in dataflow order: the teacher-forced
+walk over a sequence (:class:`Cursor`, :func:`start`, :func:`walk`, :func:`top_k`,
+:func:`step_record`; also used by ``refimpl audit``), the :class:`Settings` that decide a golden
+file's numbers, one prompt decoded and scored (:func:`decode`, :func:`run_prompt`, its
+:class:`PromptResult`), and every prompt of a suite, optionally in worker processes
+(:func:`run_all`). The module docstring of :mod:`refimpl.golden` describes the two steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from refimpl.errors import RefimplError
+
+TOP_K = 5
+CHUNK = 32  # positions per teacher-forced forward call (batch invariance: any chunking gives the same bits)
+
+
+# ---- the oracle's view of a stream -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The oracle part-way through a sequence: its state and the logits row [V] for the next token."""
+
+    state: object  # refimpl.state.SeqState
+    row: np.ndarray
+
+
+def _feed(model, state, tokens: list[int], ctx, on_rows, chunk: int = CHUNK):
+    """Forward ``tokens`` after ``state``, ``chunk`` positions per call; ``on_rows(offset, logits)``
+    sees each chunk's rows. Batch invariance: any chunking gives bit-identical rows."""
+    from refimpl.model import forward
+
+    for start in range(0, len(tokens), chunk):
+        logits, _, state = forward(model, state, tokens[start : start + chunk], ctx)  # [≤chunk, V]
+        on_rows(start, logits)
+    return state
+
+
+def start(model, prompt: list[int], ctx) -> Cursor:
+    """The oracle after reading the prompt."""
+    from refimpl.state import SeqState
+
+    last = []
+    state = _feed(model, SeqState.fresh(model.config), list(prompt), ctx, lambda _, logits: last.append(logits[-1]))
+    return Cursor(state, last[-1])
+
+
+def walk(model, cur: Cursor, tokens: list[int], ctx, on_row) -> Cursor:
+    """Teacher forcing: for i = 0 … len(tokens)−1 call ``on_row(i, row)`` with the logits the oracle
+    gives the token after everything before tokens[i] (row 0 is ``cur.row``); return the cursor
+    after all of them. Only one chunk of rows is held at a time."""
+    if not tokens:
+        return cur
+    on_row(0, cur.row)
+    last = [cur.row]
+
+    def rows(offset, logits):
+        for j in range(logits.shape[0]):
+            if offset + j + 1 < len(tokens):
+                on_row(offset + j + 1, logits[j])
+        last[0] = logits[-1]
+
+    state = _feed(model, cur.state, list(tokens), ctx, rows)
+    return Cursor(state, last[0])
+
+
+def top_k(row: np.ndarray, k: int = TOP_K) -> tuple[list[int], list[float]]:
+    """The k best ids by logit, ties to the lower id (the greedy sampler's first maximum)."""
+    ids = np.argsort(-row, kind="stable")[:k]
+    return [int(i) for i in ids], [float(row[i]) for i in ids]
+
+
+def step_record(row: np.ndarray) -> dict:
+    ids, logits = top_k(row)
+    return {"top_ids": ids, "top_logits": logits, "margin": logits[0] - logits[1]}
+
+
+# ---- settings and one prompt -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that decides a golden file's numbers (and nothing that does not, like --jobs)."""
+
+    n_predict: int
+    draft_source: str | None = None  # None (plain greedy), "mtp" or "ngram"
+    n_draft: int = 0  # drafts per round; 0 without a source
+    emulate: bool = False  # Ctx(act_quant=True, kv_f16=True)
+    p_min: float = 0.0  # speculative_generate's MTP draft cut-off (its default)
+    ngram_min_match: int = 3  # speculative_generate's n-gram gate (its default)
+
+    def as_json(self) -> dict:
+        draft = {"source": self.draft_source or "none", "n_draft": self.n_draft}
+        if self.draft_source == "mtp":
+            draft["p_min"] = self.p_min
+        if self.draft_source == "ngram":
+            draft["ngram_min_match"] = self.ngram_min_match
+        return {"n_predict": self.n_predict, "draft": draft, "emulate": self.emulate, "top_k": TOP_K, "stop_at_eog": True}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Settings:
+        d = obj["draft"]
+        source = None if d["source"] == "none" else d["source"]
+        return cls(int(obj["n_predict"]), source, int(d["n_draft"]), bool(obj["emulate"]),
+                   float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)))
+
+    def ctx(self, kernel: str = "numba"):
+        from refimpl.ops import Ctx
+
+        return Ctx(act_quant=self.emulate, kv_f16=self.emulate, kernel=kernel)
+
+    def make_flags(self) -> list[str]:
+        flags = ["-n", str(self.n_predict)]
+        if self.draft_source:
+            flags += [f"--{self.draft_source}", "--draft", str(self.n_draft)]
+        return flags + (["--emulate"] if self.emulate else [])
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    ids: list[int]
+    steps: list[dict]  # step_record per generated token
+    stop: str  # "eog" or "n_predict"
+    departure: int | None  # first step whose id is not its row's argmax (a decoding-path bug), or None
+    draft: dict | None = None  # with a draft source: {"drafted", "accepted", "decodes"} (deterministic counters)
+
+
+def decode(model, prompt: list[int], settings: Settings, ctx, eog_ids: frozenset) -> tuple[list[int], dict | None]:
+    """Step 1: the stream, from the decoding path the settings name, and the drafter's counters
+    (recorded so a golden made with --mtp also pins how many drafts the MTP head gets accepted)."""
+    if settings.draft_source is None:
+        from refimpl.generate import greedy
+
+        return greedy(model, prompt, settings.n_predict, ctx, eog_ids=eog_ids), None
+    from refimpl.speculative import speculative_generate
+
+    tokens, stats = speculative_generate(model, prompt, settings.n_predict, ctx, source=settings.draft_source,
+                                         n_draft=settings.n_draft, p_min=settings.p_min,
+                                         ngram_min_match=settings.ngram_min_match, eog_ids=eog_ids)
+    return [int(t) for t in tokens], {"drafted": stats.n_drafted, "accepted": stats.n_accepted, "decodes": stats.n_decodes}
+
+
+def run_prompt(model, prompt: list[int], settings: Settings, ctx, eog_ids: frozenset) -> PromptResult:
+    """Decode (step 1), then score the stream teacher-forced (step 2); see the module docstring."""
+    ids, draft = decode(model, prompt, settings, ctx, eog_ids)
+    steps = []
+    walk(model, start(model, prompt, ctx), ids, ctx, lambda i, row: steps.append(step_record(row)))
+    departure = next((i for i, s in enumerate(steps) if s["top_ids"][0] != ids[i]), None)
+    stop = "eog" if ids and ids[-1] in eog_ids else "n_predict"
+    return PromptResult(ids, steps, stop, departure, draft)
+
+
+# ---- parallel runs: each worker process loads the model once ----------------------------------
+
+_WORKER: dict = {}
+
+
+def _worker_init(path: str, settings: Settings, kernel: str, threads: int | None) -> None:
+    from refimpl.model import load_model
+    from refimpl.tokenizer import Tokenizer
+
+    if threads:
+        import numba
+
+        numba.set_num_threads(threads)  # thread count never changes a bit (docs/numerics.md)
+    model = load_model(path)
+    _WORKER.update(model=model, settings=settings, ctx=settings.ctx(kernel),
+                   eog=frozenset(Tokenizer.from_gguf(model.file.gguf.reader).eog_ids))
+
+
+def _worker_run(prompt: list[int]) -> PromptResult:
+    w = _WORKER
+    return run_prompt(w["model"], prompt, w["settings"], w["ctx"], w["eog"])
+
+
+def run_all(path: Path, prompts: list[list[int]], settings: Settings, *, jobs: int = 1, kernel: str = "numba",
+            desc: str = "golden") -> list[PromptResult]:
+    """run_prompt for every prompt, in order; ``jobs`` > 1 spreads prompts over spawned worker
+    processes (results are identical: each prompt's numbers depend only on the prompt)."""
+    from tqdm import tqdm
+
+    if jobs < 1:
+        raise RefimplError(f"--jobs must be ≥ 1, got {jobs}")
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=None, leave=False)
+    results: list[PromptResult | None] = [None] * len(prompts)
+    try:
+        if jobs == 1 or len(prompts) == 1:
+            _worker_init(str(path), settings, kernel, None)
+            for i, p in enumerate(prompts):
+                results[i] = _worker_run(p)
+                bar.update(1)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            import numba
+
+            threads = max(1, numba.config.NUMBA_NUM_THREADS // jobs)
+            with ProcessPoolExecutor(max_workers=min(jobs, len(prompts)), mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_worker_init, initargs=(str(path), settings, kernel, threads)) as pool:
+                futures = {pool.submit(_worker_run, p): i for i, p in enumerate(prompts)}
+                for fut in as_completed(futures):
+                    results[futures[fut]] = fut.result()
+                    bar.update(1)
+    finally:
+        _WORKER.clear()
+        bar.close()
+    return results

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -39,22 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MIB = 1 << 20
-GIB = 1 << 30
-
-
-def _vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
+from bench._common import GIB, MIB, peak_rss, random_prompt, run_child, vm_hwm  # noqa: E402
 
 
 def _child(args) -> None:
     """Load, generate, print one JSON line."""
     import numba
-    import numpy as np
 
     from refimpl.model import load_model
     from refimpl.speculative import speculative_generate
@@ -64,7 +53,7 @@ def _child(args) -> None:
     model = load_model(args.model, args.cache_mb, progress=False, pack=args.pack)
     load_s = time.perf_counter() - t0
     s = model.streamer
-    prompt = [int(t) for t in np.random.default_rng(1).integers(0, 390, size=args.prompt_len)]
+    prompt = random_prompt(args.prompt_len)
     stamps = []
     t0 = time.perf_counter()
     out, st = speculative_generate(model, prompt, args.n, source="mtp" if args.mtp else None, n_draft=3,
@@ -78,20 +67,16 @@ def _child(args) -> None:
         "tokens": out, "load_s": load_s, "total_s": total_s, "prompt_and_first_s": stamps[0] - t0,
         "tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
         "bytes_per_token": stats["bytes_per_token"], "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "vm_hwm": _vm_hwm(),
+        "peak_rss": peak_rss(), "vm_hwm": vm_hwm(),
         "cache_peak": stats["cache_peak_bytes"], "dense_bytes": stats["dense_bytes"], "expert_bytes": stats["expert_bytes"],
         "n_decodes": st.n_decodes, "accepted": st.n_accepted, "drafted": st.n_drafted,
     }))
 
 
 def _run_child(args, mtp: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--model", str(args.model), "--cache-mb", str(args.cache_mb),
-           "--n", str(args.n), "--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
-    cmd += (["--mtp"] if mtp else []) + (["--pack"] if args.pack else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"child failed ({'mtp' if mtp else 'plain'}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["--model", str(args.model), "--cache-mb", str(args.cache_mb), "--n", str(args.n),
+            "--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
+    return run_child(__file__, argv + (["--mtp"] if mtp else []) + (["--pack"] if args.pack else []), "mtp" if mtp else "plain")
 
 
 def build(args) -> Path:

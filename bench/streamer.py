@@ -22,15 +22,14 @@ widened part: slices only the draft rows route to) and the MTP head's own routin
 
 The wide fixture is written by :func:`write_fixture_per_tensor`: the same bytes as
 ``refimpl.fixtures.write_fixture`` (tested on tiny), but one block's float32 tensors at a time
-instead of the whole model, so writing it needs ~0.5 GiB rather than ~4 GiB.
+instead of the whole model, so writing it needs ~0.5 GiB rather than ~4 GiB (the one-tensor-at-a-time
+writing is refimpl.fixtures.large's: ``tensor_groups``, ``write_tensors_streamed``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
 import time
@@ -40,16 +39,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gguf  # noqa: E402
-from gguf.quants import quant_shape_to_byte_shape  # noqa: E402
-
+from bench._common import MIB, peak_rss, random_prompt, run_child, vm_hwm  # noqa: E402
+from refimpl.fixtures.large import tensor_groups, write_tensors_streamed  # noqa: E402
 from refimpl.fixtures.mixes import QUANT_MIXES, assign_types, encode  # noqa: E402
 from refimpl.fixtures.presets import LARGE_PRESETS, PRESETS  # noqa: E402
-from refimpl.fixtures.weights import _attention, _deltanet, _Draw, _moe, _nextn  # noqa: E402
-from refimpl.fixtures.writer import ARCH, _write_metadata, resolve_options  # noqa: E402
-
-MIB = 1 << 20
-Q = gguf.GGMLQuantizationType
+from refimpl.fixtures.weights import _Draw  # noqa: E402
+from refimpl.fixtures.writer import block_count, fixture_file, resolve_options  # noqa: E402
 
 
 # ---- the per-tensor fixture writer ------------------------------------------------------------------
@@ -62,35 +57,6 @@ class _ShapeDraw(_Draw):
         return np.broadcast_to(np.float32(0), shape)
 
 
-def _groups(p, d: _Draw, opts: dict):
-    """The fixture's float32 tensors in ``build_weights`` order, one group (the file-level tensors,
-    then one block) at a time — each group is made only when the generator reaches it."""
-    E, V = p.n_embd, p.n_vocab
-    head = {"token_embd.weight": d.normal("token_embd.weight", (V, E), 1 / np.sqrt(E) if opts["tied"] else 1.0),
-            "output_norm.weight": d.norm("output_norm.weight", E)}
-    if not opts["tied"]:
-        head["output.weight"] = d.normal("output.weight", (V, E), 1 / np.sqrt(E))
-    yield head
-    for il in range(p.n_layer + (0 if opts["mtp"] == "stripped" else 1)):
-        b = f"blk.{il}."
-        t = {b + "attn_norm.weight": d.norm(b + "attn_norm.weight", E),
-             b + "post_attention_norm.weight": d.norm(b + "post_attention_norm.weight", E)}
-        t.update(_deltanet(d, p, b) if p.is_recurrent(il) else _attention(d, p, b))
-        t.update(_moe(d, p, b, opts["fused_gate_up"]))
-        if il == p.n_layer:
-            t.update(_nextn(d, p, b, extras=(opts["mtp"] == "extras")))
-        yield t
-
-
-def _encoded_info(shape: tuple[int, ...], qtype: Q) -> tuple[tuple[int, ...], np.dtype, int, Q | None]:
-    """(shape, dtype, nbytes, raw_dtype) that ``GGUFWriter.add_tensor`` records for ``encode``'s output."""
-    if qtype in (Q.F32, Q.F16):
-        dtype = np.dtype(np.float32 if qtype == Q.F32 else np.float16)
-        return tuple(shape), dtype, int(np.prod(shape)) * dtype.itemsize, None
-    byte_shape = tuple(quant_shape_to_byte_shape(shape, qtype))
-    return byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), qtype
-
-
 def write_fixture_per_tensor(path, *, preset: str, quant: str = "f32", seed: int = 0, **options) -> Path:
     """``write_fixture``'s file, written one tensor at a time (presets in PRESETS or LARGE_PRESETS;
     not ``predictable``, whose construction needs the whole model at once)."""
@@ -99,31 +65,13 @@ def write_fixture_per_tensor(path, *, preset: str, quant: str = "f32", seed: int
         raise ValueError("the per-tensor writer cannot build the predictable preset")
     assert quant in QUANT_MIXES, quant
     opts = resolve_options(p, options)
-    n_blocks = p.n_layer + (0 if opts["mtp"] == "stripped" else 1)
-    shapes = {n: a.shape for g in _groups(p, _ShapeDraw(seed), opts) for n, a in g.items()}
-    types = assign_types(shapes, quant, n_expert=p.n_expert, n_layer_all=n_blocks)
+    shapes = {n: a.shape for g in tensor_groups(p, _ShapeDraw(seed), opts) for n, a in g.items()}
+    types = assign_types(shapes, quant, n_expert=p.n_expert, n_layer_all=block_count(p, opts))
+    data = ((n, encode(a, types[n])) for g in tensor_groups(p, _Draw(seed), opts) for n, a in g.items())
 
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(w, p, quant, seed, opts, n_blocks)
-        for name, shape in shapes.items():
-            w.add_tensor_info(name, *_encoded_info(shape, types[name]))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for group in _groups(p, _Draw(seed), opts):
-            for name, data in group.items():
-                raw = encode(data, types[name])
-                shape, dtype, _, _ = _encoded_info(shapes[name], types[name])
-                assert raw.shape == shape and raw.dtype == dtype, name
-                w.write_tensor_data(raw)
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with fixture_file(path, p, quant, seed, opts) as w:
+        write_tensors_streamed(w, {n: (shape, types[n]) for n, shape in shapes.items()}, data)
     return path
 
 
@@ -146,15 +94,6 @@ def fixture(preset: str, quant: str, seed: int = 0) -> Path:
 # ---- memory bound (each configuration in a fresh process) -------------------------------------------
 
 
-def _vm_hwm() -> int | None:
-    """This process's own peak RSS (VmHWM of /proc/self/status), bytes; a cross-check of ru_maxrss."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-
-
 def _child(args) -> None:
     """Load, generate, print one JSON line with the peak RSS and the streamer's figures."""
     from refimpl.generate import greedy
@@ -163,27 +102,25 @@ def _child(args) -> None:
 
     cache_mb = None if args.cache_mb == "pinned" else args.cache_mb
     model = load_model(args.model, cache_mb, progress=False)
-    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    prompt = [int(t) for t in np.random.default_rng(1).integers(0, 390, size=args.prompt_len)]
+    rss_loaded = peak_rss()
+    prompt = random_prompt(args.prompt_len)
     if args.mtp:
         s = model.streamer
         out, _ = speculative_generate(model, prompt, args.n, source="mtp", n_draft=3,
                                       bytes_read=s.bytes_read if s else None)
     else:
         out = greedy(model, prompt, args.n)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     dense = sum(t.n_bytes for n, t in model.file.gguf.tensors.items() if "_exps." not in n)
-    res = {"peak_rss": peak, "vm_hwm": _vm_hwm(), "rss_loaded": rss_loaded, "dense_bytes": dense, "tokens": out}
+    res = {"peak_rss": peak, "vm_hwm": vm_hwm(), "rss_loaded": rss_loaded, "dense_bytes": dense, "tokens": out}
     if model.streamer is not None:
         res["stats"] = model.streamer.stats(len(out))
     print(json.dumps(res))
 
 
 def _run_child(model: Path, cache_mb, n: int, prompt_len: int, mtp: bool = False) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--model", str(model), "--cache-mb", str(cache_mb),
-           "--n", str(n), "--prompt-len", str(prompt_len)] + (["--mtp"] if mtp else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, ["--model", str(model), "--cache-mb", str(cache_mb), "--n", str(n),
+                                "--prompt-len", str(prompt_len)] + (["--mtp"] if mtp else []), f"--cache-mb {cache_mb}")
 
 
 def memory(args) -> None:

@@ -16,12 +16,14 @@ Contract (what may live in this package):
   weight rows per SIMD vector, LLVM IR), tested bit-identical to the scalar row kernel;
   ``pack(w_raw, qtype)`` returns a layout ``matmul`` accepts in place of ``w_raw`` (same results,
   no gathers). docs/performance.md.
+* ``dot64`` and ``delta_rule_step`` (``kernels/recurrent.py``): the trunk's float64 dot products and
+  the Gated DeltaNet step, summed in increasing index order, numba and numpy paths equal bit for bit.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/flags.py`` only.
 
 Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks`` (byte layouts) →
 ``floats`` (exact f16/bf16/E8M0 conversions) → ``dequant`` (bytes → float32) → ``actquant``
 (llama.cpp's activation quantizers and integer dots) → ``lanes`` (the fast plain kernels) →
-``matmul`` (the public product) → ``testing`` (random rows with controlled scales, for tests and
+``matmul`` (the public product) → ``recurrent`` (exact dots, the delta-rule step) → ``testing`` (random rows with controlled scales, for tests and
 ``bench/kernels.py``).
 Precision policy, tolerances and measured speed: ``docs/kernels.md``.
 """
@@ -30,6 +32,7 @@ from .actquant import Q8_0Blocks, Q8_1Blocks, Q8_KBlocks, activation_values, qua
 from .blocks import WEIGHT_TYPES, layout, row_bytes
 from .dequant import dequantize
 from .lanes import PackedRows, pack
+from .recurrent import delta_rule_step, dot64
 from .matmul import matmul
 
 __all__ = [
@@ -40,6 +43,8 @@ __all__ = [
     "matmul",
     "pack",
     "PackedRows",
+    "dot64",
+    "delta_rule_step",
     "quantize_q8_0",
     "quantize_q8_1",
     "quantize_q8_K",

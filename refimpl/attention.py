@@ -98,19 +98,17 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     kv = kv.append(k, v, positions)
 
     scale = F32(1.0 / np.sqrt(np.float32(D)))  # kq_scale = 1/sqrtf(n_embd_head)
-    group = H // Hkv
+    group = H // Hkv  # GQA: query head h = j·group + g reads KV head j (ggml broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)
     for t in range(T):
         visible = kv.pos <= positions[t]  # causal mask: p_kv <= p_q (set_input_kq_mask_impl)
         keys, vals = kv.k[visible], kv.v[visible]  # [n_kv, Hkv, D]
-        for h in range(H):
-            j = h // group  # GQA: ggml broadcast i02 = i12 / r2
-            qh = to_f16(q[t, h]) if ctx.kv_f16 else q[t, h]
-            kq = dot64(keys[:, j, :], qh) * scale  # [n_kv]
-            p = softmax(kq)  # [n_kv]
-            if ctx.kv_f16:
-                p = to_f16(p)
-            o[t, h] = dot64(vals[:, j, :].T, p)  # [D]
+        qt = (to_f16(q[t]) if ctx.kv_f16 else q[t]).reshape(Hkv, group, 1, D)  # [Hkv, group, 1, D]
+        kq = dot64(keys.transpose(1, 0, 2)[:, None], qt, ctx.kernel) * scale  # [Hkv, group, n_kv]
+        p = softmax(kq)  # [Hkv, group, n_kv], each row alone
+        if ctx.kv_f16:
+            p = to_f16(p)
+        o[t] = dot64(vals.transpose(1, 2, 0)[:, None], p[:, :, None, :], ctx.kernel).reshape(H, D)  # [Hkv, group, D] -> [H, D]
     o = o.reshape(T, H * D)
     ctx.cb(prefix + "attn_pregate", il, o)
     o = o * sigmoid(gate)  # [T, HD]

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from refimpl.ops import F32, Ctx, dot64, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
+import kernels
+from refimpl.ops import F32, Ctx, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
 from refimpl.state import DeltaNetState
 
 
@@ -47,19 +48,24 @@ def causal_conv(conv_state: np.ndarray, x: np.ndarray, w_conv: np.ndarray) -> tu
     return y, full[full.shape[0] - (Kc - 1):].copy()
 
 
-def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
     """One token of the gated delta rule for all value heads; pure (M is not modified).
 
     M [Hv, S_v, S_k]; q, k [Hv, S_k] (already mapped to value heads); v [Hv, S_v]; g, beta [Hv].
-    Returns (o [Hv, S_v], M' [Hv, S_v, S_k]).
+    Returns (o [Hv, S_v], M' [Hv, S_v, S_k]). The step, line by line (``kernels.delta_rule_step``
+    computes exactly these float32 operations, with the two mat-vecs as exact float64 sums in
+    increasing index order — :func:`refimpl.ops.dot64`)::
+
+        M = M * exp(g)[:, None, None]              # decay: M_j ← M_j · expf(g_j)
+        u = dot64(M, k[:, None, :])                # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
+        delta = (v - u) * beta[:, None]            # [Hv, S_v]
+        M = M + delta[:, :, None] * k[:, None, :]  # M[vi, ki] += δ[vi] k[ki]
+        o = dot64(M, q[:, None, :]) * (1 / sqrt(S))  # read out from the updated state
     """
     S = M.shape[-1]
-    M = M * np.exp(g)[:, None, None]  # decay: M_j ← M_j · expf(g_j)
-    u = dot64(M, k[:, None, :])  # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
-    delta = (v - u) * beta[:, None]  # [Hv, S_v]
-    M = M + delta[:, :, None] * k[:, None, :]  # M[vi, ki] += δ[vi] k[ki]
-    o = dot64(M, q[:, None, :]) * (F32(1.0) / np.sqrt(F32(S)))  # read out from the updated state
-    return o.astype(F32), M.astype(F32)
+    decay = np.exp(g)  # [Hv]; numpy's expf, outside the compiled kernel
+    scale = F32(1.0) / np.sqrt(F32(S))
+    return kernels.delta_rule_step(M, q, k, v, decay, beta, scale, path=path)
 
 
 def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) -> tuple[np.ndarray, list[DeltaNetState]]:
@@ -91,7 +97,7 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
     states = []
     window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]
     for t in range(T):
-        o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t])
+        o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t], ctx.kernel)
         states.append(DeltaNetState(conv=window[t + 1 : t + c.ssm_d_conv], ssm=M))  # after token t
     assert np.array_equal(states[-1].conv, conv_state)
     ctx.cb("attn_output_delta", il, o)

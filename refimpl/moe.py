@@ -69,7 +69,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
 
     shexp = mm(w.ffn_down_shexp, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx), ctx)  # [T, E]
     ctx.cb(prefix + "ffn_shexp", il, shexp)
-    shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :]))  # [T]: a [E]·[E, T] mat-vec
+    shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :], ctx.kernel))  # [T]: a [E]·[E, T] mat-vec
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]
     return ctx.cb(prefix + "ffn_out", il, out), sel, weights

@@ -102,9 +102,10 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e * (1.0 / s).astype(F32)
 
 
-def dot64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Σ a·b over the last axis, float64 accumulation, rounded once to float32."""
-    return np.einsum("...i,...i->...", a.astype(np.float64), b.astype(np.float64)).astype(F32)
+def dot64(a: np.ndarray, b: np.ndarray, path: str = "numba") -> np.ndarray:
+    """Σ a·b over the last axis: exact float64 products summed in increasing index order, rounded
+    once to float32 (``kernels.dot64``; the order is defined, not numpy's). [..., n]·[..., n] -> [...]"""
+    return kernels.dot64(a, b, path=path)
 
 
 def to_f16(x: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ For every (model, mix), in one run:
 
 * **decode tok/s** — greedy decoding of ``--n`` tokens after a short prompt, one token per forward
   call, by refimpl (``refimpl.model.forward``, plain numerics unless ``--emulate``) — loaded two
-  ways: ``mapped`` (``load_model(path)``: every matrix read from the memory map) and ``packed``
+  ways: ``mapped`` (``load_model(path, pack=False)``: every matrix read from the memory map) and ``packed``
   (``load_model(path, pack=True)``: dense matrices also copied into the lane kernels' layout, same
   numbers) — and by llama.cpp
   (llama-cpp-python 0.3.36 in a child process: one token per ``llama_decode``, F32 K/V cache, flash
@@ -193,7 +193,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     numba.set_num_threads(args.threads)
     ctx = Ctx(act_quant=True) if args.emulate else Ctx()
     path = model_path(preset, quant)
-    variants = {v: load_model(path, pack=(v == "packed")) for v in args.variants}
+    variants = {v: load_model(path, pack=(v == "packed")) for v in args.variants}  # mapped: pack=False
     for model in variants.values():
         touch_pages(model)
     V = next(iter(variants.values())).config.n_vocab
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-reps", type=int, default=7)
     ap.add_argument("--emulate", action="store_true", help="refimpl with --emulate numerics (act_quant)")
     ap.add_argument("--variants", default="mapped,packed",
-                    help="refimpl loads to time: mapped (load_model), packed (load_model(pack=True))")
+                    help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
     ap.add_argument("--json", help="also write the raw figures to this file")
     ap.add_argument("--llama-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

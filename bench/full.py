@@ -13,7 +13,7 @@ reference-quantized blocks without ever holding float32 weights; it is cached as
 Two configurations, each in a fresh child process (so its peak RSS is its own; this parent stays
 small — Linux carries a parent's peak into a forked child's ru_maxrss), both with routed experts
 streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.streamer) and dense weights pinned
-(``--pack``: also packed for the lane kernels, +their size in RAM):
+(``--pack auto|on|off``, load_model's pack; auto packs them for the lane kernels when the copy fits in RAM):
 
 * plain greedy decoding of ``--n`` tokens after a ``--prompt-len``-token prompt;
 * MTP speculation, ``--mtp --draft 3`` (refimpl.speculative.speculative_generate).
@@ -50,7 +50,7 @@ def _child(args) -> None:
 
     numba.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model = load_model(args.model, args.cache_mb, progress=False, pack=args.pack)
+    model = load_model(args.model, args.cache_mb, progress=False, pack={"auto": "auto", "on": True, "off": False}[args.pack])
     load_s = time.perf_counter() - t0
     s = model.streamer
     prompt = random_prompt(args.prompt_len)
@@ -69,14 +69,14 @@ def _child(args) -> None:
         "bytes_per_token": stats["bytes_per_token"], "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
         "peak_rss": peak_rss(), "vm_hwm": vm_hwm(),
         "cache_peak": stats["cache_peak_bytes"], "dense_bytes": stats["dense_bytes"], "expert_bytes": stats["expert_bytes"],
-        "n_decodes": st.n_decodes, "accepted": st.n_accepted, "drafted": st.n_drafted,
+        "packed_bytes": model.packed_bytes, "n_decodes": st.n_decodes, "accepted": st.n_accepted, "drafted": st.n_drafted,
     }))
 
 
 def _run_child(args, mtp: bool) -> dict:
     argv = ["--model", str(args.model), "--cache-mb", str(args.cache_mb), "--n", str(args.n),
             "--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
-    return run_child(__file__, argv + (["--mtp"] if mtp else []) + (["--pack"] if args.pack else []), "mtp" if mtp else "plain")
+    return run_child(__file__, argv + (["--mtp"] if mtp else []) + ["--pack", args.pack], "mtp" if mtp else "plain")
 
 
 def build(args) -> Path:
@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=32, help="tokens to generate")
     ap.add_argument("--prompt-len", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pack", action="store_true", help="load_model(pack=True): dense matrices packed too")
+    ap.add_argument("--pack", choices=("auto", "on", "off"), default="auto",
+                    help="load_model's pack (default auto: the dense matrices packed when they fit in RAM)")
     ap.add_argument("--delete", action="store_true", help="delete the fixture when done")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mtp", action="store_true", help=argparse.SUPPRESS)
@@ -123,21 +124,21 @@ def main(argv=None) -> int:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     print(f"# {args.model.name}: {size / GIB:.1f} GiB file, {mem / GIB:.1f} GiB RAM, --cache-mb {args.cache_mb}, "
           f"{args.threads} threads, prompt {args.prompt_len} + {args.n} generated tokens"
-          f"{', dense packed' if args.pack else ''}; load average {os.getloadavg()[0]:.2f}", flush=True)
+          f", --pack {args.pack}; load average {os.getloadavg()[0]:.2f}", flush=True)
     rows = {}
     for label, mtp in (("plain", False), ("--mtp --draft 3", True)):
         r = rows[label] = _run_child(args, mtp)
         print(f"  {label}: done in {r['total_s']:.0f} s (load {r['load_s']:.0f} s)", file=sys.stderr, flush=True)
     print()
     hdr = (f"{'run':<16} {'tok/s':>6} {'MiB/token':>9} {'hit rate':>8} {'peak RSS MiB':>12} {'(VmHWM)':>8} "
-           f"{'cache peak MiB':>14} {'dense MiB':>9} {'decodes':>7} {'accepted':>9}")
+           f"{'cache peak MiB':>14} {'dense MiB':>9} {'packed MiB':>10} {'decodes':>7} {'accepted':>9}")
     print(hdr)
     print("-" * len(hdr))
     for label, r in rows.items():
         acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
         print(f"{label:<16} {r['tok_s']:6.2f} {r['bytes_per_token'] / MIB:9.1f} {100 * r['hit_rate']:7.1f}% "
               f"{r['peak_rss'] / MIB:12.0f} {(r['vm_hwm'] or 0) / MIB:8.0f} {r['cache_peak'] / MIB:14.0f} "
-              f"{r['dense_bytes'] / MIB:9.0f} {r['n_decodes']:7d} {acc:>9}")
+              f"{r['dense_bytes'] / MIB:9.0f} {r['packed_bytes'] / MIB:10.0f} {r['n_decodes']:7d} {acc:>9}")
     same = rows["plain"]["tokens"] == rows["--mtp --draft 3"]["tokens"]
     print(f"\n# routed experts in the file: {rows['plain']['expert_bytes'] / GIB:.1f} GiB; tok/s excludes the prompt pass "
           f"(prompt + first token: {rows['plain']['prompt_and_first_s']:.1f} s plain); same tokens: {'yes' if same else 'NO'}; "

@@ -161,7 +161,7 @@ def main(argv=None) -> int:
         packed = kernels.pack(w, qtype)
         if isinstance(packed, kernels.PackedRows):
             rate["pk", 1] = nbytes / best_time(lambda: kernels.matmul(packed, qtype, x1), args.reps, warm=True) / 1e9
-        del packed
+        packed = None  # free the packed copy before the next type
         for T, x in ((1, x1), (4, x4)):
             rate["aq", T] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x, act_quant=True), args.reps) / 1e9
 

@@ -57,7 +57,7 @@ def _ctx_from_args(args, trace=None):
     return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
 
 
-def _load(args, cache_mb=None, pack=False):
+def _load(args, cache_mb=None, pack="auto"):
     """The model named by MODEL or -m, or the built-in synthetic model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
@@ -90,7 +90,7 @@ def _cmd_run(args) -> int:
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
-    model = _load(args, cache_mb=args.cache_mb, pack=args.pack)
+    model = _load(args, cache_mb=args.cache_mb, pack={"auto": "auto", "on": True, "off": False}[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     if args.tokens is not None:
@@ -120,6 +120,7 @@ def _cmd_run(args) -> int:
         if stats is not None:
             result["stats"] = stats.counters()
         result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
+        result["stats"]["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
         print(json.dumps(result, ensure_ascii=False))
     if stats is not None:
         _report_speculative(args, model, tok, stats)
@@ -355,9 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="routed experts are read from the file through an LRU cache of N MiB (0: read every "
                         "decode; default auto = half of MemAvailable); docs/streamer.md")
     p.add_argument("--route-trace", metavar="FILE", help="write every MoE routing (position, layer, experts, weights) as CSV")
-    p.add_argument("--pack", action="store_true",
+    p.add_argument("--pack", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                    help="also hold the matrices in the fast kernels' layout: same numbers, faster decoding, "
-                        "+their size in RAM (docs/performance.md)")
+                        "+their size in RAM; default auto = when that fits in a quarter of MemAvailable "
+                        "(docs/performance.md)")
     _add_numerics(p)
     _add_speculative(p)
     p.set_defaults(func=_cmd_run)

@@ -39,7 +39,7 @@ from refimpl.load import ModelFile, open_model
 from refimpl.moe import moe_ffn
 from refimpl.ops import Ctx, mm, rms_norm_w
 from refimpl.state import SeqState
-from refimpl.streamer import ExpertStreamer, cache_budget, pin_dense
+from refimpl.streamer import ExpertStreamer, cache_budget, mem_available, pin_dense
 from refimpl.weights import Matrix, PinnedExperts, Weights, load_weights
 
 
@@ -47,6 +47,7 @@ from refimpl.weights import Matrix, PinnedExperts, Weights, load_weights
 class Model:
     file: ModelFile
     weights: Weights
+    packed_bytes: int = 0  # bytes of the lane kernels' packed copies (0: not packed; load_model's pack)
 
     @property
     def config(self) -> Config:
@@ -62,13 +63,20 @@ class Model:
         return self.streamer.phase(name, positions) if self.streamer is not None else contextlib.nullcontext()
 
 
+PACK_AUTO_FRACTION = 0.25  # pack="auto": pack when the packed copies fit in this fraction of MemAvailable
+_PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes: 276 / 210)
+
+
 def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
-               pack: bool = False) -> Model:
+               pack: bool | str = "auto") -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
     a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
     (``--cache-mb``; refimpl.streamer.cache_budget), dense weights pinned now (a progress bar on
     stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace).
-    ``pack``: see :func:`pack_weights` (same numbers, faster decoding, more memory)."""
+    ``pack``: True / False / ``"auto"`` (default: True when the packed copies fit in
+    ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`pack_weights`; never changes a number."""
+    if pack not in (True, False, "auto"):
+        raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
     m = open_model(path)
     if cache_mb is None:
         weights = load_weights(m)
@@ -76,7 +84,37 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         streamer = ExpertStreamer.open(m, cache_budget(cache_mb), on_route=on_route)
         streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
         weights = load_weights(m, streamer)
-    return Model(file=m, weights=pack_weights(weights) if pack else weights)
+    if pack == "auto":
+        avail = mem_available()
+        pack = avail is not None and packable_bytes(weights) * _PACK_GROWTH <= PACK_AUTO_FRACTION * avail
+    if not pack:
+        return Model(file=m, weights=weights)
+    packed = pack_weights(weights)
+    return Model(file=m, weights=packed, packed_bytes=_packed_nbytes(packed))
+
+
+def _pack_targets(obj):
+    """The matrices :func:`pack_weights` packs: every Matrix except the embedding table, routed experts
+    only when pinned."""
+    if isinstance(obj, Matrix):
+        yield obj
+    elif isinstance(obj, tuple):
+        for o in obj:
+            yield from _pack_targets(o)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        skip = ("token_embd", "streamer") + (() if isinstance(getattr(obj, "experts", None), PinnedExperts) else ("experts",))
+        for f in dataclasses.fields(obj):
+            if f.name not in skip:
+                yield from _pack_targets(getattr(obj, f.name))
+
+
+def packable_bytes(weights) -> int:
+    """Bytes of the matrices :func:`pack_weights` would copy (types with a lane kernel)."""
+    return sum(int(np.asarray(w.raw).nbytes) for w in _pack_targets(weights) if kernels.lanes.supported(w.qtype))
+
+
+def _packed_nbytes(weights) -> int:
+    return sum(int(w.raw.words.nbytes) for w in _pack_targets(weights) if isinstance(w.raw, kernels.PackedRows))
 
 
 def pack_weights(obj):

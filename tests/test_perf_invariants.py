@@ -13,13 +13,14 @@
 
 import os
 
+import json
+
 import numba
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
 import kernels
-from kernels import lanes
 from kernels.matmul import _matmul_rows
 from conftest import require_llama_cpp
 from kernels.testing import random_rows
@@ -117,7 +118,7 @@ def _decode_path(model, ctx):
 @pytest.mark.parametrize("quant", ["q4_k_m", "mxfp4", "q8_0", "f32"])
 def test_forward_independent_of_threads_and_packing(quant, thread_count):
     path = fixture_path("tiny", quant)
-    mapped, packed = load_model(path), load_model(path, pack=True)
+    mapped, packed = load_model(path, pack=False), load_model(path, pack=True)
     results = []
     for threads in (1, 2):
         thread_count(threads)
@@ -130,13 +131,44 @@ def test_forward_independent_of_threads_and_packing(quant, thread_count):
 def test_forward_emulated_independent_of_threads_and_packing(thread_count):
     """--emulate numerics (act_quant): a packed model multiplies from its original bytes."""
     path = fixture_path("tiny", "q4_k_m")
-    model, packed = load_model(path), load_model(path, pack=True)
+    model, packed = load_model(path, pack=False), load_model(path, pack=True)
     thread_count(1)
     one = _decode_path(model, Ctx(act_quant=True))
     thread_count(2)
     two = _decode_path(model, Ctx(act_quant=True))
     three = _decode_path(packed, Ctx(act_quant=True))
     assert all(same_bits(a, b) and same_bits(a, c) for a, b, c in zip(one, two, three))
+
+
+def test_pack_auto_packs_what_fits_and_reports_it(monkeypatch):
+    """load_model's default pack="auto": packed when the copies fit in PACK_AUTO_FRACTION of
+    MemAvailable, not packed otherwise; same numbers either way (above)."""
+    import refimpl.model as M
+
+    path = fixture_path("tiny", "q4_k_m")
+    auto = load_model(path)
+    assert isinstance(auto.weights.output.raw, kernels.PackedRows)
+    assert auto.packed_bytes == M._packed_nbytes(auto.weights) > M.packable_bytes(load_model(path, pack=False).weights) > 0
+    assert load_model(path, pack=False).packed_bytes == 0
+    monkeypatch.setattr(M, "PACK_AUTO_FRACTION", 0.0)
+    tight = load_model(path)
+    assert tight.packed_bytes == 0 and not isinstance(tight.weights.output.raw, kernels.PackedRows)
+    streamed = load_model(path, cache_mb=0, pack=True)  # streamed experts are never packed
+    assert 0 < streamed.packed_bytes < auto.packed_bytes
+    with pytest.raises(ValueError, match="pack must be"):
+        load_model(path, pack="yes")
+
+
+def test_cli_pack_flag(capsys):
+    from refimpl.cli import main
+
+    sizes = {}
+    for flag in ("off", "on", "auto"):
+        assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", "3", "--json", "--pack", flag]) == 0
+        out = json.loads(capsys.readouterr().out)
+        sizes[flag] = (out["tokens"], out["stats"]["packed_bytes"])
+    assert sizes["off"][1] == 0 and sizes["on"][1] > 0 and sizes["auto"] == sizes["on"]
+    assert sizes["off"][0] == sizes["on"][0]
 
 
 def test_moe_batch_with_shared_experts_equals_rows_alone():

@@ -63,6 +63,26 @@ def test_lane_kernels_equal_plain_rows(qtype, scales):
         assert same_bits(kernels.matmul(packed, qtype, x[:T]), ref), f"packed, T={T}"
 
 
+def test_packed_q6_k_float64_products_at_the_limits():
+    """The packed Q6_K kernel forms w = d·sc·(q − 32) in float64 (kernels/lanes.py _emit_q6_k_codes),
+    relying on the float32 products being exact: check the extremes of every factor — d the largest
+    and smallest (subnormal) f16, sc = −128 / 127 / ±1 / 0, every code — against the row decoder."""
+    rng = np.random.default_rng(61)
+    w = random_rows(QT.Q6_K, 32, 512, rng)  # 2 lane groups, 2 blocks per row
+    blocks = w.reshape(32, 2, 210)
+    d_choices = np.array([0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x03FF, 0x3C00, 0x3555], dtype=np.uint16)  # ±65504, ±2^-24, …
+    sc_choices = np.array([-128, 127, 1, -1, 0, 64, -77], dtype=np.int8)
+    blocks[:, :, 192:208] = sc_choices[rng.integers(0, sc_choices.size, (32, 2, 16))].view(np.uint8)
+    blocks[:, :, 208:210] = d_choices[rng.integers(0, d_choices.size, (32, 2))].view(np.uint8).reshape(32, 2, 2)
+    blocks[:4, :, :192] = 0xFF  # q = 63 → +31 everywhere in four rows
+    blocks[4:8, :, :192] = 0x00  # q = 0 → −32
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    x[2] *= np.float32(1e30)
+    ref = rows_reference(w, QT.Q6_K, x)
+    for T in (1, 2, 5):
+        assert same_bits(kernels.matmul(kernels.pack(w, QT.Q6_K), QT.Q6_K, x[:T]), ref[:T])
+
+
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q6_K], ids=["Q8_0", "MXFP4", "Q4_K", "Q6_K"])
 def test_lane_kernels_nan_scales(qtype):
     """Raw random bytes make inf/NaN scales: NaN where the plain path has NaN (its sign and payload

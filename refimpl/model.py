@@ -102,10 +102,15 @@ def _pack_targets(obj):
         for o in obj:
             yield from _pack_targets(o)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        skip = ("token_embd", "streamer") + (() if isinstance(getattr(obj, "experts", None), PinnedExperts) else ("experts",))
-        for f in dataclasses.fields(obj):
-            if f.name not in skip:
-                yield from _pack_targets(getattr(obj, f.name))
+        for name in _packed_fields(obj):
+            yield from _pack_targets(getattr(obj, name))
+
+
+def _packed_fields(obj) -> list[str]:
+    """The fields of a weights dataclass that packing descends into: not the embedding table (rows are
+    looked up, never multiplied), not the streamer, not routed experts unless they are pinned."""
+    skip = ("token_embd", "streamer") + (() if isinstance(getattr(obj, "experts", None), PinnedExperts) else ("experts",))
+    return [f.name for f in dataclasses.fields(obj) if f.name not in skip]
 
 
 def packable_bytes(weights) -> int:
@@ -128,8 +133,7 @@ def pack_weights(obj):
     if isinstance(obj, tuple):
         return tuple(pack_weights(o) for o in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        skip = ("token_embd", "streamer") + (() if isinstance(getattr(obj, "experts", None), PinnedExperts) else ("experts",))
-        return dataclasses.replace(obj, **{f.name: pack_weights(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name not in skip})
+        return dataclasses.replace(obj, **{name: pack_weights(getattr(obj, name)) for name in _packed_fields(obj)})
     return obj
 
 

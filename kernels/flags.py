@@ -24,6 +24,13 @@ Threading layer
     ``numba.set_num_threads``: ``prange`` only ever splits independent output rows, and each output
     element is reduced by one thread in a fixed order.
 
+``SERIAL_BELOW = 1 << 18``
+    A product of fewer multiply-adds than this (weights × activation rows; value heads × state for
+    the delta rule) runs on the calling thread instead of in a ``prange`` region: starting a parallel
+    region and waiting at its barrier costs ~10 µs on an idle machine and far more when the cores are
+    busy, more than a quarter-million multiply-adds take on one core (~40 µs). It never changes a
+    result: serial or parallel, each output element is computed by one thread in the same order.
+
 To run every kernel as plain Python (coverage, pdb, or to rule the compiler out), set
 ``NUMBA_DISABLE_JIT=1`` before importing: ``jit`` then returns the Python function unchanged and
 ``prange`` is ``range``. All kernel code is written to mean the same thing interpreted (explicit
@@ -45,6 +52,7 @@ CACHE = True
 #: False under ``NUMBA_DISABLE_JIT=1``: then the LLVM-IR lane kernels (kernels/lanes.py), which
 #: cannot run as Python, are skipped and every product takes the plain numba-or-Python path.
 JIT_ENABLED = not numba.config.DISABLE_JIT
+SERIAL_BELOW = 1 << 18  # multiply-adds under which a kernel runs on the calling thread (docstring)
 
 
 def jit(*, parallel: bool = False):

@@ -47,7 +47,7 @@ from numba.core.extending import intrinsic
 
 from .blocks import QT
 from .dequant import MXFP4_VALUES
-from .flags import JIT_ENABLED, jit
+from .flags import JIT_ENABLED, SERIAL_BELOW, jit
 from .floats import F16_TABLE
 
 LANES = 16  # weight rows per group: one float64 accumulator each (2 zmm per activation row)
@@ -537,19 +537,32 @@ def _group(kind, w, row0, n_blocks, acc, x, nt):
                 _block_q6_k(acc, w, row0, blk, x, 4)
 
 
+@jit()
+def _lanes_group(kind, w, g, x64, out, block, acc):
+    """out[t, n] for the LANES rows of group g and every activation row t (acc: scratch [MAX_T, LANES])."""
+    T, K = x64.shape
+    row0 = g * LANES
+    for t0 in range(0, T, MAX_T):
+        nt = min(MAX_T, T - t0)
+        _group(kind, w, row0, K // block, acc, x64[t0 : t0 + nt], nt)
+        for t in range(nt):
+            for i in range(LANES):
+                out[t0 + t, row0 + i] = acc[t, i]
+
+
 @jit(parallel=True)
 def _matmul_lanes(kind, w, x64, out, block):
     """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
-    T, K = x64.shape
     for g in prange(w.shape[0] // LANES):
-        row0 = g * LANES
-        acc = np.empty((MAX_T, LANES), dtype=np.float64)
-        for t0 in range(0, T, MAX_T):
-            nt = min(MAX_T, T - t0)
-            _group(kind, w, row0, K // block, acc, x64[t0 : t0 + nt], nt)
-            for t in range(nt):
-                for i in range(LANES):
-                    out[t0 + t, row0 + i] = acc[t, i]
+        _lanes_group(kind, w, g, x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
+
+
+@jit()
+def _matmul_lanes_serial(kind, w, x64, out, block):
+    """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+    acc = np.empty((MAX_T, LANES), dtype=np.float64)
+    for g in range(w.shape[0] // LANES):
+        _lanes_group(kind, w, g, x64, out, block, acc)
 
 
 @jit()
@@ -604,18 +617,31 @@ def _group_packed(kind, p, grp, acc, x, nt):
                 _packed_q6_k(acc, p, grp, blk, x, 4)
 
 
+@jit()
+def _packed_group(kind, p, g, x64, out, acc):
+    """``_lanes_group`` over packed words."""
+    T = x64.shape[0]
+    for t0 in range(0, T, MAX_T):
+        nt = min(MAX_T, T - t0)
+        _group_packed(kind, p, g, acc, x64[t0 : t0 + nt], nt)
+        for t in range(nt):
+            for i in range(LANES):
+                out[t0 + t, g * LANES + i] = acc[t, i]
+
+
 @jit(parallel=True)
 def _matmul_packed(kind, p, x64, out):
     """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
-    T = x64.shape[0]
     for g in prange(p.shape[0]):
-        acc = np.empty((MAX_T, LANES), dtype=np.float64)
-        for t0 in range(0, T, MAX_T):
-            nt = min(MAX_T, T - t0)
-            _group_packed(kind, p, g, acc, x64[t0 : t0 + nt], nt)
-            for t in range(nt):
-                for i in range(LANES):
-                    out[t0 + t, g * LANES + i] = acc[t, i]
+        _packed_group(kind, p, g, x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
+
+
+@jit()
+def _matmul_packed_serial(kind, p, x64, out):
+    """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+    acc = np.empty((MAX_T, LANES), dtype=np.float64)
+    for g in range(p.shape[0]):
+        _packed_group(kind, p, g, x64, out, acc)
 
 
 @jit(parallel=True)
@@ -739,8 +765,10 @@ def pack(w_raw: np.ndarray, qtype):
 
 def matmul_packed(p: PackedRows, x64: np.ndarray, out: np.ndarray) -> int:
     """``matmul_lanes`` for a packed matrix: fill ``out[:, :n]``, n = LANES·groups; return n."""
-    _matmul_packed(int(p.qtype), p.words, x64, out)
-    return p.words.shape[0] * LANES
+    n = p.words.shape[0] * LANES
+    kernel = _matmul_packed_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_packed
+    kernel(int(p.qtype), p.words, x64, out)
+    return n
 
 
 def supported(qtype) -> bool:
@@ -755,7 +783,8 @@ def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray) -
     if x64.shape[1] % BLOCK[kind]:  # F32 rows whose length is not a multiple of 16
         return 0
     if n:
-        _matmul_lanes(kind, w_bytes, x64, out, BLOCK[kind])
+        kernel = _matmul_lanes_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_lanes
+        kernel(kind, w_bytes, x64, out, BLOCK[kind])
     return n
 
 

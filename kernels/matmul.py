@@ -52,7 +52,7 @@ from . import lanes
 from .actquant import matmul_act_quant
 from .blocks import weight_layout
 from .dequant import as_row_bytes, dequantize_row
-from .flags import JIT_ENABLED, jit
+from .flags import JIT_ENABLED, SERIAL_BELOW, jit
 
 ROWS_PER_TASK = 16  # weight rows per prange iteration (buffers are allocated once per task)
 _NUMPY_CHUNK_VALUES = 1 << 20  # path="numpy": dequantize about this many weights at a time
@@ -86,33 +86,46 @@ def _dot4_f64(w, x):
     return a0, a1, a2, a3
 
 
+@jit()
+def _rows_task(kind, w, x64, out, task, row, rows):
+    """Rows task·ROWS_PER_TASK … of ``out`` (``row``, ``rows``: float32 [K] / float64 [4, K] scratch)."""
+    N = w.shape[0]
+    T, K = x64.shape
+    start = task * ROWS_PER_TASK
+    stop = min(N, start + ROWS_PER_TASK)
+    for n0 in range(start, stop, 4):
+        group = min(4, stop - n0)
+        for i in range(group):
+            dequantize_row(kind, w[n0 + i], row)
+            for k in range(K):
+                rows[i, k] = row[k]
+        for t in range(T):
+            if group == 4:
+                s0, s1, s2, s3 = _dot4_f64(rows, x64[t])
+                out[t, n0] = s0
+                out[t, n0 + 1] = s1
+                out[t, n0 + 2] = s2
+                out[t, n0 + 3] = s3
+            else:
+                for i in range(group):
+                    out[t, n0 + i] = _dot_f64(rows[i], x64[t])
+
+
 @jit(parallel=True)
 def _matmul_rows(kind, w, x64, out):
     """out[t, n] = float32(Σ_k float64(W[n, k]) * x64[t, k]) for W's rows given as bytes ``w``."""
-    N = w.shape[0]
-    T, K = x64.shape
-    n_tasks = (N + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in prange(n_tasks):
-        row = np.empty(K, dtype=np.float32)  # one decoded weight row
-        rows = np.empty((4, K), dtype=np.float64)  # up to 4 decoded rows, widened (exactly)
-        start = task * ROWS_PER_TASK
-        stop = min(N, start + ROWS_PER_TASK)
-        for n0 in range(start, stop, 4):
-            group = min(4, stop - n0)
-            for i in range(group):
-                dequantize_row(kind, w[n0 + i], row)
-                for k in range(K):
-                    rows[i, k] = row[k]
-            for t in range(T):
-                if group == 4:
-                    s0, s1, s2, s3 = _dot4_f64(rows, x64[t])
-                    out[t, n0] = s0
-                    out[t, n0 + 1] = s1
-                    out[t, n0 + 2] = s2
-                    out[t, n0 + 3] = s3
-                else:
-                    for i in range(group):
-                        out[t, n0 + i] = _dot_f64(rows[i], x64[t])
+    K = x64.shape[1]
+    for task in prange((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        _rows_task(kind, w, x64, out, task, np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64))
+
+
+@jit()
+def _matmul_rows_serial(kind, w, x64, out):
+    """``_matmul_rows`` on the calling thread (small products: ``flags.SERIAL_BELOW``)."""
+    K = x64.shape[1]
+    row, rows = np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64)
+    for task in range((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        _rows_task(kind, w, x64, out, task, row, rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,5 +202,6 @@ def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray, pa
         n = 0
     if n < w_bytes.shape[0]:
         tail = np.zeros((y.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
-        _matmul_rows(int(qtype), w_bytes[n:], x64, tail)
+        rows = _matmul_rows_serial if tail.size * x64.shape[1] < SERIAL_BELOW else _matmul_rows
+        rows(int(qtype), w_bytes[n:], x64, tail)
         y[:, n:] = tail

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .flags import JIT_ENABLED, jit
+from .flags import JIT_ENABLED, SERIAL_BELOW, jit
 
 F32 = np.float32
 _PATHS = ("numba", "numpy")
@@ -116,55 +116,68 @@ def _delta_rule_numpy(M, q, k, v, decay, beta, scale):
     return o, M
 
 
+@jit()
+def _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j):
+    """The step for value head j, four state rows side by side."""
+    Sv, Sk = M.shape[1], M.shape[2]
+    dj = decay[j]
+    bj = beta[j]
+    for r in range(0, Sv, 4):  # Sv % 4 == 0 (checked by the caller)
+        # pass 1: u = (M·decay) k, and the decayed rows into M_out
+        s0 = s1 = s2 = s3 = 0.0
+        for i in range(Sk):
+            ki = np.float64(k[j, i])
+            m0 = M[j, r, i] * dj
+            m1 = M[j, r + 1, i] * dj
+            m2 = M[j, r + 2, i] * dj
+            m3 = M[j, r + 3, i] * dj
+            M_out[j, r, i] = m0
+            M_out[j, r + 1, i] = m1
+            M_out[j, r + 2, i] = m2
+            M_out[j, r + 3, i] = m3
+            s0 += np.float64(m0) * ki
+            s1 += np.float64(m1) * ki
+            s2 += np.float64(m2) * ki
+            s3 += np.float64(m3) * ki
+        d0 = (v[j, r] - np.float32(s0)) * bj
+        d1 = (v[j, r + 1] - np.float32(s1)) * bj
+        d2 = (v[j, r + 2] - np.float32(s2)) * bj
+        d3 = (v[j, r + 3] - np.float32(s3)) * bj
+        # pass 2: M' = M₁ + δ kᵀ (product rounded to float32, then the sum), o = M' q
+        t0 = t1 = t2 = t3 = 0.0
+        for i in range(Sk):
+            kk = k[j, i]
+            qi = np.float64(q[j, i])
+            n0 = M_out[j, r, i] + d0 * kk
+            n1 = M_out[j, r + 1, i] + d1 * kk
+            n2 = M_out[j, r + 2, i] + d2 * kk
+            n3 = M_out[j, r + 3, i] + d3 * kk
+            M_out[j, r, i] = n0
+            M_out[j, r + 1, i] = n1
+            M_out[j, r + 2, i] = n2
+            M_out[j, r + 3, i] = n3
+            t0 += np.float64(n0) * qi
+            t1 += np.float64(n1) * qi
+            t2 += np.float64(n2) * qi
+            t3 += np.float64(n3) * qi
+        o[j, r] = np.float32(t0) * scale
+        o[j, r + 1] = np.float32(t1) * scale
+        o[j, r + 2] = np.float32(t2) * scale
+        o[j, r + 3] = np.float32(t3) * scale
+
+
 @jit(parallel=True)
 def _delta_rule_heads(M, q, k, v, decay, beta, scale, o, M_out):
-    """The same operations per value head j (one thread each), four state rows side by side."""
-    Hv, Sv, Sk = M.shape
-    for j in prange(Hv):
-        dj = decay[j]
-        bj = beta[j]
-        for r in range(0, Sv, 4):  # Sv % 4 == 0 (checked by the caller)
-            # pass 1: u = (M·decay) k, and the decayed rows into M_out
-            s0 = s1 = s2 = s3 = 0.0
-            for i in range(Sk):
-                ki = np.float64(k[j, i])
-                m0 = M[j, r, i] * dj
-                m1 = M[j, r + 1, i] * dj
-                m2 = M[j, r + 2, i] * dj
-                m3 = M[j, r + 3, i] * dj
-                M_out[j, r, i] = m0
-                M_out[j, r + 1, i] = m1
-                M_out[j, r + 2, i] = m2
-                M_out[j, r + 3, i] = m3
-                s0 += np.float64(m0) * ki
-                s1 += np.float64(m1) * ki
-                s2 += np.float64(m2) * ki
-                s3 += np.float64(m3) * ki
-            d0 = (v[j, r] - np.float32(s0)) * bj
-            d1 = (v[j, r + 1] - np.float32(s1)) * bj
-            d2 = (v[j, r + 2] - np.float32(s2)) * bj
-            d3 = (v[j, r + 3] - np.float32(s3)) * bj
-            # pass 2: M' = M₁ + δ kᵀ (product rounded to float32, then the sum), o = M' q
-            t0 = t1 = t2 = t3 = 0.0
-            for i in range(Sk):
-                kk = k[j, i]
-                qi = np.float64(q[j, i])
-                n0 = M_out[j, r, i] + d0 * kk
-                n1 = M_out[j, r + 1, i] + d1 * kk
-                n2 = M_out[j, r + 2, i] + d2 * kk
-                n3 = M_out[j, r + 3, i] + d3 * kk
-                M_out[j, r, i] = n0
-                M_out[j, r + 1, i] = n1
-                M_out[j, r + 2, i] = n2
-                M_out[j, r + 3, i] = n3
-                t0 += np.float64(n0) * qi
-                t1 += np.float64(n1) * qi
-                t2 += np.float64(n2) * qi
-                t3 += np.float64(n3) * qi
-            o[j, r] = np.float32(t0) * scale
-            o[j, r + 1] = np.float32(t1) * scale
-            o[j, r + 2] = np.float32(t2) * scale
-            o[j, r + 3] = np.float32(t3) * scale
+    """The step for every value head, one thread per head."""
+    for j in prange(M.shape[0]):
+        _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j)
+
+
+@jit()
+def _delta_rule_heads_serial(M, q, k, v, decay, beta, scale, o, M_out):
+    """``_delta_rule_heads`` on the calling thread (small states: ``flags.SERIAL_BELOW``)."""
+    for j in range(M.shape[0]):
+        _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j)
 
 
 def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, beta: np.ndarray, scale, *, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
@@ -184,5 +197,6 @@ def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
         return _delta_rule_numpy(M, q, k, v, decay, beta, scale)
     o = np.empty((Hv, Sv), dtype=F32)  # [Hv, Sv]
     M_out = np.empty_like(M)  # [Hv, Sv, Sk]
-    _delta_rule_heads(M, q, k, v, decay, beta, scale, o, M_out)
+    heads = _delta_rule_heads_serial if 2 * M.size < SERIAL_BELOW else _delta_rule_heads
+    heads(M, q, k, v, decay, beta, scale, o, M_out)
     return o, M_out

@@ -160,6 +160,24 @@ def test_forward_emulated_independent_of_threads_and_packing(thread_count):
     assert all(same_bits(a, b) and same_bits(a, c) for a, b, c in zip(one, two, three))
 
 
+@pytest.mark.parametrize("quant", ["q4_k_m", "mxfp4", "bf16"])
+def test_serial_and_parallel_kernels_agree(quant, monkeypatch):
+    """flags.SERIAL_BELOW only decides which thread computes an output: forward with every kernel
+    serial equals forward with every kernel parallel, bit for bit (mapped and packed)."""
+    import importlib
+
+    modules = [importlib.import_module(f"kernels.{name}") for name in ("lanes", "matmul", "recurrent")]
+    path = fixture_path("tiny", quant)
+    results = []
+    for below in (0, 1 << 62):
+        for mod in modules:
+            monkeypatch.setattr(mod, "SERIAL_BELOW", below)
+        for pack in (False, True):
+            results.append(_decode_path(load_model(path, pack=pack), Ctx()))
+    for other in results[1:]:
+        assert all(same_bits(a, b) for a, b in zip(results[0], other))
+
+
 def test_pack_auto_packs_what_fits_and_reports_it(monkeypatch):
     """load_model's default pack="auto": packed when the copies fit in PACK_AUTO_FRACTION of
     MemAvailable, not packed otherwise; same numbers either way (above)."""

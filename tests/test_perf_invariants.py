@@ -64,7 +64,7 @@ def test_lane_kernels_equal_plain_rows(qtype, scales):
 
 
 def test_packed_q6_k_float64_products_at_the_limits():
-    """The packed Q6_K kernel forms w = d·sc·(q − 32) in float64 (kernels/lanes.py _emit_q6_k_codes),
+    """The packed Q6_K kernel forms w = d·sc·(q − 32) in float64 (kernels/lanes_blocks.py _emit_q6_k_codes),
     relying on the float32 products being exact: check the extremes of every factor — d the largest
     and smallest (subnormal) f16, sc = −128 / 127 / ±1 / 0, every code — against the row decoder."""
     rng = np.random.default_rng(61)

@@ -49,7 +49,7 @@ from gguf import quants as gguf_quants
 from numba import prange
 
 from . import lanes
-from .actquant import matmul_act_quant
+from .actdots import matmul_act_quant
 from .blocks import weight_layout
 from .dequant import as_row_bytes, dequantize_row
 from .flags import JIT_ENABLED, SERIAL_BELOW, jit

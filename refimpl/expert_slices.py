@@ -125,6 +125,12 @@ class SliceCache:
             self._slices.move_to_end(key)
         return buf
 
+    def discard(self, key) -> None:
+        """Forget ``key`` if held (a slice whose read failed)."""
+        buf = self._slices.pop(key, None)
+        if buf is not None:
+            self.used -= buf.nbytes
+
     def put(self, key, buf: np.ndarray) -> list:
         assert key not in self._slices, key
         if buf.nbytes > self.budget:

@@ -27,7 +27,8 @@ call (:class:`StreamedExperts`, :class:`RoutedExperts`), and the load-time piece
   weights)`` walks the union of the selected experts in first-use order (row by row, in selection
   order) and, for each (tensor, expert) slice of that union, takes it from the cache (a *hit*) or
   reads it with one positioned read (``os.preadv`` on a file descriptor — never through the memory
-  map, so expert pages never enter the process's RSS) and offers it to the cache (a *miss*). The
+  map, so expert pages never enter the process's RSS) and offers it to the cache (a *miss*; the
+  batch's misses are read ``READ_THREADS`` at a time once the walk has decided them). The
   batch keeps its slices until moe_ffn returns, so within one forward call every slice is read at
   most once, whatever the budget — a verify batch reads the union of its 1+N rows' experts once.
 * The cache is least-recently-used over slices and never holds more than ``budget`` bytes: a new
@@ -57,6 +58,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -78,7 +80,7 @@ from refimpl.expert_slices import (
 from refimpl.weights import Matrix
 
 __all__ = [
-    "AUTO_FALLBACK_BYTES", "AUTO_FRACTION", "EXPERT_KINDS", "MIB", "PAGE", "PHASES", "PIN_BAR_MIN_BYTES",
+    "AUTO_FALLBACK_BYTES", "AUTO_FRACTION", "EXPERT_KINDS", "MIB", "PAGE", "PHASES", "PIN_BAR_MIN_BYTES", "READ_THREADS",
     "ExpertStreamer", "ExpertTensor", "PhaseCounters", "RoutedExperts", "Routes", "SliceCache", "SliceKey",
     "StreamCounters", "StreamedExperts", "cache_budget", "expert_tensors", "is_expert_tensor", "mem_available", "pin_dense",
 ]
@@ -88,6 +90,17 @@ AUTO_FRACTION = 0.5  # --cache-mb auto = this fraction of MemAvailable (/proc/me
 AUTO_FALLBACK_BYTES = 1 << 30  # auto budget when /proc/meminfo cannot be read
 PIN_BAR_MIN_BYTES = 64 * MIB  # show the pinning progress bar for dense weights at least this large
 PAGE = 4096
+#: A batch's missing slices are read by this many threads at once: they are independent byte ranges,
+#: and a disk (or the page cache) serves several positioned reads at a time far faster than one
+#: after another — random 576 KiB reads on this project's VM: 0.4 GB/s alone, 2 GB/s eight at a
+#: time. The bytes, the counters and the cache's order are those of the one-at-a-time walk.
+READ_THREADS = 8
+
+
+def _close_streamer(fd: int, pool: ThreadPoolExecutor | None) -> None:
+    if pool is not None:
+        pool.shutdown(wait=True)
+    os.close(fd)
 
 
 # ---- routing records (for --route-trace) --------------------------------------------------------
@@ -139,7 +152,8 @@ class ExpertStreamer:
         self._pass: _Pass | None = None
         self._n_passes = 0
         self._fd = os.open(path, os.O_RDONLY)
-        self._close = weakref.finalize(self, os.close, self._fd)
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="refimpl-read") if READ_THREADS > 1 else None
+        self._close = weakref.finalize(self, _close_streamer, self._fd, self._pool)
 
     @classmethod
     def open(cls, m, budget: int, on_route: Callable[[Routes], None] | None = None) -> "ExpertStreamer":
@@ -183,31 +197,55 @@ class ExpertStreamer:
 
     # ---- reading --------------------------------------------------------------------------------
 
-    def _read(self, t: ExpertTensor, e: int) -> np.ndarray:
-        """One positioned read of expert e's slice of t: a fresh read-only [slice_bytes] uint8."""
-        buf = np.empty(t.slice_bytes, dtype=np.uint8)
+    def _read_into(self, t: ExpertTensor, e: int, buf: np.ndarray) -> None:
+        """One positioned read of expert e's slice of t into ``buf`` [slice_bytes] uint8."""
         offset, done = t.slice_offset(e), 0
         while done < t.slice_bytes:  # preadv may return short; loop until the slice is complete
             n = os.preadv(self._fd, [buf[done:]], offset + done)
             if n == 0:
                 raise RefimplError(f"{self.path}: unexpected end of file reading {t.name}[{e}]")
             done += n
-        buf.flags.writeable = False
-        return buf
 
-    def _fetch(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters) -> tuple[np.ndarray, int]:
-        """Expert e's slice of t from the cache (a hit) or the file (a miss, then cached).
-        Returns (slice bytes, bytes read now)."""
+    def _lookup(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters, pending: list) -> tuple[np.ndarray, int]:
+        """Expert e's slice of t from the cache (a hit), or a buffer for it that joins ``pending``
+        and the cache now (a miss: the cache decides what it evicts exactly as if it were read here;
+        :meth:`_complete` fills it). Returns (slice bytes, bytes read for it)."""
         key = SliceKey(il, t.kind, e)
         buf = self.cache.get(key)
         if buf is not None:
             c.hits += 1
             return buf, 0
-        buf = self._read(t, e)
+        buf = np.empty(t.slice_bytes, dtype=np.uint8)
+        pending.append((key, t, e, buf))
         c.slices_read += 1
         c.bytes_read += buf.nbytes
         self.cache.put(key, buf)
         return buf, buf.nbytes
+
+    def _complete(self, pending: list) -> None:
+        """Read the ``pending`` slices from the file, READ_THREADS at a time; then they are read-only.
+        If a read fails, none of them stays in the cache."""
+        try:
+            if self._pool is not None and len(pending) > 1:
+                for _ in self._pool.map(lambda p: self._read_into(p[1], p[2], p[3]), pending):
+                    pass
+            else:
+                for _, t, e, buf in pending:
+                    self._read_into(t, e, buf)
+        except BaseException:
+            for key, *_ in pending:
+                self.cache.discard(key)
+            raise
+        for *_, buf in pending:
+            buf.flags.writeable = False
+
+    def _fetch(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters) -> tuple[np.ndarray, int]:
+        """Expert e's slice of t from the cache (a hit) or the file (a miss, then cached).
+        Returns (slice bytes, bytes read now)."""
+        pending: list = []
+        found = self._lookup(il, t, e, c, pending)
+        self._complete(pending)
+        return found
 
     def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
         """Block il's routed slices for one moe_ffn batch: sel [T, K] expert ids, weights [T, K] →
@@ -226,12 +264,14 @@ class ExpertStreamer:
             for e in row:
                 first_row.setdefault(int(e), t)
         slices: dict[tuple[str, int], np.ndarray] = {}
+        pending: list = []  # the misses, read together below
         for e, t in first_row.items():
             for tensor in self.tensors[il]:
-                buf, n_read = self._fetch(il, tensor, e, c)
+                buf, n_read = self._lookup(il, tensor, e, c, pending)
                 if phase == "verify" and t > 0:
                     c.widened_bytes += n_read
                 slices[tensor.kind, e] = buf
+        self._complete(pending)
         return slices
 
     def read_one(self, il: int, kind: str, e: int) -> np.ndarray:

@@ -126,6 +126,40 @@ def test_speculative_tokens_equal_across_budgets_and_counters_add_up(make_fixtur
             assert t["stream_bytes_mtp"] > 0 and t["stream_bytes_verify_widened"] > 0 and t["stream_hits"] == 0
 
 
+@pytest.mark.parametrize("mb", [0, 1, 1024])
+def test_concurrent_reads_change_nothing(make_fixture, monkeypatch, mb):
+    """A batch's misses are read READ_THREADS at a time: logits, every counter and the cache's LRU
+    order equal those of reading one slice after another."""
+    import refimpl.streamer as S
+
+    path = make_fixture("tiny", "q4_k_m")
+    runs = []
+    for threads in (1, 8):
+        monkeypatch.setattr(S, "READ_THREADS", threads)
+        model = load_model(path, cache_mb=mb)
+        assert (model.streamer._pool is None) == (threads == 1)
+        runs.append((_scenario(model), model.streamer.stats(), model.streamer.cache.keys()))
+    (a, stats_a, keys_a), (b, stats_b, keys_b) = runs
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert stats_a == stats_b and keys_a == keys_b
+
+
+def test_a_failed_read_leaves_nothing_in_the_cache(make_fixture, tmp_path):
+    """A truncated file: the batch's reads fail with one line, and no unread slice stays cached."""
+    src = make_fixture("tiny", "q4_k_m")
+    model = load_model(src, cache_mb=1024)
+    last = max((t for ts in model.streamer.tensors.values() for t in ts), key=lambda t: t.slice_offset(0))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(src).read_bytes()[: last.slice_offset(last.shape[0] - 1) + 10])
+    s = ExpertStreamer(cut, model.streamer.tensors, n_layer=model.config.n_layer, n_ff=model.config.n_ff_exp, budget=1 << 30)
+    il = next(il for il, ts in s.tensors.items() if last in ts)
+    sel = np.array([[0, last.shape[0] - 1]])
+    with pytest.raises(RefimplError, match="unexpected end of file"):
+        s.read_union(il, sel, np.ones_like(sel, dtype=np.float32))
+    assert len(s.cache) == 0 and s.cache.used == 0
+    s.close()
+
+
 # ---- the cache ------------------------------------------------------------------------------------
 
 

@@ -30,8 +30,9 @@ class Ctx:
       rounding) — spec §7.2, ``kernels.matmul(act_quant=True)``.
     * ``kv_f16``: emulate llama.cpp's default F16 K/V cache (K and V rounded to F16 when stored; with
       flash attention off Q is rounded to F16 for K·Q and the softmax probabilities for P·V).
-    * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the quantized
-      matmul runs; they agree to ≤ 1 float32 ulp (kernels/matmul.py states the tolerance).
+    * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the kernels runs —
+      the quantized matmul (the two agree to ≤ 1 float32 ulp, kernels/matmul.py states the
+      tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/recurrent.py).
     * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
       — ``il`` = -1 for model-level tensors; ``None`` records nothing.
     """

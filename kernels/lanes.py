@@ -49,7 +49,7 @@ from .flags import JIT_ENABLED, SERIAL_BELOW, jit
 from .floats import F16_TABLE
 from .lanes_blocks import (_block_f32, _block_mxfp4, _block_q4_k, _block_q6_k, _block_q8_0, _packed_f32, _packed_mxfp4,
                            _packed_q4_k, _packed_q6_k, _packed_q8_0)
-from .lanes_ir import _F32, _MXFP4, _Q4_K, _Q6_K, _Q8_0, BLOCK, LANE_TYPES, LANES, MAX_T, Q6_K_CODE_SLOTS, SLOTS, TYPE_SIZE
+from .lanes_ir import _F32, _MXFP4, _Q4_K, _Q6_K, _Q8_0, BLOCK, CODE_SLOTS, LANE_TYPES, LANES, MAX_T, SLOTS, TYPE_SIZE
 
 # --------------------------------------------------------------------------------------------
 # The driver: prange over groups of LANES rows; activation rows MAX_T at a time
@@ -228,11 +228,39 @@ def _pack_words(w, type_size, slots, out):
                                          | (np.uint32(row[o + 2]) << np.uint32(16)) | (np.uint32(row[o + 3]) << np.uint32(24)))
 
 
+@jit()
+def _put_codes(codes, out, g, blk):
+    """codes int8 [k, LANES] into the first slots of out[g, blk], column-major: byte k·LANES + i is row
+    i's code k (word wi = bytes 4·wi … 4·wi + 3, little-endian)."""
+    u = codes.reshape(-1).view(np.uint8)
+    for wi in range(u.size // 4):
+        out[g, blk, wi // LANES, wi % LANES] = (np.uint32(u[4 * wi]) | (np.uint32(u[4 * wi + 1]) << np.uint32(8))
+                                                | (np.uint32(u[4 * wi + 2]) << np.uint32(16)) | (np.uint32(u[4 * wi + 3]) << np.uint32(24)))
+
+
+@jit(parallel=True)
+def _pack_q8_0(w, out):
+    """out[g, blk] for rows g·LANES … g·LANES + LANES − 1: their 32 codes column-major
+    (``_put_codes``, slots 0–7), then per row d (``F16_TABLE``) as float32 bits (slot 8)."""
+    for g in prange(out.shape[0]):
+        codes = np.empty((32, LANES), dtype=np.int8)  # [k, row]
+        d = np.empty(1, dtype=np.float32)
+        for blk in range(out.shape[1]):
+            o = 34 * blk
+            for i in range(LANES):
+                src = w[g * LANES + i]
+                for k in range(32):
+                    codes[k, i] = np.int8(src[o + 2 + k])
+                d[0] = F16_TABLE[int(src[o]) | (int(src[o + 1]) << 8)]
+                out[g, blk, 8, i] = d.view(np.uint32)[0]
+            _put_codes(codes, out, g, blk)
+
+
 @jit(parallel=True)
 def _pack_q6_k(w, out):
     """out[g, blk] for rows g·LANES … g·LANES + LANES − 1: their 256 codes q − 32 as int8 (q as
-    ``_deq_q6_k`` assembles it), column-major — byte k·LANES + i of the block's first 64 slots is row i's
-    code k —, then per row the 16 int8 scales (slots 64–67) and d (``F16_TABLE``) as float32 bits (68)."""
+    ``_deq_q6_k`` assembles it) column-major (``_put_codes``, slots 0–63), then per row the 16 int8
+    scales (slots 64–67) and d (``F16_TABLE``) as float32 bits (68)."""
     for g in prange(out.shape[0]):
         codes = np.empty((256, LANES), dtype=np.int8)  # [k, row]
         d = np.empty(1, dtype=np.float32)
@@ -255,10 +283,7 @@ def _pack_q6_k(w, out):
                                               | (np.uint32(src[b0 + 2]) << np.uint32(16)) | (np.uint32(src[b0 + 3]) << np.uint32(24)))
                 d[0] = F16_TABLE[int(src[o + 208]) | (int(src[o + 209]) << 8)]
                 out[g, blk, 68, i] = d.view(np.uint32)[0]
-            u = codes.reshape(-1).view(np.uint8)  # [256·LANES] in k-major order
-            for wi in range(64 * LANES):  # word wi = bytes 4·wi … 4·wi + 3 of that order
-                out[g, blk, wi // LANES, wi % LANES] = (np.uint32(u[4 * wi]) | (np.uint32(u[4 * wi + 1]) << np.uint32(8))
-                                                        | (np.uint32(u[4 * wi + 2]) << np.uint32(16)) | (np.uint32(u[4 * wi + 3]) << np.uint32(24)))
+            _put_codes(codes, out, g, blk)
 
 
 class PackedRows:
@@ -305,9 +330,10 @@ def pack(w_raw: np.ndarray, qtype):
 
     Layout: for each group of LANES rows and each block, the 32-bit words the kernel reads
     (``SLOTS``: byte offsets within the block) of the LANES rows side by side —
-    uint32 [N // LANES, blocks, slots, LANES]; for Q6_K the words of ``_pack_q6_k`` instead (its
-    6-bit codes already assembled: 276 bytes per 256 values instead of 210). Rows after the last
-    whole group stay in ``raw`` only.
+    uint32 [N // LANES, blocks, slots, LANES]; for Q8_0 and Q6_K their int8 codes column by column
+    instead (``_pack_q8_0``, ``_pack_q6_k``; ``lanes_ir.CODE_SLOTS``: Q8_0 36 bytes per 32 values
+    instead of 34, Q6_K 276 per 256 instead of 210). Rows after the last whole group stay in ``raw``
+    only.
     """
     if isinstance(w_raw, PackedRows):
         return w_raw
@@ -324,9 +350,9 @@ def pack(w_raw: np.ndarray, qtype):
     if groups == 0 or K % BLOCK[kind]:
         return w_raw
     n_blocks = w_bytes.shape[1] // TYPE_SIZE[kind]
-    if kind == _Q6_K:
-        words = np.empty((groups, n_blocks, Q6_K_CODE_SLOTS, LANES), dtype=np.uint32)
-        _pack_q6_k(w_bytes, words)
+    if kind in CODE_SLOTS:  # int8 codes, column-major (lanes_ir.CODE_SLOTS)
+        words = np.empty((groups, n_blocks, CODE_SLOTS[kind], LANES), dtype=np.uint32)
+        (_pack_q6_k if kind == _Q6_K else _pack_q8_0)(w_bytes, words)
     else:
         slots = np.array(SLOTS[kind], dtype=np.int64)
         words = np.empty((groups, n_blocks, slots.size, LANES), dtype=np.uint32)

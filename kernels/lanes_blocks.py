@@ -35,6 +35,19 @@ def _emit_q8_0(e: _Emit):
             yield 4 * j4 + k, e.b.fmul(e.s2f(e.sbyte(dw, k)), d)
 
 
+def _emit_q8_0_codes(e: _PackedEmit):
+    """Q8_0 from its packed codes (``_pack_q8_0``): the LANES rows' codes of column j are LANES bytes
+    side by side; w[j] = qs[j] · d formed in float64 — the row decoder's float32 product is exact
+    (|qs| ≤ 128: ≤ 7 significant bits; d an f16: ≤ 11), so this is the same number (as for Q6_K,
+    ``_emit_q6_k_codes``)."""
+    b = e.b
+    d = b.fpext(b.bitcast(e.words(8)[0], _vec(_f32)), _vec(_f64))
+    codes = b.bitcast(e.block_ptr, ir.IntType(8).as_pointer())
+    for j in range(32):
+        q = b.load(b.bitcast(b.gep(codes, [e.const64(j * LANES)]), ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1)
+        yield j, b.fmul(_int8_to_f64(e, q), d)
+
+
 def _emit_mxfp4(e: _Emit):
     """``_deq_mxfp4``: w[j] = d * K[qs[j] & 15], w[j+16] = d * K[qs[j] >> 4], j = 0..15; qs at byte 1,
     d = E8M0_HALF[e] for the exponent byte e at 0: the float32 bits ``(e − 1) << 23``, or
@@ -195,7 +208,7 @@ _block_q8_0 = _block_kernel("_block_q8_0", _Q8_0, _emit_q8_0)
 _block_mxfp4 = _block_kernel("_block_mxfp4", _MXFP4, _emit_mxfp4)
 _block_q4_k = _block_kernel("_block_q4_k", _Q4_K, _emit_q4_k)
 _block_q6_k = _block_kernel("_block_q6_k", _Q6_K, _emit_q6_k)
-_packed_q8_0 = _block_kernel("_packed_q8_0", _Q8_0, _emit_q8_0, packed=True)
+_packed_q8_0 = _block_kernel("_packed_q8_0", _Q8_0, _emit_q8_0_codes, packed=True)
 _packed_mxfp4 = _block_kernel("_packed_mxfp4", _MXFP4, _emit_mxfp4, packed=True)
 _packed_q4_k = _block_kernel("_packed_q4_k", _Q4_K, _emit_q4_k, packed=True)
 _packed_q6_k = _block_kernel("_packed_q6_k", _Q6_K, _emit_q6_k_codes, packed=True)

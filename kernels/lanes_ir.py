@@ -37,10 +37,13 @@ SLOTS = {
     _MXFP4: (0, *range(1, 17, 4)),  # e (+ qs[0:3]); qs
     _Q4_K: tuple(range(0, 144, 4)),  # d, dmin; scales; qs
 }
-#: Q6_K is packed differently (its 6-bit codes cost more to assemble than to store): 64 slots holding
-#: the 256 codes q − 32 as int8, column by column (the LANES rows' codes of column k are bytes
-#: k·LANES … k·LANES + LANES − 1 of the block); 4 slots of the 16 int8 scales; 1 slot of d as float32 bits.
-Q6_K_CODE_SLOTS = 69
+#: Q8_0 and Q6_K are packed differently: their codes as int8, column by column (the LANES rows'
+#: codes of column k are bytes k·LANES … k·LANES + LANES − 1 of the block), so their kernels load a
+#: column with one vector load and form the weights in float64 (lanes_blocks ``_emit_*_codes``).
+#: Q8_0: 8 slots of the 32 codes, 1 slot of d as float32 bits. Q6_K (whose 6-bit codes also cost
+#: more to assemble than to store): 64 slots of the 256 codes q − 32, 4 slots of the 16 int8 scales,
+#: 1 slot of d as float32 bits.
+CODE_SLOTS = {_Q8_0: 9, _Q6_K: 69}
 
 # --------------------------------------------------------------------------------------------
 # LLVM IR vocabulary: vectors of LANES values, one per weight row
@@ -186,7 +189,7 @@ def _block_kernel(name: str, kind: int, emit, packed: bool = False):
     """
     type_size, block = TYPE_SIZE[kind], BLOCK[kind]
     slots = SLOTS.get(kind, ())
-    n_slots = Q6_K_CODE_SLOTS if kind == _Q6_K else len(slots)
+    n_slots = CODE_SLOTS[kind] if packed and kind in CODE_SLOTS else len(slots)
 
     def kernel(typingctx, acc, w, row0, blk, x, nt):
         if not isinstance(nt, types.IntegerLiteral):

@@ -83,6 +83,22 @@ def test_packed_q6_k_float64_products_at_the_limits():
         assert same_bits(kernels.matmul(kernels.pack(w, QT.Q6_K), QT.Q6_K, x[:T]), ref[:T])
 
 
+def test_packed_q8_0_float64_products_at_the_limits():
+    """The packed Q8_0 kernel forms w = qs·d in float64 (lanes_blocks ``_emit_q8_0_codes``): every
+    code −128 … 127 against the largest, smallest (subnormal) and ordinary f16 scales of both signs."""
+    rng = np.random.default_rng(80)
+    w = random_rows(QT.Q8_0, 32, 256, rng)  # 2 lane groups, 8 blocks per row
+    blocks = w.reshape(32, 8, 34)
+    d_choices = np.array([0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x03FF, 0x3C00, 0x3555, 0x0000], dtype=np.uint16)
+    blocks[:, :, 0:2] = d_choices[rng.integers(0, d_choices.size, (32, 8))].view(np.uint8).reshape(32, 8, 2)
+    blocks[:8, :, 2:34] = np.arange(-128, 128, dtype=np.int8).reshape(8, 32).view(np.uint8)[:, None, :]
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    x[2] *= np.float32(1e30)
+    ref = rows_reference(w, QT.Q8_0, x)
+    for T in (1, 2, 5):
+        assert same_bits(kernels.matmul(kernels.pack(w, QT.Q8_0), QT.Q8_0, x[:T]), ref[:T])
+
+
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q6_K], ids=["Q8_0", "MXFP4", "Q4_K", "Q6_K"])
 def test_lane_kernels_nan_scales(qtype):
     """Raw random bytes make inf/NaN scales: NaN where the plain path has NaN (its sign and payload

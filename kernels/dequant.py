@@ -19,7 +19,7 @@ import numpy as np
 from numba import prange
 
 from .blocks import QT, WEIGHT_TYPES, weight_layout
-from .flags import jit
+from .flags import SERIAL_BELOW, jit
 from .floats import E8M0_HALF, f16_at
 
 #: The 16 values of a 4-bit MXFP4 code: twice the E2M1 values (``kvalues_mxfp4``).
@@ -368,6 +368,13 @@ def _dequantize_rows(kind, raw, out):
         dequantize_row(kind, raw[r], out[r])
 
 
+@jit()
+def _dequantize_rows_serial(kind, raw, out):
+    """``_dequantize_rows`` on the calling thread (a few rows, e.g. a token's embedding: ``flags.SERIAL_BELOW``)."""
+    for r in range(raw.shape[0]):
+        dequantize_row(kind, raw[r], out[r])
+
+
 def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray, int]:
     """Validate ``raw`` as GGUF data of ``qtype``; return (C-contiguous uint8 bytes view, n_cols).
 
@@ -414,7 +421,8 @@ def dequantize(raw: np.ndarray, qtype, n_cols: int | None = None) -> np.ndarray:
     rows2d = rows.reshape(-1, rows.shape[-1])
     out = np.empty((rows2d.shape[0], cols), dtype=np.float32)
     if out.size:
-        _dequantize_rows(int(cls.qtype), rows2d, out)
+        rows_kernel = _dequantize_rows_serial if out.size < SERIAL_BELOW else _dequantize_rows
+        rows_kernel(int(cls.qtype), rows2d, out)
     return out.reshape(lead + (cols,))
 
 

@@ -182,7 +182,7 @@ def test_serial_and_parallel_kernels_agree(quant, monkeypatch):
     serial equals forward with every kernel parallel, bit for bit (mapped and packed)."""
     import importlib
 
-    modules = [importlib.import_module(f"kernels.{name}") for name in ("lanes", "matmul", "recurrent")]
+    modules = [importlib.import_module(f"kernels.{name}") for name in ("lanes", "matmul", "recurrent", "dequant")]
     path = fixture_path("tiny", quant)
     results = []
     for below in (0, 1 << 62):

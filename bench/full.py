@@ -45,12 +45,12 @@ def _child(args) -> None:
     """Load, generate, print one JSON line."""
     import numba
 
-    from refimpl.model import load_model
+    from refimpl.model import PACK_FLAGS, load_model
     from refimpl.speculative import speculative_generate
 
     numba.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model = load_model(args.model, args.cache_mb, progress=False, pack={"auto": "auto", "on": True, "off": False}[args.pack])
+    model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack])
     load_s = time.perf_counter() - t0
     s = model.streamer
     prompt = random_prompt(args.prompt_len)

@@ -86,11 +86,12 @@ def _cmd_run(args) -> int:
     from tqdm import tqdm
 
     from refimpl.generate import greedy
+    from refimpl.model import PACK_FLAGS
     from refimpl.tokenizer import Tokenizer
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
-    model = _load(args, cache_mb=args.cache_mb, pack={"auto": "auto", "on": True, "off": False}[args.pack])
+    model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     if args.tokens is not None:
@@ -356,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="routed experts are read from the file through an LRU cache of N MiB (0: read every "
                         "decode; default auto = half of MemAvailable); docs/streamer.md")
     p.add_argument("--route-trace", metavar="FILE", help="write every MoE routing (position, layer, experts, weights) as CSV")
-    p.add_argument("--pack", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+    p.add_argument("--pack", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),  # refimpl.model.PACK_FLAGS
                    help="also hold the matrices in the fast kernels' layout: same numbers, faster decoding, "
                         "+their size in RAM; default auto = when that fits in a quarter of MemAvailable "
                         "(docs/performance.md)")

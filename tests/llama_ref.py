@@ -117,6 +117,15 @@ def llama_greedy(model_path, prompt, n_generate: int, *, load_mtp: bool = False,
 # The child process: only this part imports llama_cpp.
 
 
+def _float_row(ptr, n: int) -> np.ndarray:
+    """A copy of the n floats llama.cpp returned at ``ptr`` (logits or an embedding row)."""
+    import ctypes
+
+    if not ptr:
+        raise RuntimeError("llama.cpp returned a NULL row")
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n,)).copy()
+
+
 def _context_params(L, r, *, ctx_type=0, ctx_other=None):
     cparams = L.llama_context_default_params()
     cparams.n_ctx = r["n_ctx"]
@@ -150,11 +159,6 @@ def _child(request_path: str, out_path: str) -> int:
     def fail(msg: str, code: int) -> int:
         print(f"llama_ref: {msg}", file=sys.stderr)
         return code
-
-    def row(ptr, n):
-        if not ptr:
-            raise RuntimeError("llama.cpp returned a NULL row")
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n,)).copy()
 
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
@@ -200,10 +204,10 @@ def _child(request_path: str, out_path: str) -> int:
         rc = L.llama_decode(ctx, batch)
         if rc != 0:
             return fail(f"llama_decode returned {rc} at position {pos}", 4)
-        out["logits"][pos] = row(L.llama_get_logits_ith(ctx, 0), n_vocab)
+        out["logits"][pos] = _float_row(L.llama_get_logits_ith(ctx, 0), n_vocab)
         if not r["mtp"]:
             continue
-        out["hidden"][pos] = row(get_embeddings_nextn_ith(ctx, 0), n_embd)
+        out["hidden"][pos] = _float_row(get_embeddings_nextn_ith(ctx, 0), n_embd)
         L.llama_batch_ext_clear(batch_mtp)
         idx = L.llama_batch_ext_add_token(batch_mtp, 0, tokens[pos])
         pos4 = (L.llama_pos * 4)(pos, 0, 0, 0)
@@ -215,8 +219,8 @@ def _child(request_path: str, out_path: str) -> int:
         rc = L.llama_process(ctx_mtp, L.LLAMA_PROCESS_TYPE_DECODE, batch_mtp)
         if rc != 0:
             return fail(f"llama_process (MTP) returned {rc} at position {pos}", 4)
-        out["mtp_logits"][pos] = row(L.llama_get_logits_ith(ctx_mtp, 0), n_vocab)
-        out["mtp_hidden"][pos] = row(get_embeddings_nextn_ith(ctx_mtp, 0), n_embd)
+        out["mtp_logits"][pos] = _float_row(L.llama_get_logits_ith(ctx_mtp, 0), n_vocab)
+        out["mtp_hidden"][pos] = _float_row(get_embeddings_nextn_ith(ctx_mtp, 0), n_embd)
         h_prev = out["hidden"][pos].copy()
     L.llama_batch_free(batch)
     if ctx_mtp:

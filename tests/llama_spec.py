@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_ref import _context_params, run_child
+from llama_ref import _context_params, _float_row, run_child
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,6 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
     get_nextn_ith = getattr(lib, "_Z30llama_get_embeddings_nextn_ithP13llama_contexti")
     get_nextn_ith.argtypes, get_nextn_ith.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)
 
-    def row(ptr, n):
-        if not ptr:
-            raise RuntimeError("llama.cpp returned a NULL row")
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n,)).copy()
-
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
     mparams.load_mtp = True
@@ -118,8 +113,8 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
             batch.logits[i] = int(logits)
         rc = L.llama_decode(ctx, batch)
         assert rc == 0, f"llama_decode returned {rc} at position {pos0}"
-        lg = np.stack([row(L.llama_get_logits_ith(ctx, i), n_vocab) for i in range(len(tokens))]) if logits else None
-        return lg, np.stack([row(get_nextn_ith(ctx, i), n_embd) for i in range(len(tokens))])
+        lg = np.stack([_float_row(L.llama_get_logits_ith(ctx, i), n_vocab) for i in range(len(tokens))]) if logits else None
+        return lg, np.stack([_float_row(get_nextn_ith(ctx, i), n_embd) for i in range(len(tokens))])
 
     def decode_mtp(tokens, pos0, hs, output: bool):
         """One MTP batch of rows (tokens[i], pos0+i, hs[i]); (logits, h') of the last row if output."""
@@ -136,7 +131,7 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
         rc = L.llama_process(ctx_mtp, L.LLAMA_PROCESS_TYPE_DECODE, batch_mtp)
         assert rc == 0, f"llama_process (MTP) returned {rc} at position {pos0}"
         if output:
-            return row(L.llama_get_logits_ith(ctx_mtp, len(tokens) - 1), n_vocab), row(get_nextn_ith(ctx_mtp, len(tokens) - 1), n_embd)
+            return _float_row(L.llama_get_logits_ith(ctx_mtp, len(tokens) - 1), n_vocab), _float_row(get_nextn_ith(ctx_mtp, len(tokens) - 1), n_embd)
         return None
 
     prompt, n_predict = list(r["prompt"]), r["n_predict"]

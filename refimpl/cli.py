@@ -336,6 +336,7 @@ def _audit_dir(args) -> int:
 
     if args.streams:
         raise RefimplError("give STREAM files or --streams DIR, not both")
+    cache_mb = _cache_mb(args)
     path = resolve_model(args.model)
     m = open_model(path)
     tok = Tokenizer.from_gguf(m.gguf.reader)
@@ -346,7 +347,7 @@ def _audit_dir(args) -> int:
         prompt = tok.encode(args.prompt, parse_special=True)
     pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
     reports = audit_pairs(path, pairs, emulate=args.emulate, kernel=args.kernel, tau=args.threshold,
-                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=_cache_mb(args))
+                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache_mb)
     if args.json:
         print(json.dumps(as_json(pairs, reports)))
     else:

@@ -43,9 +43,18 @@ def connect(address: str):
         import distributed
     except ImportError:
         raise RefimplError("--cluster needs the 'distributed' package: pip install 'refimpl[cluster]'") from None
+    from distributed.comm import resolve_address
+
+    try:
+        resolve_address(address)  # the scheme, the port and the host name (DNS), before any connection
+    except ValueError as exc:
+        raise RefimplError(f"--cluster {address}: not a scheduler address ({_first_line(exc)}); expected "
+                           f"tcp://HOST:PORT") from None
+    except OSError as exc:
+        raise RefimplError(f"--cluster {address}: no Dask scheduler reachable there ({_first_line(exc)})") from None
     try:
         client = distributed.Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
-    except (OSError, ValueError, TypeError) as exc:  # OSError covers the connect timeout
+    except OSError as exc:  # the connect timeout
         raise RefimplError(f"--cluster {address}: no Dask scheduler reachable there ({_first_line(exc)})") from None
     try:
         client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)

@@ -182,6 +182,7 @@ class Loaded:
     eog: frozenset  # the tokenizer's end-of-generation ids
 
 
+SAME_FILE = "every worker needs the GGUF at the same path, or a shared filesystem"
 _LOADED: dict = {}  # this process's model, {(path, sha256, cache_mb): Loaded}, one entry at most
 _LOAD_LOCK = threading.Lock()  # a Dask worker with --nthreads > 1 runs tasks in threads
 
@@ -192,11 +193,11 @@ def _check_file(job: ModelJob) -> None:
 
     path = Path(job.path)
     if not path.is_file():
-        raise RefimplError(f"{path}: no such file here (every worker needs the GGUF at the same path, or a shared filesystem)")
+        raise RefimplError(f"{path}: no such file ({SAME_FILE})")
     sha = sha256_file(path)
     if sha != job.sha256:
-        raise RefimplError(f"{path}: sha256 {sha[:12]}… here, but the run is for {job.sha256[:12]}… (a different file "
-                           f"at the same path; every worker needs the same bytes)")
+        raise RefimplError(f"{path}: sha256 {sha[:12]}… on this worker, but the run is for {job.sha256[:12]}… (another "
+                           f"file at the same path; {SAME_FILE})")
 
 
 def loaded(job: ModelJob) -> Loaded:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_distributed
+from refimpl import builtin as B
 from refimpl import cluster as C
 from refimpl import golden as G
 from refimpl.cli import main
@@ -129,16 +130,23 @@ def test_audit_streams_on_a_cluster(cluster, tmp_path, capsys):
     assert local.splitlines()[-1] == "result: 1 of 4 stream pairs wrong → exit 1"
 
 
-def test_a_worker_without_the_file_is_one_error(cluster, fixture_cache):
-    """Workers check the file before opening it: missing, or other bytes at the path (the client's
-    own checks are bypassed here by calling run_all directly)."""
-    settings = G.Settings(2)
-    with pytest.raises(RefimplError, match=r"^worker tcp://127\.0\.0\.1:\d+: /nonexistent/m\.gguf: no such file here "
-                                           r"\(every worker needs the GGUF at the same path"):
-        G.run_all(Path("/nonexistent/m.gguf"), [[1, 2]], settings, cluster=cluster, sha256="0" * 64)
+def test_a_worker_without_the_file_or_the_code_is_one_error(cluster, monkeypatch):
+    """Before any task: every worker must see the file and run the client's code (fingerprint); then
+    each worker checks the file's sha256 before opening it. The client's own checks are bypassed here
+    by calling run_all directly."""
+    settings, missing = G.Settings(2), Path("/nonexistent/m.gguf")
+    with pytest.raises(RefimplError, match=r"^worker tcp://127\.0\.0\.1:\d+: /nonexistent/m\.gguf: no such file \(every "
+                                           r"worker needs the GGUF at the same path, or a shared filesystem\)$"):
+        G.run_all(missing, [[1, 2]], settings, cluster=cluster, sha256="0" * 64)
     path = G.resolve_model("builtin:tiny")
-    with pytest.raises(RefimplError, match=r"^worker tcp://.*: sha256 [0-9a-f]{12}… here, but the run is for 000000000000…"):
+    with pytest.raises(RefimplError, match=r"^worker tcp://.*: sha256 [0-9a-f]{12}… on this worker, but the run is for "
+                                           r"000000000000… \(another file at the same path"):
         G.run_all(path, [[1, 2]], settings, cluster=cluster, sha256="0" * 64)
+    assert len(C.fingerprint()) == 64
+    monkeypatch.setattr(C, "fingerprint", lambda: "other code")  # this process (and the in-process scheduler)
+    with pytest.raises(RefimplError, match=r"^worker tcp://.* has another refimpl, numpy, numba or gguf; the scheduler "
+                                           r"and every worker need the same refimpl"):
+        G.run_all(path, [[1, 2]], settings, cluster=cluster, sha256=B.sha256_file(path))
 
 
 def _processing_worker(watch, deadline: float) -> str:
@@ -180,6 +188,23 @@ def test_a_worker_killed_mid_run_loses_nothing(distributed, work, reference):
         assert not t.is_alive(), "golden make did not finish after a worker died"
         assert result["value"] == ref
         assert _retried_keys(watch), "the killed worker's task was not run again (was it killed mid-task?)"
+
+
+def test_a_cluster_left_without_workers_stops_the_run(distributed, work, monkeypatch, capsys):
+    """The scheduler would wait forever for a worker; the client gives up after NO_WORKER_TIMEOUT, in one line."""
+    monkeypatch.setattr(C, "NO_WORKER_TIMEOUT", 2)
+    out = work / "greedy.golden.jsonl"
+    out.unlink(missing_ok=True)
+    with _local_cluster(distributed, n_workers=1) as c, distributed.Client(c.scheduler_address, set_as_default=False) as watch:
+        t, result = _in_thread(lambda: main(["golden", "make", "builtin:tiny", "--prompts", str(work / "prompts.jsonl"),
+                                             "-n", N, "--out", str(out), "--cluster", c.scheduler_address]))
+        _processing_worker(watch, time.monotonic() + WAIT)
+        c.scale(0)
+        t.join(timeout=WAIT)
+        assert not t.is_alive() and result["value"] == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("refimpl: error: every worker left the cluster (") and "nothing has been written" in err
+    assert not out.exists()
 
 
 # ---- dask scheduler + two dask worker processes, as a user starts them ------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from numba import prange
 
 from .blocks import QT, WEIGHT_TYPES, weight_layout
-from .flags import SERIAL_BELOW, jit
+from .flags import SERIAL_BELOW, by_type, jit, per_type
 from .floats import E8M0_HALF, f16_at
 
 #: The 16 values of a 4-bit MXFP4 code: twice the E2M1 values (``kvalues_mxfp4``).
@@ -322,57 +322,39 @@ def _deq_iq4_xs(src, dst):
 # Dispatch and the public entry point
 
 
-@jit()
+#: The row decoder of each type code.
+DECODERS = {_F32: _deq_f32, _F16: _deq_f16, _BF16: _deq_bf16, _Q8_0: _deq_q8_0, _Q4_0: _deq_q4_0, _Q4_1: _deq_q4_1,
+            _Q5_0: _deq_q5_0, _Q5_1: _deq_q5_1, _MXFP4: _deq_mxfp4, _IQ4_NL: _deq_iq4_nl, _Q2_K: _deq_q2_k,
+            _Q3_K: _deq_q3_k, _Q4_K: _deq_q4_k, _Q5_K: _deq_q5_k, _Q6_K: _deq_q6_k, _IQ4_XS: _deq_iq4_xs}
+
+
+@by_type(DECODERS)
 def dequantize_row(kind, src, dst):
-    """Decode one row: ``src`` = its bytes (uint8), ``dst`` = its values (float32), ``kind`` = type code."""
-    if kind == _Q8_0:
-        _deq_q8_0(src, dst)
-    elif kind == _Q4_K:
-        _deq_q4_k(src, dst)
-    elif kind == _Q5_K:
-        _deq_q5_k(src, dst)
-    elif kind == _Q6_K:
-        _deq_q6_k(src, dst)
-    elif kind == _MXFP4:
-        _deq_mxfp4(src, dst)
-    elif kind == _F32:
-        _deq_f32(src, dst)
-    elif kind == _F16:
-        _deq_f16(src, dst)
-    elif kind == _BF16:
-        _deq_bf16(src, dst)
-    elif kind == _Q4_0:
-        _deq_q4_0(src, dst)
-    elif kind == _Q4_1:
-        _deq_q4_1(src, dst)
-    elif kind == _Q5_0:
-        _deq_q5_0(src, dst)
-    elif kind == _Q5_1:
-        _deq_q5_1(src, dst)
-    elif kind == _Q2_K:
-        _deq_q2_k(src, dst)
-    elif kind == _Q3_K:
-        _deq_q3_k(src, dst)
-    elif kind == _IQ4_NL:
-        _deq_iq4_nl(src, dst)
-    elif kind == _IQ4_XS:
-        _deq_iq4_xs(src, dst)
-    else:
-        raise ValueError("dequantize_row: unsupported type code")
+    """Decode one row: ``src`` = its bytes (uint8), ``dst`` = its values (float32), ``kind`` = type code
+    (a compile-time constant in compiled code: only that type's decoder is compiled, ``flags.by_type``)."""
+    DECODERS[kind](src, dst)
 
 
-@jit(parallel=True)
-def _dequantize_rows(kind, raw, out):
-    """``out[r] = decode(raw[r])`` for every row; rows are independent, so ``prange`` over them."""
-    for r in prange(raw.shape[0]):
-        dequantize_row(kind, raw[r], out[r])
+@per_type
+def _dequantize_rows(kind):
+    @jit(parallel=True, kind=kind)
+    def _dequantize_rows(raw, out):
+        """``out[r] = decode(raw[r])`` for every row; rows are independent, so ``prange`` over them."""
+        for r in prange(raw.shape[0]):
+            dequantize_row(kind, raw[r], out[r])
+
+    return _dequantize_rows
 
 
-@jit()
-def _dequantize_rows_serial(kind, raw, out):
-    """``_dequantize_rows`` on the calling thread (a few rows, e.g. a token's embedding: ``flags.SERIAL_BELOW``)."""
-    for r in range(raw.shape[0]):
-        dequantize_row(kind, raw[r], out[r])
+@per_type
+def _dequantize_rows_serial(kind):
+    @jit(kind=kind)
+    def _dequantize_rows_serial(raw, out):
+        """``_dequantize_rows`` on the calling thread (a few rows, e.g. a token's embedding: ``flags.SERIAL_BELOW``)."""
+        for r in range(raw.shape[0]):
+            dequantize_row(kind, raw[r], out[r])
+
+    return _dequantize_rows_serial
 
 
 def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray, int]:
@@ -380,7 +362,7 @@ def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray,
 
     Accepted: uint8 rows for every type (last axis = bytes per row); also float32 for F32, float16
     for F16, and uint16 for BF16 (last axis = values). No copy is made when ``raw`` is already
-    C-contiguous.
+    C-contiguous. The view returned is read-only.
     """
     cls = weight_layout(qtype)
     raw = np.asarray(raw)
@@ -395,7 +377,8 @@ def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray,
     else:
         allowed = "uint8" + (f" or {np.dtype(native).name}" if native is not None else "")
         raise ValueError(f"{what} for {cls.qtype.name} must be {allowed}, got {raw.dtype}")
-    raw = np.ascontiguousarray(raw)
+    raw = np.ascontiguousarray(raw).view()
+    raw.flags.writeable = False  # one compiled signature, whether or not the caller's array is a read-only map
     n_bytes = raw.shape[-1]
     if n_bytes % cls.type_size:
         raise ValueError(
@@ -422,7 +405,7 @@ def dequantize(raw: np.ndarray, qtype, n_cols: int | None = None) -> np.ndarray:
     out = np.empty((rows2d.shape[0], cols), dtype=np.float32)
     if out.size:
         rows_kernel = _dequantize_rows_serial if out.size < SERIAL_BELOW else _dequantize_rows
-        rows_kernel(int(cls.qtype), rows2d, out)
+        rows_kernel(cls.qtype)(rows2d, out)
     return out.reshape(lead + (cols,))
 
 

@@ -62,6 +62,7 @@ def _load(args, cache_mb=None, pack="auto"):
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
     from refimpl.builtin import fixture_path
+    from refimpl.compile_report import name_types
     from refimpl.model import load_model
 
     from refimpl.builtin import resolve_model
@@ -70,7 +71,9 @@ def _load(args, cache_mb=None, pack="auto"):
     if path is None:
         path = fixture_path()
         print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    return load_model(resolve_model(str(path)), cache_mb, pack=pack)  # a builtin:PRESET/QUANT spec is built on demand
+    path = resolve_model(str(path))  # a builtin:PRESET/QUANT spec is built on demand
+    name_types(path)  # for the first run's "compiling kernels for …" line
+    return load_model(path, cache_mb, pack=pack)
 
 
 def _check_tokens(model, tokens: list[int]) -> list[int]:
@@ -285,12 +288,15 @@ def _cmd_audit(args) -> int:
 
     from refimpl.audit import audit, read_stream, report_lines
     from refimpl.builtin import resolve_model
+    from refimpl.compile_report import name_types
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
     if len(args.streams) > 2:
         raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
-    model = load_model(resolve_model(args.model))
+    path = resolve_model(args.model)
+    name_types(path)
+    model = load_model(path)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
     if args.prompt_tokens is not None:
@@ -419,7 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        if args.func in (_cmd_fixture, _cmd_inspect):  # no kernels: numba is not even imported
+            return args.func(args)
+        from refimpl.compile_report import compile_report
+
+        with compile_report():  # the first run's "compiling kernels …" lines
+            return args.func(args)
     except RefimplError as exc:
         print(f"refimpl: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

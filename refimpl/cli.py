@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from refimpl.errors import EXIT_BAD_INPUT, RefimplError
+from refimpl.output_path import check_output, writing
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +29,8 @@ def _cmd_fixture(args) -> int:
         if not sep:
             raise RefimplError(f"--option expects KEY=VALUE, got '{item}'")
         options[key] = {"true": True, "false": False}.get(value.lower(), value)
-    path = write_fixture(args.out, preset=args.preset, quant=args.quant, seed=args.seed, **options)
+    with writing(args.out, "OUT") as out:
+        path = write_fixture(out, preset=args.preset, quant=args.quant, seed=args.seed, **options)
     print(path)
     return 0
 
@@ -94,6 +96,9 @@ def _cmd_run(args) -> int:
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
+    for flag, path in (("--csv", args.csv), ("--route-trace", args.route_trace)):
+        if path is not None:
+            check_output(path, flag)
     model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
@@ -141,7 +146,8 @@ def _route_trace(args, model):
         return None
     from refimpl.route_trace import RouteTrace
 
-    model.streamer.on_route = RouteTrace(args.route_trace, model.config.n_expert_used)
+    with writing(args.route_trace, "--route-trace") as path:
+        model.streamer.on_route = RouteTrace(path, model.config.n_expert_used)
     return model.streamer.on_route
 
 
@@ -175,7 +181,8 @@ def _report_speculative(args, model, tok, stats) -> None:
     for line in summary_lines(stats):
         print(line, file=sys.stderr)
     if args.csv:
-        write_csv(args.csv, stats, model=str(model.file.gguf.path), piece=tok.piece)
+        with writing(args.csv, "--csv") as path:
+            write_csv(path, stats, model=str(model.file.gguf.path), piece=tok.piece)
         print(f"wrote {args.csv}: {len(stats.rows)} token rows", file=sys.stderr)
 
 
@@ -213,6 +220,9 @@ def _cmd_logits(args) -> int:
 
     from tqdm import tqdm
 
+    for flag, path in (("--out", args.out), ("--mtp-out", args.mtp_out)):
+        if path is not None:
+            check_output(path, flag)
     model = _load(args)
     tokens = _check_tokens(model, _parse_tokens(args.tokens))
     # Chunks of 16 positions with a progress bar; forward is batch-invariant, so chunking changes
@@ -229,36 +239,36 @@ def _cmd_logits(args) -> int:
             hs.append(h)
             bar.update(len(tokens[i : i + 16]))
     logits = np.concatenate(rows)
-    np.save(args.out, logits.astype(np.float32))
+    with writing(args.out, "--out") as path:
+        np.save(path, logits.astype(np.float32))
     print(f"wrote {args.out}: logits {logits.shape[0]} x {logits.shape[1]} (row p = logits after position p)", file=sys.stderr)
     if args.mtp_out:
         from refimpl.drafts import mtp_catchup_logits
 
         mtp = mtp_catchup_logits(model, tokens, np.concatenate(hs), ctx)  # [T, V]
-        np.save(args.mtp_out, mtp.astype(np.float32))
+        with writing(args.mtp_out, "--mtp-out") as path:
+            np.save(path, mtp.astype(np.float32))
         print(f"wrote {args.mtp_out}: MTP logits {mtp.shape[0]} x {mtp.shape[1]} (row p fed token p and the "
               f"trunk's h_nextn of p-1, zeros at p = 0; predicts token p+1)", file=sys.stderr)
     return 0
 
 
 def _cmd_trace(args) -> int:
-    from pathlib import Path
-
     import numpy as np
 
     from refimpl.model import forward
     from refimpl.state import SeqState
     from refimpl.trace import Recorder
 
+    check_output(args.out, "--out", directory=True)
     model = _load(args)
     tokens = _check_tokens(model, _parse_tokens(args.tokens))
     rec = Recorder()
     forward(model, SeqState.fresh(model.config), tokens, _ctx_from_args(args, trace=rec))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, arr in rec.arrays().items():
-        np.save(out / f"{name}.npy", arr)
-        print(f"{name:<32} {str(list(arr.shape)):<16} sum = {float(np.sum(arr, dtype=np.float64)):.6f}")
+    with writing(args.out, "--out", directory=True) as out:
+        for name, arr in rec.arrays().items():
+            np.save(out / f"{name}.npy", arr)
+            print(f"{name:<32} {str(list(arr.shape)):<16} sum = {float(np.sum(arr, dtype=np.float64)):.6f}")
     print(f"wrote {len(rec.arrays())} tensors to {out}/ (one NAME.npy each, first axis = position)", file=sys.stderr)
     return 0
 

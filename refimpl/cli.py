@@ -239,15 +239,15 @@ def _cmd_logits(args) -> int:
             hs.append(h)
             bar.update(len(tokens[i : i + 16]))
     logits = np.concatenate(rows)
-    with writing(args.out, "--out") as path:
-        np.save(path, logits.astype(np.float32))
+    with writing(args.out, "--out") as path, open(path, "wb") as f:  # the path as given (np.save would add .npy)
+        np.save(f, logits.astype(np.float32))
     print(f"wrote {args.out}: logits {logits.shape[0]} x {logits.shape[1]} (row p = logits after position p)", file=sys.stderr)
     if args.mtp_out:
         from refimpl.drafts import mtp_catchup_logits
 
         mtp = mtp_catchup_logits(model, tokens, np.concatenate(hs), ctx)  # [T, V]
-        with writing(args.mtp_out, "--mtp-out") as path:
-            np.save(path, mtp.astype(np.float32))
+        with writing(args.mtp_out, "--mtp-out") as path, open(path, "wb") as f:
+            np.save(f, mtp.astype(np.float32))
         print(f"wrote {args.mtp_out}: MTP logits {mtp.shape[0]} x {mtp.shape[1]} (row p fed token p and the "
               f"trunk's h_nextn of p-1, zeros at p = 0; predicts token p+1)", file=sys.stderr)
     return 0

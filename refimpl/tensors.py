@@ -1,7 +1,7 @@
 """Step 3: which tensors a qwen35moe file must hold, with which numpy shapes — checked once, here.
 
 Mirrors ``src/models/qwen35moe.cpp::load_arch_tensors`` (and ``create_tensor_qkv`` /
-``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); spec §2. Shapes are numpy order
+``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); docs/gguf.md §3. Shapes are numpy order
 (ggml ``ne`` reversed): a matrix used as ``y = W @ x`` is ``(out, in)``.
 
 The result, :class:`TensorPlan`, records the variants a file may come in:

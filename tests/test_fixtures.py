@@ -1,6 +1,6 @@
 """The fixture writer: files read back with the expected metadata, tensors, shapes and types.
 
-Expected names and shapes are written out here from spec §2 (not taken from the writer), and the
+Expected names and shapes are written out here from ``qwen35moe.cpp::load_arch_tensors`` (docs/gguf.md §3; not taken from the writer), and the
 Q4_K_M table from ``llama-quant.cpp`` as worked out for the tiny dims (docs/fixtures.md).
 """
 
@@ -48,7 +48,7 @@ def _tensors(reader):
 
 
 def expected_shapes(p, *, mtp="full", tied=False, fused_gate_up=False):
-    """Spec §2: every tensor of the file with its numpy shape."""
+    """``load_arch_tensors``: every tensor of the file with its numpy shape."""
     E, V, H, Hkv, D = p.n_embd, p.n_vocab, p.n_head, p.n_head_kv, p.head_dim
     X, F, Fs, Hv, S = p.n_expert, p.n_ff_exp, p.n_ff_shexp, p.ssm_time_step_rank, p.ssm_state_size
     Din, C, Kc = Hv * S, 2 * p.ssm_group_count * S + Hv * S, p.ssm_conv_kernel

@@ -47,7 +47,7 @@ def test_layout_sizes_come_from_gguf():
 
 
 def test_vec_dot_types_follow_ggml_cpu_type_traits():
-    """spec §7.2 / ggml-cpu.c::type_traits_cpu."""
+    """ggml-cpu.c::type_traits_cpu (vec_dot_type per weight type; docs/kernels.md)."""
     expected = {
         QT.F32: QT.F32, QT.F16: QT.F16, QT.BF16: QT.BF16,
         QT.Q8_0: QT.Q8_0, QT.Q4_0: QT.Q8_0, QT.Q5_0: QT.Q8_0, QT.MXFP4: QT.Q8_0, QT.IQ4_NL: QT.Q8_0,

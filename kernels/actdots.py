@@ -11,6 +11,17 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
+from .actdots_iq import (
+    _dot_iq1_m_q8_k,
+    _dot_iq1_s_q8_k,
+    _dot_iq2_s_q8_k,
+    _dot_iq2_xs_q8_k,
+    _dot_iq2_xxs_q8_k,
+    _dot_iq3_s_q8_k,
+    _dot_iq3_xxs_q8_k,
+    _dot_tq1_0_q8_k,
+    _dot_tq2_0_q8_k,
+)
 from .actquant import _q8_0_rows, _q8_k_rows, _round_rows
 from .blocks import QT, layout
 from .dequant import (
@@ -18,6 +29,13 @@ from .dequant import (
     MXFP4_VALUES,
     _F16,
     _F32,
+    _IQ1_M,
+    _IQ1_S,
+    _IQ2_S,
+    _IQ2_XS,
+    _IQ2_XXS,
+    _IQ3_S,
+    _IQ3_XXS,
     _IQ4_NL,
     _IQ4_XS,
     _MXFP4,
@@ -31,6 +49,8 @@ from .dequant import (
     _Q5_K,
     _Q6_K,
     _Q8_0,
+    _TQ1_0,
+    _TQ2_0,
     _deq_bf16,
     _deq_f16,
     _deq_f32,
@@ -174,7 +194,8 @@ def _dot_with_q8_1(kind, x, yqs, yd, ys):
 
 
 # --------------------------------------------------------------------------------------------
-# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic)
+# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic; the IQ1/IQ2/IQ3
+# and TQ types are in kernels/actdots_iq.py)
 # yd (K/256,) float32, ybsums (K/16,) int16.
 
 
@@ -332,6 +353,24 @@ def _dot_with_q8_k(kind, x, yqs, yd, ybsums):
         return _dot_q3_k_q8_k(x, yqs, yd, ybsums)
     elif kind == _IQ4_XS:
         return _dot_iq4_xs_q8_k(x, yqs, yd, ybsums)
+    elif kind == _IQ2_XXS:  # the codebook and ternary types: kernels/actdots_iq.py
+        return _dot_iq2_xxs_q8_k(x, yqs, yd)
+    elif kind == _IQ2_XS:
+        return _dot_iq2_xs_q8_k(x, yqs, yd)
+    elif kind == _IQ2_S:
+        return _dot_iq2_s_q8_k(x, yqs, yd)
+    elif kind == _IQ3_XXS:
+        return _dot_iq3_xxs_q8_k(x, yqs, yd)
+    elif kind == _IQ3_S:
+        return _dot_iq3_s_q8_k(x, yqs, yd)
+    elif kind == _IQ1_S:
+        return _dot_iq1_s_q8_k(x, yqs, yd, ybsums)
+    elif kind == _IQ1_M:
+        return _dot_iq1_m_q8_k(x, yqs, yd)
+    elif kind == _TQ1_0:
+        return _dot_tq1_0_q8_k(x, yqs, yd)
+    elif kind == _TQ2_0:
+        return _dot_tq2_0_q8_k(x, yqs, yd)
     raise ValueError("no Q8_K dot product for this weight type")
 
 

@@ -169,18 +169,18 @@ def test_unsupported_quant_type(make_fixture, tmp_path):
     src = make_fixture("tiny", "f32")
     r = GGUFReader(src)
     t = next(t for t in r.tensors if t.name == "blk.0.ffn_gate_shexp.weight")
-    # patch the type id of that tensor descriptor to IQ2_XXS, whose block (256 values, 66 bytes)
+    # patch the type id of that tensor descriptor to NVFP4, whose block (64 values, 36 bytes)
     # has a different size: the reader still parses it, the loader must refuse it
     raw = bytearray(src.read_bytes())
     name = t.name.encode()
     i = raw.index(name) + len(name)
     n_dims = int.from_bytes(raw[i : i + 4], "little")
     type_off = i + 4 + 8 * n_dims
-    raw[type_off : type_off + 4] = int(GGMLQuantizationType.IQ2_XXS).to_bytes(4, "little")
+    raw[type_off : type_off + 4] = int(GGMLQuantizationType.NVFP4).to_bytes(4, "little")
     dst = tmp_path / "iq.gguf"
     dst.write_bytes(bytes(raw))
     msg = _error(dst)
-    assert "unsupported quant type IQ2_XXS" in msg or "truncated" in msg
+    assert "unsupported quant type NVFP4" in msg or "truncated" in msg
 
 
 def test_mtp_tensors_missing_is_reported_not_fatal(make_fixture, tmp_path):

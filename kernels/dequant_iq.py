@@ -9,8 +9,8 @@ float32 operations in gguf's order, which are ``ggml-quants.c::dequantize_row_<t
 * IQ1_S / IQ1_M: ``dl = d · (2·ls + 1)``, value ``dl · (grid[j] + δ)``, δ = ±0.125 (exact sums);
 * TQ1_0 / TQ2_0: ``d · (q − 1)``.
 
-The sign is applied by negation, which equals gguf's multiplication by −1 bit for bit (also for
-zeros and NaN). Layouts, grids and sign tables: :mod:`kernels.blocks_iq`.
+Signs are applied as gguf and ggml do, by multiplying with ±1 (tables ``SIGN_F32`` / ``KSIGN_F32``,
+branch-free). Layouts, grids and sign tables: :mod:`kernels.blocks_iq`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ from .flags import jit
 from .floats import f16_at, f16_bits_to_f32
 
 F32 = np.float32
+
+#: ``SIGN_F32[b, j]`` = −1.0 if bit j of byte b is set, else +1.0: a sign byte as 8 factors, so a
+#: value is ``(db · grid[j]) · SIGN_F32[b, j]`` — gguf's and ggml's operation, without a branch.
+SIGN_F32 = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, F32(-1.0), F32(1.0)).astype(F32)
+#: ``KSIGN_F32[i] = SIGN_F32[KSIGNS[i]]``: the 8 factors of a 7-bit sign index.
+KSIGN_F32 = SIGN_F32[KSIGNS]
+#: ``TQ1_F32[b, n]`` = base-3 digit n of the TQ1_0 byte b, minus 1 (``((uint8)(b·3^n)·3) >> 8`` − 1).
+TQ1_F32 = np.array([[(((b * 3**n) & 255) * 3 >> 8) - 1 for n in range(5)] for b in range(256)], dtype=F32)
 
 
 @jit()
@@ -37,19 +45,17 @@ def u32_at(src, o):
 
 
 @jit()
-def _put8(dst, y, db, grid, g, signs):
-    """``dst[y + j] = ±(db · grid[g, j])`` for j = 0..7, minus where bit j of ``signs`` is set."""
+def _put8(dst, y, db, grid, g, sign):
+    """``dst[y + j] = (db · grid[g, j]) · sign[j]`` for j = 0..7 (``sign``: 8 factors ±1)."""
     for j in range(8):
-        v = db * grid[g, j]
-        dst[y + j] = -v if (signs >> j) & 1 else v
+        dst[y + j] = (db * grid[g, j]) * sign[j]
 
 
 @jit()
-def _put4(dst, y, db, grid, g, signs, shift):
-    """As :func:`_put8` for a 4-value grid entry, sign bits ``shift .. shift+3``."""
+def _put4(dst, y, db, grid, g, sign, shift):
+    """As :func:`_put8` for a 4-value grid entry, with the factors ``sign[shift .. shift+3]``."""
     for j in range(4):
-        v = db * grid[g, j]
-        dst[y + j] = -v if (signs >> (shift + j)) & 1 else v
+        dst[y + j] = (db * grid[g, j]) * sign[shift + j]
 
 
 @jit()
@@ -62,7 +68,7 @@ def _deq_iq2_xxs(src, dst):
             a = u32_at(src, q + 4)
             db = d * (F32(0.5) + F32(a >> 28)) * F32(0.25)
             for l in range(4):
-                _put8(dst, 256 * b + 32 * s + 8 * l, db, GRID_IQ2XXS, src[q + l], KSIGNS[(a >> (7 * l)) & 127])
+                _put8(dst, 256 * b + 32 * s + 8 * l, db, GRID_IQ2XXS, src[q + l], KSIGN_F32[(a >> (7 * l)) & 127])
 
 
 @jit()
@@ -76,7 +82,7 @@ def _deq_iq2_xs(src, dst):
             db1 = d * (F32(0.5) + F32(sc >> 4)) * F32(0.25)
             for l in range(4):
                 w = u16_at(src, o + 2 + 8 * s + 2 * l)  # 9-bit grid index | 7-bit sign index << 9
-                _put8(dst, 256 * b + 32 * s + 8 * l, db0 if l < 2 else db1, GRID_IQ2XS, w & 511, KSIGNS[w >> 9])
+                _put8(dst, 256 * b + 32 * s + 8 * l, db0 if l < 2 else db1, GRID_IQ2XS, w & 511, KSIGN_F32[w >> 9])
 
 
 @jit()
@@ -91,7 +97,7 @@ def _deq_iq2_s(src, dst):
             qh = int(src[o + 66 + s])
             for l in range(4):
                 g = int(src[o + 2 + 4 * s + l]) | (((qh >> (2 * l)) & 3) << 8)
-                _put8(dst, 256 * b + 32 * s + 8 * l, db0 if l < 2 else db1, GRID_IQ2S, g, src[o + 34 + 4 * s + l])
+                _put8(dst, 256 * b + 32 * s + 8 * l, db0 if l < 2 else db1, GRID_IQ2S, g, SIGN_F32[src[o + 34 + 4 * s + l]])
 
 
 @jit()
@@ -103,7 +109,7 @@ def _deq_iq3_xxs(src, dst):
             a = u32_at(src, o + 66 + 4 * s)
             db = d * (F32(0.5) + F32(a >> 28)) * F32(0.5)
             for l in range(4):
-                signs = KSIGNS[(a >> (7 * l)) & 127]
+                signs = KSIGN_F32[(a >> (7 * l)) & 127]
                 y = 256 * b + 32 * s + 8 * l
                 _put4(dst, y, db, GRID_IQ3XXS, src[o + 2 + 8 * s + 2 * l], signs, 0)
                 _put4(dst, y + 4, db, GRID_IQ3XXS, src[o + 2 + 8 * s + 2 * l + 1], signs, 4)
@@ -118,7 +124,7 @@ def _deq_iq3_s(src, dst):
             db = d * F32(1 + 2 * ((int(src[o + 106 + s // 2]) >> (4 * (s & 1))) & 15))
             qh = int(src[o + 66 + s])
             for l in range(4):
-                signs = src[o + 74 + 4 * s + l]
+                signs = SIGN_F32[src[o + 74 + 4 * s + l]]
                 g1 = int(src[o + 2 + 8 * s + 2 * l]) | (((qh >> (2 * l)) & 1) << 8)
                 g2 = int(src[o + 2 + 8 * s + 2 * l + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
                 y = 256 * b + 32 * s + 8 * l
@@ -188,13 +194,13 @@ def _deq_tq1_0(src, dst):
         y = 256 * b
         for n in range(5):  # qs[0..31]: value 32n + m
             for m in range(32):
-                dst[y + 32 * n + m] = d * F32(tq1_digit(src[o + m], n) - 1)
+                dst[y + 32 * n + m] = d * TQ1_F32[src[o + m], n]
         for n in range(5):  # qs[32..47]: value 160 + 16n + m
             for m in range(16):
-                dst[y + 160 + 16 * n + m] = d * F32(tq1_digit(src[o + 32 + m], n) - 1)
+                dst[y + 160 + 16 * n + m] = d * TQ1_F32[src[o + 32 + m], n]
         for n in range(4):  # qh[0..3]: value 240 + 4n + m
             for m in range(4):
-                dst[y + 240 + 4 * n + m] = d * F32(tq1_digit(src[o + 48 + m], n) - 1)
+                dst[y + 240 + 4 * n + m] = d * TQ1_F32[src[o + 48 + m], n]
 
 
 @jit()

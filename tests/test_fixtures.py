@@ -6,6 +6,7 @@ Q4_K_M table from ``llama-quant.cpp`` as worked out for the tiny dims (docs/fixt
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -100,9 +101,39 @@ def expected_q4_k_m(name, shape, tied=False, stripped=False):
     return Q.Q4_K
 
 
+# The IQ mixes (refimpl/fixtures/mixes_iq.py's table), per role: iq1_m, iq2_xxs, iq3_xxs.
+IQ_TABLE = {
+    "ffn_gate_exps": (Q.IQ1_S, Q.IQ2_XXS, Q.IQ3_XXS), "ffn_down_exps": (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ3_S),
+    "ffn_gate_shexp": (Q.Q4_K, Q.Q4_K, Q.IQ3_S), "ffn_down_shexp": (Q.Q6_K, Q.Q6_K, Q.Q4_K),
+    "attn_q": (Q.Q4_K, Q.Q4_K, Q.IQ2_S), "attn_v": (Q.Q6_K, Q.Q6_K, Q.Q4_K), "attn_output": (Q.Q4_K, Q.Q4_K, Q.Q5_K),
+    "attn_gate": (Q.Q4_K, Q.Q4_K, Q.IQ3_S), "ssm_alpha": (Q.Q8_0,) * 3, "nextn.eh_proj": (Q.Q6_K,) * 3,
+    "token_embd": (Q.Q2_K, Q.Q4_K, Q.IQ3_S), "output": (Q.Q5_K, Q.Q6_K, Q.Q6_K),
+}  # fmt: skip
+IQ_SAME_AS = {"ffn_up_exps": "ffn_gate_exps", "ffn_gate_up_exps": "ffn_gate_exps", "ffn_up_shexp": "ffn_gate_shexp",
+              "attn_k": "attn_q", "attn_qkv": "attn_v", "ssm_out": "attn_output", "ssm_beta": "ssm_alpha",
+              "nextn.embed_tokens": "token_embd", "nextn.shared_head_head": "output"}
+
+
+def expected_iq(quant, name, shape, tied=False, stripped=False):
+    """The IQ mixes for the tiny dims: routed gate/up of iq1_m are IQ1_M in the use_more_bits layers —
+    2 and 4 with block_count 5, 2 and 3 with block_count 4 (MTP stripped)."""
+    if _always_f32(name, shape):
+        return Q.F32
+    role = re.sub(r"^blk\.\d+\.", "", name).removesuffix(".weight")  # e.g. "ffn_down_exps", "nextn.eh_proj"
+    if tied and role == "token_embd":
+        role = "output"
+    role = IQ_SAME_AS.get(role, role)
+    t = IQ_TABLE[role][["iq1_m", "iq2_xxs", "iq3_xxs"].index(quant)]
+    if quant == "iq1_m" and role == "ffn_gate_exps" and name.split(".")[1] in (("2", "3") if stripped else ("2", "4")):
+        t = Q.IQ1_M
+    return t
+
+
 def expected_type(quant, name, shape, tied=False, stripped=False):
     if quant == "q4_k_m":
         return expected_q4_k_m(name, shape, tied, stripped)
+    if quant.startswith("iq"):
+        return expected_iq(quant, name, shape, tied, stripped)
     if quant == "f32" or _always_f32(name, shape):
         return Q.F32
     if quant == "mxfp4":
@@ -127,10 +158,18 @@ def test_q4_k_m_has_every_k_type_and_q8_0(make_fixture):
     assert {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.F32} <= types
 
 
+def test_iq_mixes_hold_every_codebook_type(make_fixture):
+    types = set()
+    for quant in ("iq1_m", "iq2_xxs", "iq3_xxs"):
+        types |= {t.tensor_type for t in GGUFReader(make_fixture("tiny", quant)).tensors}
+    assert {Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S} <= types
+
+
 @pytest.mark.parametrize(
     "quant, options",
     # every variant in f32; in q4_k_m those that change tensors (recurrent_layers_key is metadata only)
-    [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o],
+    [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o]
+    + [("iq1_m", {"mtp": "stripped"}), ("iq2_xxs", {"tied": True}), ("iq3_xxs", {"fused_gate_up": True})],
     ids=lambda v: v if isinstance(v, str) else _id(v),
 )
 def test_option_variants(make_fixture, options, quant):
@@ -250,7 +289,7 @@ def test_predictable_heads_follow_the_permutations(make_fixture):
     "kwargs, match",
     [
         ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable\\)"),
-        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4\\)"),
+        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4, iq1_m, iq2_xxs, iq3_xxs\\)"),
         ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: mtp, tied"),
         ({"mtp": "half"}, "mtp='half' is not one of full, stripped, extras"),
         ({"tied": "yes"}, "tied='yes' must be true or false"),

@@ -9,7 +9,7 @@ from refimpl.model import forward, load_model
 from refimpl.ops import Ctx
 from refimpl.state import DeltaNetState, KVCache, SeqState
 
-MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4"]
+MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs"]
 PROMPT_LEN, N_GEN = 24, 32
 
 

@@ -7,6 +7,7 @@ Q4_K_M table from ``llama-quant.cpp`` as worked out for the tiny dims (docs/fixt
 import hashlib
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -129,9 +130,24 @@ def expected_iq(quant, name, shape, tied=False, stripped=False):
     return t
 
 
+def expected_ternary(quant, name, shape, tied=False):
+    """llama-quantize TQ1_0 / TQ2_0 for the tiny dims (X = 8: attn_k, attn_v, GDN attn_qkv → Q8_0)."""
+    if _always_f32(name, shape):
+        return Q.F32
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return Q.Q6_K
+    if name == "token_embd.weight":
+        return Q.Q4_K
+    if name.endswith(("attn_k.weight", "attn_v.weight", "attn_qkv.weight")):
+        return Q.Q8_0
+    return {"tq1_0": Q.TQ1_0, "tq2_0": Q.TQ2_0}[quant]
+
+
 def expected_type(quant, name, shape, tied=False, stripped=False):
     if quant == "q4_k_m":
         return expected_q4_k_m(name, shape, tied, stripped)
+    if quant.startswith("tq"):
+        return expected_ternary(quant, name, shape, tied)
     if quant.startswith("iq"):
         return expected_iq(quant, name, shape, tied, stripped)
     if quant == "f32" or _always_f32(name, shape):
@@ -169,7 +185,8 @@ def test_iq_mixes_hold_every_codebook_type(make_fixture):
     "quant, options",
     # every variant in f32; in q4_k_m those that change tensors (recurrent_layers_key is metadata only)
     [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o]
-    + [("iq1_m", {"mtp": "stripped"}), ("iq2_xxs", {"tied": True}), ("iq3_xxs", {"fused_gate_up": True})],
+    + [("iq1_m", {"mtp": "stripped"}), ("iq2_xxs", {"tied": True}), ("iq3_xxs", {"fused_gate_up": True}),
+       ("tq1_0", {"tied": True})],
     ids=lambda v: v if isinstance(v, str) else _id(v),
 )
 def test_option_variants(make_fixture, options, quant):
@@ -289,7 +306,7 @@ def test_predictable_heads_follow_the_permutations(make_fixture):
     "kwargs, match",
     [
         ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable\\)"),
-        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4, iq1_m, iq2_xxs, iq3_xxs\\)"),
+        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4, iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0\\)"),
         ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: mtp, tied"),
         ({"mtp": "half"}, "mtp='half' is not one of full, stripped, extras"),
         ({"tied": "yes"}, "tied='yes' must be true or false"),
@@ -309,3 +326,13 @@ def test_bad_arguments_raise_one_line_errors(tmp_path, kwargs, match):
 def test_unwritable_path_is_a_one_line_error(tmp_path):
     with pytest.raises(RefimplError, match="cannot write fixture .*missing/x.gguf"):
         write_fixture(tmp_path / "missing" / "x.gguf")
+
+
+def test_libggml_mixes_say_they_need_llama_cpp(monkeypatch, tmp_path):
+    from refimpl.fixtures import ggml_quant
+
+    ggml_quant._libggml_base.cache_clear()  # forget a library loaded by an earlier test
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    with pytest.raises(RefimplError, match=r"quantized by libggml from llama-cpp-python.*pip install 'refimpl\[oracle\]'"):
+        write_fixture(tmp_path / "iq.gguf", quant="iq2_xxs")
+    assert not list(tmp_path.iterdir())  # nothing left behind

@@ -9,7 +9,11 @@ from refimpl.model import forward, load_model
 from refimpl.ops import Ctx
 from refimpl.state import DeltaNetState, KVCache, SeqState
 
-MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs"]
+MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]
+# In the ternary mixes one Q8_K rounding of attn_q's input already flips at position 0 (attn_norm-3
+# differs from llama.cpp's by 2.2e-7 relative, Qcur_full then by 1.5e-3), so their first positions
+# are not at float noise; the same product from llama.cpp's own input is (the per-matmul test).
+FIRST_POSITIONS_AT_NOISE = [m for m in MIXES if m not in ("f32", "tq1_0", "tq2_0")]
 PROMPT_LEN, N_GEN = 24, 32
 
 
@@ -126,7 +130,8 @@ def test_quantized_greedy_and_logits_match_llama_cpp_with_emulation(make_fixture
     prompt, gen, ours, theirs = _run_both(make_fixture, quant, Ctx(act_quant=True))
     err = np.abs(ours - theirs).max(axis=-1) / np.abs(theirs).max(axis=-1)
     assert err.max() <= EMULATED_MAX_REL, f"{quant}: max relative logit error {err.max():.3g} at position {int(err.argmax())}"
-    assert err[:3].max() <= 1e-5, f"{quant}: the first positions are not at float noise: {err[:3]}"
+    if quant in FIRST_POSITIONS_AT_NOISE:
+        assert err[:3].max() <= 1e-5, f"{quant}: the first positions are not at float noise: {err[:3]}"
     _greedy_identical(prompt, gen, theirs)
 
 

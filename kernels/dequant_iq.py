@@ -45,6 +45,12 @@ def u32_at(src, o):
 
 
 @jit()
+def half_step_scale(d, ls, factor):
+    """IQ2/IQ3_XXS sub-block scale ``d · (0.5 + ls) · factor`` (factor 0.25 for IQ2, 0.5 for IQ3_XXS)."""
+    return d * (F32(0.5) + F32(ls)) * factor
+
+
+@jit()
 def _put8(dst, y, db, grid, g, sign):
     """``dst[y + j] = (db · grid[g, j]) · sign[j]`` for j = 0..7 (``sign``: 8 factors ±1)."""
     for j in range(8):
@@ -66,7 +72,7 @@ def _deq_iq2_xxs(src, dst):
         for s in range(8):
             q = o + 2 + 8 * s  # four grid indices, then the uint32 of signs and scale
             a = u32_at(src, q + 4)
-            db = d * (F32(0.5) + F32(a >> 28)) * F32(0.25)
+            db = half_step_scale(d, a >> 28, F32(0.25))
             for l in range(4):
                 _put8(dst, 256 * b + 32 * s + 8 * l, db, GRID_IQ2XXS, src[q + l], KSIGN_F32[(a >> (7 * l)) & 127])
 
@@ -78,8 +84,8 @@ def _deq_iq2_xs(src, dst):
         d = f16_at(src, o)
         for s in range(8):
             sc = src[o + 66 + s]
-            db0 = d * (F32(0.5) + F32(sc & 15)) * F32(0.25)
-            db1 = d * (F32(0.5) + F32(sc >> 4)) * F32(0.25)
+            db0 = half_step_scale(d, sc & 15, F32(0.25))  # groups l = 0, 1
+            db1 = half_step_scale(d, sc >> 4, F32(0.25))  # groups l = 2, 3
             for l in range(4):
                 w = u16_at(src, o + 2 + 8 * s + 2 * l)  # 9-bit grid index | 7-bit sign index << 9
                 _put8(dst, 256 * b + 32 * s + 8 * l, db0 if l < 2 else db1, GRID_IQ2XS, w & 511, KSIGN_F32[w >> 9])
@@ -92,8 +98,8 @@ def _deq_iq2_s(src, dst):
         d = f16_at(src, o)
         for s in range(8):
             sc = src[o + 74 + s]
-            db0 = d * (F32(0.5) + F32(sc & 15)) * F32(0.25)
-            db1 = d * (F32(0.5) + F32(sc >> 4)) * F32(0.25)
+            db0 = half_step_scale(d, sc & 15, F32(0.25))  # groups l = 0, 1
+            db1 = half_step_scale(d, sc >> 4, F32(0.25))  # groups l = 2, 3
             qh = int(src[o + 66 + s])
             for l in range(4):
                 g = int(src[o + 2 + 4 * s + l]) | (((qh >> (2 * l)) & 3) << 8)
@@ -107,7 +113,7 @@ def _deq_iq3_xxs(src, dst):
         d = f16_at(src, o)
         for s in range(8):
             a = u32_at(src, o + 66 + 4 * s)
-            db = d * (F32(0.5) + F32(a >> 28)) * F32(0.5)
+            db = half_step_scale(d, a >> 28, F32(0.5))
             for l in range(4):
                 signs = KSIGN_F32[(a >> (7 * l)) & 127]
                 y = 256 * b + 32 * s + 8 * l

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
-from test_kernels_actquant import f16, py_quantize_q8_k
+from test_kernels_actquant import assert_act_quant_equals_transcription, f16, py_quantize_q8_k
 
 import kernels
 from kernels.blocks_iq import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGNS
@@ -230,11 +230,4 @@ def py_dot_tq1_0(w, y):
 )  # fmt: skip
 def test_act_quant_bit_exact_vs_python_transcription(qtype, dot):
     rng = np.random.default_rng([int(qtype), 15])
-    w = random_rows(qtype, 3, 512, rng)
-    x = (rng.standard_normal((2, 512)) * np.exp(rng.uniform(-3, 3, (2, 512)))).astype(F32)
-    y = kernels.matmul(w, qtype, x, act_quant=True)
-    for t in range(2):
-        blocks = py_quantize_q8_k(x[t])
-        for n in range(3):
-            want = dot([int(b) for b in w[n]], blocks)
-            assert y[t, n].view(np.uint32) == F32(want).view(np.uint32), (t, n, y[t, n], want)
+    assert_act_quant_equals_transcription(random_rows(qtype, 3, 512, rng), qtype, rng, py_quantize_q8_k, dot)

@@ -50,12 +50,13 @@ def test_variants_are_recognised(make_fixture, options, check):
         assert m.config.n_layer_nextn == 0 and m.config.n_layer == 4
 
 
-@pytest.mark.parametrize("quant", ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4"])
+@pytest.mark.parametrize("quant", ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq3_xxs", "tq1_0"])
 def test_inspect_reports_types_and_mtp(make_fixture, quant):
     text = describe(open_model(make_fixture("tiny", quant)))
     assert "4 trunk (3 deltanet + 1 attention) + 1 MTP" in text
     assert "D D D A M" in text and "mtp           present" in text
-    expected = {"f32": ["F32"], "bf16": ["BF16"], "q8_0": ["Q8_0"], "q4_k_m": ["Q4_K", "Q5_K", "Q6_K", "Q8_0"], "mxfp4": ["MXFP4", "Q8_0"]}[quant]
+    expected = {"f32": ["F32"], "bf16": ["BF16"], "q8_0": ["Q8_0"], "q4_k_m": ["Q4_K", "Q5_K", "Q6_K", "Q8_0"], "mxfp4": ["MXFP4", "Q8_0"],
+                "iq3_xxs": ["IQ3_XXS", "IQ3_S", "IQ2_S"], "tq1_0": ["TQ1_0"]}[quant]  # IQ3_S token_embd was refused once
     for name in expected:
         assert f"  {name} " in text
 

@@ -20,9 +20,10 @@ Contract (what may live in this package):
   the Gated DeltaNet step, summed in increasing index order, numba and numpy paths equal bit for bit.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/flags.py`` only.
 
-Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks`` (byte layouts) →
-``floats`` (exact f16/bf16/E8M0 conversions) → ``dequant`` (bytes → float32) → ``actquant``,
-``actdots`` (llama.cpp's activation quantizers, then its integer dots) → ``lanes_ir``, ``lanes_blocks``, ``lanes`` (the fast
+Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks``, ``blocks_iq`` (byte
+layouts; the codebook IQ and ternary TQ types with their grids) → ``floats`` (exact f16/bf16/E8M0
+conversions) → ``dequant``, ``dequant_iq`` (bytes → float32) → ``actquant``, ``actdots``,
+``actdots_iq`` (llama.cpp's activation quantizers, then its integer dots) → ``lanes_ir``, ``lanes_blocks``, ``lanes`` (the fast
 plain kernels: IR vocabulary, per-type emitters, drivers and packing) →
 ``matmul`` (the public product) → ``recurrent`` (exact dots, the delta-rule step) → ``testing`` (random rows with controlled scales, for tests and
 ``bench/kernels.py``).

@@ -1,4 +1,4 @@
-"""Gated full attention (``llama_model_qwen35moe::graph::build_layer_attn``, spec §3.3).
+"""Gated full attention (``llama_model_qwen35moe::graph::build_layer_attn``).
 
 Per token at position p, input a [E]:
 

@@ -351,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fixture", help="write a seeded synthetic qwen35moe GGUF")
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--preset", default="tiny", help="fixture preset (tiny, predictable, …)")
-    p.add_argument("--quant", default="f32", help="quant mix (f32, bf16, q8_0, q4_k_m, mxfp4)")
+    p.add_argument("--quant", default="f32", help="quant mix: f32, bf16, q8_0, q4_k_m, mxfp4; iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0 "
+                   "(quantized by libggml: need llama-cpp-python)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="variant option: mtp=full|stripped|extras, tied=true, fused_gate_up=true, recurrent_layers_key=false")

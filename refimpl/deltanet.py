@@ -1,4 +1,4 @@
-"""Gated DeltaNet layer (``graph::build_layer_attn_linear``, ``delta-net-base.cpp``; spec §3.4).
+"""Gated DeltaNet layer (``graph::build_layer_attn_linear``, ``delta-net-base.cpp``).
 
 Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464) keeps, per value head j, a matrix
 state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbols of the paper:
@@ -11,7 +11,7 @@ state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbol
   (ops.cpp ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's
   ``naive_recurrent_gated_delta_rule`` is the same recurrence).
 
-Value head j uses query/key head ``j mod Hk`` (the converter's tiled V-head order, spec §2.6).
+Value head j uses query/key head ``j mod Hk`` (the converter's tiled V-head order, docs/gguf.md §4).
 Before the recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window state
 carried between calls), SiLU, and L2 norm of q and k. After it, a gated RMSNorm with SiLU(z) and
 ``ssm_out``.

@@ -1,4 +1,5 @@
-"""Step 7: draft sources — who proposes the tokens the trunk then verifies (spec §5).
+"""Step 7: draft sources — who proposes the tokens the trunk then verifies
+(``common/speculative.cpp``; docs/speculative.md, "The draft sources").
 
 A draft source has the four hooks of llama.cpp's ``common_speculative_impl``
 (``common/speculative.cpp``), with its state made explicit — every hook takes the source's state and

@@ -1,4 +1,6 @@
-"""Step 5: the trunk — ``llama_model_qwen35moe::graph::graph`` (spec §3.2).
+"""Step 5: the trunk — ``llama_model_qwen35moe::graph::graph``.
+
+The layer skeleton is walked through in docs/architecture.md, "One token, step by step".
 
 For each of the L trunk layers, with h⁰ = the token embedding rows::
 

@@ -1,5 +1,5 @@
 """MoE FFN with a sigmoid-gated shared expert (``graph::build_layer_ffn``,
-``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``; spec §3.5).
+``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``).
 
 Per token, input x = RMSNorm(r, post_attention_norm) [E]:
 

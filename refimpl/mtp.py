@@ -1,4 +1,6 @@
-"""Step 5b: the nextn / MTP head — ``llama_model_qwen35moe::graph_mtp`` (spec §4).
+"""Step 5b: the nextn / MTP head — ``llama_model_qwen35moe::graph_mtp``.
+
+How the head is fed follows ``common/speculative.cpp::common_speculative_impl_draft_mtp`` (docs/speculative.md).
 
 The MTP block sits at layer index il = n_layer. Row p pairs token x_p with a hidden vector h of
 position p−1 and predicts x_{p+1}::

@@ -1,4 +1,5 @@
-"""Primitive operations, each written to compute what llama.cpp's CPU op computes (spec §3.1).
+"""Primitive operations, each written to compute what llama.cpp's CPU op computes
+(``ggml-cpu/ops.cpp``, ``vec.cpp``, ``unary-ops.cpp``; each function names its op).
 
 All activations are float32 (as in llama.cpp). Reductions that llama.cpp accumulates in double
 (RMSNorm's sum of squares, softmax's sum) are accumulated in float64 here too; dot products are
@@ -27,7 +28,7 @@ class Ctx:
     """How to compute and what to record, passed to every layer function.
 
     * ``act_quant``: emulate llama.cpp's per-matmul activation quantization (Q8_0/Q8_1/Q8_K, F16/BF16
-      rounding) — spec §7.2, ``kernels.matmul(act_quant=True)``.
+      rounding) — ``ggml-cpu.c::ggml_compute_forward_mul_mat``, docs/kernels.md, ``kernels.matmul(act_quant=True)``.
     * ``kv_f16``: emulate llama.cpp's default F16 K/V cache (K and V rounded to F16 when stored; with
       flash attention off Q is rounded to F16 for K·Q and the softmax probabilities for P·V).
     * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the kernels runs —

@@ -1,4 +1,4 @@
-"""Step 8: the self-speculative loop — draft, verify in one batch, accept, roll back (spec §5.2).
+"""Step 8: the self-speculative loop — draft, verify in one batch, accept, roll back (docs/speculative.md, "The loop").
 
 One round, with the target holding positions 0 … P−1 and ``id_last`` = x_P confirmed but not decoded::
 

@@ -30,6 +30,12 @@ class Ctx:
       rounding) — spec §7.2, ``kernels.matmul(act_quant=True)``.
     * ``kv_f16``: emulate llama.cpp's default F16 K/V cache (K and V rounded to F16 when stored; with
       flash attention off Q is rounded to F16 for K·Q and the softmax probabilities for P·V).
+    * ``flash_attn``: emulate ``ggml_flash_attn_ext`` (llama.cpp's ``auto`` on the CPU): K and V F16
+      whatever the cache type, an F16 accumulator for fewer than 64 query rows per ubatch
+      (refimpl/attention.py ``attend``). ``n_ubatch``, ``n_threads``, ``n_ctx``: the llama.cpp
+      settings that choose its flash-attention path (ubatch size; the split-KV path's chunking, only
+      for one query row over ≥ 512 cells; ``n_ctx`` None = the model's training context, as
+      llama.cpp's n_ctx = 0). They change nothing with ``flash_attn`` off.
     * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the kernels runs —
       the quantized matmul (the two agree to ≤ 1 float32 ulp, kernels/matmul.py states the
       tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/recurrent.py).
@@ -39,8 +45,16 @@ class Ctx:
 
     act_quant: bool = False
     kv_f16: bool = False
+    flash_attn: bool = False
+    n_ubatch: int = 512  # llama_context_default_params / common's n_ubatch
+    n_threads: int = 4  # GGML_DEFAULT_N_THREADS
+    n_ctx: int | None = None
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):
+            raise ValueError(f"Ctx: n_ubatch, n_threads and n_ctx must be positive, got {self.n_ubatch}, {self.n_threads}, {self.n_ctx}")
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
         """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``."""

@@ -155,10 +155,11 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
         sizes = _ubatch_sizes(len(chunk), options["n_ubatch"])
         for n in names:
             parts = step.get(n, [])
-            if len(parts) != len(sizes):
+            if not parts or len(parts) % len(sizes):
                 continue  # not computed for every ubatch (e.g. a tensor of the output rows only)
-            for part, u in zip(parts, sizes):
-                per_name[n].extend(part.reshape(u, -1))  # the token axis is the outermost one
+            per_ubatch = len(parts) // len(sizes)  # a name given twice in a graph (Kcur-3): the last one counts
+            for i, u in enumerate(sizes):
+                per_name[n].extend(parts[(i + 1) * per_ubatch - 1].reshape(u, -1))  # the token axis is the outermost one
     ll.llama_batch_free(batch)
     result = {n: np.stack(v) for n, v in per_name.items() if len(v) == len(tokens)}
     result["logits"] = np.stack(logits)

@@ -56,11 +56,40 @@ class Ctx:
         if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):
             raise ValueError(f"Ctx: n_ubatch, n_threads and n_ctx must be positive, got {self.n_ubatch}, {self.n_threads}, {self.n_ctx}")
 
+    def numerics(self) -> str:
+        """One line for reports: ``off`` or which llama.cpp rounding points are emulated."""
+        if not (self.act_quant or self.kv_f16 or self.flash_attn):
+            return "off"
+        parts = (["activation quantization"] if self.act_quant else []) + [f"{'F16' if self.kv_f16 else 'F32'} K/V",
+                                                                        f"flash attention {'on' if self.flash_attn else 'off'}"]
+        return ("on: " if self.act_quant else "") + ", ".join(parts)
+
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
         """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``."""
         if self.trace is not None:
             self.trace(name, il, x)
         return x
+
+
+#: ``--emulate=NAME``: llama.cpp configurations refimpl reproduces (docs/numerics.md "Configurations").
+#: Both quantize activations per matmul as llama.cpp's CPU backend does.
+EMULATIONS = {
+    "default": {"kv_f16": True, "flash_attn": True},  # llama.cpp's defaults: F16 K/V cache, flash attention auto (on for CPU)
+    "plain": {"kv_f16": False, "flash_attn": False},  # the conformance setting: F32 K/V cache, flash attention off
+}
+
+
+def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None, kv_f16: bool | None = None, **fields) -> Ctx:
+    """The Ctx of ``--emulate[=NAME]`` plus the fine flags: ``emulate`` None (no activation
+    quantization, F32 K/V, no flash attention unless asked) or a key of :data:`EMULATIONS`;
+    ``flash_attn`` / ``kv_f16`` override the preset when not None; ``fields`` (kernel, trace, n_ubatch,
+    n_threads, n_ctx) pass through."""
+    if emulate is not None and emulate not in EMULATIONS:
+        raise ValueError(f"unknown emulation '{emulate}' (valid: {', '.join(EMULATIONS)})")
+    preset = EMULATIONS.get(emulate, {"kv_f16": False, "flash_attn": False})
+    return Ctx(act_quant=emulate is not None,
+               kv_f16=preset["kv_f16"] if kv_f16 is None else kv_f16,
+               flash_attn=preset["flash_attn"] if flash_attn is None else flash_attn, **fields)
 
 
 def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:

@@ -166,3 +166,129 @@ def test_split_kv_chunking_follows_llama_cpp():
     assert _split_chunk(2, cells(600), c, Ctx(flash_attn=True)) == 0  # two query rows: no split
     assert _split_chunk(1, cells(300), c, Ctx(flash_attn=True, n_ctx=300)) == 128  # n_ctx 300 -> kv_size 512
     assert _split_chunk(1, cells(200), c, Ctx(flash_attn=True, n_ctx=256)) == 0  # kv_size 256: never 512 cells
+
+
+@pytest.mark.oracle
+def test_flash_attn_vector_path_accumulates_in_f16(ggml_fa):
+    """docs/numerics.md: llama.cpp asks ggml_flash_attn_ext for F32 precision (GGML_PREC_F32), yet with
+    an F16 V its CPU vector path accumulates P·V in F16 — far from the exact product, unlike its own
+    tiled path on the same inputs. The emulation reproduces both."""
+    rng = np.random.default_rng(500)
+    q, k, v, positions, visible = _random_attention(rng, 1, 500)
+    theirs = ggml_fa(q, k, v, visible, 0.125, 1)
+    qf = to_f16(q).astype(np.float64)  # the vector path's Q rounding is not the point here: keep it
+    exact = np.empty_like(theirs, dtype=np.float64)  # float64 softmax(q16·k)·v over the same F16 K, V
+    for h in range(4):
+        sc = k[:, h // 2].astype(np.float64) @ qf[0, h] * 0.125
+        p = np.exp(sc - sc.max())
+        exact[0, h] = (p / p.sum()) @ v[:, h // 2].astype(np.float64)
+    err = np.abs(theirs - exact).max() / np.abs(exact).max()
+    assert err > 1e-3  # measured 5.0e-3: ~8 bits, not float32's 24
+    ours = kernels.flash_attn_f16(q, k, v, visible, 0.125)
+    assert np.abs(ours - theirs).max() <= 2e-5 * np.abs(exact).max()  # a few F16 crossings at most
+
+
+# ---- the tiny fixtures in every configuration ---------------------------------------------------
+
+CONFIGS = [("f32", "off"), ("f16", "off"), ("f16", "on"), ("f32", "on")]  # (K/V type, flash attention)
+MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "llama-MXFP4_MOE", "llama-Q8_0"]
+LLAMA_FTYPES = {"llama-MXFP4_MOE": 38, "llama-Q8_0": 7}  # LLAMA_FTYPE_MOSTLY_*: made by llama_model_quantize
+N_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def fixture_file(make_fixture, tmp_path_factory):
+    """A tiny fixture: ours (``q8_0`` …) or made by llama.cpp's own quantizer from the f32 one."""
+    made = {}
+
+    def get(mix):
+        if mix not in LLAMA_FTYPES:
+            return make_fixture("tiny", mix)
+        if mix not in made:
+            require_llama_cpp()
+            from llama_ref import quantize_with_llama
+
+            made[mix] = quantize_with_llama(make_fixture("tiny", "f32"), tmp_path_factory.mktemp("llq") / f"{mix}.gguf", LLAMA_FTYPES[mix])
+        return made[mix]
+
+    return get
+
+
+def _tokens(n=N_TOKENS, seed=11):
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 390, size=n)]
+
+
+def _trace(path, names, kv, fa, batch, tokens=None):
+    """llama.cpp on ``tokens`` with K/V type ``kv``, flash attention ``fa``, ``batch`` tokens per decode."""
+    from llama_trace import llama_trace
+
+    n_ubatch = max(8, batch)
+    return llama_trace(path, tokens or _tokens(), names, type_k=kv, type_v=kv, flash_attn=fa, n_batch=batch,
+                       n_ubatch=n_ubatch, repack=not (batch > 1 and host_has_amx()))
+
+
+def near_f16_tie(x: np.ndarray, ulps: float) -> np.ndarray:
+    """Vectorised kernels.flashattn._near_f16_tie: |x| within ``ulps`` float32 ulps of an F16 midpoint."""
+    a = np.abs(x.astype(np.float64))
+    e = np.frexp(a)[1]
+    q16 = np.ldexp(1.0, np.maximum(e - 11, -24))
+    q32 = np.ldexp(1.0, np.maximum(e - 24, -149))
+    mid = (np.floor(a / q16) + 0.5) * q16
+    return (a > 0) & (np.abs(a - mid) <= ulps * q32)
+
+
+def _attention_layer_local(path, kv, fa, batch, c):
+    """llama.cpp's Qcur/Kcur/Vcur of the attention layer fed to refimpl's attention, against its
+    attn_pregate. Returns (ours, theirs, near) with near > 0 where a rounding may flip."""
+    il = c.is_recurrent.index(False)
+    names = [f"Qcur-{il}", f"Kcur-{il}", f"Vcur-{il}", f"attn_pregate-{il}"]
+    tokens = _tokens(max(N_TOKENS, batch))
+    n = len(tokens)
+    th = _trace(path, names, kv, fa, batch, tokens)
+    H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
+    q = th[names[0]].reshape(n, H, D)
+    k, v = th[names[1]].reshape(n, Hkv, D), th[names[2]].reshape(n, Hkv, D)
+    if kv == "f16" or fa == "on":
+        k, v = to_f16(k), to_f16(v)
+    theirs = th[names[3]].reshape(n, H, D)
+    ours = np.empty_like(theirs)
+    near = np.zeros(theirs.shape, np.int32)
+    ctx = Ctx(kv_f16=kv == "f16", flash_attn=fa == "on", n_ubatch=max(8, batch))
+    pos = np.arange(n, dtype=np.int32)
+    for s in range(0, n, batch):
+        e = min(n, s + batch)
+        cache = KVCache(k[:e], v[:e], pos[:e])
+        visible = pos[None, :e] <= pos[s:e, None]
+        if fa == "on" and e - s < 64:  # the vector path, with its near-tie count
+            ours[s:e], near[s:e] = kernels.flash_attn_f16(q[s:e], k[:e], v[:e], visible, 1 / np.sqrt(D), tie_ulps=TIE_ULPS)
+            continue
+        ours[s:e] = attend(q[s:e], cache, pos[s:e], c, ctx)
+        if fa == "off" and kv == "f16":  # P rounded to F16: a probability near an F16 tie may flip
+            for t in range(s, e):
+                sc = np.einsum("nkd,kgd->kgn", k[: t + 1].astype(np.float64), to_f16(q[t]).reshape(Hkv, H // Hkv, D).astype(np.float64))
+                p = np.exp(sc / np.sqrt(D) - sc.max(-1, keepdims=True) / np.sqrt(D)).astype(np.float32)
+                p /= p.sum(-1, keepdims=True)
+                flips = near_f16_tie(p, 8).sum(-1).reshape(H)  # probabilities float32-noisy by a few ulps
+                near[t] += flips[:, None]
+    return ours, theirs, near
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kv, fa", CONFIGS, ids=[f"kv_{k}-fa_{f}" for k, f in CONFIGS])
+@pytest.mark.parametrize("batch", [1, 4, 70], ids=["decode", "batch4", "prompt70"])
+def test_attention_layer_reproduces_llama_cpp_from_its_own_input(fixture_file, kv, fa, batch):
+    """Every configuration's attention (non-flash F32 / F16, flash vector path, flash tiled path for
+    a 70-token prompt ubatch) fed llama.cpp's own Q, K, V gives its output: float noise, or one F16
+    step where the emulation saw an F16 rounding within float noise of a tie."""
+    require_llama_cpp()
+    from refimpl.model import load_model
+
+    path = fixture_file("llama-Q8_0")
+    c = load_model(path, progress=False).config
+    ours, theirs, near = _attention_layer_local(path, kv, fa, batch, c)
+    scale = np.abs(theirs).max()
+    err = np.abs(ours - theirs) / scale
+    off = err > NOISE
+    assert not np.any(off & (near == 0)), f"{int(np.sum(off & (near == 0)))} elements off by up to {err[near == 0].max():.2g} with no tie nearby"
+    assert off.mean() <= 0.01, f"{off.mean():.1%} of the elements off: not rare crossings"
+    assert err.max() <= 4 * F16_STEP * np.abs(theirs).max() / scale  # a flip is one F16 step of one element

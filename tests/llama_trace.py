@@ -13,7 +13,9 @@ Keyword options select other llama.cpp configurations (defaults = the conformanc
   llama.cpp's default ``auto`` resolves to on for the CPU backend);
 * ``n_batch``: tokens per ``llama_decode`` call (1: the decode path; more: a batched prompt or
   verify, split by llama.cpp into ubatches of ``n_ubatch`` tokens). A captured tensor of a ubatch
-  of U tokens is split into U rows, so the result keeps one row per position;
+  of U tokens is split into U rows, so the result keeps one row per position; with ``n_batch`` > 1
+  each ubatch's array is also returned whole as ``"NAME@P"`` (P = the ubatch's first position), for
+  tensors that are not per token (``state_predelta-0``, the recurrent state at the ubatch's start);
 * ``repack``: ``llama_model_params.use_extra_bufts`` (llama.cpp's default True: the CPU_REPACK and,
   on AMX machines, AMX weight layouts).
 
@@ -135,6 +137,7 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
 
     per_name: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    per_ubatch_arrays: dict[str, np.ndarray] = {}
     logits = []
     n_batch = options["n_batch"]
     batch = ll.llama_batch_init(n_batch, 0, 1)
@@ -158,11 +161,18 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
             if not parts or len(parts) % len(sizes):
                 continue  # not computed for every ubatch (e.g. a tensor of the output rows only)
             per_ubatch = len(parts) // len(sizes)  # a name given twice in a graph (Kcur-3): the last one counts
+            first = start
             for i, u in enumerate(sizes):
-                per_name[n].extend(parts[(i + 1) * per_ubatch - 1].reshape(u, -1))  # the token axis is the outermost one
+                part = parts[(i + 1) * per_ubatch - 1]
+                per_ubatch_arrays[f"{n}@{first}"] = part  # as computed for the ubatch starting at position `first`
+                first += u
+                if part.size % u == 0:  # a per-token tensor: the token axis is the outermost one
+                    per_name[n].extend(part.reshape(u, -1))
     ll.llama_batch_free(batch)
     result = {n: np.stack(v) for n, v in per_name.items() if len(v) == len(tokens)}
     result["logits"] = np.stack(logits)
+    if options["n_batch"] > 1:
+        result.update(per_ubatch_arrays)
     np.savez(out_path, **result)
     ll.llama_free(ctx)
     ll.llama_model_free(model)

@@ -398,3 +398,53 @@ def test_f32_fixture_end_to_end_in_every_configuration(fixture_file, kv, fa, bat
         unemulated = run(Ctx(kv_f16=kv == "f16"))
         un_err = np.abs(unemulated - theirs).max(-1) / np.abs(theirs).max(-1)
         assert np.median(un_err) > 10 * np.median(err)  # measured ~1.5e-4 against ~3e-7
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def test_emulation_presets():
+    from refimpl.ops import emulation_ctx
+
+    assert emulation_ctx("default") == Ctx(act_quant=True, kv_f16=True, flash_attn=True)
+    assert emulation_ctx("plain") == Ctx(act_quant=True)  # what the older conformance tests meant by it
+    assert emulation_ctx("default", flash_attn=False) == Ctx(act_quant=True, kv_f16=True)
+    assert emulation_ctx(None, kv_f16=True) == Ctx(kv_f16=True)
+    with pytest.raises(ValueError, match="unknown emulation"):
+        emulation_ctx("fast")
+    with pytest.raises(ValueError):
+        Ctx(n_threads=0)
+
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--emulate"], dict(act_quant=True, kv_f16=True, flash_attn=True)),
+    (["--emulate=plain", "--kv-type", "f16"], dict(act_quant=True, kv_f16=True)),
+    (["--flash-attn", "on"], dict(flash_attn=True)),
+])
+def test_cli_emulate_flags_select_the_configuration(make_fixture, tmp_path, flags, expect):
+    """``--emulate`` alone (even right before MODEL) is ``default``; the fine flags override it."""
+    import subprocess
+    import sys
+
+    from refimpl.model import forward, load_model
+    from refimpl.state import SeqState
+
+    path = make_fixture("tiny", "q8_0")
+    out = tmp_path / "l.npy"
+    proc = subprocess.run([sys.executable, "-m", "refimpl", "logits", *flags, str(path), "--tokens", "3,1,4,1,5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    model = load_model(path, progress=False)
+    want, _, _ = forward(model, SeqState.fresh(model.config), [3, 1, 4, 1, 5], Ctx(**expect))
+    assert np.array_equal(np.load(out), want)
+
+
+@pytest.mark.parametrize("flags", [["--emulate=fast"], ["--kv-type", "q8_0"]])
+def test_cli_bad_emulation_flags_are_one_line_errors(make_fixture, flags):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "refimpl", "logits", str(make_fixture("tiny", "f32")), "--tokens", "1",
+                           "--out", "/dev/null", *flags], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("refimpl: error:") and len(proc.stderr.strip().splitlines()) == 1

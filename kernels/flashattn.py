@@ -53,7 +53,7 @@ import math
 import numpy as np
 from numba import prange
 
-from .flags import JIT_ENABLED, jit
+from .flags import JIT_ENABLED, SERIAL_BELOW, jit
 from .floats import round_to_f16
 
 F32 = np.float32
@@ -126,8 +126,7 @@ def _online_chunk(q16, k, v, visible, j, c0, c1, scale, acc, near, tie_ulps):
     return M, S
 
 
-@jit(parallel=True)
-def _flash_attn_rows(q, k, v, visible, scale, chunk, out, near, tie_ulps):
+def _flash_attn_rows_py(q, k, v, visible, scale, chunk, out, near, tie_ulps):
     """out [T, Hq, D] for q [T, Hq, D] (float32), k, v [n, Hkv, D] (F16 values), visible [T, n]."""
     T, Hq, D = q.shape
     n, Hkv = k.shape[0], k.shape[1]
@@ -165,6 +164,10 @@ def _flash_attn_rows(q, k, v, visible, scale, chunk, out, near, tie_ulps):
             out[t, h, d] = np.float32(vkq[d] * inv)
 
 
+_flash_attn_rows = jit(parallel=True)(_flash_attn_rows_py)  # prange over (row, head): independent outputs
+_flash_attn_rows_serial = jit()(_flash_attn_rows_py)  # small calls (flags.SERIAL_BELOW): prange is range
+
+
 def flash_attn_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, scale: float, chunk: int = 0,
                    tie_ulps: int = 0):
     """llama.cpp's CPU flash attention (vector path) for T query rows.
@@ -184,7 +187,8 @@ def flash_attn_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndar
     out = np.zeros((T, Hq, D), dtype=F32)
     near = np.zeros((T, Hq, D), dtype=np.int32)
     if T and k.shape[0]:
-        _flash_attn_rows(q, k, v, visible, F32(scale), int(chunk), out, near, int(tie_ulps))
+        rows = _flash_attn_rows_serial if T * Hq * k.shape[0] * D < SERIAL_BELOW else _flash_attn_rows
+        rows(q, k, v, visible, F32(scale), int(chunk), out, near, int(tie_ulps))
     return (out, near) if tie_ulps > 0 else out
 
 

@@ -448,3 +448,28 @@ def test_cli_bad_emulation_flags_are_one_line_errors(make_fixture, flags):
                            "--out", "/dev/null", *flags], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.startswith("refimpl: error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_flash_attn_kernel_uses_the_c_library_expf_compiled_or_not(tmp_path):
+    """numba's float32 math.exp is libm expf (the function llama.cpp's flash attention calls), and the
+    kernel interpreted (NUMBA_DISABLE_JIT=1, ctypes expf) gives the same bits as compiled."""
+    import ctypes.util
+    import subprocess
+    import sys
+
+    from kernels.flashattn import expf
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.argtypes, libm.expf.restype = [ctypes.c_float], ctypes.c_float
+    xs = np.random.default_rng(0).uniform(-30, 0, 2000).astype(np.float32)
+    assert all(np.float32(expf(x)) == np.float32(libm.expf(float(x))) for x in xs)
+
+    rng = np.random.default_rng(1)
+    q, k, v, _, visible = _random_attention(rng, 3, 20)
+    np.savez(tmp_path / "in.npz", q=q, k=k, v=v, visible=visible)
+    code = ("import numpy as np, kernels; z = np.load('in.npz'); "
+            "np.save('out.npy', kernels.flash_attn_f16(z['q'], z['k'], z['v'], z['visible'], 0.125))")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.load(tmp_path / "out.npy"), kernels.flash_attn_f16(q, k, v, visible, 0.125))

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import require_llama_cpp
+from ggml_lib import InitParams, load_ggml, run_graph
 
 import kernels
 from refimpl.attention import attend
@@ -46,31 +47,12 @@ def host_has_amx() -> bool:
 GGML_F32, GGML_F16, GGML_PREC_F32 = 0, 1, 10
 
 
-class _InitParams(ctypes.Structure):  # ggml.h: struct ggml_init_params
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
 @pytest.fixture(scope="module")
 def ggml_fa():
-    llama_cpp = require_llama_cpp()
-    libdir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    base = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpu = ctypes.CDLL(os.path.join(libdir, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     vp, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    for fn, res, args in [
-        (base.ggml_init, vp, [_InitParams]),
-        (base.ggml_new_tensor_4d, vp, [vp, ctypes.c_int, i64, i64, i64, i64]),
-        (base.ggml_flash_attn_ext, vp, [vp, vp, vp, vp, vp, f32, f32, f32]),
-        (base.ggml_flash_attn_ext_set_prec, None, [vp, ctypes.c_int]),
-        (base.ggml_new_graph, vp, [vp]),
-        (base.ggml_build_forward_expand, None, [vp, vp]),
-        (base.ggml_get_data, vp, [vp]),
-        (base.ggml_free, None, [vp]),
-        (cpu.ggml_graph_compute_with_ctx, ctypes.c_int, [vp, vp, ctypes.c_int]),
-        (cpu.ggml_cpu_init, None, []),
-    ]:
-        fn.restype, fn.argtypes = res, args
-    cpu.ggml_cpu_init()
+    base, cpu = load_ggml([("base", "ggml_new_tensor_4d", vp, [vp, ctypes.c_int, i64, i64, i64, i64]),
+                           ("base", "ggml_flash_attn_ext", vp, [vp, vp, vp, vp, vp, f32, f32, f32]),
+                           ("base", "ggml_flash_attn_ext_set_prec", None, [vp, ctypes.c_int])])
 
     def flash_attn(q, k16, v16, visible, scale, n_threads):
         """ggml_flash_attn_ext(q F32 [D, T, H], k, v F16 [D, n, Hkv], mask F16 [n, T]) -> [T, H, D]."""
@@ -80,7 +62,7 @@ def ggml_fa():
         arrays = [np.ascontiguousarray(q.transpose(1, 0, 2), dtype=np.float32),  # ggml [D, T, H] = numpy [H, T, D]
                   np.ascontiguousarray(k16.transpose(1, 0, 2), dtype=np.float16),
                   np.ascontiguousarray(v16.transpose(1, 0, 2), dtype=np.float16), mask]
-        ctx = base.ggml_init(_InitParams(sum(a.nbytes for a in arrays) + 4 * T * H * D + (64 << 20), None, False))
+        ctx = base.ggml_init(InitParams(sum(a.nbytes for a in arrays) + 4 * T * H * D + (64 << 20), None, False))
         try:
             tq = base.ggml_new_tensor_4d(ctx, GGML_F32, D, T, H, 1)
             tk = base.ggml_new_tensor_4d(ctx, GGML_F16, D, n, Hkv, 1)
@@ -90,9 +72,7 @@ def ggml_fa():
                 ctypes.memmove(base.ggml_get_data(t), a.ctypes.data, a.nbytes)
             out = base.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale, 0.0, 0.0)
             base.ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32)  # as build_attn_mha asks
-            graph = base.ggml_new_graph(ctx)
-            base.ggml_build_forward_expand(graph, out)
-            assert cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads) == 0
+            run_graph(base, cpu, ctx, out, n_threads)
             res = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(out), ctypes.POINTER(ctypes.c_float)), shape=(T * H * D,))
             return res.copy().reshape(T, H, D)  # ggml [D, H, T]
         finally:

@@ -179,6 +179,7 @@ class Report:
     streams: list[Stream]
     tau: float
     emulate: bool
+    numerics: str = ""  # Ctx.numerics(): which llama.cpp rounding points the oracle emulated
     common: int = 0  # length of the common prefix
     divergence: Finding | None = None
     findings: list[Finding] = field(default_factory=list)  # departures, in the prefix and the tails
@@ -229,7 +230,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
             raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {model.config.n_vocab})")
         if not s.tokens:
             raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
-    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant))
+    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())
     cur = start(model, prompt, ctx)
 
     if stream_b is None:  # A against the oracle: the first departure is the divergence from its greedy stream
@@ -299,7 +300,7 @@ def _finding_line(tokenizer, f: Finding) -> str:
 
 def report_lines(rep: Report, tokenizer) -> list[str]:
     s = rep.streams
-    lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {'on' if rep.emulate else 'off'}, "
+    lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {rep.numerics or ('on' if rep.emulate else 'off')}, "
              f"near-tie threshold {100 * rep.tau:g}% of max|logit|"]
     lines.append("  " + "   ".join(f"{x.label}: {x.source} ({x.kind}, {len(x.tokens)} tokens)" for x in s)
                  + ("   B: the oracle's greedy stream" if len(s) == 1 else ""))

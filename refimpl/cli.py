@@ -54,9 +54,11 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _ctx_from_args(args, trace=None):
-    from refimpl.ops import Ctx
+    from refimpl.ops import emulation_ctx
 
-    return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
+    flash = None if args.flash_attn is None else args.flash_attn == "on"
+    kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
+    return emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
 
 
 def _load(args, cache_mb=None, pack="auto"):
@@ -279,7 +281,9 @@ def _cmd_golden_make(args) -> int:
     source = "mtp" if args.mtp else "ngram" if args.ngram else None
     if args.draft is not None and source is None:
         raise RefimplError("--draft needs --mtp or --ngram")
-    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, args.emulate)
+    ctx = _ctx_from_args(args)
+    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
+                        kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn)
     out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel)
     print(f"wrote {out}", file=sys.stderr)
     return 0
@@ -327,8 +331,14 @@ def _cmd_audit(args) -> int:
 
 
 def _add_numerics(p) -> None:
-    p.add_argument("--emulate", action="store_true",
-                   help="emulate llama.cpp rounding: activation quantization per matmul and an F16 K/V cache")
+    from refimpl.ops import EMULATIONS
+
+    p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
+                   help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
+                        "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
+                        "CLI and server run; the default) or plain (F32 K/V, no flash attention)")
+    p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
 
 
@@ -433,9 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _lone_emulate(argv: list[str]) -> list[str]:
+    """``--emulate`` alone means ``--emulate=default``; spelled out so that argparse never takes the
+    next word (a MODEL path) as its value."""
+    return ["--emulate=default" if a == "--emulate" else a for a in argv]
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_lone_emulate(sys.argv[1:] if argv is None else argv))
         if args.func in (_cmd_fixture, _cmd_inspect):  # no kernels: numba is not even imported
             return args.func(args)
         from refimpl.compile_report import compile_report

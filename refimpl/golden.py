@@ -234,4 +234,4 @@ def check_golden(golden_path: str | os.PathLike, model_arg: str | None = None, *
         lines.append(f"if the change is intended, regenerate: {g.header.get('regenerate', '')}")
         return CheckResult(False, lines)
     return CheckResult(True, [f"{g.path}: ok, {len(g.prompts)} prompts, {n_tok} tokens match ({what}, "
-                              f"draft {settings.draft_source or 'none'}, emulate {'on' if settings.emulate else 'off'})"])
+                              f"draft {settings.draft_source or 'none'}, emulate {settings.ctx().numerics()})"])

@@ -22,7 +22,8 @@ Decoding settings (chosen so the oracle is as plain as llama.cpp allows):
   ``llama_process``. MTP row p drafts the same token as target row p, x_{p+1} (``common_speculative_impl_draft_mtp``).
 
 API: :func:`llama_logits` (logits of given tokens), :func:`llama_greedy` (greedy continuation),
-:func:`llama_run` (both, optionally the MTP head, plus llama.cpp's log).
+:func:`llama_run` (both, optionally the MTP head, plus llama.cpp's log), :func:`quantize_with_llama`
+(a file made by llama.cpp's own quantizer).
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ def llama_logits(model_path, tokens, *, load_mtp: bool = False, n_threads: int =
 def llama_greedy(model_path, prompt, n_generate: int, *, load_mtp: bool = False, n_threads: int = 2) -> np.ndarray:
     """np (len(prompt) + n_generate,) int32: the prompt and llama.cpp's greedy continuation."""
     return llama_run(model_path, prompt, n_generate=n_generate, load_mtp=load_mtp, n_threads=n_threads).tokens
+
+
+def quantize_with_llama(src, dst, ftype: int, *, timeout: float = 600) -> Path:
+    """``llama_model_quantize(src, dst, ftype)`` — llama.cpp's own quantizer (what ``llama-quantize``
+    runs; ``ftype`` a ``LLAMA_FTYPE_MOSTLY_*`` value, e.g. 7 = Q8_0, 38 = MXFP4_MOE), in a child
+    process. Returns ``dst``; a failure raises :class:`LlamaRefError` with llama.cpp's log tail."""
+    script = ("import sys, llama_cpp as L\n"
+              "p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); p.nthread = 2\n"
+              "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(dst), str(int(ftype))], capture_output=True,
+                          text=True, errors="replace", timeout=timeout)
+    if proc.returncode != 0 or not Path(dst).exists():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
+        raise LlamaRefError(f"llama_model_quantize failed on {src} (exit code {proc.returncode}):\n{tail}")
+    return Path(dst)
 
 
 # --------------------------------------------------------------------------------------------------

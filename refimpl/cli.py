@@ -52,9 +52,11 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _ctx_from_args(args, trace=None):
+    from refimpl.faults import NO_FAULTS
     from refimpl.ops import Ctx
 
-    return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
+    faults = getattr(args, "faults", NO_FAULTS)  # run --inject (refimpl.faults)
+    return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace, faults=faults)
 
 
 def _load(args, cache_mb=None, pack="auto"):
@@ -91,6 +93,7 @@ def _cmd_run(args) -> int:
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
+    args.faults = _injected(args)
     model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
@@ -118,6 +121,8 @@ def _cmd_run(args) -> int:
         stream.close()
     else:
         result = {"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}
+        if args.faults:
+            result["faults"] = [f.name for f in args.faults]
         if stats is not None:
             result["stats"] = stats.counters()
         result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
@@ -130,6 +135,16 @@ def _cmd_run(args) -> int:
     if trace is not None:
         print(f"wrote {trace.path}: {trace.n_rows} routing rows (one per position and layer)", file=sys.stderr)
     return 0
+
+
+def _injected(args):
+    """run --inject NAME[,NAME…]: the faults to inject (refimpl.faults, docs/bug-classes.md), announced on stderr."""
+    from refimpl.faults import parse_faults
+
+    faults = parse_faults(args.inject, "mtp" if args.mtp else "ngram" if args.ngram else None)
+    for f in faults:
+        print(f"refimpl: injected fault {f.name} ({f.bug_class}: {f.title}); the output is wrong on purpose", file=sys.stderr)
+    return faults
 
 
 def _route_trace(args, model):
@@ -326,6 +341,7 @@ def _add_speculative(p) -> None:
     p.add_argument("--ngram-min-match", type=int, metavar="N", help="shortest n-gram match that drafts (default 3)")
     p.add_argument("--csv", metavar="FILE", help="write per-token speculative telemetry (CSV)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; only 0 (greedy) is supported")
+    p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.faults
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 import kernels
+from refimpl.faults import NO_FAULTS, Faults
 
 F32 = np.float32
 
@@ -35,12 +36,15 @@ class Ctx:
       tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/recurrent.py).
     * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
       — ``il`` = -1 for model-level tensors; ``None`` records nothing.
+    * ``faults``: engine bugs injected on purpose (:mod:`refimpl.faults`, docs/bug-classes.md);
+      empty — the clean oracle — unless asked for.
     """
 
     act_quant: bool = False
     kv_f16: bool = False
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
+    faults: Faults = NO_FAULTS
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
         """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``."""

@@ -125,6 +125,7 @@ def _cmd_run(args) -> int:
             result["faults"] = [f.name for f in args.faults]
         if stats is not None:
             result["stats"] = stats.counters()
+            result["rounds"] = stats.rounds()  # the round audit's input (refimpl.rounds)
         result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
         result["stats"]["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
         print(json.dumps(result, ensure_ascii=False))

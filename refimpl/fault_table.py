@@ -120,8 +120,23 @@ def measure(model, model_name: str, prompt: list[int], fault: str | None, clean_
     if div is None and len(tokens) != len(clean):
         div = min(len(tokens), len(clean))
     rep = audit_stream(model, prompt, tokens)
-    return Cell(fault or "(clean loop)", model_name, scenario.flags, tokens != clean, div, rep.verdict, first_wrong(rep),
+    cell = Cell(fault or "(clean loop)", model_name, scenario.flags, tokens != clean, div, rep.verdict, first_wrong(rep),
                 rep.exit_code, _acceptance(stats), _acceptance(clean_stats))
+    for column, ids in (("rounds: ids", True), ("rounds: counts", False)):
+        cell.extra[column] = rounds_cell(model, prompt, tokens, stats, ids) if scenario.source == "mtp" else "—"
+    return cell
+
+
+def rounds_cell(model, prompt: list[int], tokens: list[int], stats, with_ids: bool) -> str:
+    """The round audit (refimpl.rounds) of one run's rounds, with the draft ids logged or only the
+    accepted/drafted counts: ``verdict, wrong/differing of rounds → exit``."""
+    from refimpl.rounds import check_rounds, rounds_from_json
+
+    rounds = [r if with_ids else {k: v for k, v in r.items() if k != "drafts"} for r in stats.rounds()]
+    rr = check_rounds(model, prompt, tokens, rounds_from_json({"rounds": rounds, "spec_draft_max": N_DRAFT}, "run"))
+    t = rr.totals()
+    verdict = f"**{rr.verdict}**" if rr.verdict == "wrong" else rr.verdict
+    return f"{verdict}, {t['wrong']}/{t['differ']} of {t['rounds']} → {rr.exit_code}"
 
 
 def measure_all(models: dict | None = None, faults=None, progress=None) -> list[Cell]:

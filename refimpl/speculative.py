@@ -137,6 +137,7 @@ class TokenRow:
     mtp_draft_ms: float  # ms of the round's drafting + source catch-up (first row; 0 after)
     bytes_read: int | None  # bytes the round read (first row), None without a streamer
     counters: dict[str, int] | None = None  # the round's share of the ``counters`` hook (first row; zeros after)
+    drafts: tuple[int, ...] | None = None  # the round's drafts d_1 … d_n (first row; None after)
 
 
 @dataclass
@@ -194,12 +195,22 @@ class SpecStats:
         for j, tok in enumerate(emitted):
             kind = "plain" if not r.drafts else "draft" if j < r.n_accepted else "bonus" if r.rollback == 0 else "correction"
             if j == 0:
-                row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, r.decode_s * 1e3, r.draft_s * 1e3, read, counted)
+                row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, r.decode_s * 1e3, r.draft_s * 1e3, read, counted,
+                               tuple(r.drafts))
             else:
                 row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, 0.0, 0.0, None if read is None else 0,
                                None if counted is None else dict.fromkeys(counted, 0))
             self.rows.append(row)
         self.n_generated += len(emitted)
+
+    def rounds(self) -> list[dict]:
+        """Per round: accepted and drafted counts and the draft ids — the ``rounds`` of ``run --json``,
+        the form the round audit reads (refimpl.rounds)."""
+        firsts = [r for r in self.rows if r.drafts is not None]
+        accepted = [0] * len(firsts)
+        for r in self.rows:
+            accepted[r.step] += r.kind == "draft"
+        return [{"accepted": a, "drafted": len(r.drafts), "drafts": list(r.drafts)} for a, r in zip(accepted, firsts)]
 
     def counters(self) -> dict:
         """The counters as the CSV trailer and ``--json`` ``stats`` name them."""

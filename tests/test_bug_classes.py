@@ -55,6 +55,18 @@ def test_every_stream_visible_fault_is_flagged_on_tiny(cells):
                       "ssm-norm-shifted", "topk-no-renorm", "shexp-ungated"}
 
 
+def test_the_round_audit_catches_the_blind_classes_from_draft_ids(cells):
+    for name, (spec, prompt) in T.MODELS.items():
+        clean = cells[(name, "(clean loop)")].extra
+        assert clean["rounds: ids"].startswith("match, 0/0") and clean["rounds: ids"].endswith("→ 0"), (name, clean)
+        assert clean["rounds: counts"].startswith("match, 0/0"), (name, clean)
+    for name, f in FAULTS.items():
+        if f.blind:
+            c = cells[("tiny", name)]
+            assert c.extra["rounds: ids"].endswith("→ 1"), (name, c.extra)  # at least one round wrong
+            assert c.extra["rounds: counts"].startswith("match"), (name, c.extra)  # tiny's head is never right
+
+
 def test_predictable_only_sees_accept_logic(cells):
     changed = {n for n in FAULTS if cells[("predictable", n)].changed}
     assert changed == {"accept-unverified"}  # its next token is a function of the current one only

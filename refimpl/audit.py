@@ -106,6 +106,8 @@ def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
             steps.append((row.get("step") or "", (row.get("kind") or "").strip(), row.get("drafts") or ""))
         per_round = {"step", "kind"} <= {h.strip() for h in header} and preamble.get("spec", "mtp") == "mtp"
         return Stream(label, str(path), "csv", tokens, rounds=rounds_from_kinds(steps, preamble, str(path)) if per_round else None)
+    if tokenizer is None:
+        raise RefimplError(f"{path}: stream {label} is text; without a model to tokenize it, give token ids (JSON or CSV)")
     return Stream(label, str(path), "text", tokenizer.encode(text[:-1] if text.endswith("\n") else text, parse_special=True))
 
 

@@ -306,6 +306,10 @@ def _cmd_audit(args) -> int:
 
     if len(args.streams) > 2:
         raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
+    from refimpl.golden_audit import is_golden
+
+    if is_golden(args.model):
+        return _audit_golden(args)
     model = load_model(resolve_model(args.model))
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
@@ -324,6 +328,24 @@ def _cmd_audit(args) -> int:
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
+
+
+def _audit_golden(args) -> int:
+    """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.golden_audit)."""
+    import json
+
+    from refimpl.audit import read_stream
+    from refimpl.golden_audit import audit_golden, report_lines
+
+    if len(args.streams) != 1:
+        raise RefimplError("audit GOLDEN takes one stream")
+    if args.prompt is not None:
+        raise RefimplError("audit GOLDEN needs the prompt as ids (--prompt-tokens): there is no model to tokenize --prompt")
+    stream = read_stream(args.streams[0], "A", tokenizer=None)
+    prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else None
+    v = audit_golden(args.model, stream, prompt, args.threshold)
+    print(json.dumps(v.as_json()) if args.json else "\n".join(report_lines(v, stream)))
+    return v.exit_code
 
 
 def _add_numerics(p) -> None:
@@ -420,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…; or a golden file "
+                                                  "(judged by its recorded top-5, without the model)")
     p.add_argument("streams", metavar="STREAM", nargs="+", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")

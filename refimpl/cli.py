@@ -348,6 +348,35 @@ def _audit_golden(args) -> int:
     return v.exit_code
 
 
+def _cmd_plot(args) -> int:
+    """plot audit|telemetry|routes … --out PNG (refimpl.plot; matplotlib, the 'plot' extra)."""
+    from pathlib import Path
+
+    from refimpl import plot
+
+    plot._pyplot()  # one-line error now if matplotlib is missing
+    if args.plot_command == "telemetry":
+        fig = plot.draw_telemetry(plot.telemetry_series(args.csv), title=Path(args.csv).name)
+    elif args.plot_command == "routes":
+        fig = plot.draw_routes(*plot.route_counts(args.csv), title=f"{Path(args.csv).name}: expert selections per layer")
+    else:
+        from refimpl.audit import read_stream
+        from refimpl.builtin import resolve_model
+        from refimpl.model import load_model
+        from refimpl.tokenizer import Tokenizer
+
+        model = load_model(resolve_model(args.model))
+        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
+        if prompt is None:
+            raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
+        series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+    plot.save(fig, args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def _add_numerics(p) -> None:
     p.add_argument("--emulate", action="store_true",
                    help="emulate llama.cpp rounding: activation quantization per matmul and an F16 K/V cache")
@@ -453,6 +482,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     _add_numerics(p)
     p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
+    psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
+    p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")
+    p.add_argument("--out", required=True, metavar="PNG")
+    _add_numerics(p)
+    p.set_defaults(func=_cmd_plot)
+    for name, what in (("telemetry", "acceptance per round and per draft position, MiB per token, hit rate (run --csv)"),
+                       ("routes", "expert-use heat map per layer (run --route-trace)")):
+        p = psub.add_parser(name, help=what)
+        p.add_argument("csv", metavar="CSV")
+        p.add_argument("--out", required=True, metavar="PNG")
+        p.set_defaults(func=_cmd_plot)
     return parser
 
 

@@ -28,7 +28,12 @@ quantized model differ by up to ~2 % of max|ℓ| per logit (docs/numerics.md, re
 so a margin (a difference of two logits) moves by up to ~4–5 %; the largest margin measured at a
 real refimpl/llama.cpp disagreement was 3.3 %, and argmaxes agreed wherever it exceeded 5 %.
 
-Exit status (:attr:`Report.exit_code`): 0 when nothing but near-ties was found, 1 otherwise.
+4. A stream that carries per-round information (a telemetry CSV's ``step``/``kind``/``drafts``, or
+   JSON ``rounds``) also gets the round audit of :mod:`refimpl.rounds`: its MTP rounds replayed with
+   the oracle's head on the same history.
+
+Exit status (:attr:`Report.exit_code`): 0 when nothing but near-ties was found (in the stream and
+in the rounds), 1 otherwise. ``refimpl audit GOLDEN STREAM`` is :mod:`refimpl.golden_audit`.
 """
 
 from __future__ import annotations

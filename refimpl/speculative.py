@@ -17,6 +17,10 @@ common_sampler_sample_and_accept_n`` (acceptance), ``common/speculative.cpp`` (t
 ``tools/server/server-context.cpp::get_n_draft_max`` (the draft budget). The prompt is decoded the
 speculative-simple way: all but its last token in one batch, the last one as the first round's x_P.
 
+The ``ctx.faults.tap(…)`` calls hand a value through unchanged unless an engine bug is injected on
+purpose (:mod:`refimpl.faults`, docs/bug-classes.md): where the loop starts, after the prompt, the
+state a round decodes from, the accepted ids, the rollback, the end.
+
 Because refimpl's ``forward`` gives bit-identical rows for a batch and for single tokens, the tokens
 generated here equal :func:`refimpl.generate.greedy`'s for every source and draft width
 (docs/speculative.md says why a batched C++ engine need not).

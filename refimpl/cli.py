@@ -54,11 +54,15 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _ctx_from_args(args, trace=None):
+    import dataclasses
+
+    from refimpl.faults import NO_FAULTS
     from refimpl.ops import emulation_ctx
 
     flash = None if args.flash_attn is None else args.flash_attn == "on"
     kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
-    return emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
+    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
+    return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.faults)
 
 
 def _load(args, cache_mb=None, pack="auto"):
@@ -101,6 +105,7 @@ def _cmd_run(args) -> int:
     for flag, path in (("--csv", args.csv), ("--route-trace", args.route_trace)):
         if path is not None:
             check_output(path, flag)
+    args.faults = _injected(args)
     model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
@@ -128,8 +133,11 @@ def _cmd_run(args) -> int:
         stream.close()
     else:
         result = {"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}
+        if args.faults:
+            result["faults"] = [f.name for f in args.faults]
         if stats is not None:
             result["stats"] = stats.counters()
+            result["rounds"] = stats.rounds()  # the round audit's input (refimpl.rounds)
         result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
         result["stats"]["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
         print(json.dumps(result, ensure_ascii=False))
@@ -140,6 +148,16 @@ def _cmd_run(args) -> int:
     if trace is not None:
         print(f"wrote {trace.path}: {trace.n_rows} routing rows (one per position and layer)", file=sys.stderr)
     return 0
+
+
+def _injected(args):
+    """run --inject NAME[,NAME…]: the faults to inject (refimpl.faults, docs/bug-classes.md), announced on stderr."""
+    from refimpl.faults import parse_faults
+
+    faults = parse_faults(args.inject, "mtp" if args.mtp else "ngram" if args.ngram else None)
+    for f in faults:
+        print(f"refimpl: injected fault {f.name} ({f.bug_class}: {f.title}); the output is wrong on purpose", file=sys.stderr)
+    return faults
 
 
 def _route_trace(args, model):
@@ -308,6 +326,10 @@ def _cmd_audit(args) -> int:
 
     if len(args.streams) > 2:
         raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
+    from refimpl.golden_audit import is_golden
+
+    if is_golden(args.model):
+        return _audit_golden(args)
     path = resolve_model(args.model)
     name_types(path)
     model = load_model(path)
@@ -328,6 +350,53 @@ def _cmd_audit(args) -> int:
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
+
+
+def _audit_golden(args) -> int:
+    """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.golden_audit)."""
+    import json
+
+    from refimpl.audit import read_stream
+    from refimpl.golden_audit import audit_golden, report_lines
+
+    if len(args.streams) != 1:
+        raise RefimplError("audit GOLDEN takes one stream")
+    if args.prompt is not None:
+        raise RefimplError("audit GOLDEN needs the prompt as ids (--prompt-tokens): there is no model to tokenize --prompt")
+    stream = read_stream(args.streams[0], "A", tokenizer=None)
+    prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else None
+    v = audit_golden(args.model, stream, prompt, args.threshold)
+    print(json.dumps(v.as_json()) if args.json else "\n".join(report_lines(v, stream)))
+    return v.exit_code
+
+
+def _cmd_plot(args) -> int:
+    """plot audit|telemetry|routes … --out PNG (refimpl.plot; matplotlib, the 'plot' extra)."""
+    from pathlib import Path
+
+    from refimpl import plot
+
+    plot._pyplot()  # one-line error now if matplotlib is missing
+    if args.plot_command == "telemetry":
+        fig = plot.draw_telemetry(plot.telemetry_series(args.csv), title=Path(args.csv).name)
+    elif args.plot_command == "routes":
+        fig = plot.draw_routes(*plot.route_counts(args.csv), title=f"{Path(args.csv).name}: expert selections per layer")
+    else:
+        from refimpl.audit import read_stream
+        from refimpl.builtin import resolve_model
+        from refimpl.model import load_model
+        from refimpl.tokenizer import Tokenizer
+
+        model = load_model(resolve_model(args.model))
+        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
+        if prompt is None:
+            raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
+        series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+    plot.save(fig, args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
 
 
 def _add_numerics(p) -> None:
@@ -352,6 +421,7 @@ def _add_speculative(p) -> None:
     p.add_argument("--ngram-min-match", type=int, metavar="N", help="shortest n-gram match that drafts (default 3)")
     p.add_argument("--csv", metavar="FILE", help="write per-token speculative telemetry (CSV)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; only 0 (greedy) is supported")
+    p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.faults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -430,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…; or a golden file "
+                                                  "(judged by its recorded top-5, without the model)")
     p.add_argument("streams", metavar="STREAM", nargs="+", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")
@@ -440,6 +511,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     _add_numerics(p)
     p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
+    psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
+    p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")
+    p.add_argument("--out", required=True, metavar="PNG")
+    _add_numerics(p)
+    p.set_defaults(func=_cmd_plot)
+    for name, what in (("telemetry", "acceptance per round and per draft position, MiB per token, hit rate (run --csv)"),
+                       ("routes", "expert-use heat map per layer (run --route-trace)")):
+        p = psub.add_parser(name, help=what)
+        p.add_argument("csv", metavar="CSV")
+        p.add_argument("--out", required=True, metavar="PNG")
+        p.set_defaults(func=_cmd_plot)
     return parser
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 import kernels
+from refimpl.faults import NO_FAULTS, Faults
 
 F32 = np.float32
 
@@ -42,6 +43,8 @@ class Ctx:
       tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/recurrent.py).
     * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
       — ``il`` = -1 for model-level tensors; ``None`` records nothing.
+    * ``faults``: engine bugs injected on purpose (:mod:`refimpl.faults`, docs/bug-classes.md);
+      empty — the clean oracle — unless asked for.
     """
 
     act_quant: bool = False
@@ -52,6 +55,7 @@ class Ctx:
     n_ctx: int | None = None
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
+    faults: Faults = NO_FAULTS
 
     def __post_init__(self):
         if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):

@@ -116,6 +116,27 @@ def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
     return Stream(label, str(path), "text", tokenizer.encode(text[:-1] if text.endswith("\n") else text, parse_special=True))
 
 
+def check_streams(streams: list[Stream], n_vocab: int) -> None:
+    """Every stream holds tokens, all in the vocabulary (RefimplError naming the file if not)."""
+    for s in streams:
+        bad = [t for t in s.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {n_vocab})")
+        if not s.tokens:
+            raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
+
+
+def prompt_of(streams: list[Stream], missing: str) -> list[int]:
+    """The prompt the streams carry (their ``prompt_tokens``, which must agree); ``missing``: the
+    error when none does."""
+    given = {tuple(s.prompt) for s in streams if s.prompt is not None}
+    if len(given) > 1:
+        raise RefimplError(f"{streams[0].source}: the streams carry different prompt_tokens; give the prompt with --prompt-tokens")
+    if not given:
+        raise RefimplError(missing)
+    return list(given.pop())
+
+
 # ---- the oracle's judgement of one position ---------------------------------------------------
 
 
@@ -201,9 +222,20 @@ class Report:
     rounds_skipped: str | None = None  # why streams' rounds were not replayed
 
     @property
+    def events(self) -> list[Finding]:
+        return self.findings + ([self.divergence] if self.divergence else [])
+
+    @property
+    def n_near_ties(self) -> int:
+        return sum(f.benign for f in self.events)
+
+    @property
+    def n_wrong(self) -> int:
+        return sum(not f.benign for f in self.events)
+
+    @property
     def exit_code(self) -> int:
-        events = self.findings + ([self.divergence] if self.divergence else [])
-        return max([0 if all(f.benign for f in events) else 1] + [r.exit_code for r in self.rounds.values()])
+        return max([0 if self.n_wrong == 0 else 1] + [r.exit_code for r in self.rounds.values()])
 
     @property
     def verdict(self) -> str:
@@ -240,12 +272,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     if not 0 < tau < 1:
         raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
     streams = [stream_a] + ([stream_b] if stream_b else [])
-    for s in streams:
-        bad = [t for t in s.tokens if not 0 <= t < model.config.n_vocab]
-        if bad:
-            raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {model.config.n_vocab})")
-        if not s.tokens:
-            raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
+    check_streams(streams, model.config.n_vocab)
     rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())
     _audit_rounds(rep, model, ctx)
     cur = start(model, prompt, ctx)
@@ -370,9 +397,7 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
         lines += round_lines(rr, lab)
     if rep.rounds_skipped:
         lines.append(f"rounds: not checked ({rep.rounds_skipped})")
-    events = rep.findings + ([d] if d else [])
-    n_wrong = sum(not f.benign for f in events)
-    n_ties = sum(f.benign for f in events)
+    n_ties, n_wrong = rep.n_near_ties, rep.n_wrong
     rounds = "".join(f"; rounds {lab}: {r.verdict}" for lab, r in rep.rounds.items())
     lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong{rounds} → exit {rep.exit_code}")
     return lines

@@ -293,6 +293,17 @@ def _cmd_trace(args) -> int:
     return 0
 
 
+def _cache_mb(args):
+    """golden/audit --cache-mb: None (routed experts pinned, the default) or a budget checked here, before
+    any worker opens the model with it."""
+    if args.cache_mb is None:
+        return None
+    from refimpl.streamer import cache_budget
+
+    cache_budget(args.cache_mb)  # RefimplError for anything but a whole number of MiB or 'auto'
+    return args.cache_mb
+
+
 def _cmd_golden_make(args) -> int:
     from refimpl.golden import Settings, make_golden
 
@@ -302,7 +313,8 @@ def _cmd_golden_make(args) -> int:
     ctx = _ctx_from_args(args)
     settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
                         kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn)
-    out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel)
+    out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,
+                      cluster=args.cluster, cache_mb=_cache_mb(args))
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -310,7 +322,8 @@ def _cmd_golden_make(args) -> int:
 def _cmd_golden_check(args) -> int:
     from refimpl.golden import check_golden
 
-    result = check_golden(args.golden, args.model, jobs=args.jobs, kernel=args.kernel)
+    result = check_golden(args.golden, args.model, jobs=args.jobs, kernel=args.kernel, cluster=args.cluster,
+                          cache_mb=_cache_mb(args))
     print("\n".join(result.lines), file=sys.stdout if result.ok else sys.stderr)
     return 0 if result.ok else 1
 
@@ -318,18 +331,24 @@ def _cmd_golden_check(args) -> int:
 def _cmd_audit(args) -> int:
     import json
 
-    from refimpl.audit import audit, read_stream, report_lines
+    from refimpl.audit import audit, prompt_of, read_stream, report_lines
     from refimpl.builtin import resolve_model
     from refimpl.compile_report import name_types
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
-    if len(args.streams) > 2:
-        raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
+    if args.stream_dir is not None:
+        return _audit_dir(args)
     from refimpl.golden_audit import is_golden
 
     if is_golden(args.model):
         return _audit_golden(args)
+    if not args.streams:
+        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
+    if len(args.streams) > 2:
+        raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
+    if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
+        raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
     path = resolve_model(args.model)
     name_types(path)
     model = load_model(path)
@@ -340,11 +359,7 @@ def _cmd_audit(args) -> int:
     elif args.prompt is not None:
         prompt = tok.encode(args.prompt, parse_special=True)
     else:
-        given = {tuple(s.prompt) for s in streams if s.prompt is not None}
-        if len(given) != 1:
-            raise RefimplError("audit needs the prompt: --prompt TEXT or --prompt-tokens IDS" if not given else
-                               "the streams carry different prompt_tokens; give the prompt with --prompt-tokens")
-        prompt = _check_tokens(model, list(given.pop()))
+        prompt = _check_tokens(model, prompt_of(streams, "audit needs the prompt: --prompt TEXT or --prompt-tokens IDS"))
     if not prompt:
         raise RefimplError("the prompt encodes to no tokens")
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
@@ -397,6 +412,50 @@ def _cmd_plot(args) -> int:
     plot.save(fig, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _audit_dir(args) -> int:
+    """audit --streams DIR: every stream pair of DIR (refimpl.audit_streams), a line each, a summary table."""
+    import json
+
+    from refimpl.audit_streams import as_json, audit_pairs, pair_line, read_pairs, summary_lines
+    from refimpl.builtin import resolve_model
+    from refimpl.load import open_model
+    from refimpl.tokenizer import Tokenizer
+
+    if args.streams:
+        raise RefimplError("give STREAM files or --streams DIR, not both")
+    cache_mb = _cache_mb(args)
+    path = resolve_model(args.model)
+    m = open_model(path)
+    tok = Tokenizer.from_gguf(m.gguf.reader)
+    prompt = None
+    if args.prompt_tokens is not None:
+        prompt = _parse_tokens(args.prompt_tokens)
+    elif args.prompt is not None:
+        prompt = tok.encode(args.prompt, parse_special=True)
+    pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
+    ctx = _ctx_from_args(args)
+    numerics = {"act_quant": ctx.act_quant, "kv_f16": ctx.kv_f16, "flash_attn": ctx.flash_attn}
+    reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
+                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache_mb)
+    if args.json:
+        print(json.dumps(as_json(pairs, reports)))
+    else:
+        print("\n".join([pair_line(p, r) for p, r in zip(pairs, reports)] + summary_lines(reports)))
+    return int(any(r.exit_code for r in reports))
+
+
+def _add_scale_out(p, what: str) -> None:
+    """--jobs / --cluster (exclusive) and --cache-mb of golden make, golden check and audit --streams."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--jobs", type=int, default=1, metavar="J", help=f"{what} in J parallel processes (same output)")
+    g.add_argument("--cluster", metavar="ADDRESS",
+                   help=f"{what} on the workers of the Dask scheduler at ADDRESS, e.g. tcp://10.0.0.1:8786 (same "
+                        "output; needs the 'cluster' extra; docs/cluster.md)")
+    p.add_argument("--cache-mb", metavar="N|auto",
+                   help="stream routed experts through an LRU cache of N MiB per process (default: pinned, the "
+                        "memory map); docs/streamer.md, docs/cluster.md")
 
 
 def _add_numerics(p) -> None:
@@ -485,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
     p.add_argument("--out", metavar="PATH", help="golden file to write (default MODEL-NAME.golden.jsonl)")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="prompts decoded in J parallel processes (same output)")
+    _add_scale_out(p, "prompts decoded")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--mtp", action="store_true", help="decode with MTP drafting (tokens equal plain greedy)")
     g.add_argument("--ngram", action="store_true", help="decode with n-gram drafting (tokens equal plain greedy)")
@@ -495,20 +554,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = gsub.add_parser("check", help="recompute a golden file and compare (exit 1 on a mismatch)")
     p.add_argument("golden", metavar="GOLDEN", help="a golden .jsonl file")
     p.add_argument("model", metavar="MODEL", nargs="?", help="the GGUF it was made from (not needed for built-in fixtures)")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="prompts recomputed in J parallel processes")
+    _add_scale_out(p, "prompts recomputed")
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
     p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…; or a golden file "
                                                   "(judged by its recorded top-5, without the model)")
-    p.add_argument("streams", metavar="STREAM", nargs="+", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("--streams", dest="stream_dir", metavar="DIR",
+                   help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
+                        "a summary table (docs/validating-an-engine.md)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")
     src.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
                    help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _add_scale_out(p, "with --streams: pairs audited")
     _add_numerics(p)
     p.set_defaults(func=_cmd_audit)
 

@@ -25,7 +25,8 @@ Model arguments name a GGUF file or a built-in fixture (``builtin:tiny/q8_0``, s
 the header records it, so ``golden check`` can rebuild the model without being told where it is.
 
 Where things live, in dataflow order: :mod:`refimpl.golden_run` (the oracle's view of a stream,
-:class:`Settings`, one prompt decoded and scored, :func:`run_all` over worker processes) →
+:class:`Settings`, one prompt decoded and scored, :func:`run_all` over worker processes or a Dask
+cluster, :mod:`refimpl.cluster`) →
 :mod:`refimpl.golden_file` (the prompts file read, the golden file written, read and validated) →
 this module (``golden make`` and ``golden check``: :func:`make_golden`, :func:`check_golden` and the
 comparison report). Every name of the two is importable from here too.
@@ -72,8 +73,10 @@ LOGIT_RTOL = 1e-5  # `golden check`: allowed |Δ top-k logit| / max |top-k logit
 
 
 def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str | None = None, *,
-                jobs: int = 1, kernel: str = "numba") -> Path:
-    """``refimpl golden make``: decode and score every prompt, write the golden file; returns its path."""
+                jobs: int = 1, kernel: str = "numba", cluster: str | None = None, cache_mb: int | str | None = None) -> Path:
+    """``refimpl golden make``: decode and score every prompt, write the golden file; returns its path.
+    ``jobs`` processes or a Dask ``cluster`` (scheduler address) share the prompts; ``cache_mb``
+    streams routed experts (``--cache-mb``); none of the three changes a byte of the file."""
     from refimpl.load import open_model
     from refimpl.tokenizer import Tokenizer
 
@@ -86,12 +89,14 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
     if out is None:
         out = (recipe.spec[len(BUILTIN_PREFIX):].replace("/", "-") if model_arg.startswith(BUILTIN_PREFIX) else path.stem) + ".golden.jsonl"
     check_output(out, "--out")  # before decoding (refimpl.output_path)
-    results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel)
+    sha = sha256_file(path)
+    results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel, cluster=cluster,
+                      cache_mb=cache_mb, sha256=sha)
     for i, r in enumerate(results):
         if r.departure is not None:  # cannot happen unless refimpl's decoding path is broken
             raise RuntimeError(f"refimpl bug: prompt {i}: the {settings.draft_source or 'greedy'} stream's step "
                                f"{r.departure} is not the teacher-forced argmax")
-    model_json = {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
+    model_json = {"file": path.name, "size": path.stat().st_size, "sha256": sha,
                   "fixture": recipe.as_json() if recipe else None}
     header = {"record": "header", "format": FORMAT, "version": VERSION, "producer": producer(), "model": model_json,
               "settings": settings.as_json(),
@@ -213,15 +218,17 @@ def compare_prompt(rec: dict, now: PromptResult, tok) -> list[str]:
 
 
 def check_golden(golden_path: str | os.PathLike, model_arg: str | None = None, *, jobs: int = 1,
-                 kernel: str = "numba") -> CheckResult:
-    """``refimpl golden check``: recompute every prompt with the header's settings and compare."""
+                 kernel: str = "numba", cluster: str | None = None, cache_mb: int | str | None = None) -> CheckResult:
+    """``refimpl golden check``: recompute every prompt with the header's settings and compare
+    (in ``jobs`` processes, or on a Dask ``cluster`` whose workers check the file's sha256 against the header's)."""
     from refimpl.tokenizer import Tokenizer
 
     g = read_golden(golden_path)
     path = _model_for_check(g, model_arg)
     tok = Tokenizer.from_gguf(path)
     settings = g.settings
-    results = run_all(path, [r["prompt_ids"] for r in g.prompts], settings, jobs=jobs, kernel=kernel, desc="check")
+    results = run_all(path, [r["prompt_ids"] for r in g.prompts], settings, jobs=jobs, kernel=kernel, desc="check",
+                      cluster=cluster, cache_mb=cache_mb, sha256=g.header["model"]["sha256"])
     lines, bad = [], 0
     for rec, now in zip(g.prompts, results):
         diff = compare_prompt(rec, now, tok)

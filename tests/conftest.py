@@ -21,6 +21,18 @@ def require_llama_cpp():
     return llama_cpp
 
 
+def require_distributed():
+    """Import distributed (the ``cluster`` extra), skipping outside CI and failing under ``CI=true``
+    when it is missing, as :func:`require_llama_cpp` does."""
+    try:
+        import distributed
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"distributed is required under CI=true but cannot be imported: {exc}")
+        pytest.skip("distributed is not installed (pip install -e '.[cluster]')")
+    return distributed
+
+
 @pytest.fixture(scope="session")
 def make_fixture(tmp_path_factory):
     """``make_fixture(preset="tiny", quant="f32", seed=0, **options) -> Path``, cached per session."""

@@ -11,13 +11,32 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
+from .actdots_iq import (
+    _dot_iq1_m_q8_k,
+    _dot_iq1_s_q8_k,
+    _dot_iq2_s_q8_k,
+    _dot_iq2_xs_q8_k,
+    _dot_iq2_xxs_q8_k,
+    _dot_iq3_s_q8_k,
+    _dot_iq3_xxs_q8_k,
+    _dot_tq1_0_q8_k,
+    _dot_tq2_0_q8_k,
+)
 from .actquant import _q8_0_rows, _q8_k_rows, _round_rows
 from .blocks import QT, layout
 from .dequant import (
     IQ4NL_VALUES,
     MXFP4_VALUES,
+    _BF16,
     _F16,
     _F32,
+    _IQ1_M,
+    _IQ1_S,
+    _IQ2_S,
+    _IQ2_XS,
+    _IQ2_XXS,
+    _IQ3_S,
+    _IQ3_XXS,
     _IQ4_NL,
     _IQ4_XS,
     _MXFP4,
@@ -31,6 +50,8 @@ from .dequant import (
     _Q5_K,
     _Q6_K,
     _Q8_0,
+    _TQ1_0,
+    _TQ2_0,
     _deq_bf16,
     _deq_f16,
     _deq_f32,
@@ -38,7 +59,7 @@ from .dequant import (
     _qh_bit,
     k_scale_min,
 )
-from .flags import jit
+from .flags import by_type, jit, per_type
 from .floats import E8M0_HALF, f16_at
 
 # --------------------------------------------------------------------------------------------
@@ -117,19 +138,13 @@ def _dot_iq4_nl_q8_0(x, yqs, yd):
     return sumf
 
 
-@jit()
+DOTS_Q8_0 = {_Q8_0: _dot_q8_0_q8_0, _Q4_0: _dot_q4_0_q8_0, _Q5_0: _dot_q5_0_q8_0, _MXFP4: _dot_mxfp4_q8_0,
+             _IQ4_NL: _dot_iq4_nl_q8_0}
+
+
+@by_type(DOTS_Q8_0)
 def _dot_with_q8_0(kind, x, yqs, yd):
-    if kind == _Q8_0:
-        return _dot_q8_0_q8_0(x, yqs, yd)
-    elif kind == _Q4_0:
-        return _dot_q4_0_q8_0(x, yqs, yd)
-    elif kind == _Q5_0:
-        return _dot_q5_0_q8_0(x, yqs, yd)
-    elif kind == _MXFP4:
-        return _dot_mxfp4_q8_0(x, yqs, yd)
-    elif kind == _IQ4_NL:
-        return _dot_iq4_nl_q8_0(x, yqs, yd)
-    raise ValueError("no Q8_0 dot product for this weight type")
+    return DOTS_Q8_0[kind](x, yqs, yd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,17 +179,17 @@ def _dot_q5_1_q8_1(x, yqs, yd, ys):
     return sumf
 
 
-@jit()
+DOTS_Q8_1 = {_Q4_1: _dot_q4_1_q8_1, _Q5_1: _dot_q5_1_q8_1}
+
+
+@by_type(DOTS_Q8_1)
 def _dot_with_q8_1(kind, x, yqs, yd, ys):
-    if kind == _Q4_1:
-        return _dot_q4_1_q8_1(x, yqs, yd, ys)
-    elif kind == _Q5_1:
-        return _dot_q5_1_q8_1(x, yqs, yd, ys)
-    raise ValueError("no Q8_1 dot product for this weight type")
+    return DOTS_Q8_1[kind](x, yqs, yd, ys)
 
 
 # --------------------------------------------------------------------------------------------
-# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic)
+# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic; the IQ1/IQ2/IQ3
+# and TQ types are in kernels/actdots_iq.py)
 # yd (K/256,) float32, ybsums (K/16,) int16.
 
 
@@ -319,68 +334,126 @@ def _dot_iq4_xs_q8_k(x, yqs, yd, ybsums):
 
 
 @jit()
+def _dot_q4_k_q8_k(x, yqs, yd, ybsums):
+    return _dot_q45_k_q8_k(x, yqs, yd, ybsums, False)
+
+
+@jit()
+def _dot_q5_k_q8_k(x, yqs, yd, ybsums):
+    return _dot_q45_k_q8_k(x, yqs, yd, ybsums, True)
+
+
+@jit()
+def _dot_iq2_xxs(x, yqs, yd, ybsums):  # the codebook and ternary types (kernels/actdots_iq.py) need no block sums
+    return _dot_iq2_xxs_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq2_xs(x, yqs, yd, ybsums):
+    return _dot_iq2_xs_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq2_s(x, yqs, yd, ybsums):
+    return _dot_iq2_s_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq3_xxs(x, yqs, yd, ybsums):
+    return _dot_iq3_xxs_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq3_s(x, yqs, yd, ybsums):
+    return _dot_iq3_s_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq1_m(x, yqs, yd, ybsums):
+    return _dot_iq1_m_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_tq1_0(x, yqs, yd, ybsums):
+    return _dot_tq1_0_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_tq2_0(x, yqs, yd, ybsums):
+    return _dot_tq2_0_q8_k(x, yqs, yd)
+
+
+DOTS_Q8_K = {_Q4_K: _dot_q4_k_q8_k, _Q5_K: _dot_q5_k_q8_k, _Q6_K: _dot_q6_k_q8_k, _Q2_K: _dot_q2_k_q8_k,
+             _Q3_K: _dot_q3_k_q8_k, _IQ4_XS: _dot_iq4_xs_q8_k, _IQ2_XXS: _dot_iq2_xxs, _IQ2_XS: _dot_iq2_xs,
+             _IQ2_S: _dot_iq2_s, _IQ3_XXS: _dot_iq3_xxs, _IQ3_S: _dot_iq3_s, _IQ1_S: _dot_iq1_s_q8_k,
+             _IQ1_M: _dot_iq1_m, _TQ1_0: _dot_tq1_0, _TQ2_0: _dot_tq2_0}
+
+
+@by_type(DOTS_Q8_K)
 def _dot_with_q8_k(kind, x, yqs, yd, ybsums):
-    if kind == _Q4_K:
-        return _dot_q45_k_q8_k(x, yqs, yd, ybsums, False)
-    elif kind == _Q5_K:
-        return _dot_q45_k_q8_k(x, yqs, yd, ybsums, True)
-    elif kind == _Q6_K:
-        return _dot_q6_k_q8_k(x, yqs, yd, ybsums)
-    elif kind == _Q2_K:
-        return _dot_q2_k_q8_k(x, yqs, yd, ybsums)
-    elif kind == _Q3_K:
-        return _dot_q3_k_q8_k(x, yqs, yd, ybsums)
-    elif kind == _IQ4_XS:
-        return _dot_iq4_xs_q8_k(x, yqs, yd, ybsums)
-    raise ValueError("no Q8_K dot product for this weight type")
+    return DOTS_Q8_K[kind](x, yqs, yd, ybsums)
 
 
 # --------------------------------------------------------------------------------------------
 # The act-quant matmul kernels: prange over weight rows, each dotted with every activation row
 
 
-@jit(parallel=True)
-def _matmul_q8_0(kind, w, yqs, yd, out):
-    for n in prange(w.shape[0]):
-        for t in range(yqs.shape[0]):
-            out[t, n] = _dot_with_q8_0(kind, w[n], yqs[t], yd[t])
+@per_type
+def _matmul_q8_0(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_act_q8_0(w, yqs, yd, out):
+        for n in prange(w.shape[0]):
+            for t in range(yqs.shape[0]):
+                out[t, n] = _dot_with_q8_0(kind, w[n], yqs[t], yd[t])
+
+    return _matmul_act_q8_0
 
 
-@jit(parallel=True)
-def _matmul_q8_1(kind, w, yqs, yd, ys, out):
-    for n in prange(w.shape[0]):
-        for t in range(yqs.shape[0]):
-            out[t, n] = _dot_with_q8_1(kind, w[n], yqs[t], yd[t], ys[t])
+@per_type
+def _matmul_q8_1(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_act_q8_1(w, yqs, yd, ys, out):
+        for n in prange(w.shape[0]):
+            for t in range(yqs.shape[0]):
+                out[t, n] = _dot_with_q8_1(kind, w[n], yqs[t], yd[t], ys[t])
+
+    return _matmul_act_q8_1
 
 
-@jit(parallel=True)
-def _matmul_q8_k(kind, w, yqs, yd, ybsums, out):
-    for n in prange(w.shape[0]):
-        for t in range(yqs.shape[0]):
-            out[t, n] = _dot_with_q8_k(kind, w[n], yqs[t], yd[t], ybsums[t])
+@per_type
+def _matmul_q8_k(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_act_q8_k(w, yqs, yd, ybsums, out):
+        for n in prange(w.shape[0]):
+            for t in range(yqs.shape[0]):
+                out[t, n] = _dot_with_q8_k(kind, w[n], yqs[t], yd[t], ybsums[t])
+
+    return _matmul_act_q8_k
 
 
-@jit()
+FLOAT_DECODERS = {_F32: _deq_f32, _F16: _deq_f16, _BF16: _deq_bf16}
+
+
+@by_type(FLOAT_DECODERS)
 def _decode_float_row(kind, src, dst):
-    if kind == _F32:
-        _deq_f32(src, dst)
-    elif kind == _F16:
-        _deq_f16(src, dst)
-    else:
-        _deq_bf16(src, dst)
+    FLOAT_DECODERS[kind](src, dst)
 
 
-@jit(parallel=True)
-def _matmul_float(kind, w, xr, out):
-    """F32/F16/BF16 weights: ``ggml_vec_dot_f32/f16/bf16`` scalar form, float32 products summed in double."""
-    for n in prange(w.shape[0]):
-        row = np.empty(xr.shape[1], dtype=np.float32)
-        _decode_float_row(kind, w[n], row)
-        for t in range(xr.shape[0]):
-            acc = 0.0
-            for k in range(row.size):
-                acc += np.float64(row[k] * xr[t, k])
-            out[t, n] = np.float32(acc)
+@per_type
+def _matmul_float(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_act_float(w, xr, out):
+        """F32/F16/BF16 weights: ``ggml_vec_dot_f32/f16/bf16`` scalar form, float32 products summed in double."""
+        for n in prange(w.shape[0]):
+            row = np.empty(xr.shape[1], dtype=np.float32)
+            _decode_float_row(kind, w[n], row)
+            for t in range(xr.shape[0]):
+                acc = 0.0
+                for k in range(row.size):
+                    acc += np.float64(row[k] * xr[t, k])
+                out[t, n] = np.float32(acc)
+
+    return _matmul_act_float
 
 
 def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
@@ -399,19 +472,19 @@ def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
         return out
     if vdt == QT.Q8_0:
         qs, d, _ = _q8_0_rows(x, with_s=False)
-        _matmul_q8_0(kind, w_bytes, qs, d, out)
+        _matmul_q8_0(kind)(w_bytes, qs, d, out)
     elif vdt == QT.Q8_1:
         qs, d, s = _q8_0_rows(x, with_s=True)
-        _matmul_q8_1(kind, w_bytes, qs, d, s, out)
+        _matmul_q8_1(kind)(w_bytes, qs, d, s, out)
     elif vdt == QT.Q8_K:
         qs, d, bsums = _q8_k_rows(x)
-        _matmul_q8_k(kind, w_bytes, qs, d, bsums, out)
+        _matmul_q8_k(kind)(w_bytes, qs, d, bsums, out)
     else:
         xr = x
         if vdt in (QT.F16, QT.BF16):
             xr = np.empty_like(x)
             _round_rows(x, xr, vdt == QT.BF16)
-        _matmul_float(kind, w_bytes, xr, out)
+        _matmul_float(kind)(w_bytes, xr, out)
     return out
 
 

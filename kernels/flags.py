@@ -17,6 +17,14 @@ directly), so the flags below are the whole story of how kernel code is compiled
     numba invalidates a cached function only when *its own* source file changes, but a kernel in
     ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
     whole package and clear it when any ``kernels/*.py`` file changes.
+One compiled copy per weight type
+    A kernel that depends on the weight type is compiled once per type, for the types a model
+    actually has, never for all of them: the type code ``kind`` is a compile-time constant. A
+    top-level kernel (the one Python calls) is built by a factory decorated with :func:`per_type`,
+    whose closure captures ``kind`` (an int, so numba's on-disk cache still finds it: the cache key
+    hashes the captured values); inner kernels receive it as a literal argument and reach the
+    type's own code through a :func:`by_type` switch. A runtime ``if kind == …`` chain would make
+    numba compile every type's code into every kernel (minutes on the first run).
 ``BOUNDSCHECK``
     Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
 Threading layer
@@ -40,11 +48,14 @@ much slower.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
 
 import numba
+from numba import types
+from numba.extending import overload
 
 FASTMATH = False
 ERROR_MODEL = "numpy"
@@ -55,13 +66,60 @@ JIT_ENABLED = not numba.config.DISABLE_JIT
 SERIAL_BELOW = 1 << 18  # multiply-adds under which a kernel runs on the calling thread (docstring)
 
 
-def jit(*, parallel: bool = False):
+def jit(*, parallel: bool = False, kind: int | None = None):
     """The one decorator for compiled code in ``kernels/``: ``numba.njit`` with this module's flags.
 
     ``parallel=True`` only for the top-level kernels whose ``prange`` runs over independent output
-    rows; every helper they call is serial.
+    rows; every helper they call is serial. ``kind``: the type code a :func:`per_type` factory's
+    kernel is built for; the kernel is then named ``<name>_<type>`` (e.g. ``matmul_lanes_q8_0``), the
+    name of its cache files and of the compile report (``refimpl.compile_report``).
     """
-    return numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL)
+    njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL)
+    if kind is None:
+        return njit
+
+    def named(py_func):
+        from .blocks import QT
+
+        py_func.__name__ = py_func.__qualname__ = f"{py_func.__name__.lstrip('_')}_{QT(kind).name.lower()}"
+        return njit(py_func)
+
+    return named
+
+
+def per_type(factory):
+    """Memoise ``factory(kind) -> kernel`` per type code: a type's kernel is built the first time that
+    type is multiplied (and compiled, or loaded from the cache, on its first call), once per process.
+    The factory's kernel must capture nothing but ``kind`` (see the docstring: "One compiled copy per
+    weight type")."""
+    built = {}
+
+    @functools.wraps(factory)
+    def kernel_for(kind):
+        kind = int(kind)
+        if kind not in built:
+            built[kind] = factory(kind)
+        return built[kind]
+
+    return kernel_for
+
+
+def by_type(table: dict):
+    """Decorate ``switch(kind, *args)``, a plain function that calls ``table[kind](*args)``: in compiled
+    code, where ``kind`` is a compile-time constant (a literal), the call compiles to a direct call of
+    ``table[kind]`` alone. Interpreted (``NUMBA_DISABLE_JIT=1``) the plain function runs."""
+
+    def wrap(switch):
+        @overload(switch, jit_options=dict(fastmath=FASTMATH, error_model=ERROR_MODEL), prefer_literal=True)
+        def _typed(kind, *args):
+            if isinstance(kind, types.IntegerLiteral) and kind.literal_value in table:
+                fn = table[kind.literal_value]
+                return lambda kind, *args: fn(*args)
+            return None  # a non-constant kind, or a type without an entry: a typing error in the caller
+
+        return switch
+
+    return wrap
 
 
 def _drop_stale_cache() -> None:

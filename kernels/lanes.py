@@ -45,11 +45,10 @@ import numpy as np
 from numba import prange
 
 from .dequant import MXFP4_VALUES
-from .flags import JIT_ENABLED, SERIAL_BELOW, jit
+from .flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
 from .floats import F16_TABLE
-from .lanes_blocks import (_block_f32, _block_mxfp4, _block_q4_k, _block_q6_k, _block_q8_0, _packed_f32, _packed_mxfp4,
-                           _packed_q4_k, _packed_q6_k, _packed_q8_0)
-from .lanes_ir import _F32, _MXFP4, _Q4_K, _Q6_K, _Q8_0, BLOCK, CODE_SLOTS, LANE_TYPES, LANES, MAX_T, SLOTS, TYPE_SIZE
+from .lanes_blocks import _block, _packed
+from .lanes_ir import _Q6_K, BLOCK, CODE_SLOTS, LANE_TYPES, LANES, MAX_T, SLOTS, TYPE_SIZE
 
 # --------------------------------------------------------------------------------------------
 # The driver: prange over groups of LANES rows; activation rows MAX_T at a time
@@ -58,54 +57,17 @@ from .lanes_ir import _F32, _MXFP4, _Q4_K, _Q6_K, _Q8_0, BLOCK, CODE_SLOTS, LANE
 @jit()
 def _group(kind, w, row0, n_blocks, acc, x, nt):
     """acc[:nt] = the sums of rows row0 … row0+LANES−1 for activation rows x[:nt] (nt ≤ MAX_T).
-    (One call per literal nt: the intrinsics are specialized on it.)"""
+    (One call per literal nt: the intrinsics are specialized on it, and on the literal ``kind``.)"""
     acc[:] = 0.0
     for blk in range(n_blocks):
-        if kind == _Q8_0:
-            if nt == 1:
-                _block_q8_0(acc, w, row0, blk, x, 1)
-            elif nt == 2:
-                _block_q8_0(acc, w, row0, blk, x, 2)
-            elif nt == 3:
-                _block_q8_0(acc, w, row0, blk, x, 3)
-            else:
-                _block_q8_0(acc, w, row0, blk, x, 4)
-        elif kind == _MXFP4:
-            if nt == 1:
-                _block_mxfp4(acc, w, row0, blk, x, 1)
-            elif nt == 2:
-                _block_mxfp4(acc, w, row0, blk, x, 2)
-            elif nt == 3:
-                _block_mxfp4(acc, w, row0, blk, x, 3)
-            else:
-                _block_mxfp4(acc, w, row0, blk, x, 4)
-        elif kind == _Q4_K:
-            if nt == 1:
-                _block_q4_k(acc, w, row0, blk, x, 1)
-            elif nt == 2:
-                _block_q4_k(acc, w, row0, blk, x, 2)
-            elif nt == 3:
-                _block_q4_k(acc, w, row0, blk, x, 3)
-            else:
-                _block_q4_k(acc, w, row0, blk, x, 4)
-        elif kind == _F32:
-            if nt == 1:
-                _block_f32(acc, w, row0, blk, x, 1)
-            elif nt == 2:
-                _block_f32(acc, w, row0, blk, x, 2)
-            elif nt == 3:
-                _block_f32(acc, w, row0, blk, x, 3)
-            else:
-                _block_f32(acc, w, row0, blk, x, 4)
+        if nt == 1:
+            _block(kind, acc, w, row0, blk, x, 1)
+        elif nt == 2:
+            _block(kind, acc, w, row0, blk, x, 2)
+        elif nt == 3:
+            _block(kind, acc, w, row0, blk, x, 3)
         else:
-            if nt == 1:
-                _block_q6_k(acc, w, row0, blk, x, 1)
-            elif nt == 2:
-                _block_q6_k(acc, w, row0, blk, x, 2)
-            elif nt == 3:
-                _block_q6_k(acc, w, row0, blk, x, 3)
-            else:
-                _block_q6_k(acc, w, row0, blk, x, 4)
+            _block(kind, acc, w, row0, blk, x, 4)
 
 
 @jit()
@@ -121,19 +83,27 @@ def _lanes_group(kind, w, g, x64, out, block, acc):
                 out[t0 + t, row0 + i] = acc[t, i]
 
 
-@jit(parallel=True)
-def _matmul_lanes(kind, w, x64, out, block):
-    """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
-    for g in prange(w.shape[0] // LANES):
-        _lanes_group(kind, w, g, x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
+@per_type
+def _matmul_lanes(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_lanes(w, x64, out, block):
+        """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
+        for g in prange(w.shape[0] // LANES):
+            _lanes_group(kind, w, np.int64(g), x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
+
+    return _matmul_lanes
 
 
-@jit()
-def _matmul_lanes_serial(kind, w, x64, out, block):
-    """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
-    acc = np.empty((MAX_T, LANES), dtype=np.float64)
-    for g in range(w.shape[0] // LANES):
-        _lanes_group(kind, w, g, x64, out, block, acc)
+@per_type
+def _matmul_lanes_serial(kind):
+    @jit(kind=kind)
+    def _matmul_lanes_serial(w, x64, out, block):
+        """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+        acc = np.empty((MAX_T, LANES), dtype=np.float64)
+        for g in range(w.shape[0] // LANES):
+            _lanes_group(kind, w, g, x64, out, block, acc)
+
+    return _matmul_lanes_serial
 
 
 @jit()
@@ -141,51 +111,14 @@ def _group_packed(kind, p, grp, acc, x, nt):
     """``_group`` over the packed words of group ``grp`` (p: uint32 [groups, blocks, slots, LANES])."""
     acc[:] = 0.0
     for blk in range(p.shape[1]):
-        if kind == _Q8_0:
-            if nt == 1:
-                _packed_q8_0(acc, p, grp, blk, x, 1)
-            elif nt == 2:
-                _packed_q8_0(acc, p, grp, blk, x, 2)
-            elif nt == 3:
-                _packed_q8_0(acc, p, grp, blk, x, 3)
-            else:
-                _packed_q8_0(acc, p, grp, blk, x, 4)
-        elif kind == _MXFP4:
-            if nt == 1:
-                _packed_mxfp4(acc, p, grp, blk, x, 1)
-            elif nt == 2:
-                _packed_mxfp4(acc, p, grp, blk, x, 2)
-            elif nt == 3:
-                _packed_mxfp4(acc, p, grp, blk, x, 3)
-            else:
-                _packed_mxfp4(acc, p, grp, blk, x, 4)
-        elif kind == _Q4_K:
-            if nt == 1:
-                _packed_q4_k(acc, p, grp, blk, x, 1)
-            elif nt == 2:
-                _packed_q4_k(acc, p, grp, blk, x, 2)
-            elif nt == 3:
-                _packed_q4_k(acc, p, grp, blk, x, 3)
-            else:
-                _packed_q4_k(acc, p, grp, blk, x, 4)
-        elif kind == _F32:
-            if nt == 1:
-                _packed_f32(acc, p, grp, blk, x, 1)
-            elif nt == 2:
-                _packed_f32(acc, p, grp, blk, x, 2)
-            elif nt == 3:
-                _packed_f32(acc, p, grp, blk, x, 3)
-            else:
-                _packed_f32(acc, p, grp, blk, x, 4)
+        if nt == 1:
+            _packed(kind, acc, p, grp, blk, x, 1)
+        elif nt == 2:
+            _packed(kind, acc, p, grp, blk, x, 2)
+        elif nt == 3:
+            _packed(kind, acc, p, grp, blk, x, 3)
         else:
-            if nt == 1:
-                _packed_q6_k(acc, p, grp, blk, x, 1)
-            elif nt == 2:
-                _packed_q6_k(acc, p, grp, blk, x, 2)
-            elif nt == 3:
-                _packed_q6_k(acc, p, grp, blk, x, 3)
-            else:
-                _packed_q6_k(acc, p, grp, blk, x, 4)
+            _packed(kind, acc, p, grp, blk, x, 4)
 
 
 @jit()
@@ -200,19 +133,27 @@ def _packed_group(kind, p, g, x64, out, acc):
                 out[t0 + t, g * LANES + i] = acc[t, i]
 
 
-@jit(parallel=True)
-def _matmul_packed(kind, p, x64, out):
-    """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
-    for g in prange(p.shape[0]):
-        _packed_group(kind, p, g, x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
+@per_type
+def _matmul_packed(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_packed(p, x64, out):
+        """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
+        for g in prange(p.shape[0]):
+            _packed_group(kind, p, np.int64(g), x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
+
+    return _matmul_packed
 
 
-@jit()
-def _matmul_packed_serial(kind, p, x64, out):
-    """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
-    acc = np.empty((MAX_T, LANES), dtype=np.float64)
-    for g in range(p.shape[0]):
-        _packed_group(kind, p, g, x64, out, acc)
+@per_type
+def _matmul_packed_serial(kind):
+    @jit(kind=kind)
+    def _matmul_packed_serial(p, x64, out):
+        """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+        acc = np.empty((MAX_T, LANES), dtype=np.float64)
+        for g in range(p.shape[0]):
+            _packed_group(kind, p, g, x64, out, acc)
+
+    return _matmul_packed_serial
 
 
 @jit(parallel=True)
@@ -364,7 +305,7 @@ def matmul_packed(p: PackedRows, x64: np.ndarray, out: np.ndarray) -> int:
     """``matmul_lanes`` for a packed matrix: fill ``out[:, :n]``, n = LANES·groups; return n."""
     n = p.words.shape[0] * LANES
     kernel = _matmul_packed_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_packed
-    kernel(int(p.qtype), p.words, x64, out)
+    kernel(p.qtype)(p.words, x64, out)
     return n
 
 
@@ -381,7 +322,7 @@ def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray) -
         return 0
     if n:
         kernel = _matmul_lanes_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_lanes
-        kernel(kind, w_bytes, x64, out, BLOCK[kind])
+        kernel(kind)(w_bytes, x64, out, BLOCK[kind])
     return n
 
 

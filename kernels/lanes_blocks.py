@@ -3,7 +3,7 @@
 Each emitter yields, in increasing k, (k within the block, <LANES x float> weights) computed with
 the float32 operations of the row decoder in :mod:`kernels.dequant` (or float64 weights, where
 those are provably the same numbers: packed Q6_K); :func:`kernels.lanes_ir._block_kernel` turns it
-into an intrinsic ``kernel(acc, w, row0, blk, x, nt)`` for raw rows (gathers) or packed words.
+into an intrinsic ``kernel(kind, acc, w, row0, blk, x, nt)`` for raw rows (gathers) or packed words.
 """
 
 from __future__ import annotations
@@ -202,13 +202,9 @@ def _int8_to_f64(e: _Emit, q):
     return out
 
 
-_block_f32 = _block_kernel("_block_f32", _F32, _emit_f32)
-_packed_f32 = _block_kernel("_packed_f32", _F32, _emit_f32, packed=True)
-_block_q8_0 = _block_kernel("_block_q8_0", _Q8_0, _emit_q8_0)
-_block_mxfp4 = _block_kernel("_block_mxfp4", _MXFP4, _emit_mxfp4)
-_block_q4_k = _block_kernel("_block_q4_k", _Q4_K, _emit_q4_k)
-_block_q6_k = _block_kernel("_block_q6_k", _Q6_K, _emit_q6_k)
-_packed_q8_0 = _block_kernel("_packed_q8_0", _Q8_0, _emit_q8_0_codes, packed=True)
-_packed_mxfp4 = _block_kernel("_packed_mxfp4", _MXFP4, _emit_mxfp4, packed=True)
-_packed_q4_k = _block_kernel("_packed_q4_k", _Q4_K, _emit_q4_k, packed=True)
-_packed_q6_k = _block_kernel("_packed_q6_k", _Q6_K, _emit_q6_k_codes, packed=True)
+#: ``_block(kind, acc, w, row0, blk, x, nt)``: one block of LANES raw rows (gathers), for each lane type.
+_block = _block_kernel("_block", {_F32: _emit_f32, _Q8_0: _emit_q8_0, _MXFP4: _emit_mxfp4, _Q4_K: _emit_q4_k,
+                                  _Q6_K: _emit_q6_k})
+#: ``_packed(kind, acc, p, grp, blk, x, nt)``: the same from :func:`kernels.lanes.pack`'s words.
+_packed = _block_kernel("_packed", {_F32: _emit_f32, _Q8_0: _emit_q8_0_codes, _MXFP4: _emit_mxfp4,
+                                    _Q4_K: _emit_q4_k, _Q6_K: _emit_q6_k_codes}, packed=True)

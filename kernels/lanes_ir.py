@@ -177,29 +177,34 @@ class _Loop:
 # The block kernel: one emitter's weights accumulated into LANES float64 sums per activation row
 
 
-def _block_kernel(name: str, kind: int, emit, packed: bool = False):
-    """An intrinsic ``kernel(acc, w, row0, blk, x, nt)`` for block ``blk`` of LANES rows:
+def _block_kernel(name: str, emitters: dict, packed: bool = False):
+    """An intrinsic ``kernel(kind, acc, w, row0, blk, x, nt)`` for block ``blk`` of LANES rows of type
+    ``kind``, whose weights ``emitters[kind]`` emits:
 
     for t < nt, i < LANES, j < block (in that order of j):
         acc[t, i] += float64(W[row0 + i, block·blk + j]) * x[t, block·blk + j]   (fma, exact product)
 
     acc float64 [MAX_T, LANES]; w uint8 [N, row bytes] (C-contiguous); x float64 [nt, K];
-    nt a compile-time literal 1..MAX_T. With ``packed``: ``w`` is :func:`pack`'s uint32
-    [groups, blocks, slots, LANES] and ``row0`` the group index.
+    kind (a type code) and nt (1..MAX_T) compile-time literals: only that type's code is generated.
+    With ``packed``: ``w`` is :func:`pack`'s uint32 [groups, blocks, slots, LANES] and ``row0`` the
+    group index.
     """
-    type_size, block = TYPE_SIZE[kind], BLOCK[kind]
-    slots = SLOTS.get(kind, ())
-    n_slots = CODE_SLOTS[kind] if packed and kind in CODE_SLOTS else len(slots)
 
-    def kernel(typingctx, acc, w, row0, blk, x, nt):
-        if not isinstance(nt, types.IntegerLiteral):
-            return None  # numba retries with the literal value
+    def kernel(typingctx, kind, acc, w, row0, blk, x, nt):
+        if not isinstance(kind, types.IntegerLiteral) or not isinstance(nt, types.IntegerLiteral):
+            return None  # numba retries with the literal values
+        if kind.literal_value not in emitters:
+            return None
+        emit = emitters[kind.literal_value]
+        type_size, block = TYPE_SIZE[kind.literal_value], BLOCK[kind.literal_value]
+        slots = SLOTS.get(kind.literal_value, ())
+        n_slots = CODE_SLOTS[kind.literal_value] if packed and kind.literal_value in CODE_SLOTS else len(slots)
         NT = nt.literal_value
-        sig = types.void(acc, w, row0, blk, x, nt)
+        sig = types.void(kind, acc, w, row0, blk, x, nt)
 
         def codegen(context, builder, signature, args):
-            acc_a, w_a, x_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 4))
-            row0_v, blk_v = args[2], args[3]
+            acc_a, w_a, x_a = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (1, 2, 5))
+            row0_v, blk_v = args[3], args[4]
             K = builder.extract_value(x_a.shape, 1)
             if packed:  # w[group, blk] holds the block's words: [slot][lane]
                 n_blocks = builder.extract_value(w_a.shape, 1)

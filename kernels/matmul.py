@@ -13,7 +13,7 @@ Precision policy of the plain mode (``act_quant=False``) — the oracle's own nu
 ``path="numba"`` (default)
     For Q8_0, MXFP4, Q4_K and Q6_K, :mod:`kernels.lanes`: 16 weight rows at a time, one row's
     float64 sum per SIMD lane, weight blocks decoded once per four activation rows. Otherwise (and
-    for the last N mod 16 rows) ``_matmul_rows``: ``prange`` over tasks of 16 weight rows; each row
+    for the last N mod 16 rows) ``_matmul_rows(kind)``: ``prange`` over tasks of 16 weight rows; each row
     is decoded once into a thread-local float32 buffer, widened (exactly) to float64 and dotted with
     all T activation rows, so the weights are read once per batch. Both sum in **increasing column
     order** (``_matmul_rows`` sums four rows side by side, four independent chains in the same
@@ -52,7 +52,7 @@ from . import lanes
 from .actdots import matmul_act_quant
 from .blocks import weight_layout
 from .dequant import as_row_bytes, dequantize_row
-from .flags import JIT_ENABLED, SERIAL_BELOW, jit
+from .flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
 
 ROWS_PER_TASK = 16  # weight rows per prange iteration (buffers are allocated once per task)
 _NUMPY_CHUNK_VALUES = 1 << 20  # path="numpy": dequantize about this many weights at a time
@@ -111,21 +111,29 @@ def _rows_task(kind, w, x64, out, task, row, rows):
                     out[t, n0 + i] = _dot_f64(rows[i], x64[t])
 
 
-@jit(parallel=True)
-def _matmul_rows(kind, w, x64, out):
-    """out[t, n] = float32(Σ_k float64(W[n, k]) * x64[t, k]) for W's rows given as bytes ``w``."""
-    K = x64.shape[1]
-    for task in prange((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        _rows_task(kind, w, x64, out, task, np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64))
+@per_type
+def _matmul_rows(kind):
+    @jit(parallel=True, kind=kind)
+    def _matmul_rows(w, x64, out):
+        """out[t, n] = float32(Σ_k float64(W[n, k]) * x64[t, k]) for W's rows given as bytes ``w``."""
+        K = x64.shape[1]
+        for task in prange((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            _rows_task(kind, w, x64, out, np.int64(task), np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64))
+
+    return _matmul_rows
 
 
-@jit()
-def _matmul_rows_serial(kind, w, x64, out):
-    """``_matmul_rows`` on the calling thread (small products: ``flags.SERIAL_BELOW``)."""
-    K = x64.shape[1]
-    row, rows = np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64)
-    for task in range((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        _rows_task(kind, w, x64, out, task, row, rows)
+@per_type
+def _matmul_rows_serial(kind):
+    @jit(kind=kind)
+    def _matmul_rows_serial(w, x64, out):
+        """``_matmul_rows`` on the calling thread (small products: ``flags.SERIAL_BELOW``)."""
+        K = x64.shape[1]
+        row, rows = np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64)
+        for task in range((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            _rows_task(kind, w, x64, out, task, row, rows)
+
+    return _matmul_rows_serial
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,5 +211,5 @@ def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray, pa
     if n < w_bytes.shape[0]:
         tail = np.zeros((y.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
         rows = _matmul_rows_serial if tail.size * x64.shape[1] < SERIAL_BELOW else _matmul_rows
-        rows(int(qtype), w_bytes[n:], x64, tail)
+        rows(qtype)(w_bytes[n:], x64, tail)
         y[:, n:] = tail

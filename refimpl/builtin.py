@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refimpl.errors import RefimplError
+from refimpl.output_path import writing
 
 BUILTIN_PRESET = "tiny"
 BUILTIN_QUANT = "f32"
@@ -34,8 +35,8 @@ def fixture_path(preset: str = BUILTIN_PRESET, quant: str = BUILTIN_QUANT, seed:
     suffix = "".join(f"-{k}={v}" for k, v in sorted(options.items()))
     path = cache_dir() / f"{preset}-{quant}-s{seed}{suffix}.gguf"
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_fixture(path, preset=preset, quant=quant, seed=seed, **options)
+        with writing(path, "the built-in model cache ($REFIMPL_CACHE)"):
+            write_fixture(path, preset=preset, quant=quant, seed=seed, **options)
     return path
 
 

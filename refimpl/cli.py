@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from refimpl.errors import EXIT_BAD_INPUT, RefimplError
+from refimpl.output_path import check_output, writing
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +29,8 @@ def _cmd_fixture(args) -> int:
         if not sep:
             raise RefimplError(f"--option expects KEY=VALUE, got '{item}'")
         options[key] = {"true": True, "false": False}.get(value.lower(), value)
-    path = write_fixture(args.out, preset=args.preset, quant=args.quant, seed=args.seed, **options)
+    with writing(args.out, "OUT") as out:
+        path = write_fixture(out, preset=args.preset, quant=args.quant, seed=args.seed, **options)
     print(path)
     return 0
 
@@ -52,9 +54,15 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _ctx_from_args(args, trace=None):
-    from refimpl.ops import Ctx
+    import dataclasses
 
-    return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
+    from refimpl.faults import NO_FAULTS
+    from refimpl.ops import emulation_ctx
+
+    flash = None if args.flash_attn is None else args.flash_attn == "on"
+    kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
+    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
+    return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.faults)
 
 
 def _load(args, cache_mb=None, pack="auto"):
@@ -62,6 +70,7 @@ def _load(args, cache_mb=None, pack="auto"):
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
     from refimpl.builtin import fixture_path
+    from refimpl.compile_report import name_types
     from refimpl.model import load_model
 
     from refimpl.builtin import resolve_model
@@ -70,7 +79,9 @@ def _load(args, cache_mb=None, pack="auto"):
     if path is None:
         path = fixture_path()
         print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    return load_model(resolve_model(str(path)), cache_mb, pack=pack)  # a builtin:PRESET/QUANT spec is built on demand
+    path = resolve_model(str(path))  # a builtin:PRESET/QUANT spec is built on demand
+    name_types(path)  # for the first run's "compiling kernels for …" line
+    return load_model(path, cache_mb, pack=pack)
 
 
 def _check_tokens(model, tokens: list[int]) -> list[int]:
@@ -91,6 +102,10 @@ def _cmd_run(args) -> int:
 
     if args.n_predict < 0:
         raise RefimplError(f"-n must be ≥ 0, got {args.n_predict}")
+    for flag, path in (("--csv", args.csv), ("--route-trace", args.route_trace)):
+        if path is not None:
+            check_output(path, flag)
+    args.faults = _injected(args)
     model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
@@ -118,8 +133,11 @@ def _cmd_run(args) -> int:
         stream.close()
     else:
         result = {"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}
+        if args.faults:
+            result["faults"] = [f.name for f in args.faults]
         if stats is not None:
             result["stats"] = stats.counters()
+            result["rounds"] = stats.rounds()  # the round audit's input (refimpl.rounds)
         result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
         result["stats"]["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
         print(json.dumps(result, ensure_ascii=False))
@@ -132,13 +150,24 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _injected(args):
+    """run --inject NAME[,NAME…]: the faults to inject (refimpl.faults, docs/bug-classes.md), announced on stderr."""
+    from refimpl.faults import parse_faults
+
+    faults = parse_faults(args.inject, "mtp" if args.mtp else "ngram" if args.ngram else None)
+    for f in faults:
+        print(f"refimpl: injected fault {f.name} ({f.bug_class}: {f.title}); the output is wrong on purpose", file=sys.stderr)
+    return faults
+
+
 def _route_trace(args, model):
     """run --route-trace FILE: attach a CSV route-trace writer to the model's streamer."""
     if args.route_trace is None:
         return None
     from refimpl.route_trace import RouteTrace
 
-    model.streamer.on_route = RouteTrace(args.route_trace, model.config.n_expert_used)
+    with writing(args.route_trace, "--route-trace") as path:
+        model.streamer.on_route = RouteTrace(path, model.config.n_expert_used)
     return model.streamer.on_route
 
 
@@ -172,7 +201,8 @@ def _report_speculative(args, model, tok, stats) -> None:
     for line in summary_lines(stats):
         print(line, file=sys.stderr)
     if args.csv:
-        write_csv(args.csv, stats, model=str(model.file.gguf.path), piece=tok.piece)
+        with writing(args.csv, "--csv") as path:
+            write_csv(path, stats, model=str(model.file.gguf.path), piece=tok.piece)
         print(f"wrote {args.csv}: {len(stats.rows)} token rows", file=sys.stderr)
 
 
@@ -210,6 +240,9 @@ def _cmd_logits(args) -> int:
 
     from tqdm import tqdm
 
+    for flag, path in (("--out", args.out), ("--mtp-out", args.mtp_out)):
+        if path is not None:
+            check_output(path, flag)
     model = _load(args)
     tokens = _check_tokens(model, _parse_tokens(args.tokens))
     # Chunks of 16 positions with a progress bar; forward is batch-invariant, so chunking changes
@@ -226,36 +259,36 @@ def _cmd_logits(args) -> int:
             hs.append(h)
             bar.update(len(tokens[i : i + 16]))
     logits = np.concatenate(rows)
-    np.save(args.out, logits.astype(np.float32))
+    with writing(args.out, "--out") as path, open(path, "wb") as f:  # the path as given (np.save would add .npy)
+        np.save(f, logits.astype(np.float32))
     print(f"wrote {args.out}: logits {logits.shape[0]} x {logits.shape[1]} (row p = logits after position p)", file=sys.stderr)
     if args.mtp_out:
         from refimpl.drafts import mtp_catchup_logits
 
         mtp = mtp_catchup_logits(model, tokens, np.concatenate(hs), ctx)  # [T, V]
-        np.save(args.mtp_out, mtp.astype(np.float32))
+        with writing(args.mtp_out, "--mtp-out") as path, open(path, "wb") as f:
+            np.save(f, mtp.astype(np.float32))
         print(f"wrote {args.mtp_out}: MTP logits {mtp.shape[0]} x {mtp.shape[1]} (row p fed token p and the "
               f"trunk's h_nextn of p-1, zeros at p = 0; predicts token p+1)", file=sys.stderr)
     return 0
 
 
 def _cmd_trace(args) -> int:
-    from pathlib import Path
-
     import numpy as np
 
     from refimpl.model import forward
     from refimpl.state import SeqState
     from refimpl.trace import Recorder
 
+    check_output(args.out, "--out", directory=True)
     model = _load(args)
     tokens = _check_tokens(model, _parse_tokens(args.tokens))
     rec = Recorder()
     forward(model, SeqState.fresh(model.config), tokens, _ctx_from_args(args, trace=rec))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, arr in rec.arrays().items():
-        np.save(out / f"{name}.npy", arr)
-        print(f"{name:<32} {str(list(arr.shape)):<16} sum = {float(np.sum(arr, dtype=np.float64)):.6f}")
+    with writing(args.out, "--out", directory=True) as out:
+        for name, arr in rec.arrays().items():
+            np.save(out / f"{name}.npy", arr)
+            print(f"{name:<32} {str(list(arr.shape)):<16} sum = {float(np.sum(arr, dtype=np.float64)):.6f}")
     print(f"wrote {len(rec.arrays())} tensors to {out}/ (one NAME.npy each, first axis = position)", file=sys.stderr)
     return 0
 
@@ -277,7 +310,9 @@ def _cmd_golden_make(args) -> int:
     source = "mtp" if args.mtp else "ngram" if args.ngram else None
     if args.draft is not None and source is None:
         raise RefimplError("--draft needs --mtp or --ngram")
-    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, args.emulate)
+    ctx = _ctx_from_args(args)
+    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
+                        kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn)
     out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,
                       cluster=args.cluster, cache_mb=_cache_mb(args))
     print(f"wrote {out}", file=sys.stderr)
@@ -298,18 +333,25 @@ def _cmd_audit(args) -> int:
 
     from refimpl.audit import audit, prompt_of, read_stream, report_lines
     from refimpl.builtin import resolve_model
+    from refimpl.compile_report import name_types
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
     if args.stream_dir is not None:
         return _audit_dir(args)
+    from refimpl.golden_audit import is_golden
+
+    if is_golden(args.model):
+        return _audit_golden(args)
     if not args.streams:
         raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
     if len(args.streams) > 2:
         raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
     if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
         raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
-    model = load_model(resolve_model(args.model))
+    path = resolve_model(args.model)
+    name_types(path)
+    model = load_model(path)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
     if args.prompt_tokens is not None:
@@ -323,6 +365,53 @@ def _cmd_audit(args) -> int:
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
+
+
+def _audit_golden(args) -> int:
+    """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.golden_audit)."""
+    import json
+
+    from refimpl.audit import read_stream
+    from refimpl.golden_audit import audit_golden, report_lines
+
+    if len(args.streams) != 1:
+        raise RefimplError("audit GOLDEN takes one stream")
+    if args.prompt is not None:
+        raise RefimplError("audit GOLDEN needs the prompt as ids (--prompt-tokens): there is no model to tokenize --prompt")
+    stream = read_stream(args.streams[0], "A", tokenizer=None)
+    prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else None
+    v = audit_golden(args.model, stream, prompt, args.threshold)
+    print(json.dumps(v.as_json()) if args.json else "\n".join(report_lines(v, stream)))
+    return v.exit_code
+
+
+def _cmd_plot(args) -> int:
+    """plot audit|telemetry|routes … --out PNG (refimpl.plot; matplotlib, the 'plot' extra)."""
+    from pathlib import Path
+
+    from refimpl import plot
+
+    plot._pyplot()  # one-line error now if matplotlib is missing
+    if args.plot_command == "telemetry":
+        fig = plot.draw_telemetry(plot.telemetry_series(args.csv), title=Path(args.csv).name)
+    elif args.plot_command == "routes":
+        fig = plot.draw_routes(*plot.route_counts(args.csv), title=f"{Path(args.csv).name}: expert selections per layer")
+    else:
+        from refimpl.audit import read_stream
+        from refimpl.builtin import resolve_model
+        from refimpl.model import load_model
+        from refimpl.tokenizer import Tokenizer
+
+        model = load_model(resolve_model(args.model))
+        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
+        if prompt is None:
+            raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
+        series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+    plot.save(fig, args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
 
 
 def _audit_dir(args) -> int:
@@ -346,7 +435,9 @@ def _audit_dir(args) -> int:
     elif args.prompt is not None:
         prompt = tok.encode(args.prompt, parse_special=True)
     pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
-    reports = audit_pairs(path, pairs, emulate=args.emulate, kernel=args.kernel, tau=args.threshold,
+    ctx = _ctx_from_args(args)
+    numerics = {"act_quant": ctx.act_quant, "kv_f16": ctx.kv_f16, "flash_attn": ctx.flash_attn}
+    reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
                           model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache_mb)
     if args.json:
         print(json.dumps(as_json(pairs, reports)))
@@ -368,8 +459,14 @@ def _add_scale_out(p, what: str) -> None:
 
 
 def _add_numerics(p) -> None:
-    p.add_argument("--emulate", action="store_true",
-                   help="emulate llama.cpp rounding: activation quantization per matmul and an F16 K/V cache")
+    from refimpl.ops import EMULATIONS
+
+    p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
+                   help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
+                        "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
+                        "CLI and server run; the default) or plain (F32 K/V, no flash attention)")
+    p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
 
 
@@ -383,6 +480,7 @@ def _add_speculative(p) -> None:
     p.add_argument("--ngram-min-match", type=int, metavar="N", help="shortest n-gram match that drafts (default 3)")
     p.add_argument("--csv", metavar="FILE", help="write per-token speculative telemetry (CSV)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; only 0 (greedy) is supported")
+    p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.faults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -392,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fixture", help="write a seeded synthetic qwen35moe GGUF")
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--preset", default="tiny", help="fixture preset (tiny, predictable, …)")
-    p.add_argument("--quant", default="f32", help="quant mix (f32, bf16, q8_0, q4_k_m, mxfp4)")
+    p.add_argument("--quant", default="f32", help="quant mix: f32, bf16, q8_0, q4_k_m, mxfp4; iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0 "
+                   "(quantized by libggml: need llama-cpp-python)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="variant option: mtp=full|stripped|extras, tied=true, fused_gate_up=true, recurrent_layers_key=false")
@@ -460,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…; or a golden file "
+                                                  "(judged by its recorded top-5, without the model)")
     p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
     p.add_argument("--streams", dest="stream_dir", metavar="DIR",
                    help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
@@ -474,13 +574,41 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scale_out(p, "with --streams: pairs audited")
     _add_numerics(p)
     p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
+    psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
+    p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")
+    p.add_argument("--out", required=True, metavar="PNG")
+    _add_numerics(p)
+    p.set_defaults(func=_cmd_plot)
+    for name, what in (("telemetry", "acceptance per round and per draft position, MiB per token, hit rate (run --csv)"),
+                       ("routes", "expert-use heat map per layer (run --route-trace)")):
+        p = psub.add_parser(name, help=what)
+        p.add_argument("csv", metavar="CSV")
+        p.add_argument("--out", required=True, metavar="PNG")
+        p.set_defaults(func=_cmd_plot)
     return parser
+
+
+def _lone_emulate(argv: list[str]) -> list[str]:
+    """``--emulate`` alone means ``--emulate=default``; spelled out so that argparse never takes the
+    next word (a MODEL path) as its value."""
+    return ["--emulate=default" if a == "--emulate" else a for a in argv]
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+        args = build_parser().parse_args(_lone_emulate(sys.argv[1:] if argv is None else argv))
+        if args.func in (_cmd_fixture, _cmd_inspect):  # no kernels: numba is not even imported
+            return args.func(args)
+        from refimpl.compile_report import compile_report
+
+        with compile_report():  # the first run's "compiling kernels …" lines
+            return args.func(args)
     except RefimplError as exc:
         print(f"refimpl: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

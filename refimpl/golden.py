@@ -44,6 +44,7 @@ import numpy as np
 from refimpl.builtin import BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, recipe_of, resolve_model, sha256_file
 from refimpl.errors import RefimplError
 from refimpl.golden_file import FORMAT, VERSION, Golden, Prompt, producer, read_golden, read_prompts, write_golden
+from refimpl.output_path import check_output, writing
 from refimpl.golden_run import (
     CHUNK,
     TOP_K,
@@ -87,6 +88,7 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
     recipe = recipe_of(m.gguf)
     if out is None:
         out = (recipe.spec[len(BUILTIN_PREFIX):].replace("/", "-") if model_arg.startswith(BUILTIN_PREFIX) else path.stem) + ".golden.jsonl"
+    check_output(out, "--out")  # before decoding (refimpl.output_path)
     sha = sha256_file(path)
     results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel, cluster=cluster,
                       cache_mb=cache_mb, sha256=sha)
@@ -103,8 +105,9 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
     records = [{"record": "prompt", "index": i, "text": p.text, "prompt_ids": p.ids, "ids": r.ids, "stop": r.stop,
                 **({"draft": r.draft} if r.draft is not None else {}), "steps": r.steps}
                for i, (p, r) in enumerate(zip(prompts, results))]
-    write_golden(Path(out), header, records)
-    return Path(out)
+    with writing(out, "--out") as out_path:
+        write_golden(out_path, header, records)
+    return out_path
 
 
 # ---- golden check --------------------------------------------------------------------------------
@@ -238,4 +241,4 @@ def check_golden(golden_path: str | os.PathLike, model_arg: str | None = None, *
         lines.append(f"if the change is intended, regenerate: {g.header.get('regenerate', '')}")
         return CheckResult(False, lines)
     return CheckResult(True, [f"{g.path}: ok, {len(g.prompts)} prompts, {n_tok} tokens match ({what}, "
-                              f"draft {settings.draft_source or 'none'}, emulate {'on' if settings.emulate else 'off'})"])
+                              f"draft {settings.draft_source or 'none'}, emulate {settings.ctx().numerics()})"])

@@ -97,9 +97,11 @@ class Settings:
     n_predict: int
     draft_source: str | None = None  # None (plain greedy), "mtp" or "ngram"
     n_draft: int = 0  # drafts per round; 0 without a source
-    emulate: bool = False  # Ctx(act_quant=True, kv_f16=True)
+    emulate: bool = False  # Ctx(act_quant=True): llama.cpp's activation quantization
     p_min: float = 0.0  # speculative_generate's MTP draft cut-off (its default)
     ngram_min_match: int = 3  # speculative_generate's n-gram gate (its default)
+    kv_f16: bool | None = None  # F16 K/V cache; None: = emulate (what files from before --emulate=CONFIG mean)
+    flash_attn: bool = False  # llama.cpp's flash attention
 
     def as_json(self) -> dict:
         draft = {"source": self.draft_source or "none", "n_draft": self.n_draft}
@@ -107,25 +109,40 @@ class Settings:
             draft["p_min"] = self.p_min
         if self.draft_source == "ngram":
             draft["ngram_min_match"] = self.ngram_min_match
-        return {"n_predict": self.n_predict, "draft": draft, "emulate": self.emulate, "top_k": TOP_K, "stop_at_eog": True}
+        out = {"n_predict": self.n_predict, "draft": draft, "emulate": self.emulate, "top_k": TOP_K, "stop_at_eog": True}
+        if self.kv_f16 is not None and (self.kv_f16 != self.emulate or self.flash_attn):
+            out["kv_cache"] = "f16" if self.kv_f16 else "f32"  # only when it differs from the legacy meaning
+        if self.flash_attn:
+            out["flash_attn"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> Settings:
         d = obj["draft"]
         source = None if d["source"] == "none" else d["source"]
+        kv = obj.get("kv_cache")
         return cls(int(obj["n_predict"]), source, int(d["n_draft"]), bool(obj["emulate"]),
-                   float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)))
+                   float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)),
+                   None if kv is None else kv == "f16", bool(obj.get("flash_attn", False)))
 
     def ctx(self, kernel: str = "numba"):
         from refimpl.ops import Ctx
 
-        return Ctx(act_quant=self.emulate, kv_f16=self.emulate, kernel=kernel)
+        kv_f16 = self.emulate if self.kv_f16 is None else self.kv_f16
+        return Ctx(act_quant=self.emulate, kv_f16=kv_f16, flash_attn=self.flash_attn, kernel=kernel)
 
     def make_flags(self) -> list[str]:
         flags = ["-n", str(self.n_predict)]
         if self.draft_source:
             flags += [f"--{self.draft_source}", "--draft", str(self.n_draft)]
-        return flags + (["--emulate"] if self.emulate else [])
+        ctx = self.ctx()
+        if self.emulate:
+            flags += ["--emulate=plain"]
+        if ctx.kv_f16:
+            flags += ["--kv-type", "f16"]
+        if ctx.flash_attn:
+            flags += ["--flash-attn", "on"]
+        return flags
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,10 @@ def make_fixture(tmp_path_factory):
 
     def make(preset="tiny", quant="f32", seed=0, **options):
         key = (preset, quant, seed, tuple(sorted(options.items())))
+        from refimpl.fixtures.mixes_iq import LIBGGML_MIXES
+
+        if quant in LIBGGML_MIXES:  # written by libggml's quantizers (refimpl/fixtures/ggml_quant.py)
+            require_llama_cpp()
         if key not in cache:
             from refimpl.fixtures import write_fixture
 

@@ -39,7 +39,7 @@ def rows_reference(w, qtype, x):
     """The plain numba path, row by row (``_matmul_rows``), as float32 (T, N)."""
     w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1)
     out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
-    _matmul_rows(int(qtype), w_bytes, x.astype(np.float64), out)
+    _matmul_rows(qtype)(w_bytes, x.astype(np.float64), out)
     return out
 
 

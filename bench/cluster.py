@@ -15,7 +15,8 @@ Every configuration makes the same golden file (same prompts, same ``--out``) th
   start-up and model load (that is what ``--jobs`` does);
 * ``cluster Wx1`` — ``--cluster`` on a ``distributed.LocalCluster`` of W worker processes × 1 Dask
   thread, started once before the rounds, with ``NUMBA_NUM_THREADS`` = ⌊cores / W⌋ per worker (the
-  docs/cluster.md recipe; ``--worker-threads T`` sets T instead, e.g. 1 to see process scaling alone). Its workers keep the model between runs (per-process cache), so after the
+  docs/cluster.md recipe; ``--worker-threads T`` sets T instead, e.g. 1 to see process scaling
+  alone). Its workers keep the model between runs (per-process cache), so after the
   untimed first run (printed as ``cold``: worker start-up is not in it, model load is) the rounds
   measure a standing cluster.
 

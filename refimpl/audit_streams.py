@@ -102,8 +102,8 @@ def pair_line(pair: Pair, rep: Report) -> str:
     """One line: the pair, its verdict (where it diverges), the counts, ok or WRONG."""
     files = " ".join(Path(s.source).name for s in rep.streams) + ("" if pair.b else " vs the oracle")
     d = rep.divergence
-    what = (f"{d.kind} at step {d.step}" if d else
-            f"{rep.verdict}, {len(pair.a.tokens)} tokens" + (f" / {len(pair.b.tokens)}" if pair.b and len(pair.b.tokens) != len(pair.a.tokens) else ""))
+    lengths = f"{len(pair.a.tokens)}" + (f" / {len(pair.b.tokens)}" if pair.b and len(pair.b.tokens) != len(pair.a.tokens) else "")
+    what = f"{d.kind} at step {d.step}" if d else f"{rep.verdict}, {lengths} tokens"
     n = rep.n_near_ties
     return (f"{pair.name}: {what}; common prefix {rep.common}, {n} near-tie{'s' * (n != 1)}, {rep.n_wrong} wrong "
             f"→ {'ok' if rep.exit_code == 0 else 'WRONG'}   ({files})")

@@ -6,7 +6,8 @@ walk over a sequence (:class:`Cursor`, :func:`start`, :func:`walk`, :func:`top_k
 file's numbers, one prompt decoded and scored (:func:`decode`, :func:`run_prompt`, its
 :class:`PromptResult`), and many tasks on one model — every prompt of a suite (:func:`run_all`),
 every stream pair of ``audit --streams`` — here, in worker processes or on a Dask cluster
-(:func:`run_tasks`; each process opens the model once, :func:`loaded`). The module docstring of :mod:`refimpl.golden` describes the two steps.
+(:func:`run_tasks`; each process opens the model once, :func:`loaded`). The module docstring of
+:mod:`refimpl.golden` describes the two steps.
 """
 
 from __future__ import annotations

@@ -58,18 +58,17 @@ def _ctx_from_args(args, trace=None):
 
 
 def _load(args, cache_mb=None, pack="auto"):
-    """The model named by MODEL or -m, or the built-in synthetic model when neither is given;
+    """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
-    from refimpl.builtin import fixture_path
+    from refimpl.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
     from refimpl.model import load_model
-
-    from refimpl.builtin import resolve_model
 
     path = getattr(args, "m", None) or args.model
     if path is None:
-        path = fixture_path()
-        print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
+        path = TRAINED_SPEC
+        print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
+              f"({resolve_model(path)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
     return load_model(resolve_model(str(path)), cache_mb, pack=pack)  # a builtin:PRESET/QUANT spec is built on demand
 
 
@@ -345,8 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path to a qwen35moe .gguf")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("run", help="greedy generation (the built-in synthetic model when no MODEL is given)")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p = sub.add_parser("run", help="greedy generation (the built-in trained model when no MODEL is given)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("-m", metavar="MODEL", help="same as the positional MODEL")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default="The quick brown fox", help="prompt text (special-token text is parsed)")
@@ -366,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("logits", help="write every position's logits as a (T, V) float32 .npy")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True, help="output .npy path")
     p.add_argument("--mtp-out", metavar="FILE.npy",
@@ -375,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_logits)
 
     p = sub.add_parser("trace", help="dump named intermediates (llama.cpp's names) for diffing against its eval callback")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", default="trace", help="output directory (default ./trace)")
     _add_numerics(p)
@@ -384,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("golden", help="golden token streams: make a golden file, or check one (docs/golden.md)")
     gsub = p.add_subparsers(dest="golden_command", required=True, parser_class=_Parser)
     p = gsub.add_parser("make", help="decode a prompts file and write a golden file")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or a built-in fixture: builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv (the trained model), or a built-in fixture: builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
     p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
     p.add_argument("--out", metavar="PATH", help="golden file to write (default MODEL-NAME.golden.jsonl)")
@@ -403,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…")
     p.add_argument("streams", metavar="STREAM", nargs="+", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import gguf
 import numpy as np
 import torch
 
@@ -23,16 +22,8 @@ from refimpl.state import SeqState
 from refimpl.tokenizer import Tokenizer
 from train.config import MODEL, SEQ_LEN
 from train.corpus import documents
+from train.export import file_tensors
 from train.model import A_LOG, TrainedModel, _key
-
-
-def file_tensors(path) -> dict[str, np.ndarray]:
-    """Every tensor of the GGUF as float32 in numpy shape (quantized types dequantized by ``gguf``)."""
-    out = {}
-    for t in gguf.GGUFReader(path).tensors:
-        data = gguf.quants.dequantize(t.data, t.tensor_type)
-        out[t.name] = np.asarray(data, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
-    return out
 
 
 def torch_model(tensors: dict[str, np.ndarray]) -> TrainedModel:

@@ -51,6 +51,15 @@ def write_gguf(path, tensors: dict[str, np.ndarray], vocab, quant: str) -> pathl
     return path
 
 
+def file_tensors(path) -> dict[str, np.ndarray]:
+    """Every tensor of the GGUF as float32 in numpy shape (quantized types dequantized by ``gguf``)."""
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        out[t.name] = np.asarray(data, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
+    return out
+
+
 def export_all(model, vocab, out) -> list[pathlib.Path]:
     """Every mix of :data:`MIXES` into directory ``out``."""
     tensors = model.gguf_tensors()

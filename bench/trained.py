@@ -52,7 +52,15 @@ def continuations(model, tok):
 
 
 def mtp(model, tok, path):
-    print("\n## MTP acceptance (accepted / drafted), refimpl vs llama.cpp's draft-mtp loop")
+    """llama.cpp runs on an F32 copy of the weights (train.export.dequantized_copy: refimpl's numbers on
+    it are those of the q8_0 file bit for bit), because llama-cpp-python 0.3.36's draft-mtp loop dies
+    with SIGILL on Q8_0 files."""
+    print("\n## MTP acceptance (accepted / drafted), refimpl vs llama.cpp's draft-mtp loop (on an F32 copy)")
+    import tempfile
+
+    from train.export import dequantized_copy
+
+    path = dequantized_copy(path, Path(tempfile.mkdtemp()) / "kjv-f32.gguf")
     try:
         from llama_spec import llama_speculative
     except ImportError:
@@ -69,7 +77,7 @@ def mtp(model, tok, path):
                 try:
                     r = llama_speculative(path, ids, N, n_draft=n_draft)
                 except Exception as exc:  # noqa: BLE001 - report and go on without llama.cpp
-                    print(f"  llama.cpp: {exc}")
+                    print(f"  llama.cpp: {str(exc).splitlines()[0]}")
                     llama_speculative = None
                     continue
                 theirs = [theirs[0] + r.n_drafted, theirs[1] + r.n_accepted]

@@ -103,17 +103,11 @@ def test_greedy_tokens_equal_llama_cpp(prompt):
 def f32_copy(tmp_path_factory):
     """The committed weights dequantized into an F32 file (same metadata and vocabulary): refimpl's plain
     numbers on it equal those on the q8_0 file bit for bit. llama-cpp-python 0.3.36's draft-mtp loop
-    (tests/llama_spec.py) dies with SIGILL on every Q8_0 file, the tiny fixture's included; on F32 it runs."""
-    from refimpl.fixtures.vocab import Vocab
-    from refimpl.gguf_file import GGUFFile
-    from train.export import file_tensors, write_gguf
+    (tests/llama_spec.py) dies with SIGILL on every Q8_0 file, the tiny fixture's included; on F32 it runs
+    (train.export.dequantized_copy)."""
+    from train.export import dequantized_copy
 
-    gf = GGUFFile(TRAINED_PATH)
-    tokens = list(gf.key("tokenizer.ggml.tokens"))
-    vocab = Vocab(tuple(tokens), tuple(gf.key("tokenizer.ggml.token_type")), tuple(gf.key("tokenizer.ggml.merges")),
-                  eos_id=int(gf.key("tokenizer.ggml.eos_token_id")),
-                  special_ids={t: tokens.index(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")})
-    path = write_gguf(tmp_path_factory.mktemp("kjv") / "kjv-f32.gguf", file_tensors(TRAINED_PATH), vocab, "f32")
+    path = dequantized_copy(TRAINED_PATH, tmp_path_factory.mktemp("kjv") / "kjv-f32.gguf")
     assert Tokenizer.from_gguf(path).encode(TEXTS[1]) == tok().encode(TEXTS[1])
     return path
 
@@ -134,13 +128,17 @@ def test_mtp_drafting_equals_llama_cpp(f32_copy, n_draft):
     assert stats.n_accepted / stats.n_drafted > 0.3  # a trained head: a random one accepts ~0 %
 
 
-def test_logits_are_confident():
-    """Few steps sit inside the audit's 5 % near-tie band (half of a random model's do)."""
+def test_greedy_steps_are_confident():
+    """Few greedy steps sit inside the audit's 5 % near-tie band: 23 % here (bench/trained.py), about 40 %
+    on the random tiny fixture."""
     from refimpl.model import forward
     from refimpl.state import SeqState
 
-    ids = tok().encode("And God said, Let there be light: and there was light. And God saw the light, that it was good")
-    logits, _, _ = forward(model(), SeqState.fresh(model().config), ids)
-    top2 = np.sort(logits, axis=-1)[:, -2:]
-    gap = (top2[:, 1] - top2[:, 0]) / np.abs(logits).max(axis=-1)
-    assert np.mean(gap < 0.05) < 0.25
+    gaps = []
+    for prompt in PROMPTS:
+        ids = tok().encode(prompt)
+        logits, _, _ = forward(model(), SeqState.fresh(model().config), ids + list(plain(prompt))[:-1])
+        rows = logits[len(ids) - 1:]  # the rows that chose each generated token
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(rows).max(axis=-1))
+    assert np.mean(np.asarray(gaps) <= 0.05) < 0.3

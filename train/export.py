@@ -60,6 +60,22 @@ def file_tensors(path) -> dict[str, np.ndarray]:
     return out
 
 
+def dequantized_copy(src, dst) -> pathlib.Path:
+    """Write ``src``'s tensors, dequantized, as an F32 file at ``dst`` with the same metadata keys and
+    vocabulary: refimpl's plain numbers on the copy equal those on ``src`` bit for bit (it dequantizes
+    exactly). Used to run llama-cpp-python 0.3.36's draft-mtp loop (tests/llama_spec.py), which dies
+    with SIGILL on every Q8_0 file here (the tiny fixture's included), on the trained weights."""
+    from refimpl.fixtures.vocab import Vocab
+    from refimpl.gguf_file import GGUFFile
+
+    gf = GGUFFile(src)
+    tokens = list(gf.key("tokenizer.ggml.tokens"))
+    vocab = Vocab(tuple(tokens), tuple(gf.key("tokenizer.ggml.token_type")), tuple(gf.key("tokenizer.ggml.merges")),
+                  eos_id=int(gf.key("tokenizer.ggml.eos_token_id")),
+                  special_ids={t: tokens.index(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")})
+    return write_gguf(dst, file_tensors(src), vocab, "f32")
+
+
 def export_all(model, vocab, out) -> list[pathlib.Path]:
     """Every mix of :data:`MIXES` into directory ``out``."""
     tensors = model.gguf_tensors()

@@ -88,7 +88,7 @@ class FixtureRecipe:
 def parse_builtin(spec: str) -> FixtureRecipe:
     """``builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE …]`` → recipe. QUANT defaults to f32, the seed
     to 0; KEY=VALUE are fixture options (values read as JSON when they parse: true, 0.5; else text).
-    ``builtin:`` alone is the built-in model of ``refimpl run`` (tiny, f32, seed 0)."""
+    ``builtin:`` alone is tiny, f32, seed 0 (``builtin:kjv``, the trained model, is not a fixture recipe)."""
     body = spec[len(BUILTIN_PREFIX):]
     parts = [p for p in body.split("/")] if body else []
     if any(not p for p in parts):

@@ -33,11 +33,23 @@ def _cmd_fixture(args) -> int:
     return 0
 
 
+def _default_model(arg: str | None) -> str:
+    """MODEL as given, or ``builtin:kjv`` (the built-in trained model) with a note on stderr."""
+    from refimpl.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
+
+    if arg is not None:
+        return arg
+    print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
+          f"({resolve_model(TRAINED_SPEC)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
+    return TRAINED_SPEC
+
+
 def _cmd_inspect(args) -> int:
+    from refimpl.builtin import resolve_model
     from refimpl.inspect_model import describe
     from refimpl.load import open_model
 
-    print(describe(open_model(args.model)))
+    print(describe(open_model(resolve_model(_default_model(args.model)))))
     return 0
 
 
@@ -61,14 +73,10 @@ def _load(args, cache_mb=None, pack="auto"):
     """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
-    from refimpl.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
+    from refimpl.builtin import resolve_model
     from refimpl.model import load_model
 
-    path = getattr(args, "m", None) or args.model
-    if path is None:
-        path = TRAINED_SPEC
-        print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
-              f"({resolve_model(path)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
+    path = _default_model(getattr(args, "m", None) or args.model)
     return load_model(resolve_model(str(path)), cache_mb, pack=pack)  # a builtin:PRESET/QUANT spec is built on demand
 
 
@@ -266,7 +274,7 @@ def _cmd_golden_make(args) -> int:
     if args.draft is not None and source is None:
         raise RefimplError("--draft needs --mtp or --ngram")
     settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, args.emulate)
-    out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel)
+    out = make_golden(_default_model(args.model), args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -341,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fixture)
 
     p = sub.add_parser("inspect", help="print a GGUF's config, layer kinds and tensor bytes per type")
-    p.add_argument("model", help="path to a qwen35moe .gguf")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("run", help="greedy generation (the built-in trained model when no MODEL is given)")
@@ -383,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("golden", help="golden token streams: make a golden file, or check one (docs/golden.md)")
     gsub = p.add_subparsers(dest="golden_command", required=True, parser_class=_Parser)
     p = gsub.add_parser("make", help="decode a prompts file and write a golden file")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv (the trained model), or a built-in fixture: builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a qwen35moe .gguf, builtin:kjv (the trained model, the default), or a built-in fixture: "
+                        "builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
     p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
     p.add_argument("--out", metavar="PATH", help="golden file to write (default MODEL-NAME.golden.jsonl)")

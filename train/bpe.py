@@ -4,9 +4,10 @@ The words BPE counts are exactly the words llama.cpp merges within: :func:`refim
 (a port of ``unicode_regex_split_custom_qwen35``), each byte-encoded with GPT-2's alphabet. Then plain
 BPE: repeatedly merge the most frequent adjacent pair (ties: the lexicographically smallest pair),
 skipping a pair whose concatenation is already a token (GGUF token texts must be unique), until the
-vocabulary has ``n_vocab`` tokens. Layout, as :mod:`refimpl.fixtures.vocab`: ids 0..255 the byte tokens
-in ``bytes_to_unicode`` order, then one token per merge in rank order, then the five special tokens
-(``<|endoftext|>`` … ``</think>``). No padding tokens.
+vocabulary has ``n_vocab`` tokens. Layout (``refimpl.fixtures.vocab.vocab_from_merges``): ids 0..255
+the byte tokens in byte order (id b spells byte b; the fixtures put the printable bytes first), then
+one token per merge in rank order, then the five special tokens (``<|endoftext|>`` … ``</think>``).
+No padding tokens.
 
 llama.cpp encodes by merge *rank*, which is what the learned order is; tests/test_trained.py checks
 that llama.cpp's ids equal refimpl's on the held-out text.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from refimpl.fixtures.vocab import EOS_TOKEN, SPECIAL_TOKENS, TOKEN_TYPE_NORMAL, Vocab
+from refimpl.fixtures.vocab import SPECIAL_TOKENS, Vocab, vocab_from_merges
 from refimpl.tokenizer import byte_encode, bytes_to_unicode, split_qwen35
 
 
@@ -79,13 +80,4 @@ def build_trained_vocab(text: str, n_vocab: int) -> Vocab:
     merges = learn_merges(word_counts(text), n_merges)
     if len(merges) != n_merges:
         raise SystemExit(f"train: the corpus yields only {len(merges)} merges, {n_merges} needed for {n_vocab} tokens")
-    tokens = list(bytes_to_unicode().values()) + [a + b for a, b in merges]
-    types = [TOKEN_TYPE_NORMAL] * len(tokens)
-    special_ids = {}
-    for text_, ttype in SPECIAL_TOKENS:
-        special_ids[text_] = len(tokens)
-        tokens.append(text_)
-        types.append(ttype)
-    assert len(set(tokens)) == len(tokens) == n_vocab
-    return Vocab(tokens=tuple(tokens), token_types=tuple(types), merges=tuple(f"{a} {b}" for a, b in merges),
-                 eos_id=special_ids[EOS_TOKEN], special_ids=special_ids)
+    return vocab_from_merges(merges, n_vocab, byte_tokens=bytes_to_unicode().values())  # exactly n_vocab: no fillers

@@ -1,7 +1,7 @@
 """The first run: numba compiles only the kernels of the model's own weight types, says so on stderr
 with one line per kernel (refimpl/compile_report.py), and says nothing when they come from the cache.
 
-The end-to-end test runs ``refimpl run`` on the built-in (F32) model twice against a fresh numba cache
+The end-to-end test runs ``refimpl run`` on the built-in synthetic F32 model (``builtin:tiny``) twice against a fresh numba cache
 directory (``NUMBA_CACHE_DIR``): the first run compiles, the second loads. How long the cold run takes
 depends on the CPU, so it is measured and documented (docs/performance.md, "First run"), not asserted.
 """
@@ -26,9 +26,9 @@ def _refimpl(*args, env):
     return subprocess.run([sys.executable, "-m", "refimpl", *args], capture_output=True, text=True, env=env, timeout=900)
 
 
-def test_cold_then_warm_run_on_the_builtin_model(tmp_path):
+def test_cold_then_warm_run_on_the_builtin_synthetic_model(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), REFIMPL_CACHE=str(tmp_path / "refimpl"))
-    args = ("run", "--tokens", "1,2,3", "-n", "3")
+    args = ("run", "builtin:tiny", "--tokens", "1,2,3", "-n", "3")  # an all-F32 file: F32's kernels alone
     cold = _refimpl(*args, env=env)
     assert cold.returncode == 0, cold.stderr
     assert "refimpl: compiling kernels for F32 (first run only" in cold.stderr

@@ -119,11 +119,12 @@ def test_a_read_only_directory_is_refused_unless_this_user_may_write_it(option, 
 
 
 def test_an_unwritable_builtin_model_cache_is_refused(tmp_path, monkeypatch, capsys):
-    """The built-in model is written into $REFIMPL_CACHE, under the same rule."""
+    """The built-in synthetic models are written into $REFIMPL_CACHE, under the same rule (the trained
+    model ships in the package and is never written)."""
     monkeypatch.setenv("REFIMPL_CACHE", f"{PROC}/cache")
-    code = main(["run", "--tokens", "1", "-n", "1"])
+    code = main(["run", "builtin:tiny", "--tokens", "1", "-n", "1"])
     err = capsys.readouterr().err
     assert code == 2 and err.splitlines()[-1].startswith("refimpl: error: cannot write the built-in model cache"), err
     monkeypatch.setenv("REFIMPL_CACHE", str(tmp_path / "new" / "cache"))
-    assert main(["logits", "--tokens", "1", "--out", str(tmp_path / "l.npy")]) == 0
+    assert main(["logits", "builtin:tiny", "--tokens", "1", "--out", str(tmp_path / "l.npy")]) == 0
     assert (tmp_path / "new" / "cache" / "tiny-f32-s0.gguf").is_file()

@@ -18,13 +18,16 @@ Contract (what may live in this package):
   no gathers). docs/performance.md.
 * ``dot64`` and ``delta_rule_step`` (``kernels/recurrent.py``): the trunk's float64 dot products and
   the Gated DeltaNet step, summed in increasing index order, numba and numpy paths equal bit for bit.
+* ``flash_attn_f16`` (``kernels/flashattn.py``): llama.cpp's CPU flash attention for a few query
+  rows, with its F16 accumulator and the C library's ``expf``.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/flags.py`` only.
 
-Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks`` (byte layouts) →
-``floats`` (exact f16/bf16/E8M0 conversions) → ``dequant`` (bytes → float32) → ``actquant``,
-``actdots`` (llama.cpp's activation quantizers, then its integer dots) → ``lanes_ir``, ``lanes_blocks``, ``lanes`` (the fast
+Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks``, ``blocks_iq`` (byte
+layouts; the codebook IQ and ternary TQ types with their grids) → ``floats`` (exact f16/bf16/E8M0
+conversions) → ``dequant``, ``dequant_iq`` (bytes → float32) → ``actquant``, ``actdots``,
+``actdots_iq`` (llama.cpp's activation quantizers, then its integer dots) → ``lanes_ir``, ``lanes_blocks``, ``lanes`` (the fast
 plain kernels: IR vocabulary, per-type emitters, drivers and packing) →
-``matmul`` (the public product) → ``recurrent`` (exact dots, the delta-rule step) → ``testing`` (random rows with controlled scales, for tests and
+``matmul`` (the public product) → ``recurrent`` (exact dots, the delta-rule step) → ``flashattn`` (llama.cpp's flash-attention vector path) → ``testing`` (random rows with controlled scales, for tests and
 ``bench/kernels.py``).
 Precision policy, tolerances and measured speed: ``docs/kernels.md``.
 """
@@ -34,6 +37,7 @@ from .blocks import WEIGHT_TYPES, layout, row_bytes
 from .dequant import dequantize
 from .lanes import PackedRows, pack
 from .recurrent import delta_rule_step, dot64
+from .flashattn import flash_attn_f16
 from .matmul import matmul
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "PackedRows",
     "dot64",
     "delta_rule_step",
+    "flash_attn_f16",
     "quantize_q8_0",
     "quantize_q8_1",
     "quantize_q8_K",

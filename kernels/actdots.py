@@ -11,6 +11,17 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
+from .actdots_iq import (
+    _dot_iq1_m_q8_k,
+    _dot_iq1_s_q8_k,
+    _dot_iq2_s_q8_k,
+    _dot_iq2_xs_q8_k,
+    _dot_iq2_xxs_q8_k,
+    _dot_iq3_s_q8_k,
+    _dot_iq3_xxs_q8_k,
+    _dot_tq1_0_q8_k,
+    _dot_tq2_0_q8_k,
+)
 from .actquant import _q8_0_rows, _q8_k_rows, _round_rows
 from .blocks import QT, layout
 from .dequant import (
@@ -19,6 +30,13 @@ from .dequant import (
     _BF16,
     _F16,
     _F32,
+    _IQ1_M,
+    _IQ1_S,
+    _IQ2_S,
+    _IQ2_XS,
+    _IQ2_XXS,
+    _IQ3_S,
+    _IQ3_XXS,
     _IQ4_NL,
     _IQ4_XS,
     _MXFP4,
@@ -32,6 +50,8 @@ from .dequant import (
     _Q5_K,
     _Q6_K,
     _Q8_0,
+    _TQ1_0,
+    _TQ2_0,
     _deq_bf16,
     _deq_f16,
     _deq_f32,
@@ -168,7 +188,8 @@ def _dot_with_q8_1(kind, x, yqs, yd, ys):
 
 
 # --------------------------------------------------------------------------------------------
-# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic)
+# Dot products with Q8_K activations (ggml_vec_dot_{q2_K..q6_K,iq4_xs}_q8_K_generic; the IQ1/IQ2/IQ3
+# and TQ types are in kernels/actdots_iq.py)
 # yd (K/256,) float32, ybsums (K/16,) int16.
 
 
@@ -322,8 +343,50 @@ def _dot_q5_k_q8_k(x, yqs, yd, ybsums):
     return _dot_q45_k_q8_k(x, yqs, yd, ybsums, True)
 
 
+@jit()
+def _dot_iq2_xxs(x, yqs, yd, ybsums):  # the codebook and ternary types (kernels/actdots_iq.py) need no block sums
+    return _dot_iq2_xxs_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq2_xs(x, yqs, yd, ybsums):
+    return _dot_iq2_xs_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq2_s(x, yqs, yd, ybsums):
+    return _dot_iq2_s_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq3_xxs(x, yqs, yd, ybsums):
+    return _dot_iq3_xxs_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq3_s(x, yqs, yd, ybsums):
+    return _dot_iq3_s_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_iq1_m(x, yqs, yd, ybsums):
+    return _dot_iq1_m_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_tq1_0(x, yqs, yd, ybsums):
+    return _dot_tq1_0_q8_k(x, yqs, yd)
+
+
+@jit()
+def _dot_tq2_0(x, yqs, yd, ybsums):
+    return _dot_tq2_0_q8_k(x, yqs, yd)
+
+
 DOTS_Q8_K = {_Q4_K: _dot_q4_k_q8_k, _Q5_K: _dot_q5_k_q8_k, _Q6_K: _dot_q6_k_q8_k, _Q2_K: _dot_q2_k_q8_k,
-             _Q3_K: _dot_q3_k_q8_k, _IQ4_XS: _dot_iq4_xs_q8_k}
+             _Q3_K: _dot_q3_k_q8_k, _IQ4_XS: _dot_iq4_xs_q8_k, _IQ2_XXS: _dot_iq2_xxs, _IQ2_XS: _dot_iq2_xs,
+             _IQ2_S: _dot_iq2_s, _IQ3_XXS: _dot_iq3_xxs, _IQ3_S: _dot_iq3_s, _IQ1_S: _dot_iq1_s_q8_k,
+             _IQ1_M: _dot_iq1_m, _TQ1_0: _dot_tq1_0, _TQ2_0: _dot_tq2_0}
 
 
 @by_type(DOTS_Q8_K)

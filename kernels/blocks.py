@@ -1,6 +1,7 @@
 """ggml block layouts: one small class per type, with named fields and a byte-layout diagram.
 
 Read next to ``ggml/src/ggml-common.h`` (the ``block_*`` structs) and gguf-py's ``gguf/quants.py``.
+The codebook types IQ1_S … IQ3_S and the ternary TQ1_0 / TQ2_0 are in :mod:`kernels.blocks_iq`.
 A quantized row of ``K`` values is ``K / block_size`` blocks stored back to back; all multi-byte
 fields are little-endian; ``f16`` is IEEE binary16. The element formulas here are the *meaning*;
 the exact float32 operation order of each dequantizer is in :mod:`kernels.dequant`.
@@ -433,12 +434,17 @@ class Q8_K(Block):
     weight = False
 
 
+# The codebook types (IQ1_S … IQ3_S) and the ternary TQ1_0 / TQ2_0 live in their own file with their
+# grid tables; it builds on Block and Field above, hence the late import.
+from .blocks_iq import IQ_LAYOUTS  # noqa: E402
+
 _LAYOUTS: dict[GGMLQuantizationType, type[Block]] = {
     cls.qtype: cls
     for cls in (
         F32, F16, BF16,
         Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, IQ4_NL,
         Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
+        *IQ_LAYOUTS,
         Q8_1, Q8_K,
     )
 }  # fmt: skip

@@ -10,7 +10,8 @@ float32). Each decoder performs the same float32 operations in the same order as
   Q4_1/Q5_1 add their min last: ``(d*q) + m``; Q6_K is ``(d*sc)*q``.
 
 No fused multiply-add is formed (``flags.FASTMATH`` is off), so every intermediate is a rounded
-float32, as in numpy. Layouts and field names are in :mod:`kernels.blocks`.
+float32, as in numpy. Layouts and field names are in :mod:`kernels.blocks`; the decoders of the
+codebook types (IQ1_S … IQ3_S) and of TQ1_0 / TQ2_0 are in :mod:`kernels.dequant_iq`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from numba import prange
 
 from .blocks import QT, WEIGHT_TYPES, weight_layout
+from .dequant_iq import _deq_iq1_m, _deq_iq1_s, _deq_iq2_s, _deq_iq2_xs, _deq_iq2_xxs, _deq_iq3_s, _deq_iq3_xxs, _deq_tq1_0, _deq_tq2_0
 from .flags import SERIAL_BELOW, by_type, jit, per_type
 from .floats import E8M0_HALF, f16_at
 
@@ -35,6 +37,8 @@ _F32, _F16, _BF16 = int(QT.F32), int(QT.F16), int(QT.BF16)
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(QT.Q8_0), int(QT.Q4_0), int(QT.Q4_1), int(QT.Q5_0), int(QT.Q5_1)
 _MXFP4, _IQ4_NL, _IQ4_XS = int(QT.MXFP4), int(QT.IQ4_NL), int(QT.IQ4_XS)
 _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(QT.Q2_K), int(QT.Q3_K), int(QT.Q4_K), int(QT.Q5_K), int(QT.Q6_K)
+_IQ1_S, _IQ1_M, _IQ2_XXS, _IQ2_XS, _IQ2_S = int(QT.IQ1_S), int(QT.IQ1_M), int(QT.IQ2_XXS), int(QT.IQ2_XS), int(QT.IQ2_S)
+_IQ3_XXS, _IQ3_S, _TQ1_0, _TQ2_0 = int(QT.IQ3_XXS), int(QT.IQ3_S), int(QT.TQ1_0), int(QT.TQ2_0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,7 +329,10 @@ def _deq_iq4_xs(src, dst):
 #: The row decoder of each type code.
 DECODERS = {_F32: _deq_f32, _F16: _deq_f16, _BF16: _deq_bf16, _Q8_0: _deq_q8_0, _Q4_0: _deq_q4_0, _Q4_1: _deq_q4_1,
             _Q5_0: _deq_q5_0, _Q5_1: _deq_q5_1, _MXFP4: _deq_mxfp4, _IQ4_NL: _deq_iq4_nl, _Q2_K: _deq_q2_k,
-            _Q3_K: _deq_q3_k, _Q4_K: _deq_q4_k, _Q5_K: _deq_q5_k, _Q6_K: _deq_q6_k, _IQ4_XS: _deq_iq4_xs}
+            _Q3_K: _deq_q3_k, _Q4_K: _deq_q4_k, _Q5_K: _deq_q5_k, _Q6_K: _deq_q6_k, _IQ4_XS: _deq_iq4_xs,
+            # the codebook and ternary types: kernels/dequant_iq.py
+            _IQ2_XXS: _deq_iq2_xxs, _IQ2_XS: _deq_iq2_xs, _IQ2_S: _deq_iq2_s, _IQ3_XXS: _deq_iq3_xxs, _IQ3_S: _deq_iq3_s,
+            _IQ1_S: _deq_iq1_s, _IQ1_M: _deq_iq1_m, _TQ1_0: _deq_tq1_0, _TQ2_0: _deq_tq2_0}
 
 
 @by_type(DECODERS)

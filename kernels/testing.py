@@ -2,8 +2,8 @@
 
 gguf 0.19.0 cannot quantize most K-quants, and fully random bytes make f16 scales that are often
 huge, inf or NaN. :func:`random_rows` therefore draws random bytes for the quant fields and writes
-every ``f16`` scale field (found by name in :mod:`kernels.blocks`) and the MXFP4 exponent with
-values from a chosen regime:
+every ``f16`` scale field (found by name in :mod:`kernels.blocks`), the MXFP4 exponent and IQ1_M's
+scattered f16 scale with values from a chosen regime:
 
 * ``"normal"``: magnitudes spread over 2**-12 .. 2**-4, either sign — typical weights;
 * ``"extreme"``: a mix of 0, ±f16 subnormals, ±65504 (f16 max), tiny and huge normals, and normal
@@ -47,20 +47,32 @@ def random_rows(qtype, n_rows: int, n_cols: int, rng: np.random.Generator, scale
     return raw
 
 
+def _f16_scales(rng: np.random.Generator, n: int, scales: str) -> np.ndarray:
+    """n float16 scales of the ``scales`` regime ("normal" or "extreme")."""
+    if scales == "normal":
+        mag = 2.0 ** rng.uniform(-12, -4, n)
+        return (mag * rng.choice([-1.0, 1.0], n)).astype(np.float16)
+    return rng.choice(_EXTREME_F16, n)
+
+
 def set_scales(raw: np.ndarray, qtype, rng: np.random.Generator, scales: str = "normal") -> None:
-    """Overwrite, in place, the f16 scale fields (and MXFP4 exponents) of quantized rows ``raw``
+    """Overwrite, in place, the f16 scale fields (MXFP4 exponents, IQ1_M's split scale) of quantized rows ``raw``
     (uint8, C-contiguous, last axis = row bytes) with values of the ``scales`` regime."""
     cls = weight_layout(qtype)
     blocks = raw.reshape(-1, cls.type_size, copy=False)  # a view: every block of every row
     n = blocks.shape[0]
     for field in cls.fields:
         if field.ctype == "f16":
-            if scales == "normal":
-                mag = 2.0 ** rng.uniform(-12, -4, n)
-                vals = (mag * rng.choice([-1.0, 1.0], n)).astype(np.float16)
-            else:
-                vals = rng.choice(_EXTREME_F16, n)
+            vals = _f16_scales(rng, n, scales)
             blocks[:, field.offset : field.offset + 2] = vals.view(np.uint8).reshape(n, 2)
+        elif cls.qtype == QT.IQ1_M and field.name == "scales":
+            # IQ1_M keeps its f16 scale in the top nibbles of four uint16 (blocks_iq.IQ1_M): nibble k
+            # of the f16 bits goes to bits 12..15 of sc[k]; the 3-bit sub-scales below stay random.
+            bits = _f16_scales(rng, n, scales).view(np.uint16).astype(np.uint16)
+            sc = blocks[:, field.offset : field.offset + 8].copy().view(np.uint16)  # (n, 4)
+            for k in range(4):
+                sc[:, k] = (sc[:, k] & np.uint16(0x0FFF)) | (((bits >> np.uint16(4 * k)) & np.uint16(15)) << np.uint16(12))
+            blocks[:, field.offset : field.offset + 8] = sc.view(np.uint8)
         elif cls.qtype == QT.MXFP4 and field.name == "e":
             choices = np.arange(118, 130) if scales == "normal" else np.array([0, 1, 2, 127, 128, 250])
             blocks[:, field.offset] = rng.choice(choices, n).astype(np.uint8)

@@ -1,4 +1,4 @@
-"""Gated full attention (``llama_model_qwen35moe::graph::build_layer_attn``, spec §3.3).
+"""Gated full attention (``llama_model_qwen35moe::graph::build_layer_attn``).
 
 Per token at position p, input a [E]:
 
@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
+import kernels
 from refimpl.ops import F32, Ctx, dot64, mm, rms_norm_w, sigmoid, softmax, to_f16
 from refimpl.state import KVCache
+
+FA_TILE_Q = 64  # GGML_FA_TILE_Q: a ubatch of at least this many query rows takes the tiled flash-attention path
+FA_SPLIT_KV = 512  # use_split_kv_path: one query row and at least this many KV cells (n_kv)
+KV_PAD = 256  # llama_kv_cache::get_n_kv pads the KV view to a multiple of 256 cells
 
 
 def rope_cache(pos: int, n_dims: int, sections: tuple[int, ...], freq_base: float, freq_scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +81,7 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     """
     T = a.shape[0]
     H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
-    qg = mm(w.attn_q, a, ctx).reshape(T, H, 2, D)  # [T, 2HD] -> [T, H, 2, D]
+    qg = ctx.faults.tap("attention.q_gate", mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
     ctx.cb(prefix + "Qcur_full", il, qg.reshape(T, 2 * H * D))
     q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps)  # [T, H, D]
     ctx.cb(prefix + "Qcur_normed", il, q)
@@ -85,32 +90,81 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     ctx.cb(prefix + "Kcur_normed", il, k)
     v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
 
+    n_rot = ctx.faults.tap("attention.rope_dims", c.n_rot, head_dim=D)
     for t in range(T):
-        cos, sin = rope_cache(int(positions[t]), c.n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
+        cos, sin = rope_cache(int(positions[t]), n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
         q[t] = rope_imrope(q[t], cos, sin)
         k[t] = rope_imrope(k[t], cos, sin)
     ctx.cb(prefix + "Qcur", il, q)
     ctx.cb(prefix + "Kcur", il, k)
     ctx.cb(prefix + "Vcur", il, v)
 
-    if ctx.kv_f16:  # the cache stores F16 (llama_context default type_k = type_v = F16)
+    if ctx.kv_f16 or ctx.flash_attn:  # an F16 cache (llama_context default), or flash attention's F16 cast
         k, v = to_f16(k), to_f16(v)
     kv = kv.append(k, v, positions)
 
-    scale = F32(1.0 / np.sqrt(np.float32(D)))  # kq_scale = 1/sqrtf(n_embd_head)
-    group = H // Hkv  # GQA: query head h = j·group + g reads KV head j (ggml broadcast i02 = i12 / r2)
-    o = np.empty((T, H, D), dtype=F32)
-    for t in range(T):
-        visible = kv.pos <= positions[t]  # causal mask: p_kv <= p_q (set_input_kq_mask_impl)
-        keys, vals = kv.k[visible], kv.v[visible]  # [n_kv, Hkv, D]
-        qt = (to_f16(q[t]) if ctx.kv_f16 else q[t]).reshape(Hkv, group, 1, D)  # [Hkv, group, 1, D]
-        kq = dot64(keys.transpose(1, 0, 2)[:, None], qt, ctx.kernel) * scale  # [Hkv, group, n_kv]
-        p = softmax(kq)  # [Hkv, group, n_kv], each row alone
-        if ctx.kv_f16:
-            p = to_f16(p)
-        o[t] = dot64(vals.transpose(1, 2, 0)[:, None], p[:, :, None, :], ctx.kernel).reshape(H, D)  # [Hkv, group, D] -> [H, D]
+    o = attend(q, kv, positions, c, ctx)  # [T, H, D]
     o = o.reshape(T, H * D)
     ctx.cb(prefix + "attn_pregate", il, o)
     o = o * sigmoid(gate)  # [T, HD]
     ctx.cb(prefix + "attn_gated", il, o)
     return ctx.cb(prefix + "attn_output", il, mm(w.attn_output, o, ctx)), kv
+
+
+def attend(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx) -> np.ndarray:
+    """``softmax(q·k / sqrt(D)) · v`` over the visible cells, the way llama.cpp's configuration
+    computes it (``build_attn_mha``). q [T, H, D] after RoPE; returns [T, H, D].
+
+    * flash attention off (``ggml_mul_mat`` → ``ggml_soft_max_ext`` → ``ggml_mul_mat``): with an F16
+      cache, Q is rounded to F16 for K·Q (K's ``vec_dot_type``) and the probabilities to F16 for P·V;
+      with an F32 cache nothing is rounded.
+    * flash attention on (``ggml_flash_attn_ext``, K and V always F16): per ubatch of ``ctx.n_ubatch``
+      query rows, fewer than ``FA_TILE_Q`` rows take the vector path with an F16 accumulator
+      (:func:`kernels.flashattn.flash_attn_f16`; one row with ``n_kv >= FA_SPLIT_KV`` cells splits
+      the cells over ``ctx.n_threads`` chunks); a larger ubatch takes the tiled path
+      (``ggml_compute_forward_flash_attn_ext_tiled``): Q, the scores, the probabilities and P·V all
+      float32 — the plain computation below with nothing rounded.
+    """
+    T, H, D = q.shape
+    scale = F32(1.0 / np.sqrt(np.float32(D)))  # kq_scale = 1/sqrtf(n_embd_head)
+    if not ctx.flash_attn:
+        return _attend_plain(q, kv, positions, scale, ctx, round_f16=ctx.kv_f16)
+    o = np.empty((T, H, D), dtype=F32)
+    for u0 in range(0, T, ctx.n_ubatch):  # llama.cpp decodes a batch as ubatches of n_ubatch tokens
+        u1 = min(T, u0 + ctx.n_ubatch)
+        if u1 - u0 >= FA_TILE_Q:
+            o[u0:u1] = _attend_plain(q[u0:u1], kv, positions[u0:u1], scale, ctx, round_f16=False)
+            continue
+        visible = kv.pos[None, :] <= positions[u0:u1, None]  # [U, n_cells]: causal mask
+        o[u0:u1] = kernels.flash_attn_f16(q[u0:u1], kv.k, kv.v, visible, scale, _split_chunk(u1 - u0, kv, c, ctx))
+    return o
+
+
+def _split_chunk(n_rows: int, kv: KVCache, c, ctx: Ctx) -> int:
+    """Cells per chunk of flash attention's split-KV path, or 0 when it is not taken. The KV view has
+    ``n_kv = min(kv_size, max(256, pad256(cells used)))`` cells (``get_n_kv``), kv_size = the context
+    padded to 256 (``ctx.n_ctx`` or the model's training context, as llama.cpp's n_ctx = 0)."""
+    kv_size = -(-(ctx.n_ctx or c.n_ctx_train) // KV_PAD) * KV_PAD
+    n_kv = min(kv_size, max(KV_PAD, -(-len(kv.pos) // KV_PAD) * KV_PAD))
+    if n_rows != 1 or n_kv < FA_SPLIT_KV:
+        return 0
+    return -(-n_kv // ctx.n_threads)
+
+
+def _attend_plain(q: np.ndarray, kv: KVCache, positions: np.ndarray, scale, ctx: Ctx, round_f16: bool) -> np.ndarray:
+    """Scores, softmax and P·V one query row at a time, exact float64 dots (``dot64``); with
+    ``round_f16`` Q and P are rounded to F16 as the non-flash path with an F16 cache does."""
+    T, H, D = q.shape
+    Hkv = kv.k.shape[1]
+    group = H // Hkv  # GQA: query head h = j·group + g reads KV head j (ggml broadcast i02 = i12 / r2)
+    o = np.empty((T, H, D), dtype=F32)
+    for t in range(T):
+        visible = kv.pos <= positions[t]  # causal mask: p_kv <= p_q (set_input_kq_mask_impl)
+        keys, vals = kv.k[visible], kv.v[visible]  # [n_kv, Hkv, D]
+        qt = (to_f16(q[t]) if round_f16 else q[t]).reshape(Hkv, group, 1, D)  # [Hkv, group, 1, D]
+        kq = dot64(keys.transpose(1, 0, 2)[:, None], qt, ctx.kernel) * scale  # [Hkv, group, n_kv]
+        p = softmax(kq)  # [Hkv, group, n_kv], each row alone
+        if round_f16:
+            p = to_f16(p)
+        o[t] = dot64(vals.transpose(1, 2, 0)[:, None], p[:, :, None, :], ctx.kernel).reshape(H, D)  # [Hkv, group, D] -> [H, D]
+    return o

@@ -28,7 +28,12 @@ quantized model differ by up to ~2 % of max|ℓ| per logit (docs/numerics.md, re
 so a margin (a difference of two logits) moves by up to ~4–5 %; the largest margin measured at a
 real refimpl/llama.cpp disagreement was 3.3 %, and argmaxes agreed wherever it exceeded 5 %.
 
-Exit status (:attr:`Report.exit_code`): 0 when nothing but near-ties was found, 1 otherwise.
+4. A stream that carries per-round information (a telemetry CSV's ``step``/``kind``/``drafts``, or
+   JSON ``rounds``) also gets the round audit of :mod:`refimpl.rounds`: its MTP rounds replayed with
+   the oracle's head on the same history.
+
+Exit status (:attr:`Report.exit_code`): 0 when nothing but near-ties was found (in the stream and
+in the rounds), 1 otherwise. ``refimpl audit GOLDEN STREAM`` is :mod:`refimpl.golden_audit`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from refimpl.errors import RefimplError
+from refimpl.rounds import rounds_from_json, rounds_from_kinds
 
 TIE_THRESHOLD = 0.05  # τ: near-tie when every token involved is within τ·max|logit| of the oracle's maximum
 
@@ -57,6 +63,7 @@ class Stream:
     kind: str  # json | csv | text | oracle
     tokens: list[int]
     prompt: list[int] | None = None  # prompt_tokens, when the file carries them
+    rounds: object = None  # refimpl.rounds.RoundsInfo, when the file carries per-round information
 
 
 def _ids(value, where: str) -> list[int]:
@@ -85,22 +92,49 @@ def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
         if not isinstance(obj, dict) or "tokens" not in obj:
             raise RefimplError(f"{path}: a JSON stream must be an array of ids or an object with 'tokens'")
         prompt = _ids(obj["prompt_tokens"], f"{path}: 'prompt_tokens'") if "prompt_tokens" in obj else None
-        return Stream(label, str(path), "json", _ids(obj["tokens"], f"{path}: 'tokens'"), prompt)
+        rounds = rounds_from_json(obj, str(path)) if "rounds" in obj else None
+        return Stream(label, str(path), "json", _ids(obj["tokens"], f"{path}: 'tokens'"), prompt, rounds)
     body = [line for line in text.splitlines() if not line.startswith("#")]
+    preamble = dict(line[1:].strip().partition("=")[::2] for line in text.splitlines() if line.startswith("#") and "=" in line)
     header = next(csv.reader(io.StringIO(body[0]))) if body else []
     column = next((c for c in ("token", "token_id") if c in [h.strip() for h in header]), None)
     if column is None and path.suffix.lower() == ".csv":
         raise RefimplError(f"{path}: CSV stream {label} has no 'token' or 'token_id' column (header: {','.join(header)})")
     if column is not None:
-        tokens = []
+        tokens, steps = [], []
         for n, row in enumerate(csv.DictReader(io.StringIO("\n".join(body)), skipinitialspace=True), 2):
             value = (row.get(column) or "").strip()
             try:
                 tokens.append(int(value))
             except ValueError:
                 raise RefimplError(f"{path}: CSV row {n - 1}: '{column}' is {value!r}, not a token id") from None
-        return Stream(label, str(path), "csv", tokens)
+            steps.append((row.get("step") or "", (row.get("kind") or "").strip(), row.get("drafts") or ""))
+        per_round = {"step", "kind"} <= {h.strip() for h in header} and preamble.get("spec", "mtp") == "mtp"
+        return Stream(label, str(path), "csv", tokens, rounds=rounds_from_kinds(steps, preamble, str(path)) if per_round else None)
+    if tokenizer is None:
+        raise RefimplError(f"{path}: stream {label} is text; without a model to tokenize it, give token ids (JSON or CSV)")
     return Stream(label, str(path), "text", tokenizer.encode(text[:-1] if text.endswith("\n") else text, parse_special=True))
+
+
+def check_streams(streams: list[Stream], n_vocab: int) -> None:
+    """Every stream holds tokens, all in the vocabulary (RefimplError naming the file if not)."""
+    for s in streams:
+        bad = [t for t in s.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {n_vocab})")
+        if not s.tokens:
+            raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
+
+
+def prompt_of(streams: list[Stream], missing: str) -> list[int]:
+    """The prompt the streams carry (their ``prompt_tokens``, which must agree); ``missing``: the
+    error when none does."""
+    given = {tuple(s.prompt) for s in streams if s.prompt is not None}
+    if len(given) > 1:
+        raise RefimplError(f"{streams[0].source}: the streams carry different prompt_tokens; give the prompt with --prompt-tokens")
+    if not given:
+        raise RefimplError(missing)
+    return list(given.pop())
 
 
 # ---- the oracle's judgement of one position ---------------------------------------------------
@@ -179,15 +213,29 @@ class Report:
     streams: list[Stream]
     tau: float
     emulate: bool
+    numerics: str = ""  # Ctx.numerics(): which llama.cpp rounding points the oracle emulated
     common: int = 0  # length of the common prefix
     divergence: Finding | None = None
     findings: list[Finding] = field(default_factory=list)  # departures, in the prefix and the tails
     tails: dict[str, int] = field(default_factory=dict)  # label → tokens after the divergence
+    rounds: dict = field(default_factory=dict)  # label → refimpl.rounds.RoundsReport (streams with per-round info)
+    rounds_skipped: str | None = None  # why streams' rounds were not replayed
+
+    @property
+    def events(self) -> list[Finding]:
+        return self.findings + ([self.divergence] if self.divergence else [])
+
+    @property
+    def n_near_ties(self) -> int:
+        return sum(f.benign for f in self.events)
+
+    @property
+    def n_wrong(self) -> int:
+        return sum(not f.benign for f in self.events)
 
     @property
     def exit_code(self) -> int:
-        events = self.findings + ([self.divergence] if self.divergence else [])
-        return 0 if all(f.benign for f in events) else 1
+        return max([0 if self.n_wrong == 0 else 1] + [r.exit_code for r in self.rounds.values()])
 
     @property
     def verdict(self) -> str:
@@ -209,7 +257,8 @@ class Report:
                 "streams": [{"label": s.label, "source": s.source, "kind": s.kind, "n_tokens": len(s.tokens)} for s in self.streams],
                 "common_prefix": self.common, "verdict": self.verdict,
                 "divergence": finding(self.divergence) if self.divergence else None,
-                "findings": [finding(f) for f in self.findings], "exit_code": self.exit_code}
+                "findings": [finding(f) for f in self.findings],
+                "rounds": {lab: r.as_json() for lab, r in self.rounds.items()}, "exit_code": self.exit_code}
 
 
 def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = None, *, ctx=None,
@@ -223,13 +272,9 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     if not 0 < tau < 1:
         raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
     streams = [stream_a] + ([stream_b] if stream_b else [])
-    for s in streams:
-        bad = [t for t in s.tokens if not 0 <= t < model.config.n_vocab]
-        if bad:
-            raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {model.config.n_vocab})")
-        if not s.tokens:
-            raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
-    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant))
+    check_streams(streams, model.config.n_vocab)
+    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())
+    _audit_rounds(rep, model, ctx)
     cur = start(model, prompt, ctx)
 
     if stream_b is None:  # A against the oracle: the first departure is the divergence from its greedy stream
@@ -275,6 +320,18 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     return rep
 
 
+def _audit_rounds(rep: Report, model, ctx) -> None:
+    """The round audit (refimpl.rounds) of every stream that carries per-round information."""
+    from refimpl.rounds import check_rounds
+
+    with_rounds = [s for s in rep.streams if s.rounds is not None]
+    if with_rounds and model.file.plan.mtp in ("stripped", "missing"):
+        rep.rounds_skipped = "the model has no MTP block to replay the rounds with"
+        return
+    for s in with_rounds:
+        rep.rounds[s.label] = check_rounds(model, rep.prompt, s.tokens, s.rounds, ctx=ctx, tau=rep.tau)
+
+
 # ---- the report as text ----------------------------------------------------------------------
 
 
@@ -299,7 +356,7 @@ def _finding_line(tokenizer, f: Finding) -> str:
 
 def report_lines(rep: Report, tokenizer) -> list[str]:
     s = rep.streams
-    lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {'on' if rep.emulate else 'off'}, "
+    lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {rep.numerics or ('on' if rep.emulate else 'off')}, "
              f"near-tie threshold {100 * rep.tau:g}% of max|logit|"]
     lines.append("  " + "   ".join(f"{x.label}: {x.source} ({x.kind}, {len(x.tokens)} tokens)" for x in s)
                  + ("   B: the oracle's greedy stream" if len(s) == 1 else ""))
@@ -334,8 +391,13 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
                 continue
             lines.append(f"  {lab}: {rep.tails[lab]} more tokens, {len(ties)} near-tie, {len(wrong)} wrong")
             lines += ["    " + _finding_line(tokenizer, f) for f in (wrong[:3] + ties[:3] if wrong else ties[:3])]
-    events = rep.findings + ([d] if d else [])
-    n_wrong = sum(not f.benign for f in events)
-    n_ties = sum(f.benign for f in events)
-    lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong → exit {rep.exit_code}")
+    from refimpl.rounds import report_lines as round_lines
+
+    for lab, rr in rep.rounds.items():
+        lines += round_lines(rr, lab)
+    if rep.rounds_skipped:
+        lines.append(f"rounds: not checked ({rep.rounds_skipped})")
+    n_ties, n_wrong = rep.n_near_ties, rep.n_wrong
+    rounds = "".join(f"; rounds {lab}: {r.verdict}" for lab, r in rep.rounds.items())
+    lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong{rounds} → exit {rep.exit_code}")
     return lines

@@ -35,11 +35,23 @@ def _cmd_fixture(args) -> int:
     return 0
 
 
+def _default_model(arg: str | None) -> str:
+    """MODEL as given, or ``builtin:kjv`` (the built-in trained model) with a note on stderr."""
+    from refimpl.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
+
+    if arg is not None:
+        return arg
+    print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
+          f"({resolve_model(TRAINED_SPEC)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
+    return TRAINED_SPEC
+
+
 def _cmd_inspect(args) -> int:
+    from refimpl.builtin import resolve_model
     from refimpl.inspect_model import describe
     from refimpl.load import open_model
 
-    print(describe(open_model(args.model)))
+    print(describe(open_model(resolve_model(_default_model(args.model)))))
     return 0
 
 
@@ -54,26 +66,26 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _ctx_from_args(args, trace=None):
-    from refimpl.ops import Ctx
+    import dataclasses
 
-    return Ctx(act_quant=args.emulate, kv_f16=args.emulate, kernel=args.kernel, trace=trace)
+    from refimpl.faults import NO_FAULTS
+    from refimpl.ops import emulation_ctx
+
+    flash = None if args.flash_attn is None else args.flash_attn == "on"
+    kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
+    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
+    return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.faults)
 
 
 def _load(args, cache_mb=None, pack="auto"):
-    """The model named by MODEL or -m, or the built-in synthetic model when neither is given;
+    """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
-    from refimpl.builtin import fixture_path
+    from refimpl.builtin import resolve_model
     from refimpl.compile_report import name_types
     from refimpl.model import load_model
 
-    from refimpl.builtin import resolve_model
-
-    path = getattr(args, "m", None) or args.model
-    if path is None:
-        path = fixture_path()
-        print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    path = resolve_model(str(path))  # a builtin:PRESET/QUANT spec is built on demand
+    path = resolve_model(str(_default_model(getattr(args, "m", None) or args.model)))  # a builtin:PRESET/QUANT spec is built on demand
     name_types(path)  # for the first run's "compiling kernels for …" line
     return load_model(path, cache_mb, pack=pack)
 
@@ -99,6 +111,7 @@ def _cmd_run(args) -> int:
     for flag, path in (("--csv", args.csv), ("--route-trace", args.route_trace)):
         if path is not None:
             check_output(path, flag)
+    args.faults = _injected(args)
     model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
@@ -126,8 +139,11 @@ def _cmd_run(args) -> int:
         stream.close()
     else:
         result = {"prompt_tokens": prompt, "tokens": out, "text": tok.decode(out)}
+        if args.faults:
+            result["faults"] = [f.name for f in args.faults]
         if stats is not None:
             result["stats"] = stats.counters()
+            result["rounds"] = stats.rounds()  # the round audit's input (refimpl.rounds)
         result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
         result["stats"]["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
         print(json.dumps(result, ensure_ascii=False))
@@ -138,6 +154,16 @@ def _cmd_run(args) -> int:
     if trace is not None:
         print(f"wrote {trace.path}: {trace.n_rows} routing rows (one per position and layer)", file=sys.stderr)
     return 0
+
+
+def _injected(args):
+    """run --inject NAME[,NAME…]: the faults to inject (refimpl.faults, docs/bug-classes.md), announced on stderr."""
+    from refimpl.faults import parse_faults
+
+    faults = parse_faults(args.inject, "mtp" if args.mtp else "ngram" if args.ngram else None)
+    for f in faults:
+        print(f"refimpl: injected fault {f.name} ({f.bug_class}: {f.title}); the output is wrong on purpose", file=sys.stderr)
+    return faults
 
 
 def _route_trace(args, model):
@@ -273,14 +299,28 @@ def _cmd_trace(args) -> int:
     return 0
 
 
+def _cache_mb(args):
+    """golden/audit --cache-mb: None (routed experts pinned, the default) or a budget checked here, before
+    any worker opens the model with it."""
+    if args.cache_mb is None:
+        return None
+    from refimpl.streamer import cache_budget
+
+    cache_budget(args.cache_mb)  # RefimplError for anything but a whole number of MiB or 'auto'
+    return args.cache_mb
+
+
 def _cmd_golden_make(args) -> int:
     from refimpl.golden import Settings, make_golden
 
     source = "mtp" if args.mtp else "ngram" if args.ngram else None
     if args.draft is not None and source is None:
         raise RefimplError("--draft needs --mtp or --ngram")
-    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, args.emulate)
-    out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel)
+    ctx = _ctx_from_args(args)
+    settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
+                        kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn)
+    out = make_golden(_default_model(args.model), args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,
+                      cluster=args.cluster, cache_mb=_cache_mb(args))
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -288,7 +328,8 @@ def _cmd_golden_make(args) -> int:
 def _cmd_golden_check(args) -> int:
     from refimpl.golden import check_golden
 
-    result = check_golden(args.golden, args.model, jobs=args.jobs, kernel=args.kernel)
+    result = check_golden(args.golden, args.model, jobs=args.jobs, kernel=args.kernel, cluster=args.cluster,
+                          cache_mb=_cache_mb(args))
     print("\n".join(result.lines), file=sys.stdout if result.ok else sys.stderr)
     return 0 if result.ok else 1
 
@@ -296,14 +337,24 @@ def _cmd_golden_check(args) -> int:
 def _cmd_audit(args) -> int:
     import json
 
-    from refimpl.audit import audit, read_stream, report_lines
+    from refimpl.audit import audit, prompt_of, read_stream, report_lines
     from refimpl.builtin import resolve_model
     from refimpl.compile_report import name_types
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
+    if args.stream_dir is not None:
+        return _audit_dir(args)
+    from refimpl.golden_audit import is_golden
+
+    if is_golden(args.model):
+        return _audit_golden(args)
+    if not args.streams:
+        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
     if len(args.streams) > 2:
         raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
+    if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
+        raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
     path = resolve_model(args.model)
     name_types(path)
     model = load_model(path)
@@ -314,11 +365,7 @@ def _cmd_audit(args) -> int:
     elif args.prompt is not None:
         prompt = tok.encode(args.prompt, parse_special=True)
     else:
-        given = {tuple(s.prompt) for s in streams if s.prompt is not None}
-        if len(given) != 1:
-            raise RefimplError("audit needs the prompt: --prompt TEXT or --prompt-tokens IDS" if not given else
-                               "the streams carry different prompt_tokens; give the prompt with --prompt-tokens")
-        prompt = _check_tokens(model, list(given.pop()))
+        prompt = _check_tokens(model, prompt_of(streams, "audit needs the prompt: --prompt TEXT or --prompt-tokens IDS"))
     if not prompt:
         raise RefimplError("the prompt encodes to no tokens")
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
@@ -326,9 +373,106 @@ def _cmd_audit(args) -> int:
     return rep.exit_code
 
 
+def _audit_golden(args) -> int:
+    """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.golden_audit)."""
+    import json
+
+    from refimpl.audit import read_stream
+    from refimpl.golden_audit import audit_golden, report_lines
+
+    if len(args.streams) != 1:
+        raise RefimplError("audit GOLDEN takes one stream")
+    if args.prompt is not None:
+        raise RefimplError("audit GOLDEN needs the prompt as ids (--prompt-tokens): there is no model to tokenize --prompt")
+    stream = read_stream(args.streams[0], "A", tokenizer=None)
+    prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else None
+    v = audit_golden(args.model, stream, prompt, args.threshold)
+    print(json.dumps(v.as_json()) if args.json else "\n".join(report_lines(v, stream)))
+    return v.exit_code
+
+
+def _cmd_plot(args) -> int:
+    """plot audit|telemetry|routes … --out PNG (refimpl.plot; matplotlib, the 'plot' extra)."""
+    from pathlib import Path
+
+    from refimpl import plot
+
+    plot._pyplot()  # one-line error now if matplotlib is missing
+    if args.plot_command == "telemetry":
+        fig = plot.draw_telemetry(plot.telemetry_series(args.csv), title=Path(args.csv).name)
+    elif args.plot_command == "routes":
+        fig = plot.draw_routes(*plot.route_counts(args.csv), title=f"{Path(args.csv).name}: expert selections per layer")
+    else:
+        from refimpl.audit import read_stream
+        from refimpl.builtin import resolve_model
+        from refimpl.model import load_model
+        from refimpl.tokenizer import Tokenizer
+
+        model = load_model(resolve_model(args.model))
+        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
+        if prompt is None:
+            raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
+        series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+    plot.save(fig, args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _audit_dir(args) -> int:
+    """audit --streams DIR: every stream pair of DIR (refimpl.audit_streams), a line each, a summary table."""
+    import json
+
+    from refimpl.audit_streams import as_json, audit_pairs, pair_line, read_pairs, summary_lines
+    from refimpl.builtin import resolve_model
+    from refimpl.load import open_model
+    from refimpl.tokenizer import Tokenizer
+
+    if args.streams:
+        raise RefimplError("give STREAM files or --streams DIR, not both")
+    cache_mb = _cache_mb(args)
+    path = resolve_model(args.model)
+    m = open_model(path)
+    tok = Tokenizer.from_gguf(m.gguf.reader)
+    prompt = None
+    if args.prompt_tokens is not None:
+        prompt = _parse_tokens(args.prompt_tokens)
+    elif args.prompt is not None:
+        prompt = tok.encode(args.prompt, parse_special=True)
+    pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
+    ctx = _ctx_from_args(args)
+    numerics = {"act_quant": ctx.act_quant, "kv_f16": ctx.kv_f16, "flash_attn": ctx.flash_attn}
+    reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
+                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache_mb)
+    if args.json:
+        print(json.dumps(as_json(pairs, reports)))
+    else:
+        print("\n".join([pair_line(p, r) for p, r in zip(pairs, reports)] + summary_lines(reports)))
+    return int(any(r.exit_code for r in reports))
+
+
+def _add_scale_out(p, what: str) -> None:
+    """--jobs / --cluster (exclusive) and --cache-mb of golden make, golden check and audit --streams."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--jobs", type=int, default=1, metavar="J", help=f"{what} in J parallel processes (same output)")
+    g.add_argument("--cluster", metavar="ADDRESS",
+                   help=f"{what} on the workers of the Dask scheduler at ADDRESS, e.g. tcp://10.0.0.1:8786 (same "
+                        "output; needs the 'cluster' extra; docs/cluster.md)")
+    p.add_argument("--cache-mb", metavar="N|auto",
+                   help="stream routed experts through an LRU cache of N MiB per process (default: pinned, the "
+                        "memory map); docs/streamer.md, docs/cluster.md")
+
+
 def _add_numerics(p) -> None:
-    p.add_argument("--emulate", action="store_true",
-                   help="emulate llama.cpp rounding: activation quantization per matmul and an F16 K/V cache")
+    from refimpl.ops import EMULATIONS
+
+    p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
+                   help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
+                        "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
+                        "CLI and server run; the default) or plain (F32 K/V, no flash attention)")
+    p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
 
 
@@ -342,6 +486,7 @@ def _add_speculative(p) -> None:
     p.add_argument("--ngram-min-match", type=int, metavar="N", help="shortest n-gram match that drafts (default 3)")
     p.add_argument("--csv", metavar="FILE", help="write per-token speculative telemetry (CSV)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; only 0 (greedy) is supported")
+    p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.faults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,18 +496,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fixture", help="write a seeded synthetic qwen35moe GGUF")
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--preset", default="tiny", help="fixture preset (tiny, predictable, …)")
-    p.add_argument("--quant", default="f32", help="quant mix (f32, bf16, q8_0, q4_k_m, mxfp4)")
+    p.add_argument("--quant", default="f32", help="quant mix: f32, bf16, q8_0, q4_k_m, mxfp4; iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0 "
+                   "(quantized by libggml: need llama-cpp-python)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="variant option: mtp=full|stripped|extras, tied=true, fused_gate_up=true, recurrent_layers_key=false")
     p.set_defaults(func=_cmd_fixture)
 
     p = sub.add_parser("inspect", help="print a GGUF's config, layer kinds and tensor bytes per type")
-    p.add_argument("model", help="path to a qwen35moe .gguf")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("run", help="greedy generation (the built-in synthetic model when no MODEL is given)")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p = sub.add_parser("run", help="greedy generation (the built-in trained model when no MODEL is given)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("-m", metavar="MODEL", help="same as the positional MODEL")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default="The quick brown fox", help="prompt text (special-token text is parsed)")
@@ -382,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("logits", help="write every position's logits as a (T, V) float32 .npy")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True, help="output .npy path")
     p.add_argument("--mtp-out", metavar="FILE.npy",
@@ -391,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_logits)
 
     p = sub.add_parser("trace", help="dump named intermediates (llama.cpp's names) for diffing against its eval callback")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", default="trace", help="output directory (default ./trace)")
     _add_numerics(p)
@@ -400,11 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("golden", help="golden token streams: make a golden file, or check one (docs/golden.md)")
     gsub = p.add_subparsers(dest="golden_command", required=True, parser_class=_Parser)
     p = gsub.add_parser("make", help="decode a prompts file and write a golden file")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or a built-in fixture: builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a qwen35moe .gguf, builtin:kjv (the trained model, the default), or a built-in fixture: "
+                        "builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
     p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
     p.add_argument("--out", metavar="PATH", help="golden file to write (default MODEL-NAME.golden.jsonl)")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="prompts decoded in J parallel processes (same output)")
+    _add_scale_out(p, "prompts decoded")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--mtp", action="store_true", help="decode with MTP drafting (tokens equal plain greedy)")
     g.add_argument("--ngram", action="store_true", help="decode with n-gram drafting (tokens equal plain greedy)")
@@ -414,27 +562,55 @@ def build_parser() -> argparse.ArgumentParser:
     p = gsub.add_parser("check", help="recompute a golden file and compare (exit 1 on a mismatch)")
     p.add_argument("golden", metavar="GOLDEN", help="a golden .jsonl file")
     p.add_argument("model", metavar="MODEL", nargs="?", help="the GGUF it was made from (not needed for built-in fixtures)")
-    p.add_argument("--jobs", type=int, default=1, metavar="J", help="prompts recomputed in J parallel processes")
+    _add_scale_out(p, "prompts recomputed")
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba", help="quantized matmul implementation")
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
-    p.add_argument("streams", metavar="STREAM", nargs="+", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…; or a golden file "
+                                                  "(judged by its recorded top-5, without the model)")
+    p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("--streams", dest="stream_dir", metavar="DIR",
+                   help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
+                        "a summary table (docs/validating-an-engine.md)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")
     src.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
                    help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _add_scale_out(p, "with --streams: pairs audited")
     _add_numerics(p)
     p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
+    psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
+    p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")
+    p.add_argument("--out", required=True, metavar="PNG")
+    _add_numerics(p)
+    p.set_defaults(func=_cmd_plot)
+    for name, what in (("telemetry", "acceptance per round and per draft position, MiB per token, hit rate (run --csv)"),
+                       ("routes", "expert-use heat map per layer (run --route-trace)")):
+        p = psub.add_parser(name, help=what)
+        p.add_argument("csv", metavar="CSV")
+        p.add_argument("--out", required=True, metavar="PNG")
+        p.set_defaults(func=_cmd_plot)
     return parser
+
+
+def _lone_emulate(argv: list[str]) -> list[str]:
+    """``--emulate`` alone means ``--emulate=default``; spelled out so that argparse never takes the
+    next word (a MODEL path) as its value."""
+    return ["--emulate=default" if a == "--emulate" else a for a in argv]
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_lone_emulate(sys.argv[1:] if argv is None else argv))
         if args.func in (_cmd_fixture, _cmd_inspect):  # no kernels: numba is not even imported
             return args.func(args)
         from refimpl.compile_report import compile_report

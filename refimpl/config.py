@@ -2,7 +2,8 @@
 
 Sources: ``src/llama-model.cpp::llama_model_base::load_hparams`` (generic keys and defaults),
 ``src/models/qwen35moe.cpp::load_arch_hparams`` (arch keys, recurrent-layer flags),
-``src/llama-hparams.cpp`` (``n_layer()`` = block_count − nextn_predict_layers). Spec §1.
+``src/llama-hparams.cpp`` (``n_layer()`` = block_count − nextn_predict_layers); docs/gguf.md §2
+lists the keys, their defaults and the layer-counting rule.
 
 Symbols (docs/architecture.md has the full legend): E = n_embd, V = n_vocab, L = n_layer (trunk
 layers), H = n_head, Hkv = n_head_kv, D = head_dim, R = n_rot, Hk = ssm_n_group (delta-net key
@@ -185,7 +186,7 @@ def load_config(gf: GGUFFile) -> Config:
 
 
 def _recurrent_flags(gf: GGUFFile, n_layer_all: int, n_layer: int) -> list[bool]:
-    """Which layers are Gated DeltaNet (``load_arch_hparams``, spec §1.3).
+    """Which layers are Gated DeltaNet (``qwen35moe.cpp::load_arch_hparams``; docs/gguf.md §2).
 
     ``attention.recurrent_layers`` (bool array, length block_count) decides when present; otherwise
     layer i < n_layer is recurrent unless (i + 1) is a multiple of ``full_attention_interval``

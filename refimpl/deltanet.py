@@ -1,4 +1,4 @@
-"""Gated DeltaNet layer (``graph::build_layer_attn_linear``, ``delta-net-base.cpp``; spec §3.4).
+"""Gated DeltaNet layer (``graph::build_layer_attn_linear``, ``delta-net-base.cpp``).
 
 Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464) keeps, per value head j, a matrix
 state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbols of the paper:
@@ -11,7 +11,7 @@ state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbol
   (ops.cpp ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's
   ``naive_recurrent_gated_delta_rule`` is the same recurrence).
 
-Value head j uses query/key head ``j mod Hk`` (the converter's tiled V-head order, spec §2.6).
+Value head j uses query/key head ``j mod Hk`` (the converter's tiled V-head order, docs/gguf.md §4).
 Before the recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window state
 carried between calls), SiLU, and L2 norm of q and k. After it, a gated RMSNorm with SiLU(z) and
 ``ssm_out``.
@@ -90,7 +90,7 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
     q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     v = y[:, 2 * Hk * S :].reshape(T, Hv, S)  # [T, Hv, S]
-    head = np.arange(Hv) % Hk  # value head j reads q/k head j mod Hk (tiled order)
+    head = ctx.faults.tap("deltanet.kv_head", np.arange(Hv) % Hk, Hk=Hk)  # value head j reads q/k head j mod Hk (tiled order)
 
     M = st.ssm
     o = np.empty((T, Hv, S), dtype=F32)
@@ -98,11 +98,12 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
     window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]
     for t in range(T):
         o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t], ctx.kernel)
+        M = ctx.faults.tap("deltanet.state", M)
         states.append(DeltaNetState(conv=window[t + 1 : t + c.ssm_d_conv], ssm=M))  # after token t
     assert np.array_equal(states[-1].conv, conv_state)
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
-    out = rms_norm_w(o, w.ssm_norm, c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
+    out = rms_norm_w(o, ctx.faults.tap("deltanet.ssm_norm", w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
     final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
     return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states

@@ -1,4 +1,5 @@
-"""Step 7: draft sources — who proposes the tokens the trunk then verifies (spec §5).
+"""Step 7: draft sources — who proposes the tokens the trunk then verifies
+(``common/speculative.cpp``; docs/speculative.md, "The draft sources").
 
 A draft source has the four hooks of llama.cpp's ``common_speculative_impl``
 (``common/speculative.cpp``), with its state made explicit — every hook takes the source's state and
@@ -122,24 +123,33 @@ class MTPSource(DraftSource):
 
     def process(self, state: MTPDraftState, tokens, h_tgt: np.ndarray) -> MTPDraftState:
         h_in = np.concatenate([state.pending_h[None, :], h_tgt[:-1]])  # [T, E]: row k ← target row k−1
+        h_in = self.ctx.faults.tap("mtp.catchup_h", h_in, h_tgt=h_tgt)
         _, _, mtp = mtp_forward(self.model, self.weights, state.mtp, tokens, h_in, self.ctx)
         return MTPDraftState(mtp=mtp, pending_h=h_tgt[-1], verify_h=h_tgt)
 
     def draft(self, state: MTPDraftState, req: DraftRequest) -> tuple[list[int], MTPDraftState]:
+        return self.draft_rows(state, req)[0], state
+
+    def draft_rows(self, state: MTPDraftState, req: DraftRequest) -> tuple[list[int], list[np.ndarray]]:
+        """:meth:`draft`'s drafts and the head's logits row [V] of every step it ran (one more than
+        the drafts when the p_min cut stopped it) — the round audit judges near-ties on them."""
         assert state.mtp.n_past == req.pos0, "the head must hold exactly the positions before id_last"
         mtp, tok, h = state.mtp, req.id_last, state.pending_h[None, :]  # h [1, E]
         drafts: list[int] = []
+        rows: list[np.ndarray] = []
         while len(drafts) < req.n_max:
             logits, h, mtp = mtp_forward(self.model, self.weights, mtp, [tok], h, self.ctx)  # [1, V], [1, E]
+            rows.append(logits[0])
             tok = int(np.argmax(logits[0]))
             if top_k_p(logits[0]) < self.p_min:
                 break
             drafts.append(tok)
-        return drafts, state
+        return drafts, rows
 
     def accept(self, state: MTPDraftState, n_accepted: int, n_past: int) -> MTPDraftState:
         i_h = min(n_accepted, len(state.verify_h) - 1)
-        return MTPDraftState(mtp=state.mtp.truncate(n_past), pending_h=state.verify_h[i_h], verify_h=state.verify_h)
+        mtp = self.ctx.faults.tap("mtp.accept", state.mtp.truncate(n_past), before=state.mtp, n_past=n_past)
+        return MTPDraftState(mtp=mtp, pending_h=state.verify_h[i_h], verify_h=state.verify_h)
 
 
 def mtp_catchup_logits(model, tokens, h_tgt: np.ndarray, ctx: Ctx = Ctx()) -> np.ndarray:

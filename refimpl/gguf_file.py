@@ -11,7 +11,7 @@ with the two things the rest of refimpl needs:
   read from.
 
 Shapes: ggml lists dimensions fastest-first (``ne``); numpy lists them slowest-first. A tensor with
-``ne = [a, b, c]`` is numpy ``(c, b, a)`` (spec §0). :class:`TensorInfo` stores the numpy order, and
+``ne = [a, b, c]`` is numpy ``(c, b, a)`` (docs/gguf.md §1). :class:`TensorInfo` stores the numpy order, and
 ``ne`` is kept for messages that quote llama.cpp.
 
 Every way a file can be unreadable ends here as a one-line :class:`~refimpl.errors.RefimplError`.

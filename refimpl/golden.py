@@ -25,7 +25,8 @@ Model arguments name a GGUF file or a built-in fixture (``builtin:tiny/q8_0``, s
 the header records it, so ``golden check`` can rebuild the model without being told where it is.
 
 Where things live, in dataflow order: :mod:`refimpl.golden_run` (the oracle's view of a stream,
-:class:`Settings`, one prompt decoded and scored, :func:`run_all` over worker processes) →
+:class:`Settings`, one prompt decoded and scored, :func:`run_all` over worker processes or a Dask
+cluster, :mod:`refimpl.cluster`) →
 :mod:`refimpl.golden_file` (the prompts file read, the golden file written, read and validated) →
 this module (``golden make`` and ``golden check``: :func:`make_golden`, :func:`check_golden` and the
 comparison report). Every name of the two is importable from here too.
@@ -40,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from refimpl.builtin import BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, recipe_of, resolve_model, sha256_file
+from refimpl.builtin import (BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, is_trained_spec, recipe_of, resolve_model,
+                             sha256_file)
 from refimpl.errors import RefimplError
 from refimpl.golden_file import FORMAT, VERSION, Golden, Prompt, producer, read_golden, read_prompts, write_golden
 from refimpl.output_path import check_output, writing
@@ -72,8 +74,10 @@ LOGIT_RTOL = 1e-5  # `golden check`: allowed |Δ top-k logit| / max |top-k logit
 
 
 def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str | None = None, *,
-                jobs: int = 1, kernel: str = "numba") -> Path:
-    """``refimpl golden make``: decode and score every prompt, write the golden file; returns its path."""
+                jobs: int = 1, kernel: str = "numba", cluster: str | None = None, cache_mb: int | str | None = None) -> Path:
+    """``refimpl golden make``: decode and score every prompt, write the golden file; returns its path.
+    ``jobs`` processes or a Dask ``cluster`` (scheduler address) share the prompts; ``cache_mb``
+    streams routed experts (``--cache-mb``); none of the three changes a byte of the file."""
     from refimpl.load import open_model
     from refimpl.tokenizer import Tokenizer
 
@@ -83,19 +87,23 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
     m = open_model(path)
     prompts = read_prompts(prompts_path, Tokenizer.from_gguf(m.gguf.reader), m.config.n_vocab)
     recipe = recipe_of(m.gguf)
+    fixture_arg = model_arg.startswith(BUILTIN_PREFIX) and recipe is not None  # builtin:PRESET…, not builtin:kjv
     if out is None:
-        out = (recipe.spec[len(BUILTIN_PREFIX):].replace("/", "-") if model_arg.startswith(BUILTIN_PREFIX) else path.stem) + ".golden.jsonl"
+        out = (recipe.spec[len(BUILTIN_PREFIX):].replace("/", "-") if fixture_arg else path.stem) + ".golden.jsonl"
     check_output(out, "--out")  # before decoding (refimpl.output_path)
-    results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel)
+    sha = sha256_file(path)
+    results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel, cluster=cluster,
+                      cache_mb=cache_mb, sha256=sha)
     for i, r in enumerate(results):
         if r.departure is not None:  # cannot happen unless refimpl's decoding path is broken
             raise RuntimeError(f"refimpl bug: prompt {i}: the {settings.draft_source or 'greedy'} stream's step "
                                f"{r.departure} is not the teacher-forced argmax")
-    model_json = {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
-                  "fixture": recipe.as_json() if recipe else None}
+    model_json = {"file": path.name, "size": path.stat().st_size, "sha256": sha,
+                  "fixture": recipe.as_json() if recipe else None,
+                  **({"builtin": model_arg} if is_trained_spec(model_arg) else {})}
     header = {"record": "header", "format": FORMAT, "version": VERSION, "producer": producer(), "model": model_json,
               "settings": settings.as_json(),
-              "regenerate": shlex.join(["refimpl", "golden", "make", recipe.spec if model_arg.startswith(BUILTIN_PREFIX) else model_arg,
+              "regenerate": shlex.join(["refimpl", "golden", "make", recipe.spec if fixture_arg else model_arg,
                                         "--prompts", str(prompts_path), *settings.make_flags(), "--out", str(out)])}
     records = [{"record": "prompt", "index": i, "text": p.text, "prompt_ids": p.ids, "ids": r.ids, "stop": r.stop,
                 **({"draft": r.draft} if r.draft is not None else {}), "steps": r.steps}
@@ -119,6 +127,8 @@ def _model_for_check(g: Golden, model_arg: str | None) -> Path:
     m = g.header["model"]
     fixture = m.get("fixture")
     hint = f"regenerate the golden file if the model changed on purpose: {g.header.get('regenerate', '')}"
+    if model_arg is None and m.get("builtin"):  # the packaged trained model
+        model_arg = m["builtin"]
     if model_arg is None:
         if not fixture:
             raise RefimplError(f"{g.path}: made from {m['file']}, not a built-in fixture; pass MODEL (the GGUF file)")
@@ -213,15 +223,17 @@ def compare_prompt(rec: dict, now: PromptResult, tok) -> list[str]:
 
 
 def check_golden(golden_path: str | os.PathLike, model_arg: str | None = None, *, jobs: int = 1,
-                 kernel: str = "numba") -> CheckResult:
-    """``refimpl golden check``: recompute every prompt with the header's settings and compare."""
+                 kernel: str = "numba", cluster: str | None = None, cache_mb: int | str | None = None) -> CheckResult:
+    """``refimpl golden check``: recompute every prompt with the header's settings and compare
+    (in ``jobs`` processes, or on a Dask ``cluster`` whose workers check the file's sha256 against the header's)."""
     from refimpl.tokenizer import Tokenizer
 
     g = read_golden(golden_path)
     path = _model_for_check(g, model_arg)
     tok = Tokenizer.from_gguf(path)
     settings = g.settings
-    results = run_all(path, [r["prompt_ids"] for r in g.prompts], settings, jobs=jobs, kernel=kernel, desc="check")
+    results = run_all(path, [r["prompt_ids"] for r in g.prompts], settings, jobs=jobs, kernel=kernel, desc="check",
+                      cluster=cluster, cache_mb=cache_mb, sha256=g.header["model"]["sha256"])
     lines, bad = [], 0
     for rec, now in zip(g.prompts, results):
         diff = compare_prompt(rec, now, tok)
@@ -234,4 +246,4 @@ def check_golden(golden_path: str | os.PathLike, model_arg: str | None = None, *
         lines.append(f"if the change is intended, regenerate: {g.header.get('regenerate', '')}")
         return CheckResult(False, lines)
     return CheckResult(True, [f"{g.path}: ok, {len(g.prompts)} prompts, {n_tok} tokens match ({what}, "
-                              f"draft {settings.draft_source or 'none'}, emulate {'on' if settings.emulate else 'off'})"])
+                              f"draft {settings.draft_source or 'none'}, emulate {settings.ctx().numerics()})"])

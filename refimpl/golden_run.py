@@ -4,14 +4,18 @@ What :mod:`refimpl.golden` writes for one prompt is made here, in dataflow order
 walk over a sequence (:class:`Cursor`, :func:`start`, :func:`walk`, :func:`top_k`,
 :func:`step_record`; also used by ``refimpl audit``), the :class:`Settings` that decide a golden
 file's numbers, one prompt decoded and scored (:func:`decode`, :func:`run_prompt`, its
-:class:`PromptResult`), and every prompt of a suite, optionally in worker processes
-(:func:`run_all`). The module docstring of :mod:`refimpl.golden` describes the two steps.
+:class:`PromptResult`), and many tasks on one model — every prompt of a suite (:func:`run_all`),
+every stream pair of ``audit --streams`` — here, in worker processes or on a Dask cluster
+(:func:`run_tasks`; each process opens the model once, :func:`loaded`). The module docstring of :mod:`refimpl.golden` describes the two steps.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+import threading
+from contextlib import closing
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -93,9 +97,11 @@ class Settings:
     n_predict: int
     draft_source: str | None = None  # None (plain greedy), "mtp" or "ngram"
     n_draft: int = 0  # drafts per round; 0 without a source
-    emulate: bool = False  # Ctx(act_quant=True, kv_f16=True)
+    emulate: bool = False  # Ctx(act_quant=True): llama.cpp's activation quantization
     p_min: float = 0.0  # speculative_generate's MTP draft cut-off (its default)
     ngram_min_match: int = 3  # speculative_generate's n-gram gate (its default)
+    kv_f16: bool | None = None  # F16 K/V cache; None: = emulate (what files from before --emulate=CONFIG mean)
+    flash_attn: bool = False  # llama.cpp's flash attention
 
     def as_json(self) -> dict:
         draft = {"source": self.draft_source or "none", "n_draft": self.n_draft}
@@ -103,25 +109,40 @@ class Settings:
             draft["p_min"] = self.p_min
         if self.draft_source == "ngram":
             draft["ngram_min_match"] = self.ngram_min_match
-        return {"n_predict": self.n_predict, "draft": draft, "emulate": self.emulate, "top_k": TOP_K, "stop_at_eog": True}
+        out = {"n_predict": self.n_predict, "draft": draft, "emulate": self.emulate, "top_k": TOP_K, "stop_at_eog": True}
+        if self.kv_f16 is not None and (self.kv_f16 != self.emulate or self.flash_attn):
+            out["kv_cache"] = "f16" if self.kv_f16 else "f32"  # only when it differs from the legacy meaning
+        if self.flash_attn:
+            out["flash_attn"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> Settings:
         d = obj["draft"]
         source = None if d["source"] == "none" else d["source"]
+        kv = obj.get("kv_cache")
         return cls(int(obj["n_predict"]), source, int(d["n_draft"]), bool(obj["emulate"]),
-                   float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)))
+                   float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)),
+                   None if kv is None else kv == "f16", bool(obj.get("flash_attn", False)))
 
     def ctx(self, kernel: str = "numba"):
         from refimpl.ops import Ctx
 
-        return Ctx(act_quant=self.emulate, kv_f16=self.emulate, kernel=kernel)
+        kv_f16 = self.emulate if self.kv_f16 is None else self.kv_f16
+        return Ctx(act_quant=self.emulate, kv_f16=kv_f16, flash_attn=self.flash_attn, kernel=kernel)
 
     def make_flags(self) -> list[str]:
         flags = ["-n", str(self.n_predict)]
         if self.draft_source:
             flags += [f"--{self.draft_source}", "--draft", str(self.n_draft)]
-        return flags + (["--emulate"] if self.emulate else [])
+        ctx = self.ctx()
+        if self.emulate:
+            flags += ["--emulate=plain"]
+        if ctx.kv_f16:
+            flags += ["--kv-type", "f16"]
+        if ctx.flash_attn:
+            flags += ["--flash-attn", "on"]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -158,59 +179,120 @@ def run_prompt(model, prompt: list[int], settings: Settings, ctx, eog_ids: froze
     return PromptResult(ids, steps, stop, departure, draft)
 
 
-# ---- parallel runs: each worker process loads the model once ----------------------------------
-
-_WORKER: dict = {}
+# ---- many tasks on one model: here, in worker processes, or on a Dask cluster -------------------
 
 
-def _worker_init(path: str, settings: Settings, kernel: str, threads: int | None) -> None:
-    from refimpl.model import load_model
-    from refimpl.tokenizer import Tokenizer
+@dataclass(frozen=True)
+class ModelJob:
+    """How every task of a run opens the model; a worker process opens it once and keeps it."""
 
-    if threads:
-        import numba
-
-        numba.set_num_threads(threads)  # thread count never changes a bit (docs/numerics.md)
-    model = load_model(path)
-    _WORKER.update(model=model, settings=settings, ctx=settings.ctx(kernel),
-                   eog=frozenset(Tokenizer.from_gguf(model.file.gguf.reader).eog_ids))
+    path: str
+    kernel: str = "numba"
+    cache_mb: int | str | None = None  # None: routed experts pinned (memory map); else --cache-mb (refimpl.streamer)
+    sha256: str | None = None  # checked before the first load (cluster workers: the file must be the client's)
+    threads: int | None = None  # numba threads in a worker process (None: as the process was started)
 
 
-def _worker_run(prompt: list[int]) -> PromptResult:
-    w = _WORKER
-    return run_prompt(w["model"], prompt, w["settings"], w["ctx"], w["eog"])
+@dataclass(frozen=True)
+class Loaded:
+    model: object  # refimpl.model.Model
+    eog: frozenset  # the tokenizer's end-of-generation ids
 
 
-def run_all(path: Path, prompts: list[list[int]], settings: Settings, *, jobs: int = 1, kernel: str = "numba",
-            desc: str = "golden") -> list[PromptResult]:
-    """run_prompt for every prompt, in order; ``jobs`` > 1 spreads prompts over spawned worker
-    processes (results are identical: each prompt's numbers depend only on the prompt)."""
+SAME_FILE = "every worker needs the GGUF at the same path, or a shared filesystem"
+_LOADED: dict = {}  # this process's model, {(path, sha256, cache_mb): Loaded}, one entry at most
+_LOAD_LOCK = threading.Lock()  # a Dask worker with --nthreads > 1 runs tasks in threads
+
+
+def _check_file(job: ModelJob) -> None:
+    """The file at ``job.path`` is the one the run is about (its sha256 is ``job.sha256``)."""
+    from refimpl.builtin import sha256_file
+
+    path = Path(job.path)
+    if not path.is_file():
+        raise RefimplError(f"{path}: no such file ({SAME_FILE})")
+    sha = sha256_file(path)
+    if sha != job.sha256:
+        raise RefimplError(f"{path}: sha256 {sha[:12]}… on this worker, but the run is for {job.sha256[:12]}… (another "
+                           f"file at the same path; {SAME_FILE})")
+
+
+def loaded(job: ModelJob) -> Loaded:
+    """This process's model for ``job``, opened on first use (file checked when ``job.sha256`` is set)."""
+    key = (job.path, job.sha256, job.cache_mb)
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            from refimpl.model import load_model
+            from refimpl.tokenizer import Tokenizer
+
+            _LOADED.clear()  # one model per process: a run for another file drops the previous one
+            if job.threads:
+                import numba
+
+                numba.set_num_threads(job.threads)  # thread count never changes a bit (docs/numerics.md)
+            if job.sha256 is not None:
+                _check_file(job)
+            model = load_model(job.path, job.cache_mb, progress=False)
+            _LOADED[key] = Loaded(model, frozenset(Tokenizer.from_gguf(model.file.gguf.reader).eog_ids))
+        return _LOADED[key]
+
+
+def _in_processes(job: ModelJob, fn, items: list, jobs: int):
+    """(index, fn(job, item)) as they complete, over ``jobs`` spawned processes sharing the cores."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import numba
+
+    job = replace(job, threads=max(1, numba.config.NUMBA_NUM_THREADS // jobs))
+    with ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(fn, job, x): i for i, x in enumerate(items)}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+
+
+def run_tasks(job: ModelJob, fn, items: list, *, jobs: int = 1, cluster: str | None = None, desc: str = "golden",
+              unit: str = "prompt") -> list:
+    """``[fn(job, item) for item in items]``, in order, with a tqdm bar on stderr counting items done.
+    ``fn`` is a module-level function (or a partial of one): it gets the model from :func:`loaded`.
+    ``jobs`` > 1 spreads items over spawned processes; ``cluster`` (a Dask scheduler address) over a
+    Dask cluster's workers (:mod:`refimpl.cluster`). Results are the same whichever runs them: each
+    item's numbers depend only on the item."""
     from tqdm import tqdm
 
     if jobs < 1:
         raise RefimplError(f"--jobs must be ≥ 1, got {jobs}")
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", file=sys.stderr, disable=None, leave=False)
-    results: list[PromptResult | None] = [None] * len(prompts)
+    bar = tqdm(total=len(items), desc=desc, unit=unit, file=sys.stderr, disable=None, leave=False)
+    results: list = [None] * len(items)
     try:
-        if jobs == 1 or len(prompts) == 1:
-            _worker_init(str(path), settings, kernel, None)
-            for i, p in enumerate(prompts):
-                results[i] = _worker_run(p)
-                bar.update(1)
+        if cluster is not None:
+            from refimpl.cluster import run_on_cluster
+
+            done = run_on_cluster(cluster, job, fn, items)
+        elif jobs == 1 or len(items) == 1:
+            done = ((i, fn(job, x)) for i, x in enumerate(items))
         else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            import numba
-
-            threads = max(1, numba.config.NUMBA_NUM_THREADS // jobs)
-            with ProcessPoolExecutor(max_workers=min(jobs, len(prompts)), mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_worker_init, initargs=(str(path), settings, kernel, threads)) as pool:
-                futures = {pool.submit(_worker_run, p): i for i, p in enumerate(prompts)}
-                for fut in as_completed(futures):
-                    results[futures[fut]] = fut.result()
-                    bar.update(1)
+            done = _in_processes(job, fn, items, jobs)
+        with closing(done):
+            for i, r in done:
+                results[i] = r
+                bar.update(1)
     finally:
-        _WORKER.clear()
+        _LOADED.clear()
         bar.close()
     return results
+
+
+def _prompt_task(settings: Settings, job: ModelJob, prompt: list[int]) -> PromptResult:
+    m = loaded(job)
+    return run_prompt(m.model, prompt, settings, settings.ctx(job.kernel), m.eog)
+
+
+def run_all(path: Path, prompts: list[list[int]], settings: Settings, *, jobs: int = 1, kernel: str = "numba",
+            desc: str = "golden", cluster: str | None = None, cache_mb: int | str | None = None,
+            sha256: str | None = None) -> list[PromptResult]:
+    """run_prompt for every prompt, in order (:func:`run_tasks`: here, in ``jobs`` processes, or on a
+    Dask ``cluster``, whose workers check that their file has ``sha256``; local processes open the
+    very file the caller read)."""
+    job = ModelJob(str(path), kernel, cache_mb, sha256 if cluster is not None else None)
+    return run_tasks(job, partial(_prompt_task, settings), prompts, jobs=jobs, cluster=cluster, desc=desc)

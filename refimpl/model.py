@@ -1,4 +1,6 @@
-"""Step 5: the trunk — ``llama_model_qwen35moe::graph::graph`` (spec §3.2).
+"""Step 5: the trunk — ``llama_model_qwen35moe::graph::graph``.
+
+The layer skeleton is walked through in docs/architecture.md, "One token, step by step".
 
 For each of the L trunk layers, with h⁰ = the token embedding rows::
 
@@ -179,4 +181,5 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
     logits = ctx.cb("result_output", -1, mm(w.output, h_nextn, ctx))  # [T, V]
-    return logits, h_nextn, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])
+    h_mtp = ctx.faults.tap("model.h_nextn", h_nextn, pre_norm=h)  # what the MTP head is handed
+    return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])

@@ -1,5 +1,5 @@
 """MoE FFN with a sigmoid-gated shared expert (``graph::build_layer_ffn``,
-``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``; spec §3.5).
+``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``).
 
 Per token, input x = RMSNorm(r, post_attention_norm) [E]:
 
@@ -29,14 +29,14 @@ import numpy as np
 from refimpl.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax
 
 
-def route(logits: np.ndarray, n_used: int) -> tuple[np.ndarray, np.ndarray]:
+def route(logits: np.ndarray, n_used: int, ctx: Ctx = Ctx()) -> tuple[np.ndarray, np.ndarray]:
     """Softmax over all experts, top-K, renormalise. logits [T, X] -> (sel [T, K] int, w [T, K])."""
     probs = softmax(logits)  # [T, X]
     sel = np.argsort(-probs, axis=-1, kind="stable")[:, :n_used]  # [T, K], descending probability
     w = np.take_along_axis(probs, sel, axis=-1)  # [T, K]
     w_sum = np.sum(w, axis=-1, keepdims=True, dtype=F32)  # ggml_sum_rows (float)
     w = w / np.maximum(w_sum, F32(6.103515625e-5))  # clamp at 2^-14, then divide
-    return sel, w.astype(F32)
+    return sel, ctx.faults.tap("moe.weights", w.astype(F32), probs=probs, sel=sel)
 
 
 def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -45,7 +45,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block)."""
     T = x.shape[0]
     logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
-    sel, weights = route(logits, c.n_expert_used)  # [T, K], [T, K]
+    sel, weights = route(logits, c.n_expert_used, ctx)  # [T, K], [T, K]
     ctx.cb(prefix + "ffn_moe_topk", il, sel)
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
@@ -70,6 +70,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     shexp = mm(w.ffn_down_shexp, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx), ctx)  # [T, E]
     ctx.cb(prefix + "ffn_shexp", il, shexp)
     shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :], ctx.kernel))  # [T]: a [E]·[E, T] mat-vec
+    shared_gate = ctx.faults.tap("moe.shared_gate", shared_gate)
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]
     return ctx.cb(prefix + "ffn_out", il, out), sel, weights

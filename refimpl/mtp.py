@@ -1,4 +1,6 @@
-"""Step 5b: the nextn / MTP head — ``llama_model_qwen35moe::graph_mtp`` (spec §4).
+"""Step 5b: the nextn / MTP head — ``llama_model_qwen35moe::graph_mtp``.
+
+How the head is fed follows ``common/speculative.cpp::common_speculative_impl_draft_mtp`` (docs/speculative.md).
 
 The MTP block sits at layer index il = n_layer. Row p pairs token x_p with a hidden vector h of
 position p−1 and predicts x_{p+1}::
@@ -105,8 +107,9 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
     e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
-    hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, w.hnorm, c.rms_eps))  # [T, E]
-    en = ctx.cb("mtp_enorm", il, rms_norm_w(e, w.enorm, c.rms_eps))  # [T, E]
+    enorm, hnorm = ctx.faults.tap("mtp.input_norms", (w.enorm, w.hnorm))
+    hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps))  # [T, E]
+    en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps))  # [T, E]
     concat = ctx.cb("mtp_concat", il, np.concatenate([en, hn], axis=-1))  # [T, 2E]
     z = ctx.cb("mtp_eh_proj", il, mm(w.eh_proj, concat, ctx))  # [T, E]
 

@@ -1,4 +1,5 @@
-"""Primitive operations, each written to compute what llama.cpp's CPU op computes (spec §3.1).
+"""Primitive operations, each written to compute what llama.cpp's CPU op computes
+(``ggml-cpu/ops.cpp``, ``vec.cpp``, ``unary-ops.cpp``; each function names its op).
 
 All activations are float32 (as in llama.cpp). Reductions that llama.cpp accumulates in double
 (RMSNorm's sum of squares, softmax's sum) are accumulated in float64 here too; dot products are
@@ -18,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 import kernels
+from refimpl.faults import NO_FAULTS, Faults
 
 F32 = np.float32
 
@@ -27,26 +29,72 @@ class Ctx:
     """How to compute and what to record, passed to every layer function.
 
     * ``act_quant``: emulate llama.cpp's per-matmul activation quantization (Q8_0/Q8_1/Q8_K, F16/BF16
-      rounding) — spec §7.2, ``kernels.matmul(act_quant=True)``.
+      rounding) — ``ggml-cpu.c::ggml_compute_forward_mul_mat``, docs/kernels.md, ``kernels.matmul(act_quant=True)``.
     * ``kv_f16``: emulate llama.cpp's default F16 K/V cache (K and V rounded to F16 when stored; with
       flash attention off Q is rounded to F16 for K·Q and the softmax probabilities for P·V).
+    * ``flash_attn``: emulate ``ggml_flash_attn_ext`` (llama.cpp's ``auto`` on the CPU): K and V F16
+      whatever the cache type, an F16 accumulator for fewer than 64 query rows per ubatch
+      (refimpl/attention.py ``attend``). ``n_ubatch``, ``n_threads``, ``n_ctx``: the llama.cpp
+      settings that choose its flash-attention path (ubatch size; the split-KV path's chunking, only
+      for one query row over ≥ 512 cells; ``n_ctx`` None = the model's training context, as
+      llama.cpp's n_ctx = 0). They change nothing with ``flash_attn`` off.
     * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the kernels runs —
       the quantized matmul (the two agree to ≤ 1 float32 ulp, kernels/matmul.py states the
       tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/recurrent.py).
     * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
       — ``il`` = -1 for model-level tensors; ``None`` records nothing.
+    * ``faults``: engine bugs injected on purpose (:mod:`refimpl.faults`, docs/bug-classes.md);
+      empty — the clean oracle — unless asked for.
     """
 
     act_quant: bool = False
     kv_f16: bool = False
+    flash_attn: bool = False
+    n_ubatch: int = 512  # llama_context_default_params / common's n_ubatch
+    n_threads: int = 4  # GGML_DEFAULT_N_THREADS
+    n_ctx: int | None = None
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
+    faults: Faults = NO_FAULTS
+
+    def __post_init__(self):
+        if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):
+            raise ValueError(f"Ctx: n_ubatch, n_threads and n_ctx must be positive, got {self.n_ubatch}, {self.n_threads}, {self.n_ctx}")
+
+    def numerics(self) -> str:
+        """One line for reports: ``off`` or which llama.cpp rounding points are emulated."""
+        if not (self.act_quant or self.kv_f16 or self.flash_attn):
+            return "off"
+        parts = (["activation quantization"] if self.act_quant else []) + [f"{'F16' if self.kv_f16 else 'F32'} K/V",
+                                                                        f"flash attention {'on' if self.flash_attn else 'off'}"]
+        return ("on: " if self.act_quant else "") + ", ".join(parts)
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
         """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``."""
         if self.trace is not None:
             self.trace(name, il, x)
         return x
+
+
+#: ``--emulate=NAME``: llama.cpp configurations refimpl reproduces (docs/numerics.md "Configurations").
+#: Both quantize activations per matmul as llama.cpp's CPU backend does.
+EMULATIONS = {
+    "default": {"kv_f16": True, "flash_attn": True},  # llama.cpp's defaults: F16 K/V cache, flash attention auto (on for CPU)
+    "plain": {"kv_f16": False, "flash_attn": False},  # the conformance setting: F32 K/V cache, flash attention off
+}
+
+
+def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None, kv_f16: bool | None = None, **fields) -> Ctx:
+    """The Ctx of ``--emulate[=NAME]`` plus the fine flags: ``emulate`` None (no activation
+    quantization, F32 K/V, no flash attention unless asked) or a key of :data:`EMULATIONS`;
+    ``flash_attn`` / ``kv_f16`` override the preset when not None; ``fields`` (kernel, trace, n_ubatch,
+    n_threads, n_ctx) pass through."""
+    if emulate is not None and emulate not in EMULATIONS:
+        raise ValueError(f"unknown emulation '{emulate}' (valid: {', '.join(EMULATIONS)})")
+    preset = EMULATIONS.get(emulate, {"kv_f16": False, "flash_attn": False})
+    return Ctx(act_quant=emulate is not None,
+               kv_f16=preset["kv_f16"] if kv_f16 is None else kv_f16,
+               flash_attn=preset["flash_attn"] if flash_attn is None else flash_attn, **fields)
 
 
 def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Step 8: the self-speculative loop — draft, verify in one batch, accept, roll back (spec §5.2).
+"""Step 8: the self-speculative loop — draft, verify in one batch, accept, roll back (docs/speculative.md, "The loop").
 
 One round, with the target holding positions 0 … P−1 and ``id_last`` = x_P confirmed but not decoded::
 
@@ -16,6 +16,10 @@ Sources: ``examples/speculative-simple/speculative-simple.cpp`` (the round), ``c
 common_sampler_sample_and_accept_n`` (acceptance), ``common/speculative.cpp`` (the MTP drafter),
 ``tools/server/server-context.cpp::get_n_draft_max`` (the draft budget). The prompt is decoded the
 speculative-simple way: all but its last token in one batch, the last one as the first round's x_P.
+
+The ``ctx.faults.tap(…)`` calls hand a value through unchanged unless an engine bug is injected on
+purpose (:mod:`refimpl.faults`, docs/bug-classes.md): where the loop starts, after the prompt, the
+state a round decodes from, the accepted ids, the rollback, the end.
 
 Because refimpl's ``forward`` gives bit-identical rows for a batch and for single tokens, the tokens
 generated here equal :func:`refimpl.generate.greedy`'s for every source and draft width
@@ -55,12 +59,14 @@ def accept_greedy(drafts: list[int], targets: list[int], eog_ids=frozenset()) ->
 
 @dataclass(frozen=True)
 class SpecState:
-    """The loop's whole memory: the trunk's state, the source's state, and ``history`` = prompt +
-    confirmed tokens, whose last token (id_last) the trunk has not decoded yet."""
+    """The loop's whole memory: the trunk's state, the source's state, ``history`` = prompt +
+    confirmed tokens, whose last token (id_last) the trunk has not decoded yet, and the previous
+    :class:`Round` (None before the first)."""
 
     target: SeqState
     source: object
     history: tuple[int, ...]
+    last: "Round | None" = None
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,11 @@ class Round:
 def prefill(model: Model, source: DraftSource, prompt: list[int], n_rs_seq: int, ctx: Ctx = Ctx()) -> SpecState:
     """Decode all but the last prompt token on the target (no logits needed) and let the source
     process them; the last prompt token becomes id_last."""
-    target = SeqState.fresh(model.config, n_rs_seq=n_rs_seq)
-    src = source.start()
+    fresh = SeqState.fresh(model.config, n_rs_seq=n_rs_seq)
+    target, src = ctx.faults.tap("loop.start", (fresh, source.start()))  # refimpl.faults: injected bugs
     if len(prompt) > 1:
         _, h, target = forward(model, target, prompt[:-1], ctx, phase="prompt")  # h [N−1, E]
+        target = ctx.faults.tap("loop.prefill", target, fresh=fresh, n_tokens=len(prompt) - 1)
         src = source.process(src, prompt[:-1], h)
     return SpecState(target=target, source=src, history=tuple(prompt))
 
@@ -104,19 +111,22 @@ def step(model: Model, source: DraftSource, s: SpecState, n_max: int, ctx: Ctx =
     t1 = time.perf_counter()
     batch = [id_last] + drafts
     phase = "verify" if drafts else "decode"  # for the expert streamer's counters (docs/streamer.md)
-    logits, h, target = forward(model, s.target, batch, ctx, phase=phase)  # [1+n, V], [1+n, E]
+    before = ctx.faults.tap("loop.decode_from", s.target, drafts=drafts, last=s.last)  # refimpl.faults
+    logits, h, target = forward(model, before, batch, ctx, phase=phase)  # [1+n, V], [1+n, E]
     ring_bytes = target.snapshot_nbytes()
     t2 = time.perf_counter()
     src = source.process(src, batch, h)
     targets = [int(np.argmax(row)) for row in logits]  # greedy: first maximum
-    ids = accept_greedy(drafts, targets, eog_ids)
+    ids = ctx.faults.tap("loop.accept", accept_greedy(drafts, targets, eog_ids), drafts=drafts, targets=targets,
+                         logits=logits, eog_ids=eog_ids)
     n_acc = len(ids) - 1
     src = source.accept(src, n_acc, P + n_acc + 1)
     t3 = time.perf_counter()
-    target = rollback(target, len(drafts) - n_acc)
+    r_back = len(drafts) - n_acc
+    target = ctx.faults.tap("loop.rollback", rollback(target, r_back), before=before, after=target, r=r_back)
     t4 = time.perf_counter()
     r = Round(P, drafts, targets, ids, draft_s=(t1 - t0) + (t3 - t2), decode_s=(t2 - t1) + (t4 - t3), ring_bytes=ring_bytes)
-    return r, SpecState(target=target, source=src, history=s.history + tuple(ids))
+    return r, SpecState(target=target, source=src, history=s.history + tuple(ids), last=r)
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,7 @@ class TokenRow:
     mtp_draft_ms: float  # ms of the round's drafting + source catch-up (first row; 0 after)
     bytes_read: int | None  # bytes the round read (first row), None without a streamer
     counters: dict[str, int] | None = None  # the round's share of the ``counters`` hook (first row; zeros after)
+    drafts: tuple[int, ...] | None = None  # the round's drafts d_1 … d_n (first row; None after)
 
 
 @dataclass
@@ -188,12 +199,22 @@ class SpecStats:
         for j, tok in enumerate(emitted):
             kind = "plain" if not r.drafts else "draft" if j < r.n_accepted else "bonus" if r.rollback == 0 else "correction"
             if j == 0:
-                row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, r.decode_s * 1e3, r.draft_s * 1e3, read, counted)
+                row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, r.decode_s * 1e3, r.draft_s * 1e3, read, counted,
+                               tuple(r.drafts))
             else:
                 row = TokenRow(tok, wall_ms, self.n_decodes - 1, kind, 0.0, 0.0, None if read is None else 0,
                                None if counted is None else dict.fromkeys(counted, 0))
             self.rows.append(row)
         self.n_generated += len(emitted)
+
+    def rounds(self) -> list[dict]:
+        """Per round: accepted and drafted counts and the draft ids — the ``rounds`` of ``run --json``,
+        the form the round audit reads (refimpl.rounds)."""
+        firsts = [r for r in self.rows if r.drafts is not None]
+        accepted = [0] * len(firsts)
+        for r in self.rows:
+            accepted[r.step] += r.kind == "draft"
+        return [{"accepted": a, "drafted": len(r.drafts), "drafts": list(r.drafts)} for a, r in zip(accepted, firsts)]
 
     def counters(self) -> dict:
         """The counters as the CSV trailer and ``--json`` ``stats`` name them."""
@@ -297,4 +318,5 @@ def speculative_generate(
                 progress.update(1)
         if eog_at is not None:
             break
+    ctx.faults.tap("loop.finish", s)
     return out, stats

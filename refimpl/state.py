@@ -7,7 +7,7 @@
 
 Every record is immutable: a forward pass takes a state and returns a new one, never writing into
 the arrays it was given. So a snapshot is just a kept reference and a rollback an assignment
-(spec §6 describes the C++ planes these replace). A fresh sequence starts from zeros
+(docs/speculative.md, "llama.cpp's snapshot planes", describes the C++ planes these replace). A fresh sequence starts from zeros
 (``build_rs`` zeroes slot ``rs_z``).
 """
 
@@ -97,7 +97,7 @@ class SeqState:
     ``n_rs_seq`` bounds how far back the sequence can be rolled back without recomputation (the
     ``n_rs_seq`` of ``llama_context_params``); ``snapshots`` is the ring of at most ``n_rs_seq``
     recurrent-state snapshots of the most recent positions, oldest first, taken by ``forward``
-    while it processes a batch (spec §6).
+    while it processes a batch (``llama-memory-recurrent.cpp``; docs/speculative.md).
     """
 
     n_past: int

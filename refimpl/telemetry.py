@@ -14,8 +14,8 @@ CSV: ``#``-prefixed ``key=value`` preamble lines, one header line, one row per g
     # mtp_p_min=0.0
     # model=/path/to/model.gguf
     # prompt_tokens=12
-    i,token,piece,wall_ms,step,kind,mtp_batch,mtp_draft_ms,bytes_read
-    0,41,"A",81.250,0,correction,80.900,0.350,
+    i,token,piece,wall_ms,step,kind,mtp_batch,mtp_draft_ms,bytes_read,drafts
+    0,41,"A",81.250,0,correction,80.900,0.350,,7 12 3
     …
     # mtp_drafted=24
     # mtp_accepted=15
@@ -25,7 +25,9 @@ Per row: ``wall_ms`` = ms since generation started when the token was confirmed 
 share it); ``step`` = the round; ``kind`` = plain | draft | correction | bonus; ``mtp_batch`` = ms of
 the round's target decode and ``mtp_draft_ms`` = ms of its drafting plus the head's catch-up, both
 charged to the round's first row (0 on the others); ``bytes_read`` = bytes the expert streamer read
-in the round (first row; empty when no streamer is attached). With the streamer's ``counters`` hook,
+in the round (first row; empty when no streamer is attached); ``drafts`` = the round's draft ids,
+space-separated, on its first row (empty on the others and on a plain round) — with ``kind``, what
+the round audit reads (refimpl.rounds). With the streamer's ``counters`` hook,
 its per-round counters follow as extra columns (``stream_*``, same charging) and their totals as
 trailer lines (docs/streamer.md).
 """
@@ -39,7 +41,7 @@ from typing import Callable
 from refimpl.speculative import SpecStats
 
 CSV_FORMAT_VERSION = 1
-COLUMNS = ("i", "token", "piece", "wall_ms", "step", "kind", "mtp_batch", "mtp_draft_ms", "bytes_read")
+COLUMNS = ("i", "token", "piece", "wall_ms", "step", "kind", "mtp_batch", "mtp_draft_ms", "bytes_read", "drafts")
 TRAILER = ("mtp_drafted", "mtp_accepted", "mtp_decodes", "drafted_steps", "n_generated", "mtp_draft_s/tok",
            "mtp_draft_s", "decode_s", "prompt_s", "n_rs_seq", "snapshot_bytes", "snapshot_ring_bytes", "bytes_read")
 
@@ -80,7 +82,8 @@ def write_csv(path, stats: SpecStats, *, model: str, piece: Callable[[int], byte
         for i, r in enumerate(stats.rows):
             text = piece(r.token).decode("utf-8", errors="backslashreplace")
             w.writerow([i, r.token, text, f"{r.wall_ms:.3f}", r.step, r.kind, f"{r.mtp_batch:.3f}",
-                        f"{r.mtp_draft_ms:.3f}", _fmt(r.bytes_read), *[r.counters[k] for k in extra]])
+                        f"{r.mtp_draft_ms:.3f}", _fmt(r.bytes_read), " ".join(map(str, r.drafts or ())),
+                        *[r.counters[k] for k in extra]])
         for k in TRAILER + tuple(extra):
             f.write(f"# {k}={_fmt(counters[k])}\n")
     return path

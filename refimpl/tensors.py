@@ -1,7 +1,7 @@
 """Step 3: which tensors a qwen35moe file must hold, with which numpy shapes — checked once, here.
 
 Mirrors ``src/models/qwen35moe.cpp::load_arch_tensors`` (and ``create_tensor_qkv`` /
-``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); spec §2. Shapes are numpy order
+``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); docs/gguf.md §3. Shapes are numpy order
 (ggml ``ne`` reversed): a matrix used as ``y = W @ x`` is ``(out, in)``.
 
 The result, :class:`TensorPlan`, records the variants a file may come in:
@@ -23,15 +23,13 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
 
+from kernels.blocks import WEIGHT_TYPES
 from refimpl.config import Config
 from refimpl.errors import RefimplError
 from refimpl.gguf_file import GGUFFile
 
-# Weight formats refimpl can multiply (kernels/blocks.py describes each layout).
-SUPPORTED_QTYPES = frozenset({
-    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
-    Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS,
-})
+# Weight formats refimpl can multiply: every layout kernels/blocks.py (and blocks_iq.py) describes.
+SUPPORTED_QTYPES = frozenset(WEIGHT_TYPES)
 # Tensors the CPU graph reads as plain floats (ssm_conv asserts 4-byte elements; the others are
 # vectors added or multiplied elementwise). The converter and llama-quantize keep them F32.
 F32_ONLY_SUFFIXES = ("norm.weight", "ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ffn_gate_inp_shexp.weight")

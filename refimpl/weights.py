@@ -5,7 +5,7 @@ Matrices stay in their stored format (a :class:`Matrix` is the raw bytes plus th
 matrix. Vectors (norms, biases, ssm_a, the conv kernel) are float32 arrays — the loader has checked
 they are F32. Attribute names are the GGUF tensor names without ``blk.N.`` and ``.weight``.
 
-Conventions baked into the file by the converter (spec §2.6) are used as stored: norm weights
+Conventions baked into the file by the converter (docs/gguf.md §4) are used as stored: norm weights
 already include the +1 (except ``ssm_norm``), ``ssm_a`` = −exp(A_log), value heads in tiled order.
 
 Routed experts are :class:`PinnedExperts` (views into the map) unless a

@@ -21,6 +21,18 @@ def require_llama_cpp():
     return llama_cpp
 
 
+def require_distributed():
+    """Import distributed (the ``cluster`` extra), skipping outside CI and failing under ``CI=true``
+    when it is missing, as :func:`require_llama_cpp` does."""
+    try:
+        import distributed
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"distributed is required under CI=true but cannot be imported: {exc}")
+        pytest.skip("distributed is not installed (pip install -e '.[cluster]')")
+    return distributed
+
+
 @pytest.fixture(scope="session")
 def make_fixture(tmp_path_factory):
     """``make_fixture(preset="tiny", quant="f32", seed=0, **options) -> Path``, cached per session."""
@@ -29,6 +41,10 @@ def make_fixture(tmp_path_factory):
 
     def make(preset="tiny", quant="f32", seed=0, **options):
         key = (preset, quant, seed, tuple(sorted(options.items())))
+        from refimpl.fixtures.mixes_iq import LIBGGML_MIXES
+
+        if quant in LIBGGML_MIXES:  # written by libggml's quantizers (refimpl/fixtures/ggml_quant.py)
+            require_llama_cpp()
         if key not in cache:
             from refimpl.fixtures import write_fixture
 

@@ -9,8 +9,8 @@ Decoding settings (chosen so the oracle is as plain as llama.cpp allows):
 * one token per ``llama_decode`` call (single-row ubatches: the decode path, not prompt batching),
   positions 0, 1, 2, … in sequence 0, logits requested for every token;
 * K/V cache F32 (``type_k = type_v = GGML_TYPE_F32``) and flash attention off
-  (``LLAMA_FLASH_ATTN_TYPE_DISABLED``), so the only roundings are llama.cpp's matmul ones (spec §7.2, §8);
-* ``n_threads`` threads for both decode and batch (results do not depend on it, spec §8.4);
+  (``LLAMA_FLASH_ATTN_TYPE_DISABLED``), so the only roundings are llama.cpp's matmul ones (docs/numerics.md);
+* ``n_threads`` threads for both decode and batch (results do not depend on it: threads split rows, docs/numerics.md);
 * optional ``load_mtp``: load the nextn block's tensors as well (``llama_model_params.load_mtp``),
   which proves llama.cpp accepts them; the trunk logits do not change.
 * optional ``mtp``: also run the MTP head the way ``common/speculative.cpp`` (draft-mtp) catches up
@@ -19,10 +19,11 @@ Decoding settings (chosen so the oracle is as plain as llama.cpp allows):
   gets, for every position p, token x_p with the target's ``h_nextn`` of position p−1 (zeros at
   p = 0) attached via ``llama_batch_ext_set_embd_token`` (what ``common_batch`` uses; the
   ``…_set_embd_state`` entry point is an unimplemented stub in this llama.cpp) and is decoded with
-  ``llama_process``. MTP row p drafts the same token as target row p, x_{p+1} (spec §4).
+  ``llama_process``. MTP row p drafts the same token as target row p, x_{p+1} (``common_speculative_impl_draft_mtp``).
 
 API: :func:`llama_logits` (logits of given tokens), :func:`llama_greedy` (greedy continuation),
-:func:`llama_run` (both, optionally the MTP head, plus llama.cpp's log).
+:func:`llama_run` (both, optionally the MTP head, plus llama.cpp's log), :func:`quantize_with_llama`
+(a file made by llama.cpp's own quantizer).
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ def llama_logits(model_path, tokens, *, load_mtp: bool = False, n_threads: int =
 def llama_greedy(model_path, prompt, n_generate: int, *, load_mtp: bool = False, n_threads: int = 2) -> np.ndarray:
     """np (len(prompt) + n_generate,) int32: the prompt and llama.cpp's greedy continuation."""
     return llama_run(model_path, prompt, n_generate=n_generate, load_mtp=load_mtp, n_threads=n_threads).tokens
+
+
+def quantize_with_llama(src, dst, ftype: int, *, timeout: float = 600) -> Path:
+    """``llama_model_quantize(src, dst, ftype)`` — llama.cpp's own quantizer (what ``llama-quantize``
+    runs; ``ftype`` a ``LLAMA_FTYPE_MOSTLY_*`` value, e.g. 7 = Q8_0, 38 = MXFP4_MOE), in a child
+    process. Returns ``dst``; a failure raises :class:`LlamaRefError` with llama.cpp's log tail."""
+    script = ("import sys, llama_cpp as L\n"
+              "p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); p.nthread = 2\n"
+              "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(dst), str(int(ftype))], capture_output=True,
+                          text=True, errors="replace", timeout=timeout)
+    if proc.returncode != 0 or not Path(dst).exists():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
+        raise LlamaRefError(f"llama_model_quantize failed on {src} (exit code {proc.returncode}):\n{tail}")
+    return Path(dst)
 
 
 # --------------------------------------------------------------------------------------------------

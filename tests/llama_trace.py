@@ -6,6 +6,19 @@ off (the conformance setting), and returns ``{name: array [T, …]}``: for every
 tensor name (``"attn_norm-0"``, ``"linear_attn_out-0"``, ``"result_norm"`` …, i.e. llama.cpp's
 ``cb(cur, name, il)`` name with ``-il`` appended) the values at each position, plus ``"logits"``.
 
+Keyword options select other llama.cpp configurations (defaults = the conformance setting above):
+
+* ``type_k`` / ``type_v``: ``"f32"`` or ``"f16"`` — the K/V cache types (llama.cpp's default: F16);
+* ``flash_attn``: ``"off"``, ``"on"`` or ``"auto"`` (``llama_context_params.flash_attn_type``;
+  llama.cpp's default ``auto`` resolves to on for the CPU backend);
+* ``n_batch``: tokens per ``llama_decode`` call (1: the decode path; more: a batched prompt or
+  verify, split by llama.cpp into ubatches of ``n_ubatch`` tokens). A captured tensor of a ubatch
+  of U tokens is split into U rows, so the result keeps one row per position; with ``n_batch`` > 1
+  each ubatch's array is also returned whole as ``"NAME@P"`` (P = the ubatch's first position), for
+  tensors that are not per token (``state_predelta-0``, the recurrent state at the ubatch's start);
+* ``repack``: ``llama_model_params.use_extra_bufts`` (llama.cpp's default True: the CPU_REPACK and,
+  on AMX machines, AMX weight layouts).
+
 How: ``llama_context_params.cb_eval`` is a ``bool (*)(struct ggml_tensor *, bool ask, void *)``.
 llama.cpp first calls it with ask = true (return true to observe that tensor), then again with
 ask = false once the tensor is computed. The CPU backend's tensor data is host memory, read here
@@ -16,6 +29,7 @@ Run as a script it is the worker: ``python tests/llama_trace.py MODEL OUT.npz TO
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,11 +37,26 @@ from pathlib import Path
 
 import numpy as np
 
+KV_TYPES = {"f32": 0, "f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_AUTO / _DISABLED / _ENABLED
+DEFAULT_OPTIONS = {"type_k": "f32", "type_v": "f32", "flash_attn": "off", "n_batch": 1, "n_ubatch": 8, "repack": True}
 
-def llama_trace(model_path, tokens, names, *, n_threads: int = 2, timeout: float = 600) -> dict[str, np.ndarray]:
+
+def llama_trace(model_path, tokens, names, *, n_threads: int = 2, timeout: float = 600, type_k: str = "f32",
+                type_v: str = "f32", flash_attn: str = "off", n_batch: int = 1, n_ubatch: int = 8,
+                repack: bool = True) -> dict[str, np.ndarray]:
+    if type_k not in KV_TYPES or type_v not in KV_TYPES:
+        raise ValueError(f"llama_trace: type_k/type_v must be one of {sorted(KV_TYPES)}")
+    if flash_attn not in FLASH_ATTN:
+        raise ValueError(f"llama_trace: flash_attn must be one of {sorted(FLASH_ATTN)}")
+    if n_batch < 1 or n_ubatch < 1:
+        raise ValueError("llama_trace: n_batch and n_ubatch must be >= 1")
+    options = {"type_k": type_k, "type_v": type_v, "flash_attn": flash_attn, "n_batch": int(n_batch),
+               "n_ubatch": int(n_ubatch), "repack": bool(repack)}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace.npz"
-        cmd = [sys.executable, __file__, str(model_path), str(out), ",".join(map(str, tokens)), ",".join(names), str(n_threads)]
+        cmd = [sys.executable, __file__, str(model_path), str(out), ",".join(map(str, tokens)), ",".join(names), str(n_threads),
+               json.dumps(options)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
@@ -36,7 +65,12 @@ def llama_trace(model_path, tokens, names, *, n_threads: int = 2, timeout: float
             return {k: z[k] for k in z.files}
 
 
-def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], n_threads: int) -> None:
+def _ubatch_sizes(n_tokens: int, n_ubatch: int) -> list[int]:
+    """How llama.cpp splits one decode call of a single sequence: ubatches of n_ubatch tokens, then the rest."""
+    return [min(n_ubatch, n_tokens - i) for i in range(0, n_tokens, n_ubatch)]
+
+
+def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], n_threads: int, options: dict) -> None:
     import ctypes
 
     import llama_cpp as ll
@@ -61,7 +95,7 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
             ("padding", ctypes.c_char * 8),
         ]
 
-    step: dict[str, np.ndarray] = {}
+    step: dict[str, list[np.ndarray]] = {}  # name -> one flat array per ubatch of the current decode call
 
     def on_eval(t_ptr, ask, _user):
         t = ctypes.cast(t_ptr, ctypes.POINTER(ggml_tensor)).contents
@@ -77,21 +111,24 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
         arr = np.lib.stride_tricks.as_strided(
             np.frombuffer(buf, dtype=np.float32), shape=tuple(reversed(ne)), strides=tuple(reversed(nb))
         )
-        step[name] = np.array(arr).reshape(-1)
+        step.setdefault(name, []).append(np.array(arr).reshape(-1))
         return True
 
     callback = ll.ggml_backend_sched_eval_callback(on_eval)
     ll.llama_backend_init()
     mparams = ll.llama_model_default_params()
+    mparams.use_extra_bufts = options["repack"]
     model = ll.llama_model_load_from_file(model_path.encode(), mparams)
     if not model:
         raise SystemExit(f"llama.cpp could not load {model_path}")
     cparams = ll.llama_context_default_params()
     cparams.n_ctx = max(64, len(tokens) + 8)
-    cparams.n_batch = cparams.n_ubatch = 8
+    cparams.n_ubatch = options["n_ubatch"]
+    cparams.n_batch = max(options["n_ubatch"], options["n_batch"])
     cparams.n_threads = cparams.n_threads_batch = n_threads
-    cparams.type_k = cparams.type_v = GGML_TYPE_F32
-    cparams.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cparams.type_k = KV_TYPES[options["type_k"]]
+    cparams.type_v = KV_TYPES[options["type_v"]]
+    cparams.flash_attn_type = FLASH_ATTN[options["flash_attn"]]
     cparams.cb_eval = callback
     cparams.cb_eval_user_data = None
     ctx = ll.llama_init_from_model(model, cparams)
@@ -100,25 +137,42 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
 
     per_name: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    per_ubatch_arrays: dict[str, np.ndarray] = {}
     logits = []
-    batch = ll.llama_batch_init(1, 0, 1)
-    for pos, tok in enumerate(tokens):
+    n_batch = options["n_batch"]
+    batch = ll.llama_batch_init(n_batch, 0, 1)
+    for start in range(0, len(tokens), n_batch):
+        chunk = tokens[start : start + n_batch]
         step.clear()
-        batch.n_tokens = 1
-        batch.token[0] = tok
-        batch.pos[0] = pos
-        batch.n_seq_id[0] = 1
-        batch.seq_id[0][0] = 0
-        batch.logits[0] = True
+        batch.n_tokens = len(chunk)
+        for i, tok in enumerate(chunk):
+            batch.token[i] = tok
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
         if ll.llama_decode(ctx, batch) != 0:
-            raise SystemExit(f"llama_decode failed at position {pos}")
-        logits.append(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, 0), shape=(n_vocab,)).copy())
+            raise SystemExit(f"llama_decode failed at positions {start}..{start + len(chunk) - 1}")
+        for i in range(len(chunk)):
+            logits.append(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy())
+        sizes = _ubatch_sizes(len(chunk), options["n_ubatch"])
         for n in names:
-            if n in step:
-                per_name[n].append(step[n])
+            parts = step.get(n, [])
+            if not parts or len(parts) % len(sizes):
+                continue  # not computed for every ubatch (e.g. a tensor of the output rows only)
+            per_ubatch = len(parts) // len(sizes)  # a name given twice in a graph (Kcur-3): the last one counts
+            first = start
+            for i, u in enumerate(sizes):
+                part = parts[(i + 1) * per_ubatch - 1]
+                per_ubatch_arrays[f"{n}@{first}"] = part  # as computed for the ubatch starting at position `first`
+                first += u
+                if part.size % u == 0:  # a per-token tensor: the token axis is the outermost one
+                    per_name[n].extend(part.reshape(u, -1))
     ll.llama_batch_free(batch)
     result = {n: np.stack(v) for n, v in per_name.items() if len(v) == len(tokens)}
     result["logits"] = np.stack(logits)
+    if options["n_batch"] > 1:
+        result.update(per_ubatch_arrays)
     np.savez(out_path, **result)
     ll.llama_free(ctx)
     ll.llama_model_free(model)
@@ -126,4 +180,5 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
 
 if __name__ == "__main__":
     _model, _out, _tokens, _names, _threads = sys.argv[1:6]
-    _worker(_model, _out, [int(t) for t in _tokens.split(",")], set(filter(None, _names.split(","))), int(_threads))
+    _options = {**DEFAULT_OPTIONS, **(json.loads(sys.argv[6]) if len(sys.argv) > 6 else {})}
+    _worker(_model, _out, [int(t) for t in _tokens.split(",")], set(filter(None, _names.split(","))), int(_threads), _options)

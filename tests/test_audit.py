@@ -233,6 +233,87 @@ def test_cli_errors_are_one_line(case, tmp_path, capsys):
         assert "\n" not in err and msg in err, err
 
 
+# ---- many stream pairs: audit --streams DIR --------------------------------------------------
+
+
+def write_stream_dir(case, d):
+    """A --streams directory with one pair of each kind, every prompt source and stream format used;
+    returns {NAME: (verdict, exit code)}."""
+    j, c = case.tie, case.clear
+    flipped = case.continue_from(case.stream[:j] + [case.runner_up(j)])
+    bad = case.stream[:c] + [case.worst(c)] + case.stream[c + 1 :]
+    d.mkdir(exist_ok=True)
+    (d / "p0-same.A.json").write_text(json.dumps({"prompt_tokens": case.prompt, "tokens": case.stream}))
+    (d / "p0-same.B.json").write_text(json.dumps(case.stream))
+    (d / "p1-tie.A.json").write_text(json.dumps(case.stream))
+    (d / "p1-tie.B.csv").write_text("step,token_id\n" + "".join(f"{i},{t}\n" for i, t in enumerate(flipped)))
+    (d / "p1-tie.prompt.json").write_text(json.dumps(case.prompt))
+    (d / "p2-bad.A.json").write_text(json.dumps(case.stream))
+    (d / "p2-bad.B.json").write_text(json.dumps(bad))
+    (d / "p2-bad.prompt.txt").write_text("The quick brown fox\n")
+    (d / "p3-alone.A.json").write_text(json.dumps({"prompt_tokens": case.prompt, "tokens": flipped}))
+    (d / ".hidden").write_text("skipped")
+    return {"p0-same": ("identical", 0), "p1-tie": ("near-tie", 0), "p2-bad": ("B wrong", 1), "p3-alone": ("near-tie", 0)}
+
+
+def test_streams_dir(case, tmp_path, capsys):
+    expected = write_stream_dir(case, tmp_path / "s")
+    assert main(["audit", "builtin:tiny", "--streams", str(tmp_path / "s")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    for line, (name, (verdict, code)) in zip(lines, sorted(expected.items())):
+        assert line.startswith(f"{name}: {verdict}") and line.split("→ ")[1].startswith("WRONG" if code else "ok"), line
+    assert f"p1-tie: near-tie at step {case.tie};" in lines[1] and f"p2-bad: B wrong at step {case.clear};" in lines[2]
+    assert "p3-alone.A.json vs the oracle" in lines[3]
+    table = [ln.split() for ln in lines[4:-1]]
+    assert table == [["verdict", "pairs", "with", "a", "wrong", "token"], ["identical", "1", "0"], ["near-tie", "2", "0"],
+                     ["B", "wrong", "1", "1"], ["total", "4", "1"]]
+    assert lines[-1] == "result: 1 of 4 stream pairs wrong → exit 1"
+    assert main(["audit", "builtin:tiny", "--streams", str(tmp_path / "s"), "--json"]) == 1
+    obj = json.loads(capsys.readouterr().out)
+    assert [(p["name"], p["verdict"], p["exit_code"]) for p in obj["pairs"]] == [(n, v, c) for n, (v, c) in sorted(expected.items())]
+    assert obj["exit_code"] == 1 and obj["summary"] == {"identical": 1, "near-tie": 2, "B wrong": 1}
+    for f in (tmp_path / "s").glob("p2-bad.*"):
+        f.unlink()
+    assert main(["audit", "builtin:tiny", "--streams", str(tmp_path / "s")]) == 0  # nothing wrong left
+    assert capsys.readouterr().out.splitlines()[-1] == "result: 0 of 3 stream pairs wrong → exit 0"
+
+
+def test_streams_dir_prompt_flag_overrides(case, tmp_path, capsys):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "x.A.json").write_text(json.dumps(case.stream))
+    (d / "x.prompt.txt").write_text("something else entirely")
+    assert main(["audit", "builtin:tiny", "--streams", str(d), "--prompt-tokens", ",".join(map(str, case.prompt))]) == 0
+    assert capsys.readouterr().out.startswith("x: clean, 20 tokens; common prefix 20, 0 near-ties, 0 wrong → ok")
+
+
+def test_streams_dir_errors_are_one_line(case, tmp_path, capsys):
+    def fails(d, msg, *extra):
+        assert main(["audit", "builtin:tiny", "--streams", str(d), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and msg in err, err
+
+    d = tmp_path / "s"
+    d.mkdir()
+    fails(d, "no stream files")
+    (d / "x.B.json").write_text(json.dumps(case.stream))
+    fails(d, "B file without x.A.EXT")
+    (d / "x.A.json").write_text(json.dumps(case.stream))
+    fails(d, "x: no prompt: add x.prompt.EXT")
+    (d / "x.prompt.json").write_text(json.dumps(case.prompt))
+    (d / "x.a.json").write_text("[1]")
+    fails(d, "x.a.json: not NAME.A.EXT, NAME.B.EXT or NAME.prompt.EXT")
+    (d / "x.a.json").unlink()
+    (d / "x.A.csv").write_text("token\n1\n")
+    fails(d, "a second x.A file")
+    fails(tmp_path / "nope", "not a directory")
+    assert main(["audit", "builtin:tiny", str(d / "x.B.json"), "--streams", str(d)]) == 2
+    assert "give STREAM files or --streams DIR, not both" in capsys.readouterr().err
+    fails(d, "--cache-mb expects a whole number", "--cache-mb", "lots")
+    assert main(["audit", "builtin:tiny", str(d / "x.B.json"), "--jobs", "2"]) == 2
+    assert "go with --streams DIR" in capsys.readouterr().err
+
+
 # ---- a real near-tie: llama.cpp against refimpl, without emulation ----------------------------
 
 

@@ -1,11 +1,13 @@
 """The fixture writer: files read back with the expected metadata, tensors, shapes and types.
 
-Expected names and shapes are written out here from spec §2 (not taken from the writer), and the
+Expected names and shapes are written out here from ``qwen35moe.cpp::load_arch_tensors`` (docs/gguf.md §3; not taken from the writer), and the
 Q4_K_M table from ``llama-quant.cpp`` as worked out for the tiny dims (docs/fixtures.md).
 """
 
 import hashlib
 import json
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from gguf import GGUFReader
 
 from refimpl.errors import RefimplError
 from refimpl.fixtures import PRESETS, QUANT_MIXES, predictable_successors, write_fixture
+from refimpl.fixtures.mixes_iq import LIBGGML_MIXES
 from refimpl.fixtures.vocab import build_vocab
 
 MIXES = list(QUANT_MIXES)
@@ -48,7 +51,7 @@ def _tensors(reader):
 
 
 def expected_shapes(p, *, mtp="full", tied=False, fused_gate_up=False):
-    """Spec §2: every tensor of the file with its numpy shape."""
+    """``load_arch_tensors``: every tensor of the file with its numpy shape."""
     E, V, H, Hkv, D = p.n_embd, p.n_vocab, p.n_head, p.n_head_kv, p.head_dim
     X, F, Fs, Hv, S = p.n_expert, p.n_ff_exp, p.n_ff_shexp, p.ssm_time_step_rank, p.ssm_state_size
     Din, C, Kc = Hv * S, 2 * p.ssm_group_count * S + Hv * S, p.ssm_conv_kernel
@@ -100,9 +103,54 @@ def expected_q4_k_m(name, shape, tied=False, stripped=False):
     return Q.Q4_K
 
 
+# The IQ mixes (refimpl/fixtures/mixes_iq.py's table), per role: iq1_m, iq2_xxs, iq3_xxs.
+IQ_TABLE = {
+    "ffn_gate_exps": (Q.IQ1_S, Q.IQ2_XXS, Q.IQ3_XXS), "ffn_down_exps": (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ3_S),
+    "ffn_gate_shexp": (Q.Q4_K, Q.Q4_K, Q.IQ3_S), "ffn_down_shexp": (Q.Q6_K, Q.Q6_K, Q.Q4_K),
+    "attn_q": (Q.Q4_K, Q.Q4_K, Q.IQ2_S), "attn_v": (Q.Q6_K, Q.Q6_K, Q.Q4_K), "attn_output": (Q.Q4_K, Q.Q4_K, Q.Q5_K),
+    "attn_gate": (Q.Q4_K, Q.Q4_K, Q.IQ3_S), "ssm_alpha": (Q.Q8_0,) * 3, "nextn.eh_proj": (Q.Q6_K,) * 3,
+    "token_embd": (Q.Q2_K, Q.Q4_K, Q.IQ3_S), "output": (Q.Q5_K, Q.Q6_K, Q.Q6_K),
+}  # fmt: skip
+IQ_SAME_AS = {"ffn_up_exps": "ffn_gate_exps", "ffn_gate_up_exps": "ffn_gate_exps", "ffn_up_shexp": "ffn_gate_shexp",
+              "attn_k": "attn_q", "attn_qkv": "attn_v", "ssm_out": "attn_output", "ssm_beta": "ssm_alpha",
+              "nextn.embed_tokens": "token_embd", "nextn.shared_head_head": "output"}
+
+
+def expected_iq(quant, name, shape, tied=False, stripped=False):
+    """The IQ mixes for the tiny dims: routed gate/up of iq1_m are IQ1_M in the use_more_bits layers —
+    2 and 4 with block_count 5, 2 and 3 with block_count 4 (MTP stripped)."""
+    if _always_f32(name, shape):
+        return Q.F32
+    role = re.sub(r"^blk\.\d+\.", "", name).removesuffix(".weight")  # e.g. "ffn_down_exps", "nextn.eh_proj"
+    if tied and role == "token_embd":
+        role = "output"
+    role = IQ_SAME_AS.get(role, role)
+    t = IQ_TABLE[role][["iq1_m", "iq2_xxs", "iq3_xxs"].index(quant)]
+    if quant == "iq1_m" and role == "ffn_gate_exps" and name.split(".")[1] in (("2", "3") if stripped else ("2", "4")):
+        t = Q.IQ1_M
+    return t
+
+
+def expected_ternary(quant, name, shape, tied=False):
+    """llama-quantize TQ1_0 / TQ2_0 for the tiny dims (X = 8: attn_k, attn_v, GDN attn_qkv → Q8_0)."""
+    if _always_f32(name, shape):
+        return Q.F32
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return Q.Q6_K
+    if name == "token_embd.weight":
+        return Q.Q4_K
+    if name.endswith(("attn_k.weight", "attn_v.weight", "attn_qkv.weight")):
+        return Q.Q8_0
+    return {"tq1_0": Q.TQ1_0, "tq2_0": Q.TQ2_0}[quant]
+
+
 def expected_type(quant, name, shape, tied=False, stripped=False):
     if quant == "q4_k_m":
         return expected_q4_k_m(name, shape, tied, stripped)
+    if quant.startswith("tq"):
+        return expected_ternary(quant, name, shape, tied)
+    if quant.startswith("iq"):
+        return expected_iq(quant, name, shape, tied, stripped)
     if quant == "f32" or _always_f32(name, shape):
         return Q.F32
     if quant == "mxfp4":
@@ -110,8 +158,7 @@ def expected_type(quant, name, shape, tied=False, stripped=False):
     return {"bf16": Q.BF16, "q8_0": Q.Q8_0}[quant]
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
-@pytest.mark.parametrize("quant", MIXES)
+@pytest.mark.parametrize("preset, quant", [(p, q) for q in MIXES for p in PRESETS if p == "tiny" or q not in LIBGGML_MIXES])
 def test_tensors_shapes_and_types(make_fixture, preset, quant):
     p = PRESETS[preset]
     reader = GGUFReader(make_fixture(preset, quant))
@@ -127,10 +174,19 @@ def test_q4_k_m_has_every_k_type_and_q8_0(make_fixture):
     assert {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.F32} <= types
 
 
+def test_iq_mixes_hold_every_codebook_type(make_fixture):
+    types = set()
+    for quant in ("iq1_m", "iq2_xxs", "iq3_xxs"):
+        types |= {t.tensor_type for t in GGUFReader(make_fixture("tiny", quant)).tensors}
+    assert {Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S} <= types
+
+
 @pytest.mark.parametrize(
     "quant, options",
     # every variant in f32; in q4_k_m those that change tensors (recurrent_layers_key is metadata only)
-    [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o],
+    [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o]
+    + [("iq1_m", {"mtp": "stripped"}), ("iq2_xxs", {"tied": True}), ("iq3_xxs", {"fused_gate_up": True}),
+       ("iq2_xxs", {"mtp": "extras"}), ("tq1_0", {"tied": True})],
     ids=lambda v: v if isinstance(v, str) else _id(v),
 )
 def test_option_variants(make_fixture, options, quant):
@@ -250,7 +306,7 @@ def test_predictable_heads_follow_the_permutations(make_fixture):
     "kwargs, match",
     [
         ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable\\)"),
-        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4\\)"),
+        ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4, iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0\\)"),
         ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: mtp, tied"),
         ({"mtp": "half"}, "mtp='half' is not one of full, stripped, extras"),
         ({"tied": "yes"}, "tied='yes' must be true or false"),
@@ -270,3 +326,13 @@ def test_bad_arguments_raise_one_line_errors(tmp_path, kwargs, match):
 def test_unwritable_path_is_a_one_line_error(tmp_path):
     with pytest.raises(RefimplError, match="cannot write fixture .*missing/x.gguf"):
         write_fixture(tmp_path / "missing" / "x.gguf")
+
+
+def test_libggml_mixes_say_they_need_llama_cpp(monkeypatch, tmp_path):
+    from refimpl.fixtures import ggml_quant
+
+    ggml_quant._libggml_base.cache_clear()  # forget a library loaded by an earlier test
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    with pytest.raises(RefimplError, match=r"quantized by libggml from llama-cpp-python.*pip install 'refimpl\[oracle\]'"):
+        write_fixture(tmp_path / "iq.gguf", quant="iq2_xxs")
+    assert not list(tmp_path.iterdir())  # nothing left behind

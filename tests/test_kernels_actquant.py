@@ -320,10 +320,16 @@ def test_act_quant_bit_exact_vs_python_transcription(qtype, quantize, dot):
         w = w.reshape(3, -1, 17)
         w[:, :, 0] = rng.integers(110, 135, w.shape[:2])  # keep d * 12 * 127 * 32 finite
         w = w.reshape(3, -1)
+    assert_act_quant_equals_transcription(w, qtype, rng, quantize, dot)
+
+
+def assert_act_quant_equals_transcription(w, qtype, rng, quantize, dot):
+    """matmul(act_quant=True) of rows ``w`` with two wide-range activation rows equals, bit for bit,
+    ``dot(row bytes, quantize(activation row))`` — a Python transcription of the C code."""
     x = (rng.standard_normal((2, 512)) * np.exp(rng.uniform(-3, 3, (2, 512)))).astype(F32)
     y = kernels.matmul(w, qtype, x, act_quant=True)
     for t in range(2):
         blocks = quantize(x[t])
-        for n in range(3):
+        for n in range(len(w)):
             want = dot([int(b) for b in w[n]], blocks)
             assert y[t, n].view(np.uint32) == F32(want).view(np.uint32), (t, n, y[t, n], want)

@@ -47,13 +47,15 @@ def test_layout_sizes_come_from_gguf():
 
 
 def test_vec_dot_types_follow_ggml_cpu_type_traits():
-    """spec §7.2 / ggml-cpu.c::type_traits_cpu."""
+    """ggml-cpu.c::type_traits_cpu (vec_dot_type per weight type; docs/kernels.md)."""
     expected = {
         QT.F32: QT.F32, QT.F16: QT.F16, QT.BF16: QT.BF16,
         QT.Q8_0: QT.Q8_0, QT.Q4_0: QT.Q8_0, QT.Q5_0: QT.Q8_0, QT.MXFP4: QT.Q8_0, QT.IQ4_NL: QT.Q8_0,
         QT.Q4_1: QT.Q8_1, QT.Q5_1: QT.Q8_1,
         QT.Q2_K: QT.Q8_K, QT.Q3_K: QT.Q8_K, QT.Q4_K: QT.Q8_K, QT.Q5_K: QT.Q8_K, QT.Q6_K: QT.Q8_K,
         QT.IQ4_XS: QT.Q8_K,
+        QT.IQ1_S: QT.Q8_K, QT.IQ1_M: QT.Q8_K, QT.IQ2_XXS: QT.Q8_K, QT.IQ2_XS: QT.Q8_K, QT.IQ2_S: QT.Q8_K,
+        QT.IQ3_XXS: QT.Q8_K, QT.IQ3_S: QT.Q8_K, QT.TQ1_0: QT.Q8_K, QT.TQ2_0: QT.Q8_K,
     }  # fmt: skip
     assert {q: layout(q).vec_dot_type for q in TYPES} == expected
 
@@ -66,7 +68,7 @@ def test_row_bytes():
         row_bytes(QT.Q4_K, 100)
 
 
-@pytest.mark.parametrize("qtype", [QT.IQ2_XXS, QT.TQ1_0, QT.NVFP4, QT.I32], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [QT.NVFP4, QT.Q1_0, QT.I32, QT.F64], ids=lambda q: q.name)
 def test_unsupported_types_are_named(qtype):
     with pytest.raises(ValueError, match=f"unsupported ggml type {qtype.name}"):
         layout(qtype)

@@ -7,11 +7,10 @@ quantization and SIMD dot kernels. The emulation must agree to float32 accumulat
 """
 
 import ctypes
-import os
 
 import numpy as np
 import pytest
-from conftest import require_llama_cpp
+from ggml_lib import InitParams, load_ggml, run_graph
 from gguf import GGMLQuantizationType as QT
 
 import kernels
@@ -21,44 +20,23 @@ from kernels.testing import random_rows
 TYPES = kernels.WEIGHT_TYPES
 
 
-class _InitParams(ctypes.Structure):  # ggml.h: struct ggml_init_params
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
 @pytest.fixture(scope="module")
 def ggml():
-    llama_cpp = require_llama_cpp()
-    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    base = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpu = ctypes.CDLL(os.path.join(libdir, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    for fn, res, args in [
-        (base.ggml_init, vp, [_InitParams]),
-        (base.ggml_new_tensor_2d, vp, [vp, ctypes.c_int, i64, i64]),
-        (base.ggml_mul_mat, vp, [vp, vp, vp]),
-        (base.ggml_new_graph, vp, [vp]),
-        (base.ggml_build_forward_expand, None, [vp, vp]),
-        (base.ggml_get_data, vp, [vp]),
-        (base.ggml_free, None, [vp]),
-        (cpu.ggml_graph_compute_with_ctx, ctypes.c_int, [vp, vp, ctypes.c_int]),
-        (cpu.ggml_cpu_init, None, []),
-    ]:
-        fn.restype, fn.argtypes = res, args
-    cpu.ggml_cpu_init()
+    base, cpu = load_ggml([("base", "ggml_new_tensor_2d", vp, [vp, ctypes.c_int, i64, i64]),
+                           ("base", "ggml_mul_mat", vp, [vp, vp, vp])])
 
     def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
         """ggml_mul_mat(W, x): W ne [K, N] of ``qtype`` (our (N, row bytes)), x F32 ne [K, T]."""
         (N, _), (T, K) = w_bytes.shape, x.shape
-        ctx = base.ggml_init(_InitParams(w_bytes.nbytes + x.nbytes + 4 * N * T + (16 << 20), None, False))
+        ctx = base.ggml_init(InitParams(w_bytes.nbytes + x.nbytes + 4 * N * T + (16 << 20), None, False))
         try:
             W = base.ggml_new_tensor_2d(ctx, int(qtype), K, N)  # ggml_type values = GGMLQuantizationType's
             X = base.ggml_new_tensor_2d(ctx, int(QT.F32), K, T)
             ctypes.memmove(base.ggml_get_data(W), w_bytes.ctypes.data, w_bytes.nbytes)
             ctypes.memmove(base.ggml_get_data(X), x.ctypes.data, x.nbytes)
             Y = base.ggml_mul_mat(ctx, W, X)
-            graph = base.ggml_new_graph(ctx)
-            base.ggml_build_forward_expand(graph, Y)
-            assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 1) == 0
+            run_graph(base, cpu, ctx, Y, 1)
             y = np.empty((T, N), np.float32)
             ctypes.memmove(y.ctypes.data, base.ggml_get_data(Y), y.nbytes)
             return y

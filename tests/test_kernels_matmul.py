@@ -156,7 +156,7 @@ def test_weights_from_a_gguf_file(tmp_path):
         (lambda w, x: kernels.matmul(w[0], QT.Q8_0, x), "must be 2-D"),
         (lambda w, x: kernels.matmul(w.astype(np.float32), QT.Q8_0, x), "must be uint8, got float32"),
         (lambda w, x: kernels.matmul(w[:, :-1], QT.Q8_0, x), "not a multiple of the 34-byte block"),
-        (lambda w, x: kernels.matmul(w, QT.IQ2_XXS, x), "unsupported ggml type IQ2_XXS"),
+        (lambda w, x: kernels.matmul(w, QT.NVFP4, x), "unsupported ggml type NVFP4"),
         (lambda w, x: kernels.matmul(w, QT.Q8_K, x), "Q8_K is an activation-only format"),
         (lambda w, x: kernels.matmul(w, QT.Q8_0, x, path="blas"), "path must be 'numba' or 'numpy'"),
         (lambda w, x: kernels.matmul(w, QT.Q8_0, x, path="numpy", act_quant=True), "numba path only"),

@@ -50,12 +50,13 @@ def test_variants_are_recognised(make_fixture, options, check):
         assert m.config.n_layer_nextn == 0 and m.config.n_layer == 4
 
 
-@pytest.mark.parametrize("quant", ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4"])
+@pytest.mark.parametrize("quant", ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq3_xxs", "tq1_0"])
 def test_inspect_reports_types_and_mtp(make_fixture, quant):
     text = describe(open_model(make_fixture("tiny", quant)))
     assert "4 trunk (3 deltanet + 1 attention) + 1 MTP" in text
     assert "D D D A M" in text and "mtp           present" in text
-    expected = {"f32": ["F32"], "bf16": ["BF16"], "q8_0": ["Q8_0"], "q4_k_m": ["Q4_K", "Q5_K", "Q6_K", "Q8_0"], "mxfp4": ["MXFP4", "Q8_0"]}[quant]
+    expected = {"f32": ["F32"], "bf16": ["BF16"], "q8_0": ["Q8_0"], "q4_k_m": ["Q4_K", "Q5_K", "Q6_K", "Q8_0"], "mxfp4": ["MXFP4", "Q8_0"],
+                "iq3_xxs": ["IQ3_XXS", "IQ3_S", "IQ2_S"], "tq1_0": ["TQ1_0"]}[quant]  # IQ3_S token_embd was refused once
     for name in expected:
         assert f"  {name} " in text
 
@@ -169,18 +170,18 @@ def test_unsupported_quant_type(make_fixture, tmp_path):
     src = make_fixture("tiny", "f32")
     r = GGUFReader(src)
     t = next(t for t in r.tensors if t.name == "blk.0.ffn_gate_shexp.weight")
-    # patch the type id of that tensor descriptor to IQ2_XXS, whose block (256 values, 66 bytes)
+    # patch the type id of that tensor descriptor to NVFP4, whose block (64 values, 36 bytes)
     # has a different size: the reader still parses it, the loader must refuse it
     raw = bytearray(src.read_bytes())
     name = t.name.encode()
     i = raw.index(name) + len(name)
     n_dims = int.from_bytes(raw[i : i + 4], "little")
     type_off = i + 4 + 8 * n_dims
-    raw[type_off : type_off + 4] = int(GGMLQuantizationType.IQ2_XXS).to_bytes(4, "little")
+    raw[type_off : type_off + 4] = int(GGMLQuantizationType.NVFP4).to_bytes(4, "little")
     dst = tmp_path / "iq.gguf"
     dst.write_bytes(bytes(raw))
     msg = _error(dst)
-    assert "unsupported quant type IQ2_XXS" in msg or "truncated" in msg
+    assert "unsupported quant type NVFP4" in msg or "truncated" in msg
 
 
 def test_mtp_tensors_missing_is_reported_not_fatal(make_fixture, tmp_path):

@@ -1,0 +1,222 @@
+"""The bug-class table of docs/bug-classes.md, measured: each injected fault run on each model, its
+stream audited against the oracle, its acceptance compared with the clean loop's.
+
+One function measures one (model, fault) cell (:func:`measure`); :func:`measure_all` fills the
+table; :func:`markdown` prints it. tests/test_bug_classes.py asserts the table's claims from the
+same measurements and that docs/bug-classes.md holds exactly this table, so the page and the test
+cannot drift apart. Regenerate the page's table with::
+
+    python -m refimpl.fault_table --write docs/bug-classes.md
+
+Every run is the speculative loop at ``--draft 3`` for 64 tokens (:data:`N_PREDICT`) after the
+model's prompt; :data:`SCENARIOS` names the few faults that need another run to be reached at all.
+A new model (the trained one) is one more entry in :data:`MODELS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from refimpl.faults import FAULTS, Faults
+
+N_PREDICT = 64  # tokens generated per run: "flagged within 64 tokens"
+N_DRAFT = 3
+
+# name → (MODEL argument, prompt ids). The prompt has 5 ids: the prompt batch is then 4 = 1 + N_DRAFT
+# tokens long, the length that reaches prefill-as-verify.
+MODELS: dict[str, tuple[str, list[int]]] = {
+    "tiny": ("builtin:tiny", [11, 42, 7, 300, 5]),
+    "predictable": ("builtin:predictable", [41, 212, 197, 248, 60]),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """How a fault's run is made: the draft source and its gate, and a sequence decoded first in
+    the same process (for state-leak)."""
+
+    source: str = "mtp"
+    ngram_min_match: int = 3
+    before: tuple[int, ...] = ()
+
+    @property
+    def flags(self) -> str:
+        f = f"--{self.source} --draft {N_DRAFT}" + (f" --ngram-min-match {self.ngram_min_match}" if self.source == "ngram" else "")
+        return f + (f"; prompt {','.join(map(str, self.before))} decoded first" if self.before else "")
+
+
+DEFAULT = Scenario()
+SCENARIOS: dict[str, Scenario] = {
+    # needs a step that drafts nothing right after one that accepted: the n-gram source drafts only
+    # where the last token recurs (MTP always drafts, and tiny's head is never right)
+    "plain-step-stale": Scenario(source="ngram", ngram_min_match=1),
+    # needs a second sequence in the same process
+    "state-leak": Scenario(before=(3, 4, 5, 6)),
+}
+
+
+@dataclass
+class Cell:
+    """One fault on one model."""
+
+    fault: str
+    model: str
+    flags: str
+    changed: bool  # the stream differs from the clean loop's
+    first_divergence: int | None  # first step where it differs
+    verdict: str  # refimpl audit's verdict at the first divergence from the oracle (clean, near-tie, A wrong)
+    first_wrong: int | None  # first step the audit calls wrong (divergence or later departure)
+    exit_code: int  # refimpl audit's exit status
+    accepted: tuple[int, int]  # (accepted, drafted) with the fault
+    accepted_clean: tuple[int, int]  # (accepted, drafted) of the clean loop, same scenario
+    extra: dict = field(default_factory=dict)  # more columns (the round audit's)
+
+    @property
+    def flagged(self) -> bool:
+        return self.exit_code != 0
+
+
+def _acceptance(stats) -> tuple[int, int]:
+    return stats.n_accepted, stats.n_drafted
+
+
+def run(model, prompt: list[int], faults: Faults, scenario: Scenario = DEFAULT):
+    """(tokens, stats) of the speculative loop with ``faults`` (a fresh record per call)."""
+    from refimpl.ops import Ctx
+    from refimpl.speculative import speculative_generate
+
+    ctx = Ctx(faults=faults)
+    kw = dict(source=scenario.source, n_draft=N_DRAFT, ngram_min_match=scenario.ngram_min_match)
+    if scenario.before:
+        speculative_generate(model, list(scenario.before), 16, ctx, **kw)
+    return speculative_generate(model, prompt, N_PREDICT, ctx, **kw)
+
+
+def audit_stream(model, prompt: list[int], tokens: list[int]):
+    """``refimpl audit MODEL STREAM``: the stream against the oracle's greedy stream."""
+    from refimpl.audit import Stream, audit
+
+    return audit(model, prompt, Stream("A", "run", "json", list(tokens)))
+
+
+def first_wrong(rep) -> int | None:
+    events = rep.findings + ([rep.divergence] if rep.divergence else [])
+    return min((f.step for f in events if not f.benign), default=None)
+
+
+def measure(model, model_name: str, prompt: list[int], fault: str | None, clean_runs: dict | None = None) -> Cell:
+    """One cell; ``fault`` None measures the clean loop itself. ``clean_runs`` caches the clean loop's
+    run per scenario."""
+    scenario = SCENARIOS.get(fault, DEFAULT)
+    clean_runs = {} if clean_runs is None else clean_runs
+    if scenario not in clean_runs:
+        clean_runs[scenario] = run(model, prompt, Faults(), scenario)
+    clean, clean_stats = clean_runs[scenario]
+    tokens, stats = run(model, prompt, Faults.of(fault) if fault else Faults(), scenario)
+    div = next((i for i, (a, b) in enumerate(zip(tokens, clean)) if a != b), None)
+    if div is None and len(tokens) != len(clean):
+        div = min(len(tokens), len(clean))
+    rep = audit_stream(model, prompt, tokens)
+    cell = Cell(fault or "(clean loop)", model_name, scenario.flags, tokens != clean, div, rep.verdict, first_wrong(rep),
+                rep.exit_code, _acceptance(stats), _acceptance(clean_stats))
+    for column, ids in (("rounds: ids", True), ("rounds: counts", False)):
+        cell.extra[column] = rounds_cell(model, prompt, tokens, stats, ids) if scenario.source == "mtp" else "—"
+    return cell
+
+
+def rounds_cell(model, prompt: list[int], tokens: list[int], stats, with_ids: bool) -> str:
+    """The round audit (refimpl.rounds) of one run's rounds, with the draft ids logged or only the
+    accepted/drafted counts: ``verdict, wrong/differing of rounds → exit``."""
+    from refimpl.rounds import check_rounds, rounds_from_json
+
+    rounds = [r if with_ids else {k: v for k, v in r.items() if k != "drafts"} for r in stats.rounds()]
+    rr = check_rounds(model, prompt, tokens, rounds_from_json({"rounds": rounds, "spec_draft_max": N_DRAFT}, "run"))
+    t = rr.totals()
+    verdict = f"**{rr.verdict}**" if rr.verdict == "wrong" else rr.verdict
+    return f"{verdict}, {t['wrong']}/{t['differ']} of {t['rounds']} → {rr.exit_code}"
+
+
+def measure_all(models: dict | None = None, faults=None, progress=None) -> list[Cell]:
+    """Every fault (and the clean loop, first) on every model."""
+    from refimpl.builtin import resolve_model
+    from refimpl.model import load_model
+
+    cells = []
+    for name, (spec, prompt) in (models or MODELS).items():
+        model, clean_runs = load_model(resolve_model(spec)), {}
+        for fault in [None] + list(faults or FAULTS):
+            cells.append(measure(model, name, prompt, fault, clean_runs))
+            if progress:
+                progress(cells[-1])
+    return cells
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def _pct(acc: tuple[int, int]) -> str:
+    return f"{100 * acc[0] / acc[1]:.1f} %" if acc[1] else "—"
+
+
+def columns(c: Cell) -> list[str]:
+    """The cell's three columns: the stream against the clean loop's, the audit, the acceptance."""
+    stream = f"changed at {c.first_divergence}" if c.changed else "unchanged"
+    audit = f"**{c.verdict}**" if c.verdict == "A wrong" else c.verdict
+    if c.first_wrong is not None and c.verdict != "A wrong":
+        audit += f", wrong at {c.first_wrong}"
+    audit += f" → {c.exit_code}"
+    acc = _pct(c.accepted) if c.accepted == c.accepted_clean else f"{_pct(c.accepted_clean)} → {_pct(c.accepted)}"
+    return [stream, audit, acc] + [str(v) for v in c.extra.values()]
+
+
+def markdown(cells: list[Cell]) -> str:
+    """The table: one row per fault; per model, the stream, the audit's verdict and exit status, the
+    acceptance (and any extra columns)."""
+    models = list(dict.fromkeys(c.model for c in cells))
+    by = {(c.fault, c.model): c for c in cells}
+    faults = list(dict.fromkeys(c.fault for c in cells))
+    extra = list(cells[0].extra)
+    per_model = ["stream", "audit → exit", "acceptance"] + extra
+    head = [f"`{m}` {col}" for m in models for col in per_model]
+    lines = ["| fault | class | run | " + " | ".join(head) + " |", "|---|---|---|" + "---|" * len(head)]
+    for f in faults:
+        first = by[(f, models[0])]
+        cls = FAULTS[f].bug_class if f in FAULTS else "—"
+        cols = [x for m in models for x in columns(by[(f, m)])]
+        lines.append(f"| `{f}` | {cls} | `{first.flags}` | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- bug-class table: begin (python -m refimpl.fault_table --write docs/bug-classes.md) -->", "<!-- bug-class table: end -->"
+
+
+def table_in(text: str) -> str:
+    """The generated table held in a page between the BEGIN and END markers."""
+    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[start:stop].strip("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m refimpl.fault_table", description=__doc__.splitlines()[0])
+    p.add_argument("--write", metavar="PAGE", help="replace the table between the markers in PAGE (else print it)")
+    args = p.parse_args(argv)
+    import numba
+
+    numba.set_num_threads(1)  # tiny matrices: threads cost more than they save, and never change a bit
+    cells = measure_all(progress=lambda c: print(f"{c.model:12s} {c.fault:20s} {' | '.join(columns(c))}", file=sys.stderr))
+    table = markdown(cells)
+    if args.write:
+        page = Path(args.write)
+        text = page.read_text(encoding="utf-8")
+        start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+        page.write_text(text[:start] + "\n" + table + "\n" + text[stop:], encoding="utf-8")
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -131,9 +131,13 @@ def canonical_recipe(recipe: FixtureRecipe) -> FixtureRecipe:
 
 
 def recipe_of(gguf_file) -> FixtureRecipe | None:
-    """The recipe a ``refimpl.fixtures`` file records in its metadata, or None for other files."""
+    """The recipe a ``refimpl.fixtures`` file records in its metadata, or None for other files and
+    for the large presets (``refimpl.fixtures.large``: written from a pooled draw, not by
+    ``write_fixture``, so not a ``builtin:`` spec; a golden made from one is checked with MODEL given)."""
+    from refimpl.fixtures.presets import LARGE_PRESETS
+
     preset = gguf_file.key("refimpl.fixture.preset")
-    if preset is None:
+    if preset is None or preset in LARGE_PRESETS:
         return None
     options = json.loads(gguf_file.key("refimpl.fixture.options", "{}"))
     return canonical_recipe(FixtureRecipe(preset, gguf_file.key("refimpl.fixture.quant"), int(gguf_file.key("refimpl.fixture.seed", 0)), options))

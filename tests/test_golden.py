@@ -276,6 +276,18 @@ def test_recipe_is_read_back_from_fixture_metadata(make_fixture):
     assert B.recipe_of(GGUFFile(path)).spec == "builtin:predictable/q8_0/seed=3/mtp_mismatch=0.5"
 
 
+def test_a_large_fixture_has_no_builtin_recipe():
+    """medium / full / wide files record their preset too, but are not builtin: specs: golden make on
+    one records no fixture (and does not fail on the unknown preset)."""
+    keys = {"refimpl.fixture.preset": "medium", "refimpl.fixture.quant": "q4_k_m", "refimpl.fixture.seed": 0}
+
+    class Metadata:
+        def key(self, name, default=None):
+            return keys.get(name, default)
+
+    assert B.recipe_of(Metadata()) is None
+
+
 def test_prompts_files(tmp_path):
     from refimpl.tokenizer import Tokenizer
 

@@ -3,6 +3,7 @@
     python bench/cluster.py                                   # tiny q8_0, 8 prompts x 32 tokens, 3 rounds
     python bench/cluster.py --model builtin:predictable/q8_0 --prompts 16 --n 64 --rounds 5
     python bench/cluster.py --model MODEL.gguf --workers 1,2  # any GGUF; LocalClusters of 1 and 2 workers
+    python bench/cluster.py --workers 1,2 --worker-threads 1  # 1 vs 2 single-thread workers
 
 Every configuration makes the same golden file (same prompts, same ``--out``) through
 :func:`refimpl.golden.make_golden`, the function behind the command, and the bytes are compared:
@@ -14,7 +15,7 @@ Every configuration makes the same golden file (same prompts, same ``--out``) th
   start-up and model load (that is what ``--jobs`` does);
 * ``cluster Wx1`` — ``--cluster`` on a ``distributed.LocalCluster`` of W worker processes × 1 Dask
   thread, started once before the rounds, with ``NUMBA_NUM_THREADS`` = ⌊cores / W⌋ per worker (the
-  docs/cluster.md recipe). Its workers keep the model between runs (per-process cache), so after the
+  docs/cluster.md recipe; ``--worker-threads T`` sets T instead, e.g. 1 to see process scaling alone). Its workers keep the model between runs (per-process cache), so after the
   untimed first run (printed as ``cold``: worker start-up is not in it, model load is) the rounds
   measure a standing cluster.
 
@@ -75,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=32, help="tokens per prompt (default 32)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="2", help="LocalCluster sizes to time, comma-separated (default 2)")
+    ap.add_argument("--worker-threads", type=int, metavar="T",
+                    help="numba threads per cluster worker (default: cores // workers, the docs/cluster.md recipe)")
     args = ap.parse_args(argv)
 
     import distributed
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
     clusters, configs = [], {  # name: (make_golden's keyword arguments, numba threads per process)
         "--jobs 1": ({"jobs": 1}, cores), "--jobs 1, 1 thr": ({"jobs": 1}, 1), "--jobs 2": ({"jobs": 2}, max(1, cores // 2))}
     for w in (int(x) for x in args.workers.split(",")):
-        threads = max(1, cores // w)
+        threads = args.worker_threads or max(1, cores // w)
         clusters.append(distributed.LocalCluster(
             n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR,
             env={"NUMBA_NUM_THREADS": str(threads), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}))

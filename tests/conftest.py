@@ -6,31 +6,28 @@ from pathlib import Path
 import pytest
 
 
-def require_llama_cpp():
-    """Import llama_cpp (llama-cpp-python 0.3.36, the ground truth).
+def _require(module: str, package: str, extra: str):
+    """Import ``module`` from an optional extra. Outside CI a missing package skips the test; under
+    ``CI=true`` it fails it, because CI installs the extra and a test that silently skips there
+    never ran."""
+    import importlib
 
-    Outside CI a missing package skips the test; under ``CI=true`` it fails it, because CI installs
-    the ``oracle`` extra and a conformance test that silently skips there never ran.
-    """
     try:
-        import llama_cpp  # noqa: F401
+        return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the machine
         if os.environ.get("CI") == "true":
-            pytest.fail(f"llama-cpp-python is required under CI=true but cannot be imported: {exc}")
-        pytest.skip("llama-cpp-python is not installed (pip install -e '.[oracle]')")
-    return llama_cpp
+            pytest.fail(f"{package} is required under CI=true but cannot be imported: {exc}")
+        pytest.skip(f"{package} is not installed (pip install -e '.[{extra}]')")
+
+
+def require_llama_cpp():
+    """Import llama_cpp (llama-cpp-python 0.3.36, the ground truth; the ``oracle`` extra)."""
+    return _require("llama_cpp", "llama-cpp-python", "oracle")
 
 
 def require_distributed():
-    """Import distributed (the ``cluster`` extra), skipping outside CI and failing under ``CI=true``
-    when it is missing, as :func:`require_llama_cpp` does."""
-    try:
-        import distributed
-    except ImportError as exc:  # pragma: no cover - depends on the machine
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"distributed is required under CI=true but cannot be imported: {exc}")
-        pytest.skip("distributed is not installed (pip install -e '.[cluster]')")
-    return distributed
+    """Import distributed (Dask's, the ``cluster`` extra)."""
+    return _require("distributed", "distributed", "cluster")
 
 
 @pytest.fixture(scope="session")

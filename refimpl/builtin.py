@@ -58,7 +58,7 @@ def fixture_path(preset: str = BUILTIN_PRESET, quant: str = BUILTIN_QUANT, seed:
     suffix = "".join(f"-{k}={v}" for k, v in sorted(options.items()))
     path = cache_dir() / f"{preset}-{quant}-s{seed}{suffix}.gguf"
     if not path.is_file():
-        with writing(path, "the built-in model cache ($REFIMPL_CACHE)"):
+        with writing(path, "the fixture cache ($REFIMPL_CACHE)"):
             write_fixture(path, preset=preset, quant=quant, seed=seed, **options)
     return path
 

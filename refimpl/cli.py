@@ -398,6 +398,7 @@ def _cmd_plot(args) -> int:
     from refimpl import plot
 
     plot._pyplot()  # one-line error now if matplotlib is missing
+    check_output(args.out, "--out")
     if args.plot_command == "telemetry":
         fig = plot.draw_telemetry(plot.telemetry_series(args.csv), title=Path(args.csv).name)
     elif args.plot_command == "routes":
@@ -415,7 +416,8 @@ def _cmd_plot(args) -> int:
             raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
         series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
         fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
-    plot.save(fig, args.out)
+    with writing(args.out, "--out") as out:
+        plot.save(fig, out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -14,3 +14,5 @@ done
 $REFIMPL golden make builtin:tiny/q4_k_m --prompts $P -n $N --emulate=plain --kv-type f16 --out golden/tiny-q4_k_m-emulate.jsonl --jobs $JOBS
 $REFIMPL golden make builtin:predictable/q8_0 --prompts $P -n $N --out golden/predictable-q8_0.jsonl --jobs $JOBS
 $REFIMPL golden make builtin:predictable/q8_0 --prompts $P -n $N --mtp --draft 3 --out golden/predictable-q8_0-mtp3.jsonl --jobs $JOBS
+$REFIMPL golden make builtin:kjv --prompts golden/prompts-kjv.txt -n $N --out golden/kjv-q8_0.jsonl --jobs $JOBS
+$REFIMPL golden make builtin:kjv --prompts golden/prompts-kjv.txt -n $N --mtp --draft 3 --out golden/kjv-q8_0-mtp3.jsonl --jobs $JOBS

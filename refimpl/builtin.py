@@ -1,10 +1,13 @@
-"""Model arguments: a GGUF path, or a built-in synthetic fixture built on demand.
+"""Model arguments: a GGUF path, the built-in trained model, or a built-in synthetic fixture.
 
-The built-in synthetic model is what ``refimpl run`` uses when no GGUF is given.
-
-It is the ``tiny`` fixture (seed 0, f32), generated on first use into a cache directory
-(``$REFIMPL_CACHE``, default ``~/.cache/refimpl``) and reused afterwards; generation is
-deterministic, so every machine gets the same bytes.
+* **The built-in trained model** (``builtin:kjv``) is what ``run``, ``logits`` and ``trace`` use when
+  no MODEL is given: a small qwen35moe with an MTP head trained on the King James Bible, shipped in the
+  package as ``refimpl/models/kjv-q8_0.gguf`` (its sha256 is :data:`TRAINED_SHA256`; train/ and
+  docs/trained-model.md say how it was made).
+* **Synthetic fixtures** (``builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]``, e.g. ``builtin:tiny/f32``)
+  are generated on first use into a cache directory (``$REFIMPL_CACHE``, default ``~/.cache/refimpl``)
+  and reused afterwards; generation is deterministic, so every machine gets the same bytes. ``builtin:``
+  alone is ``builtin:tiny/f32``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,26 @@ BUILTIN_QUANT = "f32"
 BUILTIN_SEED = 0
 BUILTIN_PREFIX = "builtin:"
 
+TRAINED_SPEC = "builtin:kjv"  # the built-in trained model (the default MODEL)
+TRAINED_SPELLINGS = (TRAINED_SPEC, TRAINED_SPEC + "/q8_0")
+TRAINED_PATH = Path(__file__).parent / "models" / "kjv-q8_0.gguf"
+TRAINED_SHA256 = "852d999ef3ebe4a4485213c96a3b4f2c8a16c1e04f40cc5898f13f404ec0c3f3"
+TRAINED_DESCRIPTION = (
+    "a 7M-parameter qwen35moe trained on the King James Bible (E=256, 4 trunk layers + MTP head, "
+    "16 experts top-2, 2048-token BPE), q8_0"
+)
+
+
+def trained_path() -> Path:
+    """The packaged trained model's file (a one-line RefimplError when the package lacks it)."""
+    if not TRAINED_PATH.is_file():
+        raise RefimplError(f"the built-in trained model {TRAINED_PATH} is missing from this installation; pass a MODEL")
+    return TRAINED_PATH
+
+
+def is_trained_spec(arg: str) -> bool:
+    return arg in TRAINED_SPELLINGS
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("REFIMPL_CACHE") or Path.home() / ".cache" / "refimpl")
@@ -35,7 +58,7 @@ def fixture_path(preset: str = BUILTIN_PRESET, quant: str = BUILTIN_QUANT, seed:
     suffix = "".join(f"-{k}={v}" for k, v in sorted(options.items()))
     path = cache_dir() / f"{preset}-{quant}-s{seed}{suffix}.gguf"
     if not path.is_file():
-        with writing(path, "the built-in model cache ($REFIMPL_CACHE)"):
+        with writing(path, "the fixture cache ($REFIMPL_CACHE)"):
             write_fixture(path, preset=preset, quant=quant, seed=seed, **options)
     return path
 
@@ -66,7 +89,7 @@ class FixtureRecipe:
 def parse_builtin(spec: str) -> FixtureRecipe:
     """``builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE …]`` → recipe. QUANT defaults to f32, the seed
     to 0; KEY=VALUE are fixture options (values read as JSON when they parse: true, 0.5; else text).
-    ``builtin:`` alone is the built-in model of ``refimpl run`` (tiny, f32, seed 0)."""
+    ``builtin:`` alone is tiny, f32, seed 0 (``builtin:kjv``, the trained model, is not a fixture recipe)."""
     body = spec[len(BUILTIN_PREFIX):]
     parts = [p for p in body.split("/")] if body else []
     if any(not p for p in parts):
@@ -97,7 +120,8 @@ def canonical_recipe(recipe: FixtureRecipe) -> FixtureRecipe:
     from refimpl.fixtures import PRESETS, QUANT_MIXES, resolve_options
 
     if recipe.preset not in PRESETS:
-        raise RefimplError(f"unknown fixture preset '{recipe.preset}' (valid: {', '.join(PRESETS)})")
+        raise RefimplError(f"unknown fixture preset '{recipe.preset}' (valid: {', '.join(PRESETS)}; "
+                           f"{TRAINED_SPEC} is the trained model)")
     if recipe.quant not in QUANT_MIXES:
         raise RefimplError(f"unknown quant mix '{recipe.quant}' (valid: {', '.join(QUANT_MIXES)})")
     preset = PRESETS[recipe.preset]
@@ -125,7 +149,10 @@ def build_fixture(recipe: FixtureRecipe) -> Path:
 
 
 def resolve_model(arg: str) -> Path:
-    """A MODEL argument → the GGUF path (a ``builtin:`` spec is built into the cache)."""
+    """A MODEL argument → the GGUF path (``builtin:kjv`` is the packaged trained model; another
+    ``builtin:`` spec is built into the cache)."""
+    if is_trained_spec(arg):
+        return trained_path()
     if arg.startswith(BUILTIN_PREFIX):
         return build_fixture(parse_builtin(arg))
     return Path(arg)

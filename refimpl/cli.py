@@ -35,11 +35,23 @@ def _cmd_fixture(args) -> int:
     return 0
 
 
+def _default_model(arg: str | None) -> str:
+    """MODEL as given, or ``builtin:kjv`` (the built-in trained model) with a note on stderr."""
+    from refimpl.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
+
+    if arg is not None:
+        return arg
+    print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
+          f"({resolve_model(TRAINED_SPEC)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
+    return TRAINED_SPEC
+
+
 def _cmd_inspect(args) -> int:
+    from refimpl.builtin import resolve_model
     from refimpl.inspect_model import describe
     from refimpl.load import open_model
 
-    print(describe(open_model(args.model)))
+    print(describe(open_model(resolve_model(_default_model(args.model)))))
     return 0
 
 
@@ -66,20 +78,14 @@ def _ctx_from_args(args, trace=None):
 
 
 def _load(args, cache_mb=None, pack="auto"):
-    """The model named by MODEL or -m, or the built-in synthetic model when neither is given;
+    """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
-    from refimpl.builtin import fixture_path
+    from refimpl.builtin import resolve_model
     from refimpl.compile_report import name_types
     from refimpl.model import load_model
 
-    from refimpl.builtin import resolve_model
-
-    path = getattr(args, "m", None) or args.model
-    if path is None:
-        path = fixture_path()
-        print(f"refimpl: no model given; using the built-in synthetic model {path}", file=sys.stderr)
-    path = resolve_model(str(path))  # a builtin:PRESET/QUANT spec is built on demand
+    path = resolve_model(str(_default_model(getattr(args, "m", None) or args.model)))  # a builtin:PRESET/QUANT spec is built on demand
     name_types(path)  # for the first run's "compiling kernels for …" line
     return load_model(path, cache_mb, pack=pack)
 
@@ -313,7 +319,7 @@ def _cmd_golden_make(args) -> int:
     ctx = _ctx_from_args(args)
     settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
                         kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn)
-    out = make_golden(args.model, args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,
+    out = make_golden(_default_model(args.model), args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,
                       cluster=args.cluster, cache_mb=_cache_mb(args))
     print(f"wrote {out}", file=sys.stderr)
     return 0
@@ -392,6 +398,7 @@ def _cmd_plot(args) -> int:
     from refimpl import plot
 
     plot._pyplot()  # one-line error now if matplotlib is missing
+    check_output(args.out, "--out")
     if args.plot_command == "telemetry":
         fig = plot.draw_telemetry(plot.telemetry_series(args.csv), title=Path(args.csv).name)
     elif args.plot_command == "routes":
@@ -409,7 +416,8 @@ def _cmd_plot(args) -> int:
             raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
         series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
         fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
-    plot.save(fig, args.out)
+    with writing(args.out, "--out") as out:
+        plot.save(fig, out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
@@ -498,11 +506,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fixture)
 
     p = sub.add_parser("inspect", help="print a GGUF's config, layer kinds and tensor bytes per type")
-    p.add_argument("model", help="path to a qwen35moe .gguf")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("run", help="greedy generation (the built-in synthetic model when no MODEL is given)")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p = sub.add_parser("run", help="greedy generation (the built-in trained model when no MODEL is given)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("-m", metavar="MODEL", help="same as the positional MODEL")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default="The quick brown fox", help="prompt text (special-token text is parsed)")
@@ -522,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("logits", help="write every position's logits as a (T, V) float32 .npy")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True, help="output .npy path")
     p.add_argument("--mtp-out", metavar="FILE.npy",
@@ -531,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_logits)
 
     p = sub.add_parser("trace", help="dump named intermediates (llama.cpp's names) for diffing against its eval callback")
-    p.add_argument("model", nargs="?", help="path to a qwen35moe .gguf (default: built-in synthetic model)")
+    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", default="trace", help="output directory (default ./trace)")
     _add_numerics(p)
@@ -540,7 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("golden", help="golden token streams: make a golden file, or check one (docs/golden.md)")
     gsub = p.add_subparsers(dest="golden_command", required=True, parser_class=_Parser)
     p = gsub.add_parser("make", help="decode a prompts file and write a golden file")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or a built-in fixture: builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a qwen35moe .gguf, builtin:kjv (the trained model, the default), or a built-in fixture: "
+                        "builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
     p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
     p.add_argument("--out", metavar="PATH", help="golden file to write (default MODEL-NAME.golden.jsonl)")
@@ -559,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…; or a golden file "
+    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…; or a golden file "
                                                   "(judged by its recorded top-5, without the model)")
     p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
     p.add_argument("--streams", dest="stream_dir", metavar="DIR",

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from refimpl.builtin import BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, recipe_of, resolve_model, sha256_file
+from refimpl.builtin import (BUILTIN_PREFIX, FixtureRecipe, build_fixture, canonical_recipe, is_trained_spec, recipe_of, resolve_model,
+                             sha256_file)
 from refimpl.errors import RefimplError
 from refimpl.golden_file import FORMAT, VERSION, Golden, Prompt, producer, read_golden, read_prompts, write_golden
 from refimpl.output_path import check_output, writing
@@ -86,8 +87,9 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
     m = open_model(path)
     prompts = read_prompts(prompts_path, Tokenizer.from_gguf(m.gguf.reader), m.config.n_vocab)
     recipe = recipe_of(m.gguf)
+    fixture_arg = model_arg.startswith(BUILTIN_PREFIX) and recipe is not None  # builtin:PRESET…, not builtin:kjv
     if out is None:
-        out = (recipe.spec[len(BUILTIN_PREFIX):].replace("/", "-") if model_arg.startswith(BUILTIN_PREFIX) else path.stem) + ".golden.jsonl"
+        out = (recipe.spec[len(BUILTIN_PREFIX):].replace("/", "-") if fixture_arg else path.stem) + ".golden.jsonl"
     check_output(out, "--out")  # before decoding (refimpl.output_path)
     sha = sha256_file(path)
     results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel, cluster=cluster,
@@ -97,10 +99,11 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
             raise RuntimeError(f"refimpl bug: prompt {i}: the {settings.draft_source or 'greedy'} stream's step "
                                f"{r.departure} is not the teacher-forced argmax")
     model_json = {"file": path.name, "size": path.stat().st_size, "sha256": sha,
-                  "fixture": recipe.as_json() if recipe else None}
+                  "fixture": recipe.as_json() if recipe else None,
+                  **({"builtin": model_arg} if is_trained_spec(model_arg) else {})}
     header = {"record": "header", "format": FORMAT, "version": VERSION, "producer": producer(), "model": model_json,
               "settings": settings.as_json(),
-              "regenerate": shlex.join(["refimpl", "golden", "make", recipe.spec if model_arg.startswith(BUILTIN_PREFIX) else model_arg,
+              "regenerate": shlex.join(["refimpl", "golden", "make", recipe.spec if fixture_arg else model_arg,
                                         "--prompts", str(prompts_path), *settings.make_flags(), "--out", str(out)])}
     records = [{"record": "prompt", "index": i, "text": p.text, "prompt_ids": p.ids, "ids": r.ids, "stop": r.stop,
                 **({"draft": r.draft} if r.draft is not None else {}), "steps": r.steps}
@@ -124,6 +127,8 @@ def _model_for_check(g: Golden, model_arg: str | None) -> Path:
     m = g.header["model"]
     fixture = m.get("fixture")
     hint = f"regenerate the golden file if the model changed on purpose: {g.header.get('regenerate', '')}"
+    if model_arg is None and m.get("builtin"):  # the packaged trained model
+        model_arg = m["builtin"]
     if model_arg is None:
         if not fixture:
             raise RefimplError(f"{g.path}: made from {m['file']}, not a built-in fixture; pass MODEL (the GGUF file)")

@@ -1,8 +1,8 @@
 """Every file a command writes is handled one way (README, "Output files").
 
 The rule, for every option that names an output — ``logits --out`` / ``--mtp-out``, ``run --csv`` /
-``--route-trace``, ``trace --out`` (a directory), ``golden make --out``, ``fixture OUT`` — and for the
-built-in model's cache (``$REFIMPL_CACHE``):
+``--route-trace``, ``trace --out`` (a directory), ``golden make --out``, ``fixture OUT``,
+``plot … --out`` — and for the cache of ``builtin:`` fixtures (``$REFIMPL_CACHE``):
 
 * missing parent directories are created (for a directory output, the directory itself);
 * a location that cannot be written is refused with one line, ``refimpl: error: cannot write

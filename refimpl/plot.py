@@ -201,5 +201,5 @@ def draw_routes(counts: np.ndarray, labels: list[str], title: str = ""):
 
 
 def save(fig, out) -> None:
-    fig.savefig(out, dpi=90)
+    fig.savefig(out, dpi=90, format="png")  # PNG whatever the file is called (--out PNG)
     _pyplot().close(fig)

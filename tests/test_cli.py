@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from refimpl.builtin import TRAINED_PATH
 from refimpl.generate import greedy
 from refimpl.model import forward, load_model
 from refimpl.state import SeqState
@@ -31,8 +32,8 @@ def test_run_json_on_the_builtin_model_is_greedy(cache):
     proc = _refimpl("run", "-p", "Hello world", "-n", "6", "--json", cache=cache)
     out = json.loads(proc.stdout)
     assert set(out) >= {"prompt_tokens", "tokens", "text"}
-    assert "built-in synthetic model" in proc.stderr
-    model = load_model(cache / "tiny-f32-s0.gguf")
+    assert "built-in trained model builtin:kjv" in proc.stderr and "King James Bible" in proc.stderr
+    model = load_model(TRAINED_PATH)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     assert out["prompt_tokens"] == tok.encode("Hello world", parse_special=True)
     assert out["tokens"] == greedy(model, out["prompt_tokens"], 6, eog_ids=tok.eog_ids)
@@ -40,7 +41,7 @@ def test_run_json_on_the_builtin_model_is_greedy(cache):
 
 
 def test_run_streams_text(cache):
-    proc = _refimpl("run", "--tokens", "1,2,3", "-n", "5", cache=cache)
+    proc = _refimpl("run", "builtin:tiny/f32", "--tokens", "1,2,3", "-n", "5", cache=cache)
     model = load_model(cache / "tiny-f32-s0.gguf")
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     expected = tok.decode(greedy(model, [1, 2, 3], 5, eog_ids=tok.eog_ids))
@@ -49,7 +50,7 @@ def test_run_streams_text(cache):
 
 def test_logits_and_trace_files(cache, tmp_path):
     model_path = cache / "tiny-f32-s0.gguf"
-    _refimpl("run", "--tokens", "1", "-n", "1", cache=cache)  # make sure the built-in model exists
+    _refimpl("run", "builtin:tiny/f32", "--tokens", "1", "-n", "1", cache=cache)  # make sure the fixture exists
     out = tmp_path / "l.npy"
     _refimpl("logits", model_path, "--tokens", "5,6,7", "--out", out, cache=cache)
     model = load_model(model_path)
@@ -79,7 +80,7 @@ def test_bad_input_is_one_line_and_exit_2(cache, tmp_path, args, message):
     proc = _refimpl(*args, cache=cache, check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    lines = [l for l in lines if "built-in synthetic model" not in l]
+    lines = [l for l in lines if "built-in trained model" not in l]
     assert len(lines) == 1 and lines[0].startswith("refimpl: error:") and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -89,6 +90,15 @@ def test_not_a_gguf_exit_2(cache, tmp_path):
     p.write_text("hello")
     proc = _refimpl("inspect", p, cache=cache, check=False)
     assert proc.returncode == 2 and "not a GGUF file" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_logits_default_to_the_trained_model(cache, tmp_path):
+    out = tmp_path / "l.npy"
+    proc = _refimpl("logits", "--tokens", "5,6,7", "--out", out, cache=cache)
+    assert "builtin:kjv" in proc.stderr
+    model = load_model(TRAINED_PATH)
+    expected, _, _ = forward(model, SeqState.fresh(model.config), [5, 6, 7])
+    assert np.array_equal(np.load(out), expected)
 
 
 def test_run_accepts_a_builtin_fixture_spec(cache):

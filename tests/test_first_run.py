@@ -1,8 +1,9 @@
 """The first run: numba compiles only the kernels of the model's own weight types, says so on stderr
 with one line per kernel (refimpl/compile_report.py), and says nothing when they come from the cache.
 
-The end-to-end test runs ``refimpl run`` on the built-in (F32) model twice against a fresh numba cache
-directory (``NUMBA_CACHE_DIR``): the first run compiles, the second loads. How long the cold run takes
+The end-to-end test runs ``refimpl run`` on the built-in model (``builtin:kjv``: F32 and Q8_0) twice
+against a fresh numba cache directory (``NUMBA_CACHE_DIR``): the first run compiles the kernels of
+those two types and of no other, the second loads them. How long the cold run takes
 depends on the CPU, so it is measured and documented (docs/performance.md, "First run"), not asserted.
 """
 
@@ -17,9 +18,11 @@ import numpy as np
 
 import kernels
 from kernels.blocks import QT
+from refimpl.builtin import TRAINED_SPEC, resolve_model
 from refimpl.compile_report import compile_report
+from refimpl.gguf_file import GGUFFile
 
-QUANT_TYPES = [t.name.lower() for t in (QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.F16, QT.BF16, QT.Q5_K, QT.Q2_K)]
+QUANT_TYPES = [t.name.lower() for t in (QT.F32, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.F16, QT.BF16, QT.Q5_K, QT.Q2_K)]
 
 
 def _refimpl(*args, env):
@@ -27,20 +30,21 @@ def _refimpl(*args, env):
 
 
 def test_cold_then_warm_run_on_the_builtin_model(tmp_path):
+    types = list(GGUFFile(resolve_model(TRAINED_SPEC)).bytes_by_qtype())  # the default model's: F32, Q8_0
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), REFIMPL_CACHE=str(tmp_path / "refimpl"))
     args = ("run", "--tokens", "1,2,3", "-n", "3")
     cold = _refimpl(*args, env=env)
     assert cold.returncode == 0, cold.stderr
-    assert "refimpl: compiling kernels for F32 (first run only" in cold.stderr
+    assert f"refimpl: compiling kernels for {', '.join(types)} (first run only" in cold.stderr
     compiled = re.findall(r"^refimpl:   \[(\d+)\] (\S+) [\d.]+ s$", cold.stderr, flags=re.M)
     assert compiled and [int(i) for i, _ in compiled] == list(range(1, len(compiled) + 1))
     names = [name for _, name in compiled]
-    assert "matmul_lanes_f32" in names or "matmul_packed_f32" in names
+    assert {f"matmul_packed_{t.lower()}" for t in types} & set(names)
     assert re.search(rf"^refimpl: compiled {len(names)} kernels in [\d.]+ s$", cold.stderr, flags=re.M)
-    # only F32's kernels: no other type's compiled copy, neither reported nor in numba's cache directory
+    # only the model's types' kernels: no other type's compiled copy, neither reported nor in numba's cache
     cached = [f for _, _, files in os.walk(tmp_path / "numba") for f in files]
-    assert any("_f32-" in f for f in cached)
-    for t in QUANT_TYPES:
+    assert any(f"_{types[-1].lower()}-" in f for f in cached)
+    for t in sorted(set(QUANT_TYPES) - {t.lower() for t in types}):
         assert not any(name.endswith(f"_{t}") for name in names), names
         assert not any(f"_{t}-" in f for f in cached), t
 

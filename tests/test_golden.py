@@ -29,6 +29,7 @@ def test_the_golden_set_is_complete():
     names = {p.name for p in GOLDEN_FILES}
     expected = {f"tiny-{q}.jsonl" for q in ("f32", "bf16", "q8_0", "q4_k_m", "mxfp4")}
     expected |= {"tiny-q4_k_m-emulate.jsonl", "predictable-q8_0.jsonl", "predictable-q8_0-mtp3.jsonl"}
+    expected |= {"kjv-q8_0.jsonl", "kjv-q8_0-mtp3.jsonl"}  # the built-in trained model
     assert names == expected
 
 

@@ -1,7 +1,7 @@
 """Every file a command writes is handled one way (refimpl/output_path.py, README "Output files"):
 missing parent directories are created; a location that cannot be written is refused with one line
 ``refimpl: error: cannot write …`` and exit code 2, before any work — for every option that names an
-output file, and for the built-in model's cache.
+output file, and for the cache of ``builtin:`` fixtures.
 
 The commands run in-process (``refimpl.cli.main``): an uncaught exception — a traceback — fails the test.
 Tests run as root in CI, where a ``chmod``-read-only directory is still writable; the locations that
@@ -21,12 +21,18 @@ PROC = "/proc/refimpl-cannot-write-here"  # procfs: creating anything fails, for
 
 @pytest.fixture(scope="module")
 def env(fixture_cache, tmp_path_factory):
-    """(built-in tiny model path, prompts file) shared by the module; the model is built once."""
+    """The inputs the commands read, shared by the module: the tiny fixture (built once), a prompts
+    file, a telemetry CSV and a route trace of one run, a token stream."""
     from refimpl.builtin import fixture_path
 
-    prompts = tmp_path_factory.mktemp("prompts") / "prompts.txt"
-    prompts.write_text("The quick brown fox\n")
-    return fixture_path(), prompts
+    inputs = tmp_path_factory.mktemp("inputs")
+    (inputs / "prompts.txt").write_text("The quick brown fox\n")
+    (inputs / "stream.json").write_text('{"prompt_tokens": [1, 2], "tokens": [3, 4, 5]}')
+    model = fixture_path()
+    assert main(["run", str(model), "--tokens", "1,2", "-n", "3", "--ngram", "--csv", str(inputs / "t.csv"),
+                 "--route-trace", str(inputs / "r.csv")]) == 0
+    return dict(model=model, prompts=inputs / "prompts.txt", csv=inputs / "t.csv", routes=inputs / "r.csv",
+                stream=inputs / "stream.json")
 
 
 # option id → (argv with {out} for the output, the output is a directory)
@@ -38,13 +44,17 @@ OPTIONS = {
     "trace --out": (["trace", "{model}", "--tokens", "1,2", "--out", "{out}"], True),
     "golden make --out": (["golden", "make", "{model}", "--prompts", "{prompts}", "-n", "2", "--out", "{out}"], False),
     "fixture OUT": (["fixture", "{out}"], False),
+    "plot telemetry --out": (["plot", "telemetry", "{csv}", "--out", "{out}"], False),
+    "plot routes --out": (["plot", "routes", "{routes}", "--out", "{out}"], False),
+    "plot audit --out": (["plot", "audit", "{model}", "{stream}", "--out", "{out}"], False),
 }
 
 
 def _argv(option, out, env, tmp_path):
-    model, prompts = env
+    if option.startswith("plot") and os.environ.get("CI") != "true":
+        pytest.importorskip("matplotlib")  # CI installs the 'plot' extra: there, without it, the test fails
     argv, _ = OPTIONS[option]
-    return [a.format(model=model, prompts=prompts, out=out, tmp=tmp_path) for a in argv]
+    return [a.format(out=out, tmp=tmp_path, **env) for a in argv]
 
 
 def _flag(option):
@@ -118,12 +128,12 @@ def test_a_read_only_directory_is_refused_unless_this_user_may_write_it(option, 
         ro.chmod(stat.S_IRWXU)
 
 
-def test_an_unwritable_builtin_model_cache_is_refused(tmp_path, monkeypatch, capsys):
-    """The built-in model is written into $REFIMPL_CACHE, under the same rule."""
+def test_an_unwritable_fixture_cache_is_refused(tmp_path, monkeypatch, capsys):
+    """A ``builtin:`` fixture is written into $REFIMPL_CACHE, under the same rule."""
     monkeypatch.setenv("REFIMPL_CACHE", f"{PROC}/cache")
-    code = main(["run", "--tokens", "1", "-n", "1"])
+    code = main(["run", "builtin:tiny", "--tokens", "1", "-n", "1"])
     err = capsys.readouterr().err
-    assert code == 2 and err.splitlines()[-1].startswith("refimpl: error: cannot write the built-in model cache"), err
+    assert code == 2 and err.splitlines()[-1].startswith("refimpl: error: cannot write the fixture cache"), err
     monkeypatch.setenv("REFIMPL_CACHE", str(tmp_path / "new" / "cache"))
-    assert main(["logits", "--tokens", "1", "--out", str(tmp_path / "l.npy")]) == 0
+    assert main(["logits", "builtin:tiny", "--tokens", "1", "--out", str(tmp_path / "l.npy")]) == 0
     assert (tmp_path / "new" / "cache" / "tiny-f32-s0.gguf").is_file()

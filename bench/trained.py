@@ -1,0 +1,138 @@
+"""What the trained built-in model shows that the random ``tiny`` fixture cannot (docs/trained-model.md).
+
+    python bench/trained.py            # all four parts, ~3 min on 2 cores; llama.cpp parts need the oracle extra
+
+1. **continuations** — refimpl's greedy continuation of a few prompts (``-n 48``).
+2. **mtp** — MTP acceptance at --draft 1 and --draft 3 over the prompts (``refimpl run --mtp --draft N``'s
+   counters: accepted / drafted), next to llama.cpp's own draft-mtp loop on the same file
+   (tests/llama_spec.py), which must draft and accept exactly the same tokens.
+3. **near-ties** — the share of greedy steps whose top-2 logits are within the audit's 5 % band
+   (margin ≤ 0.05 · max|logit|), trained model vs ``tiny`` f32 (same prompts, each model's tokenizer).
+4. **streamer** — decode-phase hit rate of the expert cache at about a quarter of each model's routed-
+   expert bytes (``--cache-mb``), trained model vs ``tiny`` q8_0. With routing independent of the text, an
+   LRU cache holding a fraction f of the slices hits about f of the time; more than that is locality.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from refimpl.builtin import TRAINED_PATH, fixture_path  # noqa: E402
+from refimpl.generate import greedy  # noqa: E402
+from refimpl.model import forward, load_model  # noqa: E402
+from refimpl.speculative import speculative_generate  # noqa: E402
+from refimpl.state import SeqState  # noqa: E402
+from refimpl.tokenizer import Tokenizer  # noqa: E402
+
+PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "The quick brown fox", "Blessed are the",
+           "Then Jesus answered and said", "And it came to pass"]
+N = 48
+MIB = 1 << 20
+
+
+def cpu() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
+    return "unknown CPU"
+
+
+def continuations(model, tok):
+    print("## continuations (greedy, -n 48)")
+    for p in PROMPTS:
+        ids = tok.encode(p)
+        print(f"{p!r} -> {tok.decode(greedy(model, ids, N, eog_ids=tok.eog_ids))!r}")
+
+
+def mtp(model, tok, path):
+    """llama.cpp runs on an F32 copy of the weights (train.export.dequantized_copy: refimpl's numbers on
+    it are those of the q8_0 file bit for bit), because llama-cpp-python 0.3.36's draft-mtp loop dies
+    with SIGILL on Q8_0 files."""
+    print("\n## MTP acceptance (accepted / drafted), refimpl vs llama.cpp's draft-mtp loop (on an F32 copy)")
+    import tempfile
+
+    from train.export import dequantized_copy
+
+    path = dequantized_copy(path, Path(tempfile.mkdtemp()) / "kjv-f32.gguf")
+    try:
+        from llama_spec import llama_speculative
+    except ImportError:
+        llama_speculative = None
+    for n_draft in (1, 3):
+        ours = [0, 0, 0, 0]  # drafted, accepted, decodes, generated
+        theirs = [0, 0]
+        same = True
+        for p in PROMPTS:
+            ids = tok.encode(p)
+            tokens, st = speculative_generate(model, ids, N, source="mtp", n_draft=n_draft)
+            ours = [a + b for a, b in zip(ours, (st.n_drafted, st.n_accepted, st.n_decodes, len(tokens)))]
+            if llama_speculative is not None:
+                try:
+                    r = llama_speculative(path, ids, N, n_draft=n_draft)
+                except Exception as exc:  # noqa: BLE001 - report and go on without llama.cpp
+                    print(f"  llama.cpp: {str(exc).splitlines()[0]}")
+                    llama_speculative = None
+                    continue
+                theirs = [theirs[0] + r.n_drafted, theirs[1] + r.n_accepted]
+                same &= r.tokens == tokens and (r.n_drafted, r.n_accepted) == (st.n_drafted, st.n_accepted)
+        line = (f"--draft {n_draft}: refimpl {ours[1]}/{ours[0]} = {100 * ours[1] / ours[0]:.1f}% accepted, "
+                f"{ours[3] / ours[2]:.2f} tokens per trunk decode")
+        if llama_speculative is not None:
+            line += f"; llama.cpp {theirs[1]}/{theirs[0]} = {100 * theirs[1] / max(theirs[0], 1):.1f}% ({'identical' if same else 'DIFFERENT'})"
+        print(line)
+
+
+def near_ties(model, tok) -> tuple[float, int]:
+    gaps = []
+    for p in PROMPTS:
+        ids = tok.encode(p)
+        out = greedy(model, ids, N)
+        logits, _, _ = forward(model, SeqState.fresh(model.config), ids + out[:-1])
+        rows = logits[len(ids) - 1:]  # the rows that chose each generated token
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(rows).max(axis=-1))
+    return float(np.mean(np.asarray(gaps) <= 0.05)), len(gaps)
+
+
+def hit_rate(path, tok, fraction: float = 0.25):
+    probe = load_model(path, cache_mb=0, progress=False, pack=False)
+    expert_bytes = probe.streamer.expert_bytes
+    mb = max(1, round(fraction * expert_bytes / MIB))
+    rates = []
+    for p in PROMPTS:
+        model = load_model(path, cache_mb=mb, progress=False, pack=False)
+        greedy(model, tok.encode(p), N)
+        rates.append(model.streamer.stats()["phases"]["decode"]["hit_rate"])
+    return float(np.mean(rates)), mb, mb * MIB / expert_bytes, expert_bytes
+
+
+def main() -> int:
+    print(f"# bench/trained.py — {cpu()}\n")
+    model, tok = load_model(TRAINED_PATH, pack=False), Tokenizer.from_gguf(TRAINED_PATH)
+    continuations(model, tok)
+    mtp(model, tok, TRAINED_PATH)
+
+    print("\n## near-tie share (greedy steps with top-2 margin ≤ 5 % of max|logit|)")
+    tiny_path = fixture_path("tiny", "f32")
+    tiny, tiny_tok = load_model(tiny_path, pack=False), Tokenizer.from_gguf(tiny_path)
+    for name, m, t in (("trained (builtin:kjv)", model, tok), ("tiny f32 (random)", tiny, tiny_tok)):
+        share, n = near_ties(m, t)
+        print(f"{name}: {100 * share:.1f}% of {n} steps")
+
+    print("\n## expert cache hit rate, decode phase, cache ≈ 25 % of the routed-expert bytes")
+    for name, path in (("trained (builtin:kjv, q8_0)", TRAINED_PATH), ("tiny q8_0 (random)", fixture_path("tiny", "q8_0"))):
+        rate, mb, frac, eb = hit_rate(path, Tokenizer.from_gguf(path))
+        print(f"{name}: --cache-mb {mb} = {100 * frac:.0f}% of {eb / MIB:.1f} MiB of experts: {100 * rate:.1f}% hits "
+              f"(text-independent routing: ≈ {100 * min(frac, 1):.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The built-in trained model (refimpl/models/kjv-q8_0.gguf): the committed bytes, its tokenizer, greedy
+decoding and MTP drafting against llama.cpp, and that it writes text (docs/trained-model.md)."""
+
+import re
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from conftest import require_llama_cpp
+from refimpl.builtin import TRAINED_PATH, TRAINED_SHA256, resolve_model, sha256_file
+from refimpl.generate import greedy
+from refimpl.model import load_model
+from refimpl.ops import Ctx
+from refimpl.speculative import speculative_generate
+from refimpl.tokenizer import Tokenizer
+
+PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "The quick brown fox"]
+N_GENERATE = 24
+
+
+@lru_cache(maxsize=None)
+def model():
+    return load_model(TRAINED_PATH, pack=False)
+
+
+@lru_cache(maxsize=None)
+def tok():
+    return Tokenizer.from_gguf(TRAINED_PATH)
+
+
+def test_committed_file_is_byte_identical_to_its_sha256():
+    assert sha256_file(TRAINED_PATH) == TRAINED_SHA256
+    recorded = (TRAINED_PATH.parent / (TRAINED_PATH.name + ".sha256")).read_text().split()
+    assert recorded == [TRAINED_SHA256, TRAINED_PATH.name]
+
+
+def test_builtin_spec_names_the_committed_file():
+    assert resolve_model("builtin:kjv") == resolve_model("builtin:kjv/q8_0") == TRAINED_PATH
+
+
+def test_dimensions_are_the_documented_ones():
+    c = model().config
+    assert (c.n_embd, c.n_vocab, c.n_layer, c.n_layer_nextn) == (256, 2048, 4, 1)
+    assert [c.layer_kind(il) for il in range(c.n_layer_all)] == ["deltanet"] * 3 + ["attention", "mtp"]
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff_shexp) == (16, 2, 64, 128)
+    assert tok().n_vocab == 2048 and tok().eos_id == tok().tokens.index("<|im_end|>")
+
+
+@lru_cache(maxsize=None)
+def plain(prompt: str) -> tuple[int, ...]:
+    ids = tok().encode(prompt)
+    return tuple(greedy(model(), ids, N_GENERATE, eog_ids=tok().eog_ids))
+
+
+def test_continuations_are_english_words():
+    """Greedy continuations are words and punctuation (a random model prints byte soup)."""
+    for prompt in PROMPTS:
+        text = tok().decode(list(plain(prompt)))
+        words = re.findall(r"[A-Za-z]+", text)
+        assert len(words) >= N_GENERATE // 3, text
+        assert re.fullmatch(r"[A-Za-z ,.;:'?!\n-]*", text), text
+        assert {"the", "and", "of", "unto", "he", "I"} & set(words), text
+
+
+# ---- against llama.cpp ------------------------------------------------------------------------------
+
+TEXTS = [
+    "In the beginning God created the heaven and the earth.",
+    "And it came to pass, when Jacob saw Rachel the daughter of Laban his mother's brother,",
+    "Blessed are the poor in spirit: for theirs is the kingdom of heaven.\n\nMatthew\n\n",
+    "The quick brown fox jumps over the lazy dog; it's 2024, isn't it?  Tabs\tand CRLF\r\n",
+    "<|im_start|>user\nWho begat Enos?<|im_end|>\n<|im_start|>assistant\n<think>",
+    "Café naïve — “quotes” 中文 🙂",
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("parse_special", [False, True])
+def test_tokenizer_equals_llama_cpp(parse_special):
+    llama_cpp = require_llama_cpp()
+    llm = llama_cpp.Llama(str(TRAINED_PATH), vocab_only=True, verbose=False)
+    try:
+        for text in TEXTS:
+            assert llm.tokenize(text.encode(), add_bos=True, special=parse_special) == tok().encode(text, parse_special=parse_special), text
+    finally:
+        llm.close()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_equal_llama_cpp(prompt):
+    require_llama_cpp()
+    from llama_ref import llama_greedy
+
+    ids = tok().encode(prompt)
+    theirs = llama_greedy(TRAINED_PATH, ids, N_GENERATE)[len(ids):].tolist()
+    emulated = greedy(model(), ids, N_GENERATE, Ctx(act_quant=True, kv_f16=True))
+    assert theirs == emulated == list(plain(prompt))
+
+
+@pytest.fixture(scope="module")
+def f32_copy(tmp_path_factory):
+    """The committed weights dequantized into an F32 file (same metadata and vocabulary): refimpl's plain
+    numbers on it equal those on the q8_0 file bit for bit. llama-cpp-python 0.3.36's draft-mtp loop
+    (tests/llama_spec.py) dies with SIGILL on every Q8_0 file, the tiny fixture's included; on F32 it runs
+    (train.export.dequantized_copy)."""
+    from train.export import dequantized_copy
+
+    path = dequantized_copy(TRAINED_PATH, tmp_path_factory.mktemp("kjv") / "kjv-f32.gguf")
+    assert Tokenizer.from_gguf(path).encode(TEXTS[1]) == tok().encode(TEXTS[1])
+    return path
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("n_draft", [1, 3])
+def test_mtp_drafting_equals_llama_cpp(f32_copy, n_draft):
+    """llama.cpp's draft-mtp loop on the same weights drafts and accepts exactly what refimpl's does."""
+    require_llama_cpp()
+    from llama_spec import llama_speculative
+
+    ids = tok().encode(PROMPTS[1])
+    tokens, stats = speculative_generate(model(), ids, 32, source="mtp", n_draft=n_draft)
+    assert speculative_generate(load_model(f32_copy, pack=False), ids, 32, source="mtp", n_draft=n_draft)[0] == tokens
+    theirs = llama_speculative(f32_copy, ids, 32, n_draft=n_draft)
+    assert theirs.tokens == tokens == list(greedy(model(), ids, 32))
+    assert (stats.n_drafted, stats.n_accepted, stats.n_decodes) == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes)
+    assert stats.n_accepted / stats.n_drafted > 0.3  # a trained head: a random one accepts ~0 %
+
+
+def test_greedy_steps_are_confident():
+    """Few greedy steps sit inside the audit's 5 % near-tie band: 23 % here (bench/trained.py), about 40 %
+    on the random tiny fixture."""
+    from refimpl.model import forward
+    from refimpl.state import SeqState
+
+    gaps = []
+    for prompt in PROMPTS:
+        ids = tok().encode(prompt)
+        logits, _, _ = forward(model(), SeqState.fresh(model().config), ids + list(plain(prompt))[:-1])
+        rows = logits[len(ids) - 1:]  # the rows that chose each generated token
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(rows).max(axis=-1))
+    assert np.mean(np.asarray(gaps) <= 0.05) < 0.3

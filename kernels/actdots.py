@@ -343,50 +343,12 @@ def _dot_q5_k_q8_k(x, yqs, yd, ybsums):
     return _dot_q45_k_q8_k(x, yqs, yd, ybsums, True)
 
 
-@jit()
-def _dot_iq2_xxs(x, yqs, yd, ybsums):  # the codebook and ternary types (kernels/actdots_iq.py) need no block sums
-    return _dot_iq2_xxs_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_iq2_xs(x, yqs, yd, ybsums):
-    return _dot_iq2_xs_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_iq2_s(x, yqs, yd, ybsums):
-    return _dot_iq2_s_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_iq3_xxs(x, yqs, yd, ybsums):
-    return _dot_iq3_xxs_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_iq3_s(x, yqs, yd, ybsums):
-    return _dot_iq3_s_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_iq1_m(x, yqs, yd, ybsums):
-    return _dot_iq1_m_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_tq1_0(x, yqs, yd, ybsums):
-    return _dot_tq1_0_q8_k(x, yqs, yd)
-
-
-@jit()
-def _dot_tq2_0(x, yqs, yd, ybsums):
-    return _dot_tq2_0_q8_k(x, yqs, yd)
-
-
+#: The Q8_K dot of each weight type, all ``(x, yqs, yd, ybsums)``; the codebook and ternary types
+#: (kernels/actdots_iq.py) other than IQ1_S take the block sums only to share the signature.
 DOTS_Q8_K = {_Q4_K: _dot_q4_k_q8_k, _Q5_K: _dot_q5_k_q8_k, _Q6_K: _dot_q6_k_q8_k, _Q2_K: _dot_q2_k_q8_k,
-             _Q3_K: _dot_q3_k_q8_k, _IQ4_XS: _dot_iq4_xs_q8_k, _IQ2_XXS: _dot_iq2_xxs, _IQ2_XS: _dot_iq2_xs,
-             _IQ2_S: _dot_iq2_s, _IQ3_XXS: _dot_iq3_xxs, _IQ3_S: _dot_iq3_s, _IQ1_S: _dot_iq1_s_q8_k,
-             _IQ1_M: _dot_iq1_m, _TQ1_0: _dot_tq1_0, _TQ2_0: _dot_tq2_0}
+             _Q3_K: _dot_q3_k_q8_k, _IQ4_XS: _dot_iq4_xs_q8_k, _IQ2_XXS: _dot_iq2_xxs_q8_k, _IQ2_XS: _dot_iq2_xs_q8_k,
+             _IQ2_S: _dot_iq2_s_q8_k, _IQ3_XXS: _dot_iq3_xxs_q8_k, _IQ3_S: _dot_iq3_s_q8_k, _IQ1_S: _dot_iq1_s_q8_k,
+             _IQ1_M: _dot_iq1_m_q8_k, _TQ1_0: _dot_tq1_0_q8_k, _TQ2_0: _dot_tq2_0_q8_k}
 
 
 @by_type(DOTS_Q8_K)

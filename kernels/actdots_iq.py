@@ -66,7 +66,7 @@ def _signed4(grid, g, signs, shift, yqs, y):
 
 
 @jit()
-def _dot_iq2_xxs_q8_k(x, yqs, yd):
+def _dot_iq2_xxs_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 66 * i
@@ -83,7 +83,7 @@ def _dot_iq2_xxs_q8_k(x, yqs, yd):
 
 
 @jit()
-def _dot_iq2_xs_q8_k(x, yqs, yd):
+def _dot_iq2_xs_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 74 * i
@@ -101,7 +101,7 @@ def _dot_iq2_xs_q8_k(x, yqs, yd):
 
 
 @jit()
-def _dot_iq2_s_q8_k(x, yqs, yd):
+def _dot_iq2_s_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 82 * i
@@ -124,7 +124,7 @@ def _dot_iq2_s_q8_k(x, yqs, yd):
 
 
 @jit()
-def _dot_iq3_xxs_q8_k(x, yqs, yd):
+def _dot_iq3_xxs_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 98 * i
@@ -143,7 +143,7 @@ def _dot_iq3_xxs_q8_k(x, yqs, yd):
 
 
 @jit()
-def _dot_iq3_s_q8_k(x, yqs, yd):
+def _dot_iq3_s_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 110 * i
@@ -193,7 +193,7 @@ def _dot_iq1_s_q8_k(x, yqs, yd, ybsums):
 
 
 @jit()
-def _dot_iq1_m_q8_k(x, yqs, yd):
+def _dot_iq1_m_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 56 * i
@@ -218,7 +218,7 @@ def _dot_iq1_m_q8_k(x, yqs, yd):
 
 
 @jit()
-def _dot_tq1_0_q8_k(x, yqs, yd):
+def _dot_tq1_0_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 54 * i
@@ -238,7 +238,7 @@ def _dot_tq1_0_q8_k(x, yqs, yd):
 
 
 @jit()
-def _dot_tq2_0_q8_k(x, yqs, yd):
+def _dot_tq2_0_q8_k(x, yqs, yd, ybsums):
     sumf = F32(0.0)
     for i in range(yd.size):
         o = 66 * i

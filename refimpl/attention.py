@@ -1,11 +1,13 @@
-"""Gated full attention (``llama_model_qwen35moe::graph::build_layer_attn``).
+"""Gated full attention (``graph::build_layer_attn`` of ``src/models/qwen35moe.cpp``; ``qwen35.cpp``'s is
+the same, ``qwen3next.cpp``'s differs only in the RoPE: ``ggml_rope_ext`` NEOX instead of IMRoPE).
 
 Per token at position p, input a [E]:
 
 1. ``Qcur_full = W_q a`` [2·H·D], viewed [H, 2, D]: head h's query is ``[h, 0]``, its output gate
    ``[h, 1]`` (memory ``[q_0 | g_0 | q_1 | g_1 | …]``). ``Kcur = W_k a``, ``Vcur = W_v a`` [Hkv, D].
 2. q and k RMSNorm over D with ``attn_q_norm`` / ``attn_k_norm`` (weights stored as 1+w).
-3. IMRoPE on q and k (:func:`rope_imrope`).
+3. RoPE on q and k (:func:`rope_imrope`): IMRoPE for qwen35moe / qwen35, plain NEOX for qwen3next —
+   for text tokens the two differ only in the pairs IMRoPE leaves unrotated (:func:`rope_cache`).
 4. K, V appended to this layer's cache; GQA: query head h reads KV head ``h // (H/Hkv)``.
 5. ``softmax(q·k / sqrt(D))`` over cached positions ≤ p (causal), ``o_h = Σ p·v``.
 6. ``o ⊙ sigmoid(gate)``, then ``W_o`` → ``attn_output`` [E].
@@ -27,36 +29,42 @@ KV_PAD = 256  # llama_kv_cache::get_n_kv pads the KV view to a multiple of 256 c
 
 
 def rope_cache(pos: int, n_dims: int, sections: tuple[int, ...], freq_base: float, freq_scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin for the R/2 rotated pairs at text position p (``ggml_mrope_cache_init``, IMRoPE).
+    """cos/sin for the R/2 rotated pairs at text position p.
 
-    Positions are (p, p, p, 0) for text tokens (``llm_graph_input_pos::set_input``). Four float32
-    angles start at those components and are each multiplied by ``theta_scale = powf(base, -2/R)``
-    once per pair (a running product, rounded step by step). Pair k takes the t/h/w/e angle by the
-    interleaved sector rule; the e angle is 0 for text, i.e. that pair is not rotated.
+    ``sections`` (4 ints): IMRoPE (``ggml_mrope_cache_init``). Positions are (p, p, p, 0) for text
+    tokens (``llm_graph_input_pos::set_input``). Four float32 angles start at those components and
+    are each multiplied by ``theta_scale = powf(base, -2/R)`` once per pair (a running product,
+    rounded step by step). Pair k takes the t/h/w/e angle by the interleaved sector rule; the e angle
+    is 0 for text, i.e. that pair is not rotated.
+    ``sections`` empty: plain NEOX RoPE (``ggml_rope_cache_init``, qwen3next): one angle, starting at p,
+    the same running product — every pair takes it.
     Returns (cos [R/2], sin [R/2]) in float32.
     """
     theta_scale = np.power(F32(freq_base), F32(-2.0) / F32(n_dims), dtype=F32)
-    s0, s1, s2, s3 = sections
-    sect_dims = s0 + s1 + s2 + s3
     theta = {"t": F32(pos), "h": F32(pos), "w": F32(pos), "e": F32(0.0)}
     cos = np.empty(n_dims // 2, dtype=F32)
     sin = np.empty(n_dims // 2, dtype=F32)
     for k in range(n_dims // 2):
-        sector = k % sect_dims
-        if sector % 3 == 1 and sector < 3 * s1:
-            which = "h"
-        elif sector % 3 == 2 and sector < 3 * s2:
-            which = "w"
-        elif sector % 3 == 0 and sector < 3 * s0:
-            which = "t"
-        else:
-            which = "e"
+        which = _imrope_sector(k, sections) if sections else "t"
         angle = F32(freq_scale) * theta[which]  # rope_yarn with ext_factor = 0, mscale = 1
         cos[k] = np.cos(angle)
         sin[k] = np.sin(angle)
         for key in theta:
             theta[key] = F32(theta[key] * theta_scale)
     return cos, sin
+
+
+def _imrope_sector(k: int, sections: tuple[int, ...]) -> str:
+    """Which of IMRoPE's t/h/w/e angles pair k takes (``ggml_mrope_cache_init`` with is_imrope)."""
+    s0, s1, s2, s3 = sections
+    sector = k % (s0 + s1 + s2 + s3)
+    if sector % 3 == 1 and sector < 3 * s1:
+        return "h"
+    if sector % 3 == 2 and sector < 3 * s2:
+        return "w"
+    if sector % 3 == 0 and sector < 3 * s0:
+        return "t"
+    return "e"
 
 
 def rope_imrope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

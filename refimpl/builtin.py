@@ -117,6 +117,7 @@ def parse_builtin(spec: str) -> FixtureRecipe:
 
 def canonical_recipe(recipe: FixtureRecipe) -> FixtureRecipe:
     """Drop options equal to the preset's defaults (so one recipe has one spelling); validate."""
+    from refimpl.config import ARCH
     from refimpl.fixtures import PRESETS, QUANT_MIXES, resolve_options
 
     if recipe.preset not in PRESETS:
@@ -125,7 +126,8 @@ def canonical_recipe(recipe: FixtureRecipe) -> FixtureRecipe:
     if recipe.quant not in QUANT_MIXES:
         raise RefimplError(f"unknown quant mix '{recipe.quant}' (valid: {', '.join(QUANT_MIXES)})")
     preset = PRESETS[recipe.preset]
-    effective, defaults = resolve_options(preset, recipe.options), resolve_options(preset, {})
+    effective = resolve_options(preset, recipe.options)
+    defaults = {**resolve_options(preset, {"arch": effective["arch"]}), "arch": ARCH}  # the arch's own defaults (qwen3next: ssm_in)
     options = {k: v for k, v in effective.items() if defaults.get(k) != v}
     return FixtureRecipe(recipe.preset, recipe.quant, int(recipe.seed), options)
 

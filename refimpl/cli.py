@@ -29,6 +29,8 @@ def _cmd_fixture(args) -> int:
         if not sep:
             raise RefimplError(f"--option expects KEY=VALUE, got '{item}'")
         options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    if args.arch is not None:
+        options["arch"] = args.arch
     with writing(args.out, "OUT") as out:
         path = write_fixture(out, preset=args.preset, quant=args.quant, seed=args.seed, **options)
     print(path)
@@ -170,6 +172,8 @@ def _route_trace(args, model):
     """run --route-trace FILE: attach a CSV route-trace writer to the model's streamer."""
     if args.route_trace is None:
         return None
+    if not model.config.is_moe:
+        raise RefimplError(f"--route-trace: {model.config.arch.name} is a dense model; there is no expert routing to trace")
     from refimpl.route_trace import RouteTrace
 
     with writing(args.route_trace, "--route-trace") as path:
@@ -492,25 +496,27 @@ def _add_speculative(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="refimpl", description="Reference implementation of llama.cpp's qwen35moe inference.")
+    parser = _Parser(prog="refimpl", description="Reference implementation of llama.cpp's qwen35moe, qwen35 and qwen3next inference.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("fixture", help="write a seeded synthetic qwen35moe GGUF")
+    p = sub.add_parser("fixture", help="write a seeded synthetic GGUF (qwen35moe, qwen35 or qwen3next)")
     p.add_argument("out", help="output .gguf path")
+    p.add_argument("--arch", help="architecture: qwen35moe (default), qwen35 (dense FFN) or qwen3next")
     p.add_argument("--preset", default="tiny", help="fixture preset (tiny, predictable, …)")
     p.add_argument("--quant", default="f32", help="quant mix: f32, bf16, q8_0, q4_k_m, mxfp4; iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0 "
                    "(quantized by libggml: need llama-cpp-python)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="variant option: mtp=full|stripped|extras, tied=true, fused_gate_up=true, recurrent_layers_key=false")
+                   help="variant option: mtp=full|stripped|extras, tied=true, fused_gate_up=true, recurrent_layers_key=false, "
+                        "ssm_in=false (qwen3next: attn_qkv + attn_gate instead of the fused ssm_in)")
     p.set_defaults(func=_cmd_fixture)
 
     p = sub.add_parser("inspect", help="print a GGUF's config, layer kinds and tensor bytes per type")
-    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
+    p.add_argument("model", nargs="?", help="a .gguf (qwen35moe, qwen35, qwen3next) or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("run", help="greedy generation (the built-in trained model when no MODEL is given)")
-    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
+    p.add_argument("model", nargs="?", help="a .gguf (qwen35moe, qwen35, qwen3next) or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("-m", metavar="MODEL", help="same as the positional MODEL")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default="The quick brown fox", help="prompt text (special-token text is parsed)")
@@ -530,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("logits", help="write every position's logits as a (T, V) float32 .npy")
-    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
+    p.add_argument("model", nargs="?", help="a .gguf (qwen35moe, qwen35, qwen3next) or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True, help="output .npy path")
     p.add_argument("--mtp-out", metavar="FILE.npy",
@@ -539,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_logits)
 
     p = sub.add_parser("trace", help="dump named intermediates (llama.cpp's names) for diffing against its eval callback")
-    p.add_argument("model", nargs="?", help="a qwen35moe .gguf or builtin:… (default: the built-in trained model, builtin:kjv)")
+    p.add_argument("model", nargs="?", help="a .gguf (qwen35moe, qwen35, qwen3next) or builtin:… (default: the built-in trained model, builtin:kjv)")
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", default="trace", help="output directory (default ./trace)")
     _add_numerics(p)
@@ -549,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     gsub = p.add_subparsers(dest="golden_command", required=True, parser_class=_Parser)
     p = gsub.add_parser("make", help="decode a prompts file and write a golden file")
     p.add_argument("model", metavar="MODEL", nargs="?",
-                   help="a qwen35moe .gguf, builtin:kjv (the trained model, the default), or a built-in fixture: "
+                   help="a .gguf (qwen35moe, qwen35, qwen3next), builtin:kjv (the trained model, the default), or a built-in fixture: "
                         "builtin:PRESET[/QUANT][/seed=N][/KEY=VALUE…]")
     p.add_argument("--prompts", required=True, metavar="FILE", help="one prompt per line, or JSONL with 'text' or 'tokens'")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate per prompt (default 32)")
@@ -569,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…; or a golden file "
+    p.add_argument("model", metavar="MODEL", help="a .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…; or a golden file "
                                                   "(judged by its recorded top-5, without the model)")
     p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
     p.add_argument("--streams", dest="stream_dir", metavar="DIR",
@@ -588,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
     psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
     p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", help="a .gguf, or builtin:PRESET[/QUANT]…")
     p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
     p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")

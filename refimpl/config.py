@@ -1,15 +1,21 @@
-"""Step 2: the model's hyperparameters, derived from ``qwen35moe.*`` keys exactly as llama.cpp does.
+"""Step 2: the model's hyperparameters, derived from ``ARCH.*`` keys exactly as llama.cpp does.
+
+Three llama.cpp architectures share one loader and one graph here (:data:`ARCHS`; docs/architecture.md,
+"Three architectures"): ``qwen35moe`` (Qwen3.5/3.6-MoE), ``qwen35`` (the dense Qwen3.5/3.6 models:
+a SwiGLU FFN where the MoE was) and ``qwen3next`` (Qwen3-Next: NEOX RoPE, fused ``ssm_ba`` / ``ssm_in``
+delta-net projections, value heads grouped by key head). :class:`Arch` records what differs; every
+other module branches on its fields, never on the name.
 
 Sources: ``src/llama-model.cpp::llama_model_base::load_hparams`` (generic keys and defaults),
-``src/models/qwen35moe.cpp::load_arch_hparams`` (arch keys, recurrent-layer flags),
-``src/llama-hparams.cpp`` (``n_layer()`` = block_count − nextn_predict_layers); docs/gguf.md §2
+``src/models/{qwen35moe,qwen35,qwen3next}.cpp::load_arch_hparams`` (arch keys, recurrent-layer
+flags), ``src/llama-hparams.cpp`` (``n_layer()`` = block_count − nextn_predict_layers); docs/gguf.md §2
 lists the keys, their defaults and the layer-counting rule.
 
 Symbols (docs/architecture.md has the full legend): E = n_embd, V = n_vocab, L = n_layer (trunk
 layers), H = n_head, Hkv = n_head_kv, D = head_dim, R = n_rot, Hk = ssm_n_group (delta-net key
 heads), Hv = ssm_dt_rank (value heads), S = ssm_d_state (delta-net head dim), Din = ssm_d_inner,
 C = conv channels = Din + 2·Hk·S, Kc = ssm_d_conv, X = n_expert, K = n_expert_used, F = n_ff_exp,
-Fs = n_ff_shexp.
+Fs = n_ff_shexp, Ff = n_ff (the dense FFN's width, qwen35).
 """
 
 from __future__ import annotations
@@ -19,11 +25,30 @@ from dataclasses import dataclass
 from refimpl.errors import RefimplError
 from refimpl.gguf_file import GGUFFile
 
-ARCH = "qwen35moe"
+
+@dataclass(frozen=True)
+class Arch:
+    """What one llama.cpp architecture does differently (``src/models/<name>.cpp``)."""
+
+    name: str  # general.architecture, and the prefix of its metadata keys
+    ffn: str  # "moe": routed experts + gated shared expert (build_moe_ffn); "dense": SwiGLU (build_ffn)
+    rope: str  # "imrope": ggml_rope_multi with rope.dimension_sections; "neox": ggml_rope_ext (llama_model_rope_type)
+    gdn_heads: str  # value head j reads key head "tiled": j mod Hk; "grouped": j // (Hv/Hk) (the ggml_repeat_4d in build_layer_attn_linear)
+    gdn_ba: str  # "split": ssm_beta + ssm_alpha; "fused": ssm_ba, per key head [b (Hv/Hk) | a (Hv/Hk)]
+    rs_rollback: bool  # llm_arch_supports_rs_rollback (src/llama-arch.cpp): partial recurrent-state rollback (n_rs_seq)
+
+
+ARCHS: dict[str, Arch] = {
+    "qwen35moe": Arch("qwen35moe", ffn="moe", rope="imrope", gdn_heads="tiled", gdn_ba="split", rs_rollback=True),
+    "qwen35": Arch("qwen35", ffn="dense", rope="imrope", gdn_heads="tiled", gdn_ba="split", rs_rollback=True),
+    "qwen3next": Arch("qwen3next", ffn="moe", rope="neox", gdn_heads="grouped", gdn_ba="fused", rs_rollback=False),
+}
+ARCH = "qwen35moe"  # the default (fixtures, the built-in model)
 
 
 @dataclass(frozen=True)
 class Config:
+    arch: Arch
     name: str
     n_ctx_train: int
     n_embd: int  # E
@@ -34,14 +59,15 @@ class Config:
     n_head_kv: int  # Hkv
     head_dim: int  # D (= key_length = value_length)
     n_rot: int  # R
-    rope_sections: tuple[int, int, int, int]
+    rope_sections: tuple[int, ...]  # IMRoPE sections (4 ints); () for NEOX RoPE
     rope_freq_base: float
     rope_freq_scale: float
     rms_eps: float
-    n_expert: int  # X
-    n_expert_used: int  # K
-    n_ff_exp: int  # F
-    n_ff_shexp: int  # Fs
+    n_expert: int  # X (0: dense FFN)
+    n_expert_used: int  # K (0: dense)
+    n_ff: int  # feed_forward_length: the dense FFN's width (qwen35); MoE archs: only a fallback for F and Fs
+    n_ff_exp: int  # F (0: dense)
+    n_ff_shexp: int  # Fs (0: dense)
     ssm_d_conv: int  # Kc
     ssm_d_inner: int  # Din
     ssm_d_state: int  # S
@@ -63,6 +89,10 @@ class Config:
         """C = Din + 2·Hk·S: the q, k and v channels that go through the causal conv."""
         return self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state
 
+    @property
+    def is_moe(self) -> bool:
+        return self.arch.ffn == "moe"
+
     def layer_kind(self, il: int) -> str:
         if il >= self.n_layer:
             return "mtp"
@@ -78,10 +108,11 @@ def _uniform(gf: GGUFFile, key: str, values: list, what: str) -> int:
 
 def load_config(gf: GGUFFile) -> Config:
     """Build the :class:`Config` of a GGUF file, or raise a one-line :class:`RefimplError`."""
-    arch = gf.key("general.architecture", required=True)
-    if arch != ARCH:
-        raise RefimplError(f"{gf.path}: architecture '{arch}' is not supported (refimpl implements '{ARCH}')")
-    p = ARCH + "."
+    name = gf.key("general.architecture", required=True)
+    if name not in ARCHS:
+        raise RefimplError(f"{gf.path}: architecture '{name}' is not supported (refimpl implements {', '.join(ARCHS)})")
+    arch = ARCHS[name]
+    p = arch.name + "."
 
     def req(key):
         return gf.key(p + key, required=True)
@@ -100,7 +131,8 @@ def load_config(gf: GGUFFile) -> Config:
     # Head counts: scalar or per-layer array; n_head_kv defaults to n_head (load_hparams).
     n_head_arr = gf.key_or_arr(p + "attention.head_count", n_layer_all, 0)
     n_head_kv_arr = gf.key_or_arr(p + "attention.head_count_kv", n_layer_all) or n_head_arr
-    attn_layers = [il for il in range(n_layer_all) if il >= n_layer or not _recurrent_flags(gf, n_layer_all, n_layer)[il]]
+    recurrent = _recurrent_flags(gf, p, n_layer_all, n_layer)
+    attn_layers = [il for il in range(n_layer_all) if il >= n_layer or not recurrent[il]]
     n_head = _uniform(gf, p + "attention.head_count", [n_head_arr[i] for i in attn_layers], "attention heads")
     n_head_kv = _uniform(gf, p + "attention.head_count_kv", [n_head_kv_arr[i] for i in attn_layers], "KV heads")
     if n_head <= 0:
@@ -112,34 +144,29 @@ def load_config(gf: GGUFFile) -> Config:
     key_length = int(gf.key(p + "attention.key_length", n_embd // n_head))
     value_length = int(gf.key(p + "attention.value_length", n_embd // n_head))
     if key_length != value_length:
-        raise RefimplError(f"{gf.path}: attention.key_length {key_length} != value_length {value_length} (the qwen35moe graph asserts they are equal)")
+        raise RefimplError(f"{gf.path}: attention.key_length {key_length} != value_length {value_length} (the {name} graph asserts they are equal)")
     n_rot = int(gf.key(p + "rope.dimension_count", key_length))
     if n_rot > key_length or n_rot % 2:
         raise RefimplError(f"{gf.path}: rope.dimension_count {n_rot} must be even and ≤ head dim {key_length}")
 
-    sections = gf.key(p + "rope.dimension_sections", required=True)
-    if not isinstance(sections, list) or len(sections) != 4:
-        raise RefimplError(f"{gf.path}: '{p}rope.dimension_sections' must be an array of exactly 4 integers, got {sections!r}")
+    sections = []  # NEOX RoPE (qwen3next) reads no sections
+    if arch.rope == "imrope":  # get_key_or_arr(LLM_KV_ROPE_DIMENSION_SECTIONS, …, 4, true) in load_arch_hparams
+        sections = gf.key(p + "rope.dimension_sections", required=True)
+        if not isinstance(sections, list) or len(sections) != 4:
+            raise RefimplError(f"{gf.path}: '{p}rope.dimension_sections' must be an array of exactly 4 integers, got {sections!r}")
 
     scaling = gf.key(p + "rope.scaling.type", "linear")
     factor = float(gf.key(p + "rope.scaling.factor", gf.key(p + "rope.scale_linear", 0.0)))
     if scaling not in ("none", "linear"):
         raise RefimplError(f"{gf.path}: rope.scaling.type '{scaling}' is not supported (only none/linear)")
 
-    n_expert = int(gf.key(p + "expert_count", 0))
-    n_expert_used = _uniform(gf, p + "expert_used_count", gf.key_or_arr(p + "expert_used_count", n_layer_all, 0), "experts per token")
-    if n_expert <= 0 or not 0 < n_expert_used <= n_expert:
-        raise RefimplError(f"{gf.path}: expert_count {n_expert} / expert_used_count {n_expert_used} must satisfy 0 < used ≤ count")
     n_ff = _uniform(gf, p + "feed_forward_length", gf.key_or_arr(p + "feed_forward_length", n_layer_all, 0), "FFN width")
-    n_ff_exp_arr = gf.key_or_arr(p + "expert_feed_forward_length", n_layer_all, 0)
-    n_ff_exp = _uniform(gf, p + "expert_feed_forward_length", n_ff_exp_arr, "expert width") or n_ff // n_expert_used
-    n_ff_shexp = int(gf.key(p + "expert_shared_feed_forward_length", 0)) or n_ff
-    if n_ff_exp <= 0 or n_ff_shexp <= 0:
-        raise RefimplError(f"{gf.path}: missing required metadata key '{p}expert_feed_forward_length' (and no feed_forward_length fallback)")
-
-    group_count = int(gf.key(p + "expert_group_count", 0))
-    if group_count > 1:
-        raise RefimplError(f"{gf.path}: group-limited expert routing (expert_group_count {group_count}) is not supported")
+    if arch.ffn == "moe":
+        n_expert, n_expert_used, n_ff_exp, n_ff_shexp = _moe_widths(gf, p, n_layer_all, n_ff)
+    else:  # qwen35.cpp::load_arch_tensors: ffn_gate/ffn_up/ffn_down of width n_ff, no experts
+        n_expert, n_expert_used, n_ff_exp, n_ff_shexp = 0, 0, 0, 0
+        if n_ff <= 0:
+            raise RefimplError(f"{gf.path}: missing required metadata key '{p}feed_forward_length' (the dense FFN width)")
 
     ssm = {k: int(req("ssm." + k)) for k in ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")}
     if ssm["inner_size"] != ssm["time_step_rank"] * ssm["state_size"]:
@@ -158,6 +185,7 @@ def load_config(gf: GGUFFile) -> Config:
         n_vocab = embd_rows
 
     return Config(
+        arch=arch,
         name=str(gf.key("general.name", gf.path.stem)),
         n_ctx_train=int(req("context_length")),
         n_embd=n_embd,
@@ -174,6 +202,7 @@ def load_config(gf: GGUFFile) -> Config:
         rms_eps=float(req("attention.layer_norm_rms_epsilon")),
         n_expert=n_expert,
         n_expert_used=n_expert_used,
+        n_ff=n_ff,
         n_ff_exp=n_ff_exp,
         n_ff_shexp=n_ff_shexp,
         ssm_d_conv=ssm["conv_kernel"],
@@ -181,18 +210,35 @@ def load_config(gf: GGUFFile) -> Config:
         ssm_d_state=ssm["state_size"],
         ssm_dt_rank=ssm["time_step_rank"],
         ssm_n_group=ssm["group_count"],
-        is_recurrent=tuple(_recurrent_flags(gf, n_layer_all, n_layer)),
+        is_recurrent=tuple(recurrent),
     )
 
 
-def _recurrent_flags(gf: GGUFFile, n_layer_all: int, n_layer: int) -> list[bool]:
-    """Which layers are Gated DeltaNet (``qwen35moe.cpp::load_arch_hparams``; docs/gguf.md §2).
+def _moe_widths(gf: GGUFFile, p: str, n_layer_all: int, n_ff: int) -> tuple[int, int, int, int]:
+    """(X, K, F, Fs) of a MoE arch (``load_hparams`` + ``load_arch_hparams`` + ``load_arch_tensors``:
+    F = expert_feed_forward_length or n_ff / K; Fs = expert_shared_feed_forward_length or n_ff)."""
+    n_expert = int(gf.key(p + "expert_count", 0))
+    n_expert_used = _uniform(gf, p + "expert_used_count", gf.key_or_arr(p + "expert_used_count", n_layer_all, 0), "experts per token")
+    if n_expert <= 0 or not 0 < n_expert_used <= n_expert:
+        raise RefimplError(f"{gf.path}: expert_count {n_expert} / expert_used_count {n_expert_used} must satisfy 0 < used ≤ count")
+    n_ff_exp_arr = gf.key_or_arr(p + "expert_feed_forward_length", n_layer_all, 0)
+    n_ff_exp = _uniform(gf, p + "expert_feed_forward_length", n_ff_exp_arr, "expert width") or n_ff // n_expert_used
+    n_ff_shexp = int(gf.key(p + "expert_shared_feed_forward_length", 0)) or n_ff
+    if n_ff_exp <= 0 or n_ff_shexp <= 0:
+        raise RefimplError(f"{gf.path}: missing required metadata key '{p}expert_feed_forward_length' (and no feed_forward_length fallback)")
+    group_count = int(gf.key(p + "expert_group_count", 0))
+    if group_count > 1:
+        raise RefimplError(f"{gf.path}: group-limited expert routing (expert_group_count {group_count}) is not supported")
+    return n_expert, n_expert_used, n_ff_exp, n_ff_shexp
+
+
+def _recurrent_flags(gf: GGUFFile, p: str, n_layer_all: int, n_layer: int) -> list[bool]:
+    """Which layers are Gated DeltaNet (``load_arch_hparams``, the same code in all three archs; docs/gguf.md §2).
 
     ``attention.recurrent_layers`` (bool array, length block_count) decides when present; otherwise
     layer i < n_layer is recurrent unless (i + 1) is a multiple of ``full_attention_interval``
     (default 4). The MTP block is always attention.
     """
-    p = ARCH + "."
     flags = gf.key_or_arr(p + "attention.recurrent_layers", n_layer_all)
     if flags is not None:
         out = [bool(f) for f in flags]

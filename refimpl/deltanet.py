@@ -1,4 +1,5 @@
-"""Gated DeltaNet layer (``graph::build_layer_attn_linear``, ``delta-net-base.cpp``).
+"""Gated DeltaNet layer (``graph::build_layer_attn_linear`` of ``src/models/qwen35moe.cpp`` /
+``qwen35.cpp`` / ``qwen3next.cpp``, ``delta-net-base.cpp``).
 
 Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464) keeps, per value head j, a matrix
 state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbols of the paper:
@@ -11,8 +12,10 @@ state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbol
   (ops.cpp ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's
   ``naive_recurrent_gated_delta_rule`` is the same recurrence).
 
-Value head j uses query/key head ``j mod Hk`` (the converter's tiled V-head order, docs/gguf.md §4).
-Before the recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window state
+Value head j uses query/key head ``j mod Hk`` in qwen35moe / qwen35 (the converter's tiled V-head
+order, docs/gguf.md §4) and ``j // (Hv/Hk)`` in qwen3next (grouped: the checkpoint's own order).
+qwen3next also fuses its input projections differently (:func:`input_projections`). Before the
+recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window state
 carried between calls), SiLU, and L2 norm of q and k. After it, a gated RMSNorm with SiLU(z) and
 ``ssm_out``.
 
@@ -68,6 +71,45 @@ def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     return kernels.delta_rule_step(M, q, k, v, decay, beta, scale, path=path)
 
 
+def input_projections(w, c, a: np.ndarray, il: int, ctx: Ctx) -> tuple[np.ndarray, ...]:
+    """The four input projections of a[T, E]: (qkv_mixed [T, C], z [T, Din], b [T, Hv], alpha [T, Hv]),
+    value heads in the order the arch's recurrence reads them.
+
+    * ``attn_qkv`` / ``attn_gate`` (``build_qkvz``; qwen3next's "optimized path" too);
+    * qwen3next's legacy ``ssm_in`` (``qwen3next.cpp::build_qkvz``): rows viewed [Hk, 2S + 2·(Hv/Hk)·S],
+      per key head g ``[q_g ‖ k_g ‖ v_g ‖ z_g]``; qkv_mixed = [all q ‖ all k ‖ all v] (``ggml_concat``),
+      z = all z — the value heads of key head g are g·Hv/Hk … (g+1)·Hv/Hk − 1;
+    * ``ssm_beta`` / ``ssm_alpha``, or qwen3next's ``ssm_ba`` (``build_layer_attn_linear``): rows viewed
+      [Hk, 2·Hv/Hk], per key head ``[b_g ‖ a_g]``.
+    """
+    T = a.shape[0]
+    Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+    r = Hv // Hk  # value heads per key head
+    if w.ssm_in is not None:
+        mixed = ctx.cb("linear_attn_mixed_qkvz", il, mm(w.ssm_in, a, ctx)).reshape(T, Hk, 2 * S + 2 * r * S)  # [T, C+Din] -> [T, Hk, ·]
+        q, k = mixed[:, :, :S], mixed[:, :, S : 2 * S]  # [T, Hk, S] each
+        v, z = mixed[:, :, 2 * S : 2 * S + r * S], mixed[:, :, 2 * S + r * S :]  # [T, Hk, r·S] each
+        qkv_mixed = ctx.cb("qkv_mixed", il, np.concatenate([x.reshape(T, -1) for x in (q, k, v)], axis=1))  # [T, C]
+        z = ctx.cb("z", il, np.ascontiguousarray(z).reshape(T, Hv * S))  # [T, Din]
+    else:
+        qkv_mixed = ctx.cb("linear_attn_qkv_mixed", il, mm(w.attn_qkv, a, ctx))  # [T, C]
+        z = ctx.cb("z", il, mm(w.attn_gate, a, ctx))  # [T, Din]
+    if w.ssm_ba is not None:
+        ba = ctx.cb("linear_attn_mixed_ba", il, mm(w.ssm_ba, a, ctx)).reshape(T, Hk, 2 * r)  # [T, 2Hv] -> [T, Hk, 2r]
+        b, alpha = ba[:, :, :r].reshape(T, Hv), ba[:, :, r:].reshape(T, Hv)  # [T, Hv] each
+    else:
+        b, alpha = mm(w.ssm_beta, a, ctx), mm(w.ssm_alpha, a, ctx)  # [T, Hv] each
+    return qkv_mixed, z, b, alpha
+
+
+def kv_heads(c) -> np.ndarray:
+    """[Hv]: the key head each value head reads — ``j mod Hk`` (tiled: ``ggml_repeat_4d`` in
+    ``qwen35.cpp``, or the fused GDN op's broadcast) or ``j // (Hv/Hk)`` (grouped: qwen3next.cpp's
+    reshape–repeat–reshape "repeat interleave")."""
+    j = np.arange(c.ssm_dt_rank)
+    return j % c.ssm_n_group if c.arch.gdn_heads == "tiled" else j // (c.ssm_dt_rank // c.ssm_n_group)
+
+
 def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) -> tuple[np.ndarray, list[DeltaNetState]]:
     """One Gated DeltaNet layer over T consecutive tokens of one sequence.
 
@@ -77,10 +119,8 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
     """
     T = a.shape[0]
     Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
-    qkv_mixed = ctx.cb("linear_attn_qkv_mixed", il, mm(w.attn_qkv, a, ctx))  # [T, C]
-    z = ctx.cb("z", il, mm(w.attn_gate, a, ctx))  # [T, Din]
-    beta = ctx.cb("beta_sigmoid", il, sigmoid(mm(w.ssm_beta, a, ctx)))  # [T, Hv]
-    alpha = mm(w.ssm_alpha, a, ctx)  # [T, Hv]
+    qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
+    beta = ctx.cb("beta_sigmoid", il, sigmoid(b))  # [T, Hv]
     g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt) * w.ssm_a)  # [T, Hv], ≤ 0
 
     conv_out, conv_state = causal_conv(st.conv, qkv_mixed, w.ssm_conv1d)  # [T, C], [Kc−1, C]
@@ -90,7 +130,7 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
     q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     v = y[:, 2 * Hk * S :].reshape(T, Hv, S)  # [T, Hv, S]
-    head = ctx.faults.tap("deltanet.kv_head", np.arange(Hv) % Hk, Hk=Hk)  # value head j reads q/k head j mod Hk (tiled order)
+    head = ctx.faults.tap("deltanet.kv_head", kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
 
     M = st.ssm
     o = np.empty((T, Hv, S), dtype=F32)

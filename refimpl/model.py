@@ -1,4 +1,5 @@
-"""Step 5: the trunk — ``llama_model_qwen35moe::graph::graph``.
+"""Step 5: the trunk — ``graph::graph`` of ``src/models/qwen35moe.cpp`` (and of ``qwen35.cpp`` /
+``qwen3next.cpp``, the same layer loop: only the blocks inside differ, see refimpl.config.Arch).
 
 The layer skeleton is walked through in docs/architecture.md, "One token, step by step".
 
@@ -8,7 +9,7 @@ For each of the L trunk layers, with h⁰ = the token embedding rows::
     mixer         m = GatedDeltaNet(a)  if the layer is recurrent  else  GatedAttention(a)
     attn_residual r = h + m
     attn_post_norm  x = RMSNorm(r, post_attention_norm)
-    ffn_out       f = MoE(x) + sigmoid-gated shared expert
+    ffn_out       f = MoE(x) + sigmoid-gated shared expert   (qwen35: dense SwiGLU(x))
     l_out         h = r + f
 
 then ``h_nextn = result_norm = RMSNorm(h, output_norm)`` and ``result_output = W_out · h_nextn``
@@ -38,7 +39,7 @@ from refimpl.attention import gated_attention
 from refimpl.config import Config
 from refimpl.deltanet import gated_deltanet
 from refimpl.load import ModelFile, open_model
-from refimpl.moe import moe_ffn
+from refimpl.moe import ffn
 from refimpl.ops import Ctx, mm, rms_norm_w
 from refimpl.state import SeqState
 from refimpl.streamer import ExpertStreamer, cache_budget, mem_available, pin_dense
@@ -176,7 +177,7 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
                 m, layers[il] = gated_attention(lw.mixer, c, a, positions, layers[il], il, ctx)  # [T, E]
             r = ctx.cb("attn_residual", il, m + h)  # [T, E]
             x = ctx.cb("attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
-            f, _, _ = moe_ffn(lw.ffn, c, x, il, ctx)  # [T, E]
+            f = ffn(lw.ffn, c, x, il, ctx)  # [T, E]
             h = ctx.cb("l_out", il, f + r)  # [T, E]
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]

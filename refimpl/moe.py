@@ -1,5 +1,9 @@
-"""MoE FFN with a sigmoid-gated shared expert (``graph::build_layer_ffn``,
-``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``).
+"""The FFN block: MoE with a sigmoid-gated shared expert (qwen35moe, qwen3next), or a dense SwiGLU
+(qwen35) — ``graph::build_layer_ffn`` of each arch, ``llama-graph.cpp::build_moe_ffn`` and ``build_ffn``.
+:func:`ffn` picks by the weights it is given.
+
+Dense (``qwen35.cpp::build_layer_ffn``): ``ffn_out = ffn_down(silu(ffn_gate x) ⊙ ffn_up x)``
+(:func:`swiglu`, ``build_ffn`` with LLM_FFN_SILU / LLM_FFN_PAR: ``ggml_swiglu_split``).
 
 Per token, input x = RMSNorm(r, post_attention_norm) [E]:
 
@@ -27,6 +31,22 @@ from __future__ import annotations
 import numpy as np
 
 from refimpl.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax
+from refimpl.weights import DenseFFNWeights
+
+
+def swiglu(gate, up, down, x: np.ndarray, ctx: Ctx) -> np.ndarray:
+    """``build_ffn(x, up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR)``: down(silu(gate x) ⊙ up x).
+    x [T, E] -> [T, E]."""
+    return mm(down, silu(mm(gate, x, ctx)) * mm(up, x, ctx), ctx)  # [T, F] -> [T, E]
+
+
+def ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
+    """The layer's FFN on x = attn_post_norm [T, E] -> ffn_out [T, E]: :func:`moe_ffn` for MoE
+    weights, :func:`swiglu` for qwen35's :class:`refimpl.weights.DenseFFNWeights`."""
+    if isinstance(w, DenseFFNWeights):
+        return ctx.cb(prefix + "ffn_out", il, swiglu(w.ffn_gate, w.ffn_up, w.ffn_down, x, ctx))
+    out, _, _ = moe_ffn(w, c, x, il, ctx, prefix)
+    return out
 
 
 def route(logits: np.ndarray, n_used: int, ctx: Ctx = Ctx()) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +87,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
         moe_out[t] = acc
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 
-    shexp = mm(w.ffn_down_shexp, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx), ctx)  # [T, E]
+    shexp = swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, ctx)  # [T, E]
     ctx.cb(prefix + "ffn_shexp", il, shexp)
     shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :], ctx.kernel))  # [T]: a [E]·[E, T] mat-vec
     shared_gate = ctx.faults.tap("moe.shared_gate", shared_gate)

@@ -1,4 +1,5 @@
-"""Step 5b: the nextn / MTP head — ``llama_model_qwen35moe::graph_mtp``.
+"""Step 5b: the nextn / MTP head — ``graph_mtp`` of ``src/models/qwen35moe.cpp`` (``qwen35.cpp`` and
+``qwen3next.cpp`` have the same head, with their own FFN and RoPE).
 
 How the head is fed follows ``common/speculative.cpp::common_speculative_impl_draft_mtp`` (docs/speculative.md).
 
@@ -10,7 +11,8 @@ position p−1 and predicts x_{p+1}::
     mtp_concat       = [enorm ‖ hnorm]       embedding half first               [2E]
     mtp_eh_proj   z  = W_eh · concat                                            [E]
     a gated-attention block (blk.L weights, the head's OWN KV cache), r = z + attn
-    MoE + shared expert on RMSNorm(r, post_attention_norm);  out = r + ffn
+    the arch's FFN (MoE + shared expert, or qwen35's dense SwiGLU) on RMSNorm(r, post_attention_norm);
+    out = r + ffn
     h_nextn       h' = RMSNorm(out, nextn.shared_head_norm, else output_norm)
     result_output    = W_head · h'           nextn.shared_head_head, else output (else token_embd)
 
@@ -28,7 +30,7 @@ import numpy as np
 from refimpl.attention import gated_attention
 from refimpl.errors import RefimplError
 from refimpl.load import ModelFile
-from refimpl.moe import moe_ffn
+from refimpl.moe import ffn
 from refimpl.ops import Ctx, mm, rms_norm_w
 from refimpl.state import KVCache
 from refimpl.weights import LayerWeights, Matrix, _matrix, _vector, layer_weights
@@ -42,7 +44,7 @@ class MTPWeights:
     embed_tokens: Matrix  # [V, E]: nextn.embed_tokens or token_embd
     shared_head_norm: np.ndarray  # [E]: nextn.shared_head_norm or output_norm
     shared_head_head: Matrix  # [V, E]: nextn.shared_head_head or the trunk's LM head
-    layer: LayerWeights  # attention + MoE of blk.L
+    layer: LayerWeights  # attention + FFN of blk.L
 
 
 def require_mtp(m: ModelFile) -> None:
@@ -51,7 +53,7 @@ def require_mtp(m: ModelFile) -> None:
     if plan.mtp == "stripped":
         raise RefimplError(
             f"{m.gguf.path}: --mtp needs the nextn (MTP) block, but this GGUF declares none "
-            f"(no qwen35moe.nextn_predict_layers; it was converted without MTP)"
+            f"(no {c.arch.name}.nextn_predict_layers; it was converted without MTP)"
         )
     if plan.mtp == "missing":
         shown = ", ".join(plan.mtp_missing[:3])
@@ -120,7 +122,7 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     r = ctx.cb("mtp_attn_residual", il, attn + z)  # [T, E]
     x = ctx.cb("mtp_attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
     with model.stream_phase("mtp", positions):  # the expert streamer counts these reads as the head's
-        f, _, _ = moe_ffn(lw.ffn, c, x, il, ctx, prefix="mtp_")  # [T, E]
+        f = ffn(lw.ffn, c, x, il, ctx, prefix="mtp_")  # [T, E]
     out = ctx.cb("mtp_post_ffn", il, f + r)  # [T, E]
 
     h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps))  # [T, E]

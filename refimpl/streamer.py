@@ -139,8 +139,9 @@ class ExpertStreamer:
     """
 
     def __init__(self, path, tensors: dict[int, tuple[ExpertTensor, ...]], *, n_layer: int, n_ff: int,
-                 budget: int, on_route: Callable[[Routes], None] | None = None):
+                 budget: int, on_route: Callable[[Routes], None] | None = None, arch: str = "qwen35moe"):
         self.path = path
+        self.arch = arch  # general.architecture: a dense one (qwen35) has no routed experts to stream
         self.tensors = tensors  # block index → its expert tensors
         self.n_layer = n_layer  # trunk layers; block n_layer (if present) is the MTP head's
         self.n_ff = n_ff  # F: rows of gate (and of up) per expert; splits the fused gate_up slice
@@ -159,7 +160,7 @@ class ExpertStreamer:
     def open(cls, m, budget: int, on_route: Callable[[Routes], None] | None = None) -> "ExpertStreamer":
         """The streamer of a :class:`~refimpl.load.ModelFile` (its config gives n_layer and F)."""
         return cls(m.gguf.path, expert_tensors(m.gguf), n_layer=m.config.n_layer, n_ff=m.config.n_ff_exp,
-                   budget=budget, on_route=on_route)
+                   budget=budget, on_route=on_route, arch=m.config.arch.name)
 
     def close(self) -> None:
         self._close()
@@ -311,8 +312,12 @@ class ExpertStreamer:
         return out
 
     def summary_lines(self, n_generated: int | None = None, mtp: bool = False) -> list[str]:
-        """The stderr summary: one ``stream:`` line, and with ``mtp`` the C++ engine's split line."""
+        """The stderr summary: one ``stream:`` line, and with ``mtp`` the C++ engine's split line (a dense
+        model: one line saying there is nothing to stream)."""
         s = self.stats(n_generated)
+        if not self.tensors:
+            return [f"stream: nothing to stream: {self.arch} is a dense model (no routed experts); "
+                    f"all {self.dense_bytes / MIB:.1f} MiB of weights are pinned"]
         ph = self.counters.phases
         line = (f"stream: {s['bytes_read'] / MIB:.1f} MiB read in {s['slices_read']} slices "
                 f"({s['hits']} hits, {100 * s['hit_rate']:.1f}% hit rate), cache {self.budget / MIB:.0f} MiB; "

@@ -1,7 +1,12 @@
-"""Step 3: which tensors a qwen35moe file must hold, with which numpy shapes — checked once, here.
+"""Step 3: which tensors a file must hold, with which numpy shapes — checked once, here.
 
-Mirrors ``src/models/qwen35moe.cpp::load_arch_tensors`` (and ``create_tensor_qkv`` /
-``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); docs/gguf.md §3. Shapes are numpy order
+Mirrors ``load_arch_tensors`` of ``src/models/qwen35moe.cpp``, ``qwen35.cpp`` and ``qwen3next.cpp``
+(and ``create_tensor_qkv`` / ``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); docs/gguf.md §3.
+The three share the attention block, the delta-net conv / dt / a / norm / out tensors and the nextn
+tensors; they differ in the FFN (routed + shared experts, or dense ``ffn_gate`` / ``ffn_up`` /
+``ffn_down`` for qwen35) and in qwen3next's delta-net input projections (``ssm_ba`` instead of
+``ssm_beta`` + ``ssm_alpha``; ``ssm_in`` — q, k, v and z of each key head side by side — instead of
+``attn_qkv`` + ``attn_gate`` in files converted before llama.cpp split it). Shapes are numpy order
 (ggml ``ne`` reversed): a matrix used as ``y = W @ x`` is ``(out, in)``.
 
 The result, :class:`TensorPlan`, records the variants a file may come in:
@@ -9,6 +14,8 @@ The result, :class:`TensorPlan`, records the variants a file may come in:
 * ``tied``: no ``output.weight``; the LM head is ``token_embd.weight``;
 * ``fused_gate_up[il]``: layer il has ``ffn_gate_up_exps`` (gate rows first) instead of separate
   ``ffn_gate_exps`` / ``ffn_up_exps``;
+* ``ssm_in[il]``: (qwen3next) delta-net layer il has the fused ``ssm_in`` instead of ``attn_qkv`` +
+  ``attn_gate`` (``build_qkvz``'s "legacy" path);
 * ``mtp``: ``"present"`` (all nextn-block tensors there), ``"stripped"`` (the file declares no
   nextn block — converted with ``--no-mtp``), or ``"missing"`` (``nextn_predict_layers`` says there
   is a block, but a quantisation dropped its tensors; ``mtp_missing`` names them). llama.cpp only
@@ -41,6 +48,7 @@ MTP_EXTRAS = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight", "nex
 class TensorPlan:
     tied: bool
     fused_gate_up: tuple[bool, ...]  # per layer index 0 … n_layer_all-1
+    ssm_in: tuple[bool, ...]  # per layer index: qwen3next's fused ssm_in (q, k, v, z per key head)
     mtp: str  # "present" | "stripped" | "missing"
     mtp_missing: tuple[str, ...]
     mtp_extras: frozenset[str]  # subset of MTP_EXTRAS present in the file
@@ -59,17 +67,25 @@ def _attention_block(c: Config, il: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _deltanet_block(c: Config, il: int) -> dict[str, tuple[int, ...]]:
+def _deltanet_block(c: Config, il: int, ssm_in: bool) -> dict[str, tuple[int, ...]]:
     E, Hv, S, Din, C, Kc = c.n_embd, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_inner, c.conv_channels, c.ssm_d_conv
     b = f"blk.{il}."
-    return {
-        b + "attn_qkv.weight": (C, E),  # rows [q (Hk·S) ‖ k (Hk·S) ‖ v (Hv·S)]
-        b + "attn_gate.weight": (Din, E),  # z
+    if ssm_in:  # qwen3next.cpp: per key head g, rows [q_g (S) ‖ k_g (S) ‖ v_g (Hv/Hk·S) ‖ z_g (Hv/Hk·S)]
+        out = {b + "ssm_in.weight": (C + Din, E)}
+    else:
+        out = {
+            b + "attn_qkv.weight": (C, E),  # rows [q (Hk·S) ‖ k (Hk·S) ‖ v (Hv·S)]
+            b + "attn_gate.weight": (Din, E),  # z
+        }
+    if c.arch.gdn_ba == "fused":  # qwen3next.cpp: per key head g, rows [b_g (Hv/Hk) ‖ a_g (Hv/Hk)]
+        out[b + "ssm_ba.weight"] = (2 * Hv, E)
+    else:
+        out[b + "ssm_beta.weight"] = (Hv, E)
+        out[b + "ssm_alpha.weight"] = (Hv, E)
+    return out | {
         b + "ssm_conv1d.weight": (C, Kc),
         b + "ssm_dt.bias": (Hv,),
         b + "ssm_a": (Hv,),
-        b + "ssm_beta.weight": (Hv, E),
-        b + "ssm_alpha.weight": (Hv, E),
         b + "ssm_norm.weight": (S,),
         b + "ssm_out.weight": (E, Din),
     }
@@ -81,6 +97,14 @@ def _ffn_block(c: Config, il: int, fused: bool) -> dict[str, tuple[int, ...]]:
     out = {
         b + "attn_norm.weight": (E,),
         b + "post_attention_norm.weight": (E,),  # the pre-FFN norm
+    }
+    if not c.is_moe:  # qwen35.cpp: dense SwiGLU of width n_ff
+        return out | {
+            b + "ffn_gate.weight": (c.n_ff, E),
+            b + "ffn_up.weight": (c.n_ff, E),
+            b + "ffn_down.weight": (E, c.n_ff),
+        }
+    out |= {
         b + "ffn_gate_inp.weight": (X, E),
         b + "ffn_down_exps.weight": (X, E, F),
         b + "ffn_gate_inp_shexp.weight": (E,),
@@ -118,6 +142,9 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     """Check every tensor the graph reads exists with the right shape and a supported type."""
     t = gf.tensors
     fused = tuple(f"blk.{il}.ffn_gate_up_exps.weight" in t for il in range(c.n_layer_all))
+    # qwen3next.cpp::build_qkvz: attn_qkv when present ("optimized path"), else the legacy ssm_in
+    ssm_in = tuple(c.arch.name == "qwen3next" and f"blk.{il}.attn_qkv.weight" not in t and f"blk.{il}.ssm_in.weight" in t
+                   for il in range(c.n_layer_all))
 
     required: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (c.n_vocab, c.n_embd),
@@ -130,7 +157,7 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
         if f"blk.{il}.attn_qkv.weight" in t and not c.is_recurrent[il]:
             raise RefimplError(f"{gf.path}: fused 'blk.{il}.attn_qkv.weight' in a full-attention layer (--fuse-qkv) is not supported")
         required.update(_ffn_block(c, il, fused[il]))
-        required.update(_deltanet_block(c, il) if c.is_recurrent[il] else _attention_block(c, il))
+        required.update(_deltanet_block(c, il, ssm_in[il]) if c.is_recurrent[il] else _attention_block(c, il))
 
     mtp_expected: dict[str, tuple[int, ...]] = {}
     for il in range(c.n_layer, c.n_layer_all):
@@ -165,6 +192,7 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     return TensorPlan(
         tied=tied,
         fused_gate_up=fused,
+        ssm_in=ssm_in,
         mtp=mtp,
         mtp_missing=mtp_missing,
         mtp_extras=frozenset(name.split(".", 2)[2] for name in extras),

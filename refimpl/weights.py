@@ -6,7 +6,8 @@ matrix. Vectors (norms, biases, ssm_a, the conv kernel) are float32 arrays — t
 they are F32. Attribute names are the GGUF tensor names without ``blk.N.`` and ``.weight``.
 
 Conventions baked into the file by the converter (docs/gguf.md §4) are used as stored: norm weights
-already include the +1 (except ``ssm_norm``), ``ssm_a`` = −exp(A_log), value heads in tiled order.
+already include the +1 (except ``ssm_norm``), ``ssm_a`` = −exp(A_log), value heads in the order the
+arch's graph reads them (tiled for qwen35moe / qwen35, grouped by key head for qwen3next).
 
 Routed experts are :class:`PinnedExperts` (views into the map) unless a
 :class:`refimpl.streamer.ExpertStreamer` is given, which reads each routed slice from the file on
@@ -90,10 +91,16 @@ class AttentionWeights:
 
 @dataclass(frozen=True)
 class DeltaNetWeights:
-    attn_qkv: Matrix  # [C, E]
-    attn_gate: Matrix  # [Din, E]
-    ssm_beta: Matrix  # [Hv, E]
-    ssm_alpha: Matrix  # [Hv, E]
+    """The input projections come in one of two layouts each (refimpl.deltanet.input_projections):
+    ``attn_qkv`` + ``attn_gate`` or qwen3next's fused ``ssm_in``; ``ssm_beta`` + ``ssm_alpha`` or
+    qwen3next's fused ``ssm_ba``. The fields of the other layout are None."""
+
+    attn_qkv: Matrix | None  # [C, E]
+    attn_gate: Matrix | None  # [Din, E]
+    ssm_in: Matrix | None  # [C + Din, E]: per key head [q ‖ k ‖ v ‖ z] (qwen3next, legacy files)
+    ssm_beta: Matrix | None  # [Hv, E]
+    ssm_alpha: Matrix | None  # [Hv, E]
+    ssm_ba: Matrix | None  # [2Hv, E]: per key head [b ‖ a] (qwen3next)
     ssm_out: Matrix  # [E, Din]
     ssm_conv1d: np.ndarray  # [C, Kc]
     ssm_dt: np.ndarray  # [Hv] (ssm_dt.bias)
@@ -112,11 +119,20 @@ class FFNWeights:
 
 
 @dataclass(frozen=True)
+class DenseFFNWeights:
+    """qwen35's FFN: SwiGLU ``ffn_down(silu(ffn_gate x) ⊙ ffn_up x)`` (refimpl.moe.dense_ffn)."""
+
+    ffn_gate: Matrix  # [Ff, E]
+    ffn_up: Matrix  # [Ff, E]
+    ffn_down: Matrix  # [E, Ff]
+
+
+@dataclass(frozen=True)
 class LayerWeights:
     attn_norm: np.ndarray  # [E]
     post_attention_norm: np.ndarray  # [E], the pre-FFN norm
     mixer: AttentionWeights | DeltaNetWeights
-    ffn: FFNWeights
+    ffn: FFNWeights | DenseFFNWeights
 
 
 @dataclass(frozen=True)
@@ -155,16 +171,33 @@ def layer_weights(m: ModelFile, il: int, attention: bool, streamer: "ExpertStrea
         )
     else:
         mixer = DeltaNetWeights(
-            attn_qkv=_matrix(m, b + "attn_qkv.weight"),
-            attn_gate=_matrix(m, b + "attn_gate.weight"),
-            ssm_beta=_matrix(m, b + "ssm_beta.weight"),
-            ssm_alpha=_matrix(m, b + "ssm_alpha.weight"),
+            attn_qkv=_optional(m, b + "attn_qkv.weight"),
+            attn_gate=_optional(m, b + "attn_gate.weight"),
+            ssm_in=_matrix(m, b + "ssm_in.weight") if m.plan.ssm_in[il] else None,
+            ssm_beta=_optional(m, b + "ssm_beta.weight"),
+            ssm_alpha=_optional(m, b + "ssm_alpha.weight"),
+            ssm_ba=_optional(m, b + "ssm_ba.weight"),
             ssm_out=_matrix(m, b + "ssm_out.weight"),
             ssm_conv1d=_vector(m, b + "ssm_conv1d.weight"),
             ssm_dt=_vector(m, b + "ssm_dt.bias"),
             ssm_a=_vector(m, b + "ssm_a"),
             ssm_norm=_vector(m, b + "ssm_norm.weight"),
         )
+    return LayerWeights(
+        attn_norm=_vector(m, b + "attn_norm.weight"),
+        post_attention_norm=_vector(m, b + "post_attention_norm.weight"),
+        mixer=mixer,
+        ffn=_ffn_weights(m, il, streamer) if m.config.is_moe else DenseFFNWeights(
+            ffn_gate=_matrix(m, b + "ffn_gate.weight"),
+            ffn_up=_matrix(m, b + "ffn_up.weight"),
+            ffn_down=_matrix(m, b + "ffn_down.weight"),
+        ),
+    )
+
+
+def _ffn_weights(m: ModelFile, il: int, streamer: "ExpertStreamer | None") -> FFNWeights:
+    """Block il's MoE: router, routed experts (from ``streamer`` when given, else pinned views), shared expert."""
+    b = f"blk.{il}."
     experts = streamer.experts(il) if streamer is not None else PinnedExperts(
         gate_exps=_optional(m, b + "ffn_gate_exps.weight"),
         up_exps=_optional(m, b + "ffn_up_exps.weight"),
@@ -172,19 +205,13 @@ def layer_weights(m: ModelFile, il: int, attention: bool, streamer: "ExpertStrea
         down_exps=_matrix(m, b + "ffn_down_exps.weight"),
         n_ff=m.config.n_ff_exp,
     )
-    ffn = FFNWeights(
+    return FFNWeights(
         ffn_gate_inp=_matrix(m, b + "ffn_gate_inp.weight"),
         experts=experts,
         ffn_gate_inp_shexp=_vector(m, b + "ffn_gate_inp_shexp.weight"),
         ffn_gate_shexp=_matrix(m, b + "ffn_gate_shexp.weight"),
         ffn_up_shexp=_matrix(m, b + "ffn_up_shexp.weight"),
         ffn_down_shexp=_matrix(m, b + "ffn_down_shexp.weight"),
-    )
-    return LayerWeights(
-        attn_norm=_vector(m, b + "attn_norm.weight"),
-        post_attention_norm=_vector(m, b + "post_attention_norm.weight"),
-        mixer=mixer,
-        ffn=ffn,
     )
 
 

@@ -307,7 +307,7 @@ def test_predictable_heads_follow_the_permutations(make_fixture):
     [
         ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable\\)"),
         ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4, iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0\\)"),
-        ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: mtp, tied"),
+        ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: arch, mtp, tied"),
         ({"mtp": "half"}, "mtp='half' is not one of full, stripped, extras"),
         ({"tied": "yes"}, "tied='yes' must be true or false"),
         ({"seed": -1}, "seed must be an integer"),

@@ -139,10 +139,10 @@ def test_wrong_architecture(make_fixture, tmp_path):
     # rewrite the architecture string in place: same length keeps every offset valid
     raw = bytearray(src.read_bytes())
     i = raw.index(b"qwen35moe", raw.index(b"general.architecture"))
-    raw[i : i + 9] = b"qwen3next"
+    raw[i : i + 9] = b"deepseek2"
     dst.write_bytes(bytes(raw))
     assert r.fields["general.architecture"].contents() == "qwen35moe"
-    assert "architecture 'qwen3next' is not supported" in _error(dst)
+    assert _error(dst).endswith("architecture 'deepseek2' is not supported (refimpl implements qwen35moe, qwen35, qwen3next)")
 
 
 def test_missing_required_key(make_fixture, tmp_path):

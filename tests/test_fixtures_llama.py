@@ -35,11 +35,11 @@ def _ids(options):
     return "-".join(f"{k}={v}" for k, v in options.items())
 
 
-def _check_run(run, n_rows, n_vocab=512):
+def _check_run(run, n_rows, n_vocab=512, arch="qwen35moe"):
     assert run.logits.shape == (n_rows, n_vocab)
     assert np.isfinite(run.logits).all()
     assert run.logits.std(axis=1).min() > 0.1  # not a constant row
-    assert re.search(r"print_info: arch\s+= qwen35moe", run.log)
+    assert re.search(rf"print_info: arch\s+= {arch}\n", run.log)
 
 
 @pytest.mark.parametrize(  # the libggml-written mixes on tiny only: the presets differ in weights, not types
@@ -101,3 +101,34 @@ def test_predictable_trunk_follows_pi_and_mtp_follows_pi_prime(make_fixture, qua
     assert np.mean(draft == pi_mtp[t]) >= 0.9
     agree = np.mean(draft[1:-1] == t[2:])  # the draft equals what the trunk then produced
     assert 0.4 <= agree <= 0.9
+
+
+OTHER_ARCHS = [  # (arch, quant, options): variants of the siblings of qwen35moe (refimpl.config.ARCHS) that
+    # tests/test_arch.py does not run already (it runs f32, q4_k_m / q8_0 and qwen3next's ssm_in=false through llama.cpp)
+    ("qwen35", "f32", {"mtp": "stripped"}), ("qwen35", "f32", {"tied": True}), ("qwen35", "iq2_xxs", {}),
+    ("qwen3next", "f32", {"mtp": "stripped"}), ("qwen3next", "f32", {"tied": True}),
+]
+
+
+@pytest.mark.parametrize("arch, quant, options", OTHER_ARCHS, ids=lambda x: _ids(x) if isinstance(x, dict) else str(x))
+def test_llama_cpp_runs_the_other_archs(make_fixture, arch, quant, options):
+    mtp = options.get("mtp") != "stripped"
+    run = llama_run(make_fixture("tiny", quant, arch=arch, **options), PROMPT, load_mtp=True, mtp=mtp)
+    _check_run(run, len(PROMPT), arch=arch)
+    if mtp:
+        assert np.isfinite(run.mtp_logits).all() and run.mtp_logits.std() > 0.1
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_q4_k_m_types_are_llama_quantizes(make_fixture, tmp_path, arch):
+    """The fixture's q4_k_m mix gives every tensor the type llama.cpp's own quantizer (ftype Q4_K_M)
+    gives it from the f32 file — dense FFN (no 8-expert rules), ssm_in, ssm_ba included."""
+    from gguf import LlamaFileType
+
+    from llama_ref import quantize_with_llama
+    from refimpl.gguf_file import GGUFFile
+
+    theirs = GGUFFile(quantize_with_llama(make_fixture("tiny", "f32", arch=arch), tmp_path / "q.gguf",
+                                          LlamaFileType.MOSTLY_Q4_K_M)).tensors
+    ours = GGUFFile(make_fixture("tiny", "q4_k_m", arch=arch)).tensors
+    assert {n: t.qtype.name for n, t in ours.items()} == {n: t.qtype.name for n, t in theirs.items()}

@@ -106,3 +106,46 @@ def test_run_accepts_a_builtin_fixture_spec(cache):
     out = json.loads(proc.stdout)
     model = load_model(cache / "tiny-q8_0-s0.gguf")
     assert out["tokens"] == greedy(model, [1, 2, 3], 3, eog_ids=Tokenizer.from_gguf(model.file.gguf.reader).eog_ids)
+
+
+@pytest.fixture(scope="module")
+def unsupported_arch(make_fixture, tmp_path_factory):
+    """A copy of the tiny fixture claiming another llama.cpp architecture (same-length name: every offset stays valid)."""
+    raw = bytearray(make_fixture("tiny", "f32").read_bytes())
+    i = raw.index(b"qwen35moe", raw.index(b"general.architecture"))
+    raw[i : i + 9] = b"deepseek2"
+    path = tmp_path_factory.mktemp("arch") / "deepseek2.gguf"
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("command", ["inspect", "run", "logits", "trace", "golden make", "audit", "plot audit"])
+def test_every_command_refuses_an_unsupported_arch_in_one_line(unsupported_arch, tmp_path, capsys, command):
+    from conftest import _require
+    from refimpl.cli import main
+
+    if command == "plot audit":
+        _require("matplotlib", "matplotlib", "plot")  # plot checks for matplotlib before it opens the model
+    stream, prompts = tmp_path / "s.json", tmp_path / "p.txt"
+    stream.write_text("[1, 2]")
+    prompts.write_text("hello\n")
+    args = {
+        "inspect": [], "run": ["--tokens", "1", "-n", "1"], "logits": ["--tokens", "1", "--out", tmp_path / "o.npy"],
+        "trace": ["--tokens", "1", "--out", tmp_path / "o"], "golden make": ["--prompts", prompts, "--out", tmp_path / "o.jsonl"],
+        "audit": [stream, "--prompt-tokens", "1"], "plot audit": [stream, "--prompt-tokens", "1", "--out", tmp_path / "o.png"],
+    }[command]
+    rc = main([*command.split(), str(unsupported_arch), *map(str, args)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (f"refimpl: error: {unsupported_arch}: architecture 'deepseek2' is not supported "
+                      "(refimpl implements qwen35moe, qwen35, qwen3next)")
+    assert not any(p.name.startswith("o") for p in tmp_path.iterdir())
+
+
+def test_fixture_refuses_an_unsupported_arch(tmp_path, capsys):
+    from refimpl.cli import main
+
+    rc = main(["fixture", str(tmp_path / "x.gguf"), "--arch", "llama"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["refimpl: error: unsupported arch 'llama' (supported: qwen35moe, qwen35, qwen3next)"]
+    assert not list(tmp_path.iterdir())

@@ -19,6 +19,16 @@ as ``examples/speculative-simple/speculative-simple.cpp`` and ``common/speculati
   ``llama_memory_seq_rm(·, P + n_acc + 1, −1)`` on both contexts (the target's must succeed: that is
   the recurrent-state rollback).
 
+An arch without partial recurrent rollback (``llm_arch_supports_rs_rollback`` false: qwen3next; the
+target's ``n_rs_seq`` is clamped to 0) gets the same rounds with the rollback done by llama.cpp's own
+state API instead: the recurrent state is saved before each verify batch
+(``llama_state_seq_get_data_ext(…, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)``, what
+``common_prompt_checkpoint::update_tgt`` does) and, after a rejection, restored, the verify batch's KV
+cells dropped, and ``[id_last, d_1 … d_n_acc]`` decoded again (``rollback = "checkpoint"``,
+``n_redecodes`` counts those decodes). The schedule — which positions are drafted — is the one of an
+engine that can roll back; llama.cpp's own speculative-simple / server replay the accepted tokens as the
+next round's "draft" instead (docs/speculative.md, "Archs without partial rollback").
+
 The draft and accept decisions (argmax, top-10 probability) are taken here in Python from llama.cpp's
 logits; every forward pass, the KV caches, the snapshots and the rollback are llama.cpp's.
 API: :func:`llama_speculative` → :class:`LlamaSpecRun`.
@@ -45,6 +55,8 @@ class LlamaSpecRun:
     n_drafted_steps: int
     rounds: list[dict]  # per round: pos0, drafts, targets, ids
     log: str
+    rollback: str = "rs"  # "rs": n_rs_seq snapshots (seq_rm); "checkpoint": state save / restore + re-decode
+    n_redecodes: int = 0  # "checkpoint": target decodes that re-advanced the state over accepted tokens
 
 
 def llama_speculative(model_path, prompt, n_predict: int, *, n_draft: int = 3, p_min: float = 0.0,
@@ -94,7 +106,8 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
     cp.n_batch = cp.n_ubatch = n_batch  # split_equal needs n_ubatch > n_rs_seq + 1
     cp.n_rs_seq = n_draft
     ctx = L.llama_init_from_model(model, cp)
-    assert ctx and L.llama_n_rs_seq(ctx) == n_draft, "target context (n_rs_seq) not created"
+    assert ctx and L.llama_n_rs_seq(ctx) in (n_draft, 0), "target context (n_rs_seq) not created"
+    rollback = "rs" if L.llama_n_rs_seq(ctx) == n_draft else "checkpoint"  # 0: llm_arch_supports_rs_rollback is false
     set_embeddings_nextn(ctx, True, False)
     cp_mtp = _context_params(L, r, ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, ctx_other=ctx)
     cp_mtp.n_batch = cp_mtp.n_ubatch = n_batch
@@ -115,6 +128,18 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
         assert rc == 0, f"llama_decode returned {rc} at position {pos0}"
         lg = np.stack([_float_row(L.llama_get_logits_ith(ctx, i), n_vocab) for i in range(len(tokens))]) if logits else None
         return lg, np.stack([_float_row(get_nextn_ith(ctx, i), n_embd) for i in range(len(tokens))])
+
+    partial = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
+    def save_recurrent() -> bytes:
+        """common_prompt_checkpoint::update_tgt: the target's recurrent state of sequence 0."""
+        n = L.llama_state_seq_get_size_ext(ctx, 0, partial)
+        buf = (ctypes.c_uint8 * n)()
+        assert L.llama_state_seq_get_data_ext(ctx, buf, n, 0, partial) == n, "checkpoint size mismatch"
+        return buf
+
+    def restore_recurrent(buf) -> None:
+        assert L.llama_state_seq_set_data_ext(ctx, buf, len(buf), 0, partial) == len(buf), "checkpoint restore failed"
 
     def decode_mtp(tokens, pos0, hs, output: bool):
         """One MTP batch of rows (tokens[i], pos0+i, hs[i]); (logits, h') of the last row if output."""
@@ -142,7 +167,7 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
         pending_h = h[-1]
     id_last, P = prompt[-1], len(prompt) - 1
     out, rounds = [], []
-    stats = dict(n_drafted=0, n_accepted=0, n_decodes=0, n_drafted_steps=0)
+    stats = dict(n_drafted=0, n_accepted=0, n_decodes=0, n_drafted_steps=0, n_redecodes=0)
     while len(out) < n_predict:
         n_max = min(n_draft, n_predict - len(out) - 1)
         drafts, tok, h = [], id_last, pending_h
@@ -153,6 +178,7 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
                 break
             drafts.append(tok)
         assert L.llama_memory_seq_rm(mem_mtp, 0, P, -1), "MTP draft-region removal failed"
+        ckpt = save_recurrent() if rollback == "checkpoint" and drafts else None
         logits, h_tgt = decode_target([id_last, *drafts], P, logits=True)
         decode_mtp([id_last, *drafts], P, [pending_h, *h_tgt[:-1]], output=False)
         targets = [int(np.argmax(l)) for l in logits]
@@ -166,7 +192,13 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
         n_acc = len(ids) - 1
         pending_h = h_tgt[min(n_acc, len(drafts))]
         n_past = P + n_acc + 1
-        if n_acc < len(drafts):
+        if n_acc < len(drafts) and rollback == "checkpoint":  # restore, drop the batch's KV cells, re-decode
+            restore_recurrent(ckpt)
+            assert L.llama_memory_seq_rm(mem, 0, P, -1), "target KV removal refused"
+            decode_target([id_last, *drafts[:n_acc]], P, logits=False)
+            stats["n_redecodes"] += 1
+            assert L.llama_memory_seq_rm(mem_mtp, 0, n_past, -1), "MTP seq_rm refused"
+        elif n_acc < len(drafts):
             assert L.llama_memory_seq_rm(mem, 0, n_past, -1), "target rollback (seq_rm) refused"
             assert L.llama_memory_seq_rm(mem_mtp, 0, n_past, -1), "MTP seq_rm refused"
         rounds.append(dict(pos0=P, drafts=drafts, targets=targets, ids=ids))
@@ -187,7 +219,7 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
     L.llama_free(ctx_mtp)
     L.llama_free(ctx)
     L.llama_model_free(model)
-    Path(out_path).write_text(json.dumps(dict(tokens=out, rounds=rounds, **stats)))
+    Path(out_path).write_text(json.dumps(dict(tokens=out, rounds=rounds, rollback=rollback, **stats)))
     return 0
 
 

@@ -27,6 +27,7 @@ from refimpl.tokenizer import (
     byte_encode,
     bytes_to_unicode,
     char_class,
+    split_qwen2,
     split_qwen35,
 )
 
@@ -396,7 +397,7 @@ def test_add_bos_and_eos_when_the_gguf_asks(tmp_path):
 
 @pytest.mark.parametrize("key, value, kwargs", [
     ("tokenizer.ggml.model", "'llama'", {"model": "llama"}),
-    ("tokenizer.ggml.pre", "'qwen2'", {"pre": "qwen2"}),
+    ("tokenizer.ggml.pre", "'llama3'", {"pre": "llama3"}),
     ("tokenizer.ggml.pre", "None", {"pre": None}),
 ])
 def test_unsupported_tokenizer_is_a_one_line_error(tmp_path, key, value, kwargs):
@@ -431,3 +432,22 @@ def test_every_code_point_class_equals_llama_cpp(tmp_path):
         text = "".join(f"a{c}\n!{c}\n{c}{c}a\n" for c in map(chr, cpts[i : i + 8192]))
         expected = llama_tokenize(path, text.encode("utf-8", "surrogatepass"))
         assert tok.encode(text) == expected, f"a code point in U+{cpts[i]:04X}..U+{cpts[min(i + 8191, len(cpts) - 1)]:04X}"
+
+
+MARK_TEXTS = ["e\u0301te\u0301 cafe\u0301!", "\u0301\u0301abc", "x \u0308\u0308 y", "a\u0300\u0300\u0300b  \u0301\n\u0302!?\u0301",
+              "na\u0303o, se\u0301rie\u0301 1\u03012", "ok\u20dd\u20dd)", "\u0915\u093f\u0924\u093e\u092c"]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("pre", ["qwen2", "qwen35"])
+def test_qwen2_and_qwen35_splits_equal_llama_cpp_on_combining_marks(tmp_path, pre):
+    """The two pre-tokenizers differ only in whether combining marks (\\p{M}) join letter runs:
+    texts full of marks, with merges that make every word boundary visible in the ids."""
+    alphabet = bytes_to_unicode()
+    merges = [f"{alphabet[a]} {alphabet[b]}" for a, b in ((0x65, 0xCC), (0x61, 0xCC), (0xCC, 0x81), (0x20, 0xCC), (0x21, 0xCC))]
+    tokens = list(alphabet.values()) + [m.replace(" ", "") for m in merges]
+    path = write_vocab_gguf(tmp_path / f"{pre}.gguf", tokens, [1] * len(tokens), merges, pre=pre)
+    tok = Tokenizer.from_gguf(path)
+    for text in MARK_TEXTS:
+        assert tok.encode(text) == llama_tokenize(path, text), (pre, text)
+    assert split_qwen2("e\u0301te\u0301") == ["e", "\u0301te", "\u0301"] and split_qwen35("e\u0301te\u0301") == ["e\u0301te\u0301"]

@@ -1,4 +1,5 @@
-"""The GGUF tokenizer of a Qwen3.5/3.6 model: byte-level BPE with the ``qwen35`` pre-tokenizer.
+"""The GGUF tokenizer of a Qwen3.5/3.6 model: byte-level BPE with the ``qwen35`` pre-tokenizer (or
+Qwen3-Next's ``qwen2``: :func:`split_qwen2`, the same split without combining marks in letter runs).
 
 Token ids are those of llama.cpp's ``llama_tokenize(vocab, text, add_special=True, parse_special)``
 (``src/llama-vocab.cpp``). ``encode`` runs the same five steps:
@@ -22,7 +23,7 @@ through one string.
 """
 
 from refimpl.tokenizer.bpe import bpe_merge, byte_encode, bytes_to_unicode, unicode_to_bytes
-from refimpl.tokenizer.split import LLAMA_CPP_UNICODE_VERSION, QWEN35_REGEX, char_class, split_qwen35
+from refimpl.tokenizer.split import LLAMA_CPP_UNICODE_VERSION, QWEN35_REGEX, char_class, split_qwen2, split_qwen35
 from refimpl.tokenizer.vocab import TokenAttr, Tokenizer
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "byte_encode",
     "bytes_to_unicode",
     "char_class",
+    "split_qwen2",
     "split_qwen35",
     "unicode_to_bytes",
 ]

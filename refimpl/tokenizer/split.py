@@ -95,6 +95,15 @@ _CONTRACTION_1 = frozenset("sStTmMdD")
 _CONTRACTION_2 = frozenset({"re", "rE", "Re", "RE", "ve", "vE", "Ve", "VE", "ll", "lL", "Ll", "LL"})
 
 
+def split_qwen2(text: str) -> list[str]:
+    r"""The ``qwen2`` pre-tokenizer (Qwen3-Next's GGUFs): :func:`split_qwen35` with combining marks
+    ``\p{M}`` not joining letter runs — ``src/unicode.cpp::unicode_regex_split_custom_qwen2``, whose
+    only differences from the qwen35 function are the ``is_accent_mark`` tests in alternatives 2 and 4.
+    Regex: ``(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+``.
+    """
+    return _split(text, letters=("L",))
+
+
 def split_qwen35(text: str) -> list[str]:
     """Split ``text`` into the words BPE then merges within, exactly as llama.cpp's ``qwen35``.
 
@@ -117,6 +126,12 @@ def split_qwen35(text: str) -> list[str]:
     ``src/unicode.cpp::unicode_regex_split_custom_qwen35``, with classes from :func:`char_class`.
     ``"".join(split_qwen35(s)) == s`` always holds.
     """
+    return _split(text, letters=("L", "M"))
+
+
+def _split(text: str, letters: tuple[str, ...]) -> list[str]:
+    """The qwen35 / qwen2 split; ``letters``: the classes a letter run takes (qwen35 adds marks "M")."""
+    others = tuple(c for c in ("O", "M") if c not in letters)  # alternative 4's run: not whitespace, letter or digit
     n = len(text)
     classes = [char_class(ch) for ch in text]
 
@@ -131,15 +146,15 @@ def split_qwen35(text: str) -> list[str]:
             end = pos + 2
         elif ch == "'" and text[pos + 1 : pos + 3] in _CONTRACTION_2:  # 1. 're 've 'll
             end = pos + 3
-        elif not (ch in "\r\n" or k == "N") and (k in "LM" or cls(pos + 1) in ("L", "M")):
-            end = pos + 1  # 2. [^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+
-            while cls(end) in ("L", "M"):
+        elif not (ch in "\r\n" or k == "N") and (k in letters or cls(pos + 1) in letters):
+            end = pos + 1  # 2. [^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+  (qwen2: \p{L}+)
+            while cls(end) in letters:
                 end += 1
         elif k == "N":  # 3. \p{N}
             end = pos + 1
-        elif (cls(pos + 1) if ch == " " else k) not in ("W", "L", "M", "N"):
-            end = pos + (ch == " ")  # 4. <space>?[^\s\p{L}\p{M}\p{N}]+[\r\n]*  (a lone final space too)
-            while cls(end) == "O":
+        elif (cls(pos + 1) if ch == " " else k) not in ("W", "N", *letters):
+            end = pos + (ch == " ")  # 4. <space>?[^\s\p{L}\p{M}\p{N}]+[\r\n]*  (qwen2: marks in the run; a lone final space too)
+            while cls(end) in others:
                 end += 1
             while end < n and text[end] in "\r\n":
                 end += 1

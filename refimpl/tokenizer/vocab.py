@@ -10,7 +10,9 @@ import gguf
 
 from refimpl.errors import RefimplError
 from refimpl.tokenizer.bpe import bpe_merge, byte_encode, unicode_to_bytes
-from refimpl.tokenizer.split import split_qwen35
+from refimpl.tokenizer.split import split_qwen2, split_qwen35
+
+PRE_SPLITS = {"qwen35": split_qwen35, "qwen2": split_qwen2}  # tokenizer.ggml.pre → split (Qwen3.5/3.6; Qwen3-Next)
 
 class TokenAttr(enum.IntFlag):
     """``llama_token_attr`` (include/llama.h): what llama.cpp derives from ``tokenizer.ggml.token_type``."""
@@ -127,8 +129,11 @@ class Tokenizer:
     """
 
     def __init__(self, tokens: Sequence[str], token_types: Sequence[int] | None, merges: Sequence[str], *,
-                 special_ids: Mapping[str, int] | None = None, add_bos: bool = False, add_eos: bool = False):
-        """Build from GGUF metadata values; ``special_ids`` maps ``tokenizer.ggml.*_token_id`` keys to ids."""
+                 special_ids: Mapping[str, int] | None = None, add_bos: bool = False, add_eos: bool = False,
+                 pre: str = "qwen35"):
+        """Build from GGUF metadata values; ``special_ids`` maps ``tokenizer.ggml.*_token_id`` keys to ids;
+        ``pre``: the pre-tokenizer (a key of :data:`PRE_SPLITS`)."""
+        self.split = PRE_SPLITS[pre]
         # llama.cpp renames empty texts and asserts that no text repeats
         self.tokens = tuple(text or f"[EMPTY_{i}]" for i, text in enumerate(tokens))
         self.n_vocab = len(self.tokens)
@@ -151,13 +156,13 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader_or_path: gguf.GGUFReader | str | Path) -> Tokenizer:
-        """Read ``tokenizer.ggml.*`` from a GGUF; only ``model="gpt2"`` with ``pre="qwen35"`` is supported."""
+        """Read ``tokenizer.ggml.*`` from a GGUF; only ``model="gpt2"`` with ``pre`` "qwen35" or "qwen2" is supported."""
         reader = reader_or_path if isinstance(reader_or_path, gguf.GGUFReader) else gguf.GGUFReader(reader_or_path)
         model, pre = _read_field(reader, _K.MODEL), _read_field(reader, _K.PRE)
         if model != "gpt2":
             raise RefimplError(f"unsupported tokenizer: {_K.MODEL} = {model!r} (refimpl reads only 'gpt2' byte-level BPE)")
-        if pre != "qwen35":
-            raise RefimplError(f"unsupported pre-tokenizer: {_K.PRE} = {pre!r} (refimpl implements only 'qwen35')")
+        if pre not in PRE_SPLITS:
+            raise RefimplError(f"unsupported pre-tokenizer: {_K.PRE} = {pre!r} (refimpl implements {', '.join(map(repr, PRE_SPLITS))})")
         tokens = _read_field(reader, _K.LIST)
         merges = _read_field(reader, _K.MERGES)
         if tokens is None or merges is None:
@@ -165,7 +170,7 @@ class Tokenizer:
         special_ids = {key: _read_field(reader, key) for key in _SPECIAL_ID_KEYS if key in reader.fields}
         return cls(tokens, _read_field(reader, _K.TOKEN_TYPE), merges, special_ids=special_ids,
                    add_bos=bool(_read_field(reader, _K.ADD_BOS, False)),
-                   add_eos=bool(_read_field(reader, _K.ADD_EOS, False)))
+                   add_eos=bool(_read_field(reader, _K.ADD_EOS, False)), pre=pre)
 
     # ---- encode --------------------------------------------------------------------------------
 
@@ -181,7 +186,7 @@ class Tokenizer:
             if isinstance(fragment, int):
                 ids.append(fragment)
                 continue
-            for word in split_qwen35(fragment):
+            for word in self.split(fragment):
                 for symbol in bpe_merge(byte_encode(word), self._ranks):
                     ids.extend(self._symbol_ids(symbol))
         if self.add_eos and self.eos_id is not None:

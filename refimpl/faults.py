@@ -9,7 +9,7 @@ NAME[,NAME…]`` (hidden from the help), or ``Ctx(faults=Faults.of("no-restore")
 How a fault reaches the code. The clean code computes the right value, then hands it through a named
 **tap**, the way ``ctx.cb(name, il, x)`` hands tensors to the trace hook::
 
-    head = ctx.faults.tap("deltanet.kv_head", np.arange(Hv) % Hk, Hk=Hk)
+    head = ctx.faults.tap("deltanet.kv_head", kv_heads(c), Hk=Hk)
 
 With no fault switched on, ``tap`` returns the value unchanged (one test of an empty set). A fault
 names one tap point and a ``rewrite(value, memory, **info)`` that returns the value an engine with
@@ -202,6 +202,14 @@ def _plus_one(value, memory, **_):
     return tuple(w + F32(1.0) for w in value) if isinstance(value, tuple) else value + F32(1.0)
 
 
+def _other_pairing(value, memory, *, Hk):
+    # B16: the other arch's value→key head pairing — grouped j // (Hv/Hk) where tiled j % Hk is right
+    # (qwen35moe, qwen35), tiled where grouped is right (qwen3next)
+    j = np.arange(value.size)
+    grouped = j // (value.size // Hk)
+    return j % Hk if np.array_equal(value, grouped) else grouped
+
+
 def _topk_no_renorm(value, memory, *, probs, sel):
     # B19 (Swiftlet #6): norm_topk_prob defaulted to false: the raw top-k softmax mass weights the experts
     return np.take_along_axis(probs, sel, axis=-1)
@@ -238,8 +246,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "attention.q_gate", "", False, lambda value, memory: value.reshape(value.shape[0], 2, -1, value.shape[-1]).transpose(0, 2, 1, 3)),
     Fault("rope-full-width", "B18", "RoPE rotates the whole head (head_dim) instead of the first n_rot dims",
           "attention.rope_dims", "", False, lambda value, memory, *, head_dim: head_dim),
-    Fault("vk-pairing", "B16", "value head j paired with key head j // (Hv/Hk) instead of j % Hk",
-          "deltanet.kv_head", "", False, lambda value, memory, *, Hk: np.arange(value.size) // (value.size // Hk)),
+    Fault("vk-pairing", "B16", "value head j paired with key head j // (Hv/Hk) instead of j % Hk",  # qwen3next: the reverse
+          "deltanet.kv_head", "", False, _other_pairing),
     Fault("state-bf16", "B14", "the delta-rule state rounded to bfloat16 after every token",
           "deltanet.state", "", False, lambda value, memory: _round_bf16(value)),
     Fault("ssm-norm-shifted", "B8", "1 added to the delta-net output norm weight (the one GGUF stores unshifted)",

@@ -1,6 +1,7 @@
 """docs/bug-classes.md's table, measured: every stream-visible fault is flagged by the audit within 64
-tokens on the history-dependent model, the clean loop never is, and the page holds exactly the
-table these measurements give (refimpl.fault_table)."""
+tokens on the history-dependent models (the trained `kjv`, the random `tiny`), the clean loop never
+is, the trained head's acceptance shows the stream-blind MTP classes, and the page holds exactly the
+tables these measurements give (refimpl.fault_table)."""
 
 from pathlib import Path
 
@@ -14,6 +15,14 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "bug-classes.md"
 # Stream-visible on tiny, yet only ever a near-tie there (docs/bug-classes.md, "Misses on tiny"):
 # pinned, so that a change in either direction updates the page.
 NEAR_TIE_ONLY_ON_TINY = {"rope-full-width"}
+# Stream-blind and acceptance-blind on kjv: its output_norm weights vary by 5 % around their mean, so
+# hnorm(h) and hnorm(output_norm(h)) nearly agree (docs/bug-classes.md, "Reading it").
+ACCEPTANCE_BLIND_ON_KJV = {"mtp-prenorm"}
+# The classes whose stream must be flagged on a confident, history-dependent model (all but
+# state-bf16, which changes no stream in 64 tokens on any model here).
+STREAM_VISIBLE = {"no-restore", "conv-kept", "slot-plus-one", "slot-minus-one", "plain-step-stale", "accept-unverified",
+                  "accept-stochastic", "state-leak", "prefill-as-verify", "vk-pairing", "qg-split-flat",
+                  "ssm-norm-shifted", "topk-no-renorm", "shexp-ungated"}
 
 pytestmark = pytest.mark.usefixtures("fixture_cache")
 
@@ -31,13 +40,35 @@ def test_the_clean_loop_is_never_flagged(cells):
     from refimpl.faults import Faults
     from refimpl.model import load_model
 
-    for name, (spec, prompt) in T.MODELS.items():
+    for name, case in T.MODELS.items():
         c = cells[(name, "(clean loop)")]
         assert (c.changed, c.verdict, c.exit_code) == (False, "clean", 0)
-        model = load_model(resolve_model(spec))
+        model = load_model(resolve_model(case.spec))
         for scenario in set(T.SCENARIOS.values()):  # the other sources and settings the table uses
-            tokens, _ = T.run(model, prompt, Faults(), scenario)
-            assert T.audit_stream(model, prompt, tokens).exit_code == 0, (name, scenario)
+            tokens, _ = T.run(model, case, Faults(), scenario)
+            assert T.audit_stream(model, case.prompt, tokens).exit_code == 0, (name, scenario)
+
+
+def test_every_stream_visible_fault_is_flagged_on_the_trained_model(cells):
+    for name, f in FAULTS.items():
+        c = cells[("kjv", name)]
+        if f.blind:
+            assert not c.changed and c.exit_code == 0, name
+        elif c.changed:
+            assert c.exit_code == 1 and c.first_wrong is not None and c.first_wrong < T.N_PREDICT, name
+    assert {n for n in FAULTS if cells[("kjv", n)].flagged} == STREAM_VISIBLE | {"rope-full-width"}
+
+
+def test_the_trained_head_s_acceptance_shows_the_blind_mtp_classes(cells):
+    clean = cells[("kjv", "(clean loop)")].accepted
+    for name, f in FAULTS.items():
+        if f.blind:
+            c = cells[("kjv", name)]
+            if name in ACCEPTANCE_BLIND_ON_KJV:
+                assert c.accepted == clean and c.extra["rounds: counts"].endswith("→ 0"), (name, c.accepted)
+            else:  # fewer drafts accepted, and the round audit sees it from the counts alone
+                assert c.accepted[0] / c.accepted[1] < clean[0] / clean[1], (name, c.accepted, clean)
+                assert c.extra["rounds: counts"].endswith("→ 1"), (name, c.extra)
 
 
 def test_every_stream_visible_fault_is_flagged_on_tiny(cells):
@@ -49,14 +80,11 @@ def test_every_stream_visible_fault_is_flagged_on_tiny(cells):
             assert c.changed and c.verdict == "near-tie" and c.exit_code == 0, name
         elif c.changed:
             assert c.exit_code == 1 and c.first_wrong is not None and c.first_wrong < T.N_PREDICT, name
-    caught = {n for n in FAULTS if cells[("tiny", n)].flagged}
-    assert caught >= {"no-restore", "conv-kept", "slot-plus-one", "slot-minus-one", "plain-step-stale", "accept-unverified",
-                      "accept-stochastic", "state-leak", "prefill-as-verify", "vk-pairing", "qg-split-flat",
-                      "ssm-norm-shifted", "topk-no-renorm", "shexp-ungated"}
+    assert {n for n in FAULTS if cells[("tiny", n)].flagged} == STREAM_VISIBLE
 
 
 def test_the_round_audit_catches_the_blind_classes_from_draft_ids(cells):
-    for name, (spec, prompt) in T.MODELS.items():
+    for name in T.MODELS:
         clean = cells[(name, "(clean loop)")].extra
         assert clean["rounds: ids"].startswith("match, 0/0") and clean["rounds: ids"].endswith("→ 0"), (name, clean)
         assert clean["rounds: counts"].startswith("match, 0/0"), (name, clean)

@@ -118,7 +118,7 @@ def _cmd_run(args) -> int:
     if args.tokens is not None:
         prompt = _check_tokens(model, _parse_tokens(args.tokens))
     else:
-        prompt = tok.encode(args.prompt, parse_special=True)
+        prompt = tok.encode(args.prompt, parse_special=True, faults=args.faults)
         if not prompt:
             raise RefimplError("the prompt encodes to no tokens")
     spec = _speculative_options(args, model)
@@ -368,9 +368,33 @@ def _cmd_audit(args) -> int:
         prompt = _check_tokens(model, prompt_of(streams, "audit needs the prompt: --prompt TEXT or --prompt-tokens IDS"))
     if not prompt:
         raise RefimplError("the prompt encodes to no tokens")
+    differs = [s for s in streams if s.prompt is not None and list(s.prompt) != list(prompt)]
+    if differs:  # bug class B20: judging the stream against a shifted prompt would judge nothing
+        return _prompt_differs(differs, prompt, tok, args.json)
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
+
+
+def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
+    """audit: a stream's prompt_tokens are not the oracle's ids of --prompt / --prompt-tokens (a
+    pre-tokenizer or template difference, docs/bug-classes.md B20): say where, exit 1, audit nothing."""
+    import json
+
+    out = []
+    for s in streams:
+        i = next((j for j, (a, b) in enumerate(zip(s.prompt, prompt)) if a != b), min(len(s.prompt), len(prompt)))
+        word = lambda ids: repr(tok.decode(ids[i : i + 1])) if i < len(ids) else "(end)"  # noqa: E731
+        out.append({"stream": s.label, "source": s.source, "index": i, "stream_prompt_len": len(s.prompt), "oracle_prompt_len": len(prompt),
+                    "stream_id": s.prompt[i] if i < len(s.prompt) else None, "oracle_id": prompt[i] if i < len(prompt) else None,
+                    "text": f"{s.label} ({s.source}): prompt tokenisation differs at prompt index {i}: stream "
+                            f"{word(list(s.prompt))} ({len(s.prompt)} ids), oracle {word(prompt)} ({len(prompt)} ids); "
+                            f"the stream is not audited (a different pre-tokenizer or template gives other prompt ids)"})
+    if as_json:
+        print(json.dumps({"verdict": "prompt differs", "exit": 1, "prompts": [{k: v for k, v in o.items() if k != "text"} for o in out]}))
+    else:
+        print("\n".join(["audit: verdict prompt differs"] + [o["text"] for o in out]))
+    return 1
 
 
 def _audit_golden(args) -> int:

@@ -127,6 +127,12 @@ def test_cli_plot(run_files, tmp_path, capsys):
         out = tmp_path / f"{argv[0]}.png"
         assert main(["plot", *argv, "--out", str(out)]) == 0
         _png(out)
+    capsys.readouterr()
+    assert main(["run", "-p", "And it came to pass", "-n", "8", "--json"]) == 0  # the default MODEL, builtin:kjv
+    (tmp_path / "kjv.json").write_text(capsys.readouterr().out)
+    assert main(["plot", "audit", str(tmp_path / "kjv.json"), "--out", str(tmp_path / "kjv.png")]) == 0  # MODEL optional
+    assert "builtin:kjv" in capsys.readouterr().err
+    _png(tmp_path / "kjv.png")
     assert main(["plot", "telemetry", str(routes), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("refimpl: error: ") and "not a telemetry CSV" in err

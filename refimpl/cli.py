@@ -453,12 +453,14 @@ def _cmd_plot(args) -> int:
         from refimpl.tokenizer import Tokenizer
 
         model = load_model(resolve_model(_default_model(args.model)))
-        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        tok = Tokenizer.from_gguf(model.file.gguf.reader)
+        stream = read_stream(args.stream, "A", tok)
         prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
         if prompt is None:
             raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
         series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
-        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}",
+                              piece=lambda t: tok.decode([t]))
     with writing(args.out, "--out") as out:
         plot.save(fig, out)
     print(f"wrote {args.out}", file=sys.stderr)

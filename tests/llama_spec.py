@@ -93,20 +93,13 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
     n_vocab, n_embd = L.llama_vocab_n_tokens(vocab), L.llama_model_n_embd(model)
     n_draft, n_batch = r["n_draft"], max(16, len(r["prompt"]))
 
-    def params(**kw):
-        cp = _context_params(L, r, **kw)
-        if r.get("defaults"):  # llama.cpp's own K/V type and flash-attention choice
-            d = L.llama_context_default_params()
-            cp.type_k, cp.type_v, cp.flash_attn_type = d.type_k, d.type_v, d.flash_attn_type
-        return cp
-
-    cp = params()
+    cp = _context_params(L, r)  # r["defaults"]: llama.cpp's own K/V type and flash-attention choice
     cp.n_batch = cp.n_ubatch = n_batch  # split_equal needs n_ubatch > n_rs_seq + 1
     cp.n_rs_seq = n_draft
     ctx = L.llama_init_from_model(model, cp)
     assert ctx and L.llama_n_rs_seq(ctx) == n_draft, "target context (n_rs_seq) not created"
     set_embeddings_nextn(ctx, True, False)
-    cp_mtp = params(ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, ctx_other=ctx)
+    cp_mtp = _context_params(L, r, ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, ctx_other=ctx)
     cp_mtp.n_batch = cp_mtp.n_ubatch = n_batch
     ctx_mtp = L.llama_init_from_model(model, cp_mtp)
     assert ctx_mtp, "MTP context not created"

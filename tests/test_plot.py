@@ -114,6 +114,9 @@ def test_audit_series_is_the_oracles_view(make_fixture, tmp_path):
     ax = fig.axes[0]
     assert np.allclose(ax.lines[0].get_ydata(), s.margin) and np.allclose(ax.lines[1].get_ydata(), s.deficit)
     assert ax.lines[2].get_xdata()[0] == 6  # the divergence marker
+    assert f"{bad[6]}\n({clean[6]})" in [t.get_text() for t in ax.texts]  # each differing step labelled: stream (oracle)
+    worded = plot.draw_audit(s, piece=lambda t: f"w{t}").axes[0]
+    assert f"'w{bad[6]}'\n('w{clean[6]}')" in [t.get_text() for t in worded.texts]  # with a tokenizer: the words
     out = tmp_path / "a.png"
     plot.save(fig, out)
     _png(out)

@@ -343,16 +343,11 @@ def _cmd_audit(args) -> int:
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
+    golden = _audit_inputs(args)
     if args.stream_dir is not None:
         return _audit_dir(args)
-    from refimpl.golden_audit import is_golden
-
-    if is_golden(args.model):
+    if golden:
         return _audit_golden(args)
-    if not args.streams:
-        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
-    if len(args.streams) > 2:
-        raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
     if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
         raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
     path = resolve_model(args.model)
@@ -397,6 +392,54 @@ def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
     return 1
 
 
+_AUDIT_GRAMMAR = ("refimpl audit [MODEL | GOLDEN] STREAM [STREAM]: a MODEL is a .gguf or builtin:NAME, "
+                  "a GOLDEN a golden .jsonl, a STREAM a .json, .txt or .csv file")
+
+
+def _audit_input_kind(arg: str) -> str | None:
+    """What an audit positional is — "model", "golden" or "stream" — told by its name and, for a file
+    that exists, its first bytes (GGUF magic, a golden header line); None for a missing file whose
+    name says nothing."""
+    from pathlib import Path
+
+    from refimpl.golden_audit import is_golden
+
+    path, suffix = Path(arg), Path(arg).suffix.lower()
+    if arg.startswith("builtin:") or suffix == ".gguf":
+        return "model"
+    if suffix == ".jsonl":
+        return "golden"
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(4) == b"GGUF":
+                return "model"
+        return "golden" if is_golden(arg) else "stream"
+    return "stream" if suffix in (".json", ".txt", ".csv") else None
+
+
+def _audit_inputs(args) -> bool:
+    """Sort audit's positionals into args.model and args.streams by what each one is (MODEL is optional:
+    builtin:kjv, as for run); True when the first is a golden file. argparse puts the first positional in
+    args.model whatever it is, so a first STREAM is moved back to the streams here."""
+    given = ([args.model] if args.model is not None else []) + list(args.streams)
+    kinds = [_audit_input_kind(a) for a in given]
+    if kinds and kinds[0] is None:
+        raise RefimplError(f"{given[0]}: no such file, and its name does not say what it is ({_AUDIT_GRAMMAR})")
+    first = kinds[0] if kinds else None
+    head, rest = (given[0], given[1:]) if first in ("model", "golden") else (None, given)
+    for arg, kind in zip(rest, kinds[len(given) - len(rest):]):
+        if kind in ("model", "golden"):
+            raise RefimplError(f"{arg} is a {kind.upper()}: it goes first ({_AUDIT_GRAMMAR})")
+    if first != "golden" and not rest and args.stream_dir is None:
+        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
+    if len(rest) > 2:
+        raise RefimplError(f"audit takes one or two streams, got {len(rest)}")
+    if first == "golden" and args.stream_dir is not None:
+        raise RefimplError("--streams DIR needs a MODEL (a golden file judges one stream: refimpl audit GOLDEN STREAM)")
+    args.model, args.streams = (head if head is not None else _default_model(None)), rest
+    return first == "golden"
+
+
 def _audit_golden(args) -> int:
     """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.golden_audit)."""
     import json
@@ -433,13 +476,15 @@ def _cmd_plot(args) -> int:
         from refimpl.model import load_model
         from refimpl.tokenizer import Tokenizer
 
-        model = load_model(resolve_model(args.model))
-        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        model = load_model(resolve_model(_default_model(args.model)))
+        tok = Tokenizer.from_gguf(model.file.gguf.reader)
+        stream = read_stream(args.stream, "A", tok)
         prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
         if prompt is None:
             raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
         series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
-        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}",
+                              piece=lambda t: tok.decode([t]))
     with writing(args.out, "--out") as out:
         plot.save(fig, out)
     print(f"wrote {args.out}", file=sys.stderr)
@@ -593,9 +638,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…; or a golden file "
-                                                  "(judged by its recorded top-5, without the model)")
-    p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a qwen35moe .gguf, builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default); or a "
+                        "golden .jsonl (judged by its recorded top-5, without the model). Told from a STREAM by file type")
+    p.add_argument("streams", metavar="STREAM", nargs="*",
+                   help="one or two streams (.json ids or object with 'tokens', telemetry .csv, or .txt text)")
     p.add_argument("--streams", dest="stream_dir", metavar="DIR",
                    help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
                         "a summary table (docs/validating-an-engine.md)")
@@ -612,7 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
     psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
     p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
-    p.add_argument("model", metavar="MODEL", help="a qwen35moe .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a qwen35moe .gguf, builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default)")
     p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
     p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")

@@ -1,6 +1,6 @@
 """What the trained built-in model shows that the random ``tiny`` fixture cannot (docs/trained-model.md).
 
-    python bench/trained.py            # all four parts, ~3 min on 2 cores; llama.cpp parts need the oracle extra
+    python bench/trained.py            # all five parts, ~8 min on 2 cores; llama.cpp parts need the oracle extra
 
 1. **continuations** — refimpl's greedy continuation of a few prompts (``-n 48``).
 2. **mtp** — MTP acceptance at --draft 1 and --draft 3 over the prompts (``refimpl run --mtp --draft N``'s
@@ -11,6 +11,11 @@
 4. **streamer** — decode-phase hit rate of the expert cache at about a quarter of each model's routed-
    expert bytes (``--cache-mb``), trained model vs ``tiny`` q8_0. With routing independent of the text, an
    LRU cache holding a fraction f of the slices hits about f of the time; more than that is locality.
+5. **llama.cpp, run with its defaults, audited** (``--audit-only`` runs just this part, ~5 min) — over
+   :data:`AUDIT_PROMPTS` × 64 tokens: llama.cpp's greedy stream on the q8_0 file with
+   ``llama_context_default_params()`` (F16 K/V, flash attention auto), judged by ``refimpl audit`` without
+   and with ``--emulate``; and its draft-mtp loop's draft-1 and draft-3 streams (same defaults, on the F32
+   copy) audited as a pair. One line per prompt, then the counts.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "The quick brown
            "Then Jesus answered and said", "And it came to pass"]
 N = 48
 MIB = 1 << 20
+AUDIT_PROMPTS = PROMPTS + [
+    "And God said", "Now the serpent was", "Hear, O Israel:", "The LORD is my shepherd;", "For God so loved the world,",
+    "And Moses went up", "Behold, I stand at the door", "And the king said", "Thus saith the LORD",
+    "My son, hear the instruction", "Vanity of vanities,", "And David said", "I am the way", "And the woman said",
+    "Let us make man", "And he went out"]
+N_AUDIT = 64
 
 
 def cpu() -> str:
@@ -56,11 +67,7 @@ def mtp(model, tok, path):
     it are those of the q8_0 file bit for bit), because llama-cpp-python 0.3.36's draft-mtp loop dies
     with SIGILL on Q8_0 files."""
     print("\n## MTP acceptance (accepted / drafted), refimpl vs llama.cpp's draft-mtp loop (on an F32 copy)")
-    import tempfile
-
-    from train.export import dequantized_copy
-
-    path = dequantized_copy(path, Path(tempfile.mkdtemp()) / "kjv-f32.gguf")
+    path = f32_copy(path)
     try:
         from llama_spec import llama_speculative
     except ImportError:
@@ -87,6 +94,45 @@ def mtp(model, tok, path):
         if llama_speculative is not None:
             line += f"; llama.cpp {theirs[1]}/{theirs[0]} = {100 * theirs[1] / max(theirs[0], 1):.1f}% ({'identical' if same else 'DIFFERENT'})"
         print(line)
+
+
+def f32_copy(path):
+    """The weights dequantized into an F32 file: llama-cpp-python 0.3.36 dies with SIGILL on a Q8_0 batch
+    of more than one row here (the draft-mtp loop's verify batches); refimpl's numbers are the q8_0 file's."""
+    import tempfile
+
+    from train.export import dequantized_copy
+
+    return dequantized_copy(path, Path(tempfile.mkdtemp()) / "kjv-f32.gguf")
+
+
+def audit_defaults(model, tok, path):
+    from llama_ref import llama_greedy
+    from llama_spec import llama_speculative
+
+    from refimpl.audit import Stream, audit
+    from refimpl.ops import emulation_ctx
+
+    print(f"\n## llama.cpp with its defaults (F16 K/V, flash attention auto), audited; {len(AUDIT_PROMPTS)} prompts × {N_AUDIT}")
+    f32 = f32_copy(path)
+    counts: dict[str, int] = {}
+    for p in AUDIT_PROMPTS:
+        ids = tok.encode(p)
+        greedy_stream = Stream("A", "llama.cpp greedy", "json", llama_greedy(path, ids, N_AUDIT, defaults=True)[len(ids):].tolist())
+        d1, d3 = (Stream(label, f"llama.cpp --draft {n}", "json", llama_speculative(f32, ids, N_AUDIT, n_draft=n, defaults=True).tokens)
+                  for label, n in (("A", 1), ("B", 3)))
+        reps = {"greedy": audit(model, ids, greedy_stream), "greedy --emulate": audit(model, ids, greedy_stream, ctx=emulation_ctx("default")),
+                "draft-1 vs draft-3": audit(model, ids, d1, d3)}
+        parts = []
+        for name, rep in reps.items():
+            worst = max((100 * f.oracle.deficit(t) / f.oracle.max_abs for f in rep.events for t in f.tokens.values()), default=0.0)
+            at = f" at step {rep.divergence.step}, largest deficit {worst:.3f}%" if rep.divergence is not None else ""
+            parts.append(f"{name}: {rep.verdict}{at} → exit {rep.exit_code}")
+            key = f"{name}: {rep.verdict}"
+            counts[key] = counts.get(key, 0) + 1
+        print(f"{p!r}: " + "; ".join(parts))
+    for key, n in sorted(counts.items()):
+        print(f"  {key}: {n} of {len(AUDIT_PROMPTS)}")
 
 
 def near_ties(model, tok) -> tuple[float, int]:
@@ -116,6 +162,9 @@ def hit_rate(path, tok, fraction: float = 0.25):
 def main() -> int:
     print(f"# bench/trained.py — {cpu()}\n")
     model, tok = load_model(TRAINED_PATH, pack=False), Tokenizer.from_gguf(TRAINED_PATH)
+    if "--audit-only" in sys.argv[1:]:
+        audit_defaults(model, tok, TRAINED_PATH)
+        return 0
     continuations(model, tok)
     mtp(model, tok, TRAINED_PATH)
 
@@ -131,6 +180,7 @@ def main() -> int:
         rate, mb, frac, eb = hit_rate(path, Tokenizer.from_gguf(path))
         print(f"{name}: --cache-mb {mb} = {100 * frac:.0f}% of {eb / MIB:.1f} MiB of experts: {100 * rate:.1f}% hits "
               f"(text-independent routing: ≈ {100 * min(frac, 1):.0f}%)")
+    audit_defaults(model, tok, TRAINED_PATH)
     return 0
 
 

@@ -120,7 +120,7 @@ def _cmd_run(args) -> int:
     if args.tokens is not None:
         prompt = _check_tokens(model, _parse_tokens(args.tokens))
     else:
-        prompt = tok.encode(args.prompt, parse_special=True)
+        prompt = tok.encode(args.prompt, parse_special=True, faults=args.faults)
         if not prompt:
             raise RefimplError("the prompt encodes to no tokens")
     spec = _speculative_options(args, model)
@@ -347,16 +347,11 @@ def _cmd_audit(args) -> int:
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
+    golden = _audit_inputs(args)
     if args.stream_dir is not None:
         return _audit_dir(args)
-    from refimpl.golden_audit import is_golden
-
-    if is_golden(args.model):
+    if golden:
         return _audit_golden(args)
-    if not args.streams:
-        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
-    if len(args.streams) > 2:
-        raise RefimplError(f"audit takes one or two streams, got {len(args.streams)}")
     if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
         raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
     path = resolve_model(args.model)
@@ -372,9 +367,81 @@ def _cmd_audit(args) -> int:
         prompt = _check_tokens(model, prompt_of(streams, "audit needs the prompt: --prompt TEXT or --prompt-tokens IDS"))
     if not prompt:
         raise RefimplError("the prompt encodes to no tokens")
+    differs = [s for s in streams if s.prompt is not None and list(s.prompt) != list(prompt)]
+    if differs:  # bug class B20: judging the stream against a shifted prompt would judge nothing
+        return _prompt_differs(differs, prompt, tok, args.json)
     rep = audit(model, prompt, *streams, ctx=_ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
+
+
+def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
+    """audit: a stream's prompt_tokens are not the oracle's ids of --prompt / --prompt-tokens (a
+    pre-tokenizer or template difference, docs/bug-classes.md B20): say where, exit 1, audit nothing."""
+    import json
+
+    out = []
+    for s in streams:
+        i = next((j for j, (a, b) in enumerate(zip(s.prompt, prompt)) if a != b), min(len(s.prompt), len(prompt)))
+        word = lambda ids: repr(tok.decode(ids[i : i + 1])) if i < len(ids) else "(end)"  # noqa: E731
+        out.append({"stream": s.label, "source": s.source, "index": i, "stream_prompt_len": len(s.prompt), "oracle_prompt_len": len(prompt),
+                    "stream_id": s.prompt[i] if i < len(s.prompt) else None, "oracle_id": prompt[i] if i < len(prompt) else None,
+                    "text": f"{s.label} ({s.source}): prompt tokenisation differs at prompt index {i}: stream "
+                            f"{word(list(s.prompt))} ({len(s.prompt)} ids), oracle {word(prompt)} ({len(prompt)} ids); "
+                            f"the stream is not audited (a different pre-tokenizer or template gives other prompt ids)"})
+    if as_json:
+        print(json.dumps({"verdict": "prompt differs", "exit": 1, "prompts": [{k: v for k, v in o.items() if k != "text"} for o in out]}))
+    else:
+        print("\n".join(["audit: verdict prompt differs"] + [o["text"] for o in out]))
+    return 1
+
+
+_AUDIT_GRAMMAR = ("refimpl audit [MODEL | GOLDEN] STREAM [STREAM]: a MODEL is a .gguf or builtin:NAME, "
+                  "a GOLDEN a golden .jsonl, a STREAM a .json, .txt or .csv file")
+
+
+def _audit_input_kind(arg: str) -> str | None:
+    """What an audit positional is — "model", "golden" or "stream" — told by its name and, for a file
+    that exists, its first bytes (GGUF magic, a golden header line); None for a missing file whose
+    name says nothing."""
+    from pathlib import Path
+
+    from refimpl.golden_audit import is_golden
+
+    path, suffix = Path(arg), Path(arg).suffix.lower()
+    if arg.startswith("builtin:") or suffix == ".gguf":
+        return "model"
+    if suffix == ".jsonl":
+        return "golden"
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(4) == b"GGUF":
+                return "model"
+        return "golden" if is_golden(arg) else "stream"
+    return "stream" if suffix in (".json", ".txt", ".csv") else None
+
+
+def _audit_inputs(args) -> bool:
+    """Sort audit's positionals into args.model and args.streams by what each one is (MODEL is optional:
+    builtin:kjv, as for run); True when the first is a golden file. argparse puts the first positional in
+    args.model whatever it is, so a first STREAM is moved back to the streams here."""
+    given = ([args.model] if args.model is not None else []) + list(args.streams)
+    kinds = [_audit_input_kind(a) for a in given]
+    if kinds and kinds[0] is None:
+        raise RefimplError(f"{given[0]}: no such file, and its name does not say what it is ({_AUDIT_GRAMMAR})")
+    first = kinds[0] if kinds else None
+    head, rest = (given[0], given[1:]) if first in ("model", "golden") else (None, given)
+    for arg, kind in zip(rest, kinds[len(given) - len(rest):]):
+        if kind in ("model", "golden"):
+            raise RefimplError(f"{arg} is a {kind.upper()}: it goes first ({_AUDIT_GRAMMAR})")
+    if first != "golden" and not rest and args.stream_dir is None:
+        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
+    if len(rest) > 2:
+        raise RefimplError(f"audit takes one or two streams, got {len(rest)}")
+    if first == "golden" and args.stream_dir is not None:
+        raise RefimplError("--streams DIR needs a MODEL (a golden file judges one stream: refimpl audit GOLDEN STREAM)")
+    args.model, args.streams = (head if head is not None else _default_model(None)), rest
+    return first == "golden"
 
 
 def _audit_golden(args) -> int:
@@ -413,13 +480,15 @@ def _cmd_plot(args) -> int:
         from refimpl.model import load_model
         from refimpl.tokenizer import Tokenizer
 
-        model = load_model(resolve_model(args.model))
-        stream = read_stream(args.stream, "A", Tokenizer.from_gguf(model.file.gguf.reader))
+        model = load_model(resolve_model(_default_model(args.model)))
+        tok = Tokenizer.from_gguf(model.file.gguf.reader)
+        stream = read_stream(args.stream, "A", tok)
         prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
         if prompt is None:
             raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
         series = plot.audit_series(model, _check_tokens(model, prompt), stream.tokens, ctx=_ctx_from_args(args), tau=args.threshold)
-        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}")
+        fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}",
+                              piece=lambda t: tok.decode([t]))
     with writing(args.out, "--out") as out:
         plot.save(fig, out)
     print(f"wrote {args.out}", file=sys.stderr)
@@ -575,9 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_golden_check)
 
     p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
-    p.add_argument("model", metavar="MODEL", help="a .gguf, builtin:kjv, or builtin:PRESET[/QUANT]…; or a golden file "
-                                                  "(judged by its recorded top-5, without the model)")
-    p.add_argument("streams", metavar="STREAM", nargs="*", help="one or two streams: JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a .gguf (qwen35moe, qwen35, qwen3next), builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default); or a "
+                        "golden .jsonl (judged by its recorded top-5, without the model). Told from a STREAM by file type")
+    p.add_argument("streams", metavar="STREAM", nargs="*",
+                   help="one or two streams (.json ids or object with 'tokens', telemetry .csv, or .txt text)")
     p.add_argument("--streams", dest="stream_dir", metavar="DIR",
                    help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
                         "a summary table (docs/validating-an-engine.md)")
@@ -594,7 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="pictures (PNG) of an audit, a telemetry CSV or a route trace (needs matplotlib)")
     psub = p.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
     p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
-    p.add_argument("model", metavar="MODEL", help="a .gguf, or builtin:PRESET[/QUANT]…")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a .gguf (qwen35moe, qwen35, qwen3next), builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default)")
     p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
     p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")

@@ -136,11 +136,13 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
     o = np.empty((T, Hv, S), dtype=F32)
     states = []
     window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]
+    window = ctx.faults.tap("deltanet.conv_rows", window, conv_silu=np.concatenate([st.conv, y]), n_tokens=T)
     for t in range(T):
         o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t], ctx.kernel)
-        M = ctx.faults.tap("deltanet.state", M)
-        states.append(DeltaNetState(conv=window[t + 1 : t + c.ssm_d_conv], ssm=M))  # after token t
-    assert np.array_equal(states[-1].conv, conv_state)
+        M = ctx.faults.tap("deltanet.state", M, n_tokens=T)
+        first = ctx.faults.tap("deltanet.conv_slot", t + 1)
+        states.append(DeltaNetState(conv=window[first : first + c.ssm_d_conv - 1], ssm=M))  # after token t
+    assert ctx.faults or np.array_equal(states[-1].conv, conv_state)
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)

@@ -10,7 +10,7 @@ cannot drift apart. Regenerate the page's table with::
 
 Every run is the speculative loop at ``--draft 3`` for 64 tokens (:data:`N_PREDICT`) after the
 model's prompt; :data:`SCENARIOS` names the few faults that need another run to be reached at all.
-A new model (the trained one) is one more entry in :data:`MODELS`.
+A new model is one more entry in :data:`MODELS`.
 """
 
 from __future__ import annotations
@@ -25,28 +25,45 @@ from refimpl.faults import FAULTS, Faults
 N_PREDICT = 64  # tokens generated per run: "flagged within 64 tokens"
 N_DRAFT = 3
 
-# name → (MODEL argument, prompt ids). The prompt has 5 ids: the prompt batch is then 4 = 1 + N_DRAFT
-# tokens long, the length that reaches prefill-as-verify.
-MODELS: dict[str, tuple[str, list[int]]] = {
-    "tiny": ("builtin:tiny", [11, 42, 7, 300, 5]),
-    "predictable": ("builtin:predictable", [41, 212, 197, 248, 60]),
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model of the table: its MODEL argument, the prompt every run decodes, and the prompt a
+    state-leak run decodes first in the same process. The prompt has 5 ids: the prompt batch is then
+    4 = 1 + N_DRAFT tokens long, the length that reaches prefill-as-verify."""
+
+    spec: str
+    prompt: list[int]
+    earlier: tuple[int, ...]
+
+
+MODELS: dict[str, Case] = {
+    "kjv": Case("builtin:kjv", [1063, 356, 473, 289, 600],  # "And it came to pass"
+                (73, 110, 258, 1786, 1247, 390, 279, 556, 282)),  # "In the beginning God created"
+    "tiny": Case("builtin:tiny", [11, 42, 7, 300, 5], (3, 4, 5, 6)),
+    "predictable": Case("builtin:predictable", [41, 212, 197, 248, 60], (3, 4, 5, 6)),
 }
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """How a fault's run is made: the draft source and its gate, and a sequence decoded first in
-    the same process (for state-leak)."""
+    """How a fault's run is made: the draft source and its gate, and whether the model's earlier
+    prompt is decoded first in the same process (for state-leak)."""
 
     source: str = "mtp"
     ngram_min_match: int = 3
-    before: tuple[int, ...] = ()
+    after_earlier: bool = False
 
     @property
     def flags(self) -> str:
         f = f"--{self.source} --draft {N_DRAFT}" + (f" --ngram-min-match {self.ngram_min_match}" if self.source == "ngram" else "")
-        return f + (f"; prompt {','.join(map(str, self.before))} decoded first" if self.before else "")
+        return f + ("; the model's earlier prompt decoded first" if self.after_earlier else "")
 
+
+# The faults the table measures: every one but pretok-gpt2 (B20), which acts on prompt text before
+# any id exists; tests/test_bug_classes.py checks that the audit refuses its stream's prompt ids.
+TABLE_FAULTS = [name for name, f in FAULTS.items() if f.point != "tokenizer.split"]
 
 DEFAULT = Scenario()
 SCENARIOS: dict[str, Scenario] = {
@@ -54,7 +71,9 @@ SCENARIOS: dict[str, Scenario] = {
     # where the last token recurs (MTP always drafts, and tiny's head is never right)
     "plain-step-stale": Scenario(source="ngram", ngram_min_match=1),
     # needs a second sequence in the same process
-    "state-leak": Scenario(before=(3, 4, 5, 6)),
+    "state-leak": Scenario(after_earlier=True),
+    # acts on one-token decodes only: the n-gram source leaves rounds without drafts (MTP has none)
+    "plain-state-f16": Scenario(source="ngram", ngram_min_match=1),
 }
 
 
@@ -83,16 +102,17 @@ def _acceptance(stats) -> tuple[int, int]:
     return stats.n_accepted, stats.n_drafted
 
 
-def run(model, prompt: list[int], faults: Faults, scenario: Scenario = DEFAULT):
-    """(tokens, stats) of the speculative loop with ``faults`` (a fresh record per call)."""
+def run(model, case: Case, faults: Faults, scenario: Scenario = DEFAULT):
+    """(tokens, stats) of the speculative loop on ``case.prompt`` with ``faults`` (a fresh record per
+    call)."""
     from refimpl.ops import Ctx
     from refimpl.speculative import speculative_generate
 
     ctx = Ctx(faults=faults)
     kw = dict(source=scenario.source, n_draft=N_DRAFT, ngram_min_match=scenario.ngram_min_match)
-    if scenario.before:
-        speculative_generate(model, list(scenario.before), 16, ctx, **kw)
-    return speculative_generate(model, prompt, N_PREDICT, ctx, **kw)
+    if scenario.after_earlier:
+        speculative_generate(model, list(case.earlier), 16, ctx, **kw)
+    return speculative_generate(model, case.prompt, N_PREDICT, ctx, **kw)
 
 
 def audit_stream(model, prompt: list[int], tokens: list[int]):
@@ -107,15 +127,15 @@ def first_wrong(rep) -> int | None:
     return min((f.step for f in events if not f.benign), default=None)
 
 
-def measure(model, model_name: str, prompt: list[int], fault: str | None, clean_runs: dict | None = None) -> Cell:
+def measure(model, model_name: str, case: Case, fault: str | None, clean_runs: dict | None = None) -> Cell:
     """One cell; ``fault`` None measures the clean loop itself. ``clean_runs`` caches the clean loop's
     run per scenario."""
-    scenario = SCENARIOS.get(fault, DEFAULT)
+    scenario, prompt = SCENARIOS.get(fault, DEFAULT), case.prompt
     clean_runs = {} if clean_runs is None else clean_runs
     if scenario not in clean_runs:
-        clean_runs[scenario] = run(model, prompt, Faults(), scenario)
+        clean_runs[scenario] = run(model, case, Faults(), scenario)
     clean, clean_stats = clean_runs[scenario]
-    tokens, stats = run(model, prompt, Faults.of(fault) if fault else Faults(), scenario)
+    tokens, stats = run(model, case, Faults.of(fault) if fault else Faults(), scenario)
     div = next((i for i, (a, b) in enumerate(zip(tokens, clean)) if a != b), None)
     if div is None and len(tokens) != len(clean):
         div = min(len(tokens), len(clean))
@@ -145,10 +165,10 @@ def measure_all(models: dict | None = None, faults=None, progress=None) -> list[
     from refimpl.model import load_model
 
     cells = []
-    for name, (spec, prompt) in (models or MODELS).items():
-        model, clean_runs = load_model(resolve_model(spec)), {}
-        for fault in [None] + list(faults or FAULTS):
-            cells.append(measure(model, name, prompt, fault, clean_runs))
+    for name, case in (models or MODELS).items():
+        model, clean_runs = load_model(resolve_model(case.spec)), {}
+        for fault in [None] + list(faults or TABLE_FAULTS):
+            cells.append(measure(model, name, case, fault, clean_runs))
             if progress:
                 progress(cells[-1])
     return cells
@@ -173,21 +193,22 @@ def columns(c: Cell) -> list[str]:
 
 
 def markdown(cells: list[Cell]) -> str:
-    """The table: one row per fault; per model, the stream, the audit's verdict and exit status, the
-    acceptance (and any extra columns)."""
-    models = list(dict.fromkeys(c.model for c in cells))
+    """The tables, one per model: one row per fault with the stream, the audit's verdict and exit
+    status, the acceptance (and any extra columns)."""
     by = {(c.fault, c.model): c for c in cells}
     faults = list(dict.fromkeys(c.fault for c in cells))
-    extra = list(cells[0].extra)
-    per_model = ["stream", "audit → exit", "acceptance"] + extra
-    head = [f"`{m}` {col}" for m in models for col in per_model]
-    lines = ["| fault | class | run | " + " | ".join(head) + " |", "|---|---|---|" + "---|" * len(head)]
-    for f in faults:
-        first = by[(f, models[0])]
-        cls = FAULTS[f].bug_class if f in FAULTS else "—"
-        cols = [x for m in models for x in columns(by[(f, m)])]
-        lines.append(f"| `{f}` | {cls} | `{first.flags}` | " + " | ".join(cols) + " |")
-    return "\n".join(lines)
+    head = ["fault", "class", "run", "stream", "audit → exit", "acceptance"] + list(cells[0].extra)
+    out = []
+    for m in dict.fromkeys(c.model for c in cells):
+        case = MODELS.get(m)
+        about = f" (`{case.spec}`, prompt {','.join(map(str, case.prompt))}; earlier prompt {','.join(map(str, case.earlier))})" if case else ""
+        out += [f"**`{m}`**{about}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for f in faults:
+            c = by[(f, m)]
+            cls = FAULTS[f].bug_class if f in FAULTS else "—"
+            out.append(f"| `{f}` | {cls} | `{c.flags}` | " + " | ".join(columns(c)) + " |")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
 BEGIN, END = "<!-- bug-class table: begin (python -m refimpl.fault_table --write docs/bug-classes.md) -->", "<!-- bug-class table: end -->"

@@ -20,8 +20,11 @@ point                    value (what the clean code passes)          faults
 =======================  ==========================================  ================================
 ``attention.q_gate``     Qcur_full viewed [T, H, 2, D]               qg-split-flat
 ``attention.rope_dims``  n_rot, the rotated dims per head            rope-full-width
+``tokenizer.split``      the words of a text fragment                pretok-gpt2
 ``deltanet.kv_head``     key head of each value head [Hv]            vk-pairing
-``deltanet.state``       delta-rule state after a token              state-bf16
+``deltanet.state``       delta-rule state after a token              state-bf16, plain-state-f16
+``deltanet.conv_rows``   the rows the conv window keeps [Kc−1+T, C]  conv-post-silu
+``deltanet.conv_slot``   first window row kept after token t         conv-drop-newest
 ``deltanet.ssm_norm``    the gated norm's weight (stored plain)      ssm-norm-shifted
 ``moe.weights``          renormalised top-k routing weights [T, K]   topk-no-renorm
 ``moe.shared_gate``      sigmoid(shared-expert gate) [T]             shexp-ungated
@@ -32,8 +35,10 @@ point                    value (what the clean code passes)          faults
 ``loop.start``           (fresh trunk state, fresh source state)     state-leak
 ``loop.prefill``         the trunk state after the prompt            prefill-as-verify
 ``loop.decode_from``     the trunk state a round decodes from        plain-step-stale
+``loop.targets``         the verify batch's argmax per row           verify-row-late
 ``loop.accept``          the confirmed ids of a round                accept-unverified, …-stochastic
-``loop.rollback``        the trunk state after the rollback          no-restore, conv-kept, slot-±1
+``loop.rollback``        the trunk state after the rollback          no-restore, conv-kept, slot-±1,
+                                                                     replay-rollback
 ``loop.finish``          the loop's final state (nothing returned)   state-leak
 =======================  ==========================================  ================================
 
@@ -51,7 +56,7 @@ from typing import Callable
 import numpy as np
 
 from refimpl.errors import RefimplError
-from refimpl.state import DeltaNetState, SeqState
+from refimpl.state import DeltaNetState, KVCache, SeqState
 
 F32 = np.float32
 
@@ -61,7 +66,7 @@ class Fault:
     """One bug class re-created: where it acts and what an engine with it computes."""
 
     name: str
-    bug_class: str  # B1 … B19, the numbering of docs/bug-classes.md
+    bug_class: str  # B1 … B20, the numbering of docs/bug-classes.md
     title: str  # one line
     point: str  # the tap point it rewrites
     needs: str  # "" (any run), "speculative" (--mtp or --ngram), "mtp" (--mtp)
@@ -99,12 +104,12 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
 # ---- the rewrites, one per fault ---------------------------------------------------------------
 
 
-def _no_restore(value, memory, *, before, after, r):
+def _no_restore(value, memory, *, before, after, r, **_):
     # B1: the rollback moves the position and truncates the KV caches, but S and conv stay post-verify
     return value if r == 0 else _with_recurrent(value, after.layers)
 
 
-def _conv_kept(value, memory, *, before, after, r):
+def _conv_kept(value, memory, *, before, after, r, **_):
     # B2: S comes back from the snapshot, the conv window stays as the verify batch left it
     if r == 0:
         return value
@@ -116,7 +121,7 @@ def _conv_kept(value, memory, *, before, after, r):
 def _slot(offset: int):
     # B3: the snapshot of one position too late (+1: a rejected token absorbed) or too early (−1: an
     # accepted one missing); the KV caches and the position are right
-    def rewrite(value, memory, *, before, after, r):
+    def rewrite(value, memory, *, before, after, r, **_):
         return value if r == 0 else _with_recurrent(value, _recurrent_at(before, after, value.n_past + offset))
     return rewrite
 
@@ -187,6 +192,37 @@ def _prefill_as_verify(value, memory, *, fresh, n_tokens):
     return _with_recurrent(value, fresh.layers) if n_tokens == 1 + value.n_rs_seq else value
 
 
+def _replay_rollback(value, memory, *, before, after, r, kept, replay):
+    # B12 (rMLX #436): the rollback restores S and conv from the pre-round state, then replays the
+    # kept tokens through scratch attention caches: empty, at positions 0 … kept−1. The real KV
+    # caches and the position are right; every recurrent layer after the first attention layer
+    # advanced on a wrong hidden.
+    if r == 0:
+        return value
+    scratch = dataclasses.replace(before, n_past=0, snapshots=(),
+                                  layers=tuple(s.truncate(0) if isinstance(s, KVCache) else s for s in before.layers))
+    return _with_recurrent(value, replay(scratch, kept).layers)
+
+
+def _verify_row_late(value, memory, *, drafts, logits):
+    # B11's harmful variant (ds4 #797: the committed token at depth ≥ 2 came from another row of the
+    # batched verifier): with two or more drafts, row i ≥ 1 is judged by row i + 1's argmax
+    if len(drafts) < 2:
+        return value
+    return [value[0]] + [int(np.argmax(logits[i + 1])) for i in range(1, len(drafts))] + [value[-1]]
+
+
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    """float32 → float16 (round to nearest even) → float32."""
+    return x.astype(np.float16).astype(F32)
+
+
+def _split_gpt2(text: str) -> list[str]:
+    from refimpl.tokenizer.split import split_gpt2  # B20 (imp #983): qwen35 fell to the gpt2 fallback
+
+    return split_gpt2(text)
+
+
 def _mtp_same_h(value, memory, *, h_tgt):
     # B6: catch-up row k is paired with the target hidden of its own position k, not k − 1
     return h_tgt
@@ -235,6 +271,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "loop.start", "speculative", False, _state_leak_start),
     Fault("prefill-as-verify", "B13", "a prompt batch of 1 + n_draft tokens is taken for a verify batch: no recurrent writes",
           "loop.prefill", "speculative", False, _prefill_as_verify),
+    Fault("replay-rollback", "B12", "rollback replays the kept tokens from the pre-round state through empty scratch attention caches",
+          "loop.rollback", "speculative", False, _replay_rollback),
+    Fault("verify-row-late", "B11", "with two or more drafts, verify row i ≥ 1 is judged by row i + 1's argmax",
+          "loop.targets", "speculative", False, _verify_row_late),
+    Fault("plain-state-f16", "B11", "a one-token decode stores the delta-rule state through float16; a verify batch keeps float32",
+          "deltanet.state", "", False, lambda value, memory, *, n_tokens: _round_f16(value) if n_tokens == 1 else value),
     # the MTP head: only the drafts change, never a confirmed token
     Fault("mtp-same-h", "B6", "MTP catch-up row p is fed h_p instead of h_{p-1}", "mtp.catchup_h", "mtp", True, _mtp_same_h),
     Fault("mtp-prenorm", "B7", "the MTP head is fed the trunk hidden before output_norm", "model.h_nextn", "mtp", True,
@@ -249,13 +291,20 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("vk-pairing", "B16", "value head j paired with key head j // (Hv/Hk) instead of j % Hk",  # qwen3next: the reverse
           "deltanet.kv_head", "", False, _other_pairing),
     Fault("state-bf16", "B14", "the delta-rule state rounded to bfloat16 after every token",
-          "deltanet.state", "", False, lambda value, memory: _round_bf16(value)),
+          "deltanet.state", "", False, lambda value, memory, **_: _round_bf16(value)),
+    Fault("conv-post-silu", "B15", "a batch of two or more tokens stores its post-conv SiLU rows in the conv window",
+          "deltanet.conv_rows", "", False, lambda value, memory, *, conv_silu, n_tokens: conv_silu if n_tokens > 1 else value),
+    Fault("conv-drop-newest", "B15", "the conv window keeps the Kc−1 rows before the newest instead of the last Kc−1",
+          "deltanet.conv_slot", "", False, lambda value, memory: value - 1),
     Fault("ssm-norm-shifted", "B8", "1 added to the delta-net output norm weight (the one GGUF stores unshifted)",
           "deltanet.ssm_norm", "", False, _plus_one),
     Fault("topk-no-renorm", "B19", "the top-k routing weights are not renormalised to sum to 1",
           "moe.weights", "", False, _topk_no_renorm),
     Fault("shexp-ungated", "B19", "the shared expert is added without its sigmoid gate",
           "moe.shared_gate", "", False, lambda value, memory: np.ones_like(value)),
+    # the tokenizer: the prompt ids differ before any logit is computed
+    Fault("pretok-gpt2", "B20", "the qwen35 pre-tokenizer routed to the generic gpt2 regex",
+          "tokenizer.split", "", False, lambda value, memory, *, text: _split_gpt2(text)),
 ]}
 
 # state-leak acts at two points: it remembers the end of one generation and starts the next from it

@@ -128,13 +128,16 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """``op_sigmoid``: 1 / (1 + expf(-x))."""
-    return F32(1.0) / (F32(1.0) + np.exp(-x))
+    """``op_sigmoid``: 1 / (1 + expf(-x)). (expf overflows to inf for x < −88.7: the result is then
+    0, as in C; numpy's overflow warning is silenced.)"""
+    with np.errstate(over="ignore"):
+        return F32(1.0) / (F32(1.0) + np.exp(-x))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """``ggml_vec_silu_f32``: x / (1 + exp(-x))."""
-    return x / (F32(1.0) + np.exp(-x))
+    """``ggml_vec_silu_f32``: x / (1 + exp(-x)) (−0 for x < −88.7, where expf overflows to inf)."""
+    with np.errstate(over="ignore"):
+        return x / (F32(1.0) + np.exp(-x))
 
 
 def softplus(x: np.ndarray) -> np.ndarray:

@@ -76,24 +76,30 @@ def audit_series(model, prompt: list[int], tokens: list[int], *, ctx=None, tau: 
     return AuditSeries(list(tokens), rows["oracle"], rows["margin"], rows["band"], rows["deficit"], div, rep.verdict)
 
 
-def draw_audit(s: AuditSeries, title: str = ""):
+def draw_audit(s: AuditSeries, title: str = "", piece=None):
+    """``piece``: token id → its text (the model's tokenizer), to label the differing steps with words
+    rather than ids."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    fig, ax = plt.subplots(figsize=(11, 3.6))
     x = np.arange(len(s.tokens))
     ax.fill_between(x, 0, s.band, color="0.85", label="near-tie band (τ·max|logit|)", step="mid")
     ax.plot(x, s.margin, "o-", ms=3, color="tab:blue", label="oracle margin (top-1 − top-2)")
     ax.plot(x, s.deficit, "x", ms=6, color="tab:red", label="stream token's deficit")
     if s.divergence is not None:
-        ax.axvline(s.divergence, color="tab:red", ls="--", lw=1, label=f"first divergence: {s.verdict}")
+        ax.axvline(s.divergence, ymax=1 / 1.3, color="tab:red", ls="--", lw=1, label=f"first divergence: {s.verdict}")  # below the labels
     top = max(max(s.margin), max(s.deficit), max(s.band)) if s.tokens else 1.0
+    label = (lambda t: repr(piece(t))) if piece is not None else str
+    last, lift = -9, 0.0
     for i, (a, o) in enumerate(zip(s.tokens, s.oracle)):
         if a != o:
-            ax.annotate(f"{a}\n({o})", (i, top * 1.02), ha="center", va="bottom", fontsize=6, color="tab:red")
+            lift = 0.12 if i - last <= 2 and lift == 0 else 0.0  # stagger neighbouring labels
+            ax.annotate(f"{label(a)}\n({label(o)})", (i, top * (1.02 + lift)), ha="center", va="bottom", fontsize=6, color="tab:red")
+            last = i
     ax.set_xlabel("generated step (stream token, with the oracle's argmax in brackets where they differ)")
     ax.set_ylabel("logits")
-    ax.set_ylim(0, top * 1.2)
+    ax.set_ylim(0, top * 1.3)
     ax.set_title(title or "audit: margin along the stream")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: the labels need the top
     fig.tight_layout()
     return fig
 

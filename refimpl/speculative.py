@@ -116,14 +116,15 @@ def step(model: Model, source: DraftSource, s: SpecState, n_max: int, ctx: Ctx =
     ring_bytes = target.snapshot_nbytes()
     t2 = time.perf_counter()
     src = source.process(src, batch, h)
-    targets = [int(np.argmax(row)) for row in logits]  # greedy: first maximum
+    targets = ctx.faults.tap("loop.targets", [int(np.argmax(row)) for row in logits], drafts=drafts, logits=logits)  # greedy: first maximum
     ids = ctx.faults.tap("loop.accept", accept_greedy(drafts, targets, eog_ids), drafts=drafts, targets=targets,
                          logits=logits, eog_ids=eog_ids)
     n_acc = len(ids) - 1
     src = source.accept(src, n_acc, P + n_acc + 1)
     t3 = time.perf_counter()
     r_back = len(drafts) - n_acc
-    target = ctx.faults.tap("loop.rollback", rollback(target, r_back), before=before, after=target, r=r_back)
+    target = ctx.faults.tap("loop.rollback", rollback(target, r_back), before=before, after=target, r=r_back,
+                            kept=batch[: n_acc + 1], replay=lambda st, toks: forward(model, st, toks, ctx)[2])
     t4 = time.perf_counter()
     r = Round(P, drafts, targets, ids, draft_s=(t1 - t0) + (t3 - t2), decode_s=(t2 - t1) + (t4 - t3), ring_bytes=ring_bytes)
     return r, SpecState(target=target, source=src, history=s.history + tuple(ids), last=r)

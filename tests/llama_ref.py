@@ -10,6 +10,8 @@ Decoding settings (chosen so the oracle is as plain as llama.cpp allows):
   positions 0, 1, 2, … in sequence 0, logits requested for every token;
 * K/V cache F32 (``type_k = type_v = GGML_TYPE_F32``) and flash attention off
   (``LLAMA_FLASH_ATTN_TYPE_DISABLED``), so the only roundings are llama.cpp's matmul ones (docs/numerics.md);
+  with ``defaults=True`` instead llama.cpp's own choice, ``llama_context_default_params()``'s F16 K/V
+  cache and flash attention auto (on for the CPU): what an engine user gets without flags;
 * ``n_threads`` threads for both decode and batch (results do not depend on it: threads split rows, docs/numerics.md);
 * optional ``load_mtp``: load the nextn block's tensors as well (``llama_model_params.load_mtp``),
   which proves llama.cpp accepts them; the trunk logits do not change.
@@ -62,7 +64,7 @@ class LlamaRun:
 
 
 def llama_run(model_path, tokens, *, n_generate: int = 0, load_mtp: bool = False, mtp: bool = False,
-              n_threads: int = 2, n_ctx: int | None = None, timeout: float = 600) -> LlamaRun:
+              n_threads: int = 2, n_ctx: int | None = None, timeout: float = 600, defaults: bool = False) -> LlamaRun:
     """Decode ``tokens`` one at a time, then greedily generate ``n_generate`` more (argmax of the
     last row, ties to the lowest id), decoding each generated token too. ``mtp=True`` (implies
     ``load_mtp``) also returns the target hiddens and the MTP head's logits and hiddens."""
@@ -78,6 +80,7 @@ def llama_run(model_path, tokens, *, n_generate: int = 0, load_mtp: bool = False
         "mtp": bool(mtp),
         "n_threads": int(n_threads),
         "n_ctx": int(n_ctx or max(256, n_total)),
+        "defaults": bool(defaults),
     }
     def read(out: Path) -> dict:
         with np.load(out) as z:
@@ -109,9 +112,11 @@ def llama_logits(model_path, tokens, *, load_mtp: bool = False, n_threads: int =
     return llama_run(model_path, tokens, load_mtp=load_mtp, n_threads=n_threads).logits
 
 
-def llama_greedy(model_path, prompt, n_generate: int, *, load_mtp: bool = False, n_threads: int = 2) -> np.ndarray:
+def llama_greedy(model_path, prompt, n_generate: int, *, load_mtp: bool = False, n_threads: int = 2,
+                 defaults: bool = False) -> np.ndarray:
     """np (len(prompt) + n_generate,) int32: the prompt and llama.cpp's greedy continuation."""
-    return llama_run(model_path, prompt, n_generate=n_generate, load_mtp=load_mtp, n_threads=n_threads).tokens
+    return llama_run(model_path, prompt, n_generate=n_generate, load_mtp=load_mtp, n_threads=n_threads,
+                     defaults=defaults).tokens
 
 
 def quantize_with_llama(src, dst, ftype: int, *, timeout: float = 600) -> Path:
@@ -148,8 +153,9 @@ def _context_params(L, r, *, ctx_type=0, ctx_other=None):
     cparams.n_batch = cparams.n_ubatch = 8
     cparams.n_seq_max = 1
     cparams.n_threads = cparams.n_threads_batch = r["n_threads"]
-    cparams.type_k = cparams.type_v = L.GGML_TYPE_F32
-    cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if not r.get("defaults"):  # else llama.cpp's own: F16 K/V, flash attention auto
+        cparams.type_k = cparams.type_v = L.GGML_TYPE_F32
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cparams.no_perf = True
     cparams.ctx_type = ctx_type
     if ctx_other is not None:

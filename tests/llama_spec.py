@@ -6,7 +6,7 @@ as ``examples/speculative-simple/speculative-simple.cpp`` and ``common/speculati
 
 * target context: ``n_rs_seq = n_draft`` (``need_n_rs_seq``), ``llama_set_embeddings_nextn(ctx, true,
   masked=false)`` so every batch row's h_nextn can be read; F32 K/V, flash attention off (as
-  tests/llama_ref.py);
+  tests/llama_ref.py), or with ``defaults=True`` llama.cpp's own choice (F16 K/V, flash attention auto);
 * MTP context: ``ctx_type = LLAMA_CONTEXT_TYPE_MTP``, ``ctx_other`` = target, ``n_rs_seq = 0``,
   masked nextn embeddings; rows carry (token, position, h) via ``llama_batch_ext_set_embd_token``;
 * prompt: all but the last token in one target batch (no logits), then the MTP catch-up on it (h
@@ -60,10 +60,13 @@ class LlamaSpecRun:
 
 
 def llama_speculative(model_path, prompt, n_predict: int, *, n_draft: int = 3, p_min: float = 0.0,
-                      n_threads: int = 2, timeout: float = 600) -> LlamaSpecRun:
+                      n_threads: int = 2, timeout: float = 600, defaults: bool = False) -> LlamaSpecRun:
+    """``defaults``: both contexts keep ``llama_context_default_params()``'s K/V cache type (F16) and
+    flash-attention setting (auto: on for the CPU) instead of F32 K/V without flash attention — the
+    numerics an engine user gets without flags."""
     request = {
         "model": str(Path(model_path).resolve()), "prompt": [int(t) for t in prompt], "n_predict": int(n_predict),
-        "n_draft": int(n_draft), "p_min": float(p_min), "n_threads": int(n_threads),
+        "n_draft": int(n_draft), "p_min": float(p_min), "n_threads": int(n_threads), "defaults": bool(defaults),
         "n_ctx": max(256, len(prompt) + n_predict + n_draft + 8),
     }
     result, log = run_child(__file__, request, "result.json", "llama.cpp speculative loop", timeout,
@@ -102,7 +105,7 @@ def _child(request_path: str, out_path: str) -> int:  # noqa: C901 - one straigh
     n_vocab, n_embd = L.llama_vocab_n_tokens(vocab), L.llama_model_n_embd(model)
     n_draft, n_batch = r["n_draft"], max(16, len(r["prompt"]))
 
-    cp = _context_params(L, r)
+    cp = _context_params(L, r)  # r["defaults"]: llama.cpp's own K/V type and flash-attention choice
     cp.n_batch = cp.n_ubatch = n_batch  # split_equal needs n_ubatch > n_rs_seq + 1
     cp.n_rs_seq = n_draft
     ctx = L.llama_init_from_model(model, cp)

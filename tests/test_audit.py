@@ -233,6 +233,45 @@ def test_cli_errors_are_one_line(case, tmp_path, capsys):
         assert "\n" not in err and msg in err, err
 
 
+def test_model_is_optional_and_told_by_file_type(case, tmp_path, capsys):
+    """MODEL defaults to builtin:kjv (as for run); each positional is a MODEL (.gguf, builtin:, GGUF bytes
+    under any name), a GOLDEN (.jsonl) or a STREAM (anything else), and a misplaced one is one line."""
+    from refimpl.builtin import TRAINED_PATH
+
+    kjv = load_model(TRAINED_PATH, pack=False)
+    tok = Tokenizer.from_gguf(kjv.file.gguf.reader)
+    prompt = tok.encode("And it came to pass")
+    stream = greedy(kjv, prompt, 8)
+    a, t = tmp_path / "a.json", tmp_path / "a.txt"
+    a.write_text(json.dumps({"prompt_tokens": prompt, "tokens": stream}))
+    t.write_text(tok.decode(stream) + "\n")
+    assert main(["audit", str(a), str(t)]) == 0  # two streams, no MODEL: the trained model judges them
+    captured = capsys.readouterr()
+    assert "using the built-in trained model builtin:kjv" in captured.err
+    assert captured.out.startswith("audit: builtin:kjv, prompt") and "result: identical" in captured.out
+    bad = tmp_path / "bad.json"
+    rows = []
+    G.walk(kjv, G.start(kjv, prompt, Ctx()), stream[:4], Ctx(), lambda i, r: rows.append(r.copy()))
+    bad.write_text(json.dumps(stream[:3] + [int(np.argmin(rows[3]))] + stream[4:]))  # the oracle's worst token at step 3
+    assert main(["audit", str(bad), "--prompt", "And it came to pass"]) == 1  # one stream vs the kjv oracle
+    assert "verdict: A wrong" in capsys.readouterr().out
+    renamed = tmp_path / "tiny.model"  # a GGUF is a MODEL by its bytes whatever its name
+    renamed.write_bytes(G.resolve_model("builtin:tiny").read_bytes())
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text(json.dumps(case.stream))
+    assert main(["audit", str(renamed), str(tiny), "--prompt-tokens", ",".join(map(str, case.prompt))]) == 0
+    assert "result: clean" in capsys.readouterr().out
+    for argv, msg in [([str(a), "builtin:tiny"], "builtin:tiny is a MODEL: it goes first"),
+                      ([str(a), str(renamed)], "tiny.model is a MODEL: it goes first"),
+                      ([str(a), "x.jsonl"], "x.jsonl is a GOLDEN: it goes first"),
+                      ([str(tmp_path / "nope")], "nope: no such file, and its name does not say what it is"),
+                      ([str(a)] * 3, "one or two streams, got 3"), ([], "needs one or two STREAM files"),
+                      ([str(tmp_path / "g.jsonl"), "--streams", str(tmp_path)], "--streams DIR needs a MODEL")]:
+        assert main(["audit", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("refimpl: error:") and msg in err, err
+
+
 # ---- many stream pairs: audit --streams DIR --------------------------------------------------
 
 

@@ -29,7 +29,7 @@ def tiny(make_fixture):
 def test_registry_is_complete_and_named_by_class():
     assert list(FAULTS) == [f.name for f in FAULTS.values()]
     assert {f.bug_class for f in FAULTS.values()} >= {"B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10",
-                                                        "B13", "B14", "B16", "B17", "B19"}
+                                                        "B11", "B12", "B13", "B14", "B15", "B16", "B17", "B19", "B20"}
     assert all(f.needs in ("", "speculative", "mtp") for f in FAULTS.values())
     assert [f.name for f in FAULTS.values() if f.blind] == ["mtp-same-h", "mtp-prenorm", "mtp-stale-kv", "mtp-norms-shifted"]
 
@@ -99,9 +99,68 @@ def test_state_leak_needs_a_previous_sequence(tiny):
     assert second != clean
 
 
+def test_conv_faults_store_the_rows_they_say(tiny):
+    """B15: after a batch from a fresh state, layer 0's window holds the last Kc−1 inputs; with
+    conv-drop-newest the Kc−1 before the newest; with conv-post-silu (a batch of ≥ 2 tokens) the last
+    Kc−1 post-conv SiLU rows instead of the inputs."""
+    from refimpl.model import forward
+    from refimpl.state import SeqState
+    from refimpl.trace import Recorder
+
+    rec = Recorder({"linear_attn_qkv_mixed-0", "conv_output_silu-0"})
+    fresh = SeqState.fresh(tiny.config)
+    _, _, clean = forward(tiny, fresh, PROMPT, Ctx(trace=rec))
+    qkv, y = rec.arrays()["linear_attn_qkv_mixed-0"], rec.arrays()["conv_output_silu-0"]  # [T, C]
+    Kc1 = clean.layers[0].conv.shape[0]  # Kc − 1
+    _, _, drop = forward(tiny, fresh, PROMPT, Ctx(faults=Faults.of("conv-drop-newest")))
+    _, _, post = forward(tiny, fresh, PROMPT, Ctx(faults=Faults.of("conv-post-silu")))
+    _, _, one = forward(tiny, fresh, PROMPT[:1], Ctx(faults=Faults.of("conv-post-silu")))
+    assert np.array_equal(clean.layers[0].conv, qkv[-Kc1:])
+    assert np.array_equal(drop.layers[0].conv, qkv[-Kc1 - 1 : -1])
+    assert np.array_equal(post.layers[0].conv, y[-Kc1:])
+    assert np.array_equal(one.layers[0].conv, forward(tiny, fresh, PROMPT[:1])[2].layers[0].conv)  # one token: untouched
+
+
+def test_verify_row_late_judges_row_i_by_row_i_plus_one():
+    from refimpl.faults import _verify_row_late
+
+    logits = np.eye(5, dtype=np.float32)[[4, 1, 2, 3]]  # rows' argmax: 4, 1, 2, 3
+    targets = [4, 1, 2, 3]
+    assert _verify_row_late(targets[:2], {}, drafts=[9], logits=logits[:2]) == [4, 1]  # one draft: untouched
+    assert _verify_row_late(targets, {}, drafts=[9, 9, 9], logits=logits) == [4, 2, 3, 3]
+
+
+def test_plain_state_f16_rounds_one_token_decodes_only():
+    f, x = Faults.of("plain-state-f16"), np.array([1.0 + 2**-12, 3.0e-8], dtype=np.float32)
+    assert np.array_equal(f.tap("deltanet.state", x, n_tokens=4), x)
+    assert np.array_equal(f.tap("deltanet.state", x, n_tokens=1), x.astype(np.float16).astype(np.float32))
+
+
+def test_replay_rollback_replays_the_kept_tokens_through_empty_attention(tiny):
+    """B12 on tiny (its attention layer is the last): the layers before any attention layer see the
+    same hiddens in the replay, so the recurrent state equals the clean rollback's up to float
+    noise of the different batch split, while positions and KV caches are the clean ones."""
+    s, r, clean, faulty = _rollback_round(tiny, "replay-rollback")
+    assert faulty.target.n_past == clean.target.n_past
+    for a, b in zip(faulty.target.layers, clean.target.layers):
+        if isinstance(a, DeltaNetState):
+            np.testing.assert_array_equal(a.ssm, b.ssm)  # the batch split never changes a bit (test_trunk)
+        else:
+            assert np.array_equal(a.k, b.k) and np.array_equal(a.pos, b.pos)
+
+
+def test_pretok_gpt2_splits_with_the_generic_regex():
+    from refimpl.tokenizer.split import split_gpt2, split_qwen35
+
+    f, text = Faults.of("pretok-gpt2"), "said,Let 1611\n\nAnd it's"
+    assert f.tap("tokenizer.split", split_qwen35(text), text=text) == split_gpt2(text)
+    assert split_gpt2(text) == ["said", ",", "Let", " 1611", "\n", "\n", "And", " it", "'s"]
+    assert split_qwen35(text) == ["said", ",Let", " ", "1", "6", "1", "1", "\n\n", "And", " it", "'s"]
+
+
 def test_trunk_faults_change_plain_greedy(tiny):
     clean = greedy(tiny, PROMPT, 12)
-    for name in ("vk-pairing", "ssm-norm-shifted", "shexp-ungated", "qg-split-flat"):
+    for name in ("vk-pairing", "ssm-norm-shifted", "shexp-ungated", "qg-split-flat", "conv-post-silu", "conv-drop-newest"):
         assert greedy(tiny, PROMPT, 12, Ctx(faults=Faults.of(name))) != clean, name
 
 

@@ -114,6 +114,9 @@ def test_audit_series_is_the_oracles_view(make_fixture, tmp_path):
     ax = fig.axes[0]
     assert np.allclose(ax.lines[0].get_ydata(), s.margin) and np.allclose(ax.lines[1].get_ydata(), s.deficit)
     assert ax.lines[2].get_xdata()[0] == 6  # the divergence marker
+    assert f"{bad[6]}\n({clean[6]})" in [t.get_text() for t in ax.texts]  # each differing step labelled: stream (oracle)
+    worded = plot.draw_audit(s, piece=lambda t: f"w{t}").axes[0]
+    assert f"'w{bad[6]}'\n('w{clean[6]}')" in [t.get_text() for t in worded.texts]  # with a tokenizer: the words
     out = tmp_path / "a.png"
     plot.save(fig, out)
     _png(out)
@@ -127,6 +130,12 @@ def test_cli_plot(run_files, tmp_path, capsys):
         out = tmp_path / f"{argv[0]}.png"
         assert main(["plot", *argv, "--out", str(out)]) == 0
         _png(out)
+    capsys.readouterr()
+    assert main(["run", "-p", "And it came to pass", "-n", "8", "--json"]) == 0  # the default MODEL, builtin:kjv
+    (tmp_path / "kjv.json").write_text(capsys.readouterr().out)
+    assert main(["plot", "audit", str(tmp_path / "kjv.json"), "--out", str(tmp_path / "kjv.png")]) == 0  # MODEL optional
+    assert "builtin:kjv" in capsys.readouterr().err
+    _png(tmp_path / "kjv.png")
     assert main(["plot", "telemetry", str(routes), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("refimpl: error: ") and "not a telemetry CSV" in err

@@ -128,6 +128,29 @@ def test_mtp_drafting_equals_llama_cpp(f32_copy, n_draft):
     assert stats.n_accepted / stats.n_drafted > 0.3  # a trained head: a random one accepts ~0 %
 
 
+@pytest.mark.oracle
+def test_llama_cpp_draft_streams_with_its_defaults_audit_clean(f32_copy):
+    """llama.cpp's own draft-1 and draft-3 streams, run with its defaults (F16 K/V cache, flash attention
+    auto = on), are audited clean or near-tie only on the committed model — by `refimpl audit` as a user
+    runs it (no emulation, the q8_0 file) and against the oracle emulating llama.cpp's configuration on
+    the F32 file it ran. (The same tokens as refimpl's on this machine; a near-tie flip elsewhere is fine.)"""
+    require_llama_cpp()
+    from llama_spec import llama_speculative
+
+    from refimpl.audit import Stream, audit
+    from refimpl.ops import emulation_ctx
+
+    f32_model = load_model(f32_copy, pack=False)
+    for prompt in PROMPTS[1:]:  # one in the corpus's style, one not
+        ids = tok().encode(prompt)
+        d1, d3 = (llama_speculative(f32_copy, ids, 32, n_draft=n, defaults=True) for n in (1, 3))
+        assert all(0 < d.n_accepted < d.n_drafted for d in (d1, d3)), prompt  # drafts accepted and rolled back
+        a, b = Stream("A", "llama.cpp --draft 1", "json", d1.tokens), Stream("B", "llama.cpp --draft 3", "json", d3.tokens)
+        for rep in (audit(model(), ids, a, b), audit(f32_model, ids, a, b, ctx=emulation_ctx("default"))):
+            assert rep.exit_code == 0 and rep.verdict in ("identical", "near-tie"), (prompt, rep.verdict)
+            assert all(f.benign for f in rep.findings), prompt
+
+
 def test_greedy_steps_are_confident():
     """Few greedy steps sit inside the audit's 5 % near-tie band: 23 % here (bench/trained.py), about 40 %
     on the random tiny fixture."""

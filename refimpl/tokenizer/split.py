@@ -175,3 +175,53 @@ def _split(text: str, letters: tuple[str, ...]) -> list[str]:
         words.append(text[pos:end])
         pos = end
     return words
+
+
+# --------------------------------------------------------------------------------------------------
+# The gpt2 split: what a qwen35 file gets from an engine that falls back to the generic regex
+# --------------------------------------------------------------------------------------------------
+
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def split_gpt2(text: str) -> list[str]:
+    """Split ``text`` by :data:`GPT2_REGEX`, as ``src/unicode.cpp::unicode_regex_split_custom_gpt2``.
+
+    Not what a qwen35 file uses: it is here for the injected fault ``pretok-gpt2`` (bug class B20,
+    refimpl.faults): an engine that routes ``tokenizer.ggml.pre = qwen35`` to the generic regex.
+    Against :func:`split_qwen35`: contractions are lower-case only; a letter run takes only a space
+    before it (not any punctuation character) and no combining marks; digits run together; no
+    alternative keeps CR/LF apart. (llama.cpp gives an unassigned code point no flags, so it is a
+    word of its own there; here it joins a punctuation run. No fault run meets one.)
+    """
+    n = len(text)
+    classes = [char_class(ch) for ch in text]
+
+    def cls(i: int) -> str | None:  # None past the end
+        return classes[i] if i < n else None
+
+    words: list[str] = []
+    pos = 0
+    while pos < n:
+        ch = text[pos]
+        k2 = cls(pos + 1) if ch == " " else classes[pos]
+        if ch == "'" and text[pos + 1 : pos + 2] in ("s", "t", "m", "d"):  # 's 't 'm 'd
+            end = pos + 2
+        elif ch == "'" and text[pos + 1 : pos + 3] in ("re", "ve", "ll"):  # 're 've 'll
+            end = pos + 3
+        elif k2 in ("L", "N"):  # <space>?\p{L}+ and <space>?\p{N}+
+            end = pos + (ch == " ")
+            while cls(end) == k2:
+                end += 1
+        elif k2 in ("M", "O"):  # <space>?[^\s\p{L}\p{N}]+
+            end = pos + (ch == " ")
+            while cls(end) in ("M", "O"):
+                end += 1
+        else:  # whitespace: \s+(?!\S), then \s+
+            run_end = pos
+            while cls(run_end) == "W":
+                run_end += 1
+            end = run_end - 1 if run_end - pos > 1 and run_end < n else run_end
+        words.append(text[pos:end])
+        pos = end
+    return words

@@ -174,19 +174,21 @@ class Tokenizer:
 
     # ---- encode --------------------------------------------------------------------------------
 
-    def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = False, faults=None) -> list[int]:
         """``llama_tokenize(vocab, text, add_special=True, parse_special)``: text → token ids.
 
         BOS is prepended only if the GGUF sets ``add_bos_token`` (Qwen's do not), EOS appended only
         if it sets ``add_eos_token``. User-defined token texts always become their ids; control
         token texts only with ``parse_special`` (otherwise they are tokenized as plain text).
+        ``faults``: a :class:`refimpl.faults.Faults` record (``run --inject pretok-gpt2``).
         """
         ids = [self.bos_id] if self.add_bos and self.bos_id is not None else []
         for fragment in self._partition_special(text, parse_special):
             if isinstance(fragment, int):
                 ids.append(fragment)
                 continue
-            for word in self.split(fragment):
+            words = self.split(fragment)
+            for word in faults.tap("tokenizer.split", words, text=fragment) if faults else words:
                 for symbol in bpe_merge(byte_encode(word), self._ranks):
                     ids.extend(self._symbol_ids(symbol))
         if self.add_eos and self.eos_id is not None:

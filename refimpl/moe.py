@@ -52,13 +52,16 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
     # Each expert once, for all the rows that chose it (mul_mat_id): rows are independent in every
     # op, so expert_out[t, i] is the same whether token t is alone or in a batch (weights read once).
+    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
+    chosen = {e: np.nonzero(sel == e) for e in union}  # e -> (the tokens that chose e, where in their top-K)
+    swiglu = np.empty((T, c.n_expert_used, c.n_ff_exp), dtype=F32)  # [T, K, F]
+    for e in union:
+        xe = x[chosen[e][0]]  # [n, E]
+        swiglu[chosen[e]] = silu(mm(experts.gate(e), xe, ctx)) * mm(experts.up(e), xe, ctx)  # [n, F]
+    swiglu = ctx.cb(prefix + "ffn_moe_swiglu", il, swiglu)
     expert_out = np.empty((T, c.n_expert_used, c.n_embd), dtype=F32)  # [T, K, E], before weighting
-    for e in dict.fromkeys(sel.reshape(-1).tolist()):  # union in first-use order
-        rows, slots = np.nonzero(sel == e)  # the tokens that chose e, and where in their top-K
-        xe = x[rows]  # [n, E]
-        gate = mm(experts.gate(e), xe, ctx)  # [n, F]
-        up = mm(experts.up(e), xe, ctx)  # [n, F]
-        expert_out[rows, slots] = mm(experts.down(e), silu(gate) * up, ctx)  # [n, E]
+    for e in union:
+        expert_out[chosen[e]] = mm(experts.down(e), swiglu[chosen[e]], ctx)  # [n, F] -> [n, E]
     moe_out = np.zeros((T, c.n_embd), dtype=F32)
     for t in range(T):  # weighted after the down projection, summed in selection order
         acc = expert_out[t, 0] * weights[t, 0]  # [E]
@@ -67,8 +70,8 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
         moe_out[t] = acc
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 
-    shexp = mm(w.ffn_down_shexp, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx), ctx)  # [T, E]
-    ctx.cb(prefix + "ffn_shexp", il, shexp)
+    swiglu_s = ctx.cb(prefix + "ffn_swiglu", il, silu(mm(w.ffn_gate_shexp, x, ctx)) * mm(w.ffn_up_shexp, x, ctx))  # [T, Fs]
+    shexp = ctx.cb(prefix + "ffn_shexp", il, mm(w.ffn_down_shexp, swiglu_s, ctx))  # [T, E]
     shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :], ctx.kernel))  # [T]: a [E]·[E, T] mat-vec
     shared_gate = ctx.faults.tap("moe.shared_gate", shared_gate)
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)

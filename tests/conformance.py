@@ -28,6 +28,7 @@ outputs to compare, each under refimpl's trace name and llama.cpp's.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -270,3 +271,71 @@ def assert_layers_at_noise_or_crossing(block: Block, ours: dict, theirs: dict, w
                                    f"{int(np.nonzero(bad)[0][0])} with no crossing inside the layer up to there")
             explained[unit] = explained.get(unit, 0) + int(((err > NOISE) & crossed).sum())
     return explained
+
+
+# ---- a greedy run of refimpl next to llama.cpp's trace of the same tokens ----------------------
+
+
+@dataclass(frozen=True)
+class TrunkRun:
+    """refimpl's greedy continuation of ``prompt`` (every position decoded and recorded) and llama.cpp
+    traced on the same tokens (tests/llama_trace.py: one token per decode, F32 K/V, no flash
+    attention — the setting ``ctx`` emulates)."""
+
+    model: object
+    ctx: object  # refimpl.ops.Ctx
+    prompt: list
+    gen: list
+    ours: dict  # name -> [T, n]: every intermediate refimpl recorded
+    theirs: dict  # name -> [T, n]: llama.cpp's, with "logits"
+
+    @staticmethod
+    def make(model, path, ctx, prompt, n_gen: int, extra_names=()) -> "TrunkRun":
+        from llama_trace import llama_trace
+
+        from refimpl.generate import greedy
+        from refimpl.trace import Recorder
+
+        rec = Recorder()
+        gen = greedy(model, prompt, n_gen + 1, dataclasses.replace(ctx, trace=rec))[:n_gen]  # decodes all n_gen
+        names = sorted(set(trunk_block(model).theirs_names()) | set(extra_names))
+        return TrunkRun(model, ctx, list(prompt), gen, rec.arrays(), llama_trace(path, list(prompt) + gen, names))
+
+    @property
+    def tokens(self) -> list:
+        return self.prompt + self.gen
+
+    def block(self) -> Block:
+        return trunk_block(self.model)
+
+    def forward(self, trace, ctx=None):
+        """refimpl over all the tokens in one batch (bit-identical to one at a time), with ``trace``."""
+        from refimpl.model import forward
+        from refimpl.state import SeqState
+
+        ctx = dataclasses.replace(ctx or self.ctx, trace=trace)
+        return forward(self.model, SeqState.fresh(self.model.config), self.tokens, ctx)
+
+    def logit_error(self) -> np.ndarray:
+        return rel_rows(self.ours["result_output"], self.theirs["logits"])
+
+    def greedy_steps_differing(self) -> np.ndarray:
+        """Generated steps where llama.cpp, fed refimpl's stream, would have picked another token
+        (its greedy stream equals refimpl's iff there are none)."""
+        step_pos = np.arange(len(self.prompt) - 1, len(self.tokens) - 1)  # the logits that chose each step
+        return np.nonzero(np.argmax(self.theirs["logits"][step_pos], axis=-1) != np.array(self.gen))[0]
+
+    def assert_end_to_end(self, what: str) -> list[Crossing]:
+        """Every position at float noise unless a crossing happened at or before it; the greedy
+        streams identical except at a step after a crossing (the logits then part by more than
+        float noise, and a flip needs llama.cpp's top-2 margin below the two logits' |Δ| — a
+        near-tie by construction). Returns the crossings found."""
+        err = self.logit_error()
+        found = crossings(self.block(), self.ours, self.theirs)
+        crossed = first_crossing_at_or_before(found, len(err))
+        bad = (err > NOISE) & ~crossed
+        assert not bad.any(), (f"{what}: position {int(np.nonzero(bad)[0][0])} is {err[bad][0]:.3g} off with no "
+                               f"crossing at or before it (first crossing: {found[0] if found else 'none'})")
+        steps = [int(i) for i in self.greedy_steps_differing() if not crossed[len(self.prompt) - 1 + i]]
+        assert not steps, f"{what}: greedy streams differ at generated step {steps[0]} with no crossing before it"
+        return found

@@ -1,18 +1,13 @@
 """The trunk forward pass: batch invariance, explicit state, and conformance with llama.cpp."""
 
-import dataclasses
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
 import conformance
 from conftest import require_llama_cpp
-from refimpl.generate import greedy
 from refimpl.model import forward, load_model
 from refimpl.ops import Ctx
 from refimpl.state import DeltaNetState, KVCache, SeqState
-from refimpl.trace import Recorder
 
 MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]
 PROMPT_LEN, N_GEN = 24, 32
@@ -110,70 +105,30 @@ TRACE_NAMES = [
 ]
 
 
-@dataclass(frozen=True)
-class Pair:
-    """refimpl's greedy run and llama.cpp's trace of the same tokens, for one mix."""
-
-    model: object
-    ctx: Ctx  # refimpl's numerics: emulation on for every quantized mix
-    prompt: list
-    gen: list  # refimpl's greedy continuation
-    ours: dict  # every intermediate refimpl recorded, [T, n]
-    theirs: dict  # llama.cpp's, [T, n], plus "logits"
-
-    @property
-    def tokens(self):
-        return self.prompt + self.gen
-
-    def block(self):
-        return conformance.trunk_block(self.model)
-
-    def forward(self, trace, ctx=None):
-        """refimpl over all the tokens in one batch (bit-identical to one at a time), with ``trace``."""
-        return forward(self.model, SeqState.fresh(self.model.config), self.tokens, dataclasses.replace(ctx or self.ctx, trace=trace))
-
-
 @pytest.fixture(scope="module")
 def pair(make_fixture):
+    """mix -> conformance.TrunkRun: refimpl's greedy run (emulated for a quantized mix) and llama.cpp's
+    trace of the same tokens, made once per module."""
     cache = {}
 
-    def get(mix) -> Pair:
+    def get(mix) -> conformance.TrunkRun:
         if mix not in cache:
             require_llama_cpp()
-            from llama_trace import llama_trace
-
             path = make_fixture("tiny", mix)
             model = load_model(path)
-            ctx = Ctx(act_quant=mix != "f32")
-            prompt = _prompt(model)
-            rec = Recorder()
-            gen = greedy(model, prompt, N_GEN + 1, dataclasses.replace(ctx, trace=rec))[:N_GEN]  # decodes all N_GEN
-            names = conformance.trunk_block(model).theirs_names() + TRACE_NAMES
-            names += [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
-            theirs = llama_trace(path, prompt + gen, sorted(set(names)))
-            cache[mix] = Pair(model, ctx, prompt, gen, rec.arrays(), theirs)
+            extra = TRACE_NAMES + [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
+            cache[mix] = conformance.TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), _prompt(model), N_GEN, extra)
         return cache[mix]
 
     return get
 
 
-def _greedy_identical_but_after_crossings(p: Pair, crossed):
-    """llama.cpp's greedy stream equals ours iff, fed our stream, its argmax reproduces every token.
-    A step may differ only after a crossing: the logits then part by more than float noise, and a
-    flip needs llama.cpp's top-2 margin below |Δ| of the two logits — a near-tie by construction."""
-    step_pos = np.arange(len(p.prompt) - 1, len(p.tokens) - 1)  # the position whose logits chose each step
-    their_next = np.argmax(p.theirs["logits"][step_pos], axis=-1)
-    differ = np.nonzero(their_next != np.array(p.gen))[0]
-    unexplained = [int(i) for i in differ if not crossed[step_pos[i]]]
-    assert not unexplained, f"greedy streams differ at generated step {unexplained[0]} with no crossing before it"
-
-
 @pytest.mark.oracle
 def test_f32_logits_and_greedy_match_llama_cpp(pair):
     p = pair("f32")
-    err = conformance.rel_rows(p.ours["result_output"], p.theirs["logits"])
+    err = p.logit_error()
     assert err.max() <= 1e-4, f"max relative logit error {err.max():.3g} at position {int(err.argmax())}"
-    _greedy_identical_but_after_crossings(p, np.zeros(len(p.tokens), bool))
+    assert len(p.greedy_steps_differing()) == 0, f"greedy streams differ at step {p.greedy_steps_differing()[0]}"
 
 
 @pytest.mark.oracle
@@ -182,14 +137,7 @@ def test_quantized_logits_at_float_noise_until_a_crossing_and_greedy_identical(p
     """With emulation on, every position is at float noise unless an activation-quantization
     crossing (or a routing flip on a float-noise tie) happened at or before it — the test finds it —
     and the greedy streams agree except at a step after one."""
-    p = pair(quant)
-    err = conformance.rel_rows(p.ours["result_output"], p.theirs["logits"])
-    found = conformance.crossings(p.block(), p.ours, p.theirs)
-    crossed = conformance.first_crossing_at_or_before(found, len(err))
-    bad = (err > conformance.NOISE) & ~crossed
-    assert not bad.any(), (f"{quant}: position {int(np.nonzero(bad)[0][0])} is {err[bad][0]:.3g} off with no crossing "
-                           f"at or before it (first crossing: {found[0] if found else 'none'})")
-    _greedy_identical_but_after_crossings(p, crossed)
+    pair(quant).assert_end_to_end(quant)
 
 
 @pytest.mark.oracle

@@ -17,7 +17,7 @@ property of the CPU. So no fixed tolerance on end-to-end logits can be right on 
   at and after a crossing found inside that layer;
 * **end to end**: every position that leaves float noise has a crossing at or before it, found by
   :func:`crossings`: a site where quantizing llama.cpp's captured float input and refimpl's own with
-  refimpl's quantizer (``kernels.activation_values``) gives different integer codes while the two
+  refimpl's quantizer (:func:`activation_codes`) gives different integer codes while the two
   floats differ only at float noise (or a routing choice that flips while the router logits agree
   to float noise).
 
@@ -38,6 +38,14 @@ from kernels.blocks import QT, layout
 from refimpl.trace import Patcher
 
 NOISE = 1e-5  # float noise: max |Δ| of a row relative to its max |value| (issue 11's bound)
+MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]  # the tiny fixtures
+PROMPT_LEN, N_GEN = 24, 32  # tests/test_trunk.py: a random prompt, then refimpl's greedy continuation
+MTP_PROMPT = [11, 42, 7, 300, 5, 99, 64, 200, 13, 1, 77, 256]  # tests/test_drafts.py
+
+
+def tiny_prompt(n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
+    """``n`` random normal (non-special) tokens of the tiny fixtures' vocabulary."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 390, size=n)]
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,21 @@ def _rounding_types(weights) -> list:
     return [q for vdt, q in types.items() if vdt != QT.F32]
 
 
+def activation_codes(x: np.ndarray, qtype) -> list[np.ndarray]:
+    """What a ``qtype`` matmul's activation conversion *rounds*, per row of x [T, n]: the integer
+    quants, and the F16 fields (Q8_0's ``d``, Q8_1's ``d`` and ``s``) — each a rounding point —, or
+    the F16 / BF16 values. Not Q8_K's ``d``: a float32 ``1/iscale``, continuous in x (a float-noise
+    difference there is float noise in every product, not a crossing). Each array is [T, …]."""
+    vdt = layout(qtype).vec_dot_type
+    if vdt == QT.Q8_0:
+        return list(kernels.quantize_q8_0(x))
+    if vdt == QT.Q8_1:
+        return list(kernels.quantize_q8_1(x))
+    if vdt == QT.Q8_K:
+        return [kernels.quantize_q8_K(x).qs]
+    return [kernels.activation_values(x, qtype)]  # F16 / BF16 rounding
+
+
 def _selection(probs: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # [T, K]: ggml's argsort top-k, descending
 
@@ -187,9 +210,11 @@ def crossings(block: Block, ours: dict, theirs: dict) -> list[Crossing]:
         a, b = ours[s.ours].astype(np.float32), theirs[s.theirs].astype(np.float32).reshape(ours[s.ours].shape)
         at_noise = rel_rows(a, b) <= NOISE
         for q in _rounding_types(s.weights):
-            diff = kernels.activation_values(a, q) != kernels.activation_values(b, q)  # [T, n]
-            for p in np.nonzero(at_noise & diff.any(axis=-1))[0]:
-                found.append(Crossing(int(p), s.unit, s.theirs, f"{int(diff[p].sum())} {layout(q).vec_dot_type.name} "
+            diff = np.zeros(a.shape[0], np.int64)  # [T]: rounded fields that differ
+            for ca, cb in zip(activation_codes(a, q), activation_codes(b, q)):
+                diff += (ca != cb).reshape(a.shape[0], -1).sum(axis=-1)
+            for p in np.nonzero(at_noise & (diff > 0))[0]:
+                found.append(Crossing(int(p), s.unit, s.theirs, f"{int(diff[p])} {layout(q).vec_dot_type.name} "
                                       f"code(s) differ for {q.name}, floats {rel_rows(a[p:p + 1], b[p:p + 1])[0]:.1e} apart"))
     for r in block.routers:
         mine = ours[r.ours_topk].astype(np.int64)
@@ -339,3 +364,80 @@ class TrunkRun:
         steps = [int(i) for i in self.greedy_steps_differing() if not crossed[len(self.prompt) - 1 + i]]
         assert not steps, f"{what}: greedy streams differ at generated step {steps[0]} with no crossing before it"
         return found
+
+
+# ---- the figures of docs/numerics.md ------------------------------------------------------------
+
+
+def summary(run: TrunkRun) -> dict:
+    """What docs/numerics.md tabulates for one mix: positions at float noise, the worst position,
+    the crossings, greedy steps that differ, and the layer-local runs' worst errors."""
+    err = run.logit_error()
+    found = crossings(run.block(), run.ours, run.theirs)
+    patched = run_patched(run.forward, run.block(), run.theirs, sites=True)
+    worst = assert_patched_at_noise(run.block(), patched, run.theirs, "summary")
+    return {"at_noise": int((err <= NOISE).sum()), "T": len(err), "max": float(err.max()), "crossings": len(found),
+            "first": str(found[0]) if found else "none", "greedy_differs": run.greedy_steps_differing().tolist(),
+            "layer_local_max": max(worst.values())}
+
+
+def mtp_summary(model, path, ctx, prompt) -> dict:
+    """The MTP block's figures (q8_0 in docs/numerics.md): its logits fed refimpl's own trunk hiddens
+    against llama.cpp's MTP context, and the layer-local worst error."""
+    from llama_ref import llama_run
+
+    from refimpl.drafts import mtp_catchup_logits
+    from refimpl.model import forward
+    from refimpl.mtp import load_mtp_weights
+    from refimpl.state import SeqState
+    from refimpl.trace import Recorder
+
+    trunk, head = trunk_block(model), mtp_block(model, load_mtp_weights(model.file, model.weights))
+    ref = llama_run(path, prompt, mtp=True, trace=trunk.theirs_names(), mtp_trace=head.theirs_names())
+    ref.trace["logits"] = ref.logits
+    rec, mtp_rec = Recorder(), Recorder()
+    _, h, _ = forward(model, SeqState.fresh(model.config), prompt, dataclasses.replace(ctx, trace=rec))
+    err = rel_rows(mtp_catchup_logits(model, prompt, h, dataclasses.replace(ctx, trace=mtp_rec)), ref.mtp_logits)
+    found = crossings(trunk, rec.arrays(), ref.trace) + crossings(head, mtp_rec.arrays(), ref.mtp_trace)
+    patched = run_patched(lambda t: mtp_catchup_logits(model, prompt, ref.hidden, dataclasses.replace(ctx, trace=t)),
+                          head, ref.mtp_trace, sites=True)
+    worst = assert_patched_at_noise(head, patched, ref.mtp_trace, "MTP summary")
+    return {"at_noise": int((err <= NOISE).sum()), "T": len(err), "max": float(err.max()), "crossings": len(found),
+            "first": str(min(found, key=lambda x: x.position)) if found else "none", "greedy_differs": "—",
+            "layer_local_max": max(worst.values())}
+
+
+def _main(mixes: list[str]) -> None:
+    """``python tests/conformance.py [MIX …]``: the end-to-end and layer-local figures of every mix
+    on this machine, with the ISA both sides run (the pytest header's)."""
+    import tempfile
+    from pathlib import Path
+
+    import conftest
+    from refimpl.fixtures import write_fixture
+    from refimpl.model import load_model
+    from refimpl.ops import Ctx
+
+    print("\n".join(conftest.pytest_report_header(None)))
+    print("| mix | at noise (≤ 1e-5) | max | crossings | first crossing | greedy steps differing | layer-local max |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mix in mixes or MIXES:
+            path = Path(tmp) / f"tiny-{mix}.gguf"
+            write_fixture(path, preset="tiny", quant=mix, seed=0)
+            model = load_model(path)
+            s = summary(TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), tiny_prompt(), N_GEN))
+            _row(mix, s)
+            if mix == "q8_0":  # the MTP head of tests/test_drafts.py
+                _row("q8_0 MTP head", mtp_summary(model, path, Ctx(act_quant=True), MTP_PROMPT))
+
+
+def _row(what: str, s: dict) -> None:
+    print(f"| {what} | {s['at_noise']}/{s['T']} | {s['max']:.1e} | {s['crossings']} | {s['first']} | "
+          f"{s['greedy_differs'] or 'none'} | {s['layer_local_max']:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])

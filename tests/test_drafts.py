@@ -127,7 +127,7 @@ def test_accept_greedy(drafts, targets, eog, ids):
 # ---------------------------------------------------------------------------------------------
 # The MTP head against llama.cpp's MTP context
 
-PROMPT = [11, 42, 7, 300, 5, 99, 64, 200, 13, 1, 77, 256]
+PROMPT = conformance.MTP_PROMPT
 
 
 MTP_CASES = [("f32", {}), ("q8_0", {}), ("f32", {"mtp": "extras"})]  # q8_0: with emulation

@@ -9,13 +9,11 @@ from refimpl.model import forward, load_model
 from refimpl.ops import Ctx
 from refimpl.state import DeltaNetState, KVCache, SeqState
 
-MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]
-PROMPT_LEN, N_GEN = 24, 32
+MIXES = conformance.MIXES
 
 
-def _prompt(model, n=PROMPT_LEN, seed=1):
-    rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(0, 390, size=n)]  # normal (non-special) tokens of the tiny vocab
+def _prompt(model, n=conformance.PROMPT_LEN, seed=1):
+    return conformance.tiny_prompt(n, seed)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +115,7 @@ def pair(make_fixture):
             path = make_fixture("tiny", mix)
             model = load_model(path)
             extra = TRACE_NAMES + [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
-            cache[mix] = conformance.TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), _prompt(model), N_GEN, extra)
+            cache[mix] = conformance.TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), _prompt(model), conformance.N_GEN, extra)
         return cache[mix]
 
     return get

@@ -298,6 +298,14 @@ def assert_layers_at_noise_or_crossing(block: Block, ours: dict, theirs: dict, w
     return explained
 
 
+def assert_layer_local(run, block: Block, theirs: dict, what: str) -> None:
+    """Both layer-local verdicts for ``run(trace)`` (refimpl over all positions with a trace hook):
+    fully patched at float noise everywhere, and fed only its inputs at float noise but after a
+    crossing inside a unit."""
+    assert_patched_at_noise(block, run_patched(run, block, theirs, sites=True), theirs, what)
+    assert_layers_at_noise_or_crossing(block, run_patched(run, block, theirs, sites=False), theirs, what)
+
+
 # ---- a greedy run of refimpl next to llama.cpp's trace of the same tokens ----------------------
 
 

@@ -141,24 +141,13 @@ def test_quantized_logits_at_float_noise_until_a_crossing_and_greedy_identical(p
 @pytest.mark.oracle
 @pytest.mark.parametrize("quant", MIXES)
 def test_every_layer_from_llama_cpp_own_inputs_is_at_float_noise(pair, quant):
-    """Layer-local: each layer is fed llama.cpp's own input (l_out of the layer before) and every
-    rounding site inside it llama.cpp's own float input, so no crossing can happen; every site's
-    input, every layer's output and the logits are at float noise at every position."""
+    """Layer-local: each layer fed llama.cpp's own input (l_out of the layer before) and every
+    rounding site inside it llama.cpp's own float input — no crossing can happen — gives every
+    site's input, every layer's output and the logits at float noise at every position; fed only
+    its input (its recurrent / K/V state built from it), each layer's output is at float noise but
+    at and after a crossing inside that layer."""
     p = pair(quant)
-    block = p.block()
-    ours = conformance.run_patched(p.forward, block, p.theirs, sites=True)
-    conformance.assert_patched_at_noise(block, ours, p.theirs, quant)
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("quant", MIXES)
-def test_every_layer_fed_llama_cpp_input_is_at_float_noise_until_a_crossing_inside_it(pair, quant):
-    """Each layer fed only llama.cpp's input l_out-(il-1) (its recurrent / K/V state built from it):
-    its output is at float noise at every position but at and after a crossing inside that layer."""
-    p = pair(quant)
-    block = p.block()
-    ours = conformance.run_patched(p.forward, block, p.theirs, sites=False)
-    conformance.assert_layers_at_noise_or_crossing(block, ours, p.theirs, quant)
+    conformance.assert_layer_local(p.forward, p.block(), p.theirs, quant)
 
 
 @pytest.mark.oracle

@@ -29,7 +29,7 @@ outputs to compare, each under refimpl's trace name and llama.cpp's.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -74,15 +74,20 @@ class Router:
 class Block:
     sites: list[Site]
     routers: list[Router]
-    inputs: list[tuple[str, str, int]]  # (ours, theirs, unit): patched in every layer-local run
-    outputs: list[tuple[str, str, int]]  # (ours, theirs, unit): compared, and the unit's own results
+    inputs: list[tuple[str, str]]  # (ours, theirs): patched in every layer-local run
+    outputs: list[tuple[str, str]]  # (ours, theirs): compared in the fully patched run
+    unit_results: dict[int, list[tuple[str, str]]]  # unit -> its results (ours, theirs), in the inputs-only run
     n_expert_used: int
-    layer_outputs: dict[int, list[tuple[str, str]]] = field(default_factory=dict)  # unit -> its results (ours, theirs)
 
     def theirs_names(self) -> list[str]:
         names = [s.theirs for s in self.sites] + [r.theirs_logits for r in self.routers]
-        names += [r.theirs_probs for r in self.routers] + [t for _, t, _ in self.inputs + self.outputs]
+        names += [r.theirs_probs for r in self.routers] + [t for _, t in self.inputs + self.outputs]
         return sorted(set(names) - {"logits"})
+
+
+def _same(il: int, *names: str) -> list[tuple[str, str]]:
+    """(ours, theirs) pairs for names refimpl and llama.cpp share: ``NAME-il``."""
+    return [(f"{n}-{il}", f"{n}-{il}") for n in names]
 
 
 def _experts(ffn):
@@ -101,8 +106,9 @@ def _ffn_parts(ffn, il: int, prefix: str, after: tuple[str, ...]):
         Site(f"{prefix}ffn_moe_swiglu-{il}", f"ffn_moe_swiglu-{il}", down, il),
         Site(f"{prefix}ffn_swiglu-{il}", f"ffn_swiglu-{il}", (ffn.ffn_down_shexp,), il),
     ]
+    downstream = (f"{prefix}ffn_moe_swiglu-{il}", f"{prefix}ffn_moe_out-{il}", f"{prefix}ffn_out-{il}", *after)
     router = Router(il, f"{prefix}ffn_moe_topk-{il}", f"{prefix}ffn_moe_logits-{il}", f"ffn_moe_logits-{il}",
-                    f"ffn_moe_probs-{il}", (f"{prefix}ffn_moe_swiglu-{il}", f"{prefix}ffn_moe_out-{il}", f"{prefix}ffn_out-{il}", *after))
+                    f"ffn_moe_probs-{il}", downstream)
     return sites, router
 
 
@@ -111,27 +117,26 @@ def trunk_block(model) -> Block:
     result_norm; layer inputs ``model.input_embed`` and ``l_out-il``; logits compared."""
     c, w = model.config, model.weights
     sites, routers, outputs = [], [], []
-    inputs = [("model.input_embed", "model.input_embed", 0)]
+    inputs = [("model.input_embed", "model.input_embed")]
     for il, lw in enumerate(w.layers):
         m = lw.mixer
         if c.is_recurrent[il]:
             sites += [Site(f"attn_norm-{il}", f"attn_norm-{il}", (m.attn_qkv, m.attn_gate, m.ssm_beta, m.ssm_alpha), il),
                       Site(f"final_output-{il}", f"final_output-{il}", (m.ssm_out,), il)]
-            outputs.append((f"linear_attn_out-{il}", f"linear_attn_out-{il}", il))
+            outputs += _same(il, "linear_attn_out")
         else:
             sites += [Site(f"attn_norm-{il}", f"attn_norm-{il}", (m.attn_q, m.attn_k, m.attn_v), il),
                       Site(f"attn_gated-{il}", f"attn_gated-{il}", (m.attn_output,), il)]
-            outputs.append((f"attn_output-{il}", f"attn_output-{il}", il))
+            outputs += _same(il, "attn_output")
         ffn_sites, router = _ffn_parts(lw.ffn, il, "", (f"l_out-{il}",))
         sites += ffn_sites
         routers.append(router)
-        outputs += [(f"attn_residual-{il}", f"attn_residual-{il}", il), (f"ffn_moe_out-{il}", f"ffn_moe_out-{il}", il),
-                    (f"ffn_shexp-{il}", f"ffn_shexp-{il}", il), (f"ffn_out-{il}", f"ffn_out-{il}", il)]
-        inputs.append((f"l_out-{il}", f"l_out-{il}", il))  # layer il's output, layer il+1's input
+        outputs += _same(il, "attn_residual", "ffn_moe_out", "ffn_shexp", "ffn_out")
+        inputs += _same(il, "l_out")  # layer il's output, layer il+1's input
     sites.append(Site("result_norm", "result_norm", (w.output,), -1))
-    outputs.append(("result_output", "logits", -1))
-    layer_outputs = {il: [(f"l_out-{il}", f"l_out-{il}")] for il in range(c.n_layer)} | {-1: [("result_output", "logits")]}
-    return Block(sites, routers, inputs, outputs, c.n_expert_used, layer_outputs)
+    outputs.append(("result_output", "logits"))
+    results = {il: _same(il, "l_out") for il in range(c.n_layer)} | {-1: [("result_output", "logits")]}
+    return Block(sites, routers, inputs, outputs, results, c.n_expert_used)
 
 
 def mtp_block(model, mw) -> Block:
@@ -145,12 +150,10 @@ def mtp_block(model, mw) -> Block:
              Site(f"mtp_attn_gated-{L}", f"mtp_attn_out-{L}.src1", (m.attn_output,), L)]  # unnamed in llama.cpp
     ffn_sites, router = _ffn_parts(lw.ffn, L, "mtp_", (f"mtp_post_ffn-{L}", "h_nextn"))
     sites += ffn_sites + [Site("h_nextn", "h_nextn", (mw.shared_head_head,), L)]
-    outputs = [(f"mtp_eh_proj-{L}", f"mtp_eh_proj-{L}", L), (f"mtp_attn_out-{L}", f"mtp_attn_out-{L}", L),
-               (f"mtp_attn_residual-{L}", f"mtp_attn_residual-{L}", L), (f"mtp_ffn_moe_out-{L}", f"mtp_ffn_moe_out-{L}", L),
-               (f"mtp_ffn_shexp-{L}", f"mtp_ffn_shexp-{L}", L), (f"mtp_ffn_out-{L}", f"mtp_ffn_out-{L}", L),
-               (f"mtp_post_ffn-{L}", f"mtp_post_ffn-{L}", L), ("result_output", "result_output", L)]
-    inputs = [(f"mtp_tok_embd-{L}", f"mtp_tok_embd-{L}", L)]
-    return Block(sites, [router], inputs, outputs, c.n_expert_used, {L: [("h_nextn", "h_nextn"), ("result_output", "result_output")]})
+    outputs = _same(L, "mtp_eh_proj", "mtp_attn_out", "mtp_attn_residual", "mtp_ffn_moe_out", "mtp_ffn_shexp",
+                    "mtp_ffn_out", "mtp_post_ffn") + [("result_output", "result_output")]
+    results = {L: [("h_nextn", "h_nextn"), ("result_output", "result_output")]}
+    return Block(sites, [router], _same(L, "mtp_tok_embd"), outputs, results, c.n_expert_used)
 
 
 # ---- comparing --------------------------------------------------------------------------------
@@ -239,7 +242,7 @@ def first_crossing_at_or_before(found: list[Crossing], T: int, units=None) -> np
 
 def patch_values(block: Block, theirs: dict, *, sites: bool) -> dict:
     """refimpl name -> llama.cpp's rows: the block's inputs (and, with ``sites``, every rounding site)."""
-    values = {o: theirs[t] for o, t, _ in block.inputs}
+    values = {o: theirs[t] for o, t in block.inputs}
     if sites:
         values.update({s.ours: theirs[s.theirs] for s in block.sites})
     return values
@@ -261,7 +264,7 @@ def routing_ties(block: Block, ours: dict, theirs: dict) -> dict[str, np.ndarray
         mine = ours[r.ours_topk].astype(np.int64)
         flipped = np.any(mine != _selection(theirs[r.theirs_probs], block.n_expert_used), axis=-1)
         tie = rel_rows(ours[r.ours_logits], theirs[r.theirs_logits]) <= NOISE
-        assert not np.any(flipped & ~tie), f"{r.theirs_logits}: routing differs at positions {np.nonzero(flipped & ~tie)[0].tolist()}"
+        assert not np.any(flipped & ~tie), f"{r.theirs_logits}: routing differs at {np.nonzero(flipped & ~tie)[0].tolist()}"
         for name in r.outputs:
             skip[name] = flipped
     return skip
@@ -272,7 +275,7 @@ def assert_patched_at_noise(block: Block, ours: dict, theirs: dict, what: str) -
     position (but for a routing tie); returns name -> worst relative error, for reports."""
     skip = routing_ties(block, ours, theirs)
     worst = {}
-    pairs = [(s.ours, s.theirs) for s in block.sites] + [(o, t) for o, t, _ in block.inputs + block.outputs]
+    pairs = [(s.ours, s.theirs) for s in block.sites] + block.inputs + block.outputs
     for o, t in pairs:
         err = rel_rows(ours[o], theirs[t])
         err = np.where(skip.get(o, np.zeros(len(err), bool)), 0.0, err)
@@ -287,7 +290,7 @@ def assert_layers_at_noise_or_crossing(block: Block, ours: dict, theirs: dict, w
     after a crossing inside that unit. Returns unit -> positions explained by a crossing."""
     found = crossings(block, ours, theirs)
     explained = {}
-    for unit, results in block.layer_outputs.items():
+    for unit, results in block.unit_results.items():
         for o, t in results:
             err = rel_rows(ours[o], theirs[t])
             crossed = first_crossing_at_or_before(found, len(err), {unit})

@@ -115,7 +115,8 @@ def pair(make_fixture):
             path = make_fixture("tiny", mix)
             model = load_model(path)
             extra = TRACE_NAMES + [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
-            cache[mix] = conformance.TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), _prompt(model), conformance.N_GEN, extra)
+            ctx = Ctx(act_quant=mix != "f32")
+            cache[mix] = conformance.TrunkRun.make(model, path, ctx, _prompt(model), conformance.N_GEN, extra)
         return cache[mix]
 
     return get
@@ -185,7 +186,7 @@ def test_each_emulated_expert_matmul_reproduces_llama_cpp_from_its_own_input(pai
                 W = getattr(experts, method)(int(e))
                 y = kernels.matmul(W.raw, W.qtype, np.ascontiguousarray(x[k]), act_quant=True)
                 rel = np.abs(y - ref[k]).max() / np.abs(ref[k]).max()
-                assert rel <= conformance.NOISE, f"{quant} {out_name} expert {e} ({W.qtype.name}), token {t}: relative error {rel:.3g}"
+                assert rel <= conformance.NOISE, f"{quant} {out_name} expert {e} ({W.qtype.name}), token {t}: {rel:.3g}"
 
 
 # Without emulation the dominant difference from llama.cpp is the activation quantization itself

@@ -114,8 +114,7 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     o = attend(q, kv, positions, c, ctx)  # [T, H, D]
     o = o.reshape(T, H * D)
     ctx.cb(prefix + "attn_pregate", il, o)
-    o = o * sigmoid(gate)  # [T, HD]
-    ctx.cb(prefix + "attn_gated", il, o)
+    o = ctx.cb(prefix + "attn_gated", il, o * sigmoid(gate))  # [T, HD]
     return ctx.cb(prefix + "attn_output", il, mm(w.attn_output, o, ctx)), kv
 
 

@@ -34,17 +34,18 @@ from refimpl.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax
 from refimpl.weights import DenseFFNWeights
 
 
-def swiglu(gate, up, down, x: np.ndarray, ctx: Ctx) -> np.ndarray:
+def swiglu(gate, up, down, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
     """``build_ffn(x, up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR)``: down(silu(gate x) ⊙ up x).
-    x [T, E] -> [T, E]."""
-    return mm(down, silu(mm(gate, x, ctx)) * mm(up, x, ctx), ctx)  # [T, F] -> [T, E]
+    x [T, E] -> [T, E]; the product before ``down`` is traced as ``ffn_swiglu`` (as build_ffn names it)."""
+    act = ctx.cb(prefix + "ffn_swiglu", il, silu(mm(gate, x, ctx)) * mm(up, x, ctx))  # [T, F]
+    return mm(down, act, ctx)  # [T, F] -> [T, E]
 
 
 def ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
     """The layer's FFN on x = attn_post_norm [T, E] -> ffn_out [T, E]: :func:`moe_ffn` for MoE
     weights, :func:`swiglu` for qwen35's :class:`refimpl.weights.DenseFFNWeights`."""
     if isinstance(w, DenseFFNWeights):
-        return ctx.cb(prefix + "ffn_out", il, swiglu(w.ffn_gate, w.ffn_up, w.ffn_down, x, ctx))
+        return ctx.cb(prefix + "ffn_out", il, swiglu(w.ffn_gate, w.ffn_up, w.ffn_down, x, il, ctx, prefix))
     out, _, _ = moe_ffn(w, c, x, il, ctx, prefix)
     return out
 
@@ -72,13 +73,16 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
     # Each expert once, for all the rows that chose it (mul_mat_id): rows are independent in every
     # op, so expert_out[t, i] is the same whether token t is alone or in a batch (weights read once).
+    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
+    chosen = {e: np.nonzero(sel == e) for e in union}  # e -> (the tokens that chose e, where in their top-K)
+    moe_swiglu = np.empty((T, c.n_expert_used, c.n_ff_exp), dtype=F32)  # [T, K, F]
+    for e in union:
+        xe = x[chosen[e][0]]  # [n, E]
+        moe_swiglu[chosen[e]] = silu(mm(experts.gate(e), xe, ctx)) * mm(experts.up(e), xe, ctx)  # [n, F]
+    moe_swiglu = ctx.cb(prefix + "ffn_moe_swiglu", il, moe_swiglu)
     expert_out = np.empty((T, c.n_expert_used, c.n_embd), dtype=F32)  # [T, K, E], before weighting
-    for e in dict.fromkeys(sel.reshape(-1).tolist()):  # union in first-use order
-        rows, slots = np.nonzero(sel == e)  # the tokens that chose e, and where in their top-K
-        xe = x[rows]  # [n, E]
-        gate = mm(experts.gate(e), xe, ctx)  # [n, F]
-        up = mm(experts.up(e), xe, ctx)  # [n, F]
-        expert_out[rows, slots] = mm(experts.down(e), silu(gate) * up, ctx)  # [n, E]
+    for e in union:
+        expert_out[chosen[e]] = mm(experts.down(e), moe_swiglu[chosen[e]], ctx)  # [n, F] -> [n, E]
     moe_out = np.zeros((T, c.n_embd), dtype=F32)
     for t in range(T):  # weighted after the down projection, summed in selection order
         acc = expert_out[t, 0] * weights[t, 0]  # [E]
@@ -87,8 +91,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
         moe_out[t] = acc
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 
-    shexp = swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, ctx)  # [T, E]
-    ctx.cb(prefix + "ffn_shexp", il, shexp)
+    shexp = ctx.cb(prefix + "ffn_shexp", il, swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, il, ctx, prefix))  # [T, E]
     shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :], ctx.kernel))  # [T]: a [E]·[E, T] mat-vec
     shared_gate = ctx.faults.tap("moe.shared_gate", shared_gate)
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)

@@ -42,7 +42,9 @@ class Ctx:
       the quantized matmul (the two agree to ≤ 1 float32 ulp, kernels/matmul.py states the
       tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/recurrent.py).
     * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
-      — ``il`` = -1 for model-level tensors; ``None`` records nothing.
+      — ``il`` = -1 for model-level tensors; ``None`` records nothing. A hook that returns an
+      array replaces ``x`` with it from there on (activation patching: :class:`refimpl.trace.Patcher`
+      feeds a layer llama.cpp's own values, tests/conformance.py); returning None changes nothing.
     * ``faults``: engine bugs injected on purpose (:mod:`refimpl.faults`, docs/bug-classes.md);
       empty — the clean oracle — unless asked for.
     """
@@ -70,9 +72,12 @@ class Ctx:
         return ("on: " if self.act_quant else "") + ", ".join(parts)
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
-        """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``."""
+        """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``, or the
+        array the hook returned in its place."""
         if self.trace is not None:
-            self.trace(name, il, x)
+            replaced = self.trace(name, il, x)
+            if replaced is not None:
+                return replaced
         return x
 
 

@@ -30,6 +30,25 @@ def require_distributed():
     return _require("distributed", "distributed", "cluster")
 
 
+def pytest_report_header(config):
+    """Which CPU paths this run exercises, on both sides (docs/numerics.md, "Which CPU paths were
+    exercised"): refimpl's numba target and numpy's SIMD level, and the llama.cpp build under test."""
+    import numba
+    import numpy as np
+    from llvmlite import binding
+
+    features = np._core._multiarray_umath.__cpu_features__
+    level = next((v for v in ("X86_V4", "X86_V3", "X86_V2") if features.get(v)), "baseline")
+    lines = [f"refimpl: numba target {numba.config.CPU_NAME or binding.get_host_cpu_name()}, numpy SIMD {level}"]
+    try:
+        import llama_cpp
+    except ImportError:
+        return lines + ["llama.cpp: not installed"]
+    from ggml_lib import lib_dir, llama_cpp_isa
+
+    return lines + [f"llama.cpp: {lib_dir(llama_cpp)} ({llama_cpp_isa(llama_cpp)})"]
+
+
 @pytest.fixture(scope="session")
 def make_fixture(tmp_path_factory):
     """``make_fixture(preset="tiny", quant="f32", seed=0, **options) -> Path``, cached per session."""

@@ -22,6 +22,8 @@ Decoding settings (chosen so the oracle is as plain as llama.cpp allows):
   p = 0) attached via ``llama_batch_ext_set_embd_token`` (what ``common_batch`` uses; the
   ``…_set_embd_state`` entry point is an unimplemented stub in this llama.cpp) and is decoded with
   ``llama_process``. MTP row p drafts the same token as target row p, x_{p+1} (``common_speculative_impl_draft_mtp``).
+* optional ``trace`` / ``mtp_trace``: llama.cpp's named intermediates of the target / MTP context at
+  every position (tests/llama_trace.py's eval callback, same names, ``NAME.src1`` included).
 
 API: :func:`llama_logits` (logits of given tokens), :func:`llama_greedy` (greedy continuation),
 :func:`llama_run` (both, optionally the MTP head, plus llama.cpp's log), :func:`quantize_with_llama`
@@ -61,13 +63,17 @@ class LlamaRun:
     hidden: np.ndarray | None = None  # (T, E): target h_nextn (post output_norm) after each token
     mtp_logits: np.ndarray | None = None  # (T, V): MTP head on (tokens[t], hidden[t-1]), zeros h at t=0
     mtp_hidden: np.ndarray | None = None  # (T, E): the MTP block's own h_nextn (post shared_head_norm)
+    trace: dict | None = None  # name -> (T, n): the target context's intermediates (``trace=`` names)
+    mtp_trace: dict | None = None  # name -> (T, n): the MTP context's (``mtp_trace=`` names)
 
 
 def llama_run(model_path, tokens, *, n_generate: int = 0, load_mtp: bool = False, mtp: bool = False,
-              n_threads: int = 2, n_ctx: int | None = None, timeout: float = 600, defaults: bool = False) -> LlamaRun:
+              n_threads: int = 2, n_ctx: int | None = None, timeout: float = 600, defaults: bool = False,
+              trace=(), mtp_trace=()) -> LlamaRun:
     """Decode ``tokens`` one at a time, then greedily generate ``n_generate`` more (argmax of the
     last row, ties to the lowest id), decoding each generated token too. ``mtp=True`` (implies
-    ``load_mtp``) also returns the target hiddens and the MTP head's logits and hiddens."""
+    ``load_mtp``) also returns the target hiddens and the MTP head's logits and hiddens; ``trace`` /
+    ``mtp_trace`` name intermediates to capture in the target / MTP context."""
     tokens = [int(t) for t in tokens]
     if not tokens:
         raise ValueError("llama_run needs at least one token")
@@ -81,6 +87,8 @@ def llama_run(model_path, tokens, *, n_generate: int = 0, load_mtp: bool = False
         "n_threads": int(n_threads),
         "n_ctx": int(n_ctx or max(256, n_total)),
         "defaults": bool(defaults),
+        "trace": list(trace),
+        "mtp_trace": list(mtp_trace),
     }
     def read(out: Path) -> dict:
         with np.load(out) as z:
@@ -88,6 +96,9 @@ def llama_run(model_path, tokens, *, n_generate: int = 0, load_mtp: bool = False
 
     arrays, log = run_child(__file__, request, "result.npz", "llama.cpp", timeout, read)
     extra = {k: arrays[k] for k in ("hidden", "mtp_logits", "mtp_hidden") if k in arrays}
+    for which in ("trace", "mtp_trace"):
+        if request[which]:
+            extra[which] = {k.split(":", 1)[1]: v for k, v in arrays.items() if k.startswith(which + ":")}
     return LlamaRun(tokens=arrays["tokens"], logits=arrays["logits"], log=log, **extra)
 
 
@@ -147,7 +158,7 @@ def _float_row(ptr, n: int) -> np.ndarray:
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n,)).copy()
 
 
-def _context_params(L, r, *, ctx_type=0, ctx_other=None):
+def _context_params(L, r, *, ctx_type=0, ctx_other=None, capture=None):
     cparams = L.llama_context_default_params()
     cparams.n_ctx = r["n_ctx"]
     cparams.n_batch = cparams.n_ubatch = 8
@@ -160,6 +171,9 @@ def _context_params(L, r, *, ctx_type=0, ctx_other=None):
     cparams.ctx_type = ctx_type
     if ctx_other is not None:
         cparams.ctx_other = ctx_other
+    if capture is not None:
+        cparams.cb_eval = capture.callback
+        cparams.cb_eval_user_data = None
     return cparams
 
 
@@ -167,8 +181,11 @@ def _child(request_path: str, out_path: str) -> int:
     import ctypes
 
     import llama_cpp as L
+    from llama_trace import EvalCapture
 
     r = json.loads(Path(request_path).read_text())
+    captures = {which: EvalCapture(r[which]) if r.get(which) else None for which in ("trace", "mtp_trace")}
+    traced = {which: ({}, {}) for which in captures}  # per-position rows, per-ubatch arrays (unused here)
     # src/llama-ext.h is C++ without extern "C" and unwrapped by the bindings: use the mangled names.
     lib = L.llama_cpp._lib
     set_embeddings_nextn = getattr(lib, "_Z26llama_set_embeddings_nextnP13llama_contextbb")
@@ -188,7 +205,7 @@ def _child(request_path: str, out_path: str) -> int:
     model = L.llama_model_load_from_file(r["model"].encode(), mparams)
     if not model:
         return fail("llama_model_load_from_file returned NULL", 3)
-    ctx = L.llama_init_from_model(model, _context_params(L, r))
+    ctx = L.llama_init_from_model(model, _context_params(L, r, capture=captures["trace"]))
     if not ctx:
         return fail("llama_init_from_model returned NULL", 3)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
@@ -199,7 +216,8 @@ def _child(request_path: str, out_path: str) -> int:
         if L.llama_model_n_layer_nextn(model) != 1:
             return fail("the model has no nextn block (nextn_predict_layers != 1)", 3)
         set_embeddings_nextn(ctx, True, False)  # one h row per batch token
-        ctx_mtp = L.llama_init_from_model(model, _context_params(L, r, ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, ctx_other=ctx))
+        ctx_mtp = L.llama_init_from_model(model, _context_params(L, r, ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, ctx_other=ctx,
+                                                                 capture=captures["mtp_trace"]))
         if not ctx_mtp:
             return fail("llama_init_from_model (MTP context) returned NULL", 3)
         set_embeddings_nextn(ctx_mtp, True, True)
@@ -227,6 +245,8 @@ def _child(request_path: str, out_path: str) -> int:
         if rc != 0:
             return fail(f"llama_decode returned {rc} at position {pos}", 4)
         out["logits"][pos] = _float_row(L.llama_get_logits_ith(ctx, 0), n_vocab)
+        if captures["trace"]:
+            captures["trace"].collect(pos, [1], *traced["trace"])
         if not r["mtp"]:
             continue
         out["hidden"][pos] = _float_row(get_embeddings_nextn_ith(ctx, 0), n_embd)
@@ -243,6 +263,8 @@ def _child(request_path: str, out_path: str) -> int:
             return fail(f"llama_process (MTP) returned {rc} at position {pos}", 4)
         out["mtp_logits"][pos] = _float_row(L.llama_get_logits_ith(ctx_mtp, 0), n_vocab)
         out["mtp_hidden"][pos] = _float_row(get_embeddings_nextn_ith(ctx_mtp, 0), n_embd)
+        if captures["mtp_trace"]:
+            captures["mtp_trace"].collect(pos, [1], *traced["mtp_trace"])
         h_prev = out["hidden"][pos].copy()
     L.llama_batch_free(batch)
     if ctx_mtp:
@@ -250,6 +272,8 @@ def _child(request_path: str, out_path: str) -> int:
         L.llama_free(ctx_mtp)
     L.llama_free(ctx)
     L.llama_model_free(model)
+    for which, (rows, _) in traced.items():
+        out.update({f"{which}:{name}": np.stack(v) for name, v in rows.items() if len(v) == n_total})
     np.savez(out_path, tokens=np.array(tokens, dtype=np.int32), **out)
     return 0
 

@@ -23,6 +23,14 @@ How: ``llama_context_params.cb_eval`` is a ``bool (*)(struct ggml_tensor *, bool
 llama.cpp first calls it with ask = true (return true to observe that tensor), then again with
 ask = false once the tensor is computed. The CPU backend's tensor data is host memory, read here
 through a ctypes mirror of ``struct ggml_tensor`` (ggml/include/ggml.h) using its ne/nb strides.
+A name ``"NAME.src1"`` captures the second operand of tensor NAME when NAME is computed — the input
+of a matmul llama.cpp left unnamed (``mtp_attn_out-4.src1``, the MTP block's gated attention).
+:class:`EvalCapture` is that callback; tests/llama_ref.py uses it on its MTP context too.
+
+Which library: llama-cpp-python loads ``libllama`` (and through its run path ``libggml*``) from
+``$LLAMA_CPP_LIB_PATH`` when set, else from the package's ``lib/``; tests/ggml_lib.py follows the
+same variable. Pointing it at another build of the same source (e.g. one for AVX2 only,
+docs/numerics.md "Which CPU paths were exercised") runs every conformance test against that build.
 
 Run as a script it is the worker: ``python tests/llama_trace.py MODEL OUT.npz TOKENS NAMES``.
 """
@@ -70,12 +78,9 @@ def _ubatch_sizes(n_tokens: int, n_ubatch: int) -> list[int]:
     return [min(n_ubatch, n_tokens - i) for i in range(0, n_tokens, n_ubatch)]
 
 
-def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], n_threads: int, options: dict) -> None:
+def _ggml_tensor_struct():
+    """A ctypes mirror of ``struct ggml_tensor`` (ggml/include/ggml.h)."""
     import ctypes
-
-    import llama_cpp as ll
-
-    GGML_TYPE_F32 = 0
 
     class ggml_tensor(ctypes.Structure):
         _fields_ = [
@@ -95,26 +100,74 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
             ("padding", ctypes.c_char * 8),
         ]
 
-    step: dict[str, list[np.ndarray]] = {}  # name -> one flat array per ubatch of the current decode call
+    return ggml_tensor
 
-    def on_eval(t_ptr, ask, _user):
-        t = ctypes.cast(t_ptr, ctypes.POINTER(ggml_tensor)).contents
-        name = t.name.decode(errors="replace")
-        if ask:
-            return name in names
-        if t.type != GGML_TYPE_F32 or not t.data:
-            return True
+
+SRC1 = ".src1"  # "NAME.src1": the second operand of tensor NAME (a matmul's activation input), read when NAME is computed
+
+
+class EvalCapture:
+    """A ``cb_eval`` for one llama.cpp context that copies the F32 tensors named in ``names`` (and,
+    for ``NAME.src1``, the second operand of tensor NAME — e.g. the unnamed input of a matmul) after
+    each is computed. ``collect(first, sizes, per_name, per_ubatch)`` moves what one decode call
+    produced (ubatches of ``sizes`` tokens starting at position ``first``) into per-position rows."""
+
+    def __init__(self, names):
+        import ctypes
+
+        import llama_cpp as ll
+
+        self.names = set(names)
+        self._src1 = {n[: -len(SRC1)] for n in self.names if n.endswith(SRC1)}
+        self._tensor = _ggml_tensor_struct()
+        self._ctypes = ctypes
+        self.step: dict[str, list[np.ndarray]] = {}  # name -> one flat array per ubatch of the current call
+        self.callback = ll.ggml_backend_sched_eval_callback(self._on_eval)
+
+    def _array(self, t) -> np.ndarray | None:
+        if t.type != 0 or not t.data:  # GGML_TYPE_F32 only
+            return None
         ne = [int(n) for n in t.ne]
         nb = [int(b) for b in t.nb]
         span = sum((n - 1) * b for n, b in zip(ne, nb)) + 4
-        buf = (ctypes.c_char * span).from_address(t.data)
-        arr = np.lib.stride_tricks.as_strided(
-            np.frombuffer(buf, dtype=np.float32), shape=tuple(reversed(ne)), strides=tuple(reversed(nb))
-        )
-        step.setdefault(name, []).append(np.array(arr).reshape(-1))
+        buf = (self._ctypes.c_char * span).from_address(t.data)
+        arr = np.lib.stride_tricks.as_strided(np.frombuffer(buf, dtype=np.float32), shape=tuple(reversed(ne)),
+                                              strides=tuple(reversed(nb)))
+        return np.array(arr).reshape(-1)
+
+    def _on_eval(self, t_ptr, ask, _user):
+        t = self._ctypes.cast(t_ptr, self._ctypes.POINTER(self._tensor)).contents
+        name = t.name.decode(errors="replace")
+        if ask:
+            return name in self.names or name in self._src1
+        if name in self.names and (a := self._array(t)) is not None:
+            self.step.setdefault(name, []).append(a)
+        if name in self._src1 and t.src[1]:
+            src = self._ctypes.cast(t.src[1], self._ctypes.POINTER(self._tensor)).contents
+            if (a := self._array(src)) is not None:
+                self.step.setdefault(name + SRC1, []).append(a)
         return True
 
-    callback = ll.ggml_backend_sched_eval_callback(on_eval)
+    def collect(self, first: int, sizes: list[int], per_name: dict, per_ubatch: dict) -> None:
+        for n in self.names:
+            parts = self.step.get(n, [])
+            if not parts or len(parts) % len(sizes):
+                continue  # not computed for every ubatch (e.g. a tensor of the output rows only)
+            per_u = len(parts) // len(sizes)  # a name given twice in a graph (Kcur-3): the last one counts
+            start = first
+            for i, u in enumerate(sizes):
+                part = parts[(i + 1) * per_u - 1]
+                per_ubatch[f"{n}@{start}"] = part  # as computed for the ubatch starting at position `start`
+                start += u
+                if part.size % u == 0:  # a per-token tensor: the token axis is the outermost one
+                    per_name.setdefault(n, []).extend(part.reshape(u, -1))
+        self.step.clear()
+
+
+def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], n_threads: int, options: dict) -> None:
+    import llama_cpp as ll
+
+    capture = EvalCapture(names)
     ll.llama_backend_init()
     mparams = ll.llama_model_default_params()
     mparams.use_extra_bufts = options["repack"]
@@ -129,21 +182,20 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
     cparams.type_k = KV_TYPES[options["type_k"]]
     cparams.type_v = KV_TYPES[options["type_v"]]
     cparams.flash_attn_type = FLASH_ATTN[options["flash_attn"]]
-    cparams.cb_eval = callback
+    cparams.cb_eval = capture.callback
     cparams.cb_eval_user_data = None
     ctx = ll.llama_init_from_model(model, cparams)
     if not ctx:
         raise SystemExit("llama.cpp could not create a context")
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
 
-    per_name: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    per_name: dict[str, list[np.ndarray]] = {}
     per_ubatch_arrays: dict[str, np.ndarray] = {}
     logits = []
     n_batch = options["n_batch"]
     batch = ll.llama_batch_init(n_batch, 0, 1)
     for start in range(0, len(tokens), n_batch):
         chunk = tokens[start : start + n_batch]
-        step.clear()
         batch.n_tokens = len(chunk)
         for i, tok in enumerate(chunk):
             batch.token[i] = tok
@@ -155,19 +207,7 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
             raise SystemExit(f"llama_decode failed at positions {start}..{start + len(chunk) - 1}")
         for i in range(len(chunk)):
             logits.append(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy())
-        sizes = _ubatch_sizes(len(chunk), options["n_ubatch"])
-        for n in names:
-            parts = step.get(n, [])
-            if not parts or len(parts) % len(sizes):
-                continue  # not computed for every ubatch (e.g. a tensor of the output rows only)
-            per_ubatch = len(parts) // len(sizes)  # a name given twice in a graph (Kcur-3): the last one counts
-            first = start
-            for i, u in enumerate(sizes):
-                part = parts[(i + 1) * per_ubatch - 1]
-                per_ubatch_arrays[f"{n}@{first}"] = part  # as computed for the ubatch starting at position `first`
-                first += u
-                if part.size % u == 0:  # a per-token tensor: the token axis is the outermost one
-                    per_name[n].extend(part.reshape(u, -1))
+        capture.collect(start, _ubatch_sizes(len(chunk), options["n_ubatch"]), per_name, per_ubatch_arrays)
     ll.llama_batch_free(batch)
     result = {n: np.stack(v) for n, v in per_name.items() if len(v) == len(tokens)}
     result["logits"] = np.stack(logits)

@@ -1,18 +1,23 @@
 """Draft sources: the n-gram rule (tie-breaks, clipping, overlap, gate), the MTP draft probability,
 greedy acceptance, and the MTP head against llama.cpp's MTP context (and ``logits --mtp-out``)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import conformance
 from conftest import require_llama_cpp
 from refimpl.cli import main
 from refimpl.drafts import mtp_catchup_logits, ngram_draft, top_k_p
 from refimpl.model import forward, load_model
+from refimpl.mtp import load_mtp_weights
 from refimpl.ops import Ctx
 from refimpl.speculative import accept_greedy
 from refimpl.state import SeqState
+from refimpl.trace import Recorder
 
 # ---------------------------------------------------------------------------------------------
 # n-gram
@@ -122,30 +127,77 @@ def test_accept_greedy(drafts, targets, eog, ids):
 # ---------------------------------------------------------------------------------------------
 # The MTP head against llama.cpp's MTP context
 
-PROMPT = [11, 42, 7, 300, 5, 99, 64, 200, 13, 1, 77, 256]
+PROMPT = conformance.MTP_PROMPT
+
+
+MTP_CASES = [("f32", {}), ("q8_0", {}), ("f32", {"mtp": "extras"})]  # q8_0: with emulation
+MTP_IDS = ["f32", "q8_0-emulated", "f32-extras"]
+
+
+@pytest.fixture(scope="module")
+def mtp_pair(make_fixture):
+    """case -> (model, ctx, llama.cpp's run with the trunk's and the MTP context's intermediates, the
+    trunk and MTP blocks), one llama.cpp run per case for the tests below."""
+    cache = {}
+
+    def get(quant, options):
+        key = (quant, tuple(sorted(options.items())))
+        if key not in cache:
+            require_llama_cpp()
+            from llama_ref import llama_run
+
+            path = make_fixture("tiny", quant, **options)
+            model = load_model(path)
+            trunk = conformance.trunk_block(model)
+            head = conformance.mtp_block(model, load_mtp_weights(model.file, model.weights))
+            ref = llama_run(path, PROMPT, mtp=True, trace=trunk.theirs_names(), mtp_trace=head.theirs_names())
+            ref.trace["logits"] = ref.logits
+            cache[key] = (model, Ctx(act_quant=quant != "f32"), ref, trunk, head)
+        return cache[key]
+
+    return get
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize(
-    "quant, options, act_quant, tol",
-    [("f32", {}, False, 1e-4), ("q8_0", {}, True, 1e-3), ("f32", {"mtp": "extras"}, False, 1e-4)],
-    ids=["f32", "q8_0-emulated", "f32-extras"],
-)
-def test_mtp_head_matches_llama_cpp(make_fixture, quant, options, act_quant, tol):
-    require_llama_cpp()
-    from llama_ref import llama_run
+@pytest.mark.parametrize("quant, options", MTP_CASES, ids=MTP_IDS)
+def test_mtp_block_from_llama_cpp_own_inputs_is_at_float_noise(mtp_pair, quant, options):
+    """Layer-local: the MTP block fed llama.cpp's own hiddens, and every rounding site inside it
+    llama.cpp's own float input (refimpl.trace.Patcher), reproduces every intermediate, h_nextn and
+    the logits of llama.cpp's MTP context to float noise; fed only the hiddens, it does so at every
+    position but at and after a crossing inside the block."""
+    model, ctx, ref, _, head = mtp_pair(quant, options)
 
-    path = make_fixture("tiny", quant, **options)
-    ref = llama_run(path, PROMPT, mtp=True)
-    model, ctx = load_model(path), Ctx(act_quant=act_quant)
-    _, h, _ = forward(model, SeqState.fresh(model.config), PROMPT, ctx)  # [T, E]
-    assert np.max(np.abs(h - ref.hidden)) <= tol * np.max(np.abs(ref.hidden))
-    mtp = mtp_catchup_logits(model, PROMPT, ref.hidden, ctx)  # fed llama.cpp's own hiddens
-    scale = np.max(np.abs(ref.mtp_logits))
-    assert np.max(np.abs(mtp - ref.mtp_logits)) <= tol * scale
-    mtp_own = mtp_catchup_logits(model, PROMPT, h, ctx)  # fed refimpl's hiddens
-    assert np.max(np.abs(mtp_own - ref.mtp_logits)) <= tol * scale
-    assert np.array_equal(mtp_own.argmax(axis=1), ref.mtp_logits.argmax(axis=1))
+    def run(trace):  # the head as catch-up feeds it: token p with llama.cpp's hidden of p-1
+        return mtp_catchup_logits(model, PROMPT, ref.hidden, dataclasses.replace(ctx, trace=trace))
+
+    conformance.assert_layer_local(run, head, ref.mtp_trace, f"{quant} MTP")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("quant, options", MTP_CASES, ids=MTP_IDS)
+def test_mtp_head_matches_llama_cpp(mtp_pair, quant, options):
+    """End to end, the trunk's hiddens and the head fed refimpl's own hiddens: f32 within 1e-4 of
+    llama.cpp; emulated, at float noise at every row but at and after a crossing (trunk rows up to
+    p−1, head rows up to p), and the same drafted token wherever no crossing came before."""
+    model, ctx, ref, trunk, head = mtp_pair(quant, options)
+    rec = Recorder()
+    _, h, _ = forward(model, SeqState.fresh(model.config), PROMPT, dataclasses.replace(ctx, trace=rec))  # [T, E]
+    mtp_rec = Recorder()
+    mtp = mtp_catchup_logits(model, PROMPT, h, dataclasses.replace(ctx, trace=mtp_rec))  # fed refimpl's hiddens
+    h_err = conformance.rel_rows(h, ref.hidden)
+    mtp_err = conformance.rel_rows(mtp, ref.mtp_logits)
+    if quant == "f32":
+        assert h_err.max() <= 1e-4 and mtp_err.max() <= 1e-4, f"{h_err.max():.3g}, {mtp_err.max():.3g}"
+        assert np.array_equal(mtp.argmax(axis=1), ref.mtp_logits.argmax(axis=1))
+        return
+    T = len(PROMPT)
+    trunk_crossed = conformance.first_crossing_at_or_before(conformance.crossings(trunk, rec.arrays(), ref.trace), T)
+    head_crossed = conformance.first_crossing_at_or_before(conformance.crossings(head, mtp_rec.arrays(), ref.mtp_trace), T)
+    crossed = head_crossed | np.concatenate([[False], trunk_crossed[:-1]])  # row p reads the trunk's hidden of p-1
+    assert not np.any((h_err > conformance.NOISE) & ~trunk_crossed), f"trunk hiddens off with no crossing: {h_err}"
+    assert not np.any((mtp_err > conformance.NOISE) & ~crossed), f"MTP logits off with no crossing: {mtp_err}"
+    flipped = mtp.argmax(axis=1) != ref.mtp_logits.argmax(axis=1)
+    assert not np.any(flipped & ~crossed), f"drafted tokens differ at rows {np.nonzero(flipped & ~crossed)[0]} with no crossing"
 
 
 def test_logits_mtp_out(make_fixture, tmp_path, capsys):

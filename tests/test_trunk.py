@@ -3,23 +3,17 @@
 import numpy as np
 import pytest
 
+import conformance
 from conftest import require_llama_cpp
-from refimpl.generate import greedy
 from refimpl.model import forward, load_model
 from refimpl.ops import Ctx
 from refimpl.state import DeltaNetState, KVCache, SeqState
 
-MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]
-# In the ternary mixes one Q8_K rounding of attn_q's input already flips at position 0 (attn_norm-3
-# differs from llama.cpp's by 2.2e-7 relative, Qcur_full then by 1.5e-3), so their first positions
-# are not at float noise; the same product from llama.cpp's own input is (the per-matmul test).
-FIRST_POSITIONS_AT_NOISE = [m for m in MIXES if m not in ("f32", "tq1_0", "tq2_0")]
-PROMPT_LEN, N_GEN = 24, 32
+MIXES = conformance.MIXES
 
 
-def _prompt(model, n=PROMPT_LEN, seed=1):
-    rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(0, 390, size=n)]  # normal (non-special) tokens of the tiny vocab
+def _prompt(model, n=conformance.PROMPT_LEN, seed=1):
+    return conformance.tiny_prompt(n, seed)
 
 
 @pytest.fixture(scope="module")
@@ -83,57 +77,10 @@ def test_numpy_and_numba_kernels_agree(tiny):
 
 
 # ---- conformance against llama.cpp ------------------------------------------------------------
-
-
-def _run_both(make_fixture, quant, ctx):
-    require_llama_cpp()
-    from llama_trace import llama_trace
-
-    path = make_fixture("tiny", quant)
-    model = load_model(path)
-    prompt = _prompt(model)
-    gen = greedy(model, prompt, N_GEN, ctx)
-    tokens = prompt + gen
-    ours, _, _ = forward(model, SeqState.fresh(model.config), tokens, ctx)
-    theirs = llama_trace(path, tokens, [])["logits"]
-    return prompt, gen, ours, theirs
-
-
-def _greedy_identical(prompt, gen, theirs):
-    # llama.cpp's greedy stream equals ours iff, fed our stream, its argmax reproduces every token.
-    their_next = np.argmax(theirs[len(prompt) - 1 : -1], axis=-1)
-    assert list(their_next) == gen, f"first divergence at generated step {int(np.argmax(their_next != np.array(gen)))}"
-
-
-@pytest.mark.oracle
-def test_f32_logits_and_greedy_match_llama_cpp(make_fixture):
-    prompt, gen, ours, theirs = _run_both(make_fixture, "f32", Ctx())
-    err = np.abs(ours - theirs).max(axis=-1) / np.abs(theirs).max(axis=-1)
-    assert err.max() <= 1e-4, f"max relative logit error {err.max():.3g} at position {int(err.argmax())}"
-    _greedy_identical(prompt, gen, theirs)
-
-
-# Quantized mixes. llama.cpp's f32 arithmetic between matmuls differs from ours in the last ulp
-# (SIMD exp in silu/softmax, SIMD float accumulation orders in every quantized dot). Each such ulp
-# can flip one rounding of the next activation quantization (Q8_0 / Q8_K / BF16), and a flip is
-# carried on by the recurrent state, so end-to-end logits of quantized files agree to float noise
-# at most positions but not all. The emulation itself is checked where no chaos can enter: every
-# quantized matmul fed llama.cpp's own input must reproduce llama.cpp's output to float noise.
-# docs/numerics.md records the measured figures.
-EMULATED_MAX_REL = 3e-2  # end-to-end bound with emulation on (measured worst: 2.3e-2, q4_k_m)
-CLEAR_MARGIN = 0.05  # argmax compared where llama.cpp's top-2 margin exceeds 5 % of max |logit|
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("quant", [m for m in MIXES if m != "f32"])
-def test_quantized_greedy_and_logits_match_llama_cpp_with_emulation(make_fixture, quant):
-    prompt, gen, ours, theirs = _run_both(make_fixture, quant, Ctx(act_quant=True))
-    err = np.abs(ours - theirs).max(axis=-1) / np.abs(theirs).max(axis=-1)
-    assert err.max() <= EMULATED_MAX_REL, f"{quant}: max relative logit error {err.max():.3g} at position {int(err.argmax())}"
-    if quant in FIRST_POSITIONS_AT_NOISE:
-        assert err[:3].max() <= 1e-5, f"{quant}: the first positions are not at float noise: {err[:3]}"
-    _greedy_identical(prompt, gen, theirs)
-
+#
+# Verdicts that hold on any CPU (tests/conformance.py, docs/numerics.md): for each mix, refimpl
+# generates greedily (activation quantization emulated for quantized mixes) and llama.cpp is traced
+# on the same tokens, once per module; every test below reads that one pair of runs.
 
 MATMULS = [  # (llama.cpp output name, llama.cpp input name, weight path in refimpl.weights)
     ("linear_attn_qkv_mixed-0", "attn_norm-0", ("layers", 0, "mixer", "attn_qkv")),
@@ -143,82 +90,11 @@ MATMULS = [  # (llama.cpp output name, llama.cpp input name, weight path in refi
     ("attn_output-3", "attn_gated-3", ("layers", 3, "mixer", "attn_output")),
     ("result_output", "result_norm", ("output",)),
 ]
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("quant", MIXES)
-def test_each_emulated_matmul_reproduces_llama_cpp_from_its_own_input(make_fixture, quant):
-    require_llama_cpp()
-    from llama_trace import llama_trace
-
-    import kernels
-
-    path = make_fixture("tiny", quant)
-    model = load_model(path)
-    tokens = _prompt(model, PROMPT_LEN + N_GEN, seed=9)
-    names = [n for pair in MATMULS for n in pair[:2]]
-    theirs = llama_trace(path, tokens, names)
-    for out_name, in_name, where in MATMULS:
-        W = model.weights
-        for step in where:
-            W = W[step] if isinstance(step, int) else getattr(W, step)
-        y = kernels.matmul(W.raw, W.qtype, theirs[in_name].astype(np.float32), act_quant=True)
-        rel = np.abs(y - theirs[out_name]).max() / np.abs(theirs[out_name]).max()
-        assert rel <= 2e-6, f"{quant} {out_name} ({W.qtype.name}): relative error {rel:.3g}"
-
-
 EXPERT_MATMULS = [  # (llama.cpp output name, its input name, PinnedExperts method) in layer 0's MoE
     ("ffn_moe_gate-0", "attn_post_norm-0", "gate"),
     ("ffn_moe_up-0", "attn_post_norm-0", "up"),
     ("ffn_moe_down-0", "ffn_moe_swiglu-0", "down"),
 ]
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("quant", [m for m in MIXES if m not in ("f32", "bf16", "q8_0")])
-def test_each_emulated_expert_matmul_reproduces_llama_cpp_from_its_own_input(make_fixture, quant):
-    """The routed experts (mul_mat_id: where the IQ/TQ/MXFP4 types live), fed llama.cpp's own input
-    rows, for the experts llama.cpp selected (top K of its ffn_moe_probs; rows (K, F) per token)."""
-    require_llama_cpp()
-    from llama_trace import llama_trace
-
-    import kernels
-
-    path = make_fixture("tiny", quant)
-    model = load_model(path)
-    theirs = llama_trace(path, _prompt(model, 8, seed=9), ["ffn_moe_probs-0"] + [n for t in EXPERT_MATMULS for n in t[:2]])
-    experts, K = model.weights.layers[0].ffn.experts, model.config.n_expert_used
-    selected = np.argsort(-theirs["ffn_moe_probs-0"], axis=-1, kind="stable")[:, :K]  # [T, K]
-    for out_name, in_name, method in EXPERT_MATMULS:
-        for t, sel in enumerate(selected):
-            row = theirs[in_name][t].astype(np.float32)
-            x = row.reshape(K, -1) if method == "down" else np.broadcast_to(row, (K, row.size))  # per expert k
-            ref = theirs[out_name][t].reshape(K, -1)
-            for k, e in enumerate(sel):
-                W = getattr(experts, method)(int(e))
-                y = kernels.matmul(W.raw, W.qtype, np.ascontiguousarray(x[k]), act_quant=True)
-                rel = np.abs(y - ref[k]).max() / np.abs(ref[k]).max()
-                assert rel <= 2e-6, f"{quant} {out_name} expert {e} ({W.qtype.name}), token {t}: relative error {rel:.3g}"
-
-
-@pytest.mark.oracle
-@pytest.mark.parametrize("quant", [m for m in MIXES if m != "f32"])
-def test_quantized_argmax_matches_llama_cpp_without_emulation(make_fixture, quant):
-    require_llama_cpp()
-    from llama_trace import llama_trace
-
-    path = make_fixture("tiny", quant)
-    model = load_model(path)
-    tokens = _prompt(model, PROMPT_LEN + N_GEN, seed=5)
-    ours, _, _ = forward(model, SeqState.fresh(model.config), tokens)
-    theirs = llama_trace(path, tokens, [])["logits"]
-    top2 = np.sort(theirs, axis=-1)[:, -2:]
-    margin = (top2[:, 1] - top2[:, 0]) / np.abs(theirs).max(axis=-1)
-    clear = margin > CLEAR_MARGIN
-    assert clear.sum() >= len(tokens) // 3, "too few positions with a clear llama.cpp argmax to test anything"
-    assert np.array_equal(np.argmax(ours, -1)[clear], np.argmax(theirs, -1)[clear])
-
-
 TRACE_NAMES = [
     "attn_norm-0", "linear_attn_qkv_mixed-0", "z-0", "conv_output_silu-0", "final_output-0", "linear_attn_out-0",
     "attn_residual-0", "attn_post_norm-0", "ffn_moe_logits-0", "ffn_moe_out-0", "ffn_shexp-0", "ffn_out-0", "l_out-0",
@@ -227,23 +103,120 @@ TRACE_NAMES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def pair(make_fixture):
+    """mix -> conformance.TrunkRun: refimpl's greedy run (emulated for a quantized mix) and llama.cpp's
+    trace of the same tokens, made once per module."""
+    cache = {}
+
+    def get(mix) -> conformance.TrunkRun:
+        if mix not in cache:
+            require_llama_cpp()
+            path = make_fixture("tiny", mix)
+            model = load_model(path)
+            extra = TRACE_NAMES + [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
+            ctx = Ctx(act_quant=mix != "f32")
+            cache[mix] = conformance.TrunkRun.make(model, path, ctx, _prompt(model), conformance.N_GEN, extra)
+        return cache[mix]
+
+    return get
+
+
 @pytest.mark.oracle
-def test_layer_by_layer_trace_matches_llama_cpp(make_fixture):
+def test_f32_logits_and_greedy_match_llama_cpp(pair):
+    p = pair("f32")
+    err = p.logit_error()
+    assert err.max() <= 1e-4, f"max relative logit error {err.max():.3g} at position {int(err.argmax())}"
+    assert len(p.greedy_steps_differing()) == 0, f"greedy streams differ at step {p.greedy_steps_differing()[0]}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("quant", [m for m in MIXES if m != "f32"])
+def test_quantized_logits_at_float_noise_until_a_crossing_and_greedy_identical(pair, quant):
+    """With emulation on, every position is at float noise unless an activation-quantization
+    crossing (or a routing flip on a float-noise tie) happened at or before it — the test finds it —
+    and the greedy streams agree except at a step after one."""
+    pair(quant).assert_end_to_end(quant)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("quant", MIXES)
+def test_every_layer_from_llama_cpp_own_inputs_is_at_float_noise(pair, quant):
+    """Layer-local: each layer fed llama.cpp's own input (l_out of the layer before) and every
+    rounding site inside it llama.cpp's own float input — no crossing can happen — gives every
+    site's input, every layer's output and the logits at float noise at every position; fed only
+    its input (its recurrent / K/V state built from it), each layer's output is at float noise but
+    at and after a crossing inside that layer."""
+    p = pair(quant)
+    conformance.assert_layer_local(p.forward, p.block(), p.theirs, quant)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("quant", MIXES)
+def test_each_emulated_matmul_reproduces_llama_cpp_from_its_own_input(pair, quant):
+    import kernels
+
+    p = pair(quant)
+    for out_name, in_name, where in MATMULS:
+        W = p.model.weights
+        for step in where:
+            W = W[step] if isinstance(step, int) else getattr(W, step)
+        theirs_out = p.theirs["logits"] if out_name == "result_output" else p.theirs[out_name]
+        y = kernels.matmul(W.raw, W.qtype, p.theirs[in_name].astype(np.float32), act_quant=True)
+        rel = conformance.rel_rows(y, theirs_out).max()
+        assert rel <= conformance.NOISE, f"{quant} {out_name} ({W.qtype.name}): relative error {rel:.3g}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("quant", [m for m in MIXES if m not in ("f32", "bf16", "q8_0")])
+def test_each_emulated_expert_matmul_reproduces_llama_cpp_from_its_own_input(pair, quant):
+    """The routed experts (mul_mat_id: where the IQ/TQ/MXFP4 types live), fed llama.cpp's own input
+    rows, for the experts llama.cpp selected (top K of its ffn_moe_probs; rows (K, F) per token)."""
+    import kernels
+
+    p = pair(quant)
+    experts, K = p.model.weights.layers[0].ffn.experts, p.model.config.n_expert_used
+    selected = np.argsort(-p.theirs["ffn_moe_probs-0"], axis=-1, kind="stable")[:8, :K]  # [8, K]: the first 8 tokens
+    for out_name, in_name, method in EXPERT_MATMULS:
+        for t, sel in enumerate(selected):
+            row = p.theirs[in_name][t].astype(np.float32)
+            x = row.reshape(K, -1) if method == "down" else np.broadcast_to(row, (K, row.size))  # per expert k
+            ref = p.theirs[out_name][t].reshape(K, -1)
+            for k, e in enumerate(sel):
+                W = getattr(experts, method)(int(e))
+                y = kernels.matmul(W.raw, W.qtype, np.ascontiguousarray(x[k]), act_quant=True)
+                rel = np.abs(y - ref[k]).max() / np.abs(ref[k]).max()
+                assert rel <= conformance.NOISE, f"{quant} {out_name} expert {e} ({W.qtype.name}), token {t}: {rel:.3g}"
+
+
+# Without emulation the dominant difference from llama.cpp is the activation quantization itself
+# (~1 % relative), amplified by MoE routing near-ties. Where the choice is clear — the emulation's
+# top-2 margin (llama.cpp's up to crossings, the tests above) exceeds 5 % of max |logit| — refimpl
+# without emulation picks the same token. The comparison is with the emulation, not with llama.cpp's
+# own logits, so the verdict is the same on every CPU. Not for the 1–3-bit IQ/TQ mixes: there the
+# activation rounding alone re-routes enough tokens to move logits by up to 27 % of max |logit| and
+# flip choices with margins up to 18 % (iq1_m) — use the emulation with such files.
+CLEAR_MARGIN = 0.05
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("quant", ["bf16", "q8_0", "q4_k_m", "mxfp4"])
+def test_quantized_argmax_without_emulation_agrees_where_the_choice_is_clear(pair, quant):
+    p = pair(quant)
+    emulated = p.ours["result_output"]
+    plain, _, _ = forward(p.model, SeqState.fresh(p.model.config), p.tokens)
+    top2 = np.sort(emulated, axis=-1)[:, -2:]
+    margin = (top2[:, 1] - top2[:, 0]) / np.abs(emulated).max(axis=-1)
+    clear = margin > CLEAR_MARGIN
+    assert clear.sum() >= len(p.tokens) // 3, "too few positions with a clear argmax to test anything"
+    assert np.array_equal(np.argmax(plain, -1)[clear], np.argmax(emulated, -1)[clear])
+
+
+@pytest.mark.oracle
+def test_layer_by_layer_trace_matches_llama_cpp(pair):
     """Every named intermediate of a f32 fixture equals llama.cpp's eval-callback value (1e-4 rel)."""
-    require_llama_cpp()
-    from llama_trace import llama_trace
-
-    from refimpl.trace import Recorder
-
-    path = make_fixture("tiny", "f32")
-    model = load_model(path)
-    tokens = _prompt(model, 12, seed=7)
-    rec = Recorder(set(TRACE_NAMES))
-    forward(model, SeqState.fresh(model.config), tokens, Ctx(trace=rec))
-    ours = rec.arrays()
-    theirs = llama_trace(path, tokens, TRACE_NAMES)
+    p = pair("f32")
     for name in TRACE_NAMES:
-        assert name in theirs, f"llama.cpp did not produce {name}"
-        a, b = ours[name], theirs[name].reshape(ours[name].shape)
-        rel = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
+        assert name in p.theirs, f"llama.cpp did not produce {name}"
+        rel = conformance.rel_rows(p.ours[name], p.theirs[name]).max()
         assert rel <= 1e-4, f"{name}: relative error {rel:.3g}"

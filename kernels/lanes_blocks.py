@@ -123,10 +123,27 @@ def _emit_q5_1(e: _Emit):
     yield from _nibbles(e, e.dwords(8, 4), lambda high, q, j: e.fma32(d, e.i2f(e.b.or_(q, _fifth_bit(e, qh, j + 16 * high))), m))
 
 
+def _table_nibbles(e: _Emit, dws, name: str, values, scale):
+    """``_nibbles`` for a 16-entry table of small integers: the values ``scale * float32(values[nibble])``.
+    On x86 (AVX2, AVX-512) every byte's two nibbles are looked up at once (``byte_table16``: one
+    ``vpshufb`` per four values), then each value is the signed byte converted; the generic twin looks
+    each nibble up on its own (``lookup16``). The same float32 table values either way."""
+    b = e.b
+    if e.isa == ISA_GENERIC:
+        yield from _nibbles(e, dws, lambda high, q, j: b.fmul(scale, e.lookup16(name, values, q)))
+        return
+    nib = e.const(0x0F0F0F0F)
+    for high in (0, 1):
+        for j4, dw in enumerate(dws):
+            looked_up = e.byte_table16(values, b.and_(b.lshr(dw, e.const(4)) if high else dw, nib))
+            for k in range(4):
+                yield 16 * high + 4 * j4 + k, b.fmul(scale, e.i2f(e.sbyte(looked_up, k)))
+
+
 def _emit_iq4_nl(e: _Emit):
-    """``_deq_iq4_nl``: w = d * KV[nibble] (``lookup16`` of the IQ4_NL table); d at 0, qs at 2."""
+    """``_deq_iq4_nl``: w = d * KV[nibble] (the IQ4_NL table, ``_table_nibbles``); d at 0, qs at 2."""
     d = e.f16(e.dwords(0)[0], high=False)
-    yield from _nibbles(e, e.dwords(2, 4), lambda high, q, j: e.b.fmul(d, e.lookup16("iq4nl_values", IQ4NL_VALUES, q)))
+    yield from _table_nibbles(e, e.dwords(2, 4), "iq4nl_values", IQ4NL_VALUES, d)
 
 
 def _emit_mxfp4(e: _Emit):
@@ -134,19 +151,21 @@ def _emit_mxfp4(e: _Emit):
     d = E8M0_HALF[e] for the exponent byte e at 0: the float32 bits ``(e − 1) << 23``, or
     ``0x00200000 << e`` for e < 2 (a denormal), as ``floats.E8M0_HALF``.
 
-    K = MXFP4_VALUES (0, 1, 2, 3, 4, 6, 8, 12, then the negatives): ``lookup16`` on x86 (one or two
-    ``vpermps``), the arithmetic ``_mxfp4_value`` in generic IR."""
+    K = MXFP4_VALUES (0, 1, 2, 3, 4, 6, 8, 12, then the negatives): on x86 ``_table_nibbles`` (one
+    ``vpshufb`` per four values), in generic IR the arithmetic ``_mxfp4_value``."""
     b = e.b
     ex = e.byte(e.dwords(0)[0], 0)
     d_bits = b.select(b.icmp_unsigned("<", ex, e.const(2)), b.shl(e.const(0x00200000), ex),
                       b.shl(b.sub(ex, e.const(1)), e.const(23)))
     d = b.bitcast(d_bits, e.vec(_f32))
-    value = _mxfp4_value if e.isa == ISA_GENERIC else (lambda e, code: e.lookup16("mxfp4_values", MXFP4_VALUES, code))
     dws = e.dwords(1, 4)
+    if e.isa != ISA_GENERIC:
+        yield from _table_nibbles(e, dws, "mxfp4_values", MXFP4_VALUES, d)
+        return
     for high in (0, 1):
         for j4 in range(4):
             for k in range(4):
-                yield 16 * high + 4 * j4 + k, b.fmul(d, value(e, e.bits(dws[j4], 8 * k + 4 * high, 4)))
+                yield 16 * high + 4 * j4 + k, b.fmul(d, _mxfp4_value(e, e.bits(dws[j4], 8 * k + 4 * high, 4)))
 
 
 def _mxfp4_value(e: _Emit, code):
@@ -255,6 +274,21 @@ def _k_factors(e: _Emit):
     return e.table(factors)
 
 
+def _in_place_nibble(e: _Emit, dw, shift: int):
+    """The nibble at bit ``shift`` of each dword, left in place: ``q · 2^shift`` (one ``and``), or for the
+    top nibble ``q`` itself (one shift: in place it would be the sign bit). With ``_in_place_scale``'s
+    scale the product is the same exact ``scale · q``."""
+    return e.b.lshr(dw, e.const(28)) if shift == 28 else e.b.and_(dw, e.const(15 << shift))
+
+
+def _in_place_scale(e: _Emit, scale, shift: int):
+    """``scale · 2^−shift`` for ``_in_place_nibble`` (exact: a power of two, and the K-quant scales
+    d·sc ≥ 2^−24 or 0 stay far above float32's smallest normal, 2^−126, for shift ≤ 24)."""
+    if shift in (0, 28):
+        return scale
+    return e.b.fmul(scale, e.const(2.0 ** -shift, _f32))
+
+
 def _emit_q4_k(e: _Emit):
     """``_deq_q4_k``: d, dmin f16 at bytes 0, 2; twelve scale bytes at 4 packing 6-bit (sc, m) for
     the 8 sub-blocks (``k_scale_min``); for c = 0..3, l = 0..31 with byte = qs[32c + l] (qs at 16):
@@ -265,13 +299,15 @@ def _emit_q4_k(e: _Emit):
     table = _k_factors(e)
 
     def chunk(e, c):  # c = 0..3: values 64c … 64c+63
-        dws = e.dwords(16, 8, dyn=b.mul(c, e.const64(32)))
         for high in (0, 1):
             sub = b.add(b.mul(c, e.const64(4)), e.const64(2 * high))
             dsc, neg_dmm = e.pick(table, sub), e.pick(table, b.add(sub, e.const64(1)))
+            scaled = [_in_place_scale(e, dsc, 8 * k + 4 * high) for k in range(4)]
             for j4 in range(8):
+                dw = e.dwords(16 + 4 * j4, dyn=b.mul(c, e.const64(32)))[0]  # read where used (fewer live registers)
                 for k in range(4):
-                    yield 32 * high + 4 * j4 + k, e.fma32(dsc, e.i2f(e.bits(dws[j4], 8 * k + 4 * high, 4)), neg_dmm)
+                    q = _in_place_nibble(e, dw, 8 * k + 4 * high)
+                    yield 32 * high + 4 * j4 + k, e.fma32(scaled[k], e.i2f(q), neg_dmm)
 
     yield _Loop(4, 64, chunk)
 
@@ -393,9 +429,7 @@ def _emit_iq4_xs(e: _Emit):
     table = e.table(dl)
 
     def sub_block(e, s):
-        scale = e.pick(table, s)
-        yield from _nibbles(e, e.dwords(8, 4, dyn=b.mul(s, e.const64(16))),
-                            lambda high, q, j: b.fmul(scale, e.lookup16("iq4nl_values", IQ4NL_VALUES, q)))
+        yield from _table_nibbles(e, e.dwords(8, 4, dyn=b.mul(s, e.const64(16))), "iq4nl_values", IQ4NL_VALUES, e.pick(table, s))
 
     yield _Loop(8, 32, sub_block)
 

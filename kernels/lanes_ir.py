@@ -7,9 +7,10 @@ Why IR, and what the kernels compute: the docstring of :mod:`kernels.lanes`.
 Instruction-set levels (``isa``, a compile-time literal of every lane kernel, so numba caches each
 level's code apart). ``ISA_GENERIC`` emits target-independent IR only (``llvm.masked.gather``,
 ``llvm.fma``, plain vector arithmetic): correct on every CPU LLVM targets (ARM64 NEON included),
-vectors of 8 lanes. ``ISA_AVX2`` adds one x86 intrinsic, ``vpermps`` (8-entry float table lookups:
-MXFP4's and IQ4's value tables), vectors of 8 lanes (16 ymm registers: 8 float64 lanes are 2 ymm).
-``ISA_AVX512`` uses 16-lane vectors (32 zmm registers), the 16-entry ``vpermps`` and ``vcvtqq2pd``.
+vectors of 8 lanes. ``ISA_AVX2`` adds one x86 intrinsic, ``vpshufb`` (16-entry byte tables: MXFP4's
+and IQ4's values, four per lane at once), vectors of 8 lanes (16 ymm registers: 8 float64 lanes are
+2 ymm). ``ISA_AVX512`` uses 16-lane vectors (32 zmm registers), the 512-bit ``vpshufb`` and
+``vcvtqq2pd``.
 The level is the best the numba target has (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``, else the
 host), capped by ``flags.KERNEL_ISA``; every level gives the same bits (tests/test_kernels_lanes.py
 compares each level the host can run with ``ISA_GENERIC``).
@@ -242,23 +243,23 @@ class _Emit:
         return self._gather(b.inttoptr(ptrs, ir.VectorType(_i32.as_pointer(), self.n)), _i32)
 
     def lookup16(self, name: str, values, code):
-        """<lanes x float> ``values[code]`` for a 16-entry float table and 4-bit codes: one ``vpermps``
-        of 16 entries (AVX-512), two of 8 and a select on bit 3 (AVX2), or a gather from a constant
-        table (generic). All three load the same float32 values."""
-        b = self.b
-        table = [float(v) for v in values]
-        if self.isa == ISA_AVX512 and self.n == 16:
-            fnty = ir.FunctionType(self.vec(_f32), [self.vec(_f32), self.vec(_i32)])
-            fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.permvar.sf.512")
-            return b.call(fn, [ir.Constant(self.vec(_f32), table), code])
-        if self.isa >= ISA_AVX2 and self.n == 8:
-            fnty = ir.FunctionType(self.vec(_f32), [self.vec(_f32), self.vec(_i32)])
-            fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx2.permps")
-            low = b.call(fn, [ir.Constant(self.vec(_f32), table[:8]), code])
-            high = b.call(fn, [ir.Constant(self.vec(_f32), table[8:]), code])
-            return b.select(b.icmp_unsigned("!=", b.and_(code, self.const(8)), self.const(0)), high, low)
+        """<lanes x float> ``values[code]`` for a 16-entry float table and 4-bit codes, in generic IR: a
+        gather from a constant table (the x86 levels look four values up at once: ``byte_table16``)."""
         words = np.array(values, dtype=np.float32).view(np.uint32)
-        return b.bitcast(self.table_words(name, words, code), self.vec(_f32))
+        return self.b.bitcast(self.table_words(name, words, code), self.vec(_f32))
+
+    def byte_table16(self, values, nibbles):
+        """<lanes x i32> whose every byte is ``values[n]`` (an int8 table of 16) for the byte ``n`` (0..15)
+        at the same place in ``nibbles``: one ``vpshufb`` for four bytes per lane (x86: AVX2, or
+        AVX-512BW for 16 lanes; the callers' generic twin looks the values up one at a time)."""
+        b = self.b
+        nbytes = 4 * self.n
+        vt = ir.VectorType(_i8, nbytes)
+        assert self.isa >= ISA_AVX2 and nbytes in (32, 64)
+        name = "llvm.x86.avx512.pshuf.b.512" if nbytes == 64 else "llvm.x86.avx2.pshuf.b"
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt]), name)
+        table = ir.Constant(vt, [int(v) for v in values] * (nbytes // 16))
+        return b.bitcast(b.call(fn, [table, b.bitcast(nibbles, vt)]), self.vec(_i32))
 
 
 class _PackedEmit(_Emit):

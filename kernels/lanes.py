@@ -163,77 +163,90 @@ def _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf):
     _store(acc, out, g)
 
 
-def _variant(isa: int) -> str:
-    return "" if isa == ISA else ISA_NAMES[isa]
+def _variant(isa: int, wide: bool) -> str:
+    """The kernel-name suffix: ``wide`` for the wide path, the level's name when it is not the default."""
+    return "_".join(([] if isa == ISA else [ISA_NAMES[isa]]) + (["wide"] if wide else []))
 
 
-@jit()
-def _scratch(T):
-    """(acc, buf) for a group: [MAX_T, LANES] and an unused buffer (T ≤ MAX_T), or [T, LANES] and [SPAN, LANES]."""
-    return (np.empty((max(T, MAX_T), LANES), dtype=np.float64),
-            np.empty((SPAN if T > MAX_T else 1, LANES), dtype=np.float64))
+# The top-level kernels ``kernel(w, x64, out, block)``: out[t, n] for the rows of every whole group.
+# The narrow (T ≤ MAX_T) and wide (T > MAX_T) paths are separate kernels (a model compiles the wide
+# ones at its first prompt; one function holding both ran the narrow path ~20 % slower).
 
 
 @per_type
-def _matmul_lanes(kind, isa=ISA):
-    @jit(parallel=True, kind=kind, variant=_variant(isa))
-    def _matmul_lanes(w, x64, out, block):
-        """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
-        T = x64.shape[0]
-        for g in prange(w.shape[0] // LANES):
-            acc, buf = _scratch(T)
-            if T <= MAX_T:
-                _narrow_group(kind, isa, w, np.int64(g), x64, out, block, acc)
-            else:
-                _wide_group(kind, isa, w, np.int64(g), x64, out, block, acc, buf)
+def _matmul_lanes(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes(w, x64, out, block):
+            """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w``, T > MAX_T."""
+            for g in prange(w.shape[0] // LANES):
+                _wide_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
+                            np.empty((SPAN, LANES), dtype=np.float64))
+    else:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes(w, x64, out, block):
+            """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
+            for g in prange(w.shape[0] // LANES):
+                _narrow_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
 
     return _matmul_lanes
 
 
 @per_type
-def _matmul_lanes_serial(kind, isa=ISA):
-    @jit(kind=kind, variant=_variant(isa))
-    def _matmul_lanes_serial(w, x64, out, block):
-        """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
-        T = x64.shape[0]
-        acc, buf = _scratch(T)
-        for g in range(w.shape[0] // LANES):
-            if T <= MAX_T:
-                _narrow_group(kind, isa, w, g, x64, out, block, acc)
-            else:
+def _matmul_lanes_serial(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes_serial(w, x64, out, block):
+            """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``), T > MAX_T."""
+            acc, buf = np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64)
+            for g in range(w.shape[0] // LANES):
                 _wide_group(kind, isa, w, g, x64, out, block, acc, buf)
+    else:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes_serial(w, x64, out, block):
+            """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+            acc = np.empty((MAX_T, LANES), dtype=np.float64)
+            for g in range(w.shape[0] // LANES):
+                _narrow_group(kind, isa, w, g, x64, out, block, acc)
 
     return _matmul_lanes_serial
 
 
 @per_type
-def _matmul_packed(kind, isa=ISA):
-    @jit(parallel=True, kind=kind, variant=_variant(isa))
-    def _matmul_packed(p, x64, out, block):
-        """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
-        T = x64.shape[0]
-        for g in prange(p.shape[0]):
-            acc, buf = _scratch(T)
-            if T <= MAX_T:
-                _narrow_group_packed(kind, isa, p, np.int64(g), x64, out, acc)
-            else:
-                _wide_group_packed(kind, isa, p, np.int64(g), x64, out, block, acc, buf)
+def _matmul_packed(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed(p, x64, out, block):
+            """``_matmul_lanes`` over packed words, T > MAX_T."""
+            for g in prange(p.shape[0]):
+                _wide_group_packed(kind, isa, p, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
+                                   np.empty((SPAN, LANES), dtype=np.float64))
+    else:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed(p, x64, out, block):
+            """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
+            for g in prange(p.shape[0]):
+                _narrow_group_packed(kind, isa, p, np.int64(g), x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
 
     return _matmul_packed
 
 
 @per_type
-def _matmul_packed_serial(kind, isa=ISA):
-    @jit(kind=kind, variant=_variant(isa))
-    def _matmul_packed_serial(p, x64, out, block):
-        """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
-        T = x64.shape[0]
-        acc, buf = _scratch(T)
-        for g in range(p.shape[0]):
-            if T <= MAX_T:
-                _narrow_group_packed(kind, isa, p, g, x64, out, acc)
-            else:
+def _matmul_packed_serial(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed_serial(p, x64, out, block):
+            """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``), T > MAX_T."""
+            acc, buf = np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64)
+            for g in range(p.shape[0]):
                 _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf)
+    else:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed_serial(p, x64, out, block):
+            """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+            acc = np.empty((MAX_T, LANES), dtype=np.float64)
+            for g in range(p.shape[0]):
+                _narrow_group_packed(kind, isa, p, g, x64, out, acc)
 
     return _matmul_packed_serial
 
@@ -387,7 +400,7 @@ def matmul_packed(p: PackedRows, x64: np.ndarray, out: np.ndarray, isa: int = IS
     """``matmul_lanes`` for a packed matrix: fill ``out[:, :n]``, n = LANES·groups; return n."""
     n = p.words.shape[0] * LANES
     kernel = _matmul_packed_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_packed
-    kernel(p.qtype, isa)(p.words, x64, out, BLOCK[int(p.qtype)])
+    kernel(p.qtype, isa, x64.shape[0] > MAX_T)(p.words, x64, out, BLOCK[int(p.qtype)])
     return n
 
 
@@ -403,9 +416,11 @@ def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray, i
     n = w_bytes.shape[0] // LANES * LANES
     if x64.shape[1] % BLOCK[kind]:  # F32/F16/BF16 rows whose length is not a multiple of 16
         return 0
+    if w_bytes.strides[0] * LANES >= 1 << 31:  # the gathers address a group's rows with int32 offsets
+        return 0
     if n:
         kernel = _matmul_lanes_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_lanes
-        kernel(kind, isa)(w_bytes, x64, out, BLOCK[kind])
+        kernel(kind, isa, x64.shape[0] > MAX_T)(w_bytes, x64, out, BLOCK[kind])
     return n
 
 

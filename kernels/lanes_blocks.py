@@ -125,12 +125,20 @@ def _emit_q5_1(e: _Emit):
 
 def _table_nibbles(e: _Emit, dws, name: str, values, scale):
     """``_nibbles`` for a 16-entry table of small integers: the values ``scale * float32(values[nibble])``.
-    On x86 (AVX2, AVX-512) every byte's two nibbles are looked up at once (``byte_table16``: one
-    ``vpshufb`` per four values), then each value is the signed byte converted; the generic twin looks
-    each nibble up on its own (``lookup16``). The same float32 table values either way."""
+    At AVX-512 each nibble is looked up with one ``vpermps`` (``lookup16``); at AVX2 every byte's two
+    nibbles are looked up at once (``byte_table16``: one ``vpshufb`` per four values), then each value
+    is the signed byte converted; the generic twin gathers each from a table (``lookup16``). The same
+    float32 table values every way."""
     b = e.b
     if e.isa == ISA_GENERIC:
         yield from _nibbles(e, dws, lambda high, q, j: b.fmul(scale, e.lookup16(name, values, q)))
+        return
+    if e.isa == ISA_AVX512:  # vpermps reads the low 4 bits of each index: a shift, no mask
+        for high in (0, 1):
+            for j4, dw in enumerate(dws):
+                for k in range(4):
+                    shift = 8 * k + 4 * high
+                    yield 16 * high + 4 * j4 + k, b.fmul(scale, e.lookup16(name, values, b.lshr(dw, e.const(shift)) if shift else dw))
         return
     nib = e.const(0x0F0F0F0F)
     for high in (0, 1):
@@ -151,8 +159,8 @@ def _emit_mxfp4(e: _Emit):
     d = E8M0_HALF[e] for the exponent byte e at 0: the float32 bits ``(e − 1) << 23``, or
     ``0x00200000 << e`` for e < 2 (a denormal), as ``floats.E8M0_HALF``.
 
-    K = MXFP4_VALUES (0, 1, 2, 3, 4, 6, 8, 12, then the negatives): on x86 ``_table_nibbles`` (one
-    ``vpshufb`` per four values), in generic IR the arithmetic ``_mxfp4_value``."""
+    K = MXFP4_VALUES (0, 1, 2, 3, 4, 6, 8, 12, then the negatives): on x86 ``_table_nibbles``, in
+    generic IR the arithmetic ``_mxfp4_value``."""
     b = e.b
     ex = e.byte(e.dwords(0)[0], 0)
     d_bits = b.select(b.icmp_unsigned("<", ex, e.const(2)), b.shl(e.const(0x00200000), ex),

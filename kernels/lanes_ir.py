@@ -128,11 +128,11 @@ _f16, _f32, _f64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 
 class _Emit:
     """Helpers that emit IR for one block of ``n`` rows (lanes ``lane0 … lane0 + n − 1`` of a group;
-    ``b``: the IR builder; ``row_ptrs``: <n x i64>, the address of this block's first byte in each
-    row; ``isa``: the instruction-set level)."""
+    ``b``: the IR builder; ``base`` (IR i64) + ``offsets`` (<n x i32>): the address of this block's
+    first byte in each row; ``isa``: the instruction-set level)."""
 
-    def __init__(self, b, n: int, isa: int, row_ptrs=None):
-        self.b, self.n, self.isa, self.row_ptrs = b, n, isa, row_ptrs
+    def __init__(self, b, n: int, isa: int, base=None, offsets=None):
+        self.b, self.n, self.isa, self.base, self.offsets = b, n, isa, base, offsets
 
     def vec(self, t):
         return ir.VectorType(t, self.n)
@@ -147,22 +147,29 @@ class _Emit:
         v = self.b.insert_element(ir.Constant(self.vec(t), ir.Undefined), x, ir.Constant(_i32, 0))
         return self.b.shuffle_vector(v, ir.Constant(self.vec(t), ir.Undefined), ir.Constant(self.vec(_i32), [0] * self.n))
 
-    def _gather(self, ptrs, t):
-        """<n x t> loaded from the <n x t*> ``ptrs`` (``llvm.masked.gather``, alignment 1)."""
+    def gather32(self, base, offsets):
+        """<lanes x i32>: the 4-byte words at byte ``base`` (an IR i64 address) + ``offsets`` (<lanes x i32>)
+        of each lane. ``llvm.masked.gather``; at ``ISA_AVX2`` the x86 ``vpgatherdd`` itself, since LLVM
+        turns a generic gather into scalar loads for CPUs whose gathers it deems slow (Haswell, AMD Zen),
+        where the instruction still measured faster than the scalar loads."""
         b, n = self.b, self.n
-        suffix = {_i32: "i32", _f32: "f32", _i64: "i64"}[t]
-        fnty = ir.FunctionType(self.vec(t), [ptrs.type, _i32, self.vec(_i1), self.vec(t)])
-        gather = cgutils.get_or_insert_function(b.module, fnty, f"llvm.masked.gather.v{n}{suffix}.v{n}p0")
-        return b.call(gather, [ptrs, ir.Constant(_i32, 1), ir.Constant(self.vec(_i1), [1] * n), ir.Constant(self.vec(t), ir.Undefined)])
+        if self.isa == ISA_AVX2 and n == 8:
+            fnty = ir.FunctionType(self.vec(_i32), [self.vec(_i32), _i8.as_pointer(), self.vec(_i32), self.vec(_i32), _i8])
+            fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx2.gather.d.d.256")
+            return b.call(fn, [ir.Constant(self.vec(_i32), ir.Undefined), b.inttoptr(base, _i8.as_pointer()), offsets,
+                               self.const(-1), ir.Constant(_i8, 1)])
+        ptrs = b.inttoptr(b.add(self.splat(base, _i64), b.sext(offsets, self.vec(_i64))), ir.VectorType(_i32.as_pointer(), n))
+        fnty = ir.FunctionType(self.vec(_i32), [ptrs.type, _i32, self.vec(_i1), self.vec(_i32)])
+        gather = cgutils.get_or_insert_function(b.module, fnty, f"llvm.masked.gather.v{n}i32.v{n}p0")
+        return b.call(gather, [ptrs, ir.Constant(_i32, 1), ir.Constant(self.vec(_i1), [1] * n), ir.Constant(self.vec(_i32), ir.Undefined)])
 
     def dwords(self, offset: int, n: int = 1, dyn=None) -> list:
         """n × <lanes x i32>: the little-endian 4-byte words at ``offset``, ``offset + 4``, … in this
         block of every row (one gather each: one 32-bit load per lane); ``dyn`` (an IR i64, a
         multiple of 4) is added to the offset at run time (inside a ``_Loop``)."""
         b = self.b
-        ptr_t = ir.VectorType(_i32.as_pointer(), self.n)
-        rows = self.row_ptrs if dyn is None else b.add(self.row_ptrs, self.splat(dyn, _i64))
-        return [self._gather(b.inttoptr(b.add(rows, self.const(o, _i64)), ptr_t), _i32) for o in range(offset, offset + 4 * n, 4)]
+        base = self.base if dyn is None else b.add(self.base, dyn)
+        return [self.gather32(b.add(base, ir.Constant(_i64, o)), self.offsets) for o in range(offset, offset + 4 * n, 4)]
 
     def table(self, values: list):
         """Spill ``values`` (vectors of one type) to a stack table, for ``pick`` inside a ``_Loop``."""
@@ -238,15 +245,19 @@ class _Emit:
     def table_words(self, name: str, words: np.ndarray, index):
         """<lanes x i32>: ``words[index]`` per lane (a gather from the constant table ``name``)."""
         b = self.b
-        base = b.ptrtoint(self.global_words(name, words), _i64)
-        ptrs = b.add(self.splat(base, _i64), b.shl(b.zext(index, self.vec(_i64)), self.const(2, _i64)))
-        return self._gather(b.inttoptr(ptrs, ir.VectorType(_i32.as_pointer(), self.n)), _i32)
+        return self.gather32(b.ptrtoint(self.global_words(name, words), _i64), b.shl(index, self.const(2)))
 
     def lookup16(self, name: str, values, code):
-        """<lanes x float> ``values[code]`` for a 16-entry float table and 4-bit codes, in generic IR: a
-        gather from a constant table (the x86 levels look four values up at once: ``byte_table16``)."""
+        """<lanes x float> ``values[code & 15]`` for a 16-entry float table: one ``vpermps`` of 16 entries
+        at ``ISA_AVX512`` (it reads the low 4 bits of ``code`` only), else a gather from a constant table
+        (``code`` must then be < 16; AVX2 looks four values up at once instead: ``byte_table16``)."""
+        b = self.b
+        if self.isa == ISA_AVX512 and self.n == 16:
+            fnty = ir.FunctionType(self.vec(_f32), [self.vec(_f32), self.vec(_i32)])
+            fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.permvar.sf.512")
+            return b.call(fn, [ir.Constant(self.vec(_f32), [float(v) for v in values]), code])
         words = np.array(values, dtype=np.float32).view(np.uint32)
-        return self.b.bitcast(self.table_words(name, words, code), self.vec(_f32))
+        return b.bitcast(self.table_words(name, words, code), self.vec(_f32))
 
     def byte_table16(self, values, nibbles):
         """<lanes x i32> whose every byte is ``values[n]`` (an int8 table of 16) for the byte ``n`` (0..15)
@@ -426,7 +437,7 @@ def _block_kernel(name: str, emitters: dict, packed: bool = False, decode: bool 
                 group_block = b.gep(b.bitcast(w_a.data, _i32.as_pointer()), [first])
                 block_bytes = 4 * n_slots * LANES
                 _prefetch(b, group_block, -(-PREFETCH_BYTES // block_bytes) * block_bytes, block_bytes)
-            else:  # the address of this block in row row0
+            else:  # the address of this block in row row0 (lane i: + i·row_stride)
                 row_stride = b.extract_value(w_a.strides, 0)
                 first = b.add(b.ptrtoint(w_a.data, _i64), b.add(b.mul(row0_v, row_stride), b.mul(blk_v, ir.Constant(_i64, type_size))))
             if decode:
@@ -440,9 +451,9 @@ def _block_kernel(name: str, emitters: dict, packed: bool = False, decode: bool 
                 if packed:
                     e = _PackedEmit(b, n, level, group_block, lane0, slots)
                 else:
-                    e = _Emit(b, n, level)
-                    lane = b.add(e.splat(lane0, _i64), ir.Constant(e.vec(_i64), list(range(n))))
-                    e.row_ptrs = b.add(e.splat(first, _i64), b.mul(lane, e.splat(row_stride, _i64)))
+                    e = _Emit(b, n, level, base=first)
+                    lane = b.add(e.splat(b.trunc(lane0, _i32), _i32), ir.Constant(e.vec(_i32), list(range(n))))
+                    e.offsets = b.mul(lane, e.splat(b.trunc(row_stride, _i32), _i32))  # < 2^31: lanes.matmul_lanes
                 vptr = e.vec(_f64).as_pointer()
 
                 if decode:

@@ -133,10 +133,10 @@ def test_isa_variants_are_named_and_cached_apart():
     the level is a value its closure captures)."""
     if ISA == 0:
         pytest.skip("the default level is the generic one")
-    generic = lanes._matmul_lanes_serial(QT.Q8_0, 0)
+    generic = lanes._matmul_lanes_serial(QT.Q8_0, 0, False)
     assert generic.py_func.__name__ == "matmul_lanes_serial_q8_0_generic"
-    assert lanes._matmul_lanes_serial(QT.Q8_0, ISA).py_func.__name__ == "matmul_lanes_serial_q8_0"
-    assert generic is not lanes._matmul_lanes_serial(QT.Q8_0, ISA)
+    assert lanes._matmul_lanes_serial(QT.Q8_0, ISA, False).py_func.__name__ == "matmul_lanes_serial_q8_0"
+    assert generic is not lanes._matmul_lanes_serial(QT.Q8_0, ISA, False)
     assert 0 in [c.cell_contents for c in generic.py_func.__closure__ if isinstance(c.cell_contents, int)]
 
 

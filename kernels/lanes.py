@@ -48,10 +48,11 @@ from .dequant import MXFP4_VALUES
 from .flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
 from .floats import F16_TABLE
 from .lanes_blocks import _block, _decode, _decode_packed, _packed
-from .lanes_ir import _Q6_K, BLOCK, CODE_SLOTS, ISA, ISA_NAMES, LANE_TYPES, LANES, MAX_T, SLOTS, SPAN, TYPE_SIZE, fma_cols
+from .lanes_ir import (_Q6_K, BLOCK, CODE_SLOTS, ISA, ISA_AVX512, ISA_NAMES, LANE_TYPES, LANES, MAX_T, SLOTS, SPAN, TYPE_SIZE,
+                       WIDE_FROM, fma_cols)
 
 # --------------------------------------------------------------------------------------------
-# The drivers: prange over groups of LANES rows; activation rows MAX_T at a time, or (T > MAX_T,
+# The drivers: prange over groups of LANES rows; activation rows MAX_T at a time, or (T ≥ WIDE_FROM,
 # the wide path) every block decoded once into a float64 buffer and accumulated for all T rows
 
 
@@ -65,9 +66,7 @@ def _group(kind, isa, w, row0, n_blocks, acc, x, nt):
             _block(kind, isa, acc, w, row0, blk, x, 1)
         elif nt == 2:
             _block(kind, isa, acc, w, row0, blk, x, 2)
-        elif nt == 3:
-            _block(kind, isa, acc, w, row0, blk, x, 3)
-        else:
+        else:  # 4 (3 rows come padded to 4: matmul_lanes)
             _block(kind, isa, acc, w, row0, blk, x, 4)
 
 
@@ -80,9 +79,7 @@ def _group_packed(kind, isa, p, grp, acc, x, nt):
             _packed(kind, isa, acc, p, grp, blk, x, 1)
         elif nt == 2:
             _packed(kind, isa, acc, p, grp, blk, x, 2)
-        elif nt == 3:
-            _packed(kind, isa, acc, p, grp, blk, x, 3)
-        else:
+        else:  # 4 (3 rows come padded to 4: matmul_lanes)
             _packed(kind, isa, acc, p, grp, blk, x, 4)
 
 
@@ -113,9 +110,15 @@ def _narrow_group_packed(kind, isa, p, g, x64, out, acc):
 
 @jit()
 def _accumulate(isa, acc, buf, x64, c0, n):
-    """acc[t] += the decoded columns buf[:n] times x64[t, c0 : c0 + n], for every t (MAX_T at a time)."""
+    """acc[t] += the decoded columns buf[:n] times x64[t, c0 : c0 + n], for every t: eight rows per pass
+    at AVX-512 (16 accumulator registers of 32), then (and below AVX-512) MAX_T at a time."""
     T = x64.shape[0]
-    for t0 in range(0, T, MAX_T):
+    t8 = 0
+    if isa == ISA_AVX512:
+        for t8 in range(0, T - 7, 8):
+            fma_cols(isa, acc, buf, x64, t8, 8, c0, n)
+        t8 = T - T % 8
+    for t0 in range(t8, T, MAX_T):
         nt = min(MAX_T, T - t0)
         if nt == 1:
             fma_cols(isa, acc, buf, x64, t0, 1, c0, n)
@@ -137,7 +140,7 @@ def _store(acc, out, g):
 
 @jit()
 def _wide_group(kind, isa, w, g, x64, out, block, acc, buf):
-    """``_narrow_group`` for T > MAX_T: SPAN columns at a time, each block of the group decoded once into
+    """``_narrow_group`` for T ≥ WIDE_FROM: SPAN columns at a time, each block of the group decoded once into
     ``buf`` (float64 [SPAN, LANES]) and accumulated for all T rows (acc: scratch [T, LANES]). Each sum
     still runs over k in increasing order: the same bits."""
     K = x64.shape[1]
@@ -169,7 +172,7 @@ def _variant(isa: int, wide: bool) -> str:
 
 
 # The top-level kernels ``kernel(w, x64, out, block)``: out[t, n] for the rows of every whole group.
-# The narrow (T ≤ MAX_T) and wide (T > MAX_T) paths are separate kernels (a model compiles the wide
+# The narrow (T < WIDE_FROM) and wide (T ≥ WIDE_FROM) paths are separate kernels (a model compiles the wide
 # ones at its first prompt; one function holding both ran the narrow path ~20 % slower).
 
 
@@ -178,7 +181,7 @@ def _matmul_lanes(kind, isa=ISA, wide=False):
     if wide:
         @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
         def _matmul_lanes(w, x64, out, block):
-            """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w``, T > MAX_T."""
+            """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w``, T ≥ WIDE_FROM."""
             for g in prange(w.shape[0] // LANES):
                 _wide_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
                             np.empty((SPAN, LANES), dtype=np.float64))
@@ -197,7 +200,7 @@ def _matmul_lanes_serial(kind, isa=ISA, wide=False):
     if wide:
         @jit(kind=kind, variant=_variant(isa, wide))
         def _matmul_lanes_serial(w, x64, out, block):
-            """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``), T > MAX_T."""
+            """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``), T ≥ WIDE_FROM."""
             acc, buf = np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64)
             for g in range(w.shape[0] // LANES):
                 _wide_group(kind, isa, w, g, x64, out, block, acc, buf)
@@ -217,7 +220,7 @@ def _matmul_packed(kind, isa=ISA, wide=False):
     if wide:
         @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
         def _matmul_packed(p, x64, out, block):
-            """``_matmul_lanes`` over packed words, T > MAX_T."""
+            """``_matmul_lanes`` over packed words, T ≥ WIDE_FROM."""
             for g in prange(p.shape[0]):
                 _wide_group_packed(kind, isa, p, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
                                    np.empty((SPAN, LANES), dtype=np.float64))
@@ -236,7 +239,7 @@ def _matmul_packed_serial(kind, isa=ISA, wide=False):
     if wide:
         @jit(kind=kind, variant=_variant(isa, wide))
         def _matmul_packed_serial(p, x64, out, block):
-            """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``), T > MAX_T."""
+            """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``), T ≥ WIDE_FROM."""
             acc, buf = np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64)
             for g in range(p.shape[0]):
                 _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf)
@@ -396,11 +399,26 @@ def pack(w_raw: np.ndarray, qtype):
     return PackedRows(w_raw, qtype, words)
 
 
+def _padded(run, x64: np.ndarray, out: np.ndarray) -> None:
+    """``run(x64, out)``; a narrow pass of 3 rows (T = 3 or 7) is run as 4, the fourth row zero, so the
+    kernels carry block code for 1, 2 and 4 rows only (a quarter less to compile; the extra row's
+    products cost a little time, never a bit of the other rows')."""
+    T = x64.shape[0]
+    if T >= WIDE_FROM or T % MAX_T != 3:
+        run(x64, out)
+        return
+    x4 = np.zeros((T + 1, x64.shape[1]), dtype=np.float64)
+    x4[:T] = x64
+    out4 = np.zeros((T + 1, out.shape[1]), dtype=out.dtype)
+    run(x4, out4)
+    out[:] = out4[:T]
+
+
 def matmul_packed(p: PackedRows, x64: np.ndarray, out: np.ndarray, isa: int = ISA) -> int:
     """``matmul_lanes`` for a packed matrix: fill ``out[:, :n]``, n = LANES·groups; return n."""
     n = p.words.shape[0] * LANES
     kernel = _matmul_packed_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_packed
-    kernel(p.qtype, isa, x64.shape[0] > MAX_T)(p.words, x64, out, BLOCK[int(p.qtype)])
+    _padded(lambda x, o: kernel(p.qtype, isa, x.shape[0] >= WIDE_FROM)(p.words, x, o, BLOCK[int(p.qtype)]), x64, out)
     return n
 
 
@@ -420,7 +438,7 @@ def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray, i
         return 0
     if n:
         kernel = _matmul_lanes_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_lanes
-        kernel(kind, isa, x64.shape[0] > MAX_T)(w_bytes, x64, out, BLOCK[kind])
+        _padded(lambda x, o: kernel(kind, isa, x.shape[0] >= WIDE_FROM)(w_bytes, x, o, BLOCK[kind]), x64, out)
     return n
 
 

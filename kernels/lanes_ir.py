@@ -31,7 +31,10 @@ from .flags import KERNEL_ISA
 
 LANES = 16  # weight rows per group: the packed layout's width, one float64 sum each
 MAX_T = 4  # activation rows per pass (4 accumulators per vector of lanes)
-SPAN = 256  # the wide path (T > MAX_T): columns decoded into a float64 buffer per pass
+SPAN = 256  # the wide path: columns decoded into a float64 buffer per pass
+#: T from which the lane kernels take the wide path (each block decoded once for all T rows) instead of
+#: decoding it once per MAX_T rows: at T = 5 … 8 decoding twice measured as fast or faster (packed Q8_0).
+WIDE_FROM = 9
 PREFETCH_BYTES = 2048  # packed kernels: prefetch the block(s) at least this far ahead of the current one
 
 ISA_GENERIC, ISA_AVX2, ISA_AVX512 = 0, 1, 2

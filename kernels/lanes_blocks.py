@@ -176,15 +176,19 @@ def _emit_mxfp4(e: _Emit):
                 yield 16 * high + 4 * j4 + k, b.fmul(d, _mxfp4_value(e, e.bits(dws[j4], 8 * k + 4 * high, 4)))
 
 
-def _mxfp4_value(e: _Emit, code):
-    """<lanes x float> MXFP4_VALUES[code] in target-independent arithmetic: magnitude
+def _mxfp4_int(e: _Emit, code):
+    """<lanes x i32> MXFP4_VALUES[code] in target-independent arithmetic: magnitude
     ``((2 | (c & 1)) << (c >> 1)) >> 1``, c = code & 7, 0 for c = 0; negative when bit 3 is set."""
     b = e.b
     c = b.and_(code, e.const(7))
     mag = b.lshr(b.shl(b.or_(e.const(2), b.and_(c, e.const(1))), b.lshr(c, e.const(1))), e.const(1))
     mag = b.select(b.icmp_unsigned("==", c, e.const(0)), e.const(0), mag)
-    val = b.select(b.icmp_unsigned("!=", b.and_(code, e.const(8)), e.const(0)), b.neg(mag), mag)
-    return e.s2f(val)
+    return b.select(b.icmp_unsigned("!=", b.and_(code, e.const(8)), e.const(0)), b.neg(mag), mag)
+
+
+def _mxfp4_value(e: _Emit, code):
+    """<lanes x float> MXFP4_VALUES[code] (``_mxfp4_int``, converted exactly)."""
+    return e.s2f(_mxfp4_int(e, code))
 
 
 # --------------------------------------------------------------------------------------------

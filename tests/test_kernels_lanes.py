@@ -148,3 +148,57 @@ def test_pack_keeps_what_it_cannot_pack():
     assert kernels.pack(f, QT.F16) is f
     x = activations(rng, 2, 40)
     assert_same_bits(kernels.matmul(f, QT.F16, x), rows_reference(f, QT.F16, x), "F16, K = 40")
+
+
+# --------------------------------------------------------------------------------------------
+# act_quant (--emulate): the lane kernels of kernels/lanes_act.py equal the scalar dots of kernels/actdots.py
+
+ACT_TYPES = [QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+
+
+def act_reference(w, qtype, x):
+    """``actdots``' scalar kernels alone (the definition the lane kernels must equal)."""
+    from kernels import actdots
+    from kernels.actquant import _q8_0_rows, _q8_k_rows
+
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    if kernels.layout(qtype).vec_dot_type == QT.Q8_0:
+        qs, d, _ = _q8_0_rows(x, with_s=False)
+        actdots._matmul_q8_0(int(qtype))(w, qs, d, out)
+    else:
+        qs, d, bsums = _q8_k_rows(x)
+        actdots._matmul_q8_k(int(qtype))(w, qs, d, bsums, out)
+    return out
+
+
+@pytest.mark.parametrize("scales", ["normal", "extreme", "raw"])
+@pytest.mark.parametrize("qtype", ACT_TYPES, ids=lambda q: q.name)
+def test_act_quant_lane_kernels_equal_the_scalar_dots(qtype, scales):
+    from kernels.lanes_act import ACT_LANE_TYPES
+
+    assert int(qtype) in ACT_LANE_TYPES
+    rng = np.random.default_rng([int(qtype), 12])
+    w = random_rows(qtype, N, K, rng, scales=scales)
+    x = activations(rng, 6)
+    x[2] *= np.float32(1e-3)
+    x[3, :256] = 0.0  # an all-zero Q8_K block (d = 0)
+    for T in (1, 2, 3, 4, 6):
+        assert_same_bits(kernels.matmul(w, qtype, x[:T], act_quant=True), act_reference(w, qtype, x[:T]), f"T={T}",
+                         nan_ok=scales == "raw")
+
+
+def test_act_quant_isa_levels_give_the_same_bits():
+    """MXFP4's value table is looked up with vpshufb on x86 and computed in generic IR: the same bits."""
+    from kernels.actquant import _q8_0_rows
+    from kernels.lanes_act import matmul_act_lanes
+
+    rng = np.random.default_rng(13)
+    w = random_rows(QT.MXFP4, 32, K, rng, scales="extreme")
+    qs, d, _ = _q8_0_rows(activations(rng, 4), with_s=False)
+    yx = np.zeros((4, 1), np.int16)
+    want = np.zeros((4, 32), np.float32)
+    matmul_act_lanes(w, QT.MXFP4, qs, d, yx, want, ISA)
+    for level in range(TARGET_ISA + 1):
+        got = np.zeros((4, 32), np.float32)
+        assert matmul_act_lanes(w, QT.MXFP4, qs, d, yx, got, level) == 32
+        assert_same_bits(got, want, ISA_NAMES[level])

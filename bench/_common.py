@@ -46,3 +46,36 @@ def run_child(script: str, argv: list[str], what: str) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"child failed ({what}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "asimd", "sve")
+
+
+def cpu_description() -> str:
+    """One line for a benchmark's header: the CPU model (``/proc/cpuinfo``), its logical cores, the SIMD
+    flags that matter here (AVX2, AVX-512, VNNI, AMX; ARM's ASIMD/SVE), and the level the lane kernels
+    are compiled for (``kernels.lanes_ir.ISA``, of the numba target: ``NUMBA_CPU_NAME`` /
+    ``NUMBA_CPU_FEATURES`` emulate another CPU's code)."""
+    import os
+
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model", "Hardware") and model == "unknown CPU":
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    from llvmlite import binding as llvm_binding
+
+    from kernels.lanes_ir import ISA, ISA_NAMES
+
+    model += f" (LLVM: {llvm_binding.get_host_cpu_name()})"
+    have = " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + "/".join(ISA_FLAGS[:4])
+    target = os.environ.get("NUMBA_CPU_NAME", "host")
+    return (f"cpu: {model}, {os.cpu_count()} logical cores; flags: {have}; "
+            f"lane kernels: {ISA_NAMES[ISA]} (numba target {target})")

@@ -16,6 +16,11 @@ For every (model, mix), in one run:
   alternately, ``--rounds`` times each (round r of refimpl right before round r of llama.cpp), so
   they see the same machine load; the ratio is formed per round and its median and range printed.
   Only the generated tokens are timed (the prompt is processed first, untimed).
+* **prompt tok/s** (``--pp 256``; 0 skips it) — a prompt of that many tokens from an empty context:
+  refimpl as ``refimpl logits`` runs it (``forward`` on chunks of ``--pp-chunk`` = 16 positions, every
+  position's logits), llama.cpp as ``llama-bench -p 256`` does (one ``llama_decode`` of the whole
+  prompt, n_batch = n_ubatch = 512, logits of the last position only); same threads, alternating
+  rounds, the ratio per round.
 * **verify / decode** — refimpl's time for one verify batch of 1+3 positions (``forward`` of 4 tokens
   after the prompt: the last token and three drafts, phase ``verify``) divided by its time for one
   single-token decode from the same state; the two are timed alternately ``--verify-reps`` times and
@@ -51,25 +56,27 @@ MIB = 1 << 20
 # ---- llama.cpp: a child process that decodes on request -------------------------------------------
 
 
-def _llama_child(path: str, threads: int) -> int:
+def _llama_child(path: str, threads: int, extra_bufts: bool = True) -> int:
     """Load the model once; then per stdin line ``{"prompt": [...], "n": N}`` decode the prompt one
     token at a time, then N greedy tokens (timed), and print ``{"tok_s": …, "tokens": [...]}``."""
     import llama_cpp as L
 
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+    mp = L.llama_model_default_params()
+    mp.use_extra_bufts = extra_bufts  # the repacked (and AMX) weight layouts, llama.cpp's default
+    model = L.llama_model_load_from_file(path.encode(), mp)
     if not model:
         print(json.dumps({"error": "llama_model_load_from_file returned NULL"}), flush=True)
         return 3
     cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 512, 8, 8, 1
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 1024, 512, 512, 1
     cp.n_threads = cp.n_threads_batch = threads
     cp.type_k = cp.type_v = L.GGML_TYPE_F32
     cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.no_perf = True
     ctx = L.llama_init_from_model(model, cp)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    batch = L.llama_batch_init(1, 0, 1)
+    batch = L.llama_batch_init(512, 0, 1)
 
     def decode(tok: int, pos: int) -> int:
         batch.n_tokens = 1
@@ -79,10 +86,24 @@ def _llama_child(path: str, threads: int) -> int:
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,))
         return int(np.argmax(logits))
 
+    def prompt_tok_s(tokens: list[int]) -> float:
+        """One llama_decode of the whole prompt (logits of its last position only), as llama-bench -p."""
+        batch.n_tokens = len(tokens)
+        for i, tok in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = tok, i, 1, 0
+            batch.logits[i] = int(i == len(tokens) - 1)
+        t0 = time.perf_counter()
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed on the prompt")
+        return len(tokens) / (time.perf_counter() - t0)
+
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        if "pp" in req:
+            print(json.dumps({"tok_s": prompt_tok_s(req["pp"])}), flush=True)
+            continue
         prompt = req["prompt"]
         for pos, tok in enumerate(prompt):
             nxt = decode(tok, pos)
@@ -98,24 +119,55 @@ def _llama_child(path: str, threads: int) -> int:
 class LlamaDecoder:
     """The llama.cpp child of one model (``with`` closes it)."""
 
-    def __init__(self, path: Path, threads: int):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--llama-child", str(path), "--threads", str(threads)],
+    def __init__(self, path: Path, threads: int, extra_bufts: bool = True):
+        argv = [sys.executable, __file__, "--llama-child", str(path), "--threads", str(threads)]
+        self.proc = subprocess.Popen(argv + ([] if extra_bufts else ["--no-extra-bufts"]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         ready = json.loads(self.proc.stdout.readline() or '{"error": "llama.cpp child died while loading"}')
         if "error" in ready:
             raise RuntimeError(ready["error"])
 
     def run(self, prompt: list[int], n: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "n": n}) + "\n")
+        return self._ask({"prompt": prompt, "n": n})
+
+    def prompt(self, tokens: list[int]) -> float:
+        """Prompt-processing tok/s of one batch of ``tokens`` from an empty context."""
+        return self._ask({"pp": tokens})["tok_s"]
+
+    def _ask(self, req: dict) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line:
+            raise ChildProcessError(f"the llama.cpp child died (exit status {self.proc.wait()})")
+        return json.loads(line)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.proc.stdin.close()
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
         self.proc.wait(timeout=60)
+
+
+def llama_prompt(path: Path, threads: int, tokens: list[int], extra_bufts: bool | None) -> tuple[float, bool]:
+    """(prompt tok/s of llama.cpp on ``tokens``, the ``use_extra_bufts`` it ran with), in a child of its
+    own that lives only for this measurement (two llama.cpp processes at once slow each other down: idle
+    threads spin). Warm: the prompt is run twice, the second timed. ``extra_bufts=None``: llama.cpp's
+    default (the repacked and AMX layouts), and if its batch kernels die — some VMs advertise AMX without
+    enabling it (this KVM host: SIGILL on a batch of Q4_K rows) — ``use_extra_bufts = false``."""
+    for flag in ([True, False] if extra_bufts is None else [extra_bufts]):
+        with LlamaDecoder(path, threads, extra_bufts=flag) as llama:
+            try:
+                llama.prompt(tokens)
+                return llama.prompt(tokens), flag
+            except ChildProcessError:
+                if extra_bufts is not None or not flag:
+                    raise
+    raise AssertionError("unreachable")
 
 
 # ---- refimpl ----------------------------------------------------------------------------------------
@@ -143,6 +195,19 @@ def refimpl_decode(model, prompt: list[int], n: int, ctx) -> tuple[float, list[i
         logits, _, state = forward(model, state, [out[-1]], ctx)
         out.append(argmax(logits[-1]))
     return n / (time.perf_counter() - t0), out[:-1]
+
+
+def refimpl_prompt(model, tokens: list[int], chunk: int, ctx) -> float:
+    """tok/s of ``refimpl logits`` on ``tokens`` from an empty context: ``forward`` on chunks of ``chunk``
+    positions (every position's logits), as the CLI does."""
+    from refimpl.model import forward
+    from refimpl.state import SeqState
+
+    state = SeqState.fresh(model.config)
+    t0 = time.perf_counter()
+    for i in range(0, len(tokens), chunk):
+        _, _, state = forward(model, state, tokens[i : i + chunk], ctx)
+    return len(tokens) / (time.perf_counter() - t0)
 
 
 def verify_ratio(model, prompt: list[int], drafts: list[int], reps: int, ctx) -> tuple[float, float, float, list[float]]:
@@ -202,7 +267,14 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
         refimpl_decode(model, prompt, 2, ctx)  # compile / warm
     ours = {v: [] for v in variants}
     theirs, tokens = [], {}
-    with LlamaDecoder(path, args.threads) as llama:
+    pp_tokens = [int(t) for t in np.random.default_rng(8).integers(0, min(V, 390), size=args.pp)]
+    pp_ours, pp_theirs = {v: [] for v in variants}, []
+    if args.pp:
+        for model in variants.values():
+            refimpl_prompt(model, pp_tokens[: 2 * args.pp_chunk], args.pp_chunk, ctx)  # compile the batch kernels
+    pp_extra = None  # llama.cpp's default, unless its batch kernels die on this host (llama_prompt)
+    llama = LlamaDecoder(path, args.threads)
+    try:
         llama.run(prompt, 2)  # warm
         for r in range(args.rounds):
             for v, model in variants.items():
@@ -210,15 +282,31 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
                 ours[v].append(tok_s)
             res = llama.run(prompt, args.n)
             theirs.append(res["tok_s"])
-            print(f"  round {r + 1}: " + ", ".join(f"refimpl {v} {ours[v][-1]:6.2f}" for v in variants)
-                  + f", llama.cpp {res['tok_s']:6.2f} tok/s", file=sys.stderr, flush=True)
+            line = ", ".join(f"refimpl {v} {ours[v][-1]:6.2f}" for v in variants) + f", llama.cpp {res['tok_s']:6.2f} tok/s"
+            if args.pp:
+                for v, model in variants.items():
+                    pp_ours[v].append(refimpl_prompt(model, pp_tokens, args.pp_chunk, ctx))
+                llama.__exit__()  # the decode child's idle threads would spin next to the prompt child's
+                tok_s, pp_extra = llama_prompt(path, args.threads, pp_tokens, pp_extra)
+                pp_theirs.append(tok_s)
+                llama = LlamaDecoder(path, args.threads)
+                llama.run(prompt, 2)
+                line += ("; prompt " + ", ".join(f"refimpl {v} {pp_ours[v][-1]:6.1f}" for v in variants)
+                         + f", llama.cpp {pp_theirs[-1]:6.1f} tok/s")
+            print(f"  round {r + 1}: {line}", file=sys.stderr, flush=True)
+    finally:
+        llama.__exit__()
+    pp_note = "llama.cpp defaults" if pp_extra in (None, True) else \
+        "llama.cpp use_extra_bufts=false (its batch kernels died with the default repacked/AMX layouts)"
     rows = []
     for v, model in variants.items():
         assert tokens[v] == tokens[next(iter(variants))], "refimpl variants generated different tokens"
         d, vs, _, vrs = verify_ratio(model, prompt, tokens[v][:3], args.verify_reps, ctx)
         rows.append({"model": preset, "quant": quant, "variant": v, "mib": path.stat().st_size / MIB, "ours": ours[v],
                      "theirs": theirs, "ratio": [a / b for a, b in zip(ours[v], theirs)], "verify": vrs,
-                     "decode_s": d, "verify_s": vs, "same_tokens": tokens[v] == res["tokens"]})
+                     "decode_s": d, "verify_s": vs, "same_tokens": tokens[v] == res["tokens"],
+                     "pp": args.pp, "pp_ours": pp_ours[v], "pp_theirs": pp_theirs, "pp_llama": pp_note,
+                     "pp_ratio": [a / b for a, b in zip(pp_ours[v], pp_theirs)]})
     return rows
 
 
@@ -231,17 +319,25 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=4)
     ap.add_argument("--verify-reps", type=int, default=7)
+    ap.add_argument("--pp", type=int, default=256, help="prompt-processing row: prompt tokens (0: skip it)")
+    ap.add_argument("--pp-chunk", type=int, default=16, help="refimpl's positions per forward call on the prompt (as `refimpl logits`)")
     ap.add_argument("--emulate", action="store_true", help="refimpl with --emulate numerics (act_quant)")
     ap.add_argument("--variants", default="mapped,packed",
                     help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
     ap.add_argument("--json", help="also write the raw figures to this file")
     ap.add_argument("--llama-child", help=argparse.SUPPRESS)
+    ap.add_argument("--no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",")]
     if args.llama_child:
-        return _llama_child(args.llama_child, args.threads)
+        return _llama_child(args.llama_child, args.threads, not args.no_extra_bufts)
 
+    if not 0 <= args.pp <= 512:
+        ap.error("--pp must be between 0 and 512 (llama.cpp's batch)")
     load0 = os.getloadavg()
+    from bench._common import cpu_description
+
+    print(f"# {cpu_description()}")
     print(f"# {args.threads} threads (numba and llama.cpp), {args.n} tokens per round, {args.rounds} rounds, "
           f"refimpl numerics {'emulate' if args.emulate else 'plain'}; load average {load0[0]:.2f}", flush=True)
     rows = []
@@ -258,6 +354,18 @@ def main(argv=None) -> int:
         print(f"{r['model']:<7} {r['quant']:<7} {r['mib']:5.0f} {r['variant']:<7} | {_range(r['ours']):>18} | "
               f"{_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
               f"{'yes' if r['same_tokens'] else 'no'}")
+    if args.pp:
+        hdr = (f"\n{'model':<7} {'mix':<7} {'refimpl':<7} | {f'refimpl prompt tok/s ({args.pp})':>28} | "
+               f"{f'llama.cpp pp{args.pp} tok/s':>22} | {'refimpl / llama.cpp':>19}")
+        print(hdr)
+        print("-" * len(hdr))
+        for r in rows:
+            print(f"{r['model']:<7} {r['quant']:<7} {r['variant']:<7} | {_range(r['pp_ours']):>28} | "
+                  f"{_range(r['pp_theirs']):>22} | {_range(r['pp_ratio']):>19}")
+        print(f"# prompt: refimpl forward on chunks of {args.pp_chunk} positions with every position's logits "
+              "(`refimpl logits`); llama.cpp one batch, last position's logits (`llama-bench -p`).")
+        for note in sorted({r["pp_llama"] for r in rows}):
+            print(f"# prompt, {note}: " + ", ".join(sorted({f"{r['model']}-{r['quant']}" for r in rows if r["pp_llama"] == note})))
     load1 = os.getloadavg()
     print(f"\n# median [min–max] over rounds; verify/decode: per-repetition ratios ({args.verify_reps}), "
           f"decode and verify medians in the JSON. Load average {load0[0]:.2f} before, {load1[0]:.2f} after.")

@@ -5,10 +5,10 @@
 
 For each type it times, in the same run and on the same bytes:
 
-* ``kernels.matmul`` (numba, plain mode) for T = 1 on the whole matrix and T = 4 on its first
-  ``--sub-mib`` MiB of rows,
-* the same on ``kernels.pack(matrix)`` (the lane kernels' gather-free layout, for the types that have
-  one) for T = 1 on the whole matrix — the steady state of a model loaded with ``pack=True``,
+* ``kernels.matmul`` (numba, plain mode) for T = 1 on the whole matrix, and T = 4 and T = ``--wide-t``
+  (64: the lane kernels' wide path, a prompt's batch) on its first ``--sub-mib`` MiB of rows,
+* the same on ``kernels.pack(matrix)`` (the lane kernels' gather-free layout) for T = 1 on the whole
+  matrix — the steady state of a model loaded with ``pack=True``,
 * ``kernels.matmul(act_quant=True)`` for T = 1 and T = 4 (first ``--sub-mib`` MiB),
 * the baseline ``gguf.quants.dequantize`` + numpy ``x @ W.T`` (float32 BLAS) for T = 1 and 4 — on
   the first ``--baseline-mib`` MiB of rows only, since it materialises the float32 matrix,
@@ -16,7 +16,9 @@ For each type it times, in the same run and on the same bytes:
 and reports weight bytes per second (matrix bytes / time of one call; best of ``--reps``). It also
 measures this machine's read bandwidth (a sum over an array larger than L3, with numpy on one
 thread and with numba on ``--threads``; the larger is used) and prints the single-row (T = 1)
-numba rates, raw and packed, as a percentage of it. By default each matrix is sized just above the L3 cache (from
+numba rates, raw and packed, as a percentage of it; the header names the CPU, its SIMD flags and
+the level the lane kernels are compiled for (``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=…`` runs
+the AVX2 code on an AVX-512 host). By default each matrix is sized just above the L3 cache (from
 ``/sys/devices/system/cpu/cpu0/cache``), so it streams from DRAM, with ``--cols`` = 2048 (the
 35B-A3B model's hidden size).
 """
@@ -38,6 +40,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants as gguf_quants  # noqa: E402
 
 import kernels  # noqa: E402
+from bench._common import cpu_description  # noqa: E402
 from kernels.blocks import weight_layout  # noqa: E402
 from kernels.testing import random_rows, set_scales  # noqa: E402
 
@@ -120,7 +123,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=min(2, numba.config.NUMBA_NUM_THREADS))
     p.add_argument("--types", default=",".join(q.name for q in kernels.WEIGHT_TYPES), help="comma-separated type names")
     p.add_argument("--reps", type=int, default=2, help="timed calls per figure, best kept (default 2)")
-    p.add_argument("--sub-mib", type=int, default=32, help="MiB of rows for T=4 and act_quant (default 32)")
+    p.add_argument("--sub-mib", type=int, default=32, help="MiB of rows for T=4, the wide T and act_quant (default 32)")
+    p.add_argument("--wide-t", type=int, default=64, help="activation rows of the wide-path column (default 64)")
     p.add_argument("--baseline-mib", type=int, default=4, help="MiB of rows for the gguf+numpy baseline (default 4)")
     args = p.parse_args(argv)
 
@@ -132,12 +136,13 @@ def main(argv=None) -> int:
 
     np_bw, nb_bw = read_bandwidth(max(2 * (l3 or 0), 1 << 30), args.reps)
     bandwidth = max(np_bw, nb_bw)
-    print(f"# cpu: {os.cpu_count()} logical cores, numba threads {args.threads}, L3 {l3 and l3 // MIB} MiB")
+    print(f"# {cpu_description()}")
+    print(f"# numba threads {args.threads}, L3 {l3 and l3 // MIB} MiB, load average {os.getloadavg()[0]:.1f}")
     print(f"# read bandwidth: numpy sum {np_bw:.1f} GB/s (1 thread), numba sum {nb_bw:.1f} GB/s ({args.threads} threads)")
     print(f"# weight-GB/s = matrix bytes / time per call (best of {args.reps}); K = {args.cols}")
     print()
     head = (
-        f"{'type':7s} {'MiB':>5s} | {'numba T=1':>9s} {'T=4':>6s} {'packed':>6s} | {'act_q T=1':>9s} {'T=4':>6s} | "
+        f"{'type':7s} {'MiB':>5s} | {'numba T=1':>9s} {'T=4':>6s} {f'T={args.wide_t}':>6s} {'packed':>6s} | {'act_q T=1':>9s} {'T=4':>6s} | "
         f"{'gguf+np T=1':>11s} {'T=4':>6s} | {'x T=1':>6s} {'x T=4':>6s} | {'T=1 %bw':>7s} {'packed':>6s}"
     )
     print(head)
@@ -149,21 +154,24 @@ def main(argv=None) -> int:
         nbytes = w.nbytes
         x1 = rng.standard_normal((1, args.cols)).astype(np.float32)
         x4 = rng.standard_normal((4, args.cols)).astype(np.float32)
+        xw = rng.standard_normal((args.wide_t, args.cols)).astype(np.float32)
         tiny = random_rows(qtype, 8, args.cols, rng)  # compile / load from the cache off the clock
         gguf_quants.dequantize(tiny, qtype)
         kernels.matmul(tiny, qtype, x4)
+        kernels.matmul(tiny, qtype, xw)
         kernels.matmul(tiny, qtype, x4, act_quant=True)
         # T=1 plain on the whole matrix (the DRAM-streaming figure); the rest on its first rows
         sub = w[: max(1, min(w.shape[0], (args.sub_mib * MIB) // w.shape[1]))]
         base = w[: max(1, min(w.shape[0], (args.baseline_mib * MIB) // w.shape[1]))]
-        rate = {("nb", 1): nbytes / best_time(lambda: kernels.matmul(w, qtype, x1), args.reps) / 1e9}
-        rate["nb", 4] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x4), args.reps) / 1e9
+        rate = {("nb", 1): nbytes / best_time(lambda: kernels.matmul(w, qtype, x1), args.reps, warm=True) / 1e9}
+        rate["nb", 4] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x4), args.reps, warm=True) / 1e9
+        rate["nb", "w"] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, xw), args.reps, warm=True) / 1e9
         packed = kernels.pack(w, qtype)
         if isinstance(packed, kernels.PackedRows):
             rate["pk", 1] = nbytes / best_time(lambda: kernels.matmul(packed, qtype, x1), args.reps, warm=True) / 1e9
         packed = None  # free the packed copy before the next type
         for T, x in ((1, x1), (4, x4)):
-            rate["aq", T] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x, act_quant=True), args.reps) / 1e9
+            rate["aq", T] = sub.nbytes / best_time(lambda: kernels.matmul(sub, qtype, x, act_quant=True), args.reps, warm=True) / 1e9
 
             def baseline(x=x):
                 W = gguf_quants.dequantize(base, qtype)
@@ -175,14 +183,15 @@ def main(argv=None) -> int:
         pk = f"{rate['pk', 1]:6.2f}" if ("pk", 1) in rate else "     —"
         pk_pct = (f"{100 * rate['pk', 1] / bandwidth:5.1f}%" if big else "  (L3)") if ("pk", 1) in rate else "     —"
         print(
-            f"{qtype.name:7s} {nbytes / MIB:5.0f} | {rate['nb', 1]:9.2f} {rate['nb', 4]:6.2f} {pk} | "
+            f"{qtype.name:7s} {nbytes / MIB:5.0f} | {rate['nb', 1]:9.2f} {rate['nb', 4]:6.2f} {rate['nb', 'w']:6.2f} {pk} | "
             f"{rate['aq', 1]:9.2f} {rate['aq', 4]:6.2f} | {rate['gg', 1]:11.3f} {rate['gg', 4]:6.3f} | "
             f"{rate['nb', 1] / rate['gg', 1]:6.1f} {rate['nb', 4] / rate['gg', 4]:6.1f} | {pct} {pk_pct}",
             flush=True,
         )
     print()
-    print("# packed: numba plain T=1 on kernels.pack(matrix) (types with a lane kernel: F32, Q8_0, MXFP4, Q4_K, Q6_K;")
-    print("# the rate counts the original matrix bytes). x T=1 / x T=4: numba plain rate / gguf+numpy rate.")
+    print("# packed: numba plain T=1 on kernels.pack(matrix) (the rate counts the original matrix bytes).")
+    print(f"# T={args.wide_t}: the wide path (each block decoded once for the whole batch); multiply by {args.wide_t} for")
+    print("# weight-GB/s per activation row. x T=1 / x T=4: numba plain rate / gguf+numpy rate.")
     print("# %bw: numba plain T=1 (raw, packed) / read bandwidth")
     print("# (only for matrices larger than L3; '(L3)' marks a matrix that fits in the cache).")
     return 0

@@ -59,7 +59,7 @@ from .dequant import (
     _qh_bit,
     k_scale_min,
 )
-from .flags import by_type, jit, per_type
+from .flags import JIT_ENABLED, by_type, jit, per_type
 from .floats import E8M0_HALF, f16_at
 
 # --------------------------------------------------------------------------------------------
@@ -418,6 +418,16 @@ def _matmul_float(kind):
     return _matmul_act_float
 
 
+def _lanes(w_bytes, qtype, qs, d, yx, out) -> int:
+    """The row-lane kernels (kernels/lanes_act.py) for the first rows of ``out``, where the type has one:
+    the number of rows done (the same bits as the kernels below, which do the rest)."""
+    from .lanes_act import ACT_LANE_TYPES, matmul_act_lanes
+
+    if not JIT_ENABLED or int(qtype) not in ACT_LANE_TYPES:
+        return 0
+    return matmul_act_lanes(w_bytes, qtype, qs, d, yx, out)
+
+
 def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     """``y[t, n]`` = llama.cpp's generic CPU dot of weight row n with activation row t quantized to
     the weight's ``vec_dot_type``. ``w_bytes`` (N, row bytes) uint8 C-contiguous, ``x`` (T, K)
@@ -434,13 +444,21 @@ def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
         return out
     if vdt == QT.Q8_0:
         qs, d, _ = _q8_0_rows(x, with_s=False)
-        _matmul_q8_0(kind)(w_bytes, qs, d, out)
+        n = _lanes(w_bytes, qtype, qs, d, np.zeros((qs.shape[0], 1), np.int16), out)
+        if n < w_bytes.shape[0]:
+            tail = np.empty((out.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
+            _matmul_q8_0(kind)(w_bytes[n:], qs, d, tail)
+            out[:, n:] = tail
     elif vdt == QT.Q8_1:
         qs, d, s = _q8_0_rows(x, with_s=True)
         _matmul_q8_1(kind)(w_bytes, qs, d, s, out)
     elif vdt == QT.Q8_K:
         qs, d, bsums = _q8_k_rows(x)
-        _matmul_q8_k(kind)(w_bytes, qs, d, bsums, out)
+        n = _lanes(w_bytes, qtype, qs, d, bsums, out)
+        if n < w_bytes.shape[0]:
+            tail = np.empty((out.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
+            _matmul_q8_k(kind)(w_bytes[n:], qs, d, bsums, tail)
+            out[:, n:] = tail
     else:
         xr = x
         if vdt in (QT.F16, QT.BF16):

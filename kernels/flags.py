@@ -32,6 +32,12 @@ Threading layer
     ``numba.set_num_threads``: ``prange`` only ever splits independent output rows, and each output
     element is reduced by one thread in a fixed order.
 
+``KERNEL_ISA`` (environment ``REFIMPL_KERNEL_ISA``: ``auto``, ``generic``, ``avx2`` or ``avx512``)
+    The instruction-set level the row-lane kernels are built for (kernels/lanes_ir.py): ``auto`` (the
+    default) is the best the numba target has; a lower level forces the generic twin of each
+    ISA-specific path (``generic``: target-independent LLVM IR only, as an ARM64 host gets). Same bits
+    at every level (tested). The level is a compile-time constant of each kernel, so numba caches
+    each level's code apart.
 ``SERIAL_BELOW = 1 << 18``
     A product of fewer multiply-adds than this (weights × activation rows; value heads × state for
     the delta rule) runs on the calling thread instead of in a ``prange`` region: starting a parallel
@@ -63,16 +69,18 @@ CACHE = True
 #: False under ``NUMBA_DISABLE_JIT=1``: then the LLVM-IR lane kernels (kernels/lanes.py), which
 #: cannot run as Python, are skipped and every product takes the plain numba-or-Python path.
 JIT_ENABLED = not numba.config.DISABLE_JIT
+KERNEL_ISA = os.environ.get("REFIMPL_KERNEL_ISA", "auto")  # lane kernels' instruction-set level (docstring)
 SERIAL_BELOW = 1 << 18  # multiply-adds under which a kernel runs on the calling thread (docstring)
 
 
-def jit(*, parallel: bool = False, kind: int | None = None):
+def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
     """The one decorator for compiled code in ``kernels/``: ``numba.njit`` with this module's flags.
 
     ``parallel=True`` only for the top-level kernels whose ``prange`` runs over independent output
     rows; every helper they call is serial. ``kind``: the type code a :func:`per_type` factory's
     kernel is built for; the kernel is then named ``<name>_<type>`` (e.g. ``matmul_lanes_q8_0``), the
-    name of its cache files and of the compile report (``refimpl.compile_report``).
+    name of its cache files and of the compile report (``refimpl.compile_report``); ``variant``, if
+    given, is appended (``matmul_lanes_q8_0_generic``).
     """
     njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL)
     if kind is None:
@@ -81,7 +89,8 @@ def jit(*, parallel: bool = False, kind: int | None = None):
     def named(py_func):
         from .blocks import QT
 
-        py_func.__name__ = py_func.__qualname__ = f"{py_func.__name__.lstrip('_')}_{QT(kind).name.lower()}"
+        suffix = f"_{variant}" if variant else ""
+        py_func.__name__ = py_func.__qualname__ = f"{py_func.__name__.lstrip('_')}_{QT(kind).name.lower()}{suffix}"
         return njit(py_func)
 
     return named
@@ -95,11 +104,11 @@ def per_type(factory):
     built = {}
 
     @functools.wraps(factory)
-    def kernel_for(kind):
-        kind = int(kind)
-        if kind not in built:
-            built[kind] = factory(kind)
-        return built[kind]
+    def kernel_for(kind, *variant):
+        key = (int(kind), *variant)
+        if key not in built:
+            built[key] = factory(*key)
+        return built[key]
 
     return kernel_for
 

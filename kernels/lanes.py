@@ -47,111 +47,209 @@ from numba import prange
 from .dequant import MXFP4_VALUES
 from .flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
 from .floats import F16_TABLE
-from .lanes_blocks import _block, _packed
-from .lanes_ir import _Q6_K, BLOCK, CODE_SLOTS, LANE_TYPES, LANES, MAX_T, SLOTS, TYPE_SIZE
+from .lanes_blocks import _block, _decode, _decode_packed, _packed
+from .lanes_ir import (_Q6_K, BLOCK, CODE_SLOTS, ISA, ISA_AVX512, ISA_NAMES, LANE_TYPES, LANES, MAX_T, SLOTS, SPAN, TYPE_SIZE,
+                       WIDE_FROM, fma_cols)
 
 # --------------------------------------------------------------------------------------------
-# The driver: prange over groups of LANES rows; activation rows MAX_T at a time
+# The drivers: prange over groups of LANES rows; activation rows MAX_T at a time, or (T ≥ WIDE_FROM,
+# the wide path) every block decoded once into a float64 buffer and accumulated for all T rows
 
 
 @jit()
-def _group(kind, w, row0, n_blocks, acc, x, nt):
+def _group(kind, isa, w, row0, n_blocks, acc, x, nt):
     """acc[:nt] = the sums of rows row0 … row0+LANES−1 for activation rows x[:nt] (nt ≤ MAX_T).
-    (One call per literal nt: the intrinsics are specialized on it, and on the literal ``kind``.)"""
+    (One call per literal nt: the intrinsics are specialized on it, and on the literals ``kind``, ``isa``.)"""
     acc[:] = 0.0
     for blk in range(n_blocks):
         if nt == 1:
-            _block(kind, acc, w, row0, blk, x, 1)
+            _block(kind, isa, acc, w, row0, blk, x, 1)
         elif nt == 2:
-            _block(kind, acc, w, row0, blk, x, 2)
-        elif nt == 3:
-            _block(kind, acc, w, row0, blk, x, 3)
-        else:
-            _block(kind, acc, w, row0, blk, x, 4)
+            _block(kind, isa, acc, w, row0, blk, x, 2)
+        else:  # 4 (3 rows come padded to 4: matmul_lanes)
+            _block(kind, isa, acc, w, row0, blk, x, 4)
 
 
 @jit()
-def _lanes_group(kind, w, g, x64, out, block, acc):
-    """out[t, n] for the LANES rows of group g and every activation row t (acc: scratch [MAX_T, LANES])."""
-    T, K = x64.shape
-    row0 = g * LANES
-    for t0 in range(0, T, MAX_T):
-        nt = min(MAX_T, T - t0)
-        _group(kind, w, row0, K // block, acc, x64[t0 : t0 + nt], nt)
-        for t in range(nt):
-            for i in range(LANES):
-                out[t0 + t, row0 + i] = acc[t, i]
-
-
-@per_type
-def _matmul_lanes(kind):
-    @jit(parallel=True, kind=kind)
-    def _matmul_lanes(w, x64, out, block):
-        """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
-        for g in prange(w.shape[0] // LANES):
-            _lanes_group(kind, w, np.int64(g), x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
-
-    return _matmul_lanes
-
-
-@per_type
-def _matmul_lanes_serial(kind):
-    @jit(kind=kind)
-    def _matmul_lanes_serial(w, x64, out, block):
-        """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
-        acc = np.empty((MAX_T, LANES), dtype=np.float64)
-        for g in range(w.shape[0] // LANES):
-            _lanes_group(kind, w, g, x64, out, block, acc)
-
-    return _matmul_lanes_serial
-
-
-@jit()
-def _group_packed(kind, p, grp, acc, x, nt):
+def _group_packed(kind, isa, p, grp, acc, x, nt):
     """``_group`` over the packed words of group ``grp`` (p: uint32 [groups, blocks, slots, LANES])."""
     acc[:] = 0.0
     for blk in range(p.shape[1]):
         if nt == 1:
-            _packed(kind, acc, p, grp, blk, x, 1)
+            _packed(kind, isa, acc, p, grp, blk, x, 1)
         elif nt == 2:
-            _packed(kind, acc, p, grp, blk, x, 2)
-        elif nt == 3:
-            _packed(kind, acc, p, grp, blk, x, 3)
-        else:
-            _packed(kind, acc, p, grp, blk, x, 4)
+            _packed(kind, isa, acc, p, grp, blk, x, 2)
+        else:  # 4 (3 rows come padded to 4: matmul_lanes)
+            _packed(kind, isa, acc, p, grp, blk, x, 4)
 
 
 @jit()
-def _packed_group(kind, p, g, x64, out, acc):
-    """``_lanes_group`` over packed words."""
-    T = x64.shape[0]
+def _narrow_group(kind, isa, w, g, x64, out, block, acc):
+    """out[t, n] for the LANES rows of group g and every activation row t, MAX_T rows per pass
+    (acc: scratch [MAX_T, LANES])."""
+    T, K = x64.shape
     for t0 in range(0, T, MAX_T):
         nt = min(MAX_T, T - t0)
-        _group_packed(kind, p, g, acc, x64[t0 : t0 + nt], nt)
+        _group(kind, isa, w, g * LANES, K // block, acc, x64[t0 : t0 + nt], nt)
         for t in range(nt):
             for i in range(LANES):
                 out[t0 + t, g * LANES + i] = acc[t, i]
 
 
+@jit()
+def _narrow_group_packed(kind, isa, p, g, x64, out, acc):
+    """``_narrow_group`` over packed words."""
+    T = x64.shape[0]
+    for t0 in range(0, T, MAX_T):
+        nt = min(MAX_T, T - t0)
+        _group_packed(kind, isa, p, g, acc, x64[t0 : t0 + nt], nt)
+        for t in range(nt):
+            for i in range(LANES):
+                out[t0 + t, g * LANES + i] = acc[t, i]
+
+
+@jit()
+def _accumulate(isa, acc, buf, x64, c0, n):
+    """acc[t] += the decoded columns buf[:n] times x64[t, c0 : c0 + n], for every t: eight rows per pass
+    at AVX-512 (16 accumulator registers of 32), then (and below AVX-512) MAX_T at a time."""
+    T = x64.shape[0]
+    t8 = 0
+    if isa == ISA_AVX512:
+        for t8 in range(0, T - 7, 8):
+            fma_cols(isa, acc, buf, x64, t8, 8, c0, n)
+        t8 = T - T % 8
+    for t0 in range(t8, T, MAX_T):
+        nt = min(MAX_T, T - t0)
+        if nt == 1:
+            fma_cols(isa, acc, buf, x64, t0, 1, c0, n)
+        elif nt == 2:
+            fma_cols(isa, acc, buf, x64, t0, 2, c0, n)
+        elif nt == 3:
+            fma_cols(isa, acc, buf, x64, t0, 3, c0, n)
+        else:
+            fma_cols(isa, acc, buf, x64, t0, 4, c0, n)
+
+
+@jit()
+def _store(acc, out, g):
+    """out[t, g·LANES + i] = acc[t, i] (rounded to float32) for every t."""
+    for t in range(acc.shape[0]):
+        for i in range(LANES):
+            out[t, g * LANES + i] = acc[t, i]
+
+
+@jit()
+def _wide_group(kind, isa, w, g, x64, out, block, acc, buf):
+    """``_narrow_group`` for T ≥ WIDE_FROM: SPAN columns at a time, each block of the group decoded once into
+    ``buf`` (float64 [SPAN, LANES]) and accumulated for all T rows (acc: scratch [T, LANES]). Each sum
+    still runs over k in increasing order: the same bits."""
+    K = x64.shape[1]
+    acc[:] = 0.0
+    for c0 in range(0, K, SPAN):
+        n = min(SPAN, K - c0)
+        for b in range(n // block):
+            _decode(kind, isa, buf, w, g * LANES, c0 // block + b, b * block)
+        _accumulate(isa, acc, buf, x64, c0, n)
+    _store(acc, out, g)
+
+
+@jit()
+def _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf):
+    """``_wide_group`` over packed words."""
+    K = x64.shape[1]
+    acc[:] = 0.0
+    for c0 in range(0, K, SPAN):
+        n = min(SPAN, K - c0)
+        for b in range(n // block):
+            _decode_packed(kind, isa, buf, p, g, c0 // block + b, b * block)
+        _accumulate(isa, acc, buf, x64, c0, n)
+    _store(acc, out, g)
+
+
+def _variant(isa: int, wide: bool) -> str:
+    """The kernel-name suffix: ``wide`` for the wide path, the level's name when it is not the default."""
+    return "_".join(([] if isa == ISA else [ISA_NAMES[isa]]) + (["wide"] if wide else []))
+
+
+# The top-level kernels ``kernel(w, x64, out, block)``: out[t, n] for the rows of every whole group.
+# The narrow (T < WIDE_FROM) and wide (T ≥ WIDE_FROM) paths are separate kernels (a model compiles the wide
+# ones at its first prompt; one function holding both ran the narrow path ~20 % slower).
+
+
 @per_type
-def _matmul_packed(kind):
-    @jit(parallel=True, kind=kind)
-    def _matmul_packed(p, x64, out):
-        """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
-        for g in prange(p.shape[0]):
-            _packed_group(kind, p, np.int64(g), x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
+def _matmul_lanes(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes(w, x64, out, block):
+            """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w``, T ≥ WIDE_FROM."""
+            for g in prange(w.shape[0] // LANES):
+                _wide_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
+                            np.empty((SPAN, LANES), dtype=np.float64))
+    else:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes(w, x64, out, block):
+            """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
+            for g in prange(w.shape[0] // LANES):
+                _narrow_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
+
+    return _matmul_lanes
+
+
+@per_type
+def _matmul_lanes_serial(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes_serial(w, x64, out, block):
+            """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``), T ≥ WIDE_FROM."""
+            acc, buf = np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64)
+            for g in range(w.shape[0] // LANES):
+                _wide_group(kind, isa, w, g, x64, out, block, acc, buf)
+    else:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_lanes_serial(w, x64, out, block):
+            """``_matmul_lanes`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+            acc = np.empty((MAX_T, LANES), dtype=np.float64)
+            for g in range(w.shape[0] // LANES):
+                _narrow_group(kind, isa, w, g, x64, out, block, acc)
+
+    return _matmul_lanes_serial
+
+
+@per_type
+def _matmul_packed(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed(p, x64, out, block):
+            """``_matmul_lanes`` over packed words, T ≥ WIDE_FROM."""
+            for g in prange(p.shape[0]):
+                _wide_group_packed(kind, isa, p, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
+                                   np.empty((SPAN, LANES), dtype=np.float64))
+    else:
+        @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed(p, x64, out, block):
+            """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
+            for g in prange(p.shape[0]):
+                _narrow_group_packed(kind, isa, p, np.int64(g), x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
 
     return _matmul_packed
 
 
 @per_type
-def _matmul_packed_serial(kind):
-    @jit(kind=kind)
-    def _matmul_packed_serial(p, x64, out):
-        """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
-        acc = np.empty((MAX_T, LANES), dtype=np.float64)
-        for g in range(p.shape[0]):
-            _packed_group(kind, p, g, x64, out, acc)
+def _matmul_packed_serial(kind, isa=ISA, wide=False):
+    if wide:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed_serial(p, x64, out, block):
+            """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``), T ≥ WIDE_FROM."""
+            acc, buf = np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64)
+            for g in range(p.shape[0]):
+                _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf)
+    else:
+        @jit(kind=kind, variant=_variant(isa, wide))
+        def _matmul_packed_serial(p, x64, out, block):
+            """``_matmul_packed`` on the calling thread (small products: see ``SERIAL_BELOW``)."""
+            acc = np.empty((MAX_T, LANES), dtype=np.float64)
+            for g in range(p.shape[0]):
+                _narrow_group_packed(kind, isa, p, g, x64, out, acc)
 
     return _matmul_packed_serial
 
@@ -301,11 +399,26 @@ def pack(w_raw: np.ndarray, qtype):
     return PackedRows(w_raw, qtype, words)
 
 
-def matmul_packed(p: PackedRows, x64: np.ndarray, out: np.ndarray) -> int:
+def _padded(run, x64: np.ndarray, out: np.ndarray) -> None:
+    """``run(x64, out)``; a narrow pass of 3 rows (T = 3 or 7) is run as 4, the fourth row zero, so the
+    kernels carry block code for 1, 2 and 4 rows only (a quarter less to compile; the extra row's
+    products cost a little time, never a bit of the other rows')."""
+    T = x64.shape[0]
+    if T >= WIDE_FROM or T % MAX_T != 3:
+        run(x64, out)
+        return
+    x4 = np.zeros((T + 1, x64.shape[1]), dtype=np.float64)
+    x4[:T] = x64
+    out4 = np.zeros((T + 1, out.shape[1]), dtype=out.dtype)
+    run(x4, out4)
+    out[:] = out4[:T]
+
+
+def matmul_packed(p: PackedRows, x64: np.ndarray, out: np.ndarray, isa: int = ISA) -> int:
     """``matmul_lanes`` for a packed matrix: fill ``out[:, :n]``, n = LANES·groups; return n."""
     n = p.words.shape[0] * LANES
     kernel = _matmul_packed_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_packed
-    kernel(p.qtype)(p.words, x64, out)
+    _padded(lambda x, o: kernel(p.qtype, isa, x.shape[0] >= WIDE_FROM)(p.words, x, o, BLOCK[int(p.qtype)]), x64, out)
     return n
 
 
@@ -314,15 +427,18 @@ def supported(qtype) -> bool:
     return int(qtype) in TYPE_SIZE
 
 
-def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray) -> int:
-    """Fill ``out[:, :n]`` for the first n = LANES·(N // LANES) rows; return n (the caller does the rest)."""
+def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray, isa: int = ISA) -> int:
+    """Fill ``out[:, :n]`` for the first n = LANES·(N // LANES) rows; return n (the caller does the rest).
+    ``isa``: the instruction-set level to build the kernel for (default ``lanes_ir.ISA``; tests compare levels)."""
     kind = int(qtype)
     n = w_bytes.shape[0] // LANES * LANES
-    if x64.shape[1] % BLOCK[kind]:  # F32 rows whose length is not a multiple of 16
+    if x64.shape[1] % BLOCK[kind]:  # F32/F16/BF16 rows whose length is not a multiple of 16
+        return 0
+    if w_bytes.strides[0] * LANES >= 1 << 31:  # the gathers address a group's rows with int32 offsets
         return 0
     if n:
         kernel = _matmul_lanes_serial if n * x64.shape[0] * x64.shape[1] < SERIAL_BELOW else _matmul_lanes
-        kernel(kind)(w_bytes, x64, out, BLOCK[kind])
+        _padded(lambda x, o: kernel(kind, isa, x.shape[0] >= WIDE_FROM)(w_bytes, x, o, BLOCK[kind]), x64, out)
     return n
 
 

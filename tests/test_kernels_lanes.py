@@ -1,0 +1,204 @@
+"""The row-lane kernels (kernels/lanes*.py) give the plain path's numbers bit for bit, for every type.
+
+The plain product is defined by ``matmul._matmul_rows``: each output the float64 sum, in increasing
+column order, of the exact products of the row decoder's float32 weights with the activations. The
+lane kernels compute the same sums 16 rows side by side (raw rows with gathers, or ``kernels.pack``'s
+layout), with at most MAX_T activation rows per pass (the narrow path) or, from WIDE_FROM rows on, each
+block decoded once into a float64 buffer (the wide path). Here, for every weight type:
+
+* raw and packed, T = 1 … 5 (narrow), 9 and 13 (wide), normal and extreme scales: the same bits as
+  ``_matmul_rows`` (two 16-row groups; the five rows of the tail take ``_matmul_rows`` itself);
+* random scale bytes (inf / NaN scales): NaN in the same places, every other output the same bits;
+* the instruction-set levels (kernels/lanes_ir.py): the generic twin (and AVX2 on an AVX-512
+  host) equals the default level bit for bit, for the types with ISA-specific code.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+import kernels
+from kernels import lanes
+from kernels.lanes_ir import BLOCK, ISA, ISA_NAMES, LANE_TYPES, LANES, TARGET_ISA
+from kernels.matmul import _matmul_rows
+from kernels.testing import random_rows
+
+TYPES = kernels.WEIGHT_TYPES
+IDS = [t.name for t in TYPES]
+N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-blocks, two wide-path spans
+
+
+def rows_reference(w, qtype, x):
+    """The plain numba path, row by row (``_matmul_rows``), as float32 (T, N)."""
+    w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1)
+    out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
+    _matmul_rows(qtype)(w_bytes, x.astype(np.float64), out)
+    return out
+
+
+def assert_same_bits(got, ref, what, nan_ok=False):
+    """Equal bit for bit; with ``nan_ok``, any NaN matches any NaN (fma propagates NaNs its own way)."""
+    nan = np.isnan(ref) if nan_ok else np.zeros(ref.shape, bool)
+    assert np.array_equal(np.isnan(got) & nan, nan), f"{what}: NaN in other places"
+    bad = (got.view(np.uint32) != ref.view(np.uint32)) & ~nan
+    assert not bad.any(), f"{what}: {bad.sum()} outputs differ, first at {np.argwhere(bad)[0]}"
+
+
+def activations(rng, T, k=K):
+    x = rng.standard_normal((T, k)).astype(np.float32)
+    x[0, :5] = 0.0
+    x[min(1, T - 1), 3] = np.float32(1e-30)
+    return x
+
+
+def test_every_weight_type_has_a_lane_kernel():
+    assert set(LANE_TYPES) == set(TYPES)
+    assert all(lanes.supported(t) for t in TYPES)
+
+
+@pytest.mark.parametrize("scales", ["normal", "extreme"])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_lane_kernels_equal_plain_rows(qtype, scales):
+    rng = np.random.default_rng([int(qtype), 7])
+    w = random_rows(qtype, N, K, rng, scales=scales)
+    packed = kernels.pack(w, qtype)
+    assert isinstance(packed, kernels.PackedRows)
+    x = activations(rng, 13)
+    for T in (1, 2, 3, 4, 5, 9, 13):
+        ref = rows_reference(w, qtype, x[:T])
+        assert_same_bits(kernels.matmul(w, qtype, x[:T]), ref, f"lanes, T={T}")
+        assert_same_bits(kernels.matmul(packed, qtype, x[:T]), ref, f"packed, T={T}")
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_lane_kernels_nan_scales(qtype):
+    """Raw random bytes make inf/NaN scales (and, for the float types, values): NaN where the plain
+    path has NaN (its sign and payload may differ), the same bits everywhere else."""
+    rng = np.random.default_rng([int(qtype), 8])
+    w = random_rows(qtype, 32, K, rng, scales="raw")
+    if qtype in (QT.F32, QT.F16, QT.BF16):  # random_rows draws finite floats: use raw bit patterns
+        w = rng.integers(0, 256, (32, np.ascontiguousarray(w).view(np.uint8).shape[1]), dtype=np.uint8)
+    x = activations(rng, 9)
+    for T in (1, 9):
+        ref = rows_reference(w, qtype, x[:T])
+        assert_same_bits(kernels.matmul(w, qtype, x[:T]), ref, f"lanes, T={T}", nan_ok=True)
+        assert_same_bits(kernels.matmul(kernels.pack(w, qtype), qtype, x[:T]), ref, f"packed, T={T}", nan_ok=True)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.F16, QT.Q4_K], ids=lambda q: q.name)
+def test_wide_path_with_a_partial_span(qtype):
+    """K not a multiple of the wide path's 256-column span (Q8_0, F16: 288 = 256 + 32 columns), and a
+    long batch (T = 11: passes of eight or four rows, then three)."""
+    k = 288 if BLOCK[int(qtype)] <= 32 else 768
+    rng = np.random.default_rng([int(qtype), 9])
+    w = random_rows(qtype, 32, k, rng)
+    x = activations(rng, 11, k)
+    ref = rows_reference(w, qtype, x)
+    assert_same_bits(kernels.matmul(w, qtype, x), ref, "lanes")
+    assert_same_bits(kernels.matmul(kernels.pack(w, qtype), qtype, x), ref, "packed")
+
+
+# The types whose emitters have ISA-specific code: the 16-entry table lookups (MXFP4, IQ4_XS; IQ4_NL
+# shares IQ4_XS's), the int8 → float64 conversion of the packed codes (Q6_K; Q8_0 shares it). Every
+# type changes its vector width with the level (8 lanes below AVX-512), which these cover too.
+ISA_TYPES = [QT.MXFP4, QT.IQ4_XS, QT.Q6_K]
+
+
+@pytest.mark.parametrize("qtype", ISA_TYPES, ids=lambda q: q.name)
+def test_isa_levels_give_the_same_bits(qtype):
+    """Every level this host can run (generic IR; AVX2; AVX-512) equals the default level bit for bit,
+    raw and packed, narrow (and, for one type, wide). (On an ARM64 host only the generic level exists.)"""
+    rng = np.random.default_rng([int(qtype), 10])
+    w = random_rows(qtype, 32, K, rng, scales="extreme")
+    wb = np.ascontiguousarray(w).view(np.uint8)
+    p = kernels.pack(w, qtype)
+    x64 = activations(rng, 9).astype(np.float64)
+    for T in (1, 9) if qtype == QT.MXFP4 else (1,):  # the wide path decodes with the same emitters
+        want_raw, want_packed = np.zeros((T, 32), np.float32), np.zeros((T, 32), np.float32)
+        lanes.matmul_lanes(wb, qtype, x64[:T], want_raw, ISA)
+        lanes.matmul_packed(p, x64[:T], want_packed, ISA)
+        assert_same_bits(want_packed, want_raw, f"packed vs raw at {ISA_NAMES[ISA]}")
+        for level in range(TARGET_ISA + 1):
+            if level == ISA:
+                continue
+            got_raw, got_packed = np.zeros((T, 32), np.float32), np.zeros((T, 32), np.float32)
+            assert lanes.matmul_lanes(wb, qtype, x64[:T], got_raw, level) == 32
+            lanes.matmul_packed(p, x64[:T], got_packed, level)
+            assert_same_bits(got_raw, want_raw, f"raw, {ISA_NAMES[level]}, T={T}")
+            assert_same_bits(got_packed, want_packed, f"packed, {ISA_NAMES[level]}, T={T}")
+
+
+def test_isa_variants_are_named_and_cached_apart():
+    """A level other than the default is its own kernel, named after the level (numba caches it apart:
+    the level is a value its closure captures)."""
+    if ISA == 0:
+        pytest.skip("the default level is the generic one")
+    generic = lanes._matmul_lanes_serial(QT.Q8_0, 0, False)
+    assert generic.py_func.__name__ == "matmul_lanes_serial_q8_0_generic"
+    assert lanes._matmul_lanes_serial(QT.Q8_0, ISA, False).py_func.__name__ == "matmul_lanes_serial_q8_0"
+    assert generic is not lanes._matmul_lanes_serial(QT.Q8_0, ISA, False)
+    assert 0 in [c.cell_contents for c in generic.py_func.__closure__ if isinstance(c.cell_contents, int)]
+
+
+def test_pack_keeps_what_it_cannot_pack():
+    rng = np.random.default_rng(11)
+    w = random_rows(QT.Q4_K, LANES - 1, K, rng)  # fewer rows than a group
+    assert kernels.pack(w, QT.Q4_K) is w
+    f = random_rows(QT.F16, 32, 40, rng)  # rows of 40 values: not whole 16-value blocks
+    assert kernels.pack(f, QT.F16) is f
+    x = activations(rng, 2, 40)
+    assert_same_bits(kernels.matmul(f, QT.F16, x), rows_reference(f, QT.F16, x), "F16, K = 40")
+
+
+# --------------------------------------------------------------------------------------------
+# act_quant (--emulate): the lane kernels of kernels/lanes_act.py equal the scalar dots of kernels/actdots.py
+
+ACT_TYPES = [QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+
+
+def act_reference(w, qtype, x):
+    """``actdots``' scalar kernels alone (the definition the lane kernels must equal)."""
+    from kernels import actdots
+    from kernels.actquant import _q8_0_rows, _q8_k_rows
+
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    if kernels.layout(qtype).vec_dot_type == QT.Q8_0:
+        qs, d, _ = _q8_0_rows(x, with_s=False)
+        actdots._matmul_q8_0(int(qtype))(w, qs, d, out)
+    else:
+        qs, d, bsums = _q8_k_rows(x)
+        actdots._matmul_q8_k(int(qtype))(w, qs, d, bsums, out)
+    return out
+
+
+@pytest.mark.parametrize("scales", ["normal", "extreme", "raw"])
+@pytest.mark.parametrize("qtype", ACT_TYPES, ids=lambda q: q.name)
+def test_act_quant_lane_kernels_equal_the_scalar_dots(qtype, scales):
+    from kernels.lanes_act import ACT_LANE_TYPES
+
+    assert int(qtype) in ACT_LANE_TYPES
+    rng = np.random.default_rng([int(qtype), 12])
+    w = random_rows(qtype, N, K, rng, scales=scales)
+    x = activations(rng, 6)
+    x[2] *= np.float32(1e-3)
+    x[3, :256] = 0.0  # an all-zero Q8_K block (d = 0)
+    for T in (1, 2, 3, 4, 6):
+        assert_same_bits(kernels.matmul(w, qtype, x[:T], act_quant=True), act_reference(w, qtype, x[:T]), f"T={T}",
+                         nan_ok=scales == "raw")
+
+
+def test_act_quant_isa_levels_give_the_same_bits():
+    """MXFP4's value table is looked up with vpshufb on x86 and computed in generic IR: the same bits."""
+    from kernels.actquant import _q8_0_rows
+    from kernels.lanes_act import matmul_act_lanes
+
+    rng = np.random.default_rng(13)
+    w = random_rows(QT.MXFP4, 32, K, rng, scales="extreme")
+    qs, d, _ = _q8_0_rows(activations(rng, 4), with_s=False)
+    yx = np.zeros((4, 1), np.int16)
+    want = np.zeros((4, 32), np.float32)
+    matmul_act_lanes(w, QT.MXFP4, qs, d, yx, want, ISA)
+    for level in range(TARGET_ISA + 1):
+        got = np.zeros((4, 32), np.float32)
+        assert matmul_act_lanes(w, QT.MXFP4, qs, d, yx, got, level) == 32
+        assert_same_bits(got, want, ISA_NAMES[level])

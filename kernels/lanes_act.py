@@ -27,7 +27,7 @@ from numba.core.extending import intrinsic
 
 from .dequant import MXFP4_VALUES
 from .flags import jit, per_type
-from .lanes_blocks import _k_scale_min, _mxfp4_int
+from .lanes_blocks import _k_scale_min, _mxfp4_int, _q6_k_codes
 from .lanes_ir import (_MXFP4, _Q4_K, _Q5_K, _Q6_K, _Q8_0, BLOCK, ISA, ISA_GENERIC, ISA_NAMES, LANES, TYPE_SIZE, _Emit,
                        _f32, _i8, _i16, _i32, _i64, _ir_loop, _over_halves, vector_lanes)
 
@@ -172,26 +172,16 @@ def _act_q5_k(e, A, blk):
 
 
 def _act_q6_k(e: _Emit, A: _Act, blk):
-    """``_dot_q6_k_q8_k``: aux[l] = Σ_{p ≡ l mod 8} sc[g]·(q_p − 32)·y_p, then ``_add_lanes``."""
+    """``_dot_q6_k_q8_k``: aux[l] = Σ_{p ≡ l mod 8} sc[g]·(q_p − 32)·y_p (the codes of ``_q6_k_codes``),
+    then ``_add_lanes``."""
     b = e.b
     sw = e.dwords(192, 4)
     sc = [e.sbyte(sw[g // 4], g % 4) for g in range(16)]
-    nib, two, bit5 = e.const(0x0F0F0F0F), e.const(0x03030303), e.const(0x20202020)
     aux = [e.const(0)] * (8 * A.nt)
-    for n in range(2):
-        ql0, ql1, qh = e.dwords(64 * n, 8), e.dwords(64 * n + 32, 8), e.dwords(128 + 32 * n, 8)
-        for quarter in range(4):
-            for j4 in range(8):
-                lo = (ql0 if quarter in (0, 2) else ql1)[j4]
-                lo = b.and_(b.lshr(lo, e.const(4)) if quarter >= 2 else lo, nib)
-                hi = b.and_(b.lshr(qh[j4], e.const(2 * quarter)) if quarter else qh[j4], two)
-                codes = b.xor(b.or_(lo, b.shl(hi, e.const(4))), bit5)  # q − 32 as 6-bit two's complement
-                scale = sc[8 * n + (4 * j4) // 16 + 2 * quarter]
-                for k in range(4):
-                    p = 128 * n + 32 * quarter + 4 * j4 + k
-                    w = b.mul(scale, b.ashr(b.shl(codes, e.const(26 - 8 * k)), e.const(26)))
-                    for t in range(A.nt):
-                        aux[8 * t + p % 8] = b.add(aux[8 * t + p % 8], b.mul(w, A.q(t, p)))
+    for p, g, q32 in _q6_k_codes(e):
+        w = b.mul(sc[g], q32)
+        for t in range(A.nt):
+            aux[8 * t + p % 8] = b.add(aux[8 * t + p % 8], b.mul(w, A.q(t, p)))
     _lanes8(e, A, blk, aux, 206, True)  # d: bytes 208, 209
 
 

@@ -188,7 +188,7 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     N, T = w_bytes.shape[0], x2d.shape[0]
 
     if act_quant:
-        y = matmul_act_quant(w_bytes, qtype, x2d)
+        y = matmul_act_quant(w_bytes, qtype, x2d, packed)
     elif path == "numpy":
         y = _matmul_numpy(w_bytes, qtype, x2d)
     else:

@@ -17,8 +17,8 @@ For every (model, mix), in one run:
   they see the same machine load; the ratio is formed per round and its median and range printed.
   Only the generated tokens are timed (the prompt is processed first, untimed).
 * **prompt tok/s** (``--pp 256``; 0 skips it) — a prompt of that many tokens from an empty context:
-  refimpl as ``refimpl logits`` runs it (``forward`` on chunks of ``--pp-chunk`` = 16 positions, every
-  position's logits), llama.cpp as ``llama-bench -p 256`` does (one ``llama_decode`` of the whole
+  refimpl as ``refimpl logits`` runs it (``forward`` on chunks of ``--pp-chunk`` positions, default the
+  CLI's ``LOGITS_CHUNK``, every position's logits), llama.cpp as ``llama-bench -p 256`` does (one ``llama_decode`` of the whole
   prompt, n_batch = n_ubatch = 512, logits of the last position only); same threads, alternating
   rounds, the ratio per round.
 * **verify / decode** — refimpl's time for one verify batch of 1+3 positions (``forward`` of 4 tokens
@@ -320,7 +320,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=4)
     ap.add_argument("--verify-reps", type=int, default=7)
     ap.add_argument("--pp", type=int, default=256, help="prompt-processing row: prompt tokens (0: skip it)")
-    ap.add_argument("--pp-chunk", type=int, default=16, help="refimpl's positions per forward call on the prompt (as `refimpl logits`)")
+    ap.add_argument("--pp-chunk", type=int, default=None,
+                    help="refimpl's positions per forward call on the prompt (default: refimpl.cli.LOGITS_CHUNK, as `refimpl logits`)")
     ap.add_argument("--emulate", action="store_true", help="refimpl with --emulate numerics (act_quant)")
     ap.add_argument("--variants", default="mapped,packed",
                     help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
@@ -334,6 +335,10 @@ def main(argv=None) -> int:
 
     if not 0 <= args.pp <= 512:
         ap.error("--pp must be between 0 and 512 (llama.cpp's batch)")
+    if args.pp_chunk is None:
+        from refimpl.cli import LOGITS_CHUNK
+
+        args.pp_chunk = LOGITS_CHUNK
     load0 = os.getloadavg()
     from bench._common import cpu_description
 

@@ -12,8 +12,9 @@ Contract (what may live in this package):
   do not depend on the thread count or on how many activation rows are in the batch.
 * ``act_quant=True`` emulates llama.cpp's CPU activation quantization (Q8_0 / Q8_1 / Q8_K, F16 and
   BF16 rounding) and integer block dot products, to match llama.cpp to float-accumulation noise.
-* Speed without new numbers: the numba path runs the big types through ``kernels/lanes.py`` (16
-  weight rows per SIMD vector, LLVM IR), tested bit-identical to the scalar row kernel;
+* Speed without new numbers: the numba path runs every type through ``kernels/lanes.py`` (16
+  weight rows per group, a SIMD lane each, LLVM IR; ``act_quant`` through ``kernels/lanes_act.py``),
+  tested bit-identical to the scalar row kernels;
   ``pack(w_raw, qtype)`` returns a layout ``matmul`` accepts in place of ``w_raw`` (same results,
   no gathers). docs/performance.md.
 * ``dot64`` and ``delta_rule_step`` (``kernels/recurrent.py``): the trunk's float64 dot products and
@@ -25,8 +26,9 @@ Contract (what may live in this package):
 Files in dataflow order: ``flags`` (how everything is compiled) → ``blocks``, ``blocks_iq`` (byte
 layouts; the codebook IQ and ternary TQ types with their grids) → ``floats`` (exact f16/bf16/E8M0
 conversions) → ``dequant``, ``dequant_iq`` (bytes → float32) → ``actquant``, ``actdots``,
-``actdots_iq`` (llama.cpp's activation quantizers, then its integer dots) → ``lanes_ir``, ``lanes_blocks``, ``lanes`` (the fast
-plain kernels: IR vocabulary, per-type emitters, drivers and packing) →
+``actdots_iq`` (llama.cpp's activation quantizers, then its integer dots) → ``lanes_ir``, ``lanes_blocks_iq``,
+``lanes_blocks``, ``lanes``, ``lanes_act`` (the fast kernels: IR vocabulary and ISA levels, per-type emitters,
+drivers and packing, the act_quant lanes) →
 ``matmul`` (the public product) → ``recurrent`` (exact dots, the delta-rule step) → ``flashattn`` (llama.cpp's flash-attention vector path) → ``testing`` (random rows with controlled scales, for tests and
 ``bench/kernels.py``).
 Precision policy, tolerances and measured speed: ``docs/kernels.md``.

@@ -418,20 +418,22 @@ def _matmul_float(kind):
     return _matmul_act_float
 
 
-def _lanes(w_bytes, qtype, qs, d, yx, out) -> int:
-    """The row-lane kernels (kernels/lanes_act.py) for the first rows of ``out``, where the type has one:
-    the number of rows done (the same bits as the kernels below, which do the rest)."""
+def _lanes(w_bytes, qtype, qs, d, yx, out, packed) -> int:
+    """The row-lane kernels (kernels/lanes_act.py) for the first rows of ``out``, where the type has one
+    (from ``packed``, the matrix's PackedRows, when given): the number of rows done (the same bits as
+    the kernels below, which do the rest)."""
     from .lanes_act import ACT_LANE_TYPES, matmul_act_lanes
 
     if not JIT_ENABLED or int(qtype) not in ACT_LANE_TYPES:
         return 0
-    return matmul_act_lanes(w_bytes, qtype, qs, d, yx, out)
+    return matmul_act_lanes(w_bytes, qtype, qs, d, yx, out, packed=packed)
 
 
-def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray, packed=None) -> np.ndarray:
     """``y[t, n]`` = llama.cpp's generic CPU dot of weight row n with activation row t quantized to
     the weight's ``vec_dot_type``. ``w_bytes`` (N, row bytes) uint8 C-contiguous, ``x`` (T, K)
-    float32 C-contiguous, both validated by :func:`kernels.matmul.matmul`. Returns float32 (T, N).
+    float32 C-contiguous, both validated by :func:`kernels.matmul.matmul`; ``packed``: the matrix's
+    ``PackedRows`` if it has one (the lane kernels read it instead). Returns float32 (T, N).
     """
     cls = layout(qtype)
     kind = int(cls.qtype)
@@ -444,7 +446,7 @@ def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
         return out
     if vdt == QT.Q8_0:
         qs, d, _ = _q8_0_rows(x, with_s=False)
-        n = _lanes(w_bytes, qtype, qs, d, np.zeros((qs.shape[0], 1), np.int16), out)
+        n = _lanes(w_bytes, qtype, qs, d, np.zeros((qs.shape[0], 1), np.int16), out, packed)
         if n < w_bytes.shape[0]:
             tail = np.empty((out.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
             _matmul_q8_0(kind)(w_bytes[n:], qs, d, tail)
@@ -454,7 +456,7 @@ def matmul_act_quant(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
         _matmul_q8_1(kind)(w_bytes, qs, d, s, out)
     elif vdt == QT.Q8_K:
         qs, d, bsums = _q8_k_rows(x)
-        n = _lanes(w_bytes, qtype, qs, d, bsums, out)
+        n = _lanes(w_bytes, qtype, qs, d, bsums, out, packed)
         if n < w_bytes.shape[0]:
             tail = np.empty((out.shape[0], w_bytes.shape[0] - n), dtype=np.float32)
             _matmul_q8_k(kind)(w_bytes[n:], qs, d, bsums, tail)

@@ -7,36 +7,49 @@ The plain mode of :func:`kernels.matmul` defines every output as ::
 with float32 weights ``w`` decoded exactly as :mod:`kernels.dequant` does, products formed in
 float64 (exact) and the sum taken strictly in increasing k. That chain cannot be vectorized along k
 without changing its rounding. It *can* be vectorized across rows: here each SIMD lane holds one
-weight row's running sum, so a vector instruction advances 16 independent chains by one k, each in
-exactly the order above. The results are bit-identical to ``matmul._matmul_rows`` — tested for every
-type, T = 1…9 and thread counts 1 and 2 (tests/test_kernels_matmul.py, tests/test_perf_invariants.py).
+weight row's running sum, so a vector instruction advances 8 or 16 independent chains by one k, each
+in exactly the order above. The results are bit-identical to ``matmul._matmul_rows`` — tested for
+every type, raw and packed, narrow and wide, every instruction-set level the host runs
+(tests/test_kernels_lanes.py).
 
-How one group of ``LANES`` = 16 consecutive rows is computed (``_matmul_lanes``):
+How one group of ``LANES`` = 16 consecutive rows is computed:
 
-1. **Block kernel** (one LLVM-IR intrinsic per type, below), per block of the rows: the block's
-   bytes in the 16 rows are fetched four at a time with a *gather* (one 32-bit load per lane, at
-   the same byte offset in each row); the scales are decoded first (f16 → float32 exactly, the
-   K-quants' ``d·sc`` and ``dmin·m``), then each weight is unpacked with shifts and masks,
-   converted and scaled in float32 exactly as the row decoder does (same operations, same order, no
-   FMA contraction), widened to float64 and accumulated with ``acc[t] = fma(w, x[t, k], acc[t])``
-   for up to four activation rows. The fused multiply-add rounds once, after adding the *exact*
-   product (two float32 values multiply exactly in float64), so it equals the separate multiply
-   and add of the plain path.
-2. The ``T`` activation rows are taken four at a time (four accumulators of 16 float64 lanes, 8
-   zmm registers), so a verify batch of 1+3 rows decodes each weight block once.
+1. **Block kernel** (one LLVM-IR intrinsic per type, :mod:`kernels.lanes_blocks`,
+   :mod:`kernels.lanes_blocks_iq`), per block of the rows: the block's bytes in the 16 rows are
+   fetched four at a time with a *gather* (one 32-bit load per lane, at the same byte offset in each
+   row) or, from :func:`pack`'s layout, a plain vector load; the scales are decoded first (f16 →
+   float32 exactly, the K-quants' ``d·sc`` and ``dmin·m``, the codebook types' sub-block scales),
+   then each weight is unpacked with shifts, masks and table lookups, converted and scaled in float32
+   exactly as the row decoder does (same operations, same order; an explicit fma only where the
+   product is exact, so it rounds as the separate operations do), widened to float64 and accumulated
+   with ``acc[t] = fma(w, x[t, k], acc[t])``. The fused multiply-add rounds once, after adding the
+   *exact* product (two float32 values multiply exactly in float64), so it equals the separate
+   multiply and add of the plain path.
+2. **Narrow path** (T < ``WIDE_FROM`` = 9): the activation rows four at a time (four accumulators per
+   vector of lanes), so a verify batch of 1+3 rows decodes each weight block once.
+3. **Wide path** (T ≥ 9: a prompt's batch): ``SPAN`` = 256 columns at a time, each block of the group
+   decoded once into a float64 buffer [SPAN, LANES], then every activation row accumulated from it
+   (``lanes_ir.fma_cols``, eight rows per pass at AVX-512): the decoding is paid once per batch
+   instead of once per four rows, and each sum still runs over k in increasing order.
+
+Instruction-set levels (:mod:`kernels.lanes_ir`): the kernels are generic LLVM IR at 8 lanes per
+vector; at AVX2 two x86 instructions are added (``vpshufb`` for 16-entry value tables, ``vpgatherdd``
+where LLVM would scalarize a gather), at AVX-512 16 lanes per vector, ``vpermps`` and ``vcvtqq2pd``.
+Each level is a compile-time constant of the kernels; all give the same bits.
 
 Why LLVM IR: numba's auto-vectorizer does not vectorize this shape (16 accumulators that live in
 registers across a loop, gathered byte loads); written as numba loops it ran slower than the scalar
 path. ``llvm.masked.gather`` and ``llvm.fma`` are target-independent (scalarized where the CPU has no
 gather); on AVX-512 they become ``vpgather`` and ``vfmadd…pd zmm``.
 
-Scope: Q8_0, MXFP4, Q4_K and Q6_K (the types of the q4_k_m and mxfp4 mixes' big matrices) with
-K a multiple of the block; ``matmul`` sends every other type, the last ``N mod 16`` rows, and
-everything when ``NUMBA_DISABLE_JIT=1`` (intrinsics cannot run as Python) to ``_matmul_rows``.
+Scope: every weight type, with K a multiple of the block; ``matmul`` sends the last ``N mod 16``
+rows, and everything when ``NUMBA_DISABLE_JIT=1`` (intrinsics cannot run as Python), to
+``_matmul_rows``. The emulated mode's lane kernels (``act_quant=True``): :mod:`kernels.lanes_act`.
 
-Files: :mod:`kernels.lanes_ir` (constants, the IR vocabulary, the block-kernel factory) →
-:mod:`kernels.lanes_blocks` (one emitter per type, and their intrinsics) → this module (the
-drivers over groups of rows, the packed layout :func:`pack`, the entry points ``matmul`` calls).
+Files: :mod:`kernels.lanes_ir` (constants, ISA levels, the IR vocabulary, the intrinsic factories) →
+:mod:`kernels.lanes_blocks_iq`, :mod:`kernels.lanes_blocks` (one emitter per type, and the
+intrinsics) → this module (the drivers over groups of rows, the packed layout :func:`pack`, the
+entry points ``matmul`` calls) → :mod:`kernels.lanes_act` (act_quant).
 """
 
 from __future__ import annotations
@@ -362,8 +375,8 @@ class PackedRows:
 
 def pack(w_raw: np.ndarray, qtype):
     """``w_raw`` (N rows of ``qtype`` bytes, or a stack (X, N, row bytes) of expert matrices with N a
-    multiple of LANES) as :class:`PackedRows` when the type has a lane kernel and N ≥ LANES;
-    otherwise ``w_raw`` itself. Either result can be passed to ``kernels.matmul``
+    multiple of LANES) as :class:`PackedRows` when N ≥ LANES and K is a whole number of the lane
+    kernels' blocks; otherwise ``w_raw`` itself. Either result can be passed to ``kernels.matmul``
     in place of ``w_raw``, with identical results; the packed one skips the gathers (faster when a
     matrix is multiplied many times, e.g. every decoded token) at the cost of a copy of its bytes.
 

@@ -27,9 +27,11 @@ from numba.core.extending import intrinsic
 
 from .dequant import MXFP4_VALUES
 from .flags import jit, per_type
-from .lanes_blocks import _k_scale_min, _mxfp4_int
-from .lanes_ir import (_MXFP4, _Q4_K, _Q5_K, _Q6_K, _Q8_0, BLOCK, ISA, ISA_GENERIC, ISA_NAMES, LANES, TYPE_SIZE, _Emit,
-                       _f32, _i8, _i16, _i32, _i64, _ir_loop, _over_halves, vector_lanes)
+from .lanes_blocks import _k_scale_min, _mxfp4_int, _q6_k_codes
+from .lanes_ir import (_MXFP4, _Q4_K, _Q5_K, _Q6_K, _Q8_0, BLOCK, CODE_SLOTS, ISA, ISA_GENERIC, ISA_NAMES, LANES, TYPE_SIZE,
+                       PREFETCH_BYTES, _Emit, _f32, _i8, _i16, _i32, _i64, _ir_loop, _over_halves, _PackedEmit, _prefetch,
+                       vector_lanes)
+from .lanes_ir import SLOTS as PACK_SLOTS
 
 #: Float32 state slots per (weight row, activation row): sumf; or sums[0..7] and sumf (slot 8).
 SLOTS = {_Q8_0: 1, _MXFP4: 1, _Q4_K: 9, _Q5_K: 9, _Q6_K: 9}
@@ -163,80 +165,164 @@ def _act_q45_k(e: _Emit, A: _Act, blk, five_bits: bool):
         A.sub(t, 8, b.fmul(b.fmul(dmin, A.d(t, blk)), e.i2f(summs[t])))
 
 
+def _act_q45_k_packed(e: _PackedEmit, A: _Act, blk, five_bits: bool):
+    """``_act_q45_k`` from packed words, residue by residue: aux[l] over the 32 values ≡ l mod 8 (bytes
+    l % 4 of the words 8c + (l + 8m) // 4 of chunk c, both nibbles), then that lane's sums[l] update —
+    so only ``nt`` integer accumulators are live (the words are plain loads, re-read per residue)."""
+    b = e.b
+    qs_at = 48 if five_bits else 16
+    pairs = _k_scale_min(e, e.dwords(4, 3))
+    d = e.f16(e.dwords(0)[0], high=False)
+    dd = [b.fmul(d, A.d(t, blk)) for t in range(A.nt)]
+    for l in range(8):
+        def chunk(c, aux, l=l):
+            for high in (0, 1):
+                for m in range(4):
+                    l32 = l + 8 * m
+                    dw = e.dwords(qs_at + 4 * (l32 // 4), dyn=b.mul(c, e.const64(32)))[0]
+                    a = e.bits(dw, 8 * (l % 4) + 4 * high, 4)
+                    if five_bits:
+                        qh = e.dwords(16 + 4 * (l32 // 4))[0]
+                        shift = b.trunc(b.add(b.mul(c, e.const64(2)), e.const64(8 * (l % 4) + high)), _i32)
+                        a = b.or_(a, b.shl(b.and_(b.lshr(qh, e.splat(shift, _i32)), e.const(1)), e.const(4)))
+                    col = b.add(b.mul(c, e.const64(64)), e.const64(32 * high + l32))
+                    w = b.mul(e.pick(sc_table, b.add(b.mul(c, e.const64(2)), e.const64(high))), a)
+                    aux = [b.add(aux[t], b.mul(w, A.q(t, col))) for t in range(A.nt)]
+            return aux
+
+        sc_table = e.table([sc for sc, _ in pairs])
+        aux = _ir_loop(b, 4, [e.const(0)] * A.nt, chunk)
+        for t in range(A.nt):
+            A.add(t, l, b.fmul(dd[t], e.i2f(aux[t])))
+    dmin = e.f16(e.dwords(0)[0], high=True)
+    for t in range(A.nt):
+        summs = e.const(0)
+        for c in range(4):
+            summs = b.add(summs, b.mul(b.add(A.bsum(t, 4 * c), A.bsum(t, 4 * c + 1)), pairs[2 * c][1]))
+            summs = b.add(summs, b.mul(b.add(A.bsum(t, 4 * c + 2), A.bsum(t, 4 * c + 3)), pairs[2 * c + 1][1]))
+        A.sub(t, 8, b.fmul(b.fmul(dmin, A.d(t, blk)), e.i2f(summs)))
+
+
 def _act_q4_k(e, A, blk):
-    _act_q45_k(e, A, blk, False)
+    (_act_q45_k_packed if isinstance(e, _PackedEmit) else _act_q45_k)(e, A, blk, False)
 
 
 def _act_q5_k(e, A, blk):
-    _act_q45_k(e, A, blk, True)
+    (_act_q45_k_packed if isinstance(e, _PackedEmit) else _act_q45_k)(e, A, blk, True)
 
 
 def _act_q6_k(e: _Emit, A: _Act, blk):
-    """``_dot_q6_k_q8_k``: aux[l] = Σ_{p ≡ l mod 8} sc[g]·(q_p − 32)·y_p, then ``_add_lanes``."""
+    """``_dot_q6_k_q8_k``: aux[l] = Σ_{p ≡ l mod 8} sc[g]·(q_p − 32)·y_p (the codes of ``_q6_k_codes``),
+    then ``_add_lanes``."""
     b = e.b
     sw = e.dwords(192, 4)
     sc = [e.sbyte(sw[g // 4], g % 4) for g in range(16)]
-    nib, two, bit5 = e.const(0x0F0F0F0F), e.const(0x03030303), e.const(0x20202020)
     aux = [e.const(0)] * (8 * A.nt)
-    for n in range(2):
-        ql0, ql1, qh = e.dwords(64 * n, 8), e.dwords(64 * n + 32, 8), e.dwords(128 + 32 * n, 8)
-        for quarter in range(4):
-            for j4 in range(8):
-                lo = (ql0 if quarter in (0, 2) else ql1)[j4]
-                lo = b.and_(b.lshr(lo, e.const(4)) if quarter >= 2 else lo, nib)
-                hi = b.and_(b.lshr(qh[j4], e.const(2 * quarter)) if quarter else qh[j4], two)
-                codes = b.xor(b.or_(lo, b.shl(hi, e.const(4))), bit5)  # q − 32 as 6-bit two's complement
-                scale = sc[8 * n + (4 * j4) // 16 + 2 * quarter]
-                for k in range(4):
-                    p = 128 * n + 32 * quarter + 4 * j4 + k
-                    w = b.mul(scale, b.ashr(b.shl(codes, e.const(26 - 8 * k)), e.const(26)))
-                    for t in range(A.nt):
-                        aux[8 * t + p % 8] = b.add(aux[8 * t + p % 8], b.mul(w, A.q(t, p)))
+    for p, g, q32 in _q6_k_codes(e):
+        w = b.mul(sc[g], q32)
+        for t in range(A.nt):
+            aux[8 * t + p % 8] = b.add(aux[8 * t + p % 8], b.mul(w, A.q(t, p)))
     _lanes8(e, A, blk, aux, 206, True)  # d: bytes 208, 209
 
 
+def _act_q8_0_codes(e: _PackedEmit, A: _Act, blk):
+    """``_act_q8_0`` from the packed codes (``lanes._pack_q8_0``: column j's int8 codes side by side, d as
+    the float32 of its f16 — the value ``f16_at`` gives)."""
+    b = e.b
+    d = b.bitcast(e.words(8)[0], e.vec(_f32))
+    sumi = [e.const(0)] * A.nt
+    for j in range(32):
+        w = b.sext(e.codes(e.const64(j)), e.vec(_i32))
+        sumi = [b.add(sumi[t], b.mul(w, A.q(t, j))) for t in range(A.nt)]
+    for t in range(A.nt):
+        A.add(t, 0, b.fmul(e.i2f(sumi[t]), b.fmul(d, A.d(t, blk))))
+
+
+def _act_q6_k_codes(e: _PackedEmit, A: _Act, blk):
+    """``_act_q6_k`` from the packed codes (``lanes._pack_q6_k``: the codes q − 32 as int8 column by column,
+    the 16 int8 scales, d as float32), residue by residue (any column is one load here): aux[l] over the
+    values p = l, l + 8, …, then that lane's sums[l] update, ``nt`` integer accumulators live."""
+    b = e.b
+    sw = e.words(64, 4)
+    sc = [e.sbyte(sw[g // 4], g % 4) for g in range(16)]
+    d = b.bitcast(e.words(68)[0], e.vec(_f32))
+    dd = [b.fmul(d, A.d(t, blk)) for t in range(A.nt)]
+    for l in range(8):
+        aux = [e.const(0)] * A.nt
+        for p in range(l, 256, 8):
+            w = b.mul(sc[p // 16], b.sext(e.codes(e.const64(p)), e.vec(_i32)))
+            aux = [b.add(aux[t], b.mul(w, A.q(t, p))) for t in range(A.nt)]
+        for t in range(A.nt):
+            A.add(t, l, b.fmul(dd[t], e.i2f(aux[t])))
+
+
 ACT_EMITTERS = {_Q8_0: _act_q8_0, _MXFP4: _act_mxfp4, _Q4_K: _act_q4_k, _Q5_K: _act_q5_k, _Q6_K: _act_q6_k}
+#: From :func:`kernels.lanes.pack`'s layout: the same, except the column-major code layouts.
+ACT_PACKED_EMITTERS = {**ACT_EMITTERS, _Q8_0: _act_q8_0_codes, _Q6_K: _act_q6_k_codes}
 
 
-#: Activation rows per pass: the integer accumulators of a pass stay in registers — one per row for
-#: Q8_0 / MXFP4, eight (the residues mod 8) per row for the K-quants.
+#: Activation rows per pass from raw rows: the integer accumulators of a pass stay in registers — one
+#: per row for Q8_0 / MXFP4, eight (the residues mod 8) per row for the K-quants, which therefore take
+#: one row per pass there. From packed words (plain loads) every type takes four: the K-quants go
+#: residue by residue, re-reading the words.
 ACT_ROWS = {_Q8_0: 4, _MXFP4: 4, _Q4_K: 1, _Q5_K: 1, _Q6_K: 1}
 
 
-@intrinsic
-def _act_block(typingctx, kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt):
-    """Block ``blk`` of the LANES rows row0 … of type ``kind`` against the quantized activation rows
-    t0 … t0 + nt − 1: the state float32 [MAX rows, slots, LANES] updated as the C code updates sumf /
-    sums[] for that block. yq int8 [T, K], yd float32 [T, K / block], yx int16 [T, K / 16] (Q8_K's
-    bsums; unused for Q8_0). ``kind``, ``isa``, ``nt`` literals."""
-    if not all(isinstance(v, types.IntegerLiteral) for v in (kind, isa, nt)):
-        return None
-    if kind.literal_value not in ACT_EMITTERS:
-        return None
-    k, level, NT = kind.literal_value, isa.literal_value, nt.literal_value
-    emit, n = ACT_EMITTERS[k], vector_lanes(level)
-    sig = types.void(kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt)
+def _act_kernel(name: str, emitters: dict, packed: bool):
+    """The intrinsic ``kernel(kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt)``: block ``blk`` of the
+    LANES rows row0 … of type ``kind`` against the quantized activation rows t0 … t0 + nt − 1, the state
+    float32 [rows, slots, LANES] updated as the C code updates sumf / sums[] for that block. yq int8
+    [T, K], yd float32 [T, K / block], yx int16 [T, K / 16] (Q8_K's bsums; unused for Q8_0).
+    ``kind``, ``isa``, ``nt``: literals. With ``packed``, ``w`` is :func:`kernels.lanes.pack`'s words and
+    ``row0`` the group."""
 
-    def codegen(context, b, signature, args):
-        st_a, w_a, yq_a, yd_a, yx_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (2, 3, 6, 7, 8))
-        row0_v, blk_v, t0_v = args[4], args[5], args[9]
-        row_stride = b.extract_value(w_a.strides, 0)
-        first = b.add(b.ptrtoint(w_a.data, _i64), b.add(b.mul(row0_v, row_stride), b.mul(blk_v, ir.Constant(_i64, TYPE_SIZE[k]))))
-        k0 = b.mul(blk_v, ir.Constant(_i64, BLOCK[k]))
-        widths = [b.extract_value(a.shape, 1) for a in (yq_a, yd_a, yx_a)]
-        yq_p = b.bitcast(yq_a.data, _i8.as_pointer())
-        yx_p = b.bitcast(yx_a.data, _i16.as_pointer())
+    def kernel(typingctx, kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt):
+        if not all(isinstance(v, types.IntegerLiteral) for v in (kind, isa, nt)):
+            return None
+        if kind.literal_value not in emitters:
+            return None
+        k, level, NT = kind.literal_value, isa.literal_value, nt.literal_value
+        emit, n = emitters[k], vector_lanes(level)
+        n_slots = CODE_SLOTS[k] if packed and k in CODE_SLOTS else len(PACK_SLOTS.get(k, ()))
+        sig = types.void(kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt)
 
-        def half(lane0):
-            e = _Emit(b, n, level, base=first)
-            lane = b.add(e.splat(b.trunc(lane0, _i32), _i32), ir.Constant(e.vec(_i32), list(range(n))))
-            e.offsets = b.mul(lane, e.splat(b.trunc(row_stride, _i32), _i32))
-            emit(e, _Act(e, yq_p, yd_a.data, yx_p, *widths, t0_v, NT, k0, st_a.data, SLOTS[k], lane0), blk_v)
+        def codegen(context, b, signature, args):
+            st_a, w_a, yq_a, yd_a, yx_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (2, 3, 6, 7, 8))
+            row0_v, blk_v, t0_v = args[4], args[5], args[9]
+            if packed:
+                first = b.mul(b.add(b.mul(row0_v, b.extract_value(w_a.shape, 1)), blk_v), ir.Constant(_i64, n_slots * LANES))
+                group_block = b.gep(b.bitcast(w_a.data, _i32.as_pointer()), [first])
+                block_bytes = 4 * n_slots * LANES
+                _prefetch(b, group_block, -(-PREFETCH_BYTES // block_bytes) * block_bytes, block_bytes)
+            else:
+                row_stride = b.extract_value(w_a.strides, 0)
+                first = b.add(b.ptrtoint(w_a.data, _i64),
+                              b.add(b.mul(row0_v, row_stride), b.mul(blk_v, ir.Constant(_i64, TYPE_SIZE[k]))))
+            k0 = b.mul(blk_v, ir.Constant(_i64, BLOCK[k]))
+            widths = [b.extract_value(a.shape, 1) for a in (yq_a, yd_a, yx_a)]
+            yq_p = b.bitcast(yq_a.data, _i8.as_pointer())
+            yx_p = b.bitcast(yx_a.data, _i16.as_pointer())
 
-        _over_halves(b, n, half)
-        return context.get_dummy_value()
+            def half(lane0):
+                if packed:
+                    e = _PackedEmit(b, n, level, group_block, lane0, PACK_SLOTS.get(k, ()))
+                else:
+                    e = _Emit(b, n, level, base=first)
+                    lane = b.add(e.splat(b.trunc(lane0, _i32), _i32), ir.Constant(e.vec(_i32), list(range(n))))
+                    e.offsets = b.mul(lane, e.splat(b.trunc(row_stride, _i32), _i32))
+                emit(e, _Act(e, yq_p, yd_a.data, yx_p, *widths, t0_v, NT, k0, st_a.data, SLOTS[k], lane0), blk_v)
 
-    return sig, codegen
+            _over_halves(b, n, half)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return intrinsic(kernel)
+
+
+_act_block = _act_kernel("_act_block", ACT_EMITTERS, packed=False)
+_act_packed = _act_kernel("_act_packed", ACT_PACKED_EMITTERS, packed=True)
 
 
 SLOTS_OF = np.zeros(64, dtype=np.int64)
@@ -275,16 +361,21 @@ def _act_group1(kind, isa, w, g, yq, yd, yx, out, state):
 
 
 @jit()
+def _rows_per_pass(T, t0):
+    """Activation rows of the next pass of ``_act_group4``: 4, 2 or 1 (3 rows as 2 + 1)."""
+    nt = min(4, T - t0)
+    return 2 if nt == 3 else nt
+
+
+@jit()
 def _act_group4(kind, isa, w, g, yq, yd, yx, out, state):
-    """``_act_group1`` with up to four activation rows per pass (3 rows as 2 + 1; state [4, slots, LANES])."""
+    """``_act_group1`` with up to four activation rows per pass (state [4, slots, LANES])."""
     T = yq.shape[0]
-    n_blocks = yq.shape[1] // 32
     t0 = 0
     while t0 < T:
-        nt = min(4, T - t0)
-        nt = 2 if nt == 3 else nt
+        nt = _rows_per_pass(T, t0)
         state[:] = 0.0
-        for blk in range(n_blocks):
+        for blk in range(yq.shape[1] // (256 if SLOTS_OF[kind] == 9 else 32)):
             if nt == 1:
                 _act_block(kind, isa, state, w, g * LANES, blk, yq, yd, yx, t0, 1)
             elif nt == 2:
@@ -295,31 +386,61 @@ def _act_group4(kind, isa, w, g, yq, yd, yx, out, state):
         t0 += nt
 
 
+@jit()
+def _act_group4_packed(kind, isa, p, g, yq, yd, yx, out, state):
+    """``_act_group4`` from packed words."""
+    T = yq.shape[0]
+    t0 = 0
+    while t0 < T:
+        nt = _rows_per_pass(T, t0)
+        state[:] = 0.0
+        for blk in range(p.shape[1]):
+            if nt == 1:
+                _act_packed(kind, isa, state, p, g, blk, yq, yd, yx, t0, 1)
+            elif nt == 2:
+                _act_packed(kind, isa, state, p, g, blk, yq, yd, yx, t0, 2)
+            else:
+                _act_packed(kind, isa, state, p, g, blk, yq, yd, yx, t0, 4)
+        _act_store(kind, state, out, g, t0, nt)
+        t0 += nt
+
+
 @per_type
-def _matmul_act_lanes(kind, isa=ISA):
-    variant = "" if isa == ISA else ISA_NAMES[isa]
-    if ACT_ROWS[kind] == 1:
+def _matmul_act_lanes(kind, isa=ISA, packed=False):
+    variant = "_".join(([] if isa == ISA else [ISA_NAMES[isa]]) + (["packed"] if packed else []))
+    rows = 4 if packed else ACT_ROWS[kind]
+    if rows == 1 and not packed:
         @jit(parallel=True, kind=kind, variant=variant)
         def _matmul_act_lanes(w, yq, yd, yx, out):
             """out[t, n] for the first LANES·(N // LANES) rows: llama.cpp's generic dot of each with activation t."""
             for g in prange(w.shape[0] // LANES):
                 _act_group1(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((1, SLOTS_OF[kind], LANES), dtype=np.float32))
-    else:
+    elif not packed:
         @jit(parallel=True, kind=kind, variant=variant)
         def _matmul_act_lanes(w, yq, yd, yx, out):
             """out[t, n] for the first LANES·(N // LANES) rows: llama.cpp's generic dot of each with activation t."""
             for g in prange(w.shape[0] // LANES):
                 _act_group4(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((4, SLOTS_OF[kind], LANES), dtype=np.float32))
+    else:
+        @jit(parallel=True, kind=kind, variant=variant)
+        def _matmul_act_lanes(w, yq, yd, yx, out):
+            """The same from packed words (``w``: uint32 [groups, blocks, slots, LANES])."""
+            for g in prange(w.shape[0]):
+                _act_group4_packed(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((4, SLOTS_OF[kind], LANES), dtype=np.float32))
 
     return _matmul_act_lanes
 
 
-def matmul_act_lanes(w_bytes: np.ndarray, qtype, yq, yd, yx, out: np.ndarray, isa: int = ISA) -> int:
+def matmul_act_lanes(w_bytes: np.ndarray, qtype, yq, yd, yx, out: np.ndarray, isa: int = ISA, packed=None) -> int:
     """Fill ``out[:, :n]`` (n = LANES·(N // LANES)) for a type of ``ACT_LANE_TYPES``; return n. yq/yd/yx:
     the activation rows quantized (actquant ``_q8_0_rows`` / ``_q8_k_rows``; yx the Q8_K bsums, or any
-    int16 (T, ·) array for Q8_0 activations)."""
+    int16 (T, ·) array for Q8_0 activations). ``packed``: the matrix's :class:`kernels.lanes.PackedRows`,
+    if it has one (its words are read instead of gathering ``w_bytes``: the same numbers)."""
+    if packed is not None:
+        _matmul_act_lanes(int(qtype), isa, True)(packed.words, yq, yd, yx, out)
+        return packed.words.shape[0] * LANES
     n = w_bytes.shape[0] // LANES * LANES
     if n == 0 or w_bytes.strides[0] * LANES >= 1 << 31:
         return 0
-    _matmul_act_lanes(int(qtype), isa)(w_bytes, yq, yd, yx, out)
+    _matmul_act_lanes(int(qtype), isa, False)(w_bytes, yq, yd, yx, out)
     return n

@@ -347,34 +347,39 @@ def _emit_q5_k(e: _Emit):
     yield _Loop(4, 64, chunk)
 
 
-def _emit_q6_k(e: _Emit):
-    """``_deq_q6_k``: sixteen int8 scales at byte 192, d f16 at 208;
-    for n = 0..1, l = 0..31 with ql0 = ql[64n + l], ql1 = ql[64n + 32 + l], qh = qh[32n + l]
-    (ql at byte 0, qh at 128) and group g = 8n + l // 16:
-    w[128n + l]      = (d·sc[g])     * (float32((ql0 & 15) | ((qh & 3) << 4)) − 32)
-    w[128n + 32 + l] = (d·sc[g + 2]) * (float32((ql1 & 15) | (((qh >> 2) & 3) << 4)) − 32)
-    w[128n + 64 + l] = (d·sc[g + 4]) * (float32((ql0 >> 4) | (((qh >> 4) & 3) << 4)) − 32)
-    w[128n + 96 + l] = (d·sc[g + 6]) * (float32((ql1 >> 4) | (((qh >> 6) & 3) << 4)) − 32)
-    The 6-bit codes of four consecutive l are assembled at once in one 32-bit word (byte k = l + k)."""
+def _q6_k_codes(e: _Emit):
+    """The 256 codes of a Q6_K block (ql at byte 0, qh at 128) in increasing k: yields (k, group g,
+    q − 32 as int32 lanes), ``_deq_q6_k``'s assembly — for n = 0..1, l = 0..31 with ql0 = ql[64n + l],
+    ql1 = ql[64n + 32 + l], qh = qh[32n + l]:
+    q[128n + l] = (ql0 & 15) | ((qh & 3) << 4), q[128n + 32 + l] = (ql1 & 15) | (((qh >> 2) & 3) << 4),
+    q[128n + 64 + l] = (ql0 >> 4) | (((qh >> 4) & 3) << 4), q[128n + 96 + l] = (ql1 >> 4) | (((qh >> 6) & 3) << 4);
+    value k is in group k // 16. The codes of four consecutive l are assembled at once in one 32-bit
+    word (byte k = l + k), with bit 5 flipped: read as 6-bit two's complement numbers they are exactly
+    q − 32. (Unrolled: as a ``_Loop`` over n, re-gathering or spilling ql/qh, it ran ~25 % slower.)"""
     b = e.b
-    sw = e.dwords(192, 4)
-    d = e.f16(e.dwords(206)[0], high=True)  # bytes 206..209: scales 14, 15, then d
-    ds = [b.fmul(d, e.s2f(e.sbyte(sw[g // 4], g % 4))) for g in range(16)]  # d·sc[g]
     nib, two, bit5 = e.const(0x0F0F0F0F), e.const(0x03030303), e.const(0x20202020)
-    for n in range(2):  # unrolled: as a _Loop over n (re-gathering or spilling ql/qh) it ran ~25 % slower
+    for n in range(2):
         ql0, ql1, qh = e.dwords(64 * n, 8), e.dwords(64 * n + 32, 8), e.dwords(128 + 32 * n, 8)
         for quarter in range(4):
             for j4 in range(8):
                 lo = (ql0 if quarter in (0, 2) else ql1)[j4]
                 lo = b.and_(b.lshr(lo, e.const(4)) if quarter >= 2 else lo, nib)
                 hi = b.and_(b.lshr(qh[j4], e.const(2 * quarter)) if quarter else qh[j4], two)
-                # four 6-bit codes q, one per byte, with bit 5 flipped: read as 6-bit two's complement
-                # numbers they are exactly q − 32, so float32(that) == float32(q) − 32
                 codes = b.xor(b.or_(lo, b.shl(hi, e.const(4))), bit5)
-                scale = ds[8 * n + (4 * j4) // 16 + 2 * quarter]
                 for k in range(4):
-                    q32 = b.ashr(b.shl(codes, e.const(26 - 8 * k)), e.const(26))  # q − 32, sign-extended
-                    yield 128 * n + 32 * quarter + 4 * j4 + k, b.fmul(scale, e.s2f(q32))
+                    p = 128 * n + 32 * quarter + 4 * j4 + k
+                    yield p, p // 16, b.ashr(b.shl(codes, e.const(26 - 8 * k)), e.const(26))  # sign-extended
+
+
+def _emit_q6_k(e: _Emit):
+    """``_deq_q6_k``: sixteen int8 scales at byte 192, d f16 at 208; w[k] = (d·sc[k // 16]) * (float32(q) − 32)
+    with the codes of ``_q6_k_codes`` (float32(q − 32) is that same number)."""
+    b = e.b
+    sw = e.dwords(192, 4)
+    d = e.f16(e.dwords(206)[0], high=True)  # bytes 206..209: scales 14, 15, then d
+    ds = [b.fmul(d, e.s2f(e.sbyte(sw[g // 4], g % 4))) for g in range(16)]  # d·sc[g]
+    for p, g, q32 in _q6_k_codes(e):
+        yield p, b.fmul(ds[g], e.s2f(q32))
 
 
 def _emit_q6_k_codes(e: _PackedEmit):

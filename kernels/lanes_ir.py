@@ -27,6 +27,8 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .blocks import QT
+from .dequant import (_BF16, _F16, _F32, _IQ1_M, _IQ1_S, _IQ2_S, _IQ2_XS, _IQ2_XXS, _IQ3_S, _IQ3_XXS, _IQ4_NL, _IQ4_XS,  # noqa: F401
+                      _MXFP4, _Q2_K, _Q3_K, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_1, _Q5_K, _Q6_K, _Q8_0, _TQ1_0, _TQ2_0)
 from .flags import KERNEL_ISA
 
 LANES = 16  # weight rows per group: the packed layout's width, one float64 sum each
@@ -65,14 +67,6 @@ def vector_lanes(isa: int) -> int:
     """Lanes per IR vector at level ``isa``: a group of LANES rows is computed in LANES // that passes."""
     return 16 if isa == ISA_AVX512 else 8
 
-
-_t = QT
-_F32, _F16, _BF16 = int(_t.F32), int(_t.F16), int(_t.BF16)
-_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1 = int(_t.Q8_0), int(_t.Q4_0), int(_t.Q4_1), int(_t.Q5_0), int(_t.Q5_1)
-_MXFP4, _IQ4_NL, _IQ4_XS = int(_t.MXFP4), int(_t.IQ4_NL), int(_t.IQ4_XS)
-_Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = int(_t.Q2_K), int(_t.Q3_K), int(_t.Q4_K), int(_t.Q5_K), int(_t.Q6_K)
-_IQ1_S, _IQ1_M, _IQ2_XXS, _IQ2_XS, _IQ2_S = int(_t.IQ1_S), int(_t.IQ1_M), int(_t.IQ2_XXS), int(_t.IQ2_XS), int(_t.IQ2_S)
-_IQ3_XXS, _IQ3_S, _TQ1_0, _TQ2_0 = int(_t.IQ3_XXS), int(_t.IQ3_S), int(_t.TQ1_0), int(_t.TQ2_0)
 
 #: Bytes and values of one "block" as the lane kernels walk a row (F32/F16/BF16: 16 values).
 TYPE_SIZE = {_F32: 64, _F16: 32, _BF16: 32, _Q8_0: 34, _Q4_0: 18, _Q4_1: 20, _Q5_0: 22, _Q5_1: 24, _MXFP4: 17,

@@ -11,9 +11,9 @@ Precision policy of the plain mode (``act_quant=False``) — the oracle's own nu
     batch gives bit-identical rows to single-row calls and nothing depends on the thread count.
 
 ``path="numba"`` (default)
-    For Q8_0, MXFP4, Q4_K and Q6_K, :mod:`kernels.lanes`: 16 weight rows at a time, one row's
-    float64 sum per SIMD lane, weight blocks decoded once per four activation rows. Otherwise (and
-    for the last N mod 16 rows) ``_matmul_rows(kind)``: ``prange`` over tasks of 16 weight rows; each row
+    Every type through :mod:`kernels.lanes`: 16 weight rows at a time, one row's float64 sum per
+    SIMD lane, weight blocks decoded once per four activation rows (once per batch from nine rows
+    on). For the last N mod 16 rows (and with ``NUMBA_DISABLE_JIT=1``) ``_matmul_rows(kind)``: ``prange`` over tasks of 16 weight rows; each row
     is decoded once into a thread-local float32 buffer, widened (exactly) to float64 and dotted with
     all T activation rows, so the weights are read once per batch. Both sum in **increasing column
     order** (``_matmul_rows`` sums four rows side by side, four independent chains in the same
@@ -188,7 +188,7 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     N, T = w_bytes.shape[0], x2d.shape[0]
 
     if act_quant:
-        y = matmul_act_quant(w_bytes, qtype, x2d)
+        y = matmul_act_quant(w_bytes, qtype, x2d, packed)
     elif path == "numpy":
         y = _matmul_numpy(w_bytes, qtype, x2d)
     else:

@@ -182,9 +182,12 @@ def test_act_quant_lane_kernels_equal_the_scalar_dots(qtype, scales):
     x = activations(rng, 6)
     x[2] *= np.float32(1e-3)
     x[3, :256] = 0.0  # an all-zero Q8_K block (d = 0)
+    packed = kernels.pack(w, qtype)
+    assert isinstance(packed, kernels.PackedRows)
     for T in (1, 2, 3, 4, 6):
-        assert_same_bits(kernels.matmul(w, qtype, x[:T], act_quant=True), act_reference(w, qtype, x[:T]), f"T={T}",
-                         nan_ok=scales == "raw")
+        ref = act_reference(w, qtype, x[:T])
+        assert_same_bits(kernels.matmul(w, qtype, x[:T], act_quant=True), ref, f"T={T}", nan_ok=scales == "raw")
+        assert_same_bits(kernels.matmul(packed, qtype, x[:T], act_quant=True), ref, f"packed, T={T}", nan_ok=scales == "raw")
 
 
 def test_act_quant_isa_levels_give_the_same_bits():

@@ -36,6 +36,7 @@ import numpy as np
 import kernels
 from kernels.blocks import QT, layout
 from refimpl.trace import Patcher
+from refimpl.weights import DenseFFNWeights
 
 NOISE = 1e-5  # float noise: max |Δ| of a row relative to its max |value| (issue 11's bound)
 MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]  # the tiny fixtures
@@ -90,20 +91,18 @@ def _same(il: int, *names: str) -> list[tuple[str, str]]:
     return [(f"{n}-{il}", f"{n}-{il}") for n in names]
 
 
-def _experts(ffn):
-    e = ffn.experts
-    return (e.gate(0), e.up(0)), (e.down(0),)
-
-
 def _ffn_parts(ffn, il: int, prefix: str, after: tuple[str, ...]):
-    """The FFN's sites and router; ``prefix``: the names' prefix in both (``mtp_`` in the MTP block,
-    where llama.cpp's build_moe_ffn / build_ffn names carry none); ``after``: the names past the FFN
-    that depend on its routing at the same position."""
-    gate_up, down = _experts(ffn)
+    """The FFN's sites and router (None for qwen35's dense FFN); ``prefix``: the names' prefix in both
+    (``mtp_`` in the MTP block, where llama.cpp's build_moe_ffn / build_ffn names carry none);
+    ``after``: the names past the FFN that depend on its routing at the same position."""
+    if isinstance(ffn, DenseFFNWeights):  # build_ffn: attn_post_norm -> gate, up; ffn_swiglu -> down
+        return [Site(f"{prefix}attn_post_norm-{il}", f"{prefix}attn_post_norm-{il}", (ffn.ffn_gate, ffn.ffn_up), il),
+                Site(f"{prefix}ffn_swiglu-{il}", f"ffn_swiglu-{il}", (ffn.ffn_down,), il)], None
+    e = ffn.experts
     sites = [
         Site(f"{prefix}attn_post_norm-{il}", f"{prefix}attn_post_norm-{il}",
-             (ffn.ffn_gate_inp, *gate_up, ffn.ffn_gate_shexp, ffn.ffn_up_shexp), il),
-        Site(f"{prefix}ffn_moe_swiglu-{il}", f"ffn_moe_swiglu-{il}", down, il),
+             (ffn.ffn_gate_inp, e.gate(0), e.up(0), ffn.ffn_gate_shexp, ffn.ffn_up_shexp), il),
+        Site(f"{prefix}ffn_moe_swiglu-{il}", f"ffn_moe_swiglu-{il}", (e.down(0),), il),
         Site(f"{prefix}ffn_swiglu-{il}", f"ffn_swiglu-{il}", (ffn.ffn_down_shexp,), il),
     ]
     downstream = (f"{prefix}ffn_moe_swiglu-{il}", f"{prefix}ffn_moe_out-{il}", f"{prefix}ffn_out-{il}", *after)
@@ -112,16 +111,24 @@ def _ffn_parts(ffn, il: int, prefix: str, after: tuple[str, ...]):
     return sites, router
 
 
+def _present(*matrices) -> tuple:
+    """The matrices a layer has: split or fused Gated DeltaNet projections (the other layout's are None)."""
+    return tuple(m for m in matrices if m is not None)
+
+
 def trunk_block(model) -> Block:
     """The trunk: per layer the attn_norm, mixer-output, attn_post_norm and swiglu sites, then
-    result_norm; layer inputs ``model.input_embed`` and ``l_out-il``; logits compared."""
+    result_norm; layer inputs the token embedding and ``l_out-il``; logits compared. Every arch:
+    qwen35's dense FFN, qwen3next's fused ``ssm_in`` / ``ssm_ba`` and its embedding's name."""
     c, w = model.config, model.weights
     sites, routers, outputs = [], [], []
-    inputs = [("model.input_embed", "model.input_embed")]
+    embed = "model.embed_tokens" if c.arch.name == "qwen3next" else "model.input_embed"  # qwen3next.cpp's cb name
+    inputs = [("model.input_embed", embed)]
     for il, lw in enumerate(w.layers):
         m = lw.mixer
         if c.is_recurrent[il]:
-            sites += [Site(f"attn_norm-{il}", f"attn_norm-{il}", (m.attn_qkv, m.attn_gate, m.ssm_beta, m.ssm_alpha), il),
+            projections = _present(m.attn_qkv, m.attn_gate, m.ssm_beta, m.ssm_alpha, m.ssm_in, m.ssm_ba)
+            sites += [Site(f"attn_norm-{il}", f"attn_norm-{il}", projections, il),
                       Site(f"final_output-{il}", f"final_output-{il}", (m.ssm_out,), il)]
             outputs += _same(il, "linear_attn_out")
         else:
@@ -130,8 +137,8 @@ def trunk_block(model) -> Block:
             outputs += _same(il, "attn_output")
         ffn_sites, router = _ffn_parts(lw.ffn, il, "", (f"l_out-{il}",))
         sites += ffn_sites
-        routers.append(router)
-        outputs += _same(il, "attn_residual", "ffn_moe_out", "ffn_shexp", "ffn_out")
+        routers += [router] if router else []
+        outputs += _same(il, "attn_residual", "ffn_out") + (_same(il, "ffn_moe_out", "ffn_shexp") if router else [])
         inputs += _same(il, "l_out")  # layer il's output, layer il+1's input
     sites.append(Site("result_norm", "result_norm", (w.output,), -1))
     outputs.append(("result_output", "logits"))
@@ -150,10 +157,11 @@ def mtp_block(model, mw) -> Block:
              Site(f"mtp_attn_gated-{L}", f"mtp_attn_out-{L}.src1", (m.attn_output,), L)]  # unnamed in llama.cpp
     ffn_sites, router = _ffn_parts(lw.ffn, L, "mtp_", (f"mtp_post_ffn-{L}", "h_nextn"))
     sites += ffn_sites + [Site("h_nextn", "h_nextn", (mw.shared_head_head,), L)]
-    outputs = _same(L, "mtp_eh_proj", "mtp_attn_out", "mtp_attn_residual", "mtp_ffn_moe_out", "mtp_ffn_shexp",
+    moe_outputs = ("mtp_ffn_moe_out", "mtp_ffn_shexp") if router else ()  # qwen35's dense FFN has neither
+    outputs = _same(L, "mtp_eh_proj", "mtp_attn_out", "mtp_attn_residual", *moe_outputs,
                     "mtp_ffn_out", "mtp_post_ffn") + [("result_output", "result_output")]
     results = {L: [("h_nextn", "h_nextn"), ("result_output", "result_output")]}
-    return Block(sites, [router], _same(L, "mtp_tok_embd"), outputs, results, c.n_expert_used)
+    return Block(sites, [router] if router else [], _same(L, "mtp_tok_embd"), outputs, results, c.n_expert_used)
 
 
 # ---- comparing --------------------------------------------------------------------------------
@@ -392,34 +400,88 @@ def summary(run: TrunkRun) -> dict:
             "layer_local_max": max(worst.values())}
 
 
+@dataclass(frozen=True)
+class MTPRun:
+    """llama.cpp's run of ``prompt`` with its MTP context (tests/llama_ref.py), the trunk's and the
+    head's intermediates captured, next to refimpl's model and ``ctx``."""
+
+    model: object
+    ctx: object
+    prompt: list
+    ref: object  # llama_ref.LlamaRun: hidden, logits, mtp_logits, trace (with "logits"), mtp_trace
+    trunk: Block
+    head: Block
+
+    @staticmethod
+    def make(model, path, ctx, prompt) -> "MTPRun":
+        from llama_ref import llama_run
+
+        from refimpl.mtp import load_mtp_weights
+
+        trunk, head = trunk_block(model), mtp_block(model, load_mtp_weights(model.file, model.weights))
+        ref = llama_run(path, list(prompt), mtp=True, trace=trunk.theirs_names(), mtp_trace=head.theirs_names())
+        ref.trace["logits"] = ref.logits
+        return MTPRun(model, ctx, list(prompt), ref, trunk, head)
+
+    def head_from_their_hiddens(self, trace) -> np.ndarray:
+        """The head as catch-up feeds it: token p with llama.cpp's hidden of p−1. -> logits [T, V]"""
+        from refimpl.drafts import mtp_catchup_logits
+
+        return mtp_catchup_logits(self.model, self.prompt, self.ref.hidden, dataclasses.replace(self.ctx, trace=trace))
+
+    def assert_layer_local(self, what: str) -> None:
+        assert_layer_local(self.head_from_their_hiddens, self.head, self.ref.mtp_trace, what)
+
+    def own(self):
+        """refimpl end to end: the trunk's hiddens and the head fed them, with both traces.
+        -> (h [T, E], mtp logits [T, V], trunk trace, head trace)"""
+        from refimpl.drafts import mtp_catchup_logits
+        from refimpl.model import forward
+        from refimpl.state import SeqState
+        from refimpl.trace import Recorder
+
+        rec, mtp_rec = Recorder(), Recorder()
+        _, h, _ = forward(self.model, SeqState.fresh(self.model.config), self.prompt, dataclasses.replace(self.ctx, trace=rec))
+        mtp = mtp_catchup_logits(self.model, self.prompt, h, dataclasses.replace(self.ctx, trace=mtp_rec))
+        return h, mtp, rec.arrays(), mtp_rec.arrays()
+
+    def assert_end_to_end(self, what: str) -> list[Crossing]:
+        """The trunk's hiddens and the head's logits (fed refimpl's own hiddens) at float noise at every
+        row but at and after a crossing (trunk rows up to p−1, head rows up to p), and the same drafted
+        token wherever no crossing came before. Returns the crossings found."""
+        h, mtp, ours, mtp_ours = self.own()
+        h_err, mtp_err = rel_rows(h, self.ref.hidden), rel_rows(mtp, self.ref.mtp_logits)
+        T = len(self.prompt)
+        in_trunk = crossings(self.trunk, ours, self.ref.trace)
+        in_head = crossings(self.head, mtp_ours, self.ref.mtp_trace)
+        trunk_crossed = first_crossing_at_or_before(in_trunk, T)
+        crossed = first_crossing_at_or_before(in_head, T) | np.concatenate([[False], trunk_crossed[:-1]])  # row p reads h of p−1
+        bad = (h_err > NOISE) & ~trunk_crossed
+        assert not bad.any(), f"{what}: trunk hidden {int(np.nonzero(bad)[0][0])} is {h_err[bad][0]:.3g} off with no crossing"
+        bad = (mtp_err > NOISE) & ~crossed
+        assert not bad.any(), f"{what}: MTP row {int(np.nonzero(bad)[0][0])} is {mtp_err[bad][0]:.3g} off with no crossing"
+        flipped = mtp.argmax(axis=1) != self.ref.mtp_logits.argmax(axis=1)
+        assert not np.any(flipped & ~crossed), f"{what}: drafted tokens differ at rows {np.nonzero(flipped & ~crossed)[0]} with no crossing"
+        return in_trunk + in_head
+
+
 def mtp_summary(model, path, ctx, prompt) -> dict:
     """The MTP block's figures (q8_0 in docs/numerics.md): its logits fed refimpl's own trunk hiddens
     against llama.cpp's MTP context, and the layer-local worst error."""
-    from llama_ref import llama_run
-
-    from refimpl.drafts import mtp_catchup_logits
-    from refimpl.model import forward
-    from refimpl.mtp import load_mtp_weights
-    from refimpl.state import SeqState
-    from refimpl.trace import Recorder
-
-    trunk, head = trunk_block(model), mtp_block(model, load_mtp_weights(model.file, model.weights))
-    ref = llama_run(path, prompt, mtp=True, trace=trunk.theirs_names(), mtp_trace=head.theirs_names())
-    ref.trace["logits"] = ref.logits
-    rec, mtp_rec = Recorder(), Recorder()
-    _, h, _ = forward(model, SeqState.fresh(model.config), prompt, dataclasses.replace(ctx, trace=rec))
-    err = rel_rows(mtp_catchup_logits(model, prompt, h, dataclasses.replace(ctx, trace=mtp_rec)), ref.mtp_logits)
-    found = crossings(trunk, rec.arrays(), ref.trace) + crossings(head, mtp_rec.arrays(), ref.mtp_trace)
-    patched = run_patched(lambda t: mtp_catchup_logits(model, prompt, ref.hidden, dataclasses.replace(ctx, trace=t)),
-                          head, ref.mtp_trace, sites=True)
-    worst = assert_patched_at_noise(head, patched, ref.mtp_trace, "MTP summary")
+    run = MTPRun.make(model, path, ctx, prompt)
+    _, mtp, ours, mtp_ours = run.own()
+    err = rel_rows(mtp, run.ref.mtp_logits)
+    found = crossings(run.trunk, ours, run.ref.trace) + crossings(run.head, mtp_ours, run.ref.mtp_trace)
+    patched = run_patched(run.head_from_their_hiddens, run.head, run.ref.mtp_trace, sites=True)
+    worst = assert_patched_at_noise(run.head, patched, run.ref.mtp_trace, "MTP summary")
     return {"at_noise": int((err <= NOISE).sum()), "T": len(err), "max": float(err.max()), "crossings": len(found),
             "first": str(min(found, key=lambda x: x.position)) if found else "none", "greedy_differs": "—",
             "layer_local_max": max(worst.values())}
 
 
 def _main(mixes: list[str]) -> None:
-    """``python tests/conformance.py [MIX …]``: the end-to-end and layer-local figures of every mix
+    """``python tests/conformance.py [[ARCH:]MIX …]``: the end-to-end and layer-local figures of every
+    mix (of the qwen35moe tiny fixture, or ``qwen35:q4_k_m`` / ``qwen3next:q8_0`` for a sibling arch)
     on this machine, with the ISA both sides run (the pytest header's)."""
     import tempfile
     from pathlib import Path
@@ -433,14 +495,15 @@ def _main(mixes: list[str]) -> None:
     print("| mix | at noise (≤ 1e-5) | max | crossings | first crossing | greedy steps differing | layer-local max |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for mix in mixes or MIXES:
-            path = Path(tmp) / f"tiny-{mix}.gguf"
-            write_fixture(path, preset="tiny", quant=mix, seed=0)
+        for case in mixes or MIXES:
+            arch, _, mix = case.rpartition(":")
+            path = Path(tmp) / f"tiny-{arch or 'qwen35moe'}-{mix}.gguf"
+            write_fixture(path, preset="tiny", quant=mix, seed=0, **({"arch": arch} if arch else {}))
             model = load_model(path)
             s = summary(TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), tiny_prompt(), N_GEN))
-            _row(mix, s)
-            if mix == "q8_0":  # the MTP head of tests/test_drafts.py
-                _row("q8_0 MTP head", mtp_summary(model, path, Ctx(act_quant=True), MTP_PROMPT))
+            _row(case, s)
+            if mix == "q8_0":  # the MTP head of tests/test_drafts.py (tests/test_arch.py for a sibling arch)
+                _row(f"{case} MTP head", mtp_summary(model, path, Ctx(act_quant=True), MTP_PROMPT))
 
 
 def _row(what: str, s: dict) -> None:

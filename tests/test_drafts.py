@@ -1,8 +1,6 @@
 """Draft sources: the n-gram rule (tie-breaks, clipping, overlap, gate), the MTP draft probability,
 greedy acceptance, and the MTP head against llama.cpp's MTP context (and ``logits --mtp-out``)."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,11 +11,9 @@ from conftest import require_llama_cpp
 from refimpl.cli import main
 from refimpl.drafts import mtp_catchup_logits, ngram_draft, top_k_p
 from refimpl.model import forward, load_model
-from refimpl.mtp import load_mtp_weights
 from refimpl.ops import Ctx
 from refimpl.speculative import accept_greedy
 from refimpl.state import SeqState
-from refimpl.trace import Recorder
 
 # ---------------------------------------------------------------------------------------------
 # n-gram
@@ -136,23 +132,16 @@ MTP_IDS = ["f32", "q8_0-emulated", "f32-extras"]
 
 @pytest.fixture(scope="module")
 def mtp_pair(make_fixture):
-    """case -> (model, ctx, llama.cpp's run with the trunk's and the MTP context's intermediates, the
-    trunk and MTP blocks), one llama.cpp run per case for the tests below."""
+    """case -> conformance.MTPRun: llama.cpp's run with the trunk's and the MTP context's
+    intermediates, one llama.cpp run per case for the tests below."""
     cache = {}
 
     def get(quant, options):
         key = (quant, tuple(sorted(options.items())))
         if key not in cache:
             require_llama_cpp()
-            from llama_ref import llama_run
-
             path = make_fixture("tiny", quant, **options)
-            model = load_model(path)
-            trunk = conformance.trunk_block(model)
-            head = conformance.mtp_block(model, load_mtp_weights(model.file, model.weights))
-            ref = llama_run(path, PROMPT, mtp=True, trace=trunk.theirs_names(), mtp_trace=head.theirs_names())
-            ref.trace["logits"] = ref.logits
-            cache[key] = (model, Ctx(act_quant=quant != "f32"), ref, trunk, head)
+            cache[key] = conformance.MTPRun.make(load_model(path), path, Ctx(act_quant=quant != "f32"), PROMPT)
         return cache[key]
 
     return get
@@ -165,12 +154,7 @@ def test_mtp_block_from_llama_cpp_own_inputs_is_at_float_noise(mtp_pair, quant, 
     llama.cpp's own float input (refimpl.trace.Patcher), reproduces every intermediate, h_nextn and
     the logits of llama.cpp's MTP context to float noise; fed only the hiddens, it does so at every
     position but at and after a crossing inside the block."""
-    model, ctx, ref, _, head = mtp_pair(quant, options)
-
-    def run(trace):  # the head as catch-up feeds it: token p with llama.cpp's hidden of p-1
-        return mtp_catchup_logits(model, PROMPT, ref.hidden, dataclasses.replace(ctx, trace=trace))
-
-    conformance.assert_layer_local(run, head, ref.mtp_trace, f"{quant} MTP")
+    mtp_pair(quant, options).assert_layer_local(f"{quant} MTP")
 
 
 @pytest.mark.oracle
@@ -179,25 +163,14 @@ def test_mtp_head_matches_llama_cpp(mtp_pair, quant, options):
     """End to end, the trunk's hiddens and the head fed refimpl's own hiddens: f32 within 1e-4 of
     llama.cpp; emulated, at float noise at every row but at and after a crossing (trunk rows up to
     p−1, head rows up to p), and the same drafted token wherever no crossing came before."""
-    model, ctx, ref, trunk, head = mtp_pair(quant, options)
-    rec = Recorder()
-    _, h, _ = forward(model, SeqState.fresh(model.config), PROMPT, dataclasses.replace(ctx, trace=rec))  # [T, E]
-    mtp_rec = Recorder()
-    mtp = mtp_catchup_logits(model, PROMPT, h, dataclasses.replace(ctx, trace=mtp_rec))  # fed refimpl's hiddens
-    h_err = conformance.rel_rows(h, ref.hidden)
-    mtp_err = conformance.rel_rows(mtp, ref.mtp_logits)
-    if quant == "f32":
-        assert h_err.max() <= 1e-4 and mtp_err.max() <= 1e-4, f"{h_err.max():.3g}, {mtp_err.max():.3g}"
-        assert np.array_equal(mtp.argmax(axis=1), ref.mtp_logits.argmax(axis=1))
+    run = mtp_pair(quant, options)
+    if quant != "f32":
+        run.assert_end_to_end(f"{quant} MTP")
         return
-    T = len(PROMPT)
-    trunk_crossed = conformance.first_crossing_at_or_before(conformance.crossings(trunk, rec.arrays(), ref.trace), T)
-    head_crossed = conformance.first_crossing_at_or_before(conformance.crossings(head, mtp_rec.arrays(), ref.mtp_trace), T)
-    crossed = head_crossed | np.concatenate([[False], trunk_crossed[:-1]])  # row p reads the trunk's hidden of p-1
-    assert not np.any((h_err > conformance.NOISE) & ~trunk_crossed), f"trunk hiddens off with no crossing: {h_err}"
-    assert not np.any((mtp_err > conformance.NOISE) & ~crossed), f"MTP logits off with no crossing: {mtp_err}"
-    flipped = mtp.argmax(axis=1) != ref.mtp_logits.argmax(axis=1)
-    assert not np.any(flipped & ~crossed), f"drafted tokens differ at rows {np.nonzero(flipped & ~crossed)[0]} with no crossing"
+    h, mtp, _, _ = run.own()
+    h_err, mtp_err = conformance.rel_rows(h, run.ref.hidden), conformance.rel_rows(mtp, run.ref.mtp_logits)
+    assert h_err.max() <= 1e-4 and mtp_err.max() <= 1e-4, f"{h_err.max():.3g}, {mtp_err.max():.3g}"
+    assert np.array_equal(mtp.argmax(axis=1), run.ref.mtp_logits.argmax(axis=1))
 
 
 def test_logits_mtp_out(make_fixture, tmp_path, capsys):

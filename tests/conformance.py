@@ -445,6 +445,15 @@ class MTPRun:
         mtp = mtp_catchup_logits(self.model, self.prompt, h, dataclasses.replace(self.ctx, trace=mtp_rec))
         return h, mtp, rec.arrays(), mtp_rec.arrays()
 
+    def assert_f32_close(self, what: str, tol: float = 1e-4) -> None:
+        """An f32 file (no rounding site): the trunk's hiddens and the head's logits, fed refimpl's own
+        hiddens and llama.cpp's, within ``tol`` of llama.cpp; the same drafted tokens."""
+        h, mtp, _, _ = self.own()
+        errs = [rel_rows(h, self.ref.hidden).max(), rel_rows(mtp, self.ref.mtp_logits).max(),
+                rel_rows(self.head_from_their_hiddens(None), self.ref.mtp_logits).max()]
+        assert max(errs) <= tol, f"{what}: hidden, MTP logits (own h), MTP logits (their h) off by {errs}"
+        assert np.array_equal(mtp.argmax(axis=1), self.ref.mtp_logits.argmax(axis=1)), f"{what}: drafted tokens differ"
+
     def assert_end_to_end(self, what: str) -> list[Crossing]:
         """The trunk's hiddens and the head's logits (fed refimpl's own hiddens) at float noise at every
         row but at and after a crossing (trunk rows up to p−1, head rows up to p), and the same drafted

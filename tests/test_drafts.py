@@ -164,13 +164,10 @@ def test_mtp_head_matches_llama_cpp(mtp_pair, quant, options):
     llama.cpp; emulated, at float noise at every row but at and after a crossing (trunk rows up to
     p−1, head rows up to p), and the same drafted token wherever no crossing came before."""
     run = mtp_pair(quant, options)
-    if quant != "f32":
+    if quant == "f32":
+        run.assert_f32_close(f"{quant} MTP")
+    else:
         run.assert_end_to_end(f"{quant} MTP")
-        return
-    h, mtp, _, _ = run.own()
-    h_err, mtp_err = conformance.rel_rows(h, run.ref.hidden), conformance.rel_rows(mtp, run.ref.mtp_logits)
-    assert h_err.max() <= 1e-4 and mtp_err.max() <= 1e-4, f"{h_err.max():.3g}, {mtp_err.max():.3g}"
-    assert np.array_equal(mtp.argmax(axis=1), run.ref.mtp_logits.argmax(axis=1))
 
 
 def test_logits_mtp_out(make_fixture, tmp_path, capsys):

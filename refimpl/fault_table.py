@@ -127,11 +127,13 @@ def first_wrong(rep) -> int | None:
     return min((f.step for f in events if not f.benign), default=None)
 
 
-def measure(model, model_name: str, case: Case, fault: str | None, clean_runs: dict | None = None) -> Cell:
+def measure(model, model_name: str, case: Case, fault: str | None, clean_runs: dict | None = None,
+            memo: dict | None = None) -> Cell:
     """One cell; ``fault`` None measures the clean loop itself. ``clean_runs`` caches the clean loop's
-    run per scenario."""
+    run per scenario; ``memo`` the audits of streams already judged (many faults leave the run unchanged)."""
     scenario, prompt = SCENARIOS.get(fault, DEFAULT), case.prompt
     clean_runs = {} if clean_runs is None else clean_runs
+    memo = {} if memo is None else memo
     if scenario not in clean_runs:
         clean_runs[scenario] = run(model, case, Faults(), scenario)
     clean, clean_stats = clean_runs[scenario]
@@ -139,21 +141,30 @@ def measure(model, model_name: str, case: Case, fault: str | None, clean_runs: d
     div = next((i for i, (a, b) in enumerate(zip(tokens, clean)) if a != b), None)
     if div is None and len(tokens) != len(clean):
         div = min(len(tokens), len(clean))
-    rep = audit_stream(model, prompt, tokens)
+    key = (tuple(prompt), tuple(tokens))
+    if key not in memo:
+        memo[key] = audit_stream(model, prompt, tokens)
+    rep = memo[key]
     cell = Cell(fault or "(clean loop)", model_name, scenario.flags, tokens != clean, div, rep.verdict, first_wrong(rep),
                 rep.exit_code, _acceptance(stats), _acceptance(clean_stats))
-    for column, ids in (("rounds: ids", True), ("rounds: counts", False)):
-        cell.extra[column] = rounds_cell(model, prompt, tokens, stats, ids) if scenario.source == "mtp" else "—"
+    rounds = stats.rounds()
+    key = (tuple(prompt), tuple(tokens), repr(rounds))
+    if scenario.source == "mtp" and key not in memo:
+        memo[key] = rounds_cells(model, prompt, tokens, rounds)
+    cell.extra["rounds: ids"], cell.extra["rounds: counts"] = memo[key] if scenario.source == "mtp" else ("—", "—")
     return cell
 
 
-def rounds_cell(model, prompt: list[int], tokens: list[int], stats, with_ids: bool) -> str:
-    """The round audit (refimpl.rounds) of one run's rounds, with the draft ids logged or only the
-    accepted/drafted counts: ``verdict, wrong/differing of rounds → exit``."""
-    from refimpl.rounds import check_rounds, rounds_from_json
+def rounds_cells(model, prompt: list[int], tokens: list[int], rounds: list[dict]) -> tuple[str, str]:
+    """The round audit (refimpl.rounds) of one run's rounds, with the draft ids logged and with only the
+    accepted/drafted counts (one replay judged twice): ``verdict, wrong/differing of rounds → exit``."""
+    from refimpl.rounds import judge_rounds, replay_rounds, rounds_from_json, without_ids
 
-    rounds = [r if with_ids else {k: v for k, v in r.items() if k != "drafts"} for r in stats.rounds()]
-    rr = check_rounds(model, prompt, tokens, rounds_from_json({"rounds": rounds, "spec_draft_max": N_DRAFT}, "run"))
+    info, replayed = replay_rounds(model, prompt, tokens, rounds_from_json({"rounds": rounds, "spec_draft_max": N_DRAFT}, "run"))
+    return tuple(_rounds_text(judge_rounds(i, replayed)) for i in (info, without_ids(info)))
+
+
+def _rounds_text(rr) -> str:
     t = rr.totals()
     verdict = f"**{rr.verdict}**" if rr.verdict == "wrong" else rr.verdict
     return f"{verdict}, {t['wrong']}/{t['differ']} of {t['rounds']} → {rr.exit_code}"
@@ -166,9 +177,9 @@ def measure_all(models: dict | None = None, faults=None, progress=None) -> list[
 
     cells = []
     for name, case in (models or MODELS).items():
-        model, clean_runs = load_model(resolve_model(case.spec)), {}
+        model, clean_runs, memo = load_model(resolve_model(case.spec)), {}, {}
         for fault in [None] + list(faults or TABLE_FAULTS):
-            cells.append(measure(model, name, case, fault, clean_runs))
+            cells.append(measure(model, name, case, fault, clean_runs, memo))
             if progress:
                 progress(cells[-1])
     return cells

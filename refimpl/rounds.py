@@ -203,8 +203,23 @@ def _judge(index, pos0, k_e, k_o, drafts, rows, eng_drafts, stream_next, tau) ->
     return RoundCheck(index, pos0, k_e, k_o, drafts, eng_drafts, kind, i, margin, deficit, thr)
 
 
-def check_rounds(model, prompt: list[int], tokens: list[int], info: RoundsInfo, *, ctx=None, tau: float = 0.05) -> RoundsReport:
-    """Replay the stream's rounds with the oracle's MTP head (module docstring)."""
+@dataclass(frozen=True)
+class Replayed:
+    """The oracle head's side of one round: what it drafts at position P and how many of those the
+    stream's next tokens confirm."""
+
+    pos0: int  # P: the position of id_last
+    drafts: list[int]
+    rows: list[np.ndarray]  # the head's logits [V] at each draft step
+    following: list[int]  # the stream's tokens from this round on
+    oracle_accepted: int  # k_o
+
+
+def replay_rounds(model, prompt: list[int], tokens: list[int], info: RoundsInfo, *, ctx=None) -> tuple[RoundsInfo, list[Replayed]]:
+    """Steps 1, 2 and 4 of the module docstring: the oracle's head on the stream's history, round by
+    round. Returns ``info`` (its last round cut where an end-of-generation token falls inside it) and
+    one :class:`Replayed` per round. The replay reads only the rounds' sizes (confirmed tokens and
+    draft budget), never the engine's draft ids, so one replay serves any judgement of the same rounds."""
     from refimpl.drafts import DraftRequest, MTPSource
     from refimpl.ops import Ctx
 
@@ -222,21 +237,42 @@ def check_rounds(model, prompt: list[int], tokens: list[int], info: RoundsInfo, 
     state = src.start()
     if len(prompt) > 1:
         state = src.process(state, prompt[:-1], h[: len(prompt) - 1])
-    rep = RoundsReport(tau)
+    out: list[Replayed] = []
     g = 0  # tokens confirmed so far
-    for j, log in enumerate(info.rounds):
+    for log in info.rounds:
         P = len(prompt) - 1 + g
         n_max = _budget(info, log, len(tokens) - g)
         drafts, rows = src.draft_rows(state, DraftRequest(tuple(seq[: P + 1]), n_max)) if n_max > 0 else ([], [])
         following = tokens[g:]
         k_o = next((i for i, d in enumerate(drafts) if i >= len(following) or d != following[i]), len(drafts))
-        eng = list(log.drafts) if log.drafts is not None else None
-        rep.checks.append(_judge(j, P, log.accepted, k_o, drafts, rows, eng, following, tau))
+        out.append(Replayed(P, drafts, rows, following, k_o))
         k = log.n_tokens - 1  # the trunk decoded id_last and the accepted drafts: positions P … P+k
         state = src.process(state, seq[P : P + k + 1], h[P : P + k + 1])
         g += log.n_tokens
-    rep.n_tokens_checked = g
+    return info, out
+
+
+def judge_rounds(info: RoundsInfo, replayed: list[Replayed], tau: float = 0.05) -> RoundsReport:
+    """Step 3 of the module docstring for every round of ``info`` (as :func:`replay_rounds` returned it)."""
+    rep = RoundsReport(tau)
+    for j, (log, r) in enumerate(zip(info.rounds, replayed, strict=True)):
+        eng = list(log.drafts) if log.drafts is not None else None
+        rep.checks.append(_judge(j, r.pos0, log.accepted, r.oracle_accepted, r.drafts, r.rows, eng, r.following, tau))
+    rep.n_tokens_checked = sum(log.n_tokens for log in info.rounds)
     return rep
+
+
+def without_ids(info: RoundsInfo) -> RoundsInfo:
+    """The same rounds as a log that keeps only the accepted and drafted counts."""
+    rounds = [RoundLog(r.accepted, r.n_tokens, r.drafted if r.drafted is not None else None if r.drafts is None else len(r.drafts))
+              for r in info.rounds]
+    return RoundsInfo(rounds, info.draft_max, info.p_min, info.source)
+
+
+def check_rounds(model, prompt: list[int], tokens: list[int], info: RoundsInfo, *, ctx=None, tau: float = 0.05) -> RoundsReport:
+    """Replay the stream's rounds with the oracle's MTP head and judge each (module docstring)."""
+    info, replayed = replay_rounds(model, prompt, tokens, info, ctx=ctx)
+    return judge_rounds(info, replayed, tau)
 
 
 def report_lines(rep: RoundsReport, label: str = "A") -> list[str]:

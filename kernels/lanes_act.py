@@ -268,61 +268,56 @@ ACT_PACKED_EMITTERS = {**ACT_EMITTERS, _Q8_0: _act_q8_0_codes, _Q6_K: _act_q6_k_
 ACT_ROWS = {_Q8_0: 4, _MXFP4: 4, _Q4_K: 1, _Q5_K: 1, _Q6_K: 1}
 
 
-def _act_kernel(name: str, emitters: dict, packed: bool):
-    """The intrinsic ``kernel(kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt)``: block ``blk`` of the
-    LANES rows row0 … of type ``kind`` against the quantized activation rows t0 … t0 + nt − 1, the state
-    float32 [rows, slots, LANES] updated as the C code updates sumf / sums[] for that block. yq int8
+@intrinsic
+def _act_block(typingctx, kind, isa, state, w, g, blk, yq, yd, yx, t0, nt):
+    """Block ``blk`` of the LANES rows of group ``g`` (rows g·LANES …) of type ``kind`` against the
+    quantized activation rows t0 … t0 + nt − 1, the state float32 [rows, slots, LANES] updated as the C
+    code updates sumf / sums[] for that block. ``w``: the raw rows (uint8 [N, row bytes]), or
+    :func:`kernels.lanes.pack`'s words (uint32 [groups, blocks, slots, LANES]; the emitters of
+    ``ACT_PACKED_EMITTERS`` read them) — told apart by the array's rank when the call is typed. yq int8
     [T, K], yd float32 [T, K / block], yx int16 [T, K / 16] (Q8_K's bsums; unused for Q8_0).
-    ``kind``, ``isa``, ``nt``: literals. With ``packed``, ``w`` is :func:`kernels.lanes.pack`'s words and
-    ``row0`` the group."""
+    ``kind``, ``isa``, ``nt``: literals."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in (kind, isa, nt)):
+        return None
+    packed = w.ndim == 4
+    emitters = ACT_PACKED_EMITTERS if packed else ACT_EMITTERS
+    if kind.literal_value not in emitters:
+        return None
+    k, level, NT = kind.literal_value, isa.literal_value, nt.literal_value
+    emit, n = emitters[k], vector_lanes(level)
+    n_slots = CODE_SLOTS[k] if packed and k in CODE_SLOTS else len(PACK_SLOTS.get(k, ()))
+    sig = types.void(kind, isa, state, w, g, blk, yq, yd, yx, t0, nt)
 
-    def kernel(typingctx, kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt):
-        if not all(isinstance(v, types.IntegerLiteral) for v in (kind, isa, nt)):
-            return None
-        if kind.literal_value not in emitters:
-            return None
-        k, level, NT = kind.literal_value, isa.literal_value, nt.literal_value
-        emit, n = emitters[k], vector_lanes(level)
-        n_slots = CODE_SLOTS[k] if packed and k in CODE_SLOTS else len(PACK_SLOTS.get(k, ()))
-        sig = types.void(kind, isa, state, w, row0, blk, yq, yd, yx, t0, nt)
+    def codegen(context, b, signature, args):
+        st_a, w_a, yq_a, yd_a, yx_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (2, 3, 6, 7, 8))
+        g_v, blk_v, t0_v = args[4], args[5], args[9]
+        if packed:
+            first = b.mul(b.add(b.mul(g_v, b.extract_value(w_a.shape, 1)), blk_v), ir.Constant(_i64, n_slots * LANES))
+            group_block = b.gep(b.bitcast(w_a.data, _i32.as_pointer()), [first])
+            block_bytes = 4 * n_slots * LANES
+            _prefetch(b, group_block, -(-PREFETCH_BYTES // block_bytes) * block_bytes, block_bytes)
+        else:
+            row_stride = b.extract_value(w_a.strides, 0)
+            first = b.add(b.ptrtoint(w_a.data, _i64),
+                          b.add(b.mul(b.mul(g_v, ir.Constant(_i64, LANES)), row_stride), b.mul(blk_v, ir.Constant(_i64, TYPE_SIZE[k]))))
+        k0 = b.mul(blk_v, ir.Constant(_i64, BLOCK[k]))
+        widths = [b.extract_value(a.shape, 1) for a in (yq_a, yd_a, yx_a)]
+        yq_p = b.bitcast(yq_a.data, _i8.as_pointer())
+        yx_p = b.bitcast(yx_a.data, _i16.as_pointer())
 
-        def codegen(context, b, signature, args):
-            st_a, w_a, yq_a, yd_a, yx_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (2, 3, 6, 7, 8))
-            row0_v, blk_v, t0_v = args[4], args[5], args[9]
+        def half(lane0):
             if packed:
-                first = b.mul(b.add(b.mul(row0_v, b.extract_value(w_a.shape, 1)), blk_v), ir.Constant(_i64, n_slots * LANES))
-                group_block = b.gep(b.bitcast(w_a.data, _i32.as_pointer()), [first])
-                block_bytes = 4 * n_slots * LANES
-                _prefetch(b, group_block, -(-PREFETCH_BYTES // block_bytes) * block_bytes, block_bytes)
+                e = _PackedEmit(b, n, level, group_block, lane0, PACK_SLOTS.get(k, ()))
             else:
-                row_stride = b.extract_value(w_a.strides, 0)
-                first = b.add(b.ptrtoint(w_a.data, _i64),
-                              b.add(b.mul(row0_v, row_stride), b.mul(blk_v, ir.Constant(_i64, TYPE_SIZE[k]))))
-            k0 = b.mul(blk_v, ir.Constant(_i64, BLOCK[k]))
-            widths = [b.extract_value(a.shape, 1) for a in (yq_a, yd_a, yx_a)]
-            yq_p = b.bitcast(yq_a.data, _i8.as_pointer())
-            yx_p = b.bitcast(yx_a.data, _i16.as_pointer())
+                e = _Emit(b, n, level, base=first)
+                lane = b.add(e.splat(b.trunc(lane0, _i32), _i32), ir.Constant(e.vec(_i32), list(range(n))))
+                e.offsets = b.mul(lane, e.splat(b.trunc(row_stride, _i32), _i32))
+            emit(e, _Act(e, yq_p, yd_a.data, yx_p, *widths, t0_v, NT, k0, st_a.data, SLOTS[k], lane0), blk_v)
 
-            def half(lane0):
-                if packed:
-                    e = _PackedEmit(b, n, level, group_block, lane0, PACK_SLOTS.get(k, ()))
-                else:
-                    e = _Emit(b, n, level, base=first)
-                    lane = b.add(e.splat(b.trunc(lane0, _i32), _i32), ir.Constant(e.vec(_i32), list(range(n))))
-                    e.offsets = b.mul(lane, e.splat(b.trunc(row_stride, _i32), _i32))
-                emit(e, _Act(e, yq_p, yd_a.data, yx_p, *widths, t0_v, NT, k0, st_a.data, SLOTS[k], lane0), blk_v)
+        _over_halves(b, n, half)
+        return context.get_dummy_value()
 
-            _over_halves(b, n, half)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    kernel.__name__ = kernel.__qualname__ = name
-    return intrinsic(kernel)
-
-
-_act_block = _act_kernel("_act_block", ACT_EMITTERS, packed=False)
-_act_packed = _act_kernel("_act_packed", ACT_PACKED_EMITTERS, packed=True)
+    return sig, codegen
 
 
 SLOTS_OF = np.zeros(64, dtype=np.int64)
@@ -356,7 +351,7 @@ def _act_group1(kind, isa, w, g, yq, yd, yx, out, state):
     for t0 in range(yq.shape[0]):
         state[:] = 0.0
         for blk in range(n_blocks):
-            _act_block(kind, isa, state, w, g * LANES, blk, yq, yd, yx, t0, 1)
+            _act_block(kind, isa, state, w, g, blk, yq, yd, yx, t0, 1)
         _act_store(kind, state, out, g, t0, 1)
 
 
@@ -369,7 +364,8 @@ def _rows_per_pass(T, t0):
 
 @jit()
 def _act_group4(kind, isa, w, g, yq, yd, yx, out, state):
-    """``_act_group1`` with up to four activation rows per pass (state [4, slots, LANES])."""
+    """``_act_group1`` with up to four activation rows per pass (state [4, slots, LANES]); ``w`` raw rows
+    or packed words (``_act_block``)."""
     T = yq.shape[0]
     t0 = 0
     while t0 < T:
@@ -377,30 +373,11 @@ def _act_group4(kind, isa, w, g, yq, yd, yx, out, state):
         state[:] = 0.0
         for blk in range(yq.shape[1] // (256 if SLOTS_OF[kind] == 9 else 32)):
             if nt == 1:
-                _act_block(kind, isa, state, w, g * LANES, blk, yq, yd, yx, t0, 1)
+                _act_block(kind, isa, state, w, g, blk, yq, yd, yx, t0, 1)
             elif nt == 2:
-                _act_block(kind, isa, state, w, g * LANES, blk, yq, yd, yx, t0, 2)
+                _act_block(kind, isa, state, w, g, blk, yq, yd, yx, t0, 2)
             else:
-                _act_block(kind, isa, state, w, g * LANES, blk, yq, yd, yx, t0, 4)
-        _act_store(kind, state, out, g, t0, nt)
-        t0 += nt
-
-
-@jit()
-def _act_group4_packed(kind, isa, p, g, yq, yd, yx, out, state):
-    """``_act_group4`` from packed words."""
-    T = yq.shape[0]
-    t0 = 0
-    while t0 < T:
-        nt = _rows_per_pass(T, t0)
-        state[:] = 0.0
-        for blk in range(p.shape[1]):
-            if nt == 1:
-                _act_packed(kind, isa, state, p, g, blk, yq, yd, yx, t0, 1)
-            elif nt == 2:
-                _act_packed(kind, isa, state, p, g, blk, yq, yd, yx, t0, 2)
-            else:
-                _act_packed(kind, isa, state, p, g, blk, yq, yd, yx, t0, 4)
+                _act_block(kind, isa, state, w, g, blk, yq, yd, yx, t0, 4)
         _act_store(kind, state, out, g, t0, nt)
         t0 += nt
 
@@ -408,25 +385,19 @@ def _act_group4_packed(kind, isa, p, g, yq, yd, yx, out, state):
 @per_type
 def _matmul_act_lanes(kind, isa=ISA, packed=False):
     variant = "_".join(([] if isa == ISA else [ISA_NAMES[isa]]) + (["packed"] if packed else []))
-    rows = 4 if packed else ACT_ROWS[kind]
-    if rows == 1 and not packed:
+    if not packed and ACT_ROWS[kind] == 1:
         @jit(parallel=True, kind=kind, variant=variant)
         def _matmul_act_lanes(w, yq, yd, yx, out):
             """out[t, n] for the first LANES·(N // LANES) rows: llama.cpp's generic dot of each with activation t."""
             for g in prange(w.shape[0] // LANES):
                 _act_group1(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((1, SLOTS_OF[kind], LANES), dtype=np.float32))
-    elif not packed:
-        @jit(parallel=True, kind=kind, variant=variant)
-        def _matmul_act_lanes(w, yq, yd, yx, out):
-            """out[t, n] for the first LANES·(N // LANES) rows: llama.cpp's generic dot of each with activation t."""
-            for g in prange(w.shape[0] // LANES):
-                _act_group4(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((4, SLOTS_OF[kind], LANES), dtype=np.float32))
     else:
         @jit(parallel=True, kind=kind, variant=variant)
         def _matmul_act_lanes(w, yq, yd, yx, out):
-            """The same from packed words (``w``: uint32 [groups, blocks, slots, LANES])."""
-            for g in prange(w.shape[0]):
-                _act_group4_packed(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((4, SLOTS_OF[kind], LANES), dtype=np.float32))
+            """The same, four activation rows per pass; ``w`` raw rows, or with ``packed`` the packed words
+            (uint32 [groups, blocks, slots, LANES])."""
+            for g in prange(w.shape[0] if packed else w.shape[0] // LANES):
+                _act_group4(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((4, SLOTS_OF[kind], LANES), dtype=np.float32))
 
     return _matmul_act_lanes
 

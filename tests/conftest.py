@@ -30,6 +30,19 @@ def require_distributed():
     return _require("distributed", "distributed", "cluster")
 
 
+def pytest_configure(config):
+    """Import the kernels once in the main process: a numba cache left by other kernel sources is
+    cleared there (kernels/flags.py), before pytest-xdist's workers start and compile into it."""
+    import kernels  # noqa: F401
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most four (each worker holds its own fixtures and compiled
+    kernels, ~1.5 GiB)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 def pytest_report_header(config):
     """Which CPU paths this run exercises, on both sides (docs/numerics.md, "Which CPU paths were
     exercised"): refimpl's numba target and numpy's SIMD level, and the llama.cpp build under test."""

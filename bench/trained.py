@@ -1,18 +1,21 @@
 """What the trained built-in model shows that the random ``tiny`` fixture cannot (docs/trained-model.md).
 
-    python bench/trained.py            # all five parts, ~8 min on 2 cores; llama.cpp parts need the oracle extra
+    python bench/trained.py            # all six parts, ~10 min on 2 cores; llama.cpp parts need the oracle extra,
+                                       # the held-out figures the train extra
 
 1. **continuations** — refimpl's greedy continuation of a few prompts (``-n 48``).
 2. **mtp** — MTP acceptance at --draft 1 and --draft 3 over the prompts (``refimpl run --mtp --draft N``'s
    counters: accepted / drafted), next to llama.cpp's own draft-mtp loop on the same file
    (tests/llama_spec.py), which must draft and accept exactly the same tokens.
 3. **near-ties** — the share of greedy steps whose top-2 logits are within the audit's 5 % band
-   (margin ≤ 0.05 · max|logit|), trained model vs ``tiny`` f32 (same prompts, each model's tokenizer).
+   (margin ≤ 0.05 · max|logit|), trained model vs ``tiny`` f32 (same prompts, each model's tokenizer);
+   and the trained model's share teacher-forced on held-out text (needs the train extra).
 4. **streamer** — decode-phase hit rate of the expert cache at about a quarter of each model's routed-
    expert bytes (``--cache-mb``), trained model vs ``tiny`` q8_0. With routing independent of the text, an
    LRU cache holding a fraction f of the slices hits about f of the time; more than that is locality.
 5. **routing locality** — where the streamer's hits come from. The same greedy runs' routing
-   (``on_route``): per trunk layer, the share of a token's K experts chosen again by the next token
+   (``on_route``), and that of held-out text teacher-forced (4 windows × 256 tokens, replayed as if
+   decoded token by token): per trunk layer, the share of a token's K experts chosen again by the next token
    (*reuse*) next to independent picks from the measured usage (*chance* = K · Σ_e f_e², K/X for uniform
    usage), and the usage entropy; then the streamer's LRU cache replayed on that routing
    (:class:`refimpl.streamer.SliceCache`, the streamer's walk) at a few budgets, next to the same replay
@@ -154,6 +157,23 @@ def near_ties(model, tok) -> tuple[float, int]:
         top2 = np.sort(rows, axis=-1)[:, -2:]
         gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(rows).max(axis=-1))
     return float(np.mean(np.asarray(gaps) <= 0.05)), len(gaps)
+
+
+def held_out_near_ties(model, tok, windows: int = 8, length: int = 256) -> tuple[float, float, int]:
+    """Teacher-forced on held-out text (train.corpus; needs the train extra): the near-tie share of the
+    ``windows`` × ``length`` positions spread over it, and the share whose argmax is the next token."""
+    from train.corpus import documents
+    from train.run import encode
+
+    ids = encode(tok, documents()[1]).tolist()
+    gaps, right = [], []
+    for i in range(windows):
+        window = ids[i * len(ids) // windows:][:length]
+        logits, _, _ = forward(model, SeqState.fresh(model.config), window)  # [length, V]
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(logits).max(axis=-1))
+        right.extend(logits[:-1].argmax(-1) == np.asarray(window[1:]))
+    return float(np.mean(np.asarray(gaps) <= 0.05)), float(np.mean(right)), len(gaps)
 
 
 def hit_rate(path, tok, fraction: float = 0.25):
@@ -298,9 +318,14 @@ def main() -> int:
     print("\n## near-tie share (greedy steps with top-2 margin ≤ 5 % of max|logit|)")
     tiny_path = fixture_path("tiny", "f32")
     tiny, tiny_tok = load_model(tiny_path, pack=False), Tokenizer.from_gguf(tiny_path)
-    for name, m, t in (("trained (builtin:kjv)", model, tok), ("tiny f32 (random)", tiny, tiny_tok)):
+    for name, m, t in (("trained", model, tok), ("tiny f32 (random)", tiny, tiny_tok)):
         share, n = near_ties(m, t)
         print(f"{name}: {100 * share:.1f}% of {n} steps")
+    try:
+        share, top1, n = held_out_near_ties(model, tok)
+        print(f"trained, held-out text teacher-forced: {100 * share:.1f}% of {n} positions (argmax = next token at {100 * top1:.1f}%)")
+    except (ImportError, SystemExit) as exc:
+        print(f"(held-out near-ties skipped: {exc})")
 
     print("\n## expert cache hit rate, decode phase, cache ≈ 25 % of the routed-expert bytes")
     for name, p in (("trained (q8_0)", path), ("tiny q8_0 (random)", fixture_path("tiny", "q8_0"))):

@@ -1,21 +1,33 @@
 """What the trained built-in model shows that the random ``tiny`` fixture cannot (docs/trained-model.md).
 
-    python bench/trained.py            # all five parts, ~8 min on 2 cores; llama.cpp parts need the oracle extra
+    python bench/trained.py            # all six parts, ~10 min on 2 cores; llama.cpp parts need the oracle extra,
+                                       # the held-out figures the train extra
 
 1. **continuations** — refimpl's greedy continuation of a few prompts (``-n 48``).
 2. **mtp** — MTP acceptance at --draft 1 and --draft 3 over the prompts (``refimpl run --mtp --draft N``'s
    counters: accepted / drafted), next to llama.cpp's own draft-mtp loop on the same file
    (tests/llama_spec.py), which must draft and accept exactly the same tokens.
 3. **near-ties** — the share of greedy steps whose top-2 logits are within the audit's 5 % band
-   (margin ≤ 0.05 · max|logit|), trained model vs ``tiny`` f32 (same prompts, each model's tokenizer).
+   (margin ≤ 0.05 · max|logit|), trained model vs ``tiny`` f32 (same prompts, each model's tokenizer);
+   and the trained model's share teacher-forced on held-out text (needs the train extra).
 4. **streamer** — decode-phase hit rate of the expert cache at about a quarter of each model's routed-
    expert bytes (``--cache-mb``), trained model vs ``tiny`` q8_0. With routing independent of the text, an
    LRU cache holding a fraction f of the slices hits about f of the time; more than that is locality.
-5. **llama.cpp, run with its defaults, audited** (``--audit-only`` runs just this part, ~5 min) — over
+5. **routing locality** — where the streamer's hits come from. The same greedy runs' routing
+   (``on_route``), and that of held-out text teacher-forced (4 windows × 256 tokens, replayed as if
+   decoded token by token): per trunk layer, the share of a token's K experts chosen again by the next token
+   (*reuse*) next to independent picks from the measured usage (*chance* = K · Σ_e f_e², K/X for uniform
+   usage), and the usage entropy; then the streamer's LRU cache replayed on that routing
+   (:class:`refimpl.streamer.SliceCache`, the streamer's walk) at a few budgets, next to the same replay
+   on the routing with each layer's decode rows shuffled in time (keeps the usage skew, loses the order)
+   and on uniform random top-K routing — the text-independent baseline on the model's own geometry.
+6. **llama.cpp, run with its defaults, audited** (``--audit-only`` runs just this part, ~5 min) — over
    :data:`AUDIT_PROMPTS` × 64 tokens: llama.cpp's greedy stream on the q8_0 file with
    ``llama_context_default_params()`` (F16 K/V, flash attention auto), judged by ``refimpl audit`` without
    and with ``--emulate``; and its draft-mtp loop's draft-1 and draft-3 streams (same defaults, on the F32
    copy) audited as a pair. One line per prompt, then the counts.
+
+``--model PATH`` measures another ``kjv``-style GGUF (default: the committed one); ``--no-audit`` skips part 6.
 """
 
 from __future__ import annotations
@@ -147,6 +159,23 @@ def near_ties(model, tok) -> tuple[float, int]:
     return float(np.mean(np.asarray(gaps) <= 0.05)), len(gaps)
 
 
+def held_out_near_ties(model, tok, windows: int = 8, length: int = 256) -> tuple[float, float, int]:
+    """Teacher-forced on held-out text (train.corpus; needs the train extra): the near-tie share of the
+    ``windows`` × ``length`` positions spread over it, and the share whose argmax is the next token."""
+    from train.corpus import documents
+    from train.run import encode
+
+    ids = encode(tok, documents()[1]).tolist()
+    gaps, right = [], []
+    for i in range(windows):
+        window = ids[i * len(ids) // windows:][:length]
+        logits, _, _ = forward(model, SeqState.fresh(model.config), window)  # [length, V]
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(logits).max(axis=-1))
+        right.extend(logits[:-1].argmax(-1) == np.asarray(window[1:]))
+    return float(np.mean(np.asarray(gaps) <= 0.05)), float(np.mean(right)), len(gaps)
+
+
 def hit_rate(path, tok, fraction: float = 0.25):
     probe = load_model(path, cache_mb=0, progress=False, pack=False)
     expert_bytes = probe.streamer.expert_bytes
@@ -159,28 +188,153 @@ def hit_rate(path, tok, fraction: float = 0.25):
     return float(np.mean(rates)), mb, mb * MIB / expert_bytes, expert_bytes
 
 
+def greedy_routes(path, tok, prompts=PROMPTS, n=N):
+    """Per prompt: the streamer's routing records (:class:`refimpl.streamer.Routes`) of a greedy run, in
+    the order the model computed them, and the streamer's slice sizes {(layer, kind): bytes}."""
+    runs = []
+    for p in prompts:
+        recs = []
+        model = load_model(path, cache_mb=1 << 14, on_route=recs.append, progress=False, pack=False)
+        greedy(model, tok.encode(p), n)
+        runs.append(recs)
+    sizes = {(il, t.kind): t.slice_bytes for il, ts in model.streamer.tensors.items() for t in ts}
+    return runs, sizes, model.streamer.expert_bytes
+
+
+def replay(recs, sizes, budget: int) -> float:
+    """Decode-phase hit rate of the streamer's LRU cache (``ExpertStreamer.read_union``'s walk: the batch's
+    experts in first-use order, each of the layer's tensors) replayed on routing records."""
+    from refimpl.streamer import SliceCache
+
+    cache, hits, looked = SliceCache(budget), 0, 0
+    kinds = {}
+    for (il, kind) in sizes:
+        kinds.setdefault(il, []).append(kind)
+    for r in recs:
+        for e in dict.fromkeys(int(e) for e in r.sel.reshape(-1)):
+            for kind in kinds[r.layer]:
+                key = (r.layer, kind, e)
+                hit = cache.get(key) is not None
+                if not hit:
+                    cache.put(key, np.empty(sizes[r.layer, kind], dtype=np.uint8))
+                if r.phase == "decode":
+                    hits, looked = hits + hit, looked + 1
+    return hits / looked
+
+
+def shuffled(recs, rng, n_expert: int, uniform: bool):
+    """The records with each layer's decode rows permuted in time (``uniform``: replaced by independent
+    uniform top-K picks of the n_expert experts)."""
+    import dataclasses
+
+    out, by_layer = list(recs), {}
+    for i, r in enumerate(recs):
+        if r.phase == "decode":
+            by_layer.setdefault(r.layer, []).append(i)
+    for idx in by_layer.values():
+        K = recs[idx[0]].sel.shape[1]
+        sels = ([rng.choice(n_expert, K, replace=False)[None] for _ in idx] if uniform
+                else [recs[j].sel for j in rng.permutation(idx)])
+        for i, sel in zip(idx, sels):
+            out[i] = dataclasses.replace(recs[i], sel=sel)
+    return out
+
+
+def held_out_routes(path, tok, windows: int = 4, length: int = 256):
+    """Held-out text (train.corpus; needs the train extra) teacher-forced: ``windows`` windows of ``length``
+    tokens spread over it, each one forward pass; its routing split into one record per token and layer,
+    token-major — what decoding the window token by token walks (row 0 counted as the prompt)."""
+    import dataclasses
+
+    from refimpl.state import SeqState
+    from train.corpus import documents
+    from train.run import encode
+
+    ids = encode(tok, documents()[1]).tolist()
+    runs = []
+    for i in range(windows):
+        window = ids[i * len(ids) // windows:][:length]
+        recs = []
+        model = load_model(path, cache_mb=1 << 14, on_route=recs.append, progress=False, pack=False)
+        forward(model, SeqState.fresh(model.config), window)
+        runs.append([dataclasses.replace(r, sel=r.sel[t:t + 1], weights=r.weights[t:t + 1], positions=r.positions[t:t + 1],
+                                         phase="prompt" if t == 0 else "decode")
+                     for t in range(len(window)) for r in recs])
+    return runs
+
+
+def routing(path, tok, fractions=(0.125, 0.25, 0.5), seeds: int = 20):
+    """Part 5: reuse vs usage chance per layer, and the LRU replay (actual / time-shuffled / uniform) at
+    budgets of ``fractions`` of the routed-expert bytes (the trunk's and the MTP block's, as ``--cache-mb``
+    counts them; a greedy run reads only the trunk's)."""
+    c = load_model(path, progress=False, pack=False).config
+    X, K = c.n_expert, c.n_expert_used
+    greedy_runs, sizes, expert_bytes = greedy_routes(path, tok)
+    try:
+        held = held_out_routes(path, tok)
+    except (ImportError, SystemExit) as exc:
+        print(f"\n(held-out routing skipped: {exc})")
+        held = None
+    for what, runs in ((f"greedy runs of the {len(PROMPTS)} prompts × {N} tokens", greedy_runs),
+                       ("held-out text teacher-forced, 4 windows × 256 tokens", held)):
+        if runs is None:
+            continue
+        print(f"\n## routing locality: {what} (trunk layers)")
+        for il in range(c.n_layer):
+            same, pairs, counts = 0, 0, np.zeros(X)
+            for recs in runs:
+                rows = np.concatenate([r.sel for r in recs if r.layer == il])  # [tokens, K]
+                counts += np.bincount(rows.reshape(-1), minlength=X)
+                same += sum(len(set(a) & set(b)) for a, b in zip(rows[:-1].tolist(), rows[1:].tolist()))
+                pairs += len(rows) - 1
+            f = counts / counts.sum()
+            reuse, chance = same / (K * pairs), K * float(np.sum(f ** 2))
+            ent = -float(np.sum(f[f > 0] * np.log2(f[f > 0])))
+            print(f"blk.{il}: reuse {100 * reuse:.1f}% vs usage chance {100 * chance:.1f}% ({reuse / chance:.2f}×; uniform {100 * K / X:.1f}%), "
+                  f"usage entropy {ent:.2f} of {np.log2(X):.0f} bits, busiest expert {100 * f.max():.1f}% of picks")
+        rng = np.random.default_rng(0)
+        for frac in fractions:
+            budget = int(frac * expert_bytes)
+            actual = np.mean([replay(recs, sizes, budget) for recs in runs])
+            shuf = np.mean([replay(shuffled(recs, rng, X, False), sizes, budget) for recs in runs for _ in range(seeds)])
+            unif = np.mean([replay(shuffled(recs, rng, X, True), sizes, budget) for recs in runs for _ in range(seeds)])
+            print(f"cache {budget / MIB:.2f} MiB ({100 * frac:.1f}% of {expert_bytes / MIB:.1f} MiB of experts): decode hit rate "
+                  f"{100 * actual:.1f}%; decode rows shuffled in time {100 * shuf:.1f}%; uniform random routing {100 * unif:.1f}% "
+                  f"({actual / unif:.2f}× uniform, {shuf / unif:.2f}× from usage skew alone)")
+
+
 def main() -> int:
     print(f"# bench/trained.py — {cpu()}\n")
-    model, tok = load_model(TRAINED_PATH, pack=False), Tokenizer.from_gguf(TRAINED_PATH)
-    if "--audit-only" in sys.argv[1:]:
-        audit_defaults(model, tok, TRAINED_PATH)
+    argv = sys.argv[1:]
+    path = Path(argv[argv.index("--model") + 1]) if "--model" in argv else TRAINED_PATH
+    print(f"model: {path}\n")
+    model, tok = load_model(path, pack=False), Tokenizer.from_gguf(path)
+    if "--audit-only" in argv:
+        audit_defaults(model, tok, path)
         return 0
     continuations(model, tok)
-    mtp(model, tok, TRAINED_PATH)
+    mtp(model, tok, path)
 
     print("\n## near-tie share (greedy steps with top-2 margin ≤ 5 % of max|logit|)")
     tiny_path = fixture_path("tiny", "f32")
     tiny, tiny_tok = load_model(tiny_path, pack=False), Tokenizer.from_gguf(tiny_path)
-    for name, m, t in (("trained (builtin:kjv)", model, tok), ("tiny f32 (random)", tiny, tiny_tok)):
+    for name, m, t in (("trained", model, tok), ("tiny f32 (random)", tiny, tiny_tok)):
         share, n = near_ties(m, t)
         print(f"{name}: {100 * share:.1f}% of {n} steps")
+    try:
+        share, top1, n = held_out_near_ties(model, tok)
+        print(f"trained, held-out text teacher-forced: {100 * share:.1f}% of {n} positions (argmax = next token at {100 * top1:.1f}%)")
+    except (ImportError, SystemExit) as exc:
+        print(f"(held-out near-ties skipped: {exc})")
 
     print("\n## expert cache hit rate, decode phase, cache ≈ 25 % of the routed-expert bytes")
-    for name, path in (("trained (builtin:kjv, q8_0)", TRAINED_PATH), ("tiny q8_0 (random)", fixture_path("tiny", "q8_0"))):
-        rate, mb, frac, eb = hit_rate(path, Tokenizer.from_gguf(path))
+    for name, p in (("trained (q8_0)", path), ("tiny q8_0 (random)", fixture_path("tiny", "q8_0"))):
+        rate, mb, frac, eb = hit_rate(p, Tokenizer.from_gguf(p))
         print(f"{name}: --cache-mb {mb} = {100 * frac:.0f}% of {eb / MIB:.1f} MiB of experts: {100 * rate:.1f}% hits "
               f"(text-independent routing: ≈ {100 * min(frac, 1):.0f}%)")
-    audit_defaults(model, tok, TRAINED_PATH)
+    routing(path, tok)
+    if "--no-audit" not in argv:
+        audit_defaults(model, tok, path)
     return 0
 
 

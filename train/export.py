@@ -28,15 +28,16 @@ def file_name(quant: str) -> str:
     return f"kjv-{quant}.gguf"
 
 
-def write_gguf(path, tensors: dict[str, np.ndarray], vocab, quant: str) -> pathlib.Path:
-    """Write ``tensors`` (GGUF names, numpy shapes, float32) and ``vocab`` as ``quant``, atomically."""
+def write_gguf(path, tensors: dict[str, np.ndarray], vocab, quant: str, preset=MODEL) -> pathlib.Path:
+    """Write ``tensors`` (GGUF names, numpy shapes, float32) and ``vocab`` as ``quant``, atomically, with
+    ``preset``'s dimensions in the metadata (default: train/config.py's)."""
     path = pathlib.Path(path)
-    n_blocks = MODEL.n_layer + 1
-    types = assign_types({n: a.shape for n, a in tensors.items()}, quant, n_expert=MODEL.n_expert, n_layer_all=n_blocks)
+    n_blocks = preset.n_layer + 1
+    types = assign_types({n: a.shape for n, a in tensors.items()}, quant, n_expert=preset.n_expert, n_layer_all=n_blocks)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         w = gguf.GGUFWriter(tmp, ARCH)
-        write_model_metadata(w, MODEL, name=NAME, file_type=FILE_TYPES[quant], vocab=vocab, n_blocks=n_blocks, mtp=True)
+        write_model_metadata(w, preset, name=NAME, file_type=FILE_TYPES[quant], vocab=vocab, n_blocks=n_blocks, mtp=True)
         w.add_string("refimpl.trained.corpus", CORPUS)
         for name, data in tensors.items():
             raw = encode(np.ascontiguousarray(data, dtype=np.float32), types[name])
@@ -64,7 +65,10 @@ def dequantized_copy(src, dst) -> pathlib.Path:
     """Write ``src``'s tensors, dequantized, as an F32 file at ``dst`` with the same metadata keys and
     vocabulary: refimpl's plain numbers on the copy equal those on ``src`` bit for bit (it dequantizes
     exactly). Used to run llama-cpp-python 0.3.36's draft-mtp loop (tests/llama_spec.py), which dies
-    with SIGILL on every Q8_0 file here (the tiny fixture's included), on the trained weights."""
+    with SIGILL on every Q8_0 file here (the tiny fixture's included), on the trained weights. The MoE
+    dimensions are ``src``'s, so a file trained with other expert settings than train/config.py's copies too."""
+    import dataclasses
+
     from refimpl.fixtures.vocab import Vocab
     from refimpl.gguf_file import GGUFFile
 
@@ -73,7 +77,10 @@ def dequantized_copy(src, dst) -> pathlib.Path:
     vocab = Vocab(tuple(tokens), tuple(gf.key("tokenizer.ggml.token_type")), tuple(gf.key("tokenizer.ggml.merges")),
                   eos_id=int(gf.key("tokenizer.ggml.eos_token_id")),
                   special_ids={t: tokens.index(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")})
-    return write_gguf(dst, file_tensors(src), vocab, "f32")
+    moe = {field: int(gf.key(f"{ARCH}.{key}")) for field, key in (
+        ("n_expert", "expert_count"), ("n_expert_used", "expert_used_count"),
+        ("n_ff_exp", "expert_feed_forward_length"), ("n_ff_shexp", "expert_shared_feed_forward_length"))}
+    return write_gguf(dst, file_tensors(src), vocab, "f32", dataclasses.replace(MODEL, **moe))
 
 
 def export_all(model, vocab, out) -> list[pathlib.Path]:

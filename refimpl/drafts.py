@@ -124,7 +124,7 @@ class MTPSource(DraftSource):
     def process(self, state: MTPDraftState, tokens, h_tgt: np.ndarray) -> MTPDraftState:
         h_in = np.concatenate([state.pending_h[None, :], h_tgt[:-1]])  # [T, E]: row k ← target row k−1
         h_in = self.ctx.faults.tap("mtp.catchup_h", h_in, h_tgt=h_tgt)
-        _, _, mtp = mtp_forward(self.model, self.weights, state.mtp, tokens, h_in, self.ctx)
+        _, _, mtp = mtp_forward(self.model, self.weights, state.mtp, tokens, h_in, self.ctx, outputs="none")
         return MTPDraftState(mtp=mtp, pending_h=h_tgt[-1], verify_h=h_tgt)
 
     def draft(self, state: MTPDraftState, req: DraftRequest) -> tuple[list[int], MTPDraftState]:

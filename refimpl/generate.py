@@ -38,7 +38,7 @@ def greedy(
         raise ValueError("the prompt must hold at least one token")
     out: list[int] = []
     state = SeqState.fresh(model.config)
-    logits, _, state = forward(model, state, prompt, ctx)  # [T, V]
+    logits, _, state = forward(model, state, prompt, ctx, outputs="last")  # [1, V]
     while len(out) < n_predict:
         tok = argmax(logits[-1])
         out.append(tok)

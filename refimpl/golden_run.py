@@ -38,13 +38,14 @@ class Cursor:
     row: np.ndarray
 
 
-def _feed(model, state, tokens: list[int], ctx, on_rows, chunk: int = CHUNK):
+def _feed(model, state, tokens: list[int], ctx, on_rows, chunk: int = CHUNK, outputs: str = "all"):
     """Forward ``tokens`` after ``state``, ``chunk`` positions per call; ``on_rows(offset, logits)``
-    sees each chunk's rows. Batch invariance: any chunking gives bit-identical rows."""
+    sees each chunk's rows (``outputs="last"``: its last row only). Batch invariance: any chunking
+    gives bit-identical rows."""
     from refimpl.model import forward
 
     for start in range(0, len(tokens), chunk):
-        logits, _, state = forward(model, state, tokens[start : start + chunk], ctx)  # [≤chunk, V]
+        logits, _, state = forward(model, state, tokens[start : start + chunk], ctx, outputs=outputs)  # [≤chunk or 1, V]
         on_rows(start, logits)
     return state
 
@@ -54,7 +55,7 @@ def start(model, prompt: list[int], ctx) -> Cursor:
     from refimpl.state import SeqState
 
     last = []
-    state = _feed(model, SeqState.fresh(model.config), list(prompt), ctx, lambda _, logits: last.append(logits[-1]))
+    state = _feed(model, SeqState.fresh(model.config), list(prompt), ctx, lambda _, logits: last.append(logits[-1]), outputs="last")
     return Cursor(state, last[-1])
 
 

@@ -40,7 +40,7 @@ from refimpl.config import Config
 from refimpl.deltanet import gated_deltanet
 from refimpl.load import ModelFile, open_model
 from refimpl.moe import ffn
-from refimpl.ops import Ctx, mm, rms_norm_w
+from refimpl.ops import Ctx, output_rows, rms_norm_w
 from refimpl.state import SeqState
 from refimpl.streamer import ExpertStreamer, cache_budget, mem_available, pin_dense
 from refimpl.weights import Matrix, PinnedExperts, Weights, load_weights
@@ -147,11 +147,15 @@ def trunk_phase(n_tokens: int, n_past: int) -> str:
     return "decode" if n_tokens == 1 else "prompt" if n_past == 0 else "verify"
 
 
-def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: str | None = None) -> tuple[np.ndarray, np.ndarray, SeqState]:
+def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: str | None = None,
+            outputs: str = "all") -> tuple[np.ndarray | None, np.ndarray, SeqState]:
     """Run T tokens at positions n_past … n_past+T−1.
 
-    Returns (result_output [T, V] float32, h_nextn [T, E] float32, new state). ``phase`` names the
-    pass for the expert streamer's counters (default :func:`trunk_phase`); numbers never depend on it.
+    Returns (result_output [T, V] float32, h_nextn [T, E] float32, new state). ``outputs``: the rows
+    whose logits are computed — ``"all"``; ``"last"`` (result_output [1, V], the last position's: a
+    prompt); ``"none"`` (None: only the hiddens and the state are needed) — :func:`refimpl.ops.output_rows`.
+    ``phase`` names the pass for the expert streamer's counters (default :func:`trunk_phase`);
+    numbers never depend on it nor on ``outputs``.
     """
     c, w = model.config, model.weights
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [T]
@@ -181,6 +185,8 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
             h = ctx.cb("l_out", il, f + r)  # [T, E]
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
-    logits = ctx.cb("result_output", -1, mm(w.output, h_nextn, ctx))  # [T, V]
+    logits = output_rows(w.output, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
+    if logits is not None:
+        ctx.cb("result_output", -1, logits)
     h_mtp = ctx.faults.tap("model.h_nextn", h_nextn, pre_norm=h)  # what the MTP head is handed
     return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])

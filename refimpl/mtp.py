@@ -31,7 +31,7 @@ from refimpl.attention import gated_attention
 from refimpl.errors import RefimplError
 from refimpl.load import ModelFile
 from refimpl.moe import ffn
-from refimpl.ops import Ctx, mm, rms_norm_w
+from refimpl.ops import Ctx, mm, output_rows, rms_norm_w
 from refimpl.state import KVCache
 from refimpl.weights import LayerWeights, Matrix, _matrix, _vector, layer_weights
 
@@ -96,11 +96,13 @@ class MTPState:
         return MTPState(n_past=min(self.n_past, n_past), kv=self.kv.truncate(n_past))
 
 
-def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ctx: Ctx = Ctx()) -> tuple[np.ndarray, np.ndarray, MTPState]:
+def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ctx: Ctx = Ctx(),
+                outputs: str = "all") -> tuple[np.ndarray | None, np.ndarray, MTPState]:
     """Run the head on T rows at positions n_past … n_past+T−1.
 
     tokens [T]; h [T, E] (row p: the hidden of position p−1). Returns (logits [T, V],
     h_nextn [T, E] — the head's own normalised hidden, fed to the next draft step —, new state).
+    ``outputs`` as for :func:`refimpl.model.forward` (a catch-up needs no logits: ``"none"``).
     """
     c = model.config
     il = c.n_layer
@@ -126,5 +128,7 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     out = ctx.cb("mtp_post_ffn", il, f + r)  # [T, E]
 
     h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps))  # [T, E]
-    logits = ctx.cb("result_output", -1, mm(w.shared_head_head, h_nextn, ctx))  # [T, V]
+    logits = output_rows(w.shared_head_head, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
+    if logits is not None:
+        ctx.cb("result_output", -1, logits)
     return logits, h_nextn, MTPState(n_past=state.n_past + int(tokens.size), kv=kv)

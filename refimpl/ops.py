@@ -107,6 +107,23 @@ def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
 
 
+#: The positions of a batch whose logits are computed (``forward``'s and ``mtp_forward``'s ``outputs``).
+OUTPUTS = ("all", "last", "none")
+
+
+def output_rows(W, h: np.ndarray, outputs: str, ctx: Ctx) -> np.ndarray | None:
+    """The LM head ``W h`` on the rows a batch asks logits for: every row (``"all"``), the last
+    (``"last"``: a prompt needs only its last row) or none (``"none"``: a catch-up that needs only the
+    hiddens) — as llama.cpp computes only the rows its batch flags for output (``inp_out_ids``,
+    ``llama_batch.logits``). Each row's logits depend on that row alone, so the rows computed have
+    the same bits either way. h [T, E] -> [T, V], [1, V], or None (the LM head skipped)."""
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs must be one of {OUTPUTS}, not {outputs!r}")
+    if outputs == "none":
+        return None
+    return mm(W, h if outputs == "all" else h[-1:], ctx)  # [T or 1, V]
+
+
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     """``ggml_rms_norm`` (ops.cpp ``ggml_compute_forward_rms_norm_f32``), without the weight.
 

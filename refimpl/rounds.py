@@ -171,7 +171,7 @@ def _hidden(model, tokens: list[int], ctx) -> np.ndarray:
 
     state, hs = SeqState.fresh(model.config), []
     for i in range(0, len(tokens), 32):
-        _, h, state = forward(model, state, tokens[i:i + 32], ctx)  # [≤32, E]
+        _, h, state = forward(model, state, tokens[i:i + 32], ctx, outputs="none")  # [≤32, E]
         hs.append(h)
     return np.concatenate(hs)
 

@@ -96,7 +96,7 @@ def prefill(model: Model, source: DraftSource, prompt: list[int], n_rs_seq: int,
     fresh = SeqState.fresh(model.config, n_rs_seq=n_rs_seq)
     target, src = ctx.faults.tap("loop.start", (fresh, source.start()))  # refimpl.faults: injected bugs
     if len(prompt) > 1:
-        _, h, target = forward(model, target, prompt[:-1], ctx, phase="prompt")  # h [N−1, E]
+        _, h, target = forward(model, target, prompt[:-1], ctx, phase="prompt", outputs="none")  # h [N−1, E]
         target = ctx.faults.tap("loop.prefill", target, fresh=fresh, n_tokens=len(prompt) - 1)
         src = source.process(src, prompt[:-1], h)
     return SpecState(target=target, source=src, history=tuple(prompt))
@@ -124,7 +124,7 @@ def step(model: Model, source: DraftSource, s: SpecState, n_max: int, ctx: Ctx =
     t3 = time.perf_counter()
     r_back = len(drafts) - n_acc
     target = ctx.faults.tap("loop.rollback", rollback(target, r_back), before=before, after=target, r=r_back,
-                            kept=batch[: n_acc + 1], replay=lambda st, toks: forward(model, st, toks, ctx)[2])
+                            kept=batch[: n_acc + 1], replay=lambda st, toks: forward(model, st, toks, ctx, outputs="none")[2])
     t4 = time.perf_counter()
     r = Round(P, drafts, targets, ids, draft_s=(t1 - t0) + (t3 - t2), decode_s=(t2 - t1) + (t4 - t3), ring_bytes=ring_bytes)
     return r, SpecState(target=target, source=src, history=s.history + tuple(ids), last=r)

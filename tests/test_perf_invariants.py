@@ -243,3 +243,29 @@ def test_medium_fixture_loads_in_llama_cpp(quant):
     logits, _, _ = forward(model, SeqState.fresh(model.config), tokens, Ctx(act_quant=True))
     rel = np.abs(logits - run.logits[: len(tokens)]).max(axis=1) / np.abs(run.logits[: len(tokens)]).max(axis=1)
     assert (rel < 2e-2).all(), rel
+
+
+def test_logits_of_the_last_row_or_none_change_nothing_else():
+    """``forward(..., outputs="last" | "none")`` (a prompt needs its last row's logits, a catch-up none,
+    as llama.cpp's inp_out_ids): the rows computed, the hiddens and the state are the bits of
+    ``outputs="all"``; the MTP head's catch-up likewise; any other value is refused."""
+    from refimpl.mtp import MTPState, load_mtp_weights, mtp_forward
+
+    model = load_model(fixture_path("tiny", "q8_0"))
+    prompt = [11, 42, 7, 300, 5, 9, 100]
+    want, h, state = forward(model, SeqState.fresh(model.config), prompt)  # [T, V], [T, E]
+    last, h_last, state_last = forward(model, SeqState.fresh(model.config), prompt, outputs="last")
+    none, h_none, state_none = forward(model, SeqState.fresh(model.config), prompt, outputs="none")
+    assert last.shape == (1, want.shape[1]) and same_bits(last[0], want[-1]) and none is None
+    for hh, st in ((h_last, state_last), (h_none, state_none)):
+        assert same_bits(hh, h)
+        after = [forward(model, s, [17])[0] for s in (state, st)]  # the state carries on identically
+        assert same_bits(after[0], after[1])
+    w = load_mtp_weights(model.file, model.weights)
+    mtp_all, mh, mstate = mtp_forward(model, w, MTPState.fresh(model.config), prompt, h)
+    mtp_none, mh_none, mstate_none = mtp_forward(model, w, MTPState.fresh(model.config), prompt, h, outputs="none")
+    assert mtp_none is None and same_bits(mh_none, mh)
+    step = [mtp_forward(model, w, s, [17], mh[-1:])[0] for s in (mstate, mstate_none)]
+    assert same_bits(step[0], step[1])
+    with pytest.raises(ValueError, match="outputs must be one of"):
+        forward(model, SeqState.fresh(model.config), prompt, outputs="first")

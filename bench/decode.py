@@ -17,10 +17,11 @@ For every (model, mix), in one run:
   they see the same machine load; the ratio is formed per round and its median and range printed.
   Only the generated tokens are timed (the prompt is processed first, untimed).
 * **prompt tok/s** (``--pp 256``; 0 skips it) — a prompt of that many tokens from an empty context:
-  refimpl as ``refimpl logits`` runs it (``forward`` on chunks of ``--pp-chunk`` positions, default the
-  CLI's ``LOGITS_CHUNK``, every position's logits), llama.cpp as ``llama-bench -p 256`` does (one ``llama_decode`` of the whole
-  prompt, n_batch = n_ubatch = 512, logits of the last position only); same threads, alternating
-  rounds, the ratio per round.
+  refimpl as ``refimpl run`` reads a prompt (``forward`` on chunks of ``--pp-chunk`` positions, default the
+  CLI's ``LOGITS_CHUNK``, logits of the last position only: ``outputs="last"``), llama.cpp as
+  ``llama-bench -p 256`` does (one ``llama_decode`` of the whole prompt, n_batch = n_ubatch = 512,
+  logits of the last position only); same threads, alternating rounds, the ratio per round.
+  ``--pp-all-logits`` times every position's logits instead, as ``refimpl logits`` computes them.
 * **verify / decode** — refimpl's time for one verify batch of 1+3 positions (``forward`` of 4 tokens
   after the prompt: the last token and three drafts, phase ``verify``) divided by its time for one
   single-token decode from the same state; the two are timed alternately ``--verify-reps`` times and
@@ -197,16 +198,17 @@ def refimpl_decode(model, prompt: list[int], n: int, ctx) -> tuple[float, list[i
     return n / (time.perf_counter() - t0), out[:-1]
 
 
-def refimpl_prompt(model, tokens: list[int], chunk: int, ctx) -> float:
-    """tok/s of ``refimpl logits`` on ``tokens`` from an empty context: ``forward`` on chunks of ``chunk``
-    positions (every position's logits), as the CLI does."""
+def refimpl_prompt(model, tokens: list[int], chunk: int, ctx, all_logits: bool = False) -> float:
+    """tok/s of a prompt pass on ``tokens`` from an empty context: ``forward`` on chunks of ``chunk``
+    positions, logits of the last position only (``refimpl run``'s prompt) or, with ``all_logits``,
+    of every position (``refimpl logits``)."""
     from refimpl.model import forward
     from refimpl.state import SeqState
 
     state = SeqState.fresh(model.config)
     t0 = time.perf_counter()
     for i in range(0, len(tokens), chunk):
-        _, _, state = forward(model, state, tokens[i : i + chunk], ctx)
+        _, _, state = forward(model, state, tokens[i : i + chunk], ctx, outputs="all" if all_logits else "last")
     return len(tokens) / (time.perf_counter() - t0)
 
 
@@ -285,7 +287,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
             line = ", ".join(f"refimpl {v} {ours[v][-1]:6.2f}" for v in variants) + f", llama.cpp {res['tok_s']:6.2f} tok/s"
             if args.pp:
                 for v, model in variants.items():
-                    pp_ours[v].append(refimpl_prompt(model, pp_tokens, args.pp_chunk, ctx))
+                    pp_ours[v].append(refimpl_prompt(model, pp_tokens, args.pp_chunk, ctx, args.pp_all_logits))
                 llama.__exit__()  # the decode child's idle threads would spin next to the prompt child's
                 tok_s, pp_extra = llama_prompt(path, args.threads, pp_tokens, pp_extra)
                 pp_theirs.append(tok_s)
@@ -305,7 +307,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
         rows.append({"model": preset, "quant": quant, "variant": v, "mib": path.stat().st_size / MIB, "ours": ours[v],
                      "theirs": theirs, "ratio": [a / b for a, b in zip(ours[v], theirs)], "verify": vrs,
                      "decode_s": d, "verify_s": vs, "same_tokens": tokens[v] == res["tokens"],
-                     "pp": args.pp, "pp_ours": pp_ours[v], "pp_theirs": pp_theirs, "pp_llama": pp_note,
+                     "pp": args.pp, "pp_logits": "all" if args.pp_all_logits else "last", "pp_ours": pp_ours[v], "pp_theirs": pp_theirs, "pp_llama": pp_note,
                      "pp_ratio": [a / b for a, b in zip(pp_ours[v], pp_theirs)]})
     return rows
 
@@ -322,6 +324,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pp", type=int, default=256, help="prompt-processing row: prompt tokens (0: skip it)")
     ap.add_argument("--pp-chunk", type=int, default=None,
                     help="refimpl's positions per forward call on the prompt (default: refimpl.cli.LOGITS_CHUNK, as `refimpl logits`)")
+    ap.add_argument("--pp-all-logits", action="store_true",
+                    help="time every prompt position's logits (refimpl logits), not the last one's (refimpl run, llama-bench)")
     ap.add_argument("--emulate", action="store_true", help="refimpl with --emulate numerics (act_quant)")
     ap.add_argument("--variants", default="mapped,packed",
                     help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
@@ -367,8 +371,9 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['model']:<7} {r['quant']:<7} {r['variant']:<7} | {_range(r['pp_ours']):>28} | "
                   f"{_range(r['pp_theirs']):>22} | {_range(r['pp_ratio']):>19}")
-        print(f"# prompt: refimpl forward on chunks of {args.pp_chunk} positions with every position's logits "
-              "(`refimpl logits`); llama.cpp one batch, last position's logits (`llama-bench -p`).")
+        which = "every position's logits (`refimpl logits`)" if args.pp_all_logits else "the last position's logits (`refimpl run`)"
+        print(f"# prompt: refimpl forward on chunks of {args.pp_chunk} positions, {which}; "
+              "llama.cpp one batch, last position's logits (`llama-bench -p`).")
         for note in sorted({r["pp_llama"] for r in rows}):
             print(f"# prompt, {note}: " + ", ".join(sorted({f"{r['model']}-{r['quant']}" for r in rows if r["pp_llama"] == note})))
     load1 = os.getloadavg()

@@ -110,12 +110,15 @@ def kv_heads(c) -> np.ndarray:
     return j % c.ssm_n_group if c.arch.gdn_heads == "tiled" else j // (c.ssm_dt_rank // c.ssm_n_group)
 
 
-def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) -> tuple[np.ndarray, list[DeltaNetState]]:
+def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
+                   keep: int | None = None) -> tuple[np.ndarray, list[DeltaNetState | None]]:
     """One Gated DeltaNet layer over T consecutive tokens of one sequence.
 
     ``w``: :class:`refimpl.weights.DeltaNetWeights`; ``a``: attn_norm output [T, E].
     Returns (linear_attn_out [T, E], the state after each of the T tokens — the last one is the
-    new state; the others are the per-position snapshots a rollback restores).
+    new state; the others are the per-position snapshots a rollback restores). ``keep``: only the
+    last ``keep`` states are kept, the earlier entries are None (a prompt longer than the snapshot
+    ring need not hold a state per token: 2 MiB each at real widths).
     """
     T = a.shape[0]
     Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
@@ -142,6 +145,8 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx) ->
         M = ctx.faults.tap("deltanet.state", M, n_tokens=T)
         first = ctx.faults.tap("deltanet.conv_slot", t + 1)
         states.append(DeltaNetState(conv=window[first : first + c.ssm_d_conv - 1], ssm=M))  # after token t
+        if keep is not None and t >= keep:
+            states[t - keep] = None  # outside the ring: freed now, its memory reused by the next steps
     assert ctx.faults or np.array_equal(states[-1].conv, conv_state)
     ctx.cb("attn_output_delta", il, o)
 

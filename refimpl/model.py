@@ -173,7 +173,8 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
         for il, lw in enumerate(w.layers):
             a = ctx.cb("attn_norm", il, rms_norm_w(h, lw.attn_norm, c.rms_eps))  # [T, E]
             if c.is_recurrent[il]:
-                m, states = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx)  # [T, E], T states
+                m, states = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx, keep=state.n_rs_seq + 1)  # [T, E], T states
+                # (the last n_rs_seq + 1: the snapshot ring's new entries and the new state; the rest None)
                 layers[il] = states[-1]
                 for t in range(T):
                     per_token[t][il] = states[t]

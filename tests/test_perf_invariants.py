@@ -269,3 +269,32 @@ def test_logits_of_the_last_row_or_none_change_nothing_else():
     assert same_bits(step[0], step[1])
     with pytest.raises(ValueError, match="outputs must be one of"):
         forward(model, SeqState.fresh(model.config), prompt, outputs="first")
+
+
+def test_a_long_batch_keeps_only_the_states_the_ring_needs():
+    """``gated_deltanet(…, keep=n)`` returns the same last n states (bit for bit) and None before them,
+    and ``forward`` keeps n_rs_seq + 1: its snapshot ring equals the one made by decoding token by token."""
+    from refimpl.deltanet import gated_deltanet
+    from refimpl.state import rollback
+
+    model = load_model(fixture_path("tiny", "q8_0"))
+    c = model.config
+    il = c.is_recurrent.index(True)
+    a = np.random.default_rng(3).standard_normal((9, c.n_embd)).astype(np.float32)
+    st = SeqState.fresh(c).layers[il]
+    _, every = gated_deltanet(model.weights.layers[il].mixer, c, a, st, il, Ctx())
+    _, kept = gated_deltanet(model.weights.layers[il].mixer, c, a, st, il, Ctx(), keep=3)
+    assert kept[:6] == [None] * 6
+    for x, y in zip(every[6:], kept[6:]):
+        assert same_bits(x.ssm, y.ssm) and same_bits(x.conv, y.conv)
+    prompt = [11, 42, 7, 300, 5, 9, 100, 3, 8]
+    batch = forward(model, SeqState.fresh(c, n_rs_seq=3), prompt)[2]
+    one = SeqState.fresh(c, n_rs_seq=3)
+    for t in prompt:
+        one = forward(model, one, [t])[2]
+    for r in (1, 2, 3):  # every snapshot of the ring restores the same state
+        x, y = rollback(batch, r), rollback(one, r)
+        for il, recurrent in enumerate(c.is_recurrent):
+            if recurrent:
+                p, q = x.layers[il], y.layers[il]
+                assert same_bits(p.ssm, q.ssm) and same_bits(p.conv, q.conv), (r, il)

@@ -27,7 +27,8 @@
    and with ``--emulate``; and its draft-mtp loop's draft-1 and draft-3 streams (same defaults, on the F32
    copy) audited as a pair. One line per prompt, then the counts.
 
-``--model PATH`` measures another ``kjv``-style GGUF (default: the committed one); ``--no-audit`` skips part 6.
+``--model PATH`` measures another ``kjv``-style GGUF (default: the committed one); ``--no-audit`` skips part 6;
+``--routing-only`` runs part 5 and the near-tie shares only (~2 min; for training experiments).
 """
 
 from __future__ import annotations
@@ -312,13 +313,15 @@ def main() -> int:
     if "--audit-only" in argv:
         audit_defaults(model, tok, path)
         return 0
-    continuations(model, tok)
-    mtp(model, tok, path)
+    routing_only = "--routing-only" in argv
+    if not routing_only:
+        continuations(model, tok)
+        mtp(model, tok, path)
 
     print("\n## near-tie share (greedy steps with top-2 margin ≤ 5 % of max|logit|)")
     tiny_path = fixture_path("tiny", "f32")
     tiny, tiny_tok = load_model(tiny_path, pack=False), Tokenizer.from_gguf(tiny_path)
-    for name, m, t in (("trained", model, tok), ("tiny f32 (random)", tiny, tiny_tok)):
+    for name, m, t in (("trained", model, tok),) + (() if routing_only else (("tiny f32 (random)", tiny, tiny_tok),)):
         share, n = near_ties(m, t)
         print(f"{name}: {100 * share:.1f}% of {n} steps")
     try:
@@ -326,6 +329,9 @@ def main() -> int:
         print(f"trained, held-out text teacher-forced: {100 * share:.1f}% of {n} positions (argmax = next token at {100 * top1:.1f}%)")
     except (ImportError, SystemExit) as exc:
         print(f"(held-out near-ties skipped: {exc})")
+    if routing_only:
+        routing(path, tok)
+        return 0
 
     print("\n## expert cache hit rate, decode phase, cache ≈ 25 % of the routed-expert bytes")
     for name, p in (("trained (q8_0)", path), ("tiny q8_0 (random)", fixture_path("tiny", "q8_0"))):

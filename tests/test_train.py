@@ -40,3 +40,17 @@ def test_torch_forward_equals_refimpl_on_the_committed_file():
     logits_r, h, _ = forward(ref, SeqState.fresh(ref.config), ids)
     assert np.abs(logits_t[0].numpy() - logits_r).max() < 1e-4
     assert np.abs(mtp_t[0].numpy() - mtp_catchup_logits(ref, ids, h)).max() < 1e-4
+
+
+def test_consistency_loss_is_the_total_variation_of_consecutive_router_rows():
+    from train.run import consistency_loss
+
+    # two sequences of 3 tokens, 3 experts: rows of one sequence only are compared (never seq 0's last with seq 1's first)
+    probs = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0],     # TV 1, 0
+                          [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.2, 0.3, 0.5]],    # TV 0.5, 0.3
+                         dtype=torch.float64, requires_grad=True)
+    sel = torch.zeros(6, 2, dtype=torch.int64)
+    tv = consistency_loss([(probs, sel), (probs.flip(-1), sel)], batch=2)
+    assert abs(tv.item() - 2 * (1.0 + 0.0 + 0.5 + 0.3) / 4) < 1e-12  # Σ over the two layers of the mean
+    tv.backward()
+    assert probs.grad is not None and torch.any(probs.grad != 0)

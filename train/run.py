@@ -60,6 +60,21 @@ def balance_loss(routing, n_expert: int, n_used: int) -> torch.Tensor:
     return total
 
 
+def consistency_loss(routing, batch: int) -> torch.Tensor:
+    """Σ over MoE layers of the mean over consecutive positions t, t+1 of one sequence of
+    TV(p_t, p_t+1) = 1 − Σ_e min(p_t,e, p_t+1,e), the total-variation distance of their router softmaxes.
+
+    Why total variation: it is the probability mass that moves to other experts from one token to the
+    next, bounded by 1 and finite however peaked the router gets (a symmetric KL explodes when one
+    distribution leaves an expert ~0 that the other uses); its gradient does not fade when the two are
+    already far apart (as L2's does for flat 16-way distributions), and TV = 0 forces the same top-K."""
+    total = 0.0
+    for probs, _ in routing:
+        p = probs.view(batch, -1, probs.shape[-1])  # [B, T, X]
+        total = total + (1.0 - torch.minimum(p[:, :-1], p[:, 1:]).sum(-1)).mean()
+    return total
+
+
 def losses(model: TrainedModel, batch: torch.Tensor, s: TrainSettings):
     logits, _, mtp_logits, routing = model(batch[:, :-1])
     target = batch[:, 1:].reshape(-1)
@@ -67,7 +82,7 @@ def losses(model: TrainedModel, batch: torch.Tensor, s: TrainSettings):
     ce = F.cross_entropy(logits.reshape(-1, V), target)
     ce_mtp = F.cross_entropy(mtp_logits.reshape(-1, V), target)
     aux = balance_loss(routing, model.p.n_expert, model.p.n_expert_used)
-    return ce, ce_mtp, aux
+    return ce, ce_mtp, aux, consistency_loss(routing, batch.shape[0])
 
 
 @torch.no_grad()
@@ -108,8 +123,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=d.steps)
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--consistency-weight", type=float, default=d.consistency_weight,
+                    help="weight of the routing-consistency term (an experiment; default 0: the committed recipe)")
     args = ap.parse_args(argv)
-    s = TrainSettings(seed=args.seed, steps=args.steps, threads=args.threads)
+    s = TrainSettings(seed=args.seed, steps=args.steps, threads=args.threads, consistency_weight=args.consistency_weight)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_file = open(out / "train.log", "w")
@@ -140,23 +157,26 @@ def main(argv=None) -> int:
                             lr=s.lr, betas=s.betas)
     tokens_per_step = s.batch * SEQ_LEN
     t_train = time.time()
-    acc = np.zeros(3)
+    acc = np.zeros(4)
     for step in range(s.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, s)
         starts = rng.integers(0, len(train_ids) - SEQ_LEN - 1, size=s.batch)
         batch = torch.from_numpy(np.stack([train_ids[i : i + SEQ_LEN + 1] for i in starts]))  # [B, SEQ_LEN+1]
-        ce, ce_mtp, aux = losses(model, batch, s)
+        ce, ce_mtp, aux, tv = losses(model, batch, s)
         loss = ce + s.mtp_weight * ce_mtp + s.aux_weight * aux
+        if s.consistency_weight:  # never added at 0: the committed recipe's graph and bytes
+            loss = loss + s.consistency_weight * tv
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         opt.step()
-        acc += [ce.item(), ce_mtp.item(), aux.item()]
+        acc += [ce.item(), ce_mtp.item(), aux.item(), tv.item()]
         if (step + 1) % 25 == 0:
             el = time.time() - t_train
             a = acc / 25
             log(f"step {step + 1:5d}  loss {a[0]:.4f}  mtp {a[1]:.4f}  balance {a[2] / (MODEL.n_layer + 1):.3f}  "
+                f"consistency {a[3] / (MODEL.n_layer + 1):.3f}  "
                 f"lr {lr_at(step, s):.2e}  {tokens_per_step * (step + 1) / el:.0f} tok/s  {el / 60:.1f} min")
             acc[:] = 0
         if (step + 1) % args.save_every == 0 or step + 1 == s.steps:

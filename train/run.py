@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--consistency-weight", type=float, default=d.consistency_weight,
                     help="weight of the routing-consistency term (an experiment; default 0: the committed recipe)")
     args = ap.parse_args(argv)
+    if args.steps < 25:  # the summary's final loss is the last logged window of 25 steps
+        ap.error(f"--steps must be at least 25 (the loss is logged every 25 steps), got {args.steps}")
     s = TrainSettings(seed=args.seed, steps=args.steps, threads=args.threads, consistency_weight=args.consistency_weight)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

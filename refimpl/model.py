@@ -187,7 +187,5 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
     logits = output_rows(w.output, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
-    if logits is not None:
-        ctx.cb("result_output", -1, logits)
     h_mtp = ctx.faults.tap("model.h_nextn", h_nextn, pre_norm=h)  # what the MTP head is handed
     return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])

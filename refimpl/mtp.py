@@ -129,6 +129,4 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
 
     h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps))  # [T, E]
     logits = output_rows(w.shared_head_head, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
-    if logits is not None:
-        ctx.cb("result_output", -1, logits)
     return logits, h_nextn, MTPState(n_past=state.n_past + int(tokens.size), kv=kv)

@@ -112,16 +112,20 @@ OUTPUTS = ("all", "last", "none")
 
 
 def output_rows(W, h: np.ndarray, outputs: str, ctx: Ctx) -> np.ndarray | None:
-    """The LM head ``W h`` on the rows a batch asks logits for: every row (``"all"``), the last
-    (``"last"``: a prompt needs only its last row) or none (``"none"``: a catch-up that needs only the
-    hiddens) — as llama.cpp computes only the rows its batch flags for output (``inp_out_ids``,
+    """``result_output = W h`` on the rows a batch asks logits for: every row (``"all"``), the last
+    (``"last"``: a prompt needs only its last row) or none (``"none"``: a catch-up that needs only
+    the hiddens) — as llama.cpp computes only the rows its batch flags for output (``inp_out_ids``,
     ``llama_batch.logits``). Each row's logits depend on that row alone, so the rows computed have
-    the same bits either way. h [T, E] -> [T, V], [1, V], or None (the LM head skipped)."""
+    the same bits either way. A traced run (``ctx.trace``) computes and records every row, as a trace
+    promises every position's intermediates, and returns the rows asked for.
+    h [T, E] -> [T, V], [1, V], or None (the LM head skipped)."""
     if outputs not in OUTPUTS:
         raise ValueError(f"outputs must be one of {OUTPUTS}, not {outputs!r}")
-    if outputs == "none":
+    if ctx.trace is None and outputs == "none":
         return None
-    return mm(W, h if outputs == "all" else h[-1:], ctx)  # [T or 1, V]
+    every = outputs == "all" or ctx.trace is not None
+    logits = ctx.cb("result_output", -1, mm(W, h if every else h[-1:], ctx))  # [T or 1, V]
+    return logits if outputs == "all" else logits[-1:] if outputs == "last" else None
 
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:

@@ -267,6 +267,10 @@ def test_logits_of_the_last_row_or_none_change_nothing_else():
     assert mtp_none is None and same_bits(mh_none, mh)
     step = [mtp_forward(model, w, s, [17], mh[-1:])[0] for s in (mstate, mstate_none)]
     assert same_bits(step[0], step[1])
+    seen = {}
+    traced = Ctx(trace=lambda name, il, x: seen.setdefault(name, x.copy()) if name == "result_output" else None)
+    last_traced = forward(model, SeqState.fresh(model.config), prompt, traced, outputs="last")[0]
+    assert same_bits(seen["result_output"], want) and same_bits(last_traced, last)  # a trace records every row
     with pytest.raises(ValueError, match="outputs must be one of"):
         forward(model, SeqState.fresh(model.config), prompt, outputs="first")
 

@@ -396,7 +396,8 @@ def _matmul_act_lanes(kind, isa=ISA, packed=False):
         def _matmul_act_lanes(w, yq, yd, yx, out):
             """The same, four activation rows per pass; ``w`` raw rows, or with ``packed`` the packed words
             (uint32 [groups, blocks, slots, LANES])."""
-            for g in prange(w.shape[0] if packed else w.shape[0] // LANES):
+            n_groups = w.shape[0] if packed else w.shape[0] // LANES
+            for g in prange(n_groups):
                 _act_group4(kind, isa, w, np.int64(g), yq, yd, yx, out, np.empty((4, SLOTS_OF[kind], LANES), dtype=np.float32))
 
     return _matmul_act_lanes

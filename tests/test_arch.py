@@ -3,6 +3,8 @@ fused ``ssm_in`` / ``ssm_ba``, value heads grouped by key head) — loading, the
 and conformance with llama.cpp (logits, greedy, the MTP head, speculative counts), on tiny fixtures.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -29,13 +31,9 @@ def _prompt(n=PROMPT_LEN, seed=1):
 
 @pytest.fixture(scope="module")
 def models(make_fixture):
-    cache = {}
-
+    @functools.cache
     def get(arch, quant="f32", **options):
-        key = (arch, quant, tuple(sorted(options.items())))
-        if key not in cache:
-            cache[key] = load_model(make_fixture("tiny", quant, arch=arch, **options))
-        return cache[key]
+        return load_model(make_fixture("tiny", quant, arch=arch, **options))
 
     return get
 
@@ -126,14 +124,11 @@ def test_f32_logits_greedy_and_intermediates_match_llama_cpp(models, make_fixtur
 @pytest.fixture(scope="module")
 def quantized_run(models, make_fixture):
     """(arch, quant) -> conformance.TrunkRun: refimpl's emulated greedy run and llama.cpp's trace of it."""
-    cache = {}
-
+    @functools.cache
     def get(arch, quant):
-        if (arch, quant) not in cache:
-            require_llama_cpp()
-            path = make_fixture("tiny", quant, arch=arch)
-            cache[arch, quant] = conformance.TrunkRun.make(models(arch, quant), path, Ctx(act_quant=True), _prompt(), N_GEN)
-        return cache[arch, quant]
+        require_llama_cpp()
+        path = make_fixture("tiny", quant, arch=arch)
+        return conformance.TrunkRun.make(models(arch, quant), path, Ctx(act_quant=True), _prompt(), N_GEN)
 
     return get
 
@@ -159,14 +154,11 @@ def test_every_layer_from_llama_cpp_own_inputs_is_at_float_noise(quantized_run, 
 
 @pytest.fixture(scope="module")
 def mtp_run(models, make_fixture):
-    cache = {}
-
+    @functools.cache
     def get(arch, quant):
-        if (arch, quant) not in cache:
-            require_llama_cpp()
-            path = make_fixture("tiny", quant, arch=arch)
-            cache[arch, quant] = conformance.MTPRun.make(models(arch, quant), path, Ctx(act_quant=quant != "f32"), MTP_PROMPT)
-        return cache[arch, quant]
+        require_llama_cpp()
+        path = make_fixture("tiny", quant, arch=arch)
+        return conformance.MTPRun.make(models(arch, quant), path, Ctx(act_quant=quant != "f32"), MTP_PROMPT)
 
     return get
 

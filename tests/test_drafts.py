@@ -1,6 +1,8 @@
 """Draft sources: the n-gram rule (tie-breaks, clipping, overlap, gate), the MTP draft probability,
 greedy acceptance, and the MTP head against llama.cpp's MTP context (and ``logits --mtp-out``)."""
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -134,15 +136,11 @@ MTP_IDS = ["f32", "q8_0-emulated", "f32-extras"]
 def mtp_pair(make_fixture):
     """case -> conformance.MTPRun: llama.cpp's run with the trunk's and the MTP context's
     intermediates, one llama.cpp run per case for the tests below."""
-    cache = {}
-
-    def get(quant, options):
-        key = (quant, tuple(sorted(options.items())))
-        if key not in cache:
-            require_llama_cpp()
-            path = make_fixture("tiny", quant, **options)
-            cache[key] = conformance.MTPRun.make(load_model(path), path, Ctx(act_quant=quant != "f32"), PROMPT)
-        return cache[key]
+    @functools.cache
+    def get(quant, **options):
+        require_llama_cpp()
+        path = make_fixture("tiny", quant, **options)
+        return conformance.MTPRun.make(load_model(path), path, Ctx(act_quant=quant != "f32"), PROMPT)
 
     return get
 
@@ -154,7 +152,7 @@ def test_mtp_block_from_llama_cpp_own_inputs_is_at_float_noise(mtp_pair, quant, 
     llama.cpp's own float input (refimpl.trace.Patcher), reproduces every intermediate, h_nextn and
     the logits of llama.cpp's MTP context to float noise; fed only the hiddens, it does so at every
     position but at and after a crossing inside the block."""
-    mtp_pair(quant, options).assert_layer_local(f"{quant} MTP")
+    mtp_pair(quant, **options).assert_layer_local(f"{quant} MTP")
 
 
 @pytest.mark.oracle
@@ -163,7 +161,7 @@ def test_mtp_head_matches_llama_cpp(mtp_pair, quant, options):
     """End to end, the trunk's hiddens and the head fed refimpl's own hiddens: f32 within 1e-4 of
     llama.cpp; emulated, at float noise at every row but at and after a crossing (trunk rows up to
     p−1, head rows up to p), and the same drafted token wherever no crossing came before."""
-    run = mtp_pair(quant, options)
+    run = mtp_pair(quant, **options)
     if quant == "f32":
         run.assert_f32_close(f"{quant} MTP")
     else:

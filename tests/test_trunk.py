@@ -1,5 +1,7 @@
 """The trunk forward pass: batch invariance, explicit state, and conformance with llama.cpp."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -107,17 +109,13 @@ TRACE_NAMES = [
 def pair(make_fixture):
     """mix -> conformance.TrunkRun: refimpl's greedy run (emulated for a quantized mix) and llama.cpp's
     trace of the same tokens, made once per module."""
-    cache = {}
-
+    @functools.cache
     def get(mix) -> conformance.TrunkRun:
-        if mix not in cache:
-            require_llama_cpp()
-            path = make_fixture("tiny", mix)
-            model = load_model(path)
-            extra = TRACE_NAMES + [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
-            ctx = Ctx(act_quant=mix != "f32")
-            cache[mix] = conformance.TrunkRun.make(model, path, ctx, _prompt(model), conformance.N_GEN, extra)
-        return cache[mix]
+        require_llama_cpp()
+        path = make_fixture("tiny", mix)
+        model = load_model(path)
+        extra = TRACE_NAMES + [n for m in MATMULS + EXPERT_MATMULS for n in m[:2]]
+        return conformance.TrunkRun.make(model, path, Ctx(act_quant=mix != "f32"), _prompt(model), conformance.N_GEN, extra)
 
     return get
 

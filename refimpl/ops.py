@@ -121,11 +121,13 @@ def output_rows(W, h: np.ndarray, outputs: str, ctx: Ctx) -> np.ndarray | None:
     h [T, E] -> [T, V], [1, V], or None (the LM head skipped)."""
     if outputs not in OUTPUTS:
         raise ValueError(f"outputs must be one of {OUTPUTS}, not {outputs!r}")
-    if ctx.trace is None and outputs == "none":
+    traced = ctx.trace is not None
+    if outputs == "none" and not traced:
         return None
-    every = outputs == "all" or ctx.trace is not None
-    logits = ctx.cb("result_output", -1, mm(W, h if every else h[-1:], ctx))  # [T or 1, V]
-    return logits if outputs == "all" else logits[-1:] if outputs == "last" else None
+    logits = ctx.cb("result_output", -1, mm(W, h if outputs == "all" or traced else h[-1:], ctx))  # [T or 1, V]
+    if outputs == "none":
+        return None
+    return logits if outputs == "all" else logits[-1:]
 
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:

@@ -263,9 +263,9 @@ def judge_rounds(info: RoundsInfo, replayed: list[Replayed], tau: float = 0.05) 
 
 
 def without_ids(info: RoundsInfo) -> RoundsInfo:
-    """The same rounds as a log that keeps only the accepted and drafted counts."""
-    rounds = [RoundLog(r.accepted, r.n_tokens, r.drafted if r.drafted is not None else None if r.drafts is None else len(r.drafts))
-              for r in info.rounds]
+    """The same rounds as a log that keeps only the accepted and drafted counts (the drafted count
+    from the ids where they were logged, as :func:`_budget` reads them)."""
+    rounds = [RoundLog(r.accepted, r.n_tokens, len(r.drafts) if r.drafts is not None else r.drafted) for r in info.rounds]
     return RoundsInfo(rounds, info.draft_max, info.p_min, info.source)
 
 

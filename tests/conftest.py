@@ -48,7 +48,8 @@ def pytest_configure(config):
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core, at most four (each worker holds its own fixtures and compiled
     kernels, ~1.5 GiB)."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # Linux; else macOS etc.
+    return max(1, min(4, cores or 1))
 
 
 def pytest_report_header(config):

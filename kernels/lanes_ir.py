@@ -9,7 +9,7 @@ level's code apart). ``ISA_GENERIC`` emits target-independent IR only (``llvm.ma
 ``llvm.fma``, plain vector arithmetic): correct on every CPU LLVM targets (ARM64 NEON included),
 vectors of 8 lanes. ``ISA_AVX2`` adds one x86 intrinsic, ``vpshufb`` (16-entry byte tables: MXFP4's
 and IQ4's values, four per lane at once), vectors of 8 lanes (16 ymm registers: 8 float64 lanes are
-2 ymm). ``ISA_AVX512`` uses 16-lane vectors (32 zmm registers), the 512-bit ``vpshufb`` and
+2 ymm), or all 16 for a single activation row (``vector_lanes``). ``ISA_AVX512`` uses 16-lane vectors (32 zmm registers), the 512-bit ``vpshufb`` and
 ``vcvtqq2pd``.
 The level is the best the numba target has (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``, else the
 host), capped by ``flags.KERNEL_ISA``; every level gives the same bits (tests/test_kernels_lanes.py
@@ -63,9 +63,13 @@ if KERNEL_ISA not in ("auto", *ISA_NAMES):
 ISA = TARGET_ISA if KERNEL_ISA == "auto" else min(TARGET_ISA, ISA_NAMES.index(KERNEL_ISA))
 
 
-def vector_lanes(isa: int) -> int:
-    """Lanes per IR vector at level ``isa``: a group of LANES rows is computed in LANES // that passes."""
-    return 16 if isa == ISA_AVX512 else 8
+def vector_lanes(isa: int, nt: int = 0) -> int:
+    """Lanes per IR vector at level ``isa`` for ``nt`` activation rows (0: decoding into a buffer): a group
+    of LANES rows is computed in LANES // that passes. At ``ISA_AVX2`` a single row (nt = 1, a decoded
+    token) takes all 16 lanes in one pass too: each lane's sum is a chain of dependent fmas (4 cycles
+    each), so the pass's speed is bound by how many chains run side by side — 4 ymm of 4 lanes instead of
+    2 — while more rows (4 accumulators each) would not fit in AVX2's 16 registers."""
+    return 16 if isa == ISA_AVX512 or (isa == ISA_AVX2 and nt == 1) else 8
 
 
 #: Bytes and values of one "block" as the lane kernels walk a row (F32/F16/BF16: 16 values).
@@ -123,6 +127,16 @@ _i1, _i8, _i16, _i32, _i64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.In
 _f16, _f32, _f64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 
 
+def _half(b, v, h: int):
+    """Lanes 8h … 8h + 7 of the 16-lane vector ``v``."""
+    return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 8), list(range(8 * h, 8 * h + 8))))
+
+
+def _concat(b, halves: list, n: int):
+    """Two n-lane vectors as one of 2n lanes."""
+    return b.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_i32, 2 * n), list(range(2 * n))))
+
+
 class _Emit:
     """Helpers that emit IR for one block of ``n`` rows (lanes ``lane0 … lane0 + n − 1`` of a group;
     ``b``: the IR builder; ``base`` (IR i64) + ``offsets`` (<n x i32>): the address of this block's
@@ -150,6 +164,8 @@ class _Emit:
         turns a generic gather into scalar loads for CPUs whose gathers it deems slow (Haswell, AMD Zen),
         where the instruction still measured faster than the scalar loads."""
         b, n = self.b, self.n
+        if self.isa == ISA_AVX2 and n == 16:  # two vpgatherdd of 8 lanes
+            return _concat(b, [_Emit(b, 8, self.isa).gather32(base, _half(b, offsets, h)) for h in (0, 1)], 8)
         if self.isa == ISA_AVX2 and n == 8:
             fnty = ir.FunctionType(self.vec(_i32), [self.vec(_i32), _i8.as_pointer(), self.vec(_i32), self.vec(_i32), _i8])
             fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx2.gather.d.d.256")
@@ -221,6 +237,13 @@ class _Emit:
         fn = cgutils.get_or_insert_function(self.b.module, fnty, f"llvm.fma.v{self.n}f32")
         return self.b.call(fn, [a, b_, c])
 
+    def all_finite(self, w):
+        """IR i1: every lane of the float32 lanes ``w`` is finite (its exponent is not all ones)."""
+        b = self.b
+        exponent = b.and_(b.bitcast(w, self.vec(_i32)), self.const(0x7F800000))
+        finite = b.icmp_unsigned("!=", exponent, self.const(0x7F800000))  # <lanes x i1>
+        return b.icmp_unsigned("==", b.bitcast(finite, ir.IntType(self.n)), ir.Constant(ir.IntType(self.n), (1 << self.n) - 1))
+
     def negate_if(self, w, bit):
         """``w`` with its sign flipped in the lanes where ``bit`` (0/1 int32 lanes) is 1: the row decoder's
         ``w · (−1.0)`` (``dequant_iq.SIGN_F32``), which is exactly a sign flip."""
@@ -262,6 +285,9 @@ class _Emit:
         AVX-512BW for 16 lanes; the callers' generic twin looks the values up one at a time)."""
         b = self.b
         nbytes = 4 * self.n
+        if self.isa == ISA_AVX2 and nbytes == 64:  # two 256-bit vpshufb
+            halves = [_Emit(b, 8, self.isa).byte_table16(values, _half(b, nibbles, h)) for h in (0, 1)]
+            return _concat(b, halves, 8)
         vt = ir.VectorType(_i8, nbytes)
         assert self.isa >= ISA_AVX2 and nbytes in (32, 64)
         name = "llvm.x86.avx512.pshuf.b.512" if nbytes == 64 else "llvm.x86.avx2.pshuf.b"
@@ -325,6 +351,16 @@ class _Loop:
         self.n, self.step, self.body = n, step, body
 
 
+class _Choice:
+    """An emitter item: the items ``fast`` where ``cond`` (an IR i1, computed once per block) holds at
+    run time, else the items ``slow`` — two ways to the same weights, the fast one valid only under
+    ``cond`` (``kernels.lanes_blocks._scaled_codes``). The two are emitted as two branches and their
+    states joined; pass generators, so each branch's IR is emitted inside it."""
+
+    def __init__(self, cond, fast, slow):
+        self.cond, self.fast, self.slow = cond, fast, slow
+
+
 def _ir_loop(b, n, state: list, body):
     """Emit ``for it in range(n): state = body(it, state)`` (n an int or IR i64); return the final state.
     ``state``: IR values carried through the loop (phis)."""
@@ -357,6 +393,23 @@ def _run_items(e: _Emit, items, k0, consume, state: list) -> list:
     ``kbase``: IR i64, the k within the block of the current iteration's first value."""
     b = e.b
     for item in items:
+        if isinstance(item, _Choice):
+            fast, slow, join = (b.append_basic_block(f"lanes.{name}") for name in ("fast", "slow", "join"))
+            b.cbranch(item.cond, fast, slow)
+            ends = []
+            for block, branch in ((fast, item.fast), (slow, item.slow)):
+                b.position_at_end(block)
+                ends.append((_run_items(e, branch, k0, consume, state), b.block))
+                b.branch(join)
+            b.position_at_end(join)
+            merged = []
+            for i, v in enumerate(state):
+                phi = b.phi(v.type)
+                for st, block in ends:
+                    phi.add_incoming(st[i], block)
+                merged.append(phi)
+            state = merged
+            continue
         if not isinstance(item, _Loop):
             state = consume(k0, item[0], item[1], state)
             continue
@@ -416,7 +469,7 @@ def _block_kernel(name: str, emitters: dict, packed: bool = False, decode: bool 
             return None
         k, level = kind.literal_value, isa.literal_value
         emit = emitters[k]
-        n = vector_lanes(level)
+        n = vector_lanes(level, 0 if decode else nt[0].literal_value)
         type_size = TYPE_SIZE[k]
         slots = SLOTS.get(k, ())
         n_slots = CODE_SLOTS[k] if packed and k in CODE_SLOTS else len(slots)

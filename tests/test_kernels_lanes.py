@@ -85,6 +85,35 @@ def test_lane_kernels_nan_scales(qtype):
         assert_same_bits(kernels.matmul(kernels.pack(w, qtype), qtype, x[:T]), ref, f"packed, T={T}", nan_ok=True)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q6_K], ids=lambda q: q.name)
+def test_packed_codes_with_one_non_finite_scale(qtype):
+    """Packed Q8_0 / Q6_K form a block's weights by ``_scaled_codes`` only where all the lanes' d are
+    finite: one row's d set to inf (or NaN) sends that block of its group down the plain product —
+    inf·q stays ±inf, not the NaN of the other path — and every other block and row keeps its bits."""
+    rng = np.random.default_rng([int(qtype), 11])
+    w = random_rows(qtype, 32, K, rng)
+    wb = np.ascontiguousarray(w).view(np.uint8).reshape(32, -1)
+    size, block = lanes.TYPE_SIZE[int(qtype)], BLOCK[int(qtype)]
+    d_at = 0 if qtype == QT.Q8_0 else 208  # the f16 d of a block
+    for row, blk, bits in ((3, 0, 0x7C00), (20, 1, 0xFC00), (9, K // block - 1, 0x7E00)):  # +inf, −inf, NaN
+        at = blk * size
+        wb[row, at + d_at : at + d_at + 2] = np.array([bits], np.uint16).view(np.uint8)
+        if qtype == QT.Q8_0:
+            wb[row, at + 2 : at + 34] = 1  # every code 1
+        else:
+            wb[row, at : at + 192] = [0x11] * 128 + [0] * 64  # every code q − 32 = −31
+            wb[row, at + 192 : at + 208] = 1  # every sub-block scale 1
+    p = kernels.pack(wb, qtype)
+    x = np.abs(activations(rng, 9)) + np.float32(0.5)  # positive: an infinite d gives ±inf, not inf − inf
+    for T in (1, 2, 4, 9):
+        ref = rows_reference(wb, qtype, x[:T])
+        assert np.isinf(ref[:, [3, 20]]).all() and np.isnan(ref[:, 9]).all() and np.isfinite(np.delete(ref, [3, 9, 20], 1)).all()
+        for level in range(TARGET_ISA + 1):  # the generic level and AVX2 take the _scaled_codes branch
+            got = np.zeros((T, 32), np.float32)
+            lanes.matmul_packed(p, x[:T].astype(np.float64), got, level)
+            assert_same_bits(got, ref, f"packed, {ISA_NAMES[level]}, T={T}", nan_ok=True)
+
+
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.F16, QT.Q4_K], ids=lambda q: q.name)
 def test_wide_path_with_a_partial_span(qtype):
     """K not a multiple of the wide path's 256-column span (Q8_0, F16: 288 = 256 + 32 columns), and a
@@ -99,9 +128,10 @@ def test_wide_path_with_a_partial_span(qtype):
 
 
 # The types whose emitters have ISA-specific code: the 16-entry table lookups (MXFP4, IQ4_XS; IQ4_NL
-# shares IQ4_XS's), the int8 → float64 conversion of the packed codes (Q6_K; Q8_0 shares it). Every
-# type changes its vector width with the level (8 lanes below AVX-512), which these cover too.
-ISA_TYPES = [QT.MXFP4, QT.IQ4_XS, QT.Q6_K]
+# shares IQ4_XS's), the int8 → float64 conversion of the packed codes and, below AVX-512, their
+# ``_scaled_codes`` branch (Q6_K, Q8_0). Every type changes its vector width with the level (8 or, for
+# one activation row at AVX2, 16 lanes below AVX-512), which these cover too.
+ISA_TYPES = [QT.MXFP4, QT.IQ4_XS, QT.Q6_K, QT.Q8_0]
 
 
 @pytest.mark.parametrize("qtype", ISA_TYPES, ids=lambda q: q.name)

@@ -29,7 +29,7 @@ BUILTIN_PREFIX = "builtin:"
 TRAINED_SPEC = "builtin:kjv"  # the built-in trained model (the default MODEL)
 TRAINED_SPELLINGS = (TRAINED_SPEC, TRAINED_SPEC + "/q8_0")
 TRAINED_PATH = Path(__file__).parent / "models" / "kjv-q8_0.gguf"
-TRAINED_SHA256 = "852d999ef3ebe4a4485213c96a3b4f2c8a16c1e04f40cc5898f13f404ec0c3f3"
+TRAINED_SHA256 = "539ed9cf7e5fac356f25e1742be508655712766a2620797576f81af5f8716469"
 TRAINED_DESCRIPTION = (
     "a 7M-parameter qwen35moe trained on the King James Bible (E=256, 4 trunk layers + MTP head, "
     "16 experts top-2, 2048-token BPE), q8_0"

@@ -1,6 +1,6 @@
 """docs/bug-classes.md's table, measured: every stream-visible fault is flagged by the audit within 64
-tokens on the history-dependent models (the trained `kjv`, the random `tiny`), the clean loop never
-is, the trained head's acceptance shows the stream-blind MTP classes, and the page holds exactly the
+tokens on the history-dependent models (the trained `kjv`, the random `tiny`) but the pinned near-tie
+cases, the clean loop never is, the trained head's acceptance shows the stream-blind MTP classes, and the page holds exactly the
 tables these measurements give (refimpl.fault_table)."""
 
 from pathlib import Path
@@ -17,6 +17,10 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "bug-classes.md"
 # Stream-visible on tiny, yet only ever a near-tie there (docs/bug-classes.md, "Misses on tiny"):
 # pinned, so that a change in either direction updates the page.
 NEAR_TIE_ONLY_ON_TINY = {"rope-full-width"}
+# Stream-visible on kjv, yet only a near-tie there with its 64 tokens of "And it came to pass": the stale
+# state after an accepting n-gram verify moves the stream at step 27 to the oracle's runner-up inside
+# the 5 % band, and no later token leaves it (docs/bug-classes.md, "Reading it"); flagged on tiny.
+NEAR_TIE_ONLY_ON_KJV = {"plain-step-stale"}
 # Stream-blind and acceptance-blind on kjv: its output_norm weights vary by 5 % around their mean, so
 # hnorm(h) and hnorm(output_norm(h)) nearly agree (docs/bug-classes.md, "Reading it").
 ACCEPTANCE_BLIND_ON_KJV = {"mtp-prenorm"}
@@ -63,9 +67,11 @@ def test_every_stream_visible_fault_is_flagged_on_the_trained_model(cells):
         c = cells[("kjv", name)]
         if f.blind:
             assert not c.changed and c.exit_code == 0, name
+        elif name in NEAR_TIE_ONLY_ON_KJV:
+            assert c.changed and c.verdict == "near-tie" and c.exit_code == 0, name
         elif c.changed:
             assert c.exit_code == 1 and c.first_wrong is not None and c.first_wrong < T.N_PREDICT, name
-    assert {n for n in TABLE if cells[("kjv", n)].flagged} == STREAM_VISIBLE | {"rope-full-width"}
+    assert {n for n in TABLE if cells[("kjv", n)].flagged} == (STREAM_VISIBLE - NEAR_TIE_ONLY_ON_KJV) | {"rope-full-width"}
     for model in T.MODELS:
         assert not any(cells[(model, n)].changed for n in UNCHANGED_EVERYWHERE), model
 
@@ -77,8 +83,8 @@ def test_the_trained_head_s_acceptance_shows_the_blind_mtp_classes(cells):
             c = cells[("kjv", name)]
             if name in ACCEPTANCE_BLIND_ON_KJV:
                 assert c.accepted == clean and c.extra["rounds: counts"].endswith("→ 0"), (name, c.accepted)
-            else:  # fewer drafts accepted, and the round audit sees it from the counts alone
-                assert c.accepted[0] / c.accepted[1] < clean[0] / clean[1], (name, c.accepted, clean)
+            else:  # the acceptance moves (up or down), and the round audit sees it from the counts alone
+                assert c.accepted != clean, (name, c.accepted, clean)
                 assert c.extra["rounds: counts"].endswith("→ 1"), (name, c.extra)
 
 

@@ -43,8 +43,9 @@ class TrainSettings:
     mtp_weight: float = 0.5  # loss = CE(trunk) + mtp_weight · CE(MTP) + aux_weight · Σ_layers balance
     aux_weight: float = 0.01  # Switch-style load balance: X · Σ_e (share of picks of e) · (mean router p of e)
     # + consistency_weight · Σ_layers (mean over consecutive positions of the total-variation distance
-    # between their router distributions); an experiment (docs/trained-model.md), 0 = the committed recipe
-    consistency_weight: float = 0.0
+    # between their router distributions): routing that follows the text (docs/trained-model.md); 0 = the
+    # recipe of the first committed model
+    consistency_weight: float = 0.01
     threads: int = 1
 
     def as_json(self) -> dict:

@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--consistency-weight", type=float, default=d.consistency_weight,
-                    help="weight of the routing-consistency term (an experiment; default 0: the committed recipe)")
+                    help=f"weight of the routing-consistency term (default {d.consistency_weight}, the committed recipe; 0 drops it)")
     args = ap.parse_args(argv)
     if args.steps < 25:  # the summary's final loss is the last logged window of 25 steps
         ap.error(f"--steps must be at least 25 (the loss is logged every 25 steps), got {args.steps}")
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         batch = torch.from_numpy(np.stack([train_ids[i : i + SEQ_LEN + 1] for i in starts]))  # [B, SEQ_LEN+1]
         ce, ce_mtp, aux, tv = losses(model, batch, s)
         loss = ce + s.mtp_weight * ce_mtp + s.aux_weight * aux
-        if s.consistency_weight:  # never added at 0: the committed recipe's graph and bytes
+        if s.consistency_weight:  # never added at 0: the graph and bytes of the recipe without it
             loss = loss + s.consistency_weight * tv
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -2,6 +2,7 @@
 
     python bench/full.py                          # build the fixture once (~4 min, 21.7 GB), then measure
     python bench/full.py --dir /big/disk --n 32 --cache-mb 4096
+    python bench/full.py --cache-mb auto          # the streamer's own budget: half of MemAvailable at load
     python bench/full.py --model FILE.gguf        # any qwen35moe GGUF instead of the fixture
     python bench/full.py --delete                 # remove the fixture afterwards (disk short)
 
@@ -16,7 +17,11 @@ streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.streamer) and dense
 (``--pack auto|on|off``, load_model's pack; auto packs them for the lane kernels when the copy fits in RAM):
 
 * plain greedy decoding of ``--n`` tokens after a ``--prompt-len``-token prompt;
-* MTP speculation, ``--mtp --draft 3`` (refimpl.speculative.speculative_generate).
+* MTP speculation, ``--mtp --draft 3`` (refimpl.speculative.speculative_generate);
+* ``refimpl audit`` of an ``--audit-len``-token stream after an ``--audit-len``-token prompt (default 256 + 256;
+  0 skips it): refimpl.audit.audit, the oracle teacher-forced over prompt + stream with every stream
+  position's logits, as ``refimpl audit MODEL STREAM --prompt-tokens …`` runs it. The stream is random ids
+  (seeded): the audit's work does not depend on the tokens, and it judges every position whatever its verdict.
 
 Reported per configuration: generation tok/s (tokens after the first, over the time from the first
 to the last, so the prompt pass is excluded), MiB read from the file per generated token and the
@@ -73,10 +78,31 @@ def _child(args) -> None:
     }))
 
 
-def _run_child(args, mtp: bool) -> dict:
-    argv = ["--model", str(args.model), "--cache-mb", str(args.cache_mb), "--n", str(args.n),
+def _audit_child(args) -> None:
+    """Load, audit a random stream after a random prompt (``--audit-len`` each), print one JSON line."""
+    import numba
+    import numpy as np
+
+    from refimpl.audit import Stream, audit
+    from refimpl.model import PACK_FLAGS, load_model
+
+    numba.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack])
+    load_s = time.perf_counter() - t0
+    prompt = random_prompt(args.audit_len)
+    stream = [int(t) for t in np.random.default_rng(2).integers(0, 390, size=args.audit_len)]
+    read0 = model.streamer.bytes_read()
+    t0 = time.perf_counter()
+    report = audit(model, prompt, Stream("A", "random ids", "json", stream))
+    print(json.dumps({"audit_s": time.perf_counter() - t0, "load_s": load_s, "verdict": report.verdict,
+                      "bytes_read": model.streamer.bytes_read() - read0, "peak_rss": peak_rss(), "vm_hwm": vm_hwm()}))
+
+
+def _run_child(args, mode: str) -> dict:
+    argv = ["--model", str(args.model), "--cache-mb", str(args.cache_mb), "--n", str(args.n), "--audit-len", str(args.audit_len),
             "--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
-    return run_child(__file__, argv + (["--mtp"] if mtp else []) + ["--pack", args.pack], "mtp" if mtp else "plain")
+    return run_child(__file__, argv + ([f"--{mode}"] if mode != "plain" else []) + ["--pack", args.pack], mode)
 
 
 def build(args) -> Path:
@@ -104,7 +130,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a GGUF to use instead of the full fixture")
     ap.add_argument("--dir", help="where the full fixture lives / is written (default $REFIMPL_CACHE)")
-    ap.add_argument("--cache-mb", type=int, default=4096)
+    ap.add_argument("--cache-mb", default="4096", help="expert cache budget in MiB, or auto (default 4096)")
+    ap.add_argument("--audit-len", type=int, default=256, help="prompt and stream length of the timed audit (0 skips it)")
     ap.add_argument("--n", type=int, default=32, help="tokens to generate")
     ap.add_argument("--prompt-len", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
@@ -113,9 +140,19 @@ def main(argv=None) -> int:
     ap.add_argument("--delete", action="store_true", help="delete the fixture when done")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mtp", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    from refimpl.errors import RefimplError
+    from refimpl.streamer import cache_budget
+
+    try:
+        cache_budget(args.cache_mb)
+    except RefimplError as e:
+        ap.error(str(e))
+    if args.audit_len < 0:
+        ap.error(f"--audit-len must be ≥ 0, got {args.audit_len}")
     if args.child:
-        _child(args)
+        _audit_child(args) if args.audit else _child(args)
         return 0
 
     fixture = not args.model
@@ -126,9 +163,10 @@ def main(argv=None) -> int:
           f"{args.threads} threads, prompt {args.prompt_len} + {args.n} generated tokens"
           f", --pack {args.pack}; load average {os.getloadavg()[0]:.2f}", flush=True)
     rows = {}
-    for label, mtp in (("plain", False), ("--mtp --draft 3", True)):
-        r = rows[label] = _run_child(args, mtp)
+    for label, mode in (("plain", "plain"), ("--mtp --draft 3", "mtp")):
+        r = rows[label] = _run_child(args, mode)
         print(f"  {label}: done in {r['total_s']:.0f} s (load {r['load_s']:.0f} s)", file=sys.stderr, flush=True)
+    audited = _run_child(args, "audit") if args.audit_len else None
     print()
     hdr = (f"{'run':<16} {'tok/s':>6} {'MiB/token':>9} {'hit rate':>8} {'peak RSS MiB':>12} {'(VmHWM)':>8} "
            f"{'cache peak MiB':>14} {'dense MiB':>9} {'packed MiB':>10} {'decodes':>7} {'accepted':>9}")
@@ -143,6 +181,10 @@ def main(argv=None) -> int:
     print(f"\n# routed experts in the file: {rows['plain']['expert_bytes'] / GIB:.1f} GiB; tok/s excludes the prompt pass "
           f"(prompt + first token: {rows['plain']['prompt_and_first_s']:.1f} s plain); same tokens: {'yes' if same else 'NO'}; "
           f"load average {os.getloadavg()[0]:.2f}")
+    if audited:
+        print(f"# refimpl audit of a {args.audit_len}-token stream after a {args.audit_len}-token prompt: {audited['audit_s']:.0f} s "
+              f"(+ load {audited['load_s']:.0f} s), {audited['bytes_read'] / GIB:.1f} GiB read, peak RSS {audited['peak_rss'] / MIB:.0f} MiB, "
+              f"verdict on the random stream: {audited['verdict']}")
     if args.delete and fixture:
         args.model.unlink()
         print(f"# deleted {args.model}")

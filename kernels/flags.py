@@ -16,7 +16,8 @@ directly), so the flags below are the whole story of how kernel code is compiled
     changes results, it only skips recompilation. One trap, handled by :func:`_drop_stale_cache`:
     numba invalidates a cached function only when *its own* source file changes, but a kernel in
     ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
-    whole package and clear it when any ``kernels/*.py`` file changes.
+    whole package and clear it when any ``kernels/*.py`` file changes — in ``kernels/__pycache__`` or, with
+    ``NUMBA_CACHE_DIR`` set, in numba's directory for this package there (:func:`cache_dir`).
 One compiled copy per weight type
     A kernel that depends on the weight type is compiled once per type, for the types a model
     actually has, never for all of them: the type code ``kind`` is a compile-time constant. A
@@ -131,31 +132,42 @@ def by_type(table: dict):
     return wrap
 
 
-def _drop_stale_cache() -> None:
-    """Delete numba's cached kernels in ``kernels/__pycache__`` when any ``kernels/*.py`` changed.
+def cache_dir() -> Path:
+    """Where numba caches this package's kernels: ``kernels/__pycache__``, or with ``NUMBA_CACHE_DIR`` set,
+    numba's subdirectory for this package there (named as numba's ``UserProvidedCacheLocator`` names it)."""
+    if numba.config.CACHE_DIR:
+        from numba.core.caching import UserProvidedCacheLocator
 
-    The package-wide source hash is stored next to the cache files. Only the in-tree cache is
-    handled (the default when the package directory is writable); with ``NUMBA_CACHE_DIR`` set, or a
-    read-only install, numba's own per-file invalidation applies.
+        return Path(numba.config.CACHE_DIR) / UserProvidedCacheLocator.get_suitable_cache_subpath(__file__)
+    return Path(__file__).resolve().parent / "__pycache__"
+
+
+def _drop_stale_cache() -> None:
+    """Delete numba's cached kernels (:func:`cache_dir`) when any ``kernels/*.py`` changed.
+
+    The package-wide source hash is stored next to the cache files. Also with ``NUMBA_CACHE_DIR``: numba's
+    own per-file invalidation would keep a kernel of ``lanes.py`` whose IR, emitted by ``lanes_ir.py``,
+    changed. A read-only tree (no ``NUMBA_CACHE_DIR``) makes numba fall back to its user-wide cache
+    directory, which is left to numba's per-file invalidation.
     """
-    if not CACHE or os.environ.get("NUMBA_CACHE_DIR") or os.environ.get("NUMBA_DISABLE_JIT") == "1":
+    if not CACHE or os.environ.get("NUMBA_DISABLE_JIT") == "1":
         return
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(here.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     stamp = digest.hexdigest()
-    cache_dir = here / "__pycache__"
-    stamp_file = cache_dir / "numba-kernels-source.sha256"
+    directory = cache_dir()
+    stamp_file = directory / "numba-kernels-source.sha256"
     try:
         if stamp_file.read_text() == stamp:
             return
     except OSError:
         pass
     try:
-        cache_dir.mkdir(exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         for pattern in ("*.nbi", "*.nbc"):
-            for stale in cache_dir.glob(pattern):
+            for stale in directory.glob(pattern):
                 stale.unlink(missing_ok=True)
         stamp_file.write_text(stamp)
     except OSError:  # read-only tree: numba falls back to its user-wide cache directory

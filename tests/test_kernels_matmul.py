@@ -5,6 +5,8 @@ rounding to float32. So against ``dequantize(W) @ x`` in float64 the error is at
 rounding plus ~K·2^-53 of Σ|w·x|, and the numba and numpy paths differ only by summation order.
 """
 
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -207,3 +209,27 @@ def test_interpreted_kernels_give_the_same_bits(tmp_path):
         ):
             want = interpreted[f"{qt.name}_{key}"]
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{qt.name} {key}")
+
+
+def test_a_stale_kernel_cache_is_dropped_also_under_numba_cache_dir(tmp_path):
+    """numba invalidates a cached kernel only when its own file changes, but a lanes.py kernel carries
+    IR that lanes_ir.py emits: kernels/flags.py clears the package's cache when any kernels/*.py changed
+    — in NUMBA_CACHE_DIR too, where a user who sets it would otherwise run an old kernel after an update."""
+    import os
+    import subprocess
+    import sys
+
+    from numba.core.caching import UserProvidedCacheLocator
+
+    import kernels.flags
+
+    directory = tmp_path / UserProvidedCacheLocator.get_suitable_cache_subpath(kernels.flags.__file__)
+    directory.mkdir()
+    (directory / "numba-kernels-source.sha256").write_text("an older source")
+    stale = directory / "lanes._matmul_packed-1.py311.nbi"
+    stale.write_bytes(b"stale")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", "import kernels"], env=env, check=True, cwd=Path(kernels.flags.__file__).parents[1])
+    assert not stale.exists()
+    stamp = (directory / "numba-kernels-source.sha256").read_text()
+    assert stamp != "an older source" and len(stamp) == 64

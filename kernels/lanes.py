@@ -34,7 +34,8 @@ How one group of ``LANES`` = 16 consecutive rows is computed:
 
 Instruction-set levels (:mod:`kernels.lanes_ir`): the kernels are generic LLVM IR at 8 lanes per
 vector; at AVX2 two x86 instructions are added (``vpshufb`` for 16-entry value tables, ``vpgatherdd``
-where LLVM would scalarize a gather), at AVX-512 16 lanes per vector, ``vpermps`` and ``vcvtqq2pd``.
+where LLVM would scalarize a gather) and a single activation row takes 16 lanes per vector, at AVX-512
+16 lanes per vector, ``vpermps`` and ``vcvtqq2pd``.
 Each level is a compile-time constant of the kernels; all give the same bits.
 
 Why LLVM IR: numba's auto-vectorizer does not vectorize this shape (16 accumulators that live in

@@ -9,8 +9,8 @@ level's code apart). ``ISA_GENERIC`` emits target-independent IR only (``llvm.ma
 ``llvm.fma``, plain vector arithmetic): correct on every CPU LLVM targets (ARM64 NEON included),
 vectors of 8 lanes. ``ISA_AVX2`` adds one x86 intrinsic, ``vpshufb`` (16-entry byte tables: MXFP4's
 and IQ4's values, four per lane at once), vectors of 8 lanes (16 ymm registers: 8 float64 lanes are
-2 ymm), or all 16 for a single activation row (``vector_lanes``). ``ISA_AVX512`` uses 16-lane vectors (32 zmm registers), the 512-bit ``vpshufb`` and
-``vcvtqq2pd``.
+2 ymm), or all 16 for a single activation row (``vector_lanes``). ``ISA_AVX512`` uses 16-lane vectors
+(32 zmm registers), the 512-bit ``vpshufb`` and ``vcvtqq2pd``.
 The level is the best the numba target has (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``, else the
 host), capped by ``flags.KERNEL_ISA``; every level gives the same bits (tests/test_kernels_lanes.py
 compares each level the host can run with ``ISA_GENERIC``).

@@ -239,7 +239,7 @@ def model_path(preset: str, quant: str) -> Path:
     from refimpl.builtin import fixture_path
     from refimpl.fixtures.large import large_fixture
 
-    if preset in ("medium", "full"):
+    if preset in ("medium", "real2", "full"):
         return large_fixture(preset, quant)
     return fixture_path(preset, quant)
 
@@ -314,7 +314,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tiny,medium", help="comma-separated presets (tiny, medium)")
+    ap.add_argument("--models", default="tiny,medium", help="comma-separated presets (tiny, medium, real2)")
     ap.add_argument("--quants", default="q4_k_m,mxfp4", help="comma-separated mixes")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n", type=int, default=16, help="generated tokens timed per round")

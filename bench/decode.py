@@ -32,8 +32,9 @@ compiled its kernels and touched every page of the memory-mapped file once (so t
 not pay page faults for experts they route to for the first time — llama.cpp's load reads the file
 too). Models: ``tiny`` (refimpl.builtin.fixture_path) and ``medium`` (the real Qwen3.6-35B-A3B
 layer widths with 4 trunk layers + MTP, ~3 GiB per mix, written once into the fixture cache by
-refimpl.fixtures.large). Noise: the machine is shared, so each figure is printed with its range
-over rounds, and the load average before and after.
+refimpl.fixtures.large); ``real2`` (the same widths, 2 trunk layers, vocabulary 32768: 1.5 GiB) on
+request. Noise: the machine is shared, so each figure is printed with its range over rounds, and the
+load average before and after.
 """
 
 from __future__ import annotations

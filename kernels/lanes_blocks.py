@@ -432,7 +432,7 @@ def _emit_q6_k_codes(e: _PackedEmit):
     float64 product of the same factors is the same number (NaN/inf scales propagate alike). Going
     int8 → float64 directly skips the float32 product and the two float32 → float64 widenings, which
     shared port 0 with the shifts that extracted a code from a word: 4 instead of 5 cycles per column
-    of 16 rows on AVX-512 (measured +~20 %). With every lane's d finite (all real files), by
+    of 16 rows on AVX-512 (measured +~20 %). Below AVX-512, with every lane's d finite (all real files), by
     ``_scaled_codes`` (d·sc has ≤ 18 significant bits): +20 % per core on AVX2 (docs/performance.md)."""
     b = e.b
     d = b.bitcast(e.words(68)[0], e.vec(_f32))

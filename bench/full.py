@@ -46,17 +46,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import GIB, MIB, peak_rss, random_prompt, run_child, vm_hwm  # noqa: E402
 
 
-def _child(args) -> None:
-    """Load, generate, print one JSON line."""
+def _load(args):
+    """(the model as ``args`` ask for it — its streamer's cache, ``--pack``, ``--threads`` —, seconds to load)."""
     import numba
 
     from refimpl.model import PACK_FLAGS, load_model
-    from refimpl.speculative import speculative_generate
 
     numba.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack])
-    load_s = time.perf_counter() - t0
+    return model, time.perf_counter() - t0
+
+
+def _child(args) -> None:
+    """Load, generate, print one JSON line."""
+    from refimpl.speculative import speculative_generate
+
+    model, load_s = _load(args)
     s = model.streamer
     prompt = random_prompt(args.prompt_len)
     stamps = []
@@ -80,16 +86,11 @@ def _child(args) -> None:
 
 def _audit_child(args) -> None:
     """Load, audit a random stream after a random prompt (``--audit-len`` each), print one JSON line."""
-    import numba
     import numpy as np
 
     from refimpl.audit import Stream, audit
-    from refimpl.model import PACK_FLAGS, load_model
 
-    numba.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack])
-    load_s = time.perf_counter() - t0
+    model, load_s = _load(args)
     prompt = random_prompt(args.audit_len)
     stream = [int(t) for t in np.random.default_rng(2).integers(0, 390, size=args.audit_len)]
     read0 = model.streamer.bytes_read()

@@ -163,13 +163,10 @@ def near_ties(model, tok) -> tuple[float, int]:
 def held_out_near_ties(model, tok, windows: int = 8, length: int = 256) -> tuple[float, float, int]:
     """Teacher-forced on held-out text (train.corpus; needs the train extra): the near-tie share of the
     ``windows`` × ``length`` positions spread over it, and the share whose argmax is the next token."""
-    from train.corpus import documents
-    from train.run import encode
+    from train.run import held_out_windows
 
-    ids = encode(tok, documents()[1]).tolist()
     gaps, right = [], []
-    for i in range(windows):
-        window = ids[i * len(ids) // windows:][:length]
+    for window in held_out_windows(tok, windows, length):
         logits, _, _ = forward(model, SeqState.fresh(model.config), window)  # [length, V]
         top2 = np.sort(logits, axis=-1)[:, -2:]
         gaps.extend((top2[:, 1] - top2[:, 0]) / np.abs(logits).max(axis=-1))
@@ -248,13 +245,10 @@ def held_out_routes(path, tok, windows: int = 4, length: int = 256):
     import dataclasses
 
     from refimpl.state import SeqState
-    from train.corpus import documents
-    from train.run import encode
+    from train.run import held_out_windows
 
-    ids = encode(tok, documents()[1]).tolist()
     runs = []
-    for i in range(windows):
-        window = ids[i * len(ids) // windows:][:length]
+    for window in held_out_windows(tok, windows, length):
         recs = []
         model = load_model(path, cache_mb=1 << 14, on_route=recs.append, progress=False, pack=False)
         forward(model, SeqState.fresh(model.config), window)
@@ -264,11 +258,10 @@ def held_out_routes(path, tok, windows: int = 4, length: int = 256):
     return runs
 
 
-def routing(path, tok, fractions=(0.125, 0.25, 0.5), seeds: int = 20):
+def routing(path, tok, c, fractions=(0.125, 0.25, 0.5), seeds: int = 20):
     """Part 5: reuse vs usage chance per layer, and the LRU replay (actual / time-shuffled / uniform) at
     budgets of ``fractions`` of the routed-expert bytes (the trunk's and the MTP block's, as ``--cache-mb``
-    counts them; a greedy run reads only the trunk's)."""
-    c = load_model(path, progress=False, pack=False).config
+    counts them; a greedy run reads only the trunk's); ``c``: the model's Config."""
     X, K = c.n_expert, c.n_expert_used
     greedy_runs, sizes, expert_bytes = greedy_routes(path, tok)
     try:
@@ -330,7 +323,7 @@ def main() -> int:
     except (ImportError, SystemExit) as exc:
         print(f"(held-out near-ties skipped: {exc})")
     if routing_only:
-        routing(path, tok)
+        routing(path, tok, model.config)
         return 0
 
     print("\n## expert cache hit rate, decode phase, cache ≈ 25 % of the routed-expert bytes")
@@ -338,7 +331,7 @@ def main() -> int:
         rate, mb, frac, eb = hit_rate(p, Tokenizer.from_gguf(p))
         print(f"{name}: --cache-mb {mb} = {100 * frac:.0f}% of {eb / MIB:.1f} MiB of experts: {100 * rate:.1f}% hits "
               f"(text-independent routing: ≈ {100 * min(frac, 1):.0f}%)")
-    routing(path, tok)
+    routing(path, tok, model.config)
     if "--no-audit" not in argv:
         audit_defaults(model, tok, path)
     return 0

@@ -165,13 +165,15 @@ class RoundsReport:
 
 
 def _hidden(model, tokens: list[int], ctx) -> np.ndarray:
-    """The trunk's h_nextn [T, E] for every position of ``tokens``, teacher-forced (32 per call)."""
+    """The trunk's h_nextn [T, E] for every position of ``tokens``, teacher-forced (``golden_run.CHUNK``
+    positions per call, as the stream audit: with streamed experts a chunk reads each expert it uses once)."""
+    from refimpl.golden_run import CHUNK
     from refimpl.model import forward
     from refimpl.state import SeqState
 
     state, hs = SeqState.fresh(model.config), []
-    for i in range(0, len(tokens), 32):
-        _, h, state = forward(model, state, tokens[i:i + 32], ctx, outputs="none")  # [≤32, E]
+    for i in range(0, len(tokens), CHUNK):
+        _, h, state = forward(model, state, tokens[i:i + CHUNK], ctx, outputs="none")  # [≤CHUNK, E]
         hs.append(h)
     return np.concatenate(hs)
 

@@ -18,9 +18,8 @@ import torch
 
 from refimpl.tokenizer import Tokenizer
 from train.config import MODEL, SEQ_LEN
-from train.corpus import documents
 from train.model import TrainedModel
-from train.run import consistency_loss, encode
+from train.run import consistency_loss, held_out_windows
 
 
 def main(argv=None) -> int:
@@ -33,9 +32,8 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_gguf(out / "kjv-q8_0.gguf")
     model = TrainedModel(MODEL, 0, SEQ_LEN)
     model.load_state_dict(torch.load(out / "model.pt")["params"])
-    ids = encode(tok, documents()[1])
     W = args.windows
-    windows = np.stack([ids[i * len(ids) // W:][:SEQ_LEN] for i in range(W)])  # [W, SEQ_LEN]
+    windows = np.asarray(held_out_windows(tok, W, SEQ_LEN))  # [W, SEQ_LEN]
     with torch.no_grad():
         _, _, _, routing = model(torch.from_numpy(windows))
     for il, (probs, _) in enumerate(routing):

@@ -51,6 +51,13 @@ def encode(tok: Tokenizer, text: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+def held_out_windows(tok: Tokenizer, n: int, length: int) -> list[list[int]]:
+    """``n`` windows of ``length`` held-out tokens (train.corpus), spread evenly over the held-out text:
+    the windows bench/trained.py and train/router.py measure on."""
+    ids = encode(tok, documents()[1]).tolist()
+    return [ids[i * len(ids) // n:][:length] for i in range(n)]
+
+
 def balance_loss(routing, n_expert: int, n_used: int) -> torch.Tensor:
     """Σ over MoE layers of X · Σ_e f_e · P_e (f_e: share of the N·K picks, P_e: mean router p)."""
     total = 0.0

@@ -22,7 +22,7 @@ from .dequant import IQ4NL_VALUES, MXFP4_VALUES
 from .lanes_blocks_iq import IQ_EMITTERS
 from .lanes_ir import (_BF16, _F16, _F32, _IQ4_NL, _IQ4_XS, _MXFP4, _Q2_K, _Q3_K, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_1,
                        _Q5_K, _Q6_K, _Q8_0, ISA_AVX512, ISA_GENERIC, _block_kernel, _Emit, _f16, _f32, _f64, _i16, _i32,
-                       _fma, _i64, _Choice, _Loop, _PackedEmit)
+                       _fma, _i8, _i64, _Choice, _Loop, _PackedEmit)
 
 # --------------------------------------------------------------------------------------------
 # Plain floats: a "block" of 16 values
@@ -74,6 +74,8 @@ def _emit_q8_0(e: _Emit):
             yield 4 * j4 + k, e.b.fmul(e.s2f(e.sbyte(dw, k)), d)
 
 
+#: The bits of 1.0: the exponent ``_q4_k_chunk64`` and ``_table_nibbles64`` give their masked codes.
+_ONE_BITS = 0x3FF0000000000000
 #: 1.5 · 2^52 and its bits: ``_scaled_codes``' bias.
 _MAGIC, _MAGIC_BITS = 1.5 * 2.0**52, 0x4338000000000000
 
@@ -195,10 +197,59 @@ def _table_nibbles(e: _Emit, dws, name: str, values, scale):
                 yield 16 * high + 4 * j4 + k, b.fmul(scale, e.i2f(e.sbyte(looked_up, k)))
 
 
+def _byte_at_40(e: _Emit, moved, k: int):
+    """<lanes x double>: byte k (0..3) of each 64-bit lane of ``moved`` placed at bits 40–47 under the
+    exponent bits 52–63 of the same lane, every other bit zero — one constant byte shuffle (x86:
+    ``vpshufb``; ARM64: ``tbl``). With ``moved``'s bytes 6–7 those of 1.0, it is 1 + byte·2^−12."""
+    b, n = e.b, e.n
+    vb = ir.VectorType(_i8, 8 * n)
+    mask = []
+    for lane in range(n):
+        mask += [8 * n] * 5 + [8 * lane + k, 8 * lane + 6, 8 * lane + 7]  # 8n…: a byte of the zero vector
+    picked = b.shuffle_vector(b.bitcast(moved, vb), ir.Constant(vb, None), ir.Constant(ir.VectorType(_i32, 8 * n), mask))
+    return b.bitcast(picked, e.vec(_f64))
+
+
+def _table_nibbles64(e: _Emit, dws, values, scale):
+    """``_table_nibbles``' weights ``scale · values[nibble]`` formed in float64, the same numbers where
+    the float32 product is exact and finite (``_by_table64`` checks the scale). The table's bytes are
+    biased by 128 (u = v + 128, 0..255; ``byte_table16`` looks four up per lane); each lane's four
+    looked-up bytes, zero-extended to 64 bits with the exponent bits of 1.0 added, give value k as the
+    double X = 1 + u·2^−12 by one byte shuffle (``_byte_at_40``); with K = scale·2^12,
+    ``fma(K, X, −(K + 128·scale))`` is scale·(u − 128) = scale·v rounded once: exact (≤ 24 + 8 bits).
+    Both constants are exact (K + 128·scale = scale·(2^12 + 2^7)). Three vector operations per weight
+    (shuffle, two fma) and two constants per block, instead of the float32 route's five or six (convert,
+    product, two 2-uop widenings on AVX2)."""
+    b = e.b
+    f64, i64 = e.vec(_f64), e.vec(_i64)
+    biased = [(int(v) + 128) - 256 * (int(v) >= 0) for v in values]  # v + 128 as a signed byte
+    s64 = b.fpext(scale, f64)
+    k12 = b.fmul(s64, ir.Constant(f64, [2.0 ** 12] * e.n))
+    neg_c = b.fsub(b.fmul(s64, ir.Constant(f64, [-128.0] * e.n)), k12)  # −(K + 128·scale)
+    fma, nib = _fma(b, e.n), e.const(0x0F0F0F0F)
+    for high in (0, 1):
+        for j4, dw in enumerate(dws):
+            looked_up = e.byte_table16(biased, b.and_(b.lshr(dw, e.const(4)) if high else dw, nib))
+            moved = b.or_(b.zext(looked_up, i64), ir.Constant(i64, [_ONE_BITS] * e.n))
+            for k in range(4):
+                yield 16 * high + 4 * j4 + k, b.call(fma, [k12, _byte_at_40(e, moved, k), neg_c])
+
+
+def _by_table64(e: _Emit, scale_ok, fast, general):
+    """The items of a 16-entry-table type: ``fast`` (``_table_nibbles64``) where ``scale_ok`` (IR i1: every
+    lane's scale finite and small enough that no product overflows float32) holds, else ``general`` —
+    at AVX2 and AVX-512, where ``byte_table16`` exists; the generic level keeps ``general``."""
+    if e.isa == ISA_GENERIC:
+        return general
+    return [_Choice(scale_ok, fast, general)]
+
+
 def _emit_iq4_nl(e: _Emit):
     """``_deq_iq4_nl``: w = d * KV[nibble] (the IQ4_NL table, ``_table_nibbles``); d at 0, qs at 2."""
     d = e.f16(e.dwords(0)[0], high=False)
-    yield from _table_nibbles(e, e.dwords(2, 4), "iq4nl_values", IQ4NL_VALUES, d)
+    dws = e.dwords(2, 4)
+    yield from _by_table64(e, e.all_finite(d), _table_nibbles64(e, dws, IQ4NL_VALUES, d),
+                           _table_nibbles(e, dws, "iq4nl_values", IQ4NL_VALUES, d))
 
 
 def _emit_mxfp4(e: _Emit):
@@ -214,8 +265,9 @@ def _emit_mxfp4(e: _Emit):
                       b.shl(b.sub(ex, e.const(1)), e.const(23)))
     d = b.bitcast(d_bits, e.vec(_f32))
     dws = e.dwords(1, 4)
-    if e.isa != ISA_GENERIC:
-        yield from _table_nibbles(e, dws, "mxfp4_values", MXFP4_VALUES, d)
+    if e.isa != ISA_GENERIC:  # e ≤ 248: d ≤ 2^120, no product overflows (real files: e ≈ 110–135)
+        yield from _by_table64(e, e.all_lanes(b.icmp_unsigned("<=", ex, e.const(248))), _table_nibbles64(e, dws, MXFP4_VALUES, d),
+                               _table_nibbles(e, dws, "mxfp4_values", MXFP4_VALUES, d))
         return
     for high in (0, 1):
         for j4 in range(4):
@@ -353,7 +405,9 @@ def _emit_q4_k(e: _Emit):
     the 8 sub-blocks (``k_scale_min``); for c = 0..3, l = 0..31 with byte = qs[32c + l] (qs at 16):
     w[64c + l] = (d·sc[2c]) * float32(byte & 15) − dmin·m[2c];
     w[64c + 32 + l] = (d·sc[2c+1]) * float32(byte >> 4) − dmin·m[2c+1]
-    (``fma32``: d·sc·q has ≤ 11 + 6 + 4 significant bits)."""
+    (``fma32``: d·sc·q has ≤ 11 + 6 + 4 significant bits). Where the float32 result is exact for every
+    code — ``_q4_k_exact``, which llama-quantize's blocks meet — formed in float64 instead
+    (``_q4_k_chunk64``)."""
     b = e.b
     table = _k_factors(e)
 
@@ -368,7 +422,55 @@ def _emit_q4_k(e: _Emit):
                     q = _in_place_nibble(e, dw, 8 * k + 4 * high)
                     yield 32 * high + 4 * j4 + k, e.fma32(scaled[k], e.i2f(q), neg_dmm)
 
-    yield _Loop(4, 64, chunk)
+    yield _Choice(_q4_k_exact(e), iter([_Loop(4, 64, lambda e, c: _q4_k_chunk64(e, table, c))]),
+                  iter([_Loop(4, 64, chunk)]))
+
+
+def _q4_k_exact(e: _Emit):
+    """IR i1: in every lane, d and dmin are finite and ``(d·sc)·q − dmin·m`` is exact in float32 for every
+    6-bit sc, m and 4-bit q — so the row decoder's rounded float32 value is the exact one, which
+    ``_q4_k_chunk64`` computes in float64. With E(x) the float32 exponent of x (|x| < 2^(E+1), and x —
+    an f16 — a multiple of 2^(E − 10)): |d·sc·q| < 2^(E_d + 11), |dmin·m| < 2^(E_m + 7), their difference
+    a multiple of 2^(min(E_d, E_m) − 10) below twice the larger bound, so ``max(E_d + 11, E_m + 7) −
+    min(E_d, E_m) ≤ 13`` fits 24 bits (E_m − E_d ∈ [−2, 6]; llama-quantize gives 2–4: dmin ≈ 7.5·d).
+    A zero d or dmin makes one term vanish: exact whatever the other's exponent."""
+    b = e.b
+    dd = e.dwords(0)[0]
+    exps, zeros = [], []
+    for high in (False, True):
+        bits = b.bitcast(e.f16(dd, high), e.vec(_i32))
+        exps.append(b.and_(b.lshr(bits, e.const(23)), e.const(0xFF)))
+        zeros.append(b.icmp_unsigned("==", b.and_(bits, e.const(0x7FFFFFFF)), e.const(0)))
+    ed, em = exps
+    top = b.select(b.icmp_signed(">", b.add(ed, e.const(4)), em), b.add(ed, e.const(11)), b.add(em, e.const(7)))
+    low = b.select(b.icmp_signed("<", ed, em), ed, em)
+    fits = b.icmp_signed("<=", b.sub(top, low), e.const(13))
+    finite = b.and_(b.icmp_unsigned("!=", ed, e.const(0xFF)), b.icmp_unsigned("!=", em, e.const(0xFF)))
+    return e.all_lanes(b.and_(finite, b.or_(fits, b.or_(zeros[0], zeros[1]))))
+
+
+def _q4_k_chunk64(e: _Emit, table, c):
+    """Q4_K values 64c … 64c + 63 formed in float64 (under ``_q4_k_exact``): the same numbers as the
+    row decoder's, in three vector operations per weight instead of the float32 route's ~five (a
+    float32 fma, two 2-uop widenings on AVX2). A dword's low (or high) nibbles, one per byte, zero-extended
+    to 64 bits with the exponent bits of 1.0 added, give code k as the double X = 1 + q·2^−12 by one byte
+    shuffle (``_byte_at_40``). With K = d·sc·2^12 (exact), K·X = K + d·sc·q, and
+    ``fma(K, X, −(K + dmin·m))`` is d·sc·q − dmin·m rounded once — exact, since it fits 24 bits.
+    ``−(K + dmin·m)`` is exact too: K is a multiple of 2^(E_d + 2) below 2^(E_d + 19), dmin·m one of
+    2^(E_m − 10) below 2^(E_m + 7), so under ``_q4_k_exact`` their sum spans at most 30 − (E_m − E_d) ≤ 32
+    bits."""
+    b = e.b
+    fma, f64, i64 = _fma(b, e.n), e.vec(_f64), e.vec(_i64)
+    one, nib = ir.Constant(i64, [_ONE_BITS] * e.n), e.const(0x0F0F0F0F)
+    for high in (0, 1):
+        sub = b.add(b.mul(c, e.const64(4)), e.const64(2 * high))
+        k12 = b.fmul(b.fpext(e.pick(table, sub), f64), ir.Constant(f64, [2.0 ** 12] * e.n))  # d·sc·2^12
+        neg_c = b.fsub(b.fpext(e.pick(table, b.add(sub, e.const64(1))), f64), k12)  # −(K + dmin·m)
+        for j4 in range(8):
+            dw = e.dwords(16 + 4 * j4, dyn=b.mul(c, e.const64(32)))[0]
+            moved = b.or_(b.zext(b.and_(b.lshr(dw, e.const(4)) if high else dw, nib), i64), one)
+            for k in range(4):
+                yield 32 * high + 4 * j4 + k, b.call(fma, [k12, _byte_at_40(e, moved, k), neg_c])
 
 
 def _emit_q5_k(e: _Emit):
@@ -501,10 +603,16 @@ def _emit_iq4_xs(e: _Emit):
         dl.append(b.fmul(d, e.i2f(b.sub(ls, e.const(32)))))
     table = e.table(dl)
 
-    def sub_block(e, s):
-        yield from _table_nibbles(e, e.dwords(8, 4, dyn=b.mul(s, e.const64(16))), "iq4nl_values", IQ4NL_VALUES, e.pick(table, s))
+    def sub_block(e, s, f64=False):
+        dws = e.dwords(8, 4, dyn=b.mul(s, e.const64(16)))
+        if f64:
+            yield from _table_nibbles64(e, dws, IQ4NL_VALUES, e.pick(table, s))
+        else:
+            yield from _table_nibbles(e, dws, "iq4nl_values", IQ4NL_VALUES, e.pick(table, s))
 
-    yield _Loop(8, 32, sub_block)
+    # d finite: every dl = d·(ls − 32) is finite and |dl·KV| < 2^16·32·128
+    yield from _by_table64(e, e.all_finite(d), iter([_Loop(8, 32, lambda e, s: sub_block(e, s, True))]),
+                           iter([_Loop(8, 32, sub_block)]))
 
 
 #: The raw-row emitter of each lane type.

@@ -241,8 +241,12 @@ class _Emit:
         """IR i1: every lane of the float32 lanes ``w`` is finite (its exponent is not all ones)."""
         b = self.b
         exponent = b.and_(b.bitcast(w, self.vec(_i32)), self.const(0x7F800000))
-        finite = b.icmp_unsigned("!=", exponent, self.const(0x7F800000))  # <lanes x i1>
-        return b.icmp_unsigned("==", b.bitcast(finite, ir.IntType(self.n)), ir.Constant(ir.IntType(self.n), (1 << self.n) - 1))
+        return self.all_lanes(b.icmp_unsigned("!=", exponent, self.const(0x7F800000)))
+
+    def all_lanes(self, cond):
+        """IR i1: ``cond`` (<lanes x i1>) holds in every lane."""
+        b = self.b
+        return b.icmp_unsigned("==", b.bitcast(cond, ir.IntType(self.n)), ir.Constant(ir.IntType(self.n), (1 << self.n) - 1))
 
     def negate_if(self, w, bit):
         """``w`` with its sign flipped in the lanes where ``bit`` (0/1 int32 lanes) is 1: the row decoder's

@@ -40,7 +40,7 @@ from .dequant import dequantize
 from .lanes import PackedRows, pack
 from .recurrent import delta_rule_step, dot64
 from .flashattn import flash_attn_f16
-from .matmul import matmul
+from .matmul import matmul, matmul_experts
 
 __all__ = [
     "WEIGHT_TYPES",
@@ -48,6 +48,7 @@ __all__ = [
     "row_bytes",
     "dequantize",
     "matmul",
+    "matmul_experts",
     "pack",
     "PackedRows",
     "dot64",

@@ -180,9 +180,10 @@ def _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf):
     _store(acc, out, g)
 
 
-def _variant(isa: int, wide: bool) -> str:
-    """The kernel-name suffix: ``wide`` for the wide path, the level's name when it is not the default."""
-    return "_".join(([] if isa == ISA else [ISA_NAMES[isa]]) + (["wide"] if wide else []))
+def _variant(isa: int, wide: bool, experts: bool = False) -> str:
+    """The kernel-name suffix: ``wide`` for the wide path, ``experts`` for several experts' matrices at once,
+    the level's name when it is not the default."""
+    return "_".join(([] if isa == ISA else [ISA_NAMES[isa]]) + (["wide"] if wide else []) + (["experts"] if experts else []))
 
 
 # The top-level kernels ``kernel(w, x64, out, block)``: out[t, n] for the rows of every whole group.
@@ -266,6 +267,42 @@ def _matmul_packed_serial(kind, isa=ISA, wide=False):
                 _narrow_group_packed(kind, isa, p, g, x64, out, acc)
 
     return _matmul_packed_serial
+
+
+@per_type
+def _matmul_packed_experts(kind, isa=ISA):
+    @jit(parallel=True, kind=kind, variant=_variant(isa, False, experts=True))
+    def _matmul_packed_experts(p, first, x64, out):
+        """out[i, j·LANES + l] = row j·LANES + l of the matrix whose groups start at ``first[i]`` in ``p``,
+        times x64[i] (one activation row each): ``_narrow_group_packed``'s numbers for every (i, j),
+        all the items' groups in one parallel loop (``ggml_mul_mat_id`` for a decoded token)."""
+        n_groups = out.shape[1] // LANES
+        n_jobs = first.shape[0] * n_groups
+        n_chunks = min(n_jobs, 64)
+        for c in prange(n_chunks):
+            acc = np.empty((MAX_T, LANES), dtype=np.float64)
+            for job in range(c * n_jobs // n_chunks, (c + 1) * n_jobs // n_chunks):
+                i, j = job // n_groups, job % n_groups
+                _group_packed(kind, isa, p, first[i] + j, acc, x64[i : i + 1], 1)
+                for lane in range(LANES):
+                    out[i, j * LANES + lane] = acc[0, lane]
+
+    return _matmul_packed_experts
+
+
+def matmul_packed_experts(stack: PackedRows, ids: np.ndarray, row0: int, x64: np.ndarray, out: np.ndarray,
+                          isa: int = ISA) -> bool:
+    """out[i] (float32 [n_rows]) = rows row0 … row0 + n_rows − 1 of expert ``ids[i]`` of the packed stack
+    (X, N, row bytes) times x64[i], for every i, in one kernel call — the numbers of ``matmul_packed`` on
+    each expert's matrix (the same group kernel per output). False (nothing written) when the rows are not
+    whole groups of the stack, so the caller multiplies expert by expert."""
+    n_rows = out.shape[1]
+    per = stack.raw.shape[1] // LANES  # groups per expert
+    if stack.raw.ndim != 3 or row0 % LANES or n_rows % LANES or row0 + n_rows > stack.raw.shape[1] or x64.shape[0] != len(ids):
+        return False
+    first = np.asarray(ids, dtype=np.int64) * per + row0 // LANES
+    _matmul_packed_experts(stack.qtype, isa)(stack.words, first, x64, out)
+    return True
 
 
 @jit(parallel=True)
@@ -456,4 +493,5 @@ def matmul_lanes(w_bytes: np.ndarray, qtype, x64: np.ndarray, out: np.ndarray, i
     return n
 
 
-__all__ = ["LANES", "MAX_T", "LANE_TYPES", "PackedRows", "pack", "supported", "matmul_lanes", "matmul_packed", "MXFP4_VALUES"]
+__all__ = ["LANES", "MAX_T", "LANE_TYPES", "PackedRows", "pack", "supported", "matmul_lanes", "matmul_packed",
+           "matmul_packed_experts", "MXFP4_VALUES"]

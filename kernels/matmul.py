@@ -198,6 +198,33 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     return y.reshape(x.shape[:-1] + (N,))
 
 
+def matmul_experts(stack, qtype, ids, x: np.ndarray, rows: tuple[int, int] | None = None) -> np.ndarray:
+    """``ggml_mul_mat_id`` for one activation row per selected expert: float32 [n, rows] whose row i is
+    ``matmul(stack[ids[i]][r0:r1], qtype, x[i])`` bit for bit — the plain numba path's numbers.
+
+    ``stack``: the (X, N, row bytes) expert matrices (raw, or a :class:`kernels.PackedRows` stack);
+    ``ids`` [n]; ``x`` float32 [n, K]; ``rows``: (r0, r1) of each expert's N rows (default all). A packed
+    stack multiplies every expert's rows in one parallel kernel call (``lanes.matmul_packed_experts``:
+    one thread launch and one pass of Python per token instead of one per expert); anything else goes
+    expert by expert through :func:`matmul`."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    x = np.asarray(x)
+    r0, r1 = rows if rows is not None else (0, np.shape(stack)[1])
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[0] != ids.size:
+        raise ValueError(f"matmul_experts: x must be float32 [n, K] with one row per id ({ids.size}), got {x.dtype} {x.shape}")
+    if isinstance(stack, lanes.PackedRows) and stack.ndim == 3 and JIT_ENABLED and ids.size:
+        if stack.qtype != weight_layout(qtype).qtype:
+            raise ValueError(f"matmul_experts: a {stack.qtype.name} packed stack passed as {weight_layout(qtype).qtype.name}")
+        if not ((0 <= ids) & (ids < stack.shape[0])).all():
+            raise ValueError(f"matmul_experts: expert ids must be in [0, {stack.shape[0]}), got {ids.tolist()}")
+        y = np.zeros((ids.size, r1 - r0), dtype=np.float32)
+        K = as_row_bytes(stack.raw[0][:1], qtype, what="matmul_experts: stack")[1]
+        if x.shape[1] == K and lanes.matmul_packed_experts(stack, ids, r0, x.astype(np.float64), y):
+            return y
+    return np.concatenate([matmul(stack[int(e)][r0:r1], qtype, x[i : i + 1]) for i, e in enumerate(ids)]) if ids.size \
+        else np.zeros((0, r1 - r0), dtype=np.float32)
+
+
 def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray, packed=None) -> None:
     """The plain numba product into ``y`` (T, N): 16-row lanes where :mod:`kernels.lanes` has a kernel
     for the type (bit-identical to ``_matmul_rows``; from the packed words when given),

@@ -16,7 +16,8 @@ Per token, input x = RMSNorm(r, post_attention_norm) [E]:
    (weights applied after the down projection), then summed left to right (a chain of ggml_add).
    Computed expert by expert for a batch: each expert of the batch's union multiplies all the rows
    that selected it at once (as ``ggml_mul_mat_id`` does), so a verify batch decodes each routed
-   expert's weights once; every row's numbers are those of the row alone.
+   expert's weights once; every row's numbers are those of the row alone. A decoded token (T = 1)
+   multiplies its K experts' gate, up and down matrices in one call each (:func:`mul_mat_id`).
 5. shared expert ``down_s(silu(gate_s x) ⊙ up_s x)`` times the scalar gate
    ``sigmoid(ffn_gate_inp_shexp · x)``; ``ffn_out = ffn_moe_out + that``.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import kernels
 from refimpl.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax
 from refimpl.weights import DenseFFNWeights
 
@@ -60,6 +62,19 @@ def route(logits: np.ndarray, n_used: int, ctx: Ctx = Ctx()) -> tuple[np.ndarray
     return sel, ctx.faults.tap("moe.weights", w.astype(F32), probs=probs, sel=sel)
 
 
+def mul_mat_id(experts, which: str, ids: np.ndarray, x: np.ndarray, ctx: Ctx) -> np.ndarray:
+    """``ggml_mul_mat_id`` with one row per expert: x[i] times expert ids[i]'s ``which`` ("gate", "up",
+    "down") matrix, [K, in] -> [K, out] — the numbers of ``mm`` expert by expert. Pinned experts on the
+    plain numba path go through one kernel call for all K (``kernels.matmul_experts``: a decoded token's
+    experts in one parallel pass); streamed experts, ``--emulate`` and the numpy path expert by expert."""
+    stacked = getattr(experts, "stacked", None)
+    if stacked is not None and ctx.kernel == "numba" and not ctx.act_quant:
+        m, rows = stacked(which)
+        return kernels.matmul_experts(m.raw, m.qtype, ids, x, rows)
+    matrix = getattr(experts, which)
+    return np.concatenate([mm(matrix(int(e)), x[i : i + 1], ctx) for i, e in enumerate(ids)])  # [K, out]
+
+
 def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Routed experts + shared expert. x [T, E] -> (ffn_out [T, E], sel [T, K], weights [T, K]).
 
@@ -73,16 +88,22 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
     # Each expert once, for all the rows that chose it (mul_mat_id): rows are independent in every
     # op, so expert_out[t, i] is the same whether token t is alone or in a batch (weights read once).
-    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
-    chosen = {e: np.nonzero(sel == e) for e in union}  # e -> (the tokens that chose e, where in their top-K)
     moe_swiglu = np.empty((T, c.n_expert_used, c.n_ff_exp), dtype=F32)  # [T, K, F]
-    for e in union:
-        xe = x[chosen[e][0]]  # [n, E]
-        moe_swiglu[chosen[e]] = silu(mm(experts.gate(e), xe, ctx)) * mm(experts.up(e), xe, ctx)  # [n, F]
-    moe_swiglu = ctx.cb(prefix + "ffn_moe_swiglu", il, moe_swiglu)
     expert_out = np.empty((T, c.n_expert_used, c.n_embd), dtype=F32)  # [T, K, E], before weighting
-    for e in union:
-        expert_out[chosen[e]] = mm(experts.down(e), moe_swiglu[chosen[e]], ctx)  # [n, F] -> [n, E]
+    if T == 1:  # a decoded token: gate, up and down each for all its K experts at once (mul_mat_id)
+        xk = np.repeat(x, c.n_expert_used, axis=0)  # [K, E]: the token's row once per expert
+        moe_swiglu[0] = silu(mul_mat_id(experts, "gate", sel[0], xk, ctx)) * mul_mat_id(experts, "up", sel[0], xk, ctx)  # [K, F]
+        moe_swiglu = ctx.cb(prefix + "ffn_moe_swiglu", il, moe_swiglu)
+        expert_out[0] = mul_mat_id(experts, "down", sel[0], moe_swiglu[0], ctx)  # [K, F] -> [K, E]
+    else:
+        union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
+        chosen = {e: np.nonzero(sel == e) for e in union}  # e -> (the tokens that chose e, where in their top-K)
+        for e in union:
+            xe = x[chosen[e][0]]  # [n, E]
+            moe_swiglu[chosen[e]] = silu(mm(experts.gate(e), xe, ctx)) * mm(experts.up(e), xe, ctx)  # [n, F]
+        moe_swiglu = ctx.cb(prefix + "ffn_moe_swiglu", il, moe_swiglu)
+        for e in union:
+            expert_out[chosen[e]] = mm(experts.down(e), moe_swiglu[chosen[e]], ctx)  # [n, F] -> [n, E]
     moe_out = np.zeros((T, c.n_embd), dtype=F32)
     for t in range(T):  # weighted after the down projection, summed in selection order
         acc = expert_out[t, 0] * weights[t, 0]  # [E]

@@ -73,6 +73,16 @@ class PinnedExperts:
     def down(self, e: int) -> Matrix:
         return self._slice(self.down_exps, e)
 
+    def stacked(self, which: str) -> tuple[Matrix, tuple[int, int]]:
+        """The [X, out, in] stack holding every expert's ``which`` ("gate", "up", "down") matrix, and the
+        rows of each expert's matrix that are it (``refimpl.moe.mul_mat_id``)."""
+        if which == "down":
+            return self.down_exps, (0, self.down_exps.shape[1])
+        if self.gate_up_exps is not None:
+            return self.gate_up_exps, (0, self.n_ff) if which == "gate" else (self.n_ff, 2 * self.n_ff)
+        m = self.gate_exps if which == "gate" else self.up_exps
+        return m, (0, m.shape[1])
+
     def routed(self, sel: np.ndarray, weights: np.ndarray) -> "PinnedExperts":
         """The experts one moe_ffn batch routed to (sel [T, K]): all of them are mapped already,
         so this is ``self``. :class:`refimpl.streamer.StreamedExperts` reads them here instead."""

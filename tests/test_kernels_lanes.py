@@ -10,7 +10,9 @@ block decoded once into a float64 buffer (the wide path). Here, for every weight
   ``_matmul_rows`` (two 16-row groups; the five rows of the tail take ``_matmul_rows`` itself);
 * random scale bytes (inf / NaN scales): NaN in the same places, every other output the same bits;
 * the instruction-set levels (kernels/lanes_ir.py): the generic twin (and AVX2 on an AVX-512
-  host) equals the default level bit for bit, for the types with ISA-specific code.
+  host) equals the default level bit for bit, for the types with ISA-specific code;
+* the float64 routes (Q4_K where its d/dmin exponents make the float32 weights exact, MXFP4 and the
+  IQ4 tables where no product overflows): blocks on both sides of each condition, the same bits.
 """
 
 import numpy as np

@@ -146,6 +146,56 @@ def test_weights_from_a_gguf_file(tmp_path):
     np.testing.assert_array_equal(kernels.matmul(tensors["exps"].data[1], QT.MXFP4, x), kernels.matmul(exps[1], QT.MXFP4, x))
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.MXFP4, QT.Q6_K, QT.Q8_0, QT.F16], ids=lambda q: q.name)
+def test_matmul_experts_equals_expert_by_expert(qtype):
+    """``matmul_experts`` (a decoded token's experts, ``ggml_mul_mat_id``) gives every expert's row the bits
+    of ``matmul`` on that expert alone: a packed stack in one kernel call, a raw stack expert by expert;
+    all rows, and a fused gate_up stack's halves (rows 32…63 of 64)."""
+    rng = np.random.default_rng([int(qtype), 21])
+    stack = random_rows(qtype, 6 * 64, K, rng).reshape(6, 64, -1)  # (X, rows, bytes)
+    packed = kernels.pack(stack, qtype)
+    assert isinstance(packed, kernels.PackedRows) and packed.ndim == 3
+    ids = np.array([4, 0, 5, 2])
+    x = rng.standard_normal((len(ids), K)).astype(np.float32)
+    x[1, :9] = 0.0
+    for rows in (None, (0, 32), (32, 64), (16, 48)):
+        r0, r1 = rows or (0, 64)
+        want = np.concatenate([kernels.matmul(stack[e][r0:r1], qtype, x[i : i + 1]) for i, e in enumerate(ids)])
+        for w in (packed, stack):
+            got = kernels.matmul_experts(w, qtype, ids, x, rows)
+            assert got.dtype == np.float32 and got.shape == (len(ids), r1 - r0)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (type(w).__name__, rows)
+    with pytest.raises(ValueError, match="one row per id"):
+        kernels.matmul_experts(packed, qtype, ids, x[:2])
+    with pytest.raises(ValueError, match=r"expert ids must be in \[0, 6\)"):
+        kernels.matmul_experts(packed, qtype, np.array([0, 6, 1, 2]), x)
+
+
+def test_a_decoded_token_multiplies_its_experts_in_one_call(make_fixture, monkeypatch):
+    """``refimpl.moe`` sends a decoded token's K experts through ``kernels.matmul_experts`` (gate, up, down:
+    three calls) and a batch expert by expert; both give the batch's rows the same bits."""
+    from refimpl import moe
+    from refimpl.model import forward, load_model
+    from refimpl.ops import Ctx
+    from refimpl.state import SeqState
+
+    model = load_model(make_fixture("tiny", "q4_k_m"), pack=True)
+    stacks = [layer.ffn.experts.stacked(which)[0].raw for layer in model.weights.layers for which in ("gate", "up", "down")]
+    assert all(isinstance(m, kernels.PackedRows) and m.ndim == 3 for m in stacks)  # the one-call kernel runs
+    calls = []
+    real = kernels.matmul_experts
+    monkeypatch.setattr(moe.kernels, "matmul_experts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokens = [5, 17, 99, 3]
+    batch, _, _ = forward(model, SeqState.fresh(model.config), tokens, Ctx())
+    assert not calls
+    state, rows = SeqState.fresh(model.config), []
+    for t in tokens:
+        logits, _, state = forward(model, state, [t], Ctx())
+        rows.append(logits[-1])
+    assert len(calls) == 3 * model.config.n_layer * len(tokens)  # gate, up, down per layer and token
+    assert np.array_equal(np.stack(rows).view(np.uint32), batch.view(np.uint32))
+
+
 # --------------------------------------------------------------------------------------------
 # Errors
 

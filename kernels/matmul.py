@@ -221,8 +221,9 @@ def matmul_experts(stack, qtype, ids, x: np.ndarray, rows: tuple[int, int] | Non
         K = as_row_bytes(stack.raw[0][:1], qtype, what="matmul_experts: stack")[1]
         if x.shape[1] == K and lanes.matmul_packed_experts(stack, ids, r0, x.astype(np.float64), y):
             return y
-    return np.concatenate([matmul(stack[int(e)][r0:r1], qtype, x[i : i + 1]) for i, e in enumerate(ids)]) if ids.size \
-        else np.zeros((0, r1 - r0), dtype=np.float32)
+    if not ids.size:
+        return np.zeros((0, r1 - r0), dtype=np.float32)
+    return np.concatenate([matmul(stack[int(e)][r0:r1], qtype, x[i : i + 1]) for i, e in enumerate(ids)])  # [n, r1 − r0]
 
 
 def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray, packed=None) -> None:

@@ -74,7 +74,7 @@ def _emit_q8_0(e: _Emit):
             yield 4 * j4 + k, e.b.fmul(e.s2f(e.sbyte(dw, k)), d)
 
 
-#: The bits of 1.0: the exponent ``_q4_k_chunk64`` and ``_table_nibbles64`` give their masked codes.
+#: The bits of 1.0: the exponent ``_k_quant_chunk64`` and ``_table_nibbles64`` give their codes.
 _ONE_BITS = 0x3FF0000000000000
 #: 1.5 · 2^52 and its bits: ``_scaled_codes``' bias.
 _MAGIC, _MAGIC_BITS = 1.5 * 2.0**52, 0x4338000000000000
@@ -406,8 +406,8 @@ def _emit_q4_k(e: _Emit):
     w[64c + l] = (d·sc[2c]) * float32(byte & 15) − dmin·m[2c];
     w[64c + 32 + l] = (d·sc[2c+1]) * float32(byte >> 4) − dmin·m[2c+1]
     (``fma32``: d·sc·q has ≤ 11 + 6 + 4 significant bits). Where the float32 result is exact for every
-    code — ``_q4_k_exact``, which llama-quantize's blocks meet — formed in float64 instead
-    (``_q4_k_chunk64``)."""
+    code — ``_k_quant_exact``, which llama-quantize's blocks meet — formed in float64 instead
+    (``_k_quant_chunk64``)."""
     b = e.b
     table = _k_factors(e)
 
@@ -422,18 +422,27 @@ def _emit_q4_k(e: _Emit):
                     q = _in_place_nibble(e, dw, 8 * k + 4 * high)
                     yield 32 * high + 4 * j4 + k, e.fma32(scaled[k], e.i2f(q), neg_dmm)
 
-    yield _Choice(_q4_k_exact(e), iter([_Loop(4, 64, lambda e, c: _q4_k_chunk64(e, table, c))]),
-                  iter([_Loop(4, 64, chunk)]))
+    def codes64(e, c):  # the nibbles of each byte, one per byte
+        nib = e.const(0x0F0F0F0F)
+
+        def codes(high, j4):
+            dw = e.dwords(16 + 4 * j4, dyn=b.mul(c, e.const64(32)))[0]
+            return b.and_(b.lshr(dw, e.const(4)) if high else dw, nib)
+        return _k_quant_chunk64(e, table, c, codes)
+
+    yield _Choice(_k_quant_exact(e, 4), iter([_Loop(4, 64, codes64)]), iter([_Loop(4, 64, chunk)]))
 
 
-def _q4_k_exact(e: _Emit):
-    """IR i1: in every lane, d and dmin are finite and ``(d·sc)·q − dmin·m`` is exact in float32 for every
-    6-bit sc, m and 4-bit q — so the row decoder's rounded float32 value is the exact one, which
-    ``_q4_k_chunk64`` computes in float64. With E(x) the float32 exponent of x (|x| < 2^(E+1), and x —
-    an f16 — a multiple of 2^(E − 10)): |d·sc·q| < 2^(E_d + 11), |dmin·m| < 2^(E_m + 7), their difference
-    a multiple of 2^(min(E_d, E_m) − 10) below twice the larger bound, so ``max(E_d + 11, E_m + 7) −
-    min(E_d, E_m) ≤ 13`` fits 24 bits (E_m − E_d ∈ [−2, 6]; llama-quantize gives 2–4: dmin ≈ 7.5·d).
-    A zero d or dmin makes one term vanish: exact whatever the other's exponent."""
+def _k_quant_exact(e: _Emit, code_bits: int):
+    """IR i1 for Q4_K (``code_bits`` 4) and Q5_K (5): in every lane, d and dmin are finite and
+    ``(d·sc)·q − dmin·m`` is exact in float32 for every 6-bit sc, m and code q — so the row decoder's
+    rounded float32 value is the exact one, which ``_k_quant_chunk64`` computes in float64. With E(x)
+    the float32 exponent of x (|x| < 2^(E+1), and x — an f16 — a multiple of 2^(E − 10)):
+    |d·sc·q| < 2^(E_d + 7 + code_bits), |dmin·m| < 2^(E_m + 7), their difference a multiple of
+    2^(min(E_d, E_m) − 10) below twice the larger bound, so ``max(E_d + 7 + code_bits, E_m + 7) −
+    min(E_d, E_m) ≤ 13`` fits 24 bits (Q4_K: E_m − E_d ∈ [−2, 6], Q5_K: [−1, 6]; llama-quantize's Q4_K
+    blocks have 2–4, dmin ≈ 7.5·d). A zero d or dmin makes one term vanish: exact whatever the other's
+    exponent."""
     b = e.b
     dd = e.dwords(0)[0]
     exps, zeros = [], []
@@ -442,40 +451,41 @@ def _q4_k_exact(e: _Emit):
         exps.append(b.and_(b.lshr(bits, e.const(23)), e.const(0xFF)))
         zeros.append(b.icmp_unsigned("==", b.and_(bits, e.const(0x7FFFFFFF)), e.const(0)))
     ed, em = exps
-    top = b.select(b.icmp_signed(">", b.add(ed, e.const(4)), em), b.add(ed, e.const(11)), b.add(em, e.const(7)))
+    top_d = b.add(ed, e.const(7 + code_bits))
+    top = b.select(b.icmp_signed(">", top_d, b.add(em, e.const(7))), top_d, b.add(em, e.const(7)))
     low = b.select(b.icmp_signed("<", ed, em), ed, em)
     fits = b.icmp_signed("<=", b.sub(top, low), e.const(13))
     finite = b.and_(b.icmp_unsigned("!=", ed, e.const(0xFF)), b.icmp_unsigned("!=", em, e.const(0xFF)))
     return e.all_lanes(b.and_(finite, b.or_(fits, b.or_(zeros[0], zeros[1]))))
 
 
-def _q4_k_chunk64(e: _Emit, table, c):
-    """Q4_K values 64c … 64c + 63 formed in float64 (under ``_q4_k_exact``): the same numbers as the
-    row decoder's, in three vector operations per weight instead of the float32 route's ~five (a
-    float32 fma, two 2-uop widenings on AVX2). A dword's low (or high) nibbles, one per byte, zero-extended
-    to 64 bits with the exponent bits of 1.0 added, give code k as the double X = 1 + q·2^−12 by one byte
-    shuffle (``_byte_at_40``). With K = d·sc·2^12 (exact), K·X = K + d·sc·q, and
-    ``fma(K, X, −(K + dmin·m))`` is d·sc·q − dmin·m rounded once — exact, since it fits 24 bits.
-    ``−(K + dmin·m)`` is exact too: K is a multiple of 2^(E_d + 2) below 2^(E_d + 19), dmin·m one of
-    2^(E_m − 10) below 2^(E_m + 7), so under ``_q4_k_exact`` their sum spans at most 30 − (E_m − E_d) ≤ 32
-    bits."""
+def _k_quant_chunk64(e: _Emit, table, c, codes):
+    """Q4_K / Q5_K values 64c … 64c + 63 formed in float64 (under ``_k_quant_exact``): the same numbers as
+    the row decoder's, in three vector operations per weight instead of the float32 route's ~five (a
+    float32 fma, two 2-uop widenings on AVX2). ``codes(high, j4)``: the dword of four codes (one per
+    byte) of values 64c + 32·high + 4·j4 …; zero-extended to 64 bits with the exponent bits of 1.0 added,
+    code k is the double X = 1 + q·2^−12 by one byte shuffle (``_byte_at_40``). With K = d·sc·2^12
+    (exact), K·X = K + d·sc·q, and ``fma(K, X, −(K + dmin·m))`` is d·sc·q − dmin·m rounded once — exact,
+    since it fits 24 bits. ``−(K + dmin·m)`` is exact too: K is a multiple of 2^(E_d + 2) below
+    2^(E_d + 19), dmin·m one of 2^(E_m − 10) below 2^(E_m + 7), so under ``_k_quant_exact`` their sum
+    spans at most 30 − (E_m − E_d) ≤ 32 bits."""
     b = e.b
     fma, f64, i64 = _fma(b, e.n), e.vec(_f64), e.vec(_i64)
-    one, nib = ir.Constant(i64, [_ONE_BITS] * e.n), e.const(0x0F0F0F0F)
+    one = ir.Constant(i64, [_ONE_BITS] * e.n)
     for high in (0, 1):
         sub = b.add(b.mul(c, e.const64(4)), e.const64(2 * high))
         k12 = b.fmul(b.fpext(e.pick(table, sub), f64), ir.Constant(f64, [2.0 ** 12] * e.n))  # d·sc·2^12
         neg_c = b.fsub(b.fpext(e.pick(table, b.add(sub, e.const64(1))), f64), k12)  # −(K + dmin·m)
         for j4 in range(8):
-            dw = e.dwords(16 + 4 * j4, dyn=b.mul(c, e.const64(32)))[0]
-            moved = b.or_(b.zext(b.and_(b.lshr(dw, e.const(4)) if high else dw, nib), i64), one)
+            moved = b.or_(b.zext(codes(high, j4), i64), one)
             for k in range(4):
                 yield 32 * high + 4 * j4 + k, b.call(fma, [k12, _byte_at_40(e, moved, k), neg_c])
 
 
 def _emit_q5_k(e: _Emit):
     """``_deq_q5_k``: as Q4_K (qs at 48) plus a fifth bit: bit 2c (low nibbles) or 2c + 1 (high) of
-    qh[l] (qh at 16), times 16 (``fma32``: ≤ 11 + 6 + 5 significant bits)."""
+    qh[l] (qh at 16), times 16 (``fma32``: ≤ 11 + 6 + 5 significant bits); in float64 where
+    ``_k_quant_exact`` holds, as Q4_K."""
     b = e.b
     table = _k_factors(e)
 
@@ -493,7 +503,17 @@ def _emit_q5_k(e: _Emit):
                     fifth = b.and_(b.shl(b.lshr(qh[j4], e.splat(shifts[k], _i32)), e.const(4)), e.const(16))
                     yield 32 * high + 4 * j4 + k, e.fma32(dsc, e.i2f(b.or_(q, fifth)), neg_dmm)
 
-    yield _Loop(4, 64, chunk)
+    def codes64(e, c):  # nibble | fifth bit << 4, one code per byte
+        dws = e.dwords(48, 8, dyn=b.mul(c, e.const64(32)))
+        qh = e.dwords(16, 8)
+
+        def codes(high, j4):
+            bit = e.splat(b.trunc(b.add(b.mul(c, e.const64(2)), e.const64(high)), _i32), _i32)  # bit 2c + high of each qh byte
+            fifth = b.shl(b.and_(b.lshr(qh[j4], bit), e.const(0x01010101)), e.const(4))
+            return b.or_(b.and_(b.lshr(dws[j4], e.const(4)) if high else dws[j4], e.const(0x0F0F0F0F)), fifth)
+        return _k_quant_chunk64(e, table, c, codes)
+
+    yield _Choice(_k_quant_exact(e, 5), iter([_Loop(4, 64, codes64)]), iter([_Loop(4, 64, chunk)]))
 
 
 def _q6_k_codes(e: _Emit):

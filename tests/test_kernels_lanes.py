@@ -11,8 +11,8 @@ block decoded once into a float64 buffer (the wide path). Here, for every weight
 * random scale bytes (inf / NaN scales): NaN in the same places, every other output the same bits;
 * the instruction-set levels (kernels/lanes_ir.py): the generic twin (and AVX2 on an AVX-512
   host) equals the default level bit for bit, for the types with ISA-specific code;
-* the float64 routes (Q4_K where its d/dmin exponents make the float32 weights exact, MXFP4 and the
-  IQ4 tables where no product overflows): blocks on both sides of each condition, the same bits.
+* the float64 routes (Q4_K and Q5_K where their d/dmin exponents make the float32 weights exact, MXFP4
+  and the IQ4 tables where no product overflows): blocks on both sides of each condition, the same bits.
 """
 
 import numpy as np
@@ -116,36 +116,49 @@ def test_packed_codes_with_one_non_finite_scale(qtype):
             assert_same_bits(got, ref, f"packed, {ISA_NAMES[level]}, T={T}", nan_ok=True)
 
 
-def q4_k_float64_admitted(d, dmin):
-    """``lanes_blocks._q4_k_exact`` per block, in numpy: d, dmin finite and either zero or with float32
-    exponents E such that max(E_d + 11, E_m + 7) − min(E_d, E_m) ≤ 13."""
+#: Q4_K / Q5_K: block bytes, code bits, offset of qs (Q5_K's qh lies at 16 … 47).
+K_QUANTS = {QT.Q4_K: (144, 4, 16), QT.Q5_K: (176, 5, 48)}
+
+
+def k_quant_float64_admitted(qtype, d, dmin):
+    """``lanes_blocks._k_quant_exact`` per block, in numpy: d, dmin finite and either zero or with float32
+    exponents E such that max(E_d + 7 + code bits, E_m + 7) − min(E_d, E_m) ≤ 13."""
+    bits = K_QUANTS[qtype][1]
     ed, em = ((np.asarray(v, np.float32).view(np.uint32) >> 23).astype(np.int64) & 0xFF for v in (d, dmin))
-    fits = np.maximum(ed + 11, em + 7) - np.minimum(ed, em) <= 13
+    fits = np.maximum(ed + 7 + bits, em + 7) - np.minimum(ed, em) <= 13
     return (ed != 255) & (em != 255) & (fits | (d == 0) | (dmin == 0))
 
 
-def q4_k_exact_values(w):
-    """Q4_K rows' weights d·sc·q − dmin·m in float64 (exact: ≤ 11 + 6 + 4 bits against the f16 dmin·m)."""
-    b = w.reshape(len(w), -1, 144)
+def k_quant_exact_values(qtype, w):
+    """Q4_K / Q5_K rows' weights d·sc·q − dmin·m in float64 (exact: ≤ 11 + 6 + 5 bits against the f16 dmin·m)."""
+    size, _, qs_at = K_QUANTS[qtype]
+    b = w.reshape(len(w), -1, size)
     d, dmin = (b[..., o : o + 2].copy().view(np.float16)[..., 0].astype(np.float64) for o in (0, 2))
     s = b[..., 4:16].astype(np.int64)
     sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
     m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    qs = b[..., 16:144].reshape(len(w), -1, 4, 32).astype(np.int64)
-    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(len(w), -1, 8, 32)  # [row, block, sub-block 2c + high, l]
+    qs = b[..., qs_at : qs_at + 128].reshape(len(w), -1, 4, 32).astype(np.int64)  # [row, block, c, l]
+    q = np.stack([qs & 15, qs >> 4], axis=3)  # [row, block, c, high, l]: sub-block 2c + high
+    if qtype == QT.Q5_K:  # the fifth bit: bit 2c + high of qh[l]
+        qh = b[..., 16:48].astype(np.int64)[:, :, None, None, :]
+        q = q | (((qh >> (2 * np.arange(4)[:, None, None] + np.arange(2)[:, None])) & 1) << 4)
+    q = q.reshape(len(w), -1, 8, 32)
     v = (d[..., None] * sc)[..., None] * q - (dmin[..., None] * m)[..., None]
     return v.reshape(len(w), -1)
 
 
-def q4_k_rows(rng, n, k, delta):
-    """n Q4_K rows whose every block has E(dmin) − E(d) = ``delta`` (an int, or an array per row), full
-    random f16 mantissas, random signs, random 6-bit sc, m and codes — with every extreme present
-    (sc = m = 63, codes 0 and 15) — so any rounding the float32 decoder does shows up in the sums."""
+def k_quant_rows(rng, qtype, n, k, delta):
+    """n Q4_K / Q5_K rows whose every block has E(dmin) − E(d) = ``delta`` (an int, or an array per row),
+    full random f16 mantissas, random signs, random 6-bit sc, m and codes — with every extreme present
+    (sc = m = 63, codes 0 and the largest) — so any rounding the float32 decoder does shows up in the sums."""
+    size, _, qs_at = K_QUANTS[qtype]
     blocks = k // 256
-    w = rng.integers(0, 256, (n, blocks, 144), dtype=np.uint8)
+    w = rng.integers(0, 256, (n, blocks, size), dtype=np.uint8)
     w[:, :, 4:16] = rng.choice([0xFF, 0x00, 0x3F, 0xC0], size=(n, blocks, 12), p=[0.25, 0.05, 0.05, 0.65]) | \
         rng.integers(0, 256, (n, blocks, 12), dtype=np.uint8)  # mostly large 6-bit sc and m
-    w[:, 0, 16:24] = [0x00, 0xFF, 0x0F, 0xF0] * 2
+    w[:, 0, qs_at : qs_at + 8] = [0x00, 0xFF, 0x0F, 0xF0] * 2
+    if qtype == QT.Q5_K:
+        w[:, 0, 16:20] = [0x00, 0xFF, 0x55, 0xAA]
     e_d = rng.integers(-12, 4, (n, blocks))
     e_m = e_d + np.broadcast_to(np.asarray(delta).reshape(-1, 1), (n, blocks))
     mant = lambda: 1.0 + rng.integers(0, 1024, (n, blocks)) / 1024.0
@@ -157,39 +170,46 @@ def q4_k_rows(rng, n, k, delta):
     return w.reshape(n, -1), d.astype(np.float32), dmin.astype(np.float32)
 
 
-def test_q4_k_float64_route():
-    """Q4_K forms its weights in float64 (``lanes_blocks._q4_k_chunk64``) where ``_q4_k_exact`` admits a
-    block in all 16 lanes — exponent gaps E(dmin) − E(d) from −2 to 6, zero d or dmin — and in float32
-    otherwise (gaps −3, 7, … or a non-finite d): the same bits as the row decoder either way, at every
-    level, raw and packed, narrow and wide. The rows at gaps −4 and 8 (and one lane of a group otherwise
+#: Per type: the admitted exponent gaps, gaps outside the bound, and of those the ones whose groups round.
+K_QUANT_GAPS = {QT.Q4_K: (range(-2, 7), (-3, 7, -4, 8), (-4, 8)), QT.Q5_K: (range(-1, 7), (-2, 7, -4, 8), (-4, 8))}
+
+
+@pytest.mark.parametrize("qtype", list(K_QUANTS), ids=lambda q: q.name)
+def test_k_quant_float64_route(qtype):
+    """Q4_K and Q5_K form their weights in float64 (``lanes_blocks._k_quant_chunk64``) where
+    ``_k_quant_exact`` admits a block in all 16 lanes — exponent gaps E(dmin) − E(d) from −2 (Q5_K: −1) to
+    6, zero d or dmin — and in float32 otherwise: the same bits as the row decoder either way, at every
+    level, raw and packed, narrow and wide. The groups at gaps −4 and 8 (and one lane of a group otherwise
     admitted) make the float32 decoder round: the sums would differ if those blocks took the float64 route."""
-    rng = np.random.default_rng(14)
+    size = K_QUANTS[qtype][0]
+    admitted_gaps, outside, rounding = K_QUANT_GAPS[qtype]
+    rng = np.random.default_rng([int(qtype), 14])
     k = 1024
-    groups = {"admitted": np.arange(-2, 7).repeat(2)[:16], "gap -3": [-3] * 16, "gap 7": [7] * 16, "gap -4": [-4] * 16,
-              "gap 8": [8] * 16, "one lane out": [3] * 15 + [8]}
-    parts = [q4_k_rows(rng, 16, k, np.array(gaps)) for gaps in groups.values()]
+    groups = [np.resize(np.repeat(list(admitted_gaps), 2), 16)] + [[g] * 16 for g in outside] + [[3] * 15 + [8]]
+    parts = [k_quant_rows(rng, qtype, 16, k, np.array(gaps)) for gaps in groups]
     w = np.concatenate([p[0] for p in parts])
     d, dmin = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
-    wv = w.reshape(len(w), -1, 144)
-    zero = [(1, 0, "d"), (4, 1, "dmin"), (5, 2, "d"), (5, 3, "dmin")]  # (row, block, which) in the admitted group
-    for row, blk, which in zero:
+    wv = w.reshape(len(w), -1, size)
+    for row, blk, which in [(1, 0, "d"), (4, 1, "dmin"), (5, 2, "d"), (5, 3, "dmin")]:  # zeros in the admitted group
         wv[row, blk, 0:2 if which == "d" else 2:4] = 0
         (d if which == "d" else dmin)[row, blk] = 0.0
-    admitted = q4_k_float64_admitted(d, dmin).reshape(len(groups), 16, -1).all(axis=1)
+    admitted = k_quant_float64_admitted(qtype, d, dmin).reshape(len(groups), 16, -1).all(axis=1)
     assert admitted[0].all() and not admitted[1:].any()
-    # The float32 decoder's weights are exact in the admitted group and round at gaps −4 and 8 (−3 and 7
-    # are outside the bound, which allows for d and dmin of opposite signs, but happen not to round here).
+    # The float32 decoder's weights are exact in the admitted group and round in the groups at the gaps in
+    # ``rounding`` and in the last one (the others lie outside the bound, which allows for d and dmin of
+    # opposite signs, but happen not to round here).
     from kernels.dequant import dequantize
 
-    rounded = dequantize(w, QT.Q4_K).reshape(len(w), -1) != q4_k_exact_values(w)
-    assert not rounded[:16].any() and all(rounded[16 * g : 16 * g + 16].any() for g in (3, 4, 5))
-    p = kernels.pack(w, QT.Q4_K)
+    rounded = dequantize(w, qtype).reshape(len(w), -1) != k_quant_exact_values(qtype, w)
+    assert not rounded[:16].any()
+    assert all(rounded[16 * g : 16 * g + 16].any() for g in [1 + outside.index(r) for r in rounding] + [len(groups) - 1])
+    p = kernels.pack(w, qtype)
     x64 = activations(rng, 9, k).astype(np.float64)
     for T in (1, 2, 4, 9):
-        ref = rows_reference(w, QT.Q4_K, x64[:T].astype(np.float32))
+        ref = rows_reference(w, qtype, x64[:T].astype(np.float32))
         for level in range(TARGET_ISA + 1):
             got_raw, got_packed = np.zeros((T, len(w)), np.float32), np.zeros((T, len(w)), np.float32)
-            lanes.matmul_lanes(np.ascontiguousarray(w), QT.Q4_K, x64[:T], got_raw, level)
+            lanes.matmul_lanes(np.ascontiguousarray(w), qtype, x64[:T], got_raw, level)
             lanes.matmul_packed(p, x64[:T], got_packed, level)
             assert_same_bits(got_raw, ref, f"raw, {ISA_NAMES[level]}, T={T}")
             assert_same_bits(got_packed, ref, f"packed, {ISA_NAMES[level]}, T={T}")

@@ -358,7 +358,7 @@ class _Loop:
 class _Choice:
     """An emitter item: the items ``fast`` where ``cond`` (an IR i1, computed once per block) holds at
     run time, else the items ``slow`` — two ways to the same weights, the fast one valid only under
-    ``cond`` (``kernels.lanes_blocks._scaled_codes``). The two are emitted as two branches and their
+    ``cond`` (``kernels.lanes_exact64._scaled_codes``). The two are emitted as two branches and their
     states joined; pass generators, so each branch's IR is emitted inside it."""
 
     def __init__(self, cond, fast, slow):

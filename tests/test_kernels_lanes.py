@@ -121,7 +121,7 @@ K_QUANTS = {QT.Q4_K: (144, 4, 16), QT.Q5_K: (176, 5, 48)}
 
 
 def k_quant_float64_admitted(qtype, d, dmin):
-    """``lanes_blocks._k_quant_exact`` per block, in numpy: d, dmin finite and either zero or with float32
+    """``lanes_exact64._k_quant_exact`` per block, in numpy: d, dmin finite and either zero or with float32
     exponents E such that max(E_d + 7 + code bits, E_m + 7) − min(E_d, E_m) ≤ 13."""
     bits = K_QUANTS[qtype][1]
     ed, em = ((np.asarray(v, np.float32).view(np.uint32) >> 23).astype(np.int64) & 0xFF for v in (d, dmin))
@@ -176,7 +176,7 @@ K_QUANT_GAPS = {QT.Q4_K: (range(-2, 7), (-3, 7, -4, 8), (-4, 8)), QT.Q5_K: (rang
 
 @pytest.mark.parametrize("qtype", list(K_QUANTS), ids=lambda q: q.name)
 def test_k_quant_float64_route(qtype):
-    """Q4_K and Q5_K form their weights in float64 (``lanes_blocks._k_quant_chunk64``) where
+    """Q4_K and Q5_K form their weights in float64 (``lanes_exact64._k_quant_chunk64``) where
     ``_k_quant_exact`` admits a block in all 16 lanes — exponent gaps E(dmin) − E(d) from −2 (Q5_K: −1) to
     6, zero d or dmin — and in float32 otherwise: the same bits as the row decoder either way, at every
     level, raw and packed, narrow and wide. The groups at gaps −4 and 8 (and one lane of a group otherwise

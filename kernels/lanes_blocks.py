@@ -291,14 +291,15 @@ def _k_scale_min(e: _Emit, sw):
 
 
 def _k_factors(e: _Emit):
-    """Q4_K / Q5_K: a table of d·sc[j], −dmin·m[j] for the 8 sub-blocks (d, dmin f16 at 0, 2; scales at 4)."""
+    """Q4_K / Q5_K: a table of d·sc[j], −dmin·m[j] for the 8 sub-blocks (d, dmin f16 at 0, 2; scales at 4),
+    and d, dmin (float32 lanes)."""
     b = e.b
     dd = e.dwords(0)[0]
     d, dmin = e.f16(dd, high=False), e.f16(dd, high=True)
     factors = []
     for sc, m in _k_scale_min(e, e.dwords(4, 3)):
         factors += [b.fmul(d, e.u2f(sc)), b.fneg(b.fmul(dmin, e.u2f(m)))]
-    return e.table(factors)
+    return e.table(factors), d, dmin
 
 
 def _in_place_nibble(e: _Emit, dw, shift: int):
@@ -325,7 +326,7 @@ def _emit_q4_k(e: _Emit):
     code — ``_k_quant_exact``, which llama-quantize's blocks meet — formed in float64 instead
     (``_k_quant_chunk64``)."""
     b = e.b
-    table = _k_factors(e)
+    table, d, dmin = _k_factors(e)
 
     def chunk(e, c):  # c = 0..3: values 64c … 64c+63
         for high in (0, 1):
@@ -346,7 +347,7 @@ def _emit_q4_k(e: _Emit):
             return b.and_(b.lshr(dw, e.const(4)) if high else dw, nib)
         return _k_quant_chunk64(e, table, c, codes)
 
-    yield _Choice(_k_quant_exact(e, 4), iter([_Loop(4, 64, codes64)]), iter([_Loop(4, 64, chunk)]))
+    yield _Choice(_k_quant_exact(e, d, dmin, 4), iter([_Loop(4, 64, codes64)]), iter([_Loop(4, 64, chunk)]))
 
 
 def _emit_q5_k(e: _Emit):
@@ -354,7 +355,7 @@ def _emit_q5_k(e: _Emit):
     qh[l] (qh at 16), times 16 (``fma32``: ≤ 11 + 6 + 5 significant bits); in float64 where
     ``_k_quant_exact`` holds, as Q4_K."""
     b = e.b
-    table = _k_factors(e)
+    table, d, dmin = _k_factors(e)
 
     def chunk(e, c):
         dws = e.dwords(48, 8, dyn=b.mul(c, e.const64(32)))
@@ -380,7 +381,7 @@ def _emit_q5_k(e: _Emit):
             return b.or_(b.and_(b.lshr(dws[j4], e.const(4)) if high else dws[j4], e.const(0x0F0F0F0F)), fifth)
         return _k_quant_chunk64(e, table, c, codes)
 
-    yield _Choice(_k_quant_exact(e, 5), iter([_Loop(4, 64, codes64)]), iter([_Loop(4, 64, chunk)]))
+    yield _Choice(_k_quant_exact(e, d, dmin, 5), iter([_Loop(4, 64, codes64)]), iter([_Loop(4, 64, chunk)]))
 
 
 def _q6_k_codes(e: _Emit):

@@ -57,6 +57,7 @@ def _by_scaled_codes(e: _Emit, d32, fast, general):
         return general
     return [_Choice(e.all_finite(d32), fast, general)]
 
+
 def _byte_at_40(e: _Emit, moved, k: int):
     """<lanes x double>: byte k (0..3) of each 64-bit lane of ``moved`` placed at bits 40–47 under the
     exponent bits 52–63 of the same lane, every other bit zero — one constant byte shuffle (x86:
@@ -103,8 +104,10 @@ def _by_table64(e: _Emit, scale_ok, fast, general):
         return general
     return [_Choice(scale_ok, fast, general)]
 
-def _k_quant_exact(e: _Emit, code_bits: int):
-    """IR i1 for Q4_K (``code_bits`` 4) and Q5_K (5): in every lane, d and dmin are finite and
+
+def _k_quant_exact(e: _Emit, d, dmin, code_bits: int):
+    """IR i1 for Q4_K (``code_bits`` 4) and Q5_K (5), from the block's d and dmin (float32 lanes, as
+    ``lanes_blocks._k_factors`` converts them): in every lane, d and dmin are finite and
     ``(d·sc)·q − dmin·m`` is exact in float32 for every 6-bit sc, m and code q — so the row decoder's
     rounded float32 value is the exact one, which ``_k_quant_chunk64`` computes in float64. With E(x)
     the float32 exponent of x (|x| < 2^(E+1), and x — an f16 — a multiple of 2^(E − 10)):
@@ -114,10 +117,9 @@ def _k_quant_exact(e: _Emit, code_bits: int):
     blocks have 2–4, dmin ≈ 7.5·d). A zero d or dmin makes one term vanish: exact whatever the other's
     exponent."""
     b = e.b
-    dd = e.dwords(0)[0]
     exps, zeros = [], []
-    for high in (False, True):
-        bits = b.bitcast(e.f16(dd, high), e.vec(_i32))
+    for value in (d, dmin):
+        bits = b.bitcast(value, e.vec(_i32))
         exps.append(b.and_(b.lshr(bits, e.const(23)), e.const(0xFF)))
         zeros.append(b.icmp_unsigned("==", b.and_(bits, e.const(0x7FFFFFFF)), e.const(0)))
     ed, em = exps

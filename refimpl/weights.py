@@ -56,32 +56,29 @@ class PinnedExperts:
     down_exps: Matrix  # [X, E, F]
     n_ff: int
 
-    def _slice(self, m: Matrix, e: int, start: int = 0, stop: int | None = None) -> Matrix:
-        raw = m.raw[e][start:stop]
-        return Matrix(f"{m.name}[{e}]", m.qtype, (raw.shape[0], m.shape[-1]), raw)
-
-    def gate(self, e: int) -> Matrix:
-        if self.gate_up_exps is not None:
-            return self._slice(self.gate_up_exps, e, 0, self.n_ff)
-        return self._slice(self.gate_exps, e)
-
-    def up(self, e: int) -> Matrix:
-        if self.gate_up_exps is not None:
-            return self._slice(self.gate_up_exps, e, self.n_ff, 2 * self.n_ff)
-        return self._slice(self.up_exps, e)
-
-    def down(self, e: int) -> Matrix:
-        return self._slice(self.down_exps, e)
-
     def stacked(self, which: str) -> tuple[Matrix, tuple[int, int]]:
         """The [X, out, in] stack holding every expert's ``which`` ("gate", "up", "down") matrix, and the
-        rows of each expert's matrix that are it (``refimpl.moe.mul_mat_id``)."""
+        rows of each expert's matrix that are it (``refimpl.moe.mul_mat_id``; :meth:`gate` … slice it)."""
         if which == "down":
             return self.down_exps, (0, self.down_exps.shape[1])
         if self.gate_up_exps is not None:
             return self.gate_up_exps, (0, self.n_ff) if which == "gate" else (self.n_ff, 2 * self.n_ff)
         m = self.gate_exps if which == "gate" else self.up_exps
         return m, (0, m.shape[1])
+
+    def _slice(self, which: str, e: int) -> Matrix:
+        m, (start, stop) = self.stacked(which)
+        raw = m.raw[e][start:stop]
+        return Matrix(f"{m.name}[{e}]", m.qtype, (raw.shape[0], m.shape[-1]), raw)
+
+    def gate(self, e: int) -> Matrix:
+        return self._slice("gate", e)
+
+    def up(self, e: int) -> Matrix:
+        return self._slice("up", e)
+
+    def down(self, e: int) -> Matrix:
+        return self._slice("down", e)
 
     def routed(self, sel: np.ndarray, weights: np.ndarray) -> "PinnedExperts":
         """The experts one moe_ffn batch routed to (sel [T, K]): all of them are mapped already,

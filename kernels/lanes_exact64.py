@@ -152,3 +152,30 @@ def _k_quant_chunk64(e: _Emit, table, c, codes):
             moved = b.or_(b.zext(codes(high, j4), i64), one)
             for k in range(4):
                 yield 32 * high + 4 * j4 + k, b.call(fma, [k12, _byte_at_40(e, moved, k), neg_c])
+
+
+def _offset_factors(e: _Emit, scales, offset: int):
+    """Tables (``e.table``) of K = scale·2^12 and −(K + offset·scale) in float64, one entry per group, for
+    ``_offset_codes64`` — where ``scales`` (float32 lanes, one per group) are finite with at most 18
+    significant bits and the codes less than 64 (Q6_K: d·sc and q − 32). Both are exact
+    (scale·(2^12 + offset) has ≤ 18 + 13 bits)."""
+    b, f64 = e.b, e.vec(_f64)
+    wide = [b.fpext(s, f64) for s in scales]
+    k12 = [b.fmul(s, ir.Constant(f64, [2.0 ** 12] * e.n)) for s in wide]
+    neg_c = [b.fmul(s, ir.Constant(f64, [-(2.0 ** 12 + offset)] * e.n)) for s in wide]
+    return e.table(k12), e.table(neg_c)
+
+
+def _offset_codes64(e: _Emit, k12, neg_c, k: int, word):
+    """Yields (k + i, scale · (q_i − offset)) in float64 for i = 0..3, the codes q_i (< 64) the bytes of
+    ``word`` (int32 lanes) and ``k12``, ``neg_c`` a group's ``_offset_factors``: the row decoder's float32
+    product is exact (≤ 18 + 6 bits), and this is the same number. The word zero-extended to 64 bits
+    with the exponent bits of 1.0 added gives code i as the double X = 1 + q·2^−12 by one byte shuffle
+    (``_byte_at_40``), and ``fma(K, X, −(K + offset·scale))`` is scale·(q − offset) rounded once — exact,
+    as it fits 24 bits. Three vector operations per weight (shuffle, two fma) against the float32
+    route's sign extension, conversion, product and 2-uop widening on AVX2."""
+    b = e.b
+    moved = b.or_(b.zext(word, e.vec(_i64)), ir.Constant(e.vec(_i64), [_ONE_BITS] * e.n))
+    fma = _fma(b, e.n)
+    for i in range(4):
+        yield k + i, b.call(fma, [k12, _byte_at_40(e, moved, i), neg_c])

@@ -88,10 +88,11 @@ def test_lane_kernels_nan_scales(qtype):
 
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q6_K], ids=lambda q: q.name)
-def test_packed_codes_with_one_non_finite_scale(qtype):
-    """Packed Q8_0 / Q6_K form a block's weights by ``_scaled_codes`` only where all the lanes' d are
-    finite: one row's d set to inf (or NaN) sends that block of its group down the plain product —
-    inf·q stays ±inf, not the NaN of the other path — and every other block and row keeps its bits."""
+def test_codes_with_one_non_finite_scale(qtype):
+    """Packed Q8_0 / Q6_K form a block's weights by ``_scaled_codes``, and raw Q6_K by ``_offset_codes64``,
+    only where all the lanes' d are finite: one row's d set to inf (or NaN) sends that block of its group
+    down the plain product — inf·q stays ±inf, not the NaN of the other route — and every other block
+    and row keeps its bits."""
     rng = np.random.default_rng([int(qtype), 11])
     w = random_rows(qtype, 32, K, rng)
     wb = np.ascontiguousarray(w).view(np.uint8).reshape(32, -1)
@@ -111,9 +112,11 @@ def test_packed_codes_with_one_non_finite_scale(qtype):
         ref = rows_reference(wb, qtype, x[:T])
         assert np.isinf(ref[:, [3, 20]]).all() and np.isnan(ref[:, 9]).all() and np.isfinite(np.delete(ref, [3, 9, 20], 1)).all()
         for level in range(TARGET_ISA + 1):  # the generic level and AVX2 take the _scaled_codes branch
-            got = np.zeros((T, 32), np.float32)
+            got, got_raw = np.zeros((T, 32), np.float32), np.zeros((T, 32), np.float32)
             lanes.matmul_packed(p, x[:T].astype(np.float64), got, level)
             assert_same_bits(got, ref, f"packed, {ISA_NAMES[level]}, T={T}", nan_ok=True)
+            assert lanes.matmul_lanes(wb, qtype, x[:T].astype(np.float64), got_raw, level) == 32
+            assert_same_bits(got_raw, ref, f"raw, {ISA_NAMES[level]}, T={T}", nan_ok=True)
 
 
 #: Q4_K / Q5_K: block bytes, code bits, offset of qs (Q5_K's qh lies at 16 … 47).

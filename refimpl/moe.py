@@ -62,17 +62,19 @@ def route(logits: np.ndarray, n_used: int, ctx: Ctx = Ctx()) -> tuple[np.ndarray
     return sel, ctx.faults.tap("moe.weights", w.astype(F32), probs=probs, sel=sel)
 
 
-def mul_mat_id(experts, which: str, ids: np.ndarray, x: np.ndarray, ctx: Ctx) -> np.ndarray:
-    """``ggml_mul_mat_id`` with one row per expert: x[i] times expert ids[i]'s ``which`` ("gate", "up",
-    "down") matrix, [K, in] -> [K, out] — the numbers of ``mm`` expert by expert. Pinned experts on the
-    plain numba path go through one kernel call for all K (``kernels.matmul_experts``: a decoded token's
-    experts in one parallel pass); streamed experts, ``--emulate`` and the numpy path expert by expert."""
+def mul_mat_id(experts, which: tuple[str, ...], ids: np.ndarray, x: np.ndarray, ctx: Ctx) -> list[np.ndarray]:
+    """``ggml_mul_mat_id`` with one row per expert, for each matrix named in ``which`` ("gate", "up",
+    "down"): x[i] times expert ids[i]'s matrix, [K, in] -> [K, out] — the numbers of ``mm`` expert by
+    expert. Pinned experts on the plain numba path go through one kernel call per matrix for all K
+    (``kernels.matmul_experts``: a decoded token's experts in one parallel pass); streamed experts,
+    ``--emulate`` and the numpy path expert by expert, all of ``which`` for one expert before the
+    next (a streamed expert's slices are read in that order: its matrices are multiplied while the
+    next experts' are still being read)."""
     stacked = getattr(experts, "stacked", None)
     if stacked is not None and ctx.kernel == "numba" and not ctx.act_quant:
-        m, rows = stacked(which)
-        return kernels.matmul_experts(m.raw, m.qtype, ids, x, rows)
-    matrix = getattr(experts, which)
-    return np.concatenate([mm(matrix(int(e)), x[i : i + 1], ctx) for i, e in enumerate(ids)])  # [K, out]
+        return [kernels.matmul_experts(m.raw, m.qtype, ids, x, rows) for m, rows in map(stacked, which)]
+    per_expert = [[mm(getattr(experts, w)(int(e)), x[i : i + 1], ctx) for w in which] for i, e in enumerate(ids)]
+    return [np.concatenate(products) for products in zip(*per_expert)]  # each [K, out]
 
 
 def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -92,9 +94,10 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     expert_out = np.empty((T, c.n_expert_used, c.n_embd), dtype=F32)  # [T, K, E], before weighting
     if T == 1:  # a decoded token: gate, up and down each for all its K experts at once (mul_mat_id)
         xk = np.repeat(x, c.n_expert_used, axis=0)  # [K, E]: the token's row once per expert
-        moe_swiglu[0] = silu(mul_mat_id(experts, "gate", sel[0], xk, ctx)) * mul_mat_id(experts, "up", sel[0], xk, ctx)  # [K, F]
+        gate, up = mul_mat_id(experts, ("gate", "up"), sel[0], xk, ctx)  # [K, F] each
+        moe_swiglu[0] = silu(gate) * up  # [K, F]
         moe_swiglu = ctx.cb(prefix + "ffn_moe_swiglu", il, moe_swiglu)
-        expert_out[0] = mul_mat_id(experts, "down", sel[0], moe_swiglu[0], ctx)  # [K, F] -> [K, E]
+        (expert_out[0],) = mul_mat_id(experts, ("down",), sel[0], moe_swiglu[0], ctx)  # [K, F] -> [K, E]
     else:
         union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
         chosen = {e: np.nonzero(sel == e) for e in union}  # e -> (the tokens that chose e, where in their top-K)

@@ -160,6 +160,62 @@ def test_a_failed_read_leaves_nothing_in_the_cache(make_fixture, tmp_path):
     s.close()
 
 
+def test_a_failed_background_read_drops_its_batch(make_fixture, tmp_path):
+    """A batch's reads run in the background (``routed``): the error of a failed one comes, as one
+    line, from using a slice of that batch, and then none of the batch's slices stays cached — nor
+    can a later batch be handed a slice before (or without) its bytes."""
+    src = make_fixture("tiny", "q4_k_m")
+    model = load_model(src, cache_mb=1024)
+    last = max((t for ts in model.streamer.tensors.values() for t in ts), key=lambda t: t.slice_offset(0))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(src).read_bytes()[: last.slice_offset(last.shape[0] - 1) + 10])
+    s = ExpertStreamer(cut, model.streamer.tensors, n_layer=model.config.n_layer, n_ff=model.config.n_ff_exp, budget=1 << 30)
+    il = next(il for il, ts in s.tensors.items() if last in ts)
+    sel = np.array([[0, last.shape[0] - 1]])
+    routed = StreamedExperts(s, il).routed(sel, np.ones_like(sel, dtype=np.float32))  # returns: nothing waited for
+    assert len(s.cache) > 0
+    with pytest.raises(RefimplError, match="unexpected end of file"):
+        for e in sel[0]:
+            routed.gate(int(e)), routed.up(int(e)), routed.down(int(e))
+    assert len(s.cache) == 0 and s.cache.used == 0 and not s._in_flight
+    s.close()
+
+
+def test_slices_are_read_in_the_background_gate_and_up_first(make_fixture, monkeypatch):
+    """``routed`` returns before its reads finish; the reads start with every expert's gate and up
+    slices (walk order), then the downs; a slice is handed out only once read, read-only and equal
+    to the mapped bytes — also to a later batch whose hit finds it still in flight."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = make_fixture("tiny", "q4_k_m")
+    pinned, model = load_model(path, pack=False), load_model(path, cache_mb=1024)
+    s, il = model.streamer, 0
+    release, order, read_into = threading.Event(), [], ExpertStreamer._read_into
+
+    def held(self, t, e, buf):
+        order.append((t.kind, e))
+        assert release.wait(timeout=60)
+        read_into(self, t, e, buf)
+
+    monkeypatch.setattr(ExpertStreamer, "_read_into", held)
+    monkeypatch.setattr(s, "_pool", ThreadPoolExecutor(1))  # one reader: the reads run in submission order
+    sel, ones = np.array([[3, 1, 2]]), np.ones((1, 3), np.float32)
+    routed = s.experts(il).routed(sel, ones)  # returns with every read held
+    assert len(s._in_flight) == 3 * len(s.tensors[il])
+    later = s.experts(il).routed(sel[:, :1], ones[:, :1])  # all hits, still in flight
+    release.set()
+    for batch, experts in ((later, [3]), (routed, [3, 1, 2])):
+        for e in experts:
+            for which in ("gate", "up", "down"):
+                got, want = getattr(batch, which)(e), getattr(pinned.weights.layers[il].ffn.experts, which)(e)
+                assert not got.raw.flags.writeable and np.array_equal(got.raw.view(np.uint8), want.raw.view(np.uint8))
+    assert not s._in_flight
+    downs = [e for kind, e in order if kind == "ffn_down_exps"]
+    assert order[-3:] == [("ffn_down_exps", e) for e in downs] and sorted(downs) == [1, 2, 3]
+    assert [e for kind, e in order[:-3]] == sorted((e for kind, e in order[:-3]), key=[3, 1, 2].index)
+
+
 # ---- the cache ------------------------------------------------------------------------------------
 
 
@@ -350,6 +406,35 @@ def test_cache_budget():
     for bad, msg in (("-1", "must be ≥ 0"), ("lots", "whole number of MiB or 'auto'"), ("1.5", "whole number")):
         with pytest.raises(RefimplError, match=msg):
             cache_budget(bad)
+
+
+def test_auto_budget_leaves_the_page_cache_room_for_a_file_that_fits(monkeypatch):
+    """auto: half of MemAvailable, unless the whole file fits in MemAvailable beside the packed copies and
+    AUTO_HEADROOM — then what is left over (the page cache keeps the file), down to 0."""
+    import refimpl.streamer as S
+
+    GIB = 1 << 30
+    monkeypatch.setattr(S, "mem_available", lambda: 24 * GIB)
+    assert S.AUTO_HEADROOM == GIB
+    assert cache_budget("auto") == 12 * GIB  # nothing known about the file
+    assert cache_budget("auto", file_bytes=100 * MIB) == 12 * GIB  # small: the half, as before
+    assert cache_budget("auto", file_bytes=20 * GIB, resident_bytes=2 * GIB) == 1 * GIB  # 24 − 20 − 2 − 1
+    assert cache_budget("auto", file_bytes=22 * GIB, resident_bytes=2 * GIB) == 0
+    assert cache_budget("auto", file_bytes=25 * GIB) == 12 * GIB  # larger than memory: the page cache cannot keep it
+    assert cache_budget(64, file_bytes=20 * GIB) == 64 * MIB  # a number is a number
+
+
+def test_load_model_gives_auto_the_file_size(make_fixture, monkeypatch):
+    """load_model passes the file's size and its packed copies' bound to the auto budget."""
+    import refimpl.model as M
+
+    seen = {}
+    monkeypatch.setattr(M, "cache_budget", lambda mb, **kw: seen.update(kw, mb=mb) or 0)
+    path = make_fixture("tiny", "q4_k_m")
+    load_model(path, cache_mb="auto")
+    assert seen["mb"] == "auto" and seen["file_bytes"] == os.path.getsize(path) and 0 < seen["resident_bytes"] < seen["file_bytes"]
+    load_model(path, cache_mb="auto", pack=False)
+    assert seen["resident_bytes"] == 0
 
 
 def _refimpl(*args, check=True):

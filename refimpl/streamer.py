@@ -157,7 +157,7 @@ class ExpertStreamer:
         self._n_passes = 0
         self._fd = os.open(path, os.O_RDONLY)
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="refimpl-read") if READ_THREADS > 1 else None
-        self._in_flight: dict[SliceKey, _Reads] = {}  # slices a batch is still reading
+        self._in_flight: dict[int, tuple[_Reads, SliceKey]] = {}  # id(slice buffer) → the batch still reading it
         self._close = weakref.finalize(self, _close_streamer, self._fd, self._pool)
 
     @classmethod
@@ -227,12 +227,12 @@ class ExpertStreamer:
         self.cache.put(key, buf)
         return buf, buf.nbytes
 
-    def wait(self, key: SliceKey) -> None:
-        """Return once slice ``key`` holds its bytes (at once unless a batch's read of it is in flight);
-        raises that batch's read error, which leaves none of its slices in the cache."""
-        reads = self._in_flight.get(key)
-        if reads is not None:
-            reads.wait(key)
+    def wait(self, buf: np.ndarray) -> None:
+        """Return once the slice buffer ``buf`` holds its bytes (at once unless a batch's read into it is
+        in flight); raises that batch's read error, which leaves none of its slices in the cache."""
+        entry = self._in_flight.get(id(buf))
+        if entry is not None:
+            entry[0].wait(entry[1])
 
     def _fetch(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters) -> tuple[np.ndarray, int]:
         """Expert e's slice of t from the cache (a hit) or the file (a miss, then cached).
@@ -240,7 +240,7 @@ class ExpertStreamer:
         pending: list = []
         found = self._lookup(il, t, e, c, pending)
         _Reads(self, pending)
-        self.wait(SliceKey(il, t.kind, e))
+        self.wait(found[0])
         return found
 
     def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray, *, wait: bool = True) -> dict[tuple[str, int], np.ndarray]:
@@ -272,8 +272,8 @@ class ExpertStreamer:
                 slices[tensor.kind, e] = buf
         _Reads(self, pending)
         if wait:
-            for kind, e in slices:
-                self.wait(SliceKey(il, kind, e))
+            for buf in slices.values():
+                self.wait(buf)
         return slices
 
     def read_one(self, il: int, kind: str, e: int) -> np.ndarray:
@@ -344,14 +344,14 @@ class _Reads:
 
     def __init__(self, streamer: ExpertStreamer, pending: list):
         self.streamer, self.pending = streamer, pending
-        self.futures: dict = {}
+        self.futures: dict = {}  # key → (future, buffer)
         if streamer._pool is None or len(pending) < 2:
             for key, t, e, buf in pending:
                 self._read(t, e, buf, key)
             return
         for key, t, e, buf in sorted(pending, key=lambda p: p[0].kind == "ffn_down_exps"):  # stable: walk order within
-            self.futures[key] = streamer._pool.submit(self._read, t, e, buf)
-            streamer._in_flight[key] = self
+            self.futures[key] = streamer._pool.submit(self._read, t, e, buf), buf
+            streamer._in_flight[id(buf)] = (self, key)
 
     def _read(self, t: ExpertTensor, e: int, buf: np.ndarray, key: SliceKey | None = None) -> None:
         try:
@@ -363,28 +363,25 @@ class _Reads:
         buf.flags.writeable = False
 
     def wait(self, key: SliceKey) -> None:
-        future = self.futures.get(key)
-        if future is None:
-            return
+        future, buf = self.futures[key]
         try:
             future.result()
         except BaseException:
             self._drop()
             raise
-        if self.streamer._in_flight.get(key) is self:
-            del self.streamer._in_flight[key]
+        self.streamer._in_flight.pop(id(buf), None)
 
     def _drop(self) -> None:
-        """After a failed read: wait for the batch's other reads, then none of its slices stays."""
-        for future in self.futures.values():
+        """After a failed read: wait for the batch's other reads, then none of its slices stays in the
+        cache; a slice whose read failed stays in flight, so waiting for it again raises again."""
+        for future, buf in self.futures.values():
             try:
                 future.result()
+                self.streamer._in_flight.pop(id(buf), None)
             except BaseException:
                 pass
         for key, *_ in self.pending:
             self.streamer.cache.discard(key)
-            if self.streamer._in_flight.get(key) is self:
-                del self.streamer._in_flight[key]
 
 
 class StreamedExperts:
@@ -434,8 +431,9 @@ class RoutedExperts:
 
     def _matrix(self, which: str, e: int) -> Matrix:
         tensor, start, stop = self.layer.layout(which)
-        self.layer.streamer.wait(SliceKey(self.layer.il, tensor.kind, e))  # its read may still be in flight
-        return tensor.matrix(e, self.slices[tensor.kind, e], start, stop)
+        buf = self.slices[tensor.kind, e]
+        self.layer.streamer.wait(buf)  # its read may still be in flight
+        return tensor.matrix(e, buf, start, stop)
 
     def gate(self, e: int) -> Matrix:
         return self._matrix("gate", e)

@@ -177,7 +177,11 @@ def test_a_failed_background_read_drops_its_batch(make_fixture, tmp_path):
     with pytest.raises(RefimplError, match="unexpected end of file"):
         for e in sel[0]:
             routed.gate(int(e)), routed.up(int(e)), routed.down(int(e))
-    assert len(s.cache) == 0 and s.cache.used == 0 and not s._in_flight
+    assert len(s.cache) == 0 and s.cache.used == 0
+    with pytest.raises(RefimplError, match="unexpected end of file"):  # the failed slice is never handed out
+        for kind in ("gate", "up", "down"):
+            getattr(routed, kind)(int(sel[0, 1]))
+    assert len(s._in_flight) == 1  # that slice alone
     s.close()
 
 

@@ -220,6 +220,27 @@ def test_slices_are_read_in_the_background_gate_and_up_first(make_fixture, monke
     assert [e for kind, e in order[:-3]] == sorted((e for kind, e in order[:-3]), key=[3, 1, 2].index)
 
 
+def test_slice_buffers_are_recycled_only_when_nothing_refers_to_them():
+    """A slice buffer's block returns to the free list when the last view of it dies — a reshaped or
+    retyped view (what a Matrix holds) keeps it out — and the next read of that size reuses it."""
+    from refimpl.streamer import _SliceBuffers
+
+    pool = _SliceBuffers()
+    a = pool.take(4096)
+    a[:] = 7
+    b = pool.take(4096)
+    assert not np.shares_memory(a, b)  # a is alive: b is a new block
+    rows = np.asarray(a.reshape(16, -1)[2:5].view(np.float32))  # a Matrix's raw view of the slice, as a kernel takes it
+    del a
+    c = pool.take(4096)
+    assert not np.shares_memory(c, rows)  # a view of a's block is still alive
+    del rows
+    d = pool.take(4096)
+    assert d.base is not None and (d == 7).all()  # a's block, as it was left (every read fills it whole)
+    assert not np.shares_memory(d, b) and not np.shares_memory(d, c)
+    assert not np.shares_memory(pool.take(8192)[:4096], d)  # other sizes have their own lists
+
+
 # ---- the cache ------------------------------------------------------------------------------------
 
 

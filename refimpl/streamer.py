@@ -335,18 +335,19 @@ class ExpertStreamer:
         return lines
 
 
-class _SliceView(np.ndarray):
-    """A slice buffer as handed out by :class:`_SliceBuffers`. Its own type matters: numpy gives a view
-    of a plain array the array that owns the memory as its base, skipping the views in between, but
-    it keeps a view of a different type as the base — so every view derived from a _SliceView (a
-    Matrix's rows, a float32 view, ``np.asarray``) keeps that _SliceView alive (tested)."""
+class _SliceBlock(np.ndarray):
+    """The memory of a recycled slice buffer (:class:`_SliceBuffers`). Its own type matters: numpy makes
+    the base of a new view the array that owns the memory, skipping the views in between — but only
+    through views of the new view's own type, so it stops at the first view of a _SliceBlock. Every
+    view derived from a handed-out buffer (a Matrix's rows, a float32 view) therefore keeps that
+    buffer alive, and the block is free only when all of them are gone (tested)."""
 
 
 class _SliceBuffers:
-    """Slice buffers, recycled instead of freed: a buffer is handed out as a :class:`_SliceView` of a
-    block, and when nothing refers to that view any more — neither it nor any view derived from it: the
-    cache evicted it, or never kept it, and its batch is done — the block goes back to a free list of
-    its size for the next read. Reading ~580 MiB a token into fresh memory (budget 0, full size) cost
+    """Slice buffers, recycled instead of freed: a buffer is handed out as a plain view of a
+    :class:`_SliceBlock`, and when nothing refers to that view any more — neither it nor any view
+    derived from it: the cache evicted it, or never kept it, and its batch is done — the block goes
+    back to a free list of its size for the next read. Reading ~580 MiB a token into fresh memory (budget 0, full size) cost
     a page fault and a zeroed page every 4 KiB — 20–25 thousand faults a token, against under 600
     recycled; 1.34–1.55 against 1.50–1.67 tok/s, three runs each, alternated. The free lists hold at
     most the peak of slices alive at once (the cache's budget plus one batch)."""
@@ -356,8 +357,8 @@ class _SliceBuffers:
 
     def take(self, nbytes: int) -> np.ndarray:
         free = self._free.setdefault(nbytes, [])
-        block = free.pop() if free else np.empty(nbytes, dtype=np.uint8)
-        view = block.view(_SliceView)  # what the cache and the batch hold; its death returns the block
+        block = free.pop() if free else np.ndarray.__new__(_SliceBlock, (nbytes,), np.uint8)
+        view = block.view(np.ndarray)  # what the cache and the batch hold; its death returns the block
         weakref.finalize(view, free.append, block)
         return view
 

@@ -230,14 +230,16 @@ def test_slice_buffers_are_recycled_only_when_nothing_refers_to_them():
     a[:] = 7
     b = pool.take(4096)
     assert not np.shares_memory(a, b)  # a is alive: b is a new block
-    rows = np.asarray(a.reshape(16, -1)[2:5].view(np.float32))  # a Matrix's raw view of the slice, as a kernel takes it
+    assert type(a) is np.ndarray  # the rest of refimpl sees plain arrays
+    views = [a.reshape(16, -1)[2:5].view(np.float32), np.asarray(a)[8:], a.view(np.int32).reshape(2, -1).T]
     del a
-    c = pool.take(4096)
-    assert not np.shares_memory(c, rows)  # a view of a's block is still alive
-    del rows
+    for _ in range(len(views)):
+        c = pool.take(4096)
+        assert not any(np.shares_memory(c, v) for v in views)  # a view of a's block is still alive
+        views.pop()
     d = pool.take(4096)
     assert d.base is not None and (d == 7).all()  # a's block, as it was left (every read fills it whole)
-    assert not np.shares_memory(d, b) and not np.shares_memory(d, c)
+    assert not np.shares_memory(d, b)
     assert not np.shares_memory(pool.take(8192)[:4096], d)  # other sizes have their own lists
 
 

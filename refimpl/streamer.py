@@ -73,6 +73,7 @@ from refimpl.expert_slices import (
     PHASES,
     ExpertTensor,
     PhaseCounters,
+    SliceBuffers,
     SliceCache,
     SliceKey,
     StreamCounters,
@@ -83,7 +84,7 @@ from refimpl.weights import Matrix
 
 __all__ = [
     "AUTO_FALLBACK_BYTES", "AUTO_FRACTION", "AUTO_HEADROOM", "EXPERT_KINDS", "MIB", "PAGE", "PHASES", "PIN_BAR_MIN_BYTES", "READ_THREADS",
-    "ExpertStreamer", "ExpertTensor", "PhaseCounters", "RoutedExperts", "Routes", "SliceCache", "SliceKey",
+    "ExpertStreamer", "ExpertTensor", "PhaseCounters", "RoutedExperts", "Routes", "SliceBuffers", "SliceCache", "SliceKey",
     "StreamCounters", "StreamedExperts", "cache_budget", "expert_tensors", "is_expert_tensor", "mem_available", "pin_dense",
 ]
 
@@ -158,7 +159,7 @@ class ExpertStreamer:
         self._fd = os.open(path, os.O_RDONLY)
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="refimpl-read") if READ_THREADS > 1 else None
         self._in_flight: dict[int, tuple[_Reads, SliceKey]] = {}  # id(slice buffer) → the batch still reading it
-        self._buffers = _SliceBuffers()
+        self._buffers = SliceBuffers()
         self._close = weakref.finalize(self, _close_streamer, self._fd, self._pool)
 
     @classmethod
@@ -251,8 +252,8 @@ class ExpertStreamer:
         Walks the union of sel in first-use order and fetches each of the block's tensors for each
         expert once; in a verify batch, bytes of experts that row 0 does not route to are counted
         as ``widened``. Calls ``on_route`` first. The misses are read READ_THREADS at a time; with
-        ``wait=False`` this returns as soon as they are started, and :meth:`wait` (key) waits for one
-        (``RoutedExperts`` does, slice by slice, so the MoE multiplies the first experts while the
+        ``wait=False`` this returns as soon as they are started, and :meth:`wait` (a slice) waits for
+        one (``RoutedExperts`` does, slice by slice, so the MoE multiplies the first experts while the
         last ones are still being read)."""
         sel = np.asarray(sel)  # [T, K]
         phase = self._phase_of(il)
@@ -333,34 +334,6 @@ class ExpertStreamer:
             lines.append(f"mtp: of {total / MIB:.1f} MiB streamed, {head / MIB:.1f} MiB ({pct:.0f}%) was the head's own "
                          f"routing, {wide / MIB:.1f} MiB the widened verify batch")
         return lines
-
-
-class _SliceBlock(np.ndarray):
-    """The memory of a recycled slice buffer (:class:`_SliceBuffers`). Its own type matters: numpy makes
-    the base of a new view the array that owns the memory, skipping the views in between — but only
-    through views of the new view's own type, so it stops at the first view of a _SliceBlock. Every
-    view derived from a handed-out buffer (a Matrix's rows, a float32 view) therefore keeps that
-    buffer alive, and the block is free only when all of them are gone (tested)."""
-
-
-class _SliceBuffers:
-    """Slice buffers, recycled instead of freed: a buffer is handed out as a plain view of a
-    :class:`_SliceBlock`, and when nothing refers to that view any more — neither it nor any view
-    derived from it: the cache evicted it, or never kept it, and its batch is done — the block goes
-    back to a free list of its size for the next read. Reading ~580 MiB a token into fresh memory (budget 0, full size) cost
-    a page fault and a zeroed page every 4 KiB — 20–25 thousand faults a token, against under 600
-    recycled; 1.34–1.55 against 1.50–1.67 tok/s, three runs each, alternated. The free lists hold at
-    most the peak of slices alive at once (the cache's budget plus one batch)."""
-
-    def __init__(self):
-        self._free: dict[int, list[np.ndarray]] = {}  # nbytes → free blocks
-
-    def take(self, nbytes: int) -> np.ndarray:
-        free = self._free.setdefault(nbytes, [])
-        block = free.pop() if free else np.ndarray.__new__(_SliceBlock, (nbytes,), np.uint8)
-        view = block.view(np.ndarray)  # what the cache and the batch hold; its death returns the block
-        weakref.finalize(view, free.append, block)
-        return view
 
 
 class _Reads:

@@ -223,9 +223,9 @@ def test_slices_are_read_in_the_background_gate_and_up_first(make_fixture, monke
 def test_slice_buffers_are_recycled_only_when_nothing_refers_to_them():
     """A slice buffer's block returns to the free list when the last view of it dies — a reshaped or
     retyped view (what a Matrix holds) keeps it out — and the next read of that size reuses it."""
-    from refimpl.streamer import _SliceBuffers
+    from refimpl.streamer import SliceBuffers
 
-    pool = _SliceBuffers()
+    pool = SliceBuffers()
     a = pool.take(4096)
     a[:] = 7
     b = pool.take(4096)

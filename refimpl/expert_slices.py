@@ -15,6 +15,7 @@ model-facing part; its docstring and docs/streamer.md describe what is read when
 from __future__ import annotations
 
 import re
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -149,7 +150,12 @@ class SliceCache:
         return evicted
 
 
-# ---- counters -----------------------------------------------------------------------------------
+# ---- the slices' memory -------------------------------------------------------------------------
+
+#: At most this many bytes of free slice buffers are kept for reuse (:class:`SliceBuffers`); beyond it a
+#: freed block goes back to the allocator — so a change of slice sizes (another layer's types, a long
+#: prompt's batch) cannot hold more than this on top of the cache's budget and one batch.
+FREE_BYTES = 256 << 20
 
 
 class _SliceBlock(np.ndarray):
@@ -164,21 +170,37 @@ class SliceBuffers:
     """Slice buffers, recycled instead of freed: a buffer is handed out as a plain view of a
     :class:`_SliceBlock`, and when nothing refers to that view any more — neither it nor any view
     derived from it: the cache evicted it, or never kept it, and its batch is done — the block goes
-    back to a free list of its size for the next read. Reading ~580 MiB a token into fresh memory
-    (budget 0, full size) cost a page fault and a zeroed page every 4 KiB — 20–25 thousand faults a
-    token, against under 600 recycled; 1.34–1.55 against 1.50–1.67 tok/s, three runs each,
-    alternated. The free lists hold at most the peak of slices alive at once (the cache's budget plus
-    one batch)."""
+    back to a free list of its size for the next read, while the free lists hold less than
+    FREE_BYTES. Reading ~580 MiB a token into fresh memory (budget 0, full size) cost a page fault and
+    a zeroed page every 4 KiB — 20–25 thousand faults a token, against under 600 recycled; 1.34–1.55
+    against 1.50–1.67 tok/s, three runs each, alternated."""
 
-    def __init__(self):
+    def __init__(self, free_bytes: int = FREE_BYTES):
+        self.limit = free_bytes
+        self.free_bytes = 0  # held in the free lists
         self._free: dict[int, list[np.ndarray]] = {}  # nbytes → free blocks
+        self._lock = threading.Lock()  # a view may die in a reading thread
 
     def take(self, nbytes: int) -> np.ndarray:
-        free = self._free.setdefault(nbytes, [])
-        block = free.pop() if free else np.ndarray.__new__(_SliceBlock, (nbytes,), np.uint8)
+        with self._lock:
+            free = self._free.get(nbytes)
+            block = free.pop() if free else None
+            if block is not None:
+                self.free_bytes -= nbytes
+        if block is None:
+            block = np.ndarray.__new__(_SliceBlock, (nbytes,), np.uint8)
         view = block.view(np.ndarray)  # what the cache and the batch hold; its death returns the block
-        weakref.finalize(view, free.append, block)
+        weakref.finalize(view, self._give, block)
         return view
+
+    def _give(self, block: np.ndarray) -> None:
+        with self._lock:
+            if self.free_bytes + block.nbytes <= self.limit:
+                self._free.setdefault(block.nbytes, []).append(block)
+                self.free_bytes += block.nbytes
+
+
+# ---- counters -----------------------------------------------------------------------------------
 
 
 @dataclass

@@ -243,6 +243,20 @@ def test_slice_buffers_are_recycled_only_when_nothing_refers_to_them():
     assert not np.shares_memory(pool.take(8192)[:4096], d)  # other sizes have their own lists
 
 
+def test_free_slice_buffers_stay_under_their_limit():
+    """Freed blocks beyond the free lists' limit go back to the allocator, whatever their sizes."""
+    from refimpl.streamer import SliceBuffers
+
+    pool = SliceBuffers(free_bytes=10_000)
+    held = [pool.take(n) for n in (4096, 4096, 3000, 3000, 5000)]
+    while held:
+        held.pop(0)  # freed in that order
+    assert pool.free_bytes == 4096 + 4096  # the first freed that fit; the rest went back to the allocator
+    assert pool.free_bytes == sum(b.nbytes for bs in pool._free.values() for b in bs)
+    kept = pool.take(4096)
+    assert pool.free_bytes == 4096 and kept.nbytes == 4096
+
+
 # ---- the cache ------------------------------------------------------------------------------------
 
 

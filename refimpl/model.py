@@ -42,7 +42,7 @@ from refimpl.load import ModelFile, open_model
 from refimpl.moe import ffn
 from refimpl.ops import Ctx, output_rows, rms_norm_w
 from refimpl.state import SeqState
-from refimpl.streamer import ExpertStreamer, cache_budget, is_expert_tensor, mem_available, pin_dense
+from refimpl.streamer import ExpertStreamer, cache_budget, dense_tensors, mem_available, pin_dense
 from refimpl.weights import Matrix, PinnedExperts, Weights, load_weights
 
 
@@ -85,7 +85,7 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     if cache_mb is None:
         weights = load_weights(m)
     else:
-        dense = sum(t.n_bytes for name, t in m.gguf.tensors.items() if not is_expert_tensor(name))
+        dense = sum(dense_tensors(m.gguf).values())
         budget = cache_budget(cache_mb, file_bytes=os.path.getsize(m.gguf.path),
                               resident_bytes=0 if pack is False else int(dense * _PACK_GROWTH))  # packed copies, at most
         streamer = ExpertStreamer.open(m, budget, on_route=on_route)

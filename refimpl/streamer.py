@@ -85,7 +85,7 @@ from refimpl.weights import Matrix
 __all__ = [
     "AUTO_FALLBACK_BYTES", "AUTO_FRACTION", "AUTO_HEADROOM", "EXPERT_KINDS", "MIB", "PAGE", "PHASES", "PIN_BAR_MIN_BYTES", "READ_THREADS",
     "ExpertStreamer", "ExpertTensor", "PhaseCounters", "RoutedExperts", "Routes", "SliceBuffers", "SliceCache", "SliceKey",
-    "StreamCounters", "StreamedExperts", "cache_budget", "expert_tensors", "is_expert_tensor", "mem_available", "pin_dense",
+    "StreamCounters", "StreamedExperts", "cache_budget", "dense_tensors", "expert_tensors", "is_expert_tensor", "mem_available", "pin_dense",
 ]
 
 MIB = 1 << 20
@@ -347,21 +347,20 @@ class _Reads:
     def __init__(self, streamer: ExpertStreamer, pending: list):
         self.streamer, self.pending = streamer, pending
         self.futures: dict = {}  # key → (future, buffer)
-        if streamer._pool is None or len(pending) < 2:
-            for key, t, e, buf in pending:
-                self._read(t, e, buf, key)
+        if streamer._pool is None or len(pending) < 2:  # read here, one after another
+            try:
+                for _, t, e, buf in pending:
+                    self._read(t, e, buf)
+            except BaseException:
+                self._drop()
+                raise
             return
         for key, t, e, buf in sorted(pending, key=lambda p: p[0].kind == "ffn_down_exps"):  # stable: walk order within
             self.futures[key] = streamer._pool.submit(self._read, t, e, buf), buf
             streamer._in_flight[id(buf)] = (self, key)
 
-    def _read(self, t: ExpertTensor, e: int, buf: np.ndarray, key: SliceKey | None = None) -> None:
-        try:
-            self.streamer._read_into(t, e, buf)
-        except BaseException:
-            if key is not None:  # read here, not in the pool: fail now
-                self._drop()
-            raise
+    def _read(self, t: ExpertTensor, e: int, buf: np.ndarray) -> None:
+        self.streamer._read_into(t, e, buf)
         buf.flags.writeable = False
 
     def wait(self, key: SliceKey) -> None:
@@ -470,7 +469,8 @@ def cache_budget(cache_mb, *, file_bytes: int | None = None, resident_bytes: int
     holds the whole file after one pass (and across runs), and the private cache gets only what is
     left over, down to 0. A private slice would duplicate a page the page cache keeps anyway, and the
     memory it took would push other slices of the file out to the disk: on the 20.2 GiB full-size
-    fixture in 24 GiB, budget 0 decoded 1.43-1.48 tok/s and half of MemAvailable 1.14-1.34."""
+    fixture in 24 GiB (a 2-core Sapphire Rapids VM, AVX-512 kernels), budget 0 decoded 1.43-1.48 tok/s
+    and half of MemAvailable 1.14-1.34."""
     if isinstance(cache_mb, str) and cache_mb.strip().lower() == "auto":
         avail = mem_available()
         if avail is None:
@@ -488,19 +488,24 @@ def cache_budget(cache_mb, *, file_bytes: int | None = None, resident_bytes: int
     return mb * MIB
 
 
+def dense_tensors(gguf) -> dict[str, int]:
+    """Every tensor of ``gguf`` that is not a routed expert tensor → its bytes (what :func:`pin_dense` pins)."""
+    return {name: t.n_bytes for name, t in gguf.tensors.items() if not is_expert_tensor(name)}
+
+
 def pin_dense(gguf, progress: bool = True) -> int:
     """Touch every page of every tensor that is not a routed expert tensor, once, so the dense
     weights are resident before the first token (they stay memory-map views). A tqdm bar on stderr
     when there are at least PIN_BAR_MIN_BYTES. Returns the dense bytes."""
     from tqdm import tqdm
 
-    dense = [name for name in gguf.tensors if not is_expert_tensor(name)]
-    total = sum(gguf.tensors[n].n_bytes for n in dense)
+    dense = dense_tensors(gguf)
+    total = sum(dense.values())
     with tqdm(total=total, desc="pinning dense weights", unit="B", unit_scale=True, file=sys.stderr, leave=False,
               disable=None if progress and total >= PIN_BAR_MIN_BYTES else True) as bar:
         for name in dense:
             flat = np.ascontiguousarray(gguf.raw(name)).reshape(-1).view(np.uint8)  # a view: the map is contiguous
             if flat.size:
                 _ = flat[::PAGE].sum(dtype=np.uint64) + flat[-1]  # reading one byte per page faults it in
-            bar.update(gguf.tensors[name].n_bytes)
+            bar.update(dense[name])
     return total

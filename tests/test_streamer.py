@@ -144,8 +144,9 @@ def test_concurrent_reads_change_nothing(make_fixture, monkeypatch, mb):
     assert stats_a == stats_b and keys_a == keys_b
 
 
-def test_a_failed_read_leaves_nothing_in_the_cache(make_fixture, tmp_path):
-    """A truncated file: the batch's reads fail with one line, and no unread slice stays cached."""
+def _truncated_streamer(make_fixture, tmp_path):
+    """A streamer on tiny q4_k_m cut 10 bytes into its last expert slice: (streamer, block, sel [1, 2])
+    whose second expert's slice of that tensor cannot be read whole."""
     src = make_fixture("tiny", "q4_k_m")
     model = load_model(src, cache_mb=1024)
     last = max((t for ts in model.streamer.tensors.values() for t in ts), key=lambda t: t.slice_offset(0))
@@ -153,7 +154,12 @@ def test_a_failed_read_leaves_nothing_in_the_cache(make_fixture, tmp_path):
     cut.write_bytes(Path(src).read_bytes()[: last.slice_offset(last.shape[0] - 1) + 10])
     s = ExpertStreamer(cut, model.streamer.tensors, n_layer=model.config.n_layer, n_ff=model.config.n_ff_exp, budget=1 << 30)
     il = next(il for il, ts in s.tensors.items() if last in ts)
-    sel = np.array([[0, last.shape[0] - 1]])
+    return s, il, np.array([[0, last.shape[0] - 1]])
+
+
+def test_a_failed_read_leaves_nothing_in_the_cache(make_fixture, tmp_path):
+    """A truncated file: the batch's reads fail with one line, and no unread slice stays cached."""
+    s, il, sel = _truncated_streamer(make_fixture, tmp_path)
     with pytest.raises(RefimplError, match="unexpected end of file"):
         s.read_union(il, sel, np.ones_like(sel, dtype=np.float32))
     assert len(s.cache) == 0 and s.cache.used == 0
@@ -164,14 +170,7 @@ def test_a_failed_background_read_drops_its_batch(make_fixture, tmp_path):
     """A batch's reads run in the background (``routed``): the error of a failed one comes, as one
     line, from using a slice of that batch, and then none of the batch's slices stays cached — nor
     can a later batch be handed a slice before (or without) its bytes."""
-    src = make_fixture("tiny", "q4_k_m")
-    model = load_model(src, cache_mb=1024)
-    last = max((t for ts in model.streamer.tensors.values() for t in ts), key=lambda t: t.slice_offset(0))
-    cut = tmp_path / "cut.gguf"
-    cut.write_bytes(Path(src).read_bytes()[: last.slice_offset(last.shape[0] - 1) + 10])
-    s = ExpertStreamer(cut, model.streamer.tensors, n_layer=model.config.n_layer, n_ff=model.config.n_ff_exp, budget=1 << 30)
-    il = next(il for il, ts in s.tensors.items() if last in ts)
-    sel = np.array([[0, last.shape[0] - 1]])
+    s, il, sel = _truncated_streamer(make_fixture, tmp_path)
     routed = StreamedExperts(s, il).routed(sel, np.ones_like(sel, dtype=np.float32))  # returns: nothing waited for
     assert len(s.cache) > 0
     with pytest.raises(RefimplError, match="unexpected end of file"):

@@ -1,7 +1,13 @@
-"""Step 3: which tensors a file must hold, with which numpy shapes — checked once, here.
+"""Step 3: which tensors a file must hold, with which shapes — checked once, here.
 
 Mirrors ``load_arch_tensors`` of ``src/models/qwen35moe.cpp``, ``qwen35.cpp`` and ``qwen3next.cpp``
 (and ``create_tensor_qkv`` / ``create_tensor_gate_up_exps`` in ``src/llama-model.cpp``); docs/gguf.md §3.
+Shapes are compared as llama.cpp's ``llama_model_loader::check_tensor_dims`` compares them: the
+file's ``ne`` and the expected ``ne``, both padded with 1s to ``GGML_MAX_DIMS`` = 4 dimensions, must
+be equal — never by numpy rank. The converter writes HF's ``shared_expert_gate`` (a Linear of
+shape (1, E)) as ``ffn_gate_inp_shexp`` with ``ne = [E, 1]``; llama.cpp expects ``{n_embd}`` and
+accepts it, and so does refimpl. An accepted tensor is then given the expected (canonical) shape
+in the file's tensor table (:func:`conform_shapes`), so the rest of refimpl sees one layout.
 The three share the attention block, the delta-net conv / dt / a / norm / out tensors and the nextn
 tensors; they differ in the FFN (routed + shared experts, or dense ``ffn_gate`` / ``ffn_up`` /
 ``ffn_down`` for qwen35) and in qwen3next's delta-net input projections (``ssm_ba`` instead of
@@ -26,7 +32,7 @@ The result, :class:`TensorPlan`, records the variants a file may come in:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gguf import GGMLQuantizationType as Q
 
@@ -40,6 +46,8 @@ SUPPORTED_QTYPES = frozenset(WEIGHT_TYPES)
 # Tensors the CPU graph reads as plain floats (ssm_conv asserts 4-byte elements; the others are
 # vectors added or multiplied elementwise). The converter and llama-quantize keep them F32.
 F32_ONLY_SUFFIXES = ("norm.weight", "ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ffn_gate_inp_shexp.weight")
+
+GGML_MAX_DIMS = 4  # ggml.h
 
 MTP_EXTRAS = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight", "nextn.shared_head_norm.weight")
 
@@ -138,6 +146,28 @@ def _mtp_extra_shapes(c: Config, il: int) -> dict[str, tuple[int, ...]]:
     return {b + "nextn.embed_tokens.weight": (V, E), b + "nextn.shared_head_head.weight": (V, E), b + "nextn.shared_head_norm.weight": (E,)}
 
 
+def padded_ne(ne: tuple[int, ...]) -> tuple[int, ...]:
+    """``ne`` with trailing 1s up to GGML_MAX_DIMS: ggml's ``ne[4]`` (a file may list fewer dimensions)."""
+    if len(ne) > GGML_MAX_DIMS:
+        return tuple(ne)  # no such ggml tensor; compared as is, so it never matches a 4-D expectation
+    return tuple(ne) + (1,) * (GGML_MAX_DIMS - len(ne))
+
+
+def same_dims(file_ne: tuple[int, ...], expected_ne: tuple[int, ...]) -> bool:
+    """``check_tensor_dims`` (src/llama-model-loader.cpp): every one of the 4 dimensions equal, a
+    dimension missing on either side being 1."""
+    return padded_ne(file_ne) == padded_ne(expected_ne)
+
+
+def conform_shapes(gf: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Give each accepted tensor of ``gf.tensors`` its expected numpy shape (same bytes, same ne up
+    to trailing 1s); :func:`refimpl.weights.tensor_data` reshapes the data views to match."""
+    for name, shape in shapes.items():
+        info = gf.tensors[name]
+        if info.shape != shape:
+            gf.tensors[name] = replace(info, shape=shape)
+
+
 def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     """Check every tensor the graph reads exists with the right shape and a supported type."""
     t = gf.tensors
@@ -172,16 +202,19 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     for il in range(c.n_layer, c.n_layer_all):
         extras.update({k: v for k, v in _mtp_extra_shapes(c, il).items() if k in t})
 
-    for name, shape in {**required, **{k: v for k, v in mtp_expected.items() if k in t}, **extras}.items():
+    expected = {**required, **{k: v for k, v in mtp_expected.items() if k in t}, **extras}
+    for name, shape in expected.items():
         info = t[name]
-        if info.shape != shape:
+        if not same_dims(info.ne, tuple(reversed(shape))):
             raise RefimplError(
-                f"{gf.path}: tensor '{name}' has numpy shape {info.shape}, but the config implies {shape}"
+                f"{gf.path}: tensor '{name}' has ne {list(info.ne)}, but llama.cpp expects ne "
+                f"{list(reversed(shape))} (trailing dimensions of 1 may be added or left out)"
             )
         if info.qtype not in SUPPORTED_QTYPES:
             raise RefimplError(f"{gf.path}: tensor '{name}' has unsupported quant type {info.qtype.name}")
         if name.endswith(F32_ONLY_SUFFIXES) and info.qtype != Q.F32:
             raise RefimplError(f"{gf.path}: tensor '{name}' must be F32 (llama.cpp reads it as floats), got {info.qtype.name}")
+    conform_shapes(gf, expected)
 
     if c.n_layer_nextn == 0:
         mtp = "stripped"

@@ -151,13 +151,23 @@ class Weights:
     streamer: "ExpertStreamer | None" = None  # routed experts read through it; None: pinned (memory map)
 
 
+def tensor_data(m: ModelFile, name: str) -> np.ndarray:
+    """A tensor's data view in the shape the plan accepted it as (``refimpl.tensors.conform_shapes``):
+    float types as elements, block types as rows of ``row_bytes`` (a view: no copy)."""
+    info = m.gguf.tensors[name]
+    raw = m.gguf.raw(name)
+    if raw.dtype == np.uint8:  # BF16 and the block types: the last axis is a row's bytes
+        return raw.reshape(info.shape[:-1] + (kernels.row_bytes(info.qtype, info.shape[-1]),))
+    return raw.reshape(info.shape)
+
+
 def _matrix(m: ModelFile, name: str) -> Matrix:
     info = m.gguf.tensors[name]
-    return Matrix(name, info.qtype, info.shape, m.gguf.raw(name))
+    return Matrix(name, info.qtype, info.shape, tensor_data(m, name))
 
 
 def _vector(m: ModelFile, name: str) -> np.ndarray:
-    return np.asarray(m.gguf.raw(name), dtype=np.float32)
+    return np.asarray(tensor_data(m, name), dtype=np.float32)
 
 
 def _optional(m: ModelFile, name: str) -> Matrix | None:

@@ -4,7 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from refimpl.config import load_config
 from refimpl.errors import RefimplError
@@ -64,8 +64,9 @@ def test_inspect_reports_types_and_mtp(make_fixture, quant):
 # ---- errors: each a one-line RefimplError naming the problem ---------------------------------
 
 
-def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None, retype=None):
-    """Copy a GGUF with edits, through gguf's writer."""
+def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None, retype=None, pad_ne=()):
+    """Copy a GGUF with edits, through gguf's writer. ``pad_ne``: names whose ne gets trailing 1s
+    (same data) — up to 4 dimensions, as a converter may write them."""
     r = GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = GGUFWriter(str(dst), arch=arch)
@@ -93,7 +94,13 @@ def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=
             w.add_tensor(t.name, np.zeros(data.shape[:-1] + (data.shape[-1] // 32 * 34,), dtype=np.uint8),
                          raw_dtype=GGMLQuantizationType.Q8_0)
             continue
-        w.add_tensor(t.name, data, raw_shape=tuple(reversed(t.shape.tolist())), raw_dtype=qtype)
+        ne = t.shape.tolist()
+        if t.name in pad_ne:
+            ne = ne + [1] * (4 - len(ne))
+        if qtype not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):  # the writer takes a byte shape
+            block, size = GGML_QUANT_SIZES[qtype]
+            ne = [ne[0] // block * size] + ne[1:]
+        w.add_tensor(t.name, data, raw_shape=tuple(reversed(ne)), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -158,7 +165,35 @@ def test_missing_tensor(make_fixture, tmp_path):
 def test_shape_contradicting_config(make_fixture, tmp_path):
     dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "s.gguf", reshape={"blk.3.attn_k.weight": (64, 256)})
     msg = _error(dst)
-    assert "tensor 'blk.3.attn_k.weight' has numpy shape (64, 256), but the config implies (128, 256)" in msg
+    assert msg.endswith("tensor 'blk.3.attn_k.weight' has ne [256, 64], but llama.cpp expects ne [256, 128] "
+                        "(trailing dimensions of 1 may be added or left out)")
+
+
+def test_a_dimension_of_one_is_not_a_free_dimension(make_fixture, tmp_path):
+    """Only *trailing* 1s are free (check_tensor_dims): a vector written as ne [1, E] is refused."""
+    src = make_fixture("tiny", "f32")
+    E = open_model(src).config.n_embd
+    dst = _rewrite(src, tmp_path / "s.gguf", reshape={"blk.0.ffn_gate_inp_shexp.weight": (E, 1)})
+    assert f"has ne [1, {E}], but llama.cpp expects ne [{E}]" in _error(dst)
+
+
+@pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
+def test_trailing_dimensions_of_one_are_accepted_as_llama_cpp_does(make_fixture, tmp_path, quant):
+    """Every tensor written with ne padded to 4 dimensions (ffn_gate_inp_shexp as ne [E, 1] is what
+    convert_hf_to_gguf.py writes for HF's (1, E) shared_expert_gate) loads, with the expected shapes,
+    and computes the same logits bit for bit."""
+    from refimpl.model import forward, load_model
+    from refimpl.state import SeqState
+
+    src = make_fixture("tiny", quant)
+    names = tuple(t.name for t in GGUFReader(src).tensors if len(t.shape) < 4)
+    dst = _rewrite(src, tmp_path / "padded.gguf", pad_ne=names)
+    padded, plain = open_model(dst), open_model(src)
+    assert GGUFReader(dst).tensors[0].shape.tolist()[-1] == 1  # the rewrite really padded
+    assert {n: i.shape for n, i in padded.gguf.tensors.items()} == {n: i.shape for n, i in plain.gguf.tensors.items()}
+    tokens = [1, 5, 9, 2, 7, 3]
+    a, b = (forward(m, SeqState.fresh(m.config), tokens)[0] for m in (load_model(dst), load_model(src)))
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_f32_only_tensor_quantized(make_fixture, tmp_path):

@@ -85,11 +85,13 @@ def _load(args, cache_mb=None, pack="auto"):
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.pack_weights)."""
     from refimpl.builtin import resolve_model
     from refimpl.compile_report import name_types
+    from refimpl.gguf_file import GGUFFile
     from refimpl.model import load_model
 
     path = resolve_model(str(_default_model(getattr(args, "m", None) or args.model)))  # a builtin:PRESET/QUANT spec is built on demand
-    name_types(path)  # for the first run's "compiling kernels for …" line
-    return load_model(path, cache_mb, pack=pack)
+    gf = GGUFFile(path)  # the one read of the file's header in this process
+    name_types(gf)  # for the first run's "compiling kernels for …" line
+    return load_model(gf, cache_mb, pack=pack)
 
 
 def _check_tokens(model, tokens: list[int]) -> list[int]:
@@ -351,6 +353,7 @@ def _cmd_audit(args) -> int:
     from refimpl.audit import audit, prompt_of, read_stream, report_lines
     from refimpl.builtin import resolve_model
     from refimpl.compile_report import name_types
+    from refimpl.gguf_file import GGUFFile
     from refimpl.model import load_model
     from refimpl.tokenizer import Tokenizer
 
@@ -362,8 +365,9 @@ def _cmd_audit(args) -> int:
     if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
         raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
     path = resolve_model(args.model)
-    name_types(path)
-    model = load_model(path)
+    gf = GGUFFile(path)
+    name_types(gf)
+    model = load_model(gf)
     tok = Tokenizer.from_gguf(model.file.gguf.reader)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
     if args.prompt_tokens is not None:

@@ -85,11 +85,10 @@ class compile_report:
         self.report.close()
 
 
-def name_types(path) -> None:
-    """Name the weight types (``F32, Q8_0``, …) of the GGUF at ``path`` in the header of the active
-    reports. Called before the model is loaded: loading already compiles (packing, dequantized norms)."""
-    from refimpl.gguf_file import GGUFFile
-
-    types = list(GGUFFile(path).bytes_by_qtype())
+def name_types(gf) -> None:
+    """Name the weight types (``F32, Q8_0``, …) of ``gf`` (an opened :class:`refimpl.gguf_file.GGUFFile`,
+    the one the model is then loaded from) in the header of the active reports. Called before the
+    model is loaded: loading already compiles (packing, dequantized norms)."""
+    types = list(gf.bytes_by_qtype())
     for report in _ACTIVE:
         report.types = types

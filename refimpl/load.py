@@ -1,7 +1,9 @@
 """Open a qwen35moe GGUF and check it: file → :class:`Config` → :class:`TensorPlan`.
 
 ``open_model(path)`` is the single entry point every command uses; everything it can reject is
-rejected here, at the boundary, with a one-line :class:`~refimpl.errors.RefimplError`.
+rejected here, at the boundary, with a one-line :class:`~refimpl.errors.RefimplError`. A command
+that has already opened the file (the CLI names its weight types first: refimpl.compile_report)
+passes the :class:`GGUFFile` instead, so a process reads a file's header once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ class ModelFile:
     plan: TensorPlan
 
 
-def open_model(path: str | os.PathLike) -> ModelFile:
-    gf = GGUFFile(path)
+def open_model(source: str | os.PathLike | GGUFFile) -> ModelFile:
+    """A GGUF path (opened here) or an opened file → its checked config and tensor plan."""
+    gf = source if isinstance(source, GGUFFile) else GGUFFile(source)
     config = load_config(gf)
     return ModelFile(gguf=gf, config=config, plan=plan_tensors(gf, config))

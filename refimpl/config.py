@@ -108,6 +108,10 @@ def _uniform(gf: GGUFFile, key: str, values: list, what: str) -> int:
 
 def load_config(gf: GGUFFile) -> Config:
     """Build the :class:`Config` of a GGUF file, or raise a one-line :class:`RefimplError`."""
+    n_split = gf.key("split.count", 1)  # gguf-split / convert_hf_to_gguf.py --split-max-*: llama.cpp opens every part
+    if isinstance(n_split, int) and n_split > 1:
+        raise RefimplError(f"{gf.path}: part {gf.key('split.no', 0) + 1} of a {n_split}-part split GGUF; refimpl reads one "
+                           f"file — merge the parts first (llama-gguf-split --merge FIRST-PART OUT.gguf)")
     name = gf.key("general.architecture", required=True)
     if name not in ARCHS:
         raise RefimplError(f"{gf.path}: architecture '{name}' is not supported (refimpl implements {', '.join(ARCHS)})")

@@ -11,11 +11,8 @@ def describe(m: ModelFile) -> str:
     n_deltanet, n_attn = kinds.count("deltanet"), kinds.count("attention")
     if p.mtp == "present":
         mtp = f"present (blk.{c.n_layer}.nextn.*; extras: {', '.join(sorted(p.mtp_extras)) or 'none'})"
-    elif p.mtp == "stripped":
-        mtp = "stripped (no nextn block declared; converted without MTP)"
     else:
-        mtp = (f"missing ({len(p.mtp_missing)} tensors of blk.{c.n_layer} absent, e.g. {p.mtp_missing[0]}; "
-               "a stripped quantisation dropped them)")
+        mtp = "stripped (no nextn block declared; converted without MTP)"
     rope = f"IMRoPE sections {list(c.rope_sections)}" if c.arch.rope == "imrope" else "NEOX"
     lines = [
         f"file          {gf.path} ({gf.file_size:,} bytes)",

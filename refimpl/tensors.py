@@ -22,10 +22,14 @@ The result, :class:`TensorPlan`, records the variants a file may come in:
   ``ffn_gate_exps`` / ``ffn_up_exps``;
 * ``ssm_in[il]``: (qwen3next) delta-net layer il has the fused ``ssm_in`` instead of ``attn_qkv`` +
   ``attn_gate`` (``build_qkvz``'s "legacy" path);
-* ``mtp``: ``"present"`` (all nextn-block tensors there), ``"stripped"`` (the file declares no
-  nextn block — converted with ``--no-mtp``), or ``"missing"`` (``nextn_predict_layers`` says there
-  is a block, but a quantisation dropped its tensors; ``mtp_missing`` names them). llama.cpp only
-  loads MTP tensors with ``load_mtp``; the trunk never needs them.
+* ``fused_qkv[il]``: a full-attention block (trunk or nextn) has ``attn_qkv`` — rows [Q and gate ‖ K ‖
+  V] — instead of ``attn_q`` / ``attn_k`` / ``attn_v`` (``convert_hf_to_gguf.py --fuse-qkv``);
+* ``mtp``: ``"present"`` (all nextn-block tensors there) or ``"stripped"`` (the file declares no
+  nextn block — converted with ``--no-mtp``). A file that declares the block but lacks any of its
+  tensors is refused, as llama.cpp refuses it (it creates them, unloaded, even without ``load_mtp``).
+
+Every tensor of the file must be one the graph reads: llama.cpp refuses a file with tensors nothing
+claims ("wrong number of tensors"), and refimpl does too rather than ignore, say, an attention bias.
 * ``mtp_extras``: which of the optional ``nextn.embed_tokens`` / ``nextn.shared_head_head`` /
   ``nextn.shared_head_norm`` are present.
 """
@@ -57,18 +61,23 @@ class TensorPlan:
     tied: bool
     fused_gate_up: tuple[bool, ...]  # per layer index 0 … n_layer_all-1
     ssm_in: tuple[bool, ...]  # per layer index: qwen3next's fused ssm_in (q, k, v, z per key head)
-    mtp: str  # "present" | "stripped" | "missing"
-    mtp_missing: tuple[str, ...]
+    fused_qkv: tuple[bool, ...]  # per layer index: a full-attention block's attn_qkv (--fuse-qkv)
+    mtp: str  # "present" | "stripped"
     mtp_extras: frozenset[str]  # subset of MTP_EXTRAS present in the file
 
 
-def _attention_block(c: Config, il: int) -> dict[str, tuple[int, ...]]:
+def _attention_block(c: Config, il: int, fused_qkv: bool = False) -> dict[str, tuple[int, ...]]:
     E, H, Hkv, D = c.n_embd, c.n_head, c.n_head_kv, c.head_dim
     b = f"blk.{il}."
-    return {
-        b + "attn_q.weight": (2 * H * D, E),  # Q and output gate, per-head interleaved
-        b + "attn_k.weight": (Hkv * D, E),
-        b + "attn_v.weight": (Hkv * D, E),
+    if fused_qkv:  # create_tensor_qkv: attn_qkv rows [Q and gate (2HD) ‖ K (Hkv·D) ‖ V (Hkv·D)]; --fuse-qkv
+        qkv = {b + "attn_qkv.weight": (2 * H * D + 2 * Hkv * D, E)}
+    else:
+        qkv = {
+            b + "attn_q.weight": (2 * H * D, E),  # Q and output gate, per-head interleaved
+            b + "attn_k.weight": (Hkv * D, E),
+            b + "attn_v.weight": (Hkv * D, E),
+        }
+    return qkv | {
         b + "attn_output.weight": (E, H * D),
         b + "attn_q_norm.weight": (D,),
         b + "attn_k_norm.weight": (D,),
@@ -128,12 +137,12 @@ def _ffn_block(c: Config, il: int, fused: bool) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _mtp_block(c: Config, il: int, fused: bool) -> dict[str, tuple[int, ...]]:
+def _mtp_block(c: Config, il: int, fused: bool, fused_qkv: bool) -> dict[str, tuple[int, ...]]:
     E = c.n_embd
     b = f"blk.{il}."
     return {
         **_ffn_block(c, il, fused),
-        **_attention_block(c, il),
+        **_attention_block(c, il, fused_qkv),
         b + "nextn.eh_proj.weight": (E, 2 * E),  # columns [0,E) embedding half, [E,2E) hidden half
         b + "nextn.enorm.weight": (E,),
         b + "nextn.hnorm.weight": (E,),
@@ -175,6 +184,9 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     # qwen3next.cpp::build_qkvz: attn_qkv when present ("optimized path"), else the legacy ssm_in
     ssm_in = tuple(c.arch.name == "qwen3next" and f"blk.{il}.attn_qkv.weight" not in t and f"blk.{il}.ssm_in.weight" in t
                    for il in range(c.n_layer_all))
+    # create_tensor_qkv: a full-attention block (trunk or nextn) with attn_qkv takes it instead of attn_q/k/v
+    fused_qkv = tuple((il >= c.n_layer or not c.is_recurrent[il]) and f"blk.{il}.attn_qkv.weight" in t
+                      for il in range(c.n_layer_all))
 
     required: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (c.n_vocab, c.n_embd),
@@ -183,26 +195,37 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     tied = "output.weight" not in t
     if not tied:
         required["output.weight"] = (c.n_vocab, c.n_embd)
+    if c.n_layer_nextn and "blk.0.attn_norm.weight" not in t and f"blk.{c.n_layer}.nextn.eh_proj.weight" in t:
+        raise RefimplError(f"{gf.path}: an MTP-only draft file (convert_hf_to_gguf.py --mtp: the nextn block without the "
+                           f"trunk); refimpl runs a whole model — use the file the trunk is in")
     for il in range(c.n_layer):
-        if f"blk.{il}.attn_qkv.weight" in t and not c.is_recurrent[il]:
-            raise RefimplError(f"{gf.path}: fused 'blk.{il}.attn_qkv.weight' in a full-attention layer (--fuse-qkv) is not supported")
+        attention = not c.is_recurrent[il]
         required.update(_ffn_block(c, il, fused[il]))
-        required.update(_deltanet_block(c, il, ssm_in[il]) if c.is_recurrent[il] else _attention_block(c, il))
-
-    mtp_expected: dict[str, tuple[int, ...]] = {}
+        required.update(_attention_block(c, il, fused_qkv[il]) if attention else _deltanet_block(c, il, ssm_in[il]))
     for il in range(c.n_layer, c.n_layer_all):
-        mtp_expected.update(_mtp_block(c, il, fused[il]))
+        # llama.cpp creates the nextn block's tensors without TENSOR_NOT_REQUIRED even when it does not
+        # load them (src/models/qwen35moe.cpp: mtp_flags), so a file that declares the block must hold it
+        required.update(_mtp_block(c, il, fused[il], fused_qkv[il]))
     missing = [name for name in required if name not in t]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise RefimplError(f"{gf.path}: missing tensor '{missing[0]}'{more}")
-    mtp_missing = tuple(name for name in mtp_expected if name not in t)
+        where = ""
+        if missing[0].startswith(f"blk.{c.n_layer}.") and c.n_layer_nextn:
+            where = (f"; the file declares an MTP block ({c.arch.name}.nextn_predict_layers = {c.n_layer_nextn}) "
+                     f"without its tensors, which llama.cpp refuses too — convert with --no-mtp")
+        raise RefimplError(f"{gf.path}: missing tensor '{missing[0]}'{more}{where}")
 
     extras: dict[str, tuple[int, ...]] = {}
     for il in range(c.n_layer, c.n_layer_all):
         extras.update({k: v for k, v in _mtp_extra_shapes(c, il).items() if k in t})
+    # qwen3next.cpp::build_qkvz takes attn_qkv when both are there; the loader still claims ssm_in
+    claimed = set(required) | set(extras) | {f"blk.{il}.ssm_in.weight" for il in range(c.n_layer_all)}
+    unclaimed = [name for name in t if name not in claimed]
+    if unclaimed:
+        raise RefimplError(f"{gf.path}: tensor '{unclaimed[0]}' is not one the {c.arch.name} graph reads (llama.cpp "
+                           f"refuses such a file: \"wrong number of tensors\"){' (and %d more)' % (len(unclaimed) - 1) if len(unclaimed) > 1 else ''}")
 
-    expected = {**required, **{k: v for k, v in mtp_expected.items() if k in t}, **extras}
+    expected = {**required, **extras}
     for name, shape in expected.items():
         info = t[name]
         if not same_dims(info.ne, tuple(reversed(shape))):
@@ -216,17 +239,11 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
             raise RefimplError(f"{gf.path}: tensor '{name}' must be F32 (llama.cpp reads it as floats), got {info.qtype.name}")
     conform_shapes(gf, expected)
 
-    if c.n_layer_nextn == 0:
-        mtp = "stripped"
-    elif mtp_missing:
-        mtp = "missing"
-    else:
-        mtp = "present"
     return TensorPlan(
         tied=tied,
         fused_gate_up=fused,
         ssm_in=ssm_in,
-        mtp=mtp,
-        mtp_missing=mtp_missing,
+        fused_qkv=fused_qkv,
+        mtp="stripped" if c.n_layer_nextn == 0 else "present",
         mtp_extras=frozenset(name.split(".", 2)[2] for name in extras),
     )

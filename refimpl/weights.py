@@ -174,14 +174,27 @@ def _optional(m: ModelFile, name: str) -> Matrix | None:
     return _matrix(m, name) if name in m.gguf.tensors else None
 
 
+def _fused_qkv(m: ModelFile, il: int) -> tuple[Matrix, Matrix, Matrix]:
+    """``attn_qkv`` (--fuse-qkv) as its three row blocks [Q and gate (2HD) ‖ K (Hkv·D) ‖ V (Hkv·D)] — views,
+    so each row, and so each output, is the one the separate matrices give (``build_qkv`` views the
+    fused product the same way)."""
+    c = m.config
+    whole = _matrix(m, f"blk.{il}.attn_qkv.weight")
+    nq, nk = 2 * c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    parts = {"q": (0, nq), "k": (nq, nq + nk), "v": (nq + nk, nq + 2 * nk)}
+    return tuple(Matrix(f"{whole.name}[{x}]", whole.qtype, (b - a, whole.shape[1]), whole.raw[a:b])
+                 for x, (a, b) in parts.items())
+
+
 def layer_weights(m: ModelFile, il: int, attention: bool, streamer: "ExpertStreamer | None" = None) -> LayerWeights:
     """Block il's weights; its routed experts from ``streamer`` when given, else pinned views."""
     b = f"blk.{il}."
     if attention:
+        q, k, v = _fused_qkv(m, il) if m.plan.fused_qkv[il] else (_matrix(m, b + f"attn_{x}.weight") for x in "qkv")
         mixer = AttentionWeights(
-            attn_q=_matrix(m, b + "attn_q.weight"),
-            attn_k=_matrix(m, b + "attn_k.weight"),
-            attn_v=_matrix(m, b + "attn_v.weight"),
+            attn_q=q,
+            attn_k=k,
+            attn_v=v,
             attn_output=_matrix(m, b + "attn_output.weight"),
             attn_q_norm=_vector(m, b + "attn_q_norm.weight"),
             attn_k_norm=_vector(m, b + "attn_k_norm.weight"),

@@ -64,7 +64,8 @@ def test_inspect_reports_types_and_mtp(make_fixture, quant):
 # ---- errors: each a one-line RefimplError naming the problem ---------------------------------
 
 
-def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None, retype=None, pad_ne=()):
+def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None, retype=None, pad_ne=(),
+             set_tensors=None, qtypes=None):
     """Copy a GGUF with edits, through gguf's writer. ``pad_ne``: names whose ne gets trailing 1s
     (same data) — up to 4 dimensions, as a converter may write them."""
     r = GGUFReader(src)
@@ -101,6 +102,12 @@ def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=
             block, size = GGML_QUANT_SIZES[qtype]
             ne = [ne[0] // block * size] + ne[1:]
         w.add_tensor(t.name, data, raw_shape=tuple(reversed(ne)), raw_dtype=qtype)
+    for name, data in (set_tensors or {}).items():  # added at the end; raw bytes in qtypes[name] when given
+        qtype = (qtypes or {}).get(name)
+        if qtype is None or qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)  # a byte shape
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -219,13 +226,56 @@ def test_unsupported_quant_type(make_fixture, tmp_path):
     assert "unsupported quant type NVFP4" in msg or "truncated" in msg
 
 
-def test_mtp_tensors_missing_is_reported_not_fatal(make_fixture, tmp_path):
+def test_a_declared_mtp_block_without_its_tensors_is_refused_as_llama_cpp_refuses_it(make_fixture, tmp_path):
+    """llama.cpp creates the nextn tensors (unloaded) even without load_mtp: check_tensor_dims
+    "tensor 'blk.4.attn_norm.weight' not found" (tests/test_fixtures_llama.py runs it)."""
     src = make_fixture("tiny", "f32")
     names = [t.name for t in GGUFReader(src).tensors if t.name.startswith("blk.4.")]
-    dst = _rewrite(src, tmp_path / "nomtp.gguf", drop_tensors=tuple(names))
-    m = open_model(dst)
-    assert m.plan.mtp == "missing" and "blk.4.nextn.eh_proj.weight" in m.plan.mtp_missing
-    assert "stripped quantisation dropped them" in describe(m)
+    msg = _error(_rewrite(src, tmp_path / "nomtp.gguf", drop_tensors=tuple(names)))
+    assert "missing tensor 'blk.4." in msg and "declares an MTP block (qwen35moe.nextn_predict_layers = 1)" in msg
+
+
+def test_a_tensor_the_graph_does_not_read_is_refused(make_fixture, tmp_path):
+    """llama.cpp refuses a file with unclaimed tensors ("wrong number of tensors"); refimpl too — it
+    must not silently drop, e.g., an attention bias it does not implement."""
+    src = make_fixture("tiny", "f32")
+    E = open_model(src).config.n_embd
+    dst = _rewrite(src, tmp_path / "bias.gguf", set_tensors={"blk.3.attn_k.bias": np.zeros(E, dtype=np.float32)})
+    assert "tensor 'blk.3.attn_k.bias' is not one the qwen35moe graph reads" in _error(dst)
+
+
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_fused_qkv_attention_gives_the_same_logits(make_fixture, tmp_path, quant):
+    """convert_hf_to_gguf.py --fuse-qkv: every full-attention block (trunk and nextn) holds attn_qkv,
+    rows [Q and gate ‖ K ‖ V]; refimpl reads its row blocks and computes the same bits."""
+    from refimpl.drafts import mtp_catchup_logits
+    from refimpl.model import forward, load_model
+    from refimpl.state import SeqState
+
+    src = make_fixture("tiny", quant)
+    c = open_model(src).config
+    r = GGUFReader(src)
+    data = {t.name: np.asarray(t.data) for t in r.tensors}
+    fused, drop = {}, []
+    for il in range(c.n_layer_all):
+        if il < c.n_layer and c.is_recurrent[il]:
+            continue
+        parts = [f"blk.{il}.attn_{x}.weight" for x in "qkv"]
+        fused[f"blk.{il}.attn_qkv.weight"] = np.concatenate([data[p] for p in parts])
+        drop += parts
+    dst = _rewrite(src, tmp_path / "fused.gguf", drop_tensors=tuple(drop), set_tensors=fused,
+                   qtypes={n: GGMLQuantizationType(next(t.tensor_type for t in r.tensors if t.name == f"blk.{n.split('.')[1]}.attn_q.weight")) for n in fused})
+    a, b = load_model(dst), load_model(src)
+    assert a.file.plan.fused_qkv == tuple(il >= c.n_layer or not c.is_recurrent[il] for il in range(c.n_layer_all))
+    tokens = [1, 5, 9, 2, 7, 3]
+    (la, ha, _), (lb, hb, _) = (forward(m, SeqState.fresh(c), tokens) for m in (a, b))
+    assert np.array_equal(la.view(np.uint32), lb.view(np.uint32))
+    assert np.array_equal(mtp_catchup_logits(a, tokens, ha).view(np.uint32), mtp_catchup_logits(b, tokens, hb).view(np.uint32))
+
+
+def test_a_split_gguf_part_is_refused_with_the_merge_command(make_fixture, tmp_path):
+    dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "p.gguf", set_keys={"split.count": 3})
+    assert "part 1 of a 3-part split GGUF" in _error(dst) and "llama-gguf-split --merge" in _error(dst)
 
 
 def test_load_config_rejects_bad_sections(make_fixture, tmp_path):

@@ -11,8 +11,8 @@ For each of the three architectures refimpl runs, and for two widths:
    full_attention_interval 4, more value heads than key heads); bf16 weights as published; sharded
    safetensors with an index; the ``mtp.*`` weights real checkpoints carry; a byte-level BPE tokenizer
    with added special tokens and a vocabulary padded by the config (the converter writes ``[PAD…]``);
-2. converted by the vendored ``convert_hf_to_gguf.py`` (f32, bf16, q8_0; bf16 with experts fused by
-   ``--fuse-gate-up-exps``), then quantized by llama.cpp's own quantizer (``llama_model_quantize``,
+2. converted by the vendored ``convert_hf_to_gguf.py`` (f32, bf16, q8_0; bf16 with experts and
+   attention projections fused by ``--fuse-gate-up-exps --fuse-qkv``), then quantized by llama.cpp's own quantizer (``llama_model_quantize``,
    what ``llama-quantize`` runs: Q4_K_M, MXFP4_MOE, IQ4_XS) from the f32 conversion;
 3. transformers' logits of a fixed prompt (float32 as users run it, and float64), its greedy
    continuation, and the logits of the MTP head (below), written to ``<model>.ref.npz``.
@@ -80,7 +80,7 @@ class Spec:
     arch: str  # GGUF architecture
     width: str  # "narrow" | "k"
     outtypes: tuple[str, ...]  # convert_hf_to_gguf.py --outtype, each a file
-    fused: bool = False  # also convert with --fuse-gate-up-exps (bf16)
+    fused: bool = False  # also convert with --fuse-gate-up-exps --fuse-qkv (bf16)
     quants: tuple[str, ...] = ()  # llama_model_quantize of the f32 conversion
     extra: dict = field(default_factory=dict)
 
@@ -416,7 +416,7 @@ def build(spec: Spec, out: Path, llama: Path, work: Path) -> dict:
         files[dst.name] = sha256(dst)
     if spec.fused:
         dst = out / f"{spec.name}-bf16-fused.gguf"
-        commands.append(convert(llama, ckpt, dst, "bf16", ["--fuse-gate-up-exps"], pre))
+        commands.append(convert(llama, ckpt, dst, "bf16", ["--fuse-gate-up-exps", "--fuse-qkv"], pre))
         files[dst.name] = sha256(dst)
     for quant in spec.quants:
         dst = out / f"{spec.name}-{quant}.gguf"

@@ -273,6 +273,12 @@ def test_fused_qkv_attention_gives_the_same_logits(make_fixture, tmp_path, quant
     assert np.array_equal(mtp_catchup_logits(a, tokens, ha).view(np.uint32), mtp_catchup_logits(b, tokens, hb).view(np.uint32))
 
 
+def test_a_vocabulary_only_file_is_refused_by_name(make_fixture, tmp_path):
+    src = make_fixture("tiny", "f32")
+    dst = _rewrite(src, tmp_path / "v.gguf", drop_tensors=tuple(t.name for t in GGUFReader(src).tensors))
+    assert "a vocabulary-only GGUF (no tensors" in _error(dst)
+
+
 def test_a_split_gguf_part_is_refused_with_the_merge_command(make_fixture, tmp_path):
     dst = _rewrite(make_fixture("tiny", "f32"), tmp_path / "p.gguf", set_keys={"split.count": 3})
     assert "part 1 of a 3-part split GGUF" in _error(dst) and "llama-gguf-split --merge" in _error(dst)

@@ -182,6 +182,8 @@ def load_config(gf: GGUFFile) -> Config:
 
     tokens = gf.key("tokenizer.ggml.tokens")
     n_vocab = len(tokens) if tokens is not None else None
+    if not gf.tensors:
+        raise RefimplError(f"{gf.path}: a vocabulary-only GGUF (no tensors; convert_hf_to_gguf.py --vocab-only) has no model to run")
     if "token_embd.weight" not in gf.tensors:
         raise RefimplError(f"{gf.path}: missing tensor 'token_embd.weight'")
     embd_rows = gf.tensors["token_embd.weight"].shape[0]

@@ -180,8 +180,6 @@ def conform_shapes(gf: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> None:
 def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     """Check every tensor the graph reads exists with the right shape and a supported type."""
     t = gf.tensors
-    if not t:
-        raise RefimplError(f"{gf.path}: a vocabulary-only GGUF (no tensors; convert_hf_to_gguf.py --vocab-only) has no model to run")
     fused = tuple(f"blk.{il}.ffn_gate_up_exps.weight" in t for il in range(c.n_layer_all))
     # qwen3next.cpp::build_qkvz: attn_qkv when present ("optimized path"), else the legacy ssm_in
     ssm_in = tuple(c.arch.name == "qwen3next" and f"blk.{il}.attn_qkv.weight" not in t and f"blk.{il}.ssm_in.weight" in t

@@ -187,3 +187,16 @@ def test_quantized_conversions_with_emulation_at_float_noise_until_a_crossing(na
     ctx = Ctx(act_quant=True)
     conformance.TrunkRun.make(model, path, ctx, prompt[:24], 16).assert_end_to_end(name)
     conformance.MTPRun.make(model, path, ctx, prompt[:24]).assert_end_to_end(name)
+
+
+@pytest.mark.parametrize("model", sorted(MANIFEST["models"]))
+def test_refimpl_tokenizes_the_prompt_as_transformers_did(model):
+    """The converted vocabulary (byte-level BPE, Qwen's pre-tokenizer regex, added special tokens,
+    [PAD…] padding) encodes the prompt to the ids transformers' tokenizer gave, and decodes them back."""
+    from refimpl.tokenizer.vocab import Tokenizer
+
+    name = next(f for f in MANIFEST["models"][model]["files"] if f.endswith(".gguf"))
+    tok = Tokenizer.from_gguf(open_model(CONVERTED / name).gguf)
+    prompt = MANIFEST["models"][model]["prompt"]
+    assert tok.encode(prompt) == reference(model)["prompt_tokens"].tolist()
+    assert tok.decode(tok.encode(prompt)) == prompt

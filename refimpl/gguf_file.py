@@ -116,15 +116,11 @@ class _Header:
         self.pos += 8
         return v
 
-    def raw_string(self, what: str) -> tuple[int, int]:
-        """A string's (first byte, length), skipped over."""
+    def text(self, what: str) -> str:
+        """A length-prefixed UTF-8 string."""
         n = self.u64(what)
         self.need(n, what)
         start, self.pos = self.pos, self.pos + n
-        return start, n
-
-    def text(self, what: str) -> str:
-        start, n = self.raw_string(what)
         return _utf8(self.buf[start : start + n], self.path, what)
 
     def value_type(self, what: str) -> GGUFValueType:

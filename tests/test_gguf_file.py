@@ -1,8 +1,10 @@
 """refimpl/gguf_file.py's header parser: the same keys, types, values, tensor table and tensor views
-as gguf-py's ``GGUFReader`` on real files; every damaged header a one-line RefimplError; and one read of
+as gguf-py's ``GGUFReader`` on every committed GGUF (the trained model, the converter-made files of
+golden/converted) and the fixtures; every damaged header a one-line RefimplError; and one read of
 the header per ``refimpl run``."""
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from gguf import GGUFReader, GGUFValueType
 
 from refimpl.builtin import TRAINED_PATH
 from refimpl.errors import RefimplError
+from refimpl.fixtures import QUANT_MIXES
 from refimpl.gguf_file import GGUFFile
 
 VT = GGUFValueType
@@ -35,10 +38,17 @@ def assert_agrees_with_gguf_reader(path) -> None:
         assert np.array_equal(raw.view(np.uint8), t.data.view(np.uint8)), t.name
 
 
-@pytest.mark.parametrize("source", ["kjv", "tiny/f32", "tiny/q4_k_m", "tiny/bf16/arch=qwen35", "tiny/q8_0/arch=qwen3next"])
+CONVERTED = Path(__file__).resolve().parents[1] / "golden" / "converted"  # convert_hf_to_gguf.py / llama-quantize output
+FILES = (["kjv"] + sorted(p.name for p in CONVERTED.glob("*.gguf")) + [f"tiny/{quant}" for quant in QUANT_MIXES]
+         + ["tiny/bf16/arch=qwen35", "tiny/q8_0/arch=qwen3next", "predictable/q8_0"])  # every committed GGUF; every mix and arch
+
+
+@pytest.mark.parametrize("source", FILES)
 def test_header_agrees_with_gguf_reader(make_fixture, source):
     if source == "kjv":
         path = TRAINED_PATH
+    elif source.endswith(".gguf"):
+        path = CONVERTED / source
     else:
         preset, quant, *opts = source.split("/")
         path = make_fixture(preset, quant, **dict(o.split("=") for o in opts))

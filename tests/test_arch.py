@@ -25,6 +25,19 @@ PROMPT_LEN, N_GEN = 24, 32
 MTP_PROMPT = [11, 42, 7, 300, 5, 99, 64, 200, 13, 1, 77, 256]
 
 
+@pytest.fixture(scope="module")
+def make_fixture(make_fixture):
+    """conftest's, with qwen3next's fused ``ssm_in`` (the older layout) unless a test asks for ``ssm_in=False``:
+    this module checks that path; the converter's attn_qkv + attn_gate (the writer's default) is checked
+    against llama.cpp in tests/test_fixture_layout.py and by the tests here that pass ``ssm_in=False``."""
+    def make(preset="tiny", quant="f32", seed=0, **options):
+        if options.get("arch") == "qwen3next":
+            options.setdefault("ssm_in", True)
+        return make_fixture(preset, quant, seed, **options)
+
+    return make
+
+
 def _prompt(n=PROMPT_LEN, seed=1):
     return [int(t) for t in np.random.default_rng(seed).integers(0, 390, size=n)]  # normal tokens of the tiny vocab
 

@@ -16,17 +16,23 @@ from gguf import GGUFReader
 
 from refimpl.errors import RefimplError
 from refimpl.fixtures import PRESETS, QUANT_MIXES, predictable_successors, write_fixture
+from refimpl.fixtures.layout import CONVERT_MIXES
 from refimpl.fixtures.mixes_iq import LIBGGML_MIXES
-from refimpl.fixtures.vocab import build_vocab
+from refimpl.fixtures.vocab import CHAT_TEMPLATE, build_vocab
 
 MIXES = list(QUANT_MIXES)
 ARCH = "qwen35moe"
+TESTED_PRESETS = ("tiny", "predictable")  # the narrow and k presets: tests/test_fixture_layout.py
 VARIANTS = [
     {"mtp": "stripped"},
     {"mtp": "extras"},
     {"tied": True},
     {"fused_gate_up": True},
+    {"fused_qkv": True},
     {"recurrent_layers_key": False},
+    {"layout": "legacy"},
+    {"shexp_gate_1d": True},
+    {"shared_head_norm": False},
 ]
 
 
@@ -50,9 +56,15 @@ def _tensors(reader):
     return out
 
 
-def expected_shapes(p, *, mtp="full", tied=False, fused_gate_up=False):
-    """``load_arch_tensors``: every tensor of the file with its numpy shape."""
+def expected_shapes(p, *, quant="f32", mtp="full", tied=False, fused_gate_up=False, fused_qkv=False, layout="converter",
+                    shexp_gate_1d=None, shared_head_norm=None):
+    """``load_arch_tensors``: every tensor of the file with its numpy shape — ``ffn_gate_inp_shexp`` as
+    the converter writes it, (1, E), in the mixes it writes, and as llama-quantize writes it, (E,), in
+    the others; the converter's ``nextn.shared_head_norm``."""
     E, V, H, Hkv, D = p.n_embd, p.n_vocab, p.n_head, p.n_head_kv, p.head_dim
+    legacy = layout == "legacy"
+    shexp = (E,) if (legacy if shexp_gate_1d is None else shexp_gate_1d) or quant not in CONVERT_MIXES else (1, E)
+    head_norm = (not legacy) if shared_head_norm is None else shared_head_norm
     X, F, Fs, Hv, S = p.n_expert, p.n_ff_exp, p.n_ff_shexp, p.ssm_time_step_rank, p.ssm_state_size
     Din, C, Kc = Hv * S, 2 * p.ssm_group_count * S + Hv * S, p.ssm_conv_kernel
     s = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
@@ -67,9 +79,12 @@ def expected_shapes(p, *, mtp="full", tied=False, fused_gate_up=False):
                       b + "ssm_dt.bias": (Hv,), b + "ssm_a": (Hv,), b + "ssm_beta.weight": (Hv, E),
                       b + "ssm_alpha.weight": (Hv, E), b + "ssm_norm.weight": (S,), b + "ssm_out.weight": (E, Din)})
         else:
-            s.update({b + "attn_q.weight": (2 * H * D, E), b + "attn_k.weight": (Hkv * D, E), b + "attn_v.weight": (Hkv * D, E),
-                      b + "attn_output.weight": (E, H * D), b + "attn_q_norm.weight": (D,), b + "attn_k_norm.weight": (D,)})
-        s.update({b + "ffn_gate_inp.weight": (X, E), b + "ffn_down_exps.weight": (X, E, F), b + "ffn_gate_inp_shexp.weight": (E,),
+            if fused_qkv:
+                s[b + "attn_qkv.weight"] = (2 * H * D + 2 * Hkv * D, E)
+            else:
+                s.update({b + "attn_q.weight": (2 * H * D, E), b + "attn_k.weight": (Hkv * D, E), b + "attn_v.weight": (Hkv * D, E)})
+            s.update({b + "attn_output.weight": (E, H * D), b + "attn_q_norm.weight": (D,), b + "attn_k_norm.weight": (D,)})
+        s.update({b + "ffn_gate_inp.weight": (X, E), b + "ffn_down_exps.weight": (X, E, F), b + "ffn_gate_inp_shexp.weight": shexp,
                   b + "ffn_gate_shexp.weight": (Fs, E), b + "ffn_up_shexp.weight": (Fs, E), b + "ffn_down_shexp.weight": (E, Fs)})
         if fused_gate_up:
             s[b + "ffn_gate_up_exps.weight"] = (X, 2 * F, E)
@@ -78,13 +93,14 @@ def expected_shapes(p, *, mtp="full", tied=False, fused_gate_up=False):
         if il == p.n_layer:
             s.update({b + "nextn.eh_proj.weight": (E, 2 * E), b + "nextn.enorm.weight": (E,), b + "nextn.hnorm.weight": (E,)})
             if mtp == "extras":
-                s.update({b + "nextn.embed_tokens.weight": (V, E), b + "nextn.shared_head_head.weight": (V, E),
-                          b + "nextn.shared_head_norm.weight": (E,)})
+                s.update({b + "nextn.embed_tokens.weight": (V, E), b + "nextn.shared_head_head.weight": (V, E)})
+            if mtp == "extras" or head_norm:
+                s[b + "nextn.shared_head_norm.weight"] = (E,)
     return s
 
 
 def _always_f32(name, shape):
-    return len(shape) == 1 or "ffn_gate_inp.weight" in name or "ssm_conv1d" in name
+    return len(shape) == 1 or "ffn_gate_inp.weight" in name or "ffn_gate_inp_shexp" in name or "ssm_conv1d" in name
 
 
 def expected_q4_k_m(name, shape, tied=False, stripped=False):
@@ -158,12 +174,12 @@ def expected_type(quant, name, shape, tied=False, stripped=False):
     return {"bf16": Q.BF16, "q8_0": Q.Q8_0}[quant]
 
 
-@pytest.mark.parametrize("preset, quant", [(p, q) for q in MIXES for p in PRESETS if p == "tiny" or q not in LIBGGML_MIXES])
+@pytest.mark.parametrize("preset, quant", [(p, q) for q in MIXES for p in TESTED_PRESETS if p == "tiny" or q not in LIBGGML_MIXES])
 def test_tensors_shapes_and_types(make_fixture, preset, quant):
     p = PRESETS[preset]
     reader = GGUFReader(make_fixture(preset, quant))
     got = _tensors(reader)
-    want = expected_shapes(p, mtp=p.default_mtp)
+    want = expected_shapes(p, quant=quant, mtp=p.default_mtp)
     assert {n: s for n, (s, _) in got.items()} == want
     for name, (shape, qtype) in got.items():
         assert qtype == expected_type(quant, name, shape), name
@@ -185,6 +201,7 @@ def test_iq_mixes_hold_every_codebook_type(make_fixture):
     "quant, options",
     # every variant in f32; in q4_k_m those that change tensors (recurrent_layers_key is metadata only)
     [("f32", o) for o in VARIANTS] + [("q4_k_m", o) for o in VARIANTS if "recurrent_layers_key" not in o]
+    + [("q8_0", {"layout": "legacy"}), ("bf16", {"fused_gate_up": True, "fused_qkv": True})]
     + [("iq1_m", {"mtp": "stripped"}), ("iq2_xxs", {"tied": True}), ("iq3_xxs", {"fused_gate_up": True}),
        ("iq2_xxs", {"mtp": "extras"}), ("tq1_0", {"tied": True})],
     ids=lambda v: v if isinstance(v, str) else _id(v),
@@ -194,7 +211,7 @@ def test_option_variants(make_fixture, options, quant):
     reader = GGUFReader(make_fixture("tiny", quant, **options))
     got = _tensors(reader)
     shape_opts = {k: v for k, v in options.items() if k != "recurrent_layers_key"}
-    assert {n: s for n, (s, _) in got.items()} == expected_shapes(p, **shape_opts)
+    assert {n: s for n, (s, _) in got.items()} == expected_shapes(p, quant=quant, **shape_opts)
     stripped = options.get("mtp") == "stripped"
     for name, (shape, qtype) in got.items():
         assert qtype == expected_type(quant, name, shape, tied=options.get("tied", False), stripped=stripped), name
@@ -208,14 +225,16 @@ def test_option_variants(make_fixture, options, quant):
     assert json.loads(f["refimpl.fixture.options"])["mtp"] == options.get("mtp", "full")
 
 
-def test_metadata_keys(make_fixture):
+@pytest.mark.parametrize("layout", ["converter", "legacy"])
+def test_metadata_keys(make_fixture, layout):
     p = PRESETS["tiny"]
-    f = _fields(GGUFReader(make_fixture("tiny", "q4_k_m")))
+    legacy = layout == "legacy"
+    f = _fields(GGUFReader(make_fixture("tiny", "q4_k_m", **({"layout": "legacy"} if legacy else {}))))
     a = ARCH + "."
     expect = {
         "general.architecture": ARCH, "general.file_type": 15, "general.quantization_version": 2,
         a + "block_count": 5, a + "nextn_predict_layers": 1, a + "context_length": 4096, a + "embedding_length": 256,
-        a + "feed_forward_length": 512, a + "attention.head_count": 4, a + "attention.head_count_kv": 2,
+        a + "attention.head_count": 4, a + "attention.head_count_kv": 2,
         a + "attention.key_length": 64, a + "attention.value_length": 64, a + "rope.dimension_count": 16,
         a + "rope.dimension_sections": [3, 3, 2, 0], a + "expert_count": 8, a + "expert_used_count": 2,
         a + "expert_feed_forward_length": 256, a + "expert_shared_feed_forward_length": 256,
@@ -229,20 +248,41 @@ def test_metadata_keys(make_fixture):
         assert f[key] == value, key
     assert f[a + "rope.freq_base"] == pytest.approx(1e7)
     assert f[a + "attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
-    vocab = build_vocab(p.n_vocab)
+    vocab = build_vocab(p.n_vocab, pad_by_id=not legacy)
     assert f["tokenizer.ggml.tokens"] == list(vocab.tokens)
+    assert f["tokenizer.ggml.tokens"][-1] == ("[PAD115]" if legacy else "[PAD511]")  # the converter names fillers by id
     assert f["tokenizer.ggml.token_type"] == list(vocab.token_types)
     assert f["tokenizer.ggml.merges"] == list(vocab.merges)
+    assert f["tokenizer.ggml.bos_token_id"] == vocab.special_ids["<|endoftext|>"]
     assert f["tokenizer.ggml.eos_token_id"] == vocab.eos_id
     assert f["tokenizer.ggml.padding_token_id"] == vocab.special_ids["<|endoftext|>"]
+    converter_only = {"general.type": "model", "general.size_label": "8x3.7M", "tokenizer.chat_template": CHAT_TEMPLATE}
+    for key, value in converter_only.items():
+        assert f.get(key) == (None if legacy else value), key
+    assert (f.get(a + "feed_forward_length") == 512) if legacy else (a + "feed_forward_length" not in f)
     assert json.loads(f["refimpl.fixture.options"]) == {
-        "mtp": "full", "tied": False, "fused_gate_up": False, "recurrent_layers_key": True}
+        "layout": layout, "mtp": "full", "tied": False, "fused_gate_up": False, "fused_qkv": False, "recurrent_layers_key": True,
+        "shexp_gate_1d": legacy, "shared_head_norm": not legacy}
+
+
+def test_layout_keeps_the_weights(make_fixture):
+    """Both layouts hold the same values per tensor; the converter's shared_head_norm is output_norm's."""
+    new, old = (GGUFReader(make_fixture("tiny", "q4_k_m", **o)) for o in ({}, {"layout": "legacy"}))
+    a, b = ({t.name: t.data.tobytes() for t in r.tensors} for r in (new, old))
+    assert a.pop("blk.4.nextn.shared_head_norm.weight") == b["output_norm.weight"]
+    assert a == b
+    names = [t.name for t in new.tensors]
+    assert names[:3] == ["output.weight", "output_norm.weight", "token_embd.weight"]  # llama-quantize's order
+    f32 = [t.name for t in GGUFReader(make_fixture("tiny", "f32")).tensors]
+    assert f32[:5] == ["output.weight", "token_embd.weight", "blk.0.attn_norm.weight", "blk.0.ssm_a", "blk.0.ssm_conv1d.weight"]
 
 
 @pytest.mark.parametrize(
     "preset, quant, options",
     [("tiny", q, {}) for q in MIXES]
     + [("tiny", "f32", {"mtp": "extras", "fused_gate_up": True, "recurrent_layers_key": False}),
+       ("tiny", "f32", {"layout": "legacy"}), ("tiny", "q8_0", {"arch": "qwen3next", "layout": "legacy", "ssm_in": False}),
+       ("narrow", "bf16", {"fused_gate_up": True, "fused_qkv": True}),
        ("tiny", "q8_0", {"mtp": "stripped", "tied": True}),
        ("predictable", "f32", {}), ("predictable", "q8_0", {"mtp_mismatch": 0.5})],
     ids=lambda v: v if isinstance(v, str) else _id(v),
@@ -305,9 +345,14 @@ def test_predictable_heads_follow_the_permutations(make_fixture):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable\\)"),
+        ({"preset": "huge"}, "unknown fixture preset 'huge' \\(valid: tiny, predictable, narrow, k\\)"),
         ({"quant": "q3_k"}, "unknown quant mix 'q3_k' \\(valid: f32, bf16, q8_0, q4_k_m, mxfp4, iq1_m, iq2_xxs, iq3_xxs, tq1_0, tq2_0\\)"),
-        ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: arch, mtp, tied"),
+        ({"colour": "red"}, "unknown fixture option 'colour' \\(valid: arch, layout, mtp, tied"),
+        ({"layout": "old"}, "layout='old' is not one of converter, legacy"),
+        ({"arch": "qwen35", "shexp_gate_1d": True}, "shexp_gate_1d needs a shared expert"),
+        ({"mtp": "stripped", "shared_head_norm": True}, "shared_head_norm needs an MTP block"),
+        ({"mtp": "extras", "shared_head_norm": False}, "contradicts mtp=extras"),
+        ({"preset": "k", "recurrent_layers_key": False}, "layer kinds are not those of full_attention_interval 4"),
         ({"mtp": "half"}, "mtp='half' is not one of full, stripped, extras"),
         ({"tied": "yes"}, "tied='yes' must be true or false"),
         ({"seed": -1}, "seed must be an integer"),

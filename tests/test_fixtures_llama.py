@@ -10,7 +10,7 @@ import pytest
 
 from conftest import require_llama_cpp
 from llama_ref import llama_run
-from refimpl.fixtures import PRESETS, QUANT_MIXES, predictable_successors
+from refimpl.fixtures import QUANT_MIXES, predictable_successors
 from refimpl.fixtures.mixes_iq import LIBGGML_MIXES
 
 pytestmark = pytest.mark.oracle
@@ -43,7 +43,7 @@ def _check_run(run, n_rows, n_vocab=512, arch="qwen35moe"):
 
 
 @pytest.mark.parametrize(  # the libggml-written mixes on tiny only: the presets differ in weights, not types
-    "preset, quant", [(p, q) for q in QUANT_MIXES for p in PRESETS if p == "tiny" or q not in LIBGGML_MIXES]
+    "preset, quant", [(p, q) for q in QUANT_MIXES for p in ("tiny", "predictable") if p == "tiny" or q not in LIBGGML_MIXES]
 )
 def test_llama_cpp_runs_every_preset_and_mix(make_fixture, preset, quant):
     run = llama_run(make_fixture(preset, quant), PROMPT, load_mtp=True, mtp=True)

@@ -381,3 +381,21 @@ def test_libggml_mixes_say_they_need_llama_cpp(monkeypatch, tmp_path):
     with pytest.raises(RefimplError, match=r"quantized by libggml from llama-cpp-python.*pip install 'refimpl\[oracle\]'"):
         write_fixture(tmp_path / "iq.gguf", quant="iq2_xxs")
     assert not list(tmp_path.iterdir())  # nothing left behind
+
+
+def test_cli_writes_either_layout(tmp_path):
+    """`refimpl fixture --layout legacy` and the finer options as --option KEY=VALUE."""
+    from refimpl.cli import main
+
+    def tensors(*args):
+        out = tmp_path / f"f{len(list(tmp_path.iterdir()))}.gguf"
+        assert main(["fixture", str(out), "--arch", "qwen3next", *args]) == 0
+        return {t.name: [int(n) for n in t.shape] for t in GGUFReader(out).tensors}
+
+    default, legacy = tensors(), tensors("--layout", "legacy")
+    assert "blk.0.attn_qkv.weight" in default and "blk.0.ssm_in.weight" not in default
+    assert default["blk.0.ffn_gate_inp_shexp.weight"] == [256, 1] and "blk.4.nextn.shared_head_norm.weight" in default
+    assert "blk.0.ssm_in.weight" in legacy and legacy["blk.0.ffn_gate_inp_shexp.weight"] == [256]
+    assert "blk.4.nextn.shared_head_norm.weight" not in legacy
+    finer = tensors("--option", "ssm_in=true", "--option", "shexp_gate_1d=true", "--option", "shared_head_norm=false")
+    assert set(finer) == set(legacy) and finer["blk.0.ffn_gate_inp_shexp.weight"] == [256]

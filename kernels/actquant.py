@@ -12,9 +12,10 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS   Q8_K         ``ggml-quants.c::quantize_ro
 F16 / BF16 / F32                       F16 / BF16   round to nearest even / unchanged
 =====================================  ===========  =========================================
 
-* **Q8_0 (x86)**, per 32 values: ``amax = max|x|``; ``d = fp16(amax / 127)``; ``id = 127/amax``
-  (float32; 0 if amax = 0 — *not* ``1/d`` as in the portable ``quantize_row_q8_0_ref``);
-  ``q = round_half_even(x * id)`` (``_mm256_round_ps``), saturated to int8.
+* **Q8_0 (x86)**, per 32 values: ``amax = max|x|`` (folded as ``_mm256_max_ps`` folds it:
+  :func:`_amax_x86`); ``d = fp16(amax / 127)``; ``id = 127/amax`` (float32; 0 if amax = 0 —
+  *not* ``1/d`` as in the portable ``quantize_row_q8_0_ref``); ``q = round_half_even(x * id)``
+  (``_mm256_round_ps``), saturated to int8.
 * **Q8_1 (x86)**: as Q8_0, plus ``s = fp16(d * sum(q))`` with the *unrounded* float32 ``d``.
 * **Q8_K**, per 256 values: ``max`` = the signed value of largest ``|x|`` (the first on ties);
   if it is 0 the block is all zero; else ``iscale = -127/max``,
@@ -36,8 +37,13 @@ accumulation noise, not by quantization error: against libggml's own ``ggml_mul_
 Files: this module holds the quantizers; :mod:`kernels.actdots` the integer dots and
 ``matmul_act_quant``.
 
-Non-finite activations are outside the emulation (llama.cpp's SIMD max/round on NaN are not
-modelled bit for bit); weights with inf/NaN scales propagate them as IEEE arithmetic does.
+Non-finite activations (from weights that are not finite, docs/numerics.md "Non-finite weights") are
+quantized as llama.cpp quantizes them: Q8_0/Q8_1 with the x86 ``MAXPS`` semantics of the block
+maximum (a NaN is kept or skipped by its position, :func:`_amax_x86`) and ``cvtps_epi32``'s INT_MIN
+for NaN and out-of-range values (saturated to −128 by the packs; Q8_1's ``s`` sums the int32s before
+the packs); Q8_K as ``quantize_row_q8_K_ref``'s C does — a NaN is never the maximum, and
+``nearest_int`` of a NaN reads its bits (0 for the default NaN). Weights with inf/NaN scales
+propagate them as IEEE arithmetic does.
 """
 
 from __future__ import annotations
@@ -55,6 +61,53 @@ from .floats import round_to_bf16, round_to_f16
 
 
 @jit()
+def _maxps(a, b):
+    """x86 ``MAXPS`` / ``MAXSS`` on one lane: ``a > b ? a : b`` — the *second* operand when either is
+    NaN (what ``_mm256_max_ps`` / ``_mm_max_ps`` / ``_mm_max_ss`` compute)."""
+    return a if a > b else b
+
+
+@jit()
+def _amax_x86(x, r, o):
+    """``max(abs(e))`` of the 32 values ``x[r, o : o+32]`` as the x86 ``quantize_row_q8_0`` / ``_q8_1``
+    reduce them: four 8-lane vectors folded with ``_mm256_max_ps`` (lane l sees values l, 8+l, 16+l,
+    24+l in that order), then the upper 128 bits against the lower, then lanes 2-3 against 0-1, then
+    lane 1 against lane 0 (``_mm_max_ss``). For finite values it is the plain maximum; a NaN wins
+    only where it is the second operand, so the result is NaN, or a value that skips the NaN and
+    whatever came before it in its lane."""
+    m0 = abs(x[r, o + 0])
+    m1 = abs(x[r, o + 1])
+    m2 = abs(x[r, o + 2])
+    m3 = abs(x[r, o + 3])
+    m4 = abs(x[r, o + 4])
+    m5 = abs(x[r, o + 5])
+    m6 = abs(x[r, o + 6])
+    m7 = abs(x[r, o + 7])
+    for v in range(1, 4):
+        b = o + 8 * v
+        m0 = _maxps(m0, abs(x[r, b + 0]))
+        m1 = _maxps(m1, abs(x[r, b + 1]))
+        m2 = _maxps(m2, abs(x[r, b + 2]))
+        m3 = _maxps(m3, abs(x[r, b + 3]))
+        m4 = _maxps(m4, abs(x[r, b + 4]))
+        m5 = _maxps(m5, abs(x[r, b + 5]))
+        m6 = _maxps(m6, abs(x[r, b + 6]))
+        m7 = _maxps(m7, abs(x[r, b + 7]))
+    h0, h1, h2, h3 = _maxps(m4, m0), _maxps(m5, m1), _maxps(m6, m2), _maxps(m7, m3)  # extractf128(hi) vs lo
+    h0, h1 = _maxps(h0, h2), _maxps(h1, h3)  # _mm_movehl_ps
+    return _maxps(h0, h1)  # _mm_max_ss with _mm_movehdup_ps
+
+
+@jit()
+def _cvtps_epi32(v):
+    """``_mm256_cvtps_epi32`` of an already rounded value: the int32, or INT_MIN ("integer
+    indefinite") for NaN and anything outside the int32 range."""
+    if v != v or v < np.float32(-2147483648.0) or v >= np.float32(2147483648.0):
+        return -2147483648
+    return int(v)
+
+
+@jit()
 def _quantize_rows_q8_0(x, qs, d, s):
     """x86 ``quantize_row_q8_0`` (and ``_q8_1`` when ``s`` has columns): fill qs (R, K) int8, d (R, K/32).
 
@@ -63,22 +116,17 @@ def _quantize_rows_q8_0(x, qs, d, s):
     with_s = s.shape[1] > 0
     for r in range(x.shape[0]):
         for b in range(x.shape[1] // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[r, 32 * b + j]))
+            amax = _amax_x86(x, r, 32 * b)
             d_unrounded = amax / np.float32(127.0)
             d[r, b] = round_to_f16(d_unrounded)
-            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-            total = 0
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)  # NaN != 0: inv is NaN
+            total = 0  # _q8_1: hsum_i32_8 of the int32 values, before the saturating packs (wraps as int32)
             for j in range(32):
-                v = np.rint(x[r, 32 * b + j] * inv)  # _MM_ROUND_NEAREST: half to even
-                if v != v:
-                    q = -128  # cvtps_epi32(NaN) = INT_MIN, saturated by the int8 pack
-                else:
-                    q = int(min(max(v, np.float32(-128.0)), np.float32(127.0)))
-                qs[r, 32 * b + j] = q
-                total += q
+                i32 = _cvtps_epi32(np.rint(x[r, 32 * b + j] * inv))  # _MM_ROUND_NEAREST: half to even
+                qs[r, 32 * b + j] = min(max(i32, -128), 127)  # packs_epi32 then packs_epi16: saturated
+                total += i32
             if with_s:
+                total = (total + 2**31) % 2**32 - 2**31
                 s[r, b] = round_to_f16(d_unrounded * np.float32(total))
 
 

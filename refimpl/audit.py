@@ -266,7 +266,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     """Audit one stream against the oracle's greedy stream, or two streams against each other (the
     module docstring). ``ctx``: the oracle's numerics (``Ctx()``, or emulation for quantized files)."""
     from refimpl.golden import start, walk
-    from refimpl.ops import Ctx
+    from refimpl.ops import Ctx, argmax  # argmax: the greedy choice (a NaN logit passed over, as llama.cpp does)
 
     ctx = ctx or Ctx()
     if not 0 < tau < 1:
@@ -281,8 +281,8 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
         a = stream_a.tokens
 
         def on_row(i, row):
-            if int(np.argmax(row)) != a[i]:
-                pos = judge(row, (a[i], int(np.argmax(row))), tau)
+            if argmax(row) != a[i]:
+                pos = judge(row, (a[i], argmax(row)), tau)
                 if rep.divergence is None:
                     rep.common = i
                     rep.divergence = _divergence(i, a[i], pos.top_ids[0], pos, ("A", "oracle"))
@@ -301,7 +301,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     rep.common = k
 
     def prefix_row(i, row):
-        if int(np.argmax(row)) != a[i]:
+        if argmax(row) != a[i]:
             rep.findings.append(_departure(i, "A+B", a[i], judge(row, (a[i],), tau), "AB"))
 
     cur = walk(model, cur, a[:k], ctx, prefix_row)
@@ -313,7 +313,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
         rep.tails[s.label] = len(tail) - first
 
         def tail_row(i, row, s=s, tail=tail, first=first):
-            if i >= first and int(np.argmax(row)) != tail[i]:
+            if i >= first and argmax(row) != tail[i]:
                 rep.findings.append(_departure(k + i, s.label, tail[i], judge(row, (tail[i],), tau), s.label))
 
         walk(model, cur, tail, ctx, tail_row)
@@ -335,6 +335,12 @@ def _audit_rounds(rep: Report, model, ctx) -> None:
 # ---- the report as text ----------------------------------------------------------------------
 
 
+def percent(part: float, whole: float) -> str:
+    """``part`` as a percentage of ``whole`` ("n/a %" when whole is 0: every logit 0, e.g. from weights
+    that are not finite)."""
+    return f"{100 * part / whole:.2f}%" if whole else "n/a %"
+
+
 def _tok(tokenizer, t: int) -> str:
     from refimpl.golden import show_piece
 
@@ -344,14 +350,14 @@ def _tok(tokenizer, t: int) -> str:
 def _oracle_line(tokenizer, pos: Position) -> str:
     (t1, t2), (l1, l2) = pos.top_ids, pos.top_logits
     return (f"oracle: top-1 {_tok(tokenizer, t1)} {l1:.6g}, top-2 {_tok(tokenizer, t2)} {l2:.6g}; margin {pos.margin:.4g} "
-            f"= {100 * pos.margin / pos.max_abs:.2f}% of max|logit| {pos.max_abs:.4g} (near-tie threshold {pos.threshold:.4g})")
+            f"= {percent(pos.margin, pos.max_abs)} of max|logit| {pos.max_abs:.4g} (near-tie threshold {pos.threshold:.4g})")
 
 
 def _finding_line(tokenizer, f: Finding) -> str:
     label, tok = next(iter(f.tokens.items()))
     who = {"A+B": "both streams have", "A": "A has", "B": "B has"}[f.where]
     return (f"step {f.step}: {who} {_tok(tokenizer, tok)} (rank {f.oracle.rank[tok]}, {f.oracle.deficit(tok):.4g} below the "
-            f"oracle's {_tok(tokenizer, f.oracle.top_ids[0])} = {100 * f.oracle.deficit(tok) / f.oracle.max_abs:.2f}% of max|logit|): {f.kind}")
+            f"oracle's {_tok(tokenizer, f.oracle.top_ids[0])} = {percent(f.oracle.deficit(tok), f.oracle.max_abs)} of max|logit|): {f.kind}")
 
 
 def report_lines(rep: Report, tokenizer) -> list[str]:

@@ -120,7 +120,7 @@ def _cmd_run(args) -> int:
     args.faults = _injected(args)
     model = _load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
     trace = _route_trace(args, model)
-    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:
         prompt = _check_tokens(model, _parse_tokens(args.tokens))
     else:
@@ -370,7 +370,7 @@ def _cmd_audit(args) -> int:
     gf = GGUFFile(path)
     name_types(gf)
     model = load_model(gf)
-    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    tok = Tokenizer.from_gguf(model.file.gguf)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
     if args.prompt_tokens is not None:
         prompt = _check_tokens(model, _parse_tokens(args.prompt_tokens))
@@ -494,7 +494,7 @@ def _cmd_plot(args) -> int:
         from refimpl.tokenizer import Tokenizer
 
         model = load_model(resolve_model(_default_model(args.model)))
-        tok = Tokenizer.from_gguf(model.file.gguf.reader)
+        tok = Tokenizer.from_gguf(model.file.gguf)
         stream = read_stream(args.stream, "A", tok)
         prompt = _parse_tokens(args.prompt_tokens) if args.prompt_tokens is not None else stream.prompt
         if prompt is None:
@@ -522,7 +522,7 @@ def _audit_dir(args) -> int:
     cache_mb = _cache_mb(args)
     path = resolve_model(args.model)
     m = open_model(path)
-    tok = Tokenizer.from_gguf(m.gguf.reader)
+    tok = Tokenizer.from_gguf(m.gguf)
     prompt = None
     if args.prompt_tokens is not None:
         prompt = _parse_tokens(args.prompt_tokens)
@@ -705,17 +705,28 @@ def _lone_emulate(argv: list[str]) -> list[str]:
     return ["--emulate=default" if a == "--emulate" else a for a in argv]
 
 
+def _one_line(message: str) -> str:
+    """An error message as one line: a character that is not printable (a newline, a NUL, … quoted from
+    a damaged file's key or name) is written as its escape, ``\\n``, ``\\x00``."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import numpy as np
+
     try:
         args = build_parser().parse_args(_lone_emulate(sys.argv[1:] if argv is None else argv))
-        if args.func in (_cmd_fixture, _cmd_inspect):  # no kernels: numba is not even imported
-            return args.func(args)
-        from refimpl.compile_report import compile_report
+        with np.errstate(all="ignore"):  # IEEE arithmetic as in C: inf/NaN weights compute, silently (refimpl.ops.ieee)
+            if args.func in (_cmd_fixture, _cmd_inspect):  # no kernels: numba is not even imported
+                return args.func(args)
+            from refimpl.compile_report import compile_report
 
-        with compile_report():  # the first run's "compiling kernels …" lines
-            return args.func(args)
+            with compile_report():  # the first run's "compiling kernels …" lines
+                return args.func(args)
     except RefimplError as exc:
-        print(f"refimpl: error: {exc}", file=sys.stderr)
+        print(f"refimpl: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130

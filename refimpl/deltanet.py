@@ -31,24 +31,24 @@ from refimpl.ops import F32, Ctx, l2_norm, mm, rms_norm_w, sigmoid, silu, softpl
 from refimpl.state import DeltaNetState
 
 
-def causal_conv(conv_state: np.ndarray, x: np.ndarray, w_conv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Depthwise causal conv (``ggml_compute_forward_ssm_conv_f32``) over T new inputs.
+def causal_conv(window: np.ndarray, w_conv: np.ndarray) -> np.ndarray:
+    """Depthwise causal conv (``ggml_compute_forward_ssm_conv_f32``) over the T new inputs of ``window``.
 
-    conv_state [Kc−1, C] (oldest first), x [T, C], w_conv [C, Kc] (column Kc−1 multiplies the
-    current token). For token t the window is rows t … t+Kc−1 of ``[conv_state ‖ x]``;
-    ``y[c] = Σ_i window[i, c] · w_conv[c, i]``, summed in float32 in order i = 0 … Kc−1.
-    Returns (y [T, C], new conv_state [Kc−1, C] = the last Kc−1 rows of ``[conv_state ‖ x]``).
+    window [Kc−1+T, C] = ``[conv_state ‖ x]`` (the Kc−1 inputs kept from before, oldest first, then
+    the T new ones), w_conv [C, Kc] (column Kc−1 multiplies the current token). For token t the
+    window is rows t … t+Kc−1; ``y[c] = Σ_i window[t+i, c] · w_conv[c, i]``, summed in float32 in
+    order i = 0 … Kc−1. Returns y [T, C]. (The conv state after token t is rows t+1 … t+Kc−1 of the
+    same window: :func:`gated_deltanet` keeps those.)
     """
     Kc = w_conv.shape[1]
-    full = np.concatenate([conv_state, x.astype(F32)])  # [Kc−1+T, C]
-    T = x.shape[0]
-    y = np.zeros((T, full.shape[1]), dtype=F32)
+    T = window.shape[0] - (Kc - 1)
+    y = np.zeros((T, window.shape[1]), dtype=F32)
     for t in range(T):
-        acc = np.zeros(full.shape[1], dtype=F32)  # float sumf = 0.0f
+        acc = np.zeros(window.shape[1], dtype=F32)  # float sumf = 0.0f
         for i in range(Kc):
-            acc = acc + full[t + i] * w_conv[:, i]
+            acc = acc + window[t + i] * w_conv[:, i]
         y[t] = acc
-    return y, full[full.shape[0] - (Kc - 1):].copy()
+    return y
 
 
 def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +126,8 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     beta = ctx.cb("beta_sigmoid", il, sigmoid(b))  # [T, Hv]
     g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt) * w.ssm_a)  # [T, Hv], ≤ 0
 
-    conv_out, conv_state = causal_conv(st.conv, qkv_mixed, w.ssm_conv1d)  # [T, C], [Kc−1, C]
+    window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: the conv state, then the new inputs
+    conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
     ctx.cb("conv_output_raw", il, conv_out)
     y = ctx.cb("conv_output_silu", il, silu(conv_out))  # [T, C]
 
@@ -138,7 +139,6 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     M = st.ssm
     o = np.empty((T, Hv, S), dtype=F32)
     states = []
-    window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]
     window = ctx.faults.tap("deltanet.conv_rows", window, conv_silu=np.concatenate([st.conv, y]), n_tokens=T)
     for t in range(T):
         o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t], ctx.kernel)
@@ -147,7 +147,6 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
         states.append(DeltaNetState(conv=window[first : first + c.ssm_d_conv - 1], ssm=M))  # after token t
         if keep is not None and t >= keep:
             states[t - keep] = None  # outside the ring: freed now, its memory reused by the next steps
-    assert ctx.faults or np.array_equal(states[-1].conv, conv_state)
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)

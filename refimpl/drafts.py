@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refimpl.mtp import MTPState, load_mtp_weights, mtp_forward
-from refimpl.ops import Ctx
+from refimpl.ops import Ctx, argmax
 
 F32 = np.float32
 DRAFT_TOP_K = 10  # the MTP draft sampler is top_k(10) (common_speculative_impl_draft_mtp ctor)
@@ -140,7 +140,7 @@ class MTPSource(DraftSource):
         while len(drafts) < req.n_max:
             logits, h, mtp = mtp_forward(self.model, self.weights, mtp, [tok], h, self.ctx)  # [1, V], [1, E]
             rows.append(logits[0])
-            tok = int(np.argmax(logits[0]))
+            tok = argmax(logits[0])
             if top_k_p(logits[0]) < self.p_min:
                 break
             drafts.append(tok)

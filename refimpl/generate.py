@@ -1,24 +1,18 @@
 """Step 6: plain greedy generation — prompt in one batch, then one token per forward call.
 
 Greedy = argmax of the logits, lowest id on ties (llama.cpp's greedy sampler keeps the first
-maximum). Generation stops after ``n_predict`` tokens or at an end-of-generation token (which is
-included in the output, as llama.cpp returns it).
+maximum, and passes over a NaN logit: :func:`refimpl.ops.argmax`). Generation stops after
+``n_predict`` tokens or at an end-of-generation token (which is included in the output, as llama.cpp
+returns it).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
-import numpy as np
-
 from refimpl.model import Model, forward
-from refimpl.ops import Ctx
+from refimpl.ops import Ctx, argmax
 from refimpl.state import SeqState
-
-
-def argmax(logits: np.ndarray) -> int:
-    """The greedy choice: the first index of the maximum."""
-    return int(np.argmax(logits))
 
 
 def greedy(

@@ -118,7 +118,7 @@ def report_lines(v: GoldenVerdict, stream) -> list[str]:
         lines.append(f"first divergence at step {v.step} (position {len(v.prompt) + v.step}): A {v.token}   golden {v.golden_token}")
         shown = ", ".join(f"{t} {x:.6g}" for t, x in zip(s["top_ids"], s["top_logits"]))
         where = (f"{v.deficit:.4g} below the top-1" if v.exact else f"not in the recorded top-5: at least {v.deficit:.4g} below the top-1")
-        lines.append(f"  golden: top-5 {shown}; A's token {where} = {100 * v.deficit / v.scale:.2f}% of {v.scale:.4g} "
+        lines.append(f"  golden: top-5 {shown}; A's token {where} = {f'{100 * v.deficit / v.scale:.2f}%' if v.scale else 'n/a %'} of {v.scale:.4g} "
                      f"(near-tie threshold {v.tau * v.scale:.4g})")
         lines.append(f"  verdict: {v.kind}")
         if v.kind == "A wrong" and v.exact and v.deficit <= 2 * v.tau * v.scale:

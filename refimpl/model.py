@@ -40,7 +40,7 @@ from refimpl.config import Config
 from refimpl.deltanet import gated_deltanet
 from refimpl.load import ModelFile, open_model
 from refimpl.moe import ffn
-from refimpl.ops import Ctx, output_rows, rms_norm_w
+from refimpl.ops import Ctx, ieee, output_rows, rms_norm_w
 from refimpl.state import SeqState
 from refimpl.streamer import ExpertStreamer, cache_budget, dense_tensors, mem_available, pin_dense
 from refimpl.weights import Matrix, PinnedExperts, Weights, load_weights
@@ -150,6 +150,7 @@ def trunk_phase(n_tokens: int, n_past: int) -> str:
     return "decode" if n_tokens == 1 else "prompt" if n_past == 0 else "verify"
 
 
+@ieee  # inf/NaN weights: the IEEE values, silently, as in C
 def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: str | None = None,
             outputs: str = "all") -> tuple[np.ndarray | None, np.ndarray, SeqState]:
     """Run T tokens at positions n_past … n_past+T−1.

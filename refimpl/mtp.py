@@ -31,7 +31,7 @@ from refimpl.attention import gated_attention
 from refimpl.errors import RefimplError
 from refimpl.load import ModelFile
 from refimpl.moe import ffn
-from refimpl.ops import Ctx, mm, output_rows, rms_norm_w
+from refimpl.ops import Ctx, ieee, mm, output_rows, rms_norm_w
 from refimpl.state import KVCache
 from refimpl.weights import LayerWeights, Matrix, _matrix, _vector, layer_weights
 
@@ -96,6 +96,7 @@ class MTPState:
         return MTPState(n_past=min(self.n_past, n_past), kv=self.kv.truncate(n_past))
 
 
+@ieee  # inf/NaN weights: the IEEE values, silently, as in C
 def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ctx: Ctx = Ctx(),
                 outputs: str = "all") -> tuple[np.ndarray | None, np.ndarray, MTPState]:
     """Run the head on T rows at positions n_past … n_past+T−1.

@@ -13,6 +13,7 @@ Shapes use the legend of docs/architecture.md; ``...`` is any leading batch shap
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -180,6 +181,35 @@ def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - m)
     s = np.sum(e.astype(np.float64), axis=-1, keepdims=True)
     return e * (1.0 / s).astype(F32)
+
+
+def ieee(fn: Callable) -> Callable:
+    """Run ``fn`` with numpy's floating-point warnings off (``np.errstate(all="ignore")``). The
+    forward passes compute IEEE float arithmetic as llama.cpp's C does, which never warns: on weights
+    that hold inf or NaN, ``inf − inf``, ``0 · inf`` and their NaNs are the computed values
+    (docs/numerics.md, "Non-finite weights"), not something to report on stderr."""
+
+    @functools.wraps(fn)
+    def silent(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    return silent
+
+
+def argmax(logits: np.ndarray) -> int:
+    """The greedy choice of llama.cpp's greedy sampler (``llama_sampler_greedy_apply``, and the
+    ``temp <= 0`` pass of ``llama_sampler_temp_impl``): starting from id 0, an id is taken when its
+    logit is *greater* than the best so far — the first maximum. A NaN logit is never greater, so it
+    is passed over; if logit 0 is NaN nothing compares greater and id 0 is chosen. Finite logits: the
+    same id as ``np.argmax``. logits [V] -> id."""
+    logits = np.asarray(logits)
+    nan = np.isnan(logits)
+    if not nan.any():
+        return int(np.argmax(logits))
+    if nan[0]:
+        return 0
+    return int(np.argmax(np.where(nan, -np.inf, logits)))  # a NaN that becomes -inf only ties, after the earlier ids
 
 
 def dot64(a: np.ndarray, b: np.ndarray, path: str = "numba") -> np.ndarray:

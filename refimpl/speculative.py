@@ -32,12 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from refimpl.drafts import DraftRequest, DraftSource, MTPSource, NgramSource
 from refimpl.errors import RefimplError
 from refimpl.model import Model, forward
-from refimpl.ops import Ctx
+from refimpl.ops import Ctx, argmax
 from refimpl.state import SeqState, rollback
 
 MAX_DRAFT = 8
@@ -116,7 +114,7 @@ def step(model: Model, source: DraftSource, s: SpecState, n_max: int, ctx: Ctx =
     ring_bytes = target.snapshot_nbytes()
     t2 = time.perf_counter()
     src = source.process(src, batch, h)
-    targets = ctx.faults.tap("loop.targets", [int(np.argmax(row)) for row in logits], drafts=drafts, logits=logits)  # greedy: first maximum
+    targets = ctx.faults.tap("loop.targets", [argmax(row) for row in logits], drafts=drafts, logits=logits)  # greedy: first maximum
     ids = ctx.faults.tap("loop.accept", accept_greedy(drafts, targets, eog_ids), drafts=drafts, targets=targets,
                          logits=logits, eog_ids=eog_ids)
     n_acc = len(ids) - 1

@@ -63,9 +63,58 @@ _EOG_TEXTS = frozenset((
 _ALWAYS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
 
 
-def _read_field(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+class _ReaderKeys:
+    """``GGUFFile.key`` over a ``gguf.GGUFReader`` (for a caller that holds a reader): strings are
+    decoded here, entry by entry, so that one that is not UTF-8 is refused in one line naming it —
+    gguf-py's ``contents()`` raises a bare ``UnicodeDecodeError``. (``GGUFFile.key`` refuses such
+    text itself, naming the key and the entry.)"""
+
+    def __init__(self, reader: gguf.GGUFReader, path=None):
+        self.reader, self.path = reader, path or getattr(reader.data, "filename", None) or "GGUF"
+
+    def key(self, key: str, default=None):
+        field = self.reader.fields.get(key)
+        if field is None:
+            return default
+        T = gguf.GGUFValueType
+        if field.types == [T.STRING]:
+            return self._text(field.parts[-1], f"metadata key '{key}'")
+        if field.types[0] == T.ARRAY and field.types[-1] == T.STRING:
+            name = _ENTRY.get(key, f"metadata key '{key}' entry {{i}}")
+            return [self._text(field.parts[idx], name.format(i=i)) for i, idx in enumerate(field.data)]
+        return field.contents()
+
+    def _text(self, raw, what: str) -> str:
+        try:
+            return raw.tobytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RefimplError(f"{self.path}: {what} is not valid UTF-8 (byte {exc.start}: "
+                               f"{raw.tobytes()[exc.start : exc.start + 4]!r})") from None
+
+
+_ENTRY = {_K.LIST: "tokenizer token {i}", _K.MERGES: f"{_K.MERGES} entry {{i}}"}  # how _ReaderKeys names a bad entry
+_ARRAY_KEYS = (_K.LIST, _K.MERGES, _K.TOKEN_TYPE)
+_KIND_NAME = {str: "text", int: "an integer", bool: "a bool"}
+
+
+def _read_field(source, key: str, default=None, kind: type = str):
+    """The value of ``tokenizer.ggml.*`` key ``key`` in ``source`` (anything with ``GGUFFile.key``),
+    or ``default`` when absent, checked to be of ``kind`` (str, int or bool; for the token list, the
+    merges and the token types, a list of them). Another type is refused in one line, as llama.cpp's
+    typed ``get_key`` / ``gguf_get_arr_str`` refuse it."""
+    value = source.key(key, None)
+    if value is None:
+        return default
+    is_kind = (lambda v: isinstance(v, int) and not isinstance(v, bool)) if kind is int else (lambda v: isinstance(v, kind))
+    if key in _ARRAY_KEYS:
+        ok = isinstance(value, list) and all(map(is_kind, value))
+    else:
+        ok = is_kind(value)
+    if not ok:
+        expected = f"a list of {_KIND_NAME[kind]}s" if key in _ARRAY_KEYS else _KIND_NAME[kind]
+        got = f"list of {type(next((v for v in value if not is_kind(v)), None)).__name__}" if isinstance(value, list) else type(value).__name__
+        raise RefimplError(f"{source.path}: metadata key '{key}' holds {got}, expected {expected}")
+    return value
 
 
 def _merge_ranks(merges: Sequence[str]) -> dict[tuple[str, str], int]:
@@ -155,22 +204,33 @@ class Tokenizer:
         self._special_longest_first = sorted(special, key=lambda i: -len(self.tokens[i].encode()))
 
     @classmethod
-    def from_gguf(cls, reader_or_path: gguf.GGUFReader | str | Path) -> Tokenizer:
-        """Read ``tokenizer.ggml.*`` from a GGUF; only ``model="gpt2"`` with ``pre`` "qwen35" or "qwen2" is supported."""
-        reader = reader_or_path if isinstance(reader_or_path, gguf.GGUFReader) else gguf.GGUFReader(reader_or_path)
-        model, pre = _read_field(reader, _K.MODEL), _read_field(reader, _K.PRE)
+    def from_gguf(cls, source) -> Tokenizer:
+        """Read ``tokenizer.ggml.*`` from a GGUF — a :class:`~refimpl.gguf_file.GGUFFile`, a
+        ``gguf.GGUFReader`` or a path; only ``model="gpt2"`` with ``pre`` "qwen35" or "qwen2" is
+        supported. Every way the vocabulary can be unreadable (a key of the wrong type, text that is
+        not UTF-8) is a one-line :class:`RefimplError`."""
+        if isinstance(source, (str, Path)):
+            from refimpl.gguf_file import GGUFFile  # a damaged file is refused in one line there
+
+            source = GGUFFile(source)
+        if isinstance(source, gguf.GGUFReader):
+            source = _ReaderKeys(source)
+        model, pre = _read_field(source, _K.MODEL), _read_field(source, _K.PRE)
         if model != "gpt2":
-            raise RefimplError(f"unsupported tokenizer: {_K.MODEL} = {model!r} (refimpl reads only 'gpt2' byte-level BPE)")
+            raise RefimplError(f"{source.path}: unsupported tokenizer: {_K.MODEL} = {model!r} (refimpl reads only 'gpt2' byte-level BPE)")
         if pre not in PRE_SPLITS:
-            raise RefimplError(f"unsupported pre-tokenizer: {_K.PRE} = {pre!r} (refimpl implements {', '.join(map(repr, PRE_SPLITS))})")
-        tokens = _read_field(reader, _K.LIST)
-        merges = _read_field(reader, _K.MERGES)
+            raise RefimplError(f"{source.path}: unsupported pre-tokenizer: {_K.PRE} = {pre!r} (refimpl implements {', '.join(map(repr, PRE_SPLITS))})")
+        tokens, merges = _read_field(source, _K.LIST), _read_field(source, _K.MERGES)
         if tokens is None or merges is None:
-            raise RefimplError(f"GGUF has no {_K.LIST if tokens is None else _K.MERGES}")
-        special_ids = {key: _read_field(reader, key) for key in _SPECIAL_ID_KEYS if key in reader.fields}
-        return cls(tokens, _read_field(reader, _K.TOKEN_TYPE), merges, special_ids=special_ids,
-                   add_bos=bool(_read_field(reader, _K.ADD_BOS, False)),
-                   add_eos=bool(_read_field(reader, _K.ADD_EOS, False)), pre=pre)
+            raise RefimplError(f"{source.path}: GGUF has no {_K.LIST if tokens is None else _K.MERGES}")
+        special_ids = {key: _read_field(source, key, kind=int) for key in _SPECIAL_ID_KEYS}
+        token_types = _read_field(source, _K.TOKEN_TYPE, kind=int)
+        add_bos, add_eos = _read_field(source, _K.ADD_BOS, False, kind=bool), _read_field(source, _K.ADD_EOS, False, kind=bool)
+        try:
+            return cls(tokens, token_types, merges, special_ids={key: i for key, i in special_ids.items() if i is not None},
+                       add_bos=add_bos, add_eos=add_eos, pre=pre)
+        except RefimplError as exc:  # duplicate texts, too few token types: name the file
+            raise RefimplError(f"{source.path}: {exc}") from None
 
     # ---- encode --------------------------------------------------------------------------------
 

@@ -209,3 +209,23 @@ def test_the_narrow_fixture_gives_llama_cpp_logits(make_fixture, arch):
     _, logits, mtp = _refimpl(path)
     ref = llama_run(path, PROMPT, mtp=True)
     assert rel_rows(logits, ref.logits).max() <= 1e-4 and rel_rows(mtp, ref.mtp_logits).max() <= 1e-4
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
+def test_the_large_preset_writer_lays_files_out_as_write_fixture(make_fixture, tmp_path, monkeypatch, quant):
+    """refimpl.fixtures.large (pooled blocks, one tensor at a time) writes write_fixture's layout: the same
+    keys in the same order, the same tensors (names, ne, types) in the same order; refimpl loads it."""
+    import dataclasses
+
+    from refimpl.fixtures import large, presets
+    from refimpl.load import open_model
+
+    monkeypatch.setitem(presets.LARGE_PRESETS, "tiny", dataclasses.replace(presets.PRESETS["tiny"]))
+    path = large.write_large_fixture(tmp_path / f"{quant}.gguf", preset="tiny", quant=quant)
+    ours, theirs = GGUFReader(path), GGUFReader(make_fixture("tiny", quant))
+    ka, kb = _keys(ours), _keys(theirs)
+    assert ka.pop("refimpl.fixture.blocks")[1] == "pool"
+    assert ka.pop("GGUF.kv_count")[1] == kb.pop("GGUF.kv_count")[1] + 1
+    assert list(ka) == list(kb) and ka == kb
+    assert _tensors(ours) == _tensors(theirs)
+    assert open_model(path).plan.mtp == "present"

@@ -33,14 +33,13 @@ allocated for it), an unknown value or tensor type, a duplicate key or tensor, t
 
 from __future__ import annotations
 
-import functools
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 from gguf.quants import quant_shape_to_byte_shape
 
 from refimpl.errors import RefimplError
@@ -294,15 +293,6 @@ class GGUFFile:
                                f"elements, not a multiple of the block size {block}")
         n_elements = int(np.prod(ne, dtype=object)) if ne else 1
         return name, qtype, tuple(reversed(ne)), offset, n_elements * type_size // block
-
-    @functools.cached_property
-    def reader(self) -> GGUFReader:
-        """gguf-py's own reader of the same file, built on first use — slow on a large vocabulary
-        (~10 s for 248320 tokens: the module docstring); refimpl reads through :meth:`key`."""
-        try:
-            return GGUFReader(self.path, "r")
-        except Exception as exc:  # the reader raises ValueError, IndexError, … on damaged headers
-            raise RefimplError(f"{self.path}: truncated or corrupt GGUF header ({_first_line(exc)})") from None
 
     # ---- metadata -----------------------------------------------------------------------------
 

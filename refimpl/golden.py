@@ -85,7 +85,7 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
         raise RefimplError(f"-n must be ≥ 1, got {settings.n_predict}")
     path = resolve_model(model_arg)
     m = open_model(path)
-    prompts = read_prompts(prompts_path, Tokenizer.from_gguf(m.gguf.reader), m.config.n_vocab)
+    prompts = read_prompts(prompts_path, Tokenizer.from_gguf(m.gguf), m.config.n_vocab)
     recipe = recipe_of(m.gguf)
     fixture_arg = model_arg.startswith(BUILTIN_PREFIX) and recipe is not None  # builtin:PRESET…, not builtin:kjv
     if out is None:

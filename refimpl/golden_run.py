@@ -238,7 +238,7 @@ def loaded(job: ModelJob) -> Loaded:
             if job.sha256 is not None:
                 _check_file(job)
             model = load_model(job.path, job.cache_mb, progress=False)
-            _LOADED[key] = Loaded(model, frozenset(Tokenizer.from_gguf(model.file.gguf.reader).eog_ids))
+            _LOADED[key] = Loaded(model, frozenset(Tokenizer.from_gguf(model.file.gguf).eog_ids))
         return _LOADED[key]
 
 

@@ -27,7 +27,7 @@ class Case:
 
     def __init__(self):
         self.model = load_model(G.resolve_model("builtin:tiny"))
-        self.tok = Tokenizer.from_gguf(self.model.file.gguf.reader)
+        self.tok = Tokenizer.from_gguf(self.model.file.gguf)
         self.prompt = self.tok.encode("The quick brown fox", parse_special=True)
         self.stream = greedy(self.model, self.prompt, N)
         rows = []
@@ -239,7 +239,7 @@ def test_model_is_optional_and_told_by_file_type(case, tmp_path, capsys):
     from refimpl.builtin import TRAINED_PATH
 
     kjv = load_model(TRAINED_PATH, pack=False)
-    tok = Tokenizer.from_gguf(kjv.file.gguf.reader)
+    tok = Tokenizer.from_gguf(kjv.file.gguf)
     prompt = tok.encode("And it came to pass")
     stream = greedy(kjv, prompt, 8)
     a, t = tmp_path / "a.json", tmp_path / "a.txt"

@@ -34,7 +34,7 @@ def test_run_json_on_the_builtin_model_is_greedy(cache):
     assert set(out) >= {"prompt_tokens", "tokens", "text"}
     assert "built-in trained model builtin:kjv" in proc.stderr and "King James Bible" in proc.stderr
     model = load_model(TRAINED_PATH)
-    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    tok = Tokenizer.from_gguf(model.file.gguf)
     assert out["prompt_tokens"] == tok.encode("Hello world", parse_special=True)
     assert out["tokens"] == greedy(model, out["prompt_tokens"], 6, eog_ids=tok.eog_ids)
     assert out["text"] == tok.decode(out["tokens"])
@@ -43,7 +43,7 @@ def test_run_json_on_the_builtin_model_is_greedy(cache):
 def test_run_streams_text(cache):
     proc = _refimpl("run", "builtin:tiny/f32", "--tokens", "1,2,3", "-n", "5", cache=cache)
     model = load_model(cache / "tiny-f32-s0.gguf")
-    tok = Tokenizer.from_gguf(model.file.gguf.reader)
+    tok = Tokenizer.from_gguf(model.file.gguf)
     expected = tok.decode(greedy(model, [1, 2, 3], 5, eog_ids=tok.eog_ids))
     assert proc.stdout == expected + "\n"
 
@@ -105,7 +105,7 @@ def test_run_accepts_a_builtin_fixture_spec(cache):
     proc = _refimpl("run", "builtin:tiny/q8_0", "--tokens", "1,2,3", "-n", "3", "--json", cache=cache)
     out = json.loads(proc.stdout)
     model = load_model(cache / "tiny-q8_0-s0.gguf")
-    assert out["tokens"] == greedy(model, [1, 2, 3], 3, eog_ids=Tokenizer.from_gguf(model.file.gguf.reader).eog_ids)
+    assert out["tokens"] == greedy(model, [1, 2, 3], 3, eog_ids=Tokenizer.from_gguf(model.file.gguf).eog_ids)
 
 
 @pytest.fixture(scope="module")

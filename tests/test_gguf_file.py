@@ -180,13 +180,14 @@ def test_a_string_value_that_is_not_utf8_names_its_key(tmp_path):
 
 def test_refimpl_run_reads_the_header_once(make_fixture, monkeypatch, capsys):
     """``refimpl run`` opens the file once: the compile report's type names, the config, the weights and
-    the tokenizer all read the same :class:`GGUFFile`."""
+    the tokenizer all read the same :class:`GGUFFile`, and gguf-py's slow reader is never built."""
     from refimpl.cli import main
 
     path = make_fixture("tiny", "q8_0")
     reads = []
     parse = GGUFFile._read_header
     monkeypatch.setattr(GGUFFile, "_read_header", lambda self: reads.append(self.path) or parse(self))
+    monkeypatch.setattr(GGUFReader, "__init__", lambda self, *a, **k: reads.append("GGUFReader"))
     assert main(["run", str(path), "--tokens", "1,2,3", "-n", "1", "--json"]) == 0
     assert reads == [path]
     assert '"tokens"' in capsys.readouterr().out

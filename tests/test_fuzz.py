@@ -26,7 +26,6 @@ import io
 import json
 import signal
 import struct
-import sys
 import threading
 import traceback
 import warnings

@@ -23,7 +23,7 @@ widened part: slices only the draft rows route to) and the MTP head's own routin
 The wide fixture is written by :func:`write_fixture_per_tensor`: the same bytes as
 ``refimpl.fixtures.write_fixture`` (tested on tiny), but one block's float32 tensors at a time
 instead of the whole model, so writing it needs ~0.5 GiB rather than ~4 GiB (the one-tensor-at-a-time
-writing is refimpl.fixtures.large's: ``tensor_groups``, ``write_tensors_streamed``).
+writing is refimpl.fixtures.large's: ``laid_out_groups``, ``write_tensors_streamed``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import MIB, peak_rss, random_prompt, run_child, vm_hwm  # noqa: E402
-from refimpl.fixtures.large import tensor_groups, write_tensors_streamed  # noqa: E402
+from refimpl.fixtures.large import laid_out_groups, write_tensors_streamed  # noqa: E402
 from refimpl.fixtures.mixes import QUANT_MIXES, assign_types, encode  # noqa: E402
 from refimpl.fixtures.presets import LARGE_PRESETS, PRESETS  # noqa: E402
 from refimpl.fixtures.weights import _Draw  # noqa: E402
@@ -65,9 +65,9 @@ def write_fixture_per_tensor(path, *, preset: str, quant: str = "f32", seed: int
         raise ValueError("the per-tensor writer cannot build the predictable preset")
     assert quant in QUANT_MIXES, quant
     opts = resolve_options(p, options)
-    shapes = {n: a.shape for g in tensor_groups(p, _ShapeDraw(seed), opts) for n, a in g.items()}
+    shapes = {n: a.shape for g in laid_out_groups(p, _ShapeDraw(seed), opts, quant) for n, a in g.items()}
     types = assign_types(shapes, quant, n_expert=p.n_expert, n_layer_all=block_count(p, opts))
-    data = ((n, encode(a, types[n])) for g in tensor_groups(p, _Draw(seed), opts) for n, a in g.items())
+    data = ((n, encode(a, types[n])) for g in laid_out_groups(p, _Draw(seed), opts, quant) for n, a in g.items())
 
     path = Path(path)
     with fixture_file(path, p, quant, seed, opts) as w:

@@ -106,6 +106,9 @@ def _uniform(gf: GGUFFile, key: str, values: list, what: str) -> int:
     return int(distinct[0])
 
 
+LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h: the per-layer arrays' size; a larger block_count is refused
+
+
 def load_config(gf: GGUFFile) -> Config:
     """Build the :class:`Config` of a GGUF file, or raise a one-line :class:`RefimplError`."""
     n_split = gf.key("split.count", 1)  # gguf-split / convert_hf_to_gguf.py --split-max-*: llama.cpp opens every part
@@ -123,8 +126,8 @@ def load_config(gf: GGUFFile) -> Config:
 
     n_layer_all = int(req("block_count"))
     n_layer_nextn = int(gf.key(p + "nextn_predict_layers", 0))
-    if not 0 < n_layer_all:
-        raise RefimplError(f"{gf.path}: '{p}block_count' must be positive, got {n_layer_all}")
+    if not 0 < n_layer_all <= LLAMA_MAX_LAYERS:
+        raise RefimplError(f"{gf.path}: '{p}block_count' must be 1 … {LLAMA_MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS), got {n_layer_all}")
     if n_layer_nextn > n_layer_all:
         raise RefimplError(f"{gf.path}: '{p}nextn_predict_layers' ({n_layer_nextn}) exceeds block_count ({n_layer_all})")
     if n_layer_nextn > 1:
@@ -177,6 +180,9 @@ def load_config(gf: GGUFFile) -> Config:
         raise RefimplError(
             f"{gf.path}: ssm.inner_size {ssm['inner_size']} != ssm.time_step_rank {ssm['time_step_rank']} × ssm.state_size {ssm['state_size']}"
         )
+    for k, v in ssm.items():
+        if v <= 0:
+            raise RefimplError(f"{gf.path}: '{p}ssm.{k}' must be positive, got {v}")
     if ssm["time_step_rank"] % ssm["group_count"]:
         raise RefimplError(f"{gf.path}: ssm.time_step_rank {ssm['time_step_rank']} is not a multiple of ssm.group_count {ssm['group_count']}")
 

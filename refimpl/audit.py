@@ -325,7 +325,7 @@ def _audit_rounds(rep: Report, model, ctx) -> None:
     from refimpl.rounds import check_rounds
 
     with_rounds = [s for s in rep.streams if s.rounds is not None]
-    if with_rounds and model.file.plan.mtp in ("stripped", "missing"):
+    if with_rounds and model.file.plan.mtp == "stripped":
         rep.rounds_skipped = "the model has no MTP block to replay the rounds with"
         return
     for s in with_rounds:

@@ -27,11 +27,11 @@ The result, :class:`TensorPlan`, records the variants a file may come in:
 * ``mtp``: ``"present"`` (all nextn-block tensors there) or ``"stripped"`` (the file declares no
   nextn block — converted with ``--no-mtp``). A file that declares the block but lacks any of its
   tensors is refused, as llama.cpp refuses it (it creates them, unloaded, even without ``load_mtp``).
+* ``mtp_extras``: which of the optional ``nextn.embed_tokens`` / ``nextn.shared_head_head`` /
+  ``nextn.shared_head_norm`` are present.
 
 Every tensor of the file must be one the graph reads: llama.cpp refuses a file with tensors nothing
 claims ("wrong number of tensors"), and refimpl does too rather than ignore, say, an attention bias.
-* ``mtp_extras``: which of the optional ``nextn.embed_tokens`` / ``nextn.shared_head_head`` /
-  ``nextn.shared_head_norm`` are present.
 """
 
 from __future__ import annotations
@@ -177,6 +177,11 @@ def conform_shapes(gf: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> None:
             gf.tensors[name] = replace(info, shape=shape)
 
 
+def _and_more(names: list[str]) -> str:
+    """What a one-line error about ``names[0]`` says of the rest."""
+    return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+
+
 def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     """Check every tensor the graph reads exists with the right shape and a supported type."""
     t = gf.tensors
@@ -208,12 +213,11 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
         required.update(_mtp_block(c, il, fused[il], fused_qkv[il]))
     missing = [name for name in required if name not in t]
     if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         where = ""
         if missing[0].startswith(f"blk.{c.n_layer}.") and c.n_layer_nextn:
             where = (f"; the file declares an MTP block ({c.arch.name}.nextn_predict_layers = {c.n_layer_nextn}) "
                      f"without its tensors, which llama.cpp refuses too — convert with --no-mtp")
-        raise RefimplError(f"{gf.path}: missing tensor '{missing[0]}'{more}{where}")
+        raise RefimplError(f"{gf.path}: missing tensor '{missing[0]}'{_and_more(missing)}{where}")
 
     extras: dict[str, tuple[int, ...]] = {}
     for il in range(c.n_layer, c.n_layer_all):
@@ -223,7 +227,7 @@ def plan_tensors(gf: GGUFFile, c: Config) -> TensorPlan:
     unclaimed = [name for name in t if name not in claimed]
     if unclaimed:
         raise RefimplError(f"{gf.path}: tensor '{unclaimed[0]}' is not one the {c.arch.name} graph reads (llama.cpp "
-                           f"refuses such a file: \"wrong number of tensors\"){' (and %d more)' % (len(unclaimed) - 1) if len(unclaimed) > 1 else ''}")
+                           f"refuses such a file: \"wrong number of tensors\"){_and_more(unclaimed)}")
 
     expected = {**required, **extras}
     for name, shape in expected.items():

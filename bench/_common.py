@@ -54,7 +54,7 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512_v
 def cpu_description() -> str:
     """One line for a benchmark's header: the CPU model (``/proc/cpuinfo``), its logical cores, the SIMD
     flags that matter here (AVX2, AVX-512, VNNI, AMX; ARM's ASIMD/SVE), and the level the lane kernels
-    are compiled for (``kernels.lanes_ir.ISA``, of the numba target: ``NUMBA_CPU_NAME`` /
+    are compiled for (``kernels.lanes.ir.ISA``, of the numba target: ``NUMBA_CPU_NAME`` /
     ``NUMBA_CPU_FEATURES`` emulate another CPU's code)."""
     import os
 
@@ -72,7 +72,7 @@ def cpu_description() -> str:
         pass
     from llvmlite import binding as llvm_binding
 
-    from kernels.lanes_ir import ISA, ISA_NAMES
+    from kernels.lanes.ir import ISA, ISA_NAMES
 
     model += f" (LLVM: {llvm_binding.get_host_cpu_name()})"
     have = " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + "/".join(ISA_FLAGS[:4])

@@ -6,7 +6,7 @@
     python bench/cluster.py --workers 1,2 --worker-threads 1  # 1 vs 2 single-thread workers
 
 Every configuration makes the same golden file (same prompts, same ``--out``) through
-:func:`refimpl.golden.make_golden`, the function behind the command, and the bytes are compared:
+:func:`refimpl.oracle.golden.make_golden`, the function behind the command, and the bytes are compared:
 
 * ``--jobs 1`` — this process, numba with all ``os.cpu_count()`` threads (what the command does by
   default), and ``--jobs 1, 1 thr`` with one numba thread (``NUMBA_NUM_THREADS=1``): on small
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     import distributed
     import numba
 
-    from refimpl.golden import Settings, make_golden, resolve_model
+    from refimpl.oracle.golden import Settings, make_golden, resolve_model
 
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the in-process scheduler's start/stop chatter
     cores = os.cpu_count() or 1

@@ -7,7 +7,7 @@
 For every (model, mix), in one run:
 
 * **decode tok/s** — greedy decoding of ``--n`` tokens after a short prompt, one token per forward
-  call, by refimpl (``refimpl.model.forward``, plain numerics unless ``--emulate``) — loaded two
+  call, by refimpl (``refimpl.model.trunk.forward``, plain numerics unless ``--emulate``) — loaded two
   ways: ``mapped`` (``load_model(path, pack=False)``: every matrix read from the memory map) and ``packed``
   (``load_model(path, pack=True)``: dense matrices also copied into the lane kernels' layout, same
   numbers) — and by llama.cpp
@@ -30,7 +30,7 @@ For every (model, mix), in one run:
 Both sides are warm before timing: llama.cpp has loaded (and repacked) its weights; refimpl has
 compiled its kernels and touched every page of the memory-mapped file once (so the first tokens do
 not pay page faults for experts they route to for the first time — llama.cpp's load reads the file
-too). Models: ``tiny`` (refimpl.builtin.fixture_path) and ``medium`` (the real Qwen3.6-35B-A3B
+too). Models: ``tiny`` (refimpl.fixtures.builtin.fixture_path) and ``medium`` (the real Qwen3.6-35B-A3B
 layer widths with 4 trunk layers + MTP, ~3 GiB per mix, written once into the fixture cache by
 refimpl.fixtures.large); ``real2`` (the same widths, 2 trunk layers, vocabulary 32768: 1.5 GiB) on
 request. Noise: the machine is shared, so each figure is printed with its range over rounds, and the
@@ -186,9 +186,9 @@ def touch_pages(model) -> None:
 
 def refimpl_decode(model, prompt: list[int], n: int, ctx) -> tuple[float, list[int]]:
     """Greedy decode of n tokens after the prompt (untimed); returns (tok/s of the n decodes, tokens)."""
-    from refimpl.generate import argmax
-    from refimpl.model import forward
-    from refimpl.state import SeqState
+    from refimpl.decode.greedy import argmax
+    from refimpl.model.trunk import forward
+    from refimpl.model.state import SeqState
 
     logits, _, state = forward(model, SeqState.fresh(model.config), prompt, ctx)
     out = [argmax(logits[-1])]
@@ -203,8 +203,8 @@ def refimpl_prompt(model, tokens: list[int], chunk: int, ctx, all_logits: bool =
     """tok/s of a prompt pass on ``tokens`` from an empty context: ``forward`` on chunks of ``chunk``
     positions, logits of the last position only (``refimpl run``'s prompt) or, with ``all_logits``,
     of every position (``refimpl logits``)."""
-    from refimpl.model import forward
-    from refimpl.state import SeqState
+    from refimpl.model.trunk import forward
+    from refimpl.model.state import SeqState
 
     state = SeqState.fresh(model.config)
     t0 = time.perf_counter()
@@ -216,8 +216,8 @@ def refimpl_prompt(model, tokens: list[int], chunk: int, ctx, all_logits: bool =
 def verify_ratio(model, prompt: list[int], drafts: list[int], reps: int, ctx) -> tuple[float, float, float, list[float]]:
     """(median decode s, median verify s, their ratio, per-rep ratios): forward of [x] vs [x, *drafts]
     from the state after the prompt, timed alternately."""
-    from refimpl.model import forward
-    from refimpl.state import SeqState
+    from refimpl.model.trunk import forward
+    from refimpl.model.state import SeqState
 
     _, _, state = forward(model, SeqState.fresh(model.config), prompt[:-1], ctx)
     x = prompt[-1]
@@ -237,7 +237,7 @@ def verify_ratio(model, prompt: list[int], drafts: list[int], reps: int, ctx) ->
 
 
 def model_path(preset: str, quant: str) -> Path:
-    from refimpl.builtin import fixture_path
+    from refimpl.fixtures.builtin import fixture_path
     from refimpl.fixtures.large import large_fixture
 
     if preset in ("medium", "real2", "full"):
@@ -255,8 +255,8 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     """Both refimpl variants (memory-map rows, and ``load_model(pack=True)``) and llama.cpp on one file."""
     import numba
 
-    from refimpl.model import load_model
-    from refimpl.ops import Ctx
+    from refimpl.model.trunk import load_model
+    from refimpl.model.ops import Ctx
 
     numba.set_num_threads(args.threads)
     ctx = Ctx(act_quant=True) if args.emulate else Ctx()

@@ -13,13 +13,13 @@ reference-quantized blocks without ever holding float32 weights; it is cached as
 
 Two configurations, each in a fresh child process (so its peak RSS is its own; this parent stays
 small — Linux carries a parent's peak into a forked child's ru_maxrss), both with routed experts
-streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.streamer) and dense weights pinned
+streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.io.streamer) and dense weights pinned
 (``--pack auto|on|off``, load_model's pack; auto packs them for the lane kernels when the copy fits in RAM):
 
 * plain greedy decoding of ``--n`` tokens after a ``--prompt-len``-token prompt;
-* MTP speculation, ``--mtp --draft 3`` (refimpl.speculative.speculative_generate);
+* MTP speculation, ``--mtp --draft 3`` (refimpl.decode.speculative.speculative_generate);
 * ``refimpl audit`` of an ``--audit-len``-token stream after an ``--audit-len``-token prompt (default 256 + 256;
-  0 skips it): refimpl.audit.audit, the oracle teacher-forced over prompt + stream with every stream
+  0 skips it): refimpl.oracle.audit.audit, the oracle teacher-forced over prompt + stream with every stream
   position's logits, as ``refimpl audit MODEL STREAM --prompt-tokens …`` runs it. The stream is random ids
   (seeded): the audit's work does not depend on the tokens, and it judges every position whatever its verdict.
 
@@ -50,7 +50,7 @@ def _load(args):
     """(the model as ``args`` ask for it — its streamer's cache, ``--pack``, ``--threads`` —, seconds to load)."""
     import numba
 
-    from refimpl.model import PACK_FLAGS, load_model
+    from refimpl.model.trunk import PACK_FLAGS, load_model
 
     numba.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def _load(args):
 
 def _child(args) -> None:
     """Load, generate, print one JSON line."""
-    from refimpl.speculative import speculative_generate
+    from refimpl.decode.speculative import speculative_generate
 
     model, load_s = _load(args)
     s = model.streamer
@@ -88,7 +88,7 @@ def _audit_child(args) -> None:
     """Load, audit a random stream after a random prompt (``--audit-len`` each), print one JSON line."""
     import numpy as np
 
-    from refimpl.audit import Stream, audit
+    from refimpl.oracle.audit import Stream, audit
 
     model, load_s = _load(args)
     prompt = random_prompt(args.audit_len)
@@ -108,7 +108,7 @@ def _run_child(args, mode: str) -> dict:
 
 def build(args) -> Path:
     """The fixture path, written first if missing (after checking the disk has room)."""
-    from refimpl.builtin import cache_dir
+    from refimpl.fixtures.builtin import cache_dir
     from refimpl.fixtures.large import expected_size
 
     directory = Path(args.dir) if args.dir else cache_dir()
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from refimpl.errors import RefimplError
-    from refimpl.streamer import cache_budget
+    from refimpl.io.streamer import cache_budget
 
     try:
         cache_budget(args.cache_mb)

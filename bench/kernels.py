@@ -41,7 +41,7 @@ from gguf import quants as gguf_quants  # noqa: E402
 
 import kernels  # noqa: E402
 from bench._common import cpu_description  # noqa: E402
-from kernels.blocks import weight_layout  # noqa: E402
+from kernels.base.blocks import weight_layout  # noqa: E402
 from kernels.testing import random_rows, set_scales  # noqa: E402
 
 MIB = 1 << 20

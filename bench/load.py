@@ -198,13 +198,13 @@ def _breakdown_child(path: str) -> int:
     """The steps of ``refimpl run`` one after another, timed (what ``_cmd_run`` and ``load_model`` do):
     one JSON line of seconds per step."""
     t = [time.perf_counter()]
-    from refimpl.compile_report import name_types
-    from refimpl.generate import greedy
-    from refimpl.gguf_file import GGUFFile
-    from refimpl.load import open_model
-    from refimpl.model import Model, pack_weights
+    from refimpl.cli.compile_report import name_types
+    from refimpl.decode.greedy import greedy
+    from refimpl.io.gguf_file import GGUFFile
+    from refimpl.io.load import open_model
+    from refimpl.model.trunk import Model, pack_weights
     from refimpl.tokenizer import Tokenizer
-    from refimpl.weights import load_weights
+    from refimpl.io.weights import load_weights
 
     t.append(time.perf_counter())
     gf = GGUFFile(path)
@@ -246,7 +246,7 @@ def profile_refimpl(path: Path, threads: int, top: int = 25) -> None:
 
 
 def _compiled(stderr: str) -> str | None:
-    """refimpl's "compiled N kernels in X s" line (refimpl.compile_report), if the run compiled."""
+    """refimpl's "compiled N kernels in X s" line (refimpl.cli.compile_report), if the run compiled."""
     return next((line.removeprefix("refimpl: ") for line in stderr.splitlines() if "compiled" in line and "kernel" in line), None)
 
 

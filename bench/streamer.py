@@ -77,7 +77,7 @@ def write_fixture_per_tensor(path, *, preset: str, quant: str = "f32", seed: int
 
 def fixture(preset: str, quant: str, seed: int = 0) -> Path:
     """A fixture from the cache, written on first use (per tensor for large presets)."""
-    from refimpl.builtin import cache_dir, fixture_path
+    from refimpl.fixtures.builtin import cache_dir, fixture_path
 
     if preset not in LARGE_PRESETS:
         return fixture_path(preset, quant, seed)
@@ -96,9 +96,9 @@ def fixture(preset: str, quant: str, seed: int = 0) -> Path:
 
 def _child(args) -> None:
     """Load, generate, print one JSON line with the peak RSS and the streamer's figures."""
-    from refimpl.generate import greedy
-    from refimpl.model import load_model
-    from refimpl.speculative import speculative_generate
+    from refimpl.decode.greedy import greedy
+    from refimpl.model.trunk import load_model
+    from refimpl.decode.speculative import speculative_generate
 
     cache_mb = None if args.cache_mb == "pinned" else args.cache_mb
     model = load_model(args.model, cache_mb, progress=False)
@@ -127,7 +127,7 @@ def memory(args) -> None:
     # Linux carries a parent's peak RSS into a (v)forked child's ru_maxrss, so this process stays
     # small: the fixture is written, and everything measured, in subprocesses.
     subprocess.run([sys.executable, __file__, "--build", "wide", args.quant], check=True)
-    from refimpl.builtin import cache_dir
+    from refimpl.fixtures.builtin import cache_dir
 
     model = cache_dir() / f"wide-{args.quant}-s0.gguf"
     _run_child(model, 0, 1, 2)  # warm-up: compile (or load) the kernels into numba's disk cache
@@ -165,8 +165,8 @@ def memory(args) -> None:
 
 
 def widening(args) -> None:
-    from refimpl.model import load_model
-    from refimpl.speculative import speculative_generate
+    from refimpl.model.trunk import load_model
+    from refimpl.decode.speculative import speculative_generate
 
     path = fixture("predictable", args.widen_quant)
     prompt = [40, 41, 42, 43]

@@ -18,7 +18,7 @@
    decoded token by token): per trunk layer, the share of a token's K experts chosen again by the next token
    (*reuse*) next to independent picks from the measured usage (*chance* = K · Σ_e f_e², K/X for uniform
    usage), and the usage entropy; then the streamer's LRU cache replayed on that routing
-   (:class:`refimpl.streamer.SliceCache`, the streamer's walk) at a few budgets, next to the same replay
+   (:class:`refimpl.io.streamer.SliceCache`, the streamer's walk) at a few budgets, next to the same replay
    on the routing with each layer's decode rows shuffled in time (keeps the usage skew, loses the order)
    and on uniform random top-K routing — the text-independent baseline on the model's own geometry.
 6. **llama.cpp, run with its defaults, audited** (``--audit-only`` runs just this part, ~5 min) — over
@@ -42,11 +42,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from refimpl.builtin import TRAINED_PATH, fixture_path  # noqa: E402
-from refimpl.generate import greedy  # noqa: E402
-from refimpl.model import forward, load_model  # noqa: E402
-from refimpl.speculative import speculative_generate  # noqa: E402
-from refimpl.state import SeqState  # noqa: E402
+from refimpl.fixtures.builtin import TRAINED_PATH, fixture_path  # noqa: E402
+from refimpl.decode.greedy import greedy  # noqa: E402
+from refimpl.model.trunk import forward, load_model  # noqa: E402
+from refimpl.decode.speculative import speculative_generate  # noqa: E402
+from refimpl.model.state import SeqState  # noqa: E402
 from refimpl.tokenizer import Tokenizer  # noqa: E402
 
 PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "The quick brown fox", "Blessed are the",
@@ -123,8 +123,8 @@ def audit_defaults(model, tok, path):
     from llama_ref import llama_greedy
     from llama_spec import llama_speculative
 
-    from refimpl.audit import Stream, audit
-    from refimpl.ops import emulation_ctx
+    from refimpl.oracle.audit import Stream, audit
+    from refimpl.model.ops import emulation_ctx
 
     print(f"\n## llama.cpp with its defaults (F16 K/V, flash attention auto), audited; {len(AUDIT_PROMPTS)} prompts × {N_AUDIT}")
     f32 = f32_copy(path)
@@ -187,7 +187,7 @@ def hit_rate(path, tok, fraction: float = 0.25):
 
 
 def greedy_routes(path, tok, prompts=PROMPTS, n=N):
-    """Per prompt: the streamer's routing records (:class:`refimpl.streamer.Routes`) of a greedy run, in
+    """Per prompt: the streamer's routing records (:class:`refimpl.io.streamer.Routes`) of a greedy run, in
     the order the model computed them, and the streamer's slice sizes {(layer, kind): bytes}."""
     runs = []
     for p in prompts:
@@ -202,7 +202,7 @@ def greedy_routes(path, tok, prompts=PROMPTS, n=N):
 def replay(recs, sizes, budget: int) -> float:
     """Decode-phase hit rate of the streamer's LRU cache (``ExpertStreamer.read_union``'s walk: the batch's
     experts in first-use order, each of the layer's tensors) replayed on routing records."""
-    from refimpl.streamer import SliceCache
+    from refimpl.io.streamer import SliceCache
 
     cache, hits, looked = SliceCache(budget), 0, 0
     kinds = {}
@@ -244,7 +244,7 @@ def held_out_routes(path, tok, windows: int = 4, length: int = 256):
     token-major — what decoding the window token by token walks (row 0 counted as the prompt)."""
     import dataclasses
 
-    from refimpl.state import SeqState
+    from refimpl.model.state import SeqState
     from train.run import held_out_windows
 
     runs = []

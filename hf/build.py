@@ -24,7 +24,7 @@ instead of its fallbacks; two trunk layers, linear then full attention, as ``lay
 **The MTP module.** transformers drops ``mtp.*`` on load (``_keys_to_ignore_on_load_unexpected``), so
 :class:`MTPHead` builds the block from transformers' own classes — the architecture's
 ``DecoderLayer`` (full attention + its FFN), ``RMSNorm`` and the model's rotary embedding — and wires
-it as llama.cpp's nextn graph does (``src/models/qwen35moe.cpp: graph_mtp``; refimpl.mtp): row p is
+it as llama.cpp's nextn graph does (``src/models/qwen35moe.cpp: graph_mtp``; refimpl.model.mtp): row p is
 token x_p with the trunk's final normed hidden state of position p−1 (zeros at p = 0),
 ``fc([RMSNorm_e(embed(x_p)) ‖ RMSNorm_h(h)])``, the decoder layer over its own causal context,
 ``norm``, the LM head. Its checkpoint weights are those of a trunk layer in the same on-disk format:

@@ -5,13 +5,13 @@ returns ``y`` (T, N) float32, ``y[t, n] = W[n] · x[t]`` (ggml's ``mul_mat(W, x)
 
 Precision policy of the plain mode (``act_quant=False``) — the oracle's own numerics
     The weights are dequantized exactly as ``gguf.quants.dequantize`` does (float32, see
-    :mod:`kernels.dequant`); each product ``w * x`` is formed in float64, where it is exact (two
+    :mod:`kernels.plain.dequant`); each product ``w * x`` is formed in float64, where it is exact (two
     float32 significands fit in 53 bits); the K products are summed in float64; the sum is rounded
     once to float32. Every output element is computed alone, the same way whatever T and N are, so a
     batch gives bit-identical rows to single-row calls and nothing depends on the thread count.
 
 ``path="numba"`` (default)
-    Every type through :mod:`kernels.lanes`: 16 weight rows at a time, one row's float64 sum per
+    Every type through :mod:`kernels.lanes.pack`: 16 weight rows at a time, one row's float64 sum per
     SIMD lane, weight blocks decoded once per four activation rows (once per batch from nine rows
     on). For the last N mod 16 rows (and with ``NUMBA_DISABLE_JIT=1``) ``_matmul_rows(kind)``: ``prange`` over tasks of 16 weight rows; each row
     is decoded once into a thread-local float32 buffer, widened (exactly) to float64 and dotted with
@@ -32,7 +32,7 @@ Tolerance between the two paths
     Each activation row is quantized to the weight type's ``vec_dot_type`` exactly as llama.cpp's
     x86 CPU backend does (Q8_0 / Q8_1 / Q8_K, F16 or BF16 rounding), the per-block integer dots are
     exact, and the block scales are combined in float32 exactly as the generic
-    ``ggml_vec_dot_*_generic`` C code does; see :mod:`kernels.actquant`. Also batch- and
+    ``ggml_vec_dot_*_generic`` C code does; see :mod:`kernels.ggml.actquant`. Also batch- and
     thread-count-independent. It differs from llama.cpp's SIMD kernels only in float32 accumulation
     order, and from the plain mode by the activation quantization error.
 
@@ -48,11 +48,11 @@ import numpy as np
 from gguf import quants as gguf_quants
 from numba import prange
 
-from . import lanes
-from .actdots import matmul_act_quant
-from .blocks import weight_layout
-from .dequant import as_row_bytes, dequantize_row
-from .flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
+from kernels.lanes import pack as lanes
+from kernels.ggml.actdots import matmul_act_quant
+from kernels.base.blocks import weight_layout
+from kernels.plain.dequant import as_row_bytes, dequantize_row
+from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
 
 ROWS_PER_TASK = 16  # weight rows per prange iteration (buffers are allocated once per task)
 _NUMPY_CHUNK_VALUES = 1 << 20  # path="numpy": dequantize about this many weights at a time
@@ -227,7 +227,7 @@ def matmul_experts(stack, qtype, ids, x: np.ndarray, rows: tuple[int, int] | Non
 
 
 def _matmul_plain(w_bytes: np.ndarray, qtype, x64: np.ndarray, y: np.ndarray, packed=None) -> None:
-    """The plain numba product into ``y`` (T, N): 16-row lanes where :mod:`kernels.lanes` has a kernel
+    """The plain numba product into ``y`` (T, N): 16-row lanes where :mod:`kernels.lanes.pack` has a kernel
     for the type (bit-identical to ``_matmul_rows``; from the packed words when given),
     ``_matmul_rows`` for the rest of the rows."""
     if packed is not None and JIT_ENABLED:

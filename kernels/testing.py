@@ -2,7 +2,7 @@
 
 gguf 0.19.0 cannot quantize most K-quants, and fully random bytes make f16 scales that are often
 huge, inf or NaN. :func:`random_rows` therefore draws random bytes for the quant fields and writes
-every ``f16`` scale field (found by name in :mod:`kernels.blocks`), the MXFP4 exponent and IQ1_M's
+every ``f16`` scale field (found by name in :mod:`kernels.base.blocks`), the MXFP4 exponent and IQ1_M's
 scattered f16 scale with values from a chosen regime:
 
 * ``"normal"``: magnitudes spread over 2**-12 .. 2**-4, either sign — typical weights;
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .blocks import QT, weight_layout
+from kernels.base.blocks import QT, weight_layout
 
 _EXTREME_F16 = np.array(
     [0.0, -0.0, 2.0**-24, -(2.0**-24), 3 * 2.0**-24, 2.0**-14, 65504.0, -65504.0, 1.0, -1.0, 2.0**-10, 0.5, 1e-3, -7.5],

@@ -1,5 +1,5 @@
 """refimpl — a readable reference implementation of llama.cpp's ``qwen35moe`` inference (and of its
-siblings ``qwen35`` and ``qwen3next``: refimpl.config.ARCHS, docs/architecture.md).
+siblings ``qwen35`` and ``qwen3next``: refimpl.io.config.ARCHS, docs/architecture.md).
 
 Contract (what may live in this package):
 
@@ -7,8 +7,21 @@ Contract (what may live in this package):
   (``vendor/llama.cpp/src/models/qwen35moe.cpp``, ``qwen35.cpp``, ``qwen3next.cpp``, ``delta-net-base.cpp``,
   ``llama-graph.cpp``).
   Names follow GGUF tensor names and llama.cpp's ``cb(cur, "name", il)`` intermediate names.
-* Files in dataflow order: GGUF file → config → weights → state → layers → model → drafts →
-  speculative loop → telemetry → CLI.
+* Folders in dataflow order, each importing only from the folders before it (tests/test_layout.py):
+
+  ======================  ====================================================================
+  ``refimpl.errors``      :class:`RefimplError`, the one-line error every folder raises
+  ``refimpl.io``          the GGUF file, config, tensor plan, weight matrices, expert streamer
+  ``refimpl.tokenizer``   llama.cpp's BPE tokenizer on the GGUF vocabulary
+  ``refimpl.fixtures``    synthetic GGUFs and the ``builtin:`` models
+  ``refimpl.model``       **the model**: state, ops, attention, deltanet, moe, trunk, mtp
+  ``refimpl.decode``      greedy decoding, draft sources, the speculative loop, telemetry
+  ``refimpl.oracle``      goldens, audits, round replay, traces, plots, the Dask cluster
+  ``refimpl.inject``      engine bugs re-created on purpose, and their table
+  ``refimpl.cli``         the ``refimpl`` command
+  ======================  ====================================================================
+
+  Each folder's ``__init__`` states its reading order and what it may import.
 * State is explicit: caches and recurrent matrices live in records that functions take and return.
 * The only compiled code refimpl calls is the quantized matmul behind ``kernels.matmul``; that
   package's numba path is tested equal to its plain numpy path.

@@ -9,7 +9,7 @@ integer codes — a *crossing* — the results part by a full quantum, and wheth
 property of the CPU. So no fixed tolerance on end-to-end logits can be right on every CPU. Instead:
 
 * **layer-local** (:func:`patched_run`): every rounding site and every layer input is fed
-  llama.cpp's own captured value (:class:`refimpl.trace.Patcher`), so each segment of refimpl
+  llama.cpp's own captured value (:class:`refimpl.oracle.trace.Patcher`), so each segment of refimpl
   between two rounding points runs from llama.cpp's own input and must reproduce llama.cpp's output
   to float noise (``NOISE``) everywhere — no crossing can occur, on any CPU;
 * **layer inputs only** (:func:`layer_input_run`): each layer gets llama.cpp's input (its
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import kernels
-from kernels.blocks import QT, layout
-from refimpl.trace import Patcher
-from refimpl.weights import DenseFFNWeights
+from kernels.base.blocks import QT, layout
+from refimpl.oracle.trace import Patcher
+from refimpl.io.weights import DenseFFNWeights
 
 NOISE = 1e-5  # float noise: max |Δ| of a row relative to its max |value| (issue 11's bound)
 MIXES = ["f32", "bf16", "q8_0", "q4_k_m", "mxfp4", "iq1_m", "iq2_xxs", "iq3_xxs", "tq1_0", "tq2_0"]  # the tiny fixtures
@@ -55,7 +55,7 @@ class Site:
 
     ours: str
     theirs: str
-    weights: tuple  # refimpl.weights.Matrix objects multiplied by it
+    weights: tuple  # refimpl.io.weights.Matrix objects multiplied by it
     unit: int  # the layer it belongs to (n_layer: the MTP block; -1: the trunk's output head)
 
 
@@ -147,7 +147,7 @@ def trunk_block(model) -> Block:
 
 
 def mtp_block(model, mw) -> Block:
-    """The MTP block (refimpl.mtp.mtp_forward; llama.cpp's MTP context, tests/llama_ref.py): its
+    """The MTP block (refimpl.model.mtp.mtp_forward; llama.cpp's MTP context, tests/llama_ref.py): its
     inputs are the token rows and the hidden it is handed (given to it directly)."""
     c = model.config
     L = c.n_layer
@@ -327,7 +327,7 @@ class TrunkRun:
     attention — the setting ``ctx`` emulates)."""
 
     model: object
-    ctx: object  # refimpl.ops.Ctx
+    ctx: object  # refimpl.model.ops.Ctx
     prompt: list
     gen: list
     ours: dict  # name -> [T, n]: every intermediate refimpl recorded
@@ -337,8 +337,8 @@ class TrunkRun:
     def make(model, path, ctx, prompt, n_gen: int, extra_names=()) -> "TrunkRun":
         from llama_trace import llama_trace
 
-        from refimpl.generate import greedy
-        from refimpl.trace import Recorder
+        from refimpl.decode.greedy import greedy
+        from refimpl.oracle.trace import Recorder
 
         rec = Recorder()
         gen = greedy(model, prompt, n_gen + 1, dataclasses.replace(ctx, trace=rec))[:n_gen]  # decodes all n_gen
@@ -354,8 +354,8 @@ class TrunkRun:
 
     def forward(self, trace, ctx=None):
         """refimpl over all the tokens in one batch (bit-identical to one at a time), with ``trace``."""
-        from refimpl.model import forward
-        from refimpl.state import SeqState
+        from refimpl.model.trunk import forward
+        from refimpl.model.state import SeqState
 
         ctx = dataclasses.replace(ctx or self.ctx, trace=trace)
         return forward(self.model, SeqState.fresh(self.model.config), self.tokens, ctx)
@@ -416,7 +416,7 @@ class MTPRun:
     def make(model, path, ctx, prompt) -> "MTPRun":
         from llama_ref import llama_run
 
-        from refimpl.mtp import load_mtp_weights
+        from refimpl.model.mtp import load_mtp_weights
 
         trunk, head = trunk_block(model), mtp_block(model, load_mtp_weights(model.file, model.weights))
         ref = llama_run(path, list(prompt), mtp=True, trace=trunk.theirs_names(), mtp_trace=head.theirs_names())
@@ -425,7 +425,7 @@ class MTPRun:
 
     def head_from_their_hiddens(self, trace) -> np.ndarray:
         """The head as catch-up feeds it: token p with llama.cpp's hidden of p−1. -> logits [T, V]"""
-        from refimpl.drafts import mtp_catchup_logits
+        from refimpl.decode.drafts import mtp_catchup_logits
 
         return mtp_catchup_logits(self.model, self.prompt, self.ref.hidden, dataclasses.replace(self.ctx, trace=trace))
 
@@ -435,10 +435,10 @@ class MTPRun:
     def own(self):
         """refimpl end to end: the trunk's hiddens and the head fed them, with both traces.
         -> (h [T, E], mtp logits [T, V], trunk trace, head trace)"""
-        from refimpl.drafts import mtp_catchup_logits
-        from refimpl.model import forward
-        from refimpl.state import SeqState
-        from refimpl.trace import Recorder
+        from refimpl.decode.drafts import mtp_catchup_logits
+        from refimpl.model.trunk import forward
+        from refimpl.model.state import SeqState
+        from refimpl.oracle.trace import Recorder
 
         rec, mtp_rec = Recorder(), Recorder()
         _, h, _ = forward(self.model, SeqState.fresh(self.model.config), self.prompt, dataclasses.replace(self.ctx, trace=rec))
@@ -497,8 +497,8 @@ def _main(mixes: list[str]) -> None:
 
     import conftest
     from refimpl.fixtures import write_fixture
-    from refimpl.model import load_model
-    from refimpl.ops import Ctx
+    from refimpl.model.trunk import load_model
+    from refimpl.model.ops import Ctx
 
     print("\n".join(conftest.pytest_report_header(None)))
     print("| mix | at noise (≤ 1e-5) | max | crossings | first crossing | greedy steps differing | layer-local max |")

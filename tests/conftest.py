@@ -32,7 +32,7 @@ def require_distributed():
 
 def pytest_configure(config):
     """Import the kernels once in the main process: a numba cache left by other kernel sources is
-    cleared there (kernels/flags.py), before pytest-xdist's workers start and compile into it. In a
+    cleared there (kernels/base/flags.py), before pytest-xdist's workers start and compile into it. In a
     worker, one numba thread: the workers share the cores (a parallel region's barrier then waits on
     a busy core), and the thread count never changes a bit (docs/numerics.md); the tests that vary it
     set it themselves."""

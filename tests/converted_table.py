@@ -16,11 +16,11 @@ import sys
 import numpy as np
 
 import test_converted as tc
-from refimpl.drafts import mtp_catchup_logits
-from refimpl.generate import greedy
-from refimpl.model import forward
-from refimpl.ops import Ctx
-from refimpl.state import SeqState
+from refimpl.decode.drafts import mtp_catchup_logits
+from refimpl.decode.greedy import greedy
+from refimpl.model.trunk import forward
+from refimpl.model.ops import Ctx
+from refimpl.model.state import SeqState
 
 
 def row(name: str) -> str:

@@ -1,6 +1,6 @@
 """The self-speculative MTP loop driven through llama.cpp (llama-cpp-python 0.3.36), in a subprocess.
 
-The same rounds as :mod:`refimpl.speculative`, with llama.cpp doing every decode, set up and sequenced
+The same rounds as :mod:`refimpl.decode.speculative`, with llama.cpp doing every decode, set up and sequenced
 as ``examples/speculative-simple/speculative-simple.cpp`` and ``common/speculative.cpp``
 (``common_speculative_impl_draft_mtp``) do:
 

@@ -11,14 +11,14 @@ import pytest
 import conformance
 from conftest import require_llama_cpp
 from refimpl.cli import main
-from refimpl.generate import greedy
-from refimpl.inspect_model import describe
-from refimpl.load import open_model
-from refimpl.model import forward, load_model
-from refimpl.ops import Ctx
-from refimpl.speculative import speculative_generate
-from refimpl.state import SeqState
-from refimpl.trace import Recorder
+from refimpl.decode.greedy import greedy
+from refimpl.cli.inspect_model import describe
+from refimpl.io.load import open_model
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.ops import Ctx
+from refimpl.decode.speculative import speculative_generate
+from refimpl.model.state import SeqState
+from refimpl.oracle.trace import Recorder
 
 ARCHS = ["qwen35", "qwen3next"]
 PROMPT_LEN, N_GEN = 24, 32

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from conftest import require_llama_cpp
-from refimpl import golden as G
-from refimpl.audit import TIE_THRESHOLD, Stream, audit, read_stream, report_lines
+from refimpl.oracle import golden as G
+from refimpl.oracle.audit import TIE_THRESHOLD, Stream, audit, read_stream, report_lines
 from refimpl.cli import main
 from refimpl.errors import RefimplError
-from refimpl.generate import greedy
-from refimpl.model import load_model
-from refimpl.ops import Ctx
+from refimpl.decode.greedy import greedy
+from refimpl.model.trunk import load_model
+from refimpl.model.ops import Ctx
 from refimpl.tokenizer import Tokenizer
 
 N = 20
@@ -236,7 +236,7 @@ def test_cli_errors_are_one_line(case, tmp_path, capsys):
 def test_model_is_optional_and_told_by_file_type(case, tmp_path, capsys):
     """MODEL defaults to builtin:kjv (as for run); each positional is a MODEL (.gguf, builtin:, GGUF bytes
     under any name), a GOLDEN (.jsonl) or a STREAM (anything else), and a misplaced one is one line."""
-    from refimpl.builtin import TRAINED_PATH
+    from refimpl.fixtures.builtin import TRAINED_PATH
 
     kjv = load_model(TRAINED_PATH, pack=False)
     tok = Tokenizer.from_gguf(kjv.file.gguf)

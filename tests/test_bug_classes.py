@@ -1,20 +1,20 @@
 """docs/bug-classes.md's table, measured: every stream-visible fault is flagged by the audit within 64
 tokens on the history-dependent models (the trained `kjv`, the random `tiny`) but the pinned near-tie
 cases, the clean loop never is, the trained head's acceptance shows the stream-blind MTP classes, and the page holds exactly the
-tables these measurements give (refimpl.fault_table)."""
+tables these measurements give (refimpl.inject.fault_table)."""
 
 from pathlib import Path
 
 import pytest
 
-from refimpl import fault_table as T
-from refimpl.faults import FAULTS
+from refimpl.inject import fault_table as T
+from refimpl.inject.faults import FAULTS
 
 TABLE = {n: FAULTS[n] for n in T.TABLE_FAULTS}
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "bug-classes.md"
 
-# Stream-visible on tiny, yet only ever a near-tie there (docs/bug-classes.md, "Misses on tiny"):
+# Stream-visible on tiny, yet only ever a near-tie there (docs/bug-classes.md, "Reading it"):
 # pinned, so that a change in either direction updates the page.
 NEAR_TIE_ONLY_ON_TINY = {"rope-full-width"}
 # Stream-visible on kjv, yet only a near-tie there with its 64 tokens of "And it came to pass": the stale
@@ -49,9 +49,9 @@ def cells():
 
 
 def test_the_clean_loop_is_never_flagged(cells):
-    from refimpl.builtin import resolve_model
-    from refimpl.faults import Faults
-    from refimpl.model import load_model
+    from refimpl.fixtures.builtin import resolve_model
+    from refimpl.inject.faults import Faults
+    from refimpl.model.trunk import load_model
 
     for name, case in T.MODELS.items():
         c = cells[(name, "(clean loop)")]
@@ -122,7 +122,7 @@ def test_predictable_only_sees_accept_logic(cells):
 def test_the_page_holds_the_measured_table(cells):
     text = PAGE.read_text(encoding="utf-8")
     assert T.table_in(text) == T.markdown(list(cells.values())), \
-        "docs/bug-classes.md is stale: python -m refimpl.fault_table --write docs/bug-classes.md"
+        "docs/bug-classes.md is stale: python -m refimpl.inject.fault_table --write docs/bug-classes.md"
 
 
 def test_replay_rollback_is_flagged_with_a_recurrent_layer_after_attention(tmp_path, monkeypatch):
@@ -131,7 +131,7 @@ def test_replay_rollback_is_flagged_with_a_recurrent_layer_after_attention(tmp_p
     import dataclasses
 
     from refimpl.fixtures import presets, write_fixture
-    from refimpl.model import load_model
+    from refimpl.model.trunk import load_model
 
     monkeypatch.setitem(presets.PRESETS, "tiny8", dataclasses.replace(presets.PRESETS["tiny"], name="tiny8", n_layer=8))
     path = write_fixture(tmp_path / "tiny8.gguf", preset="tiny8", quant="f32")

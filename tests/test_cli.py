@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from refimpl.builtin import TRAINED_PATH
-from refimpl.generate import greedy
-from refimpl.model import forward, load_model
-from refimpl.state import SeqState
+from refimpl.fixtures.builtin import TRAINED_PATH
+from refimpl.decode.greedy import greedy
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.state import SeqState
 from refimpl.tokenizer import Tokenizer
 
 
@@ -149,3 +149,92 @@ def test_fixture_refuses_an_unsupported_arch(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["refimpl: error: unsupported arch 'llama' (supported: qwen35moe, qwen35, qwen3next)"]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("words, emulate, model", [
+    (["--emulate", "plain", "m.gguf"], "plain", "m.gguf"),
+    (["--emulate=plain", "m.gguf"], "plain", "m.gguf"),
+    (["--emulate", "default", "m.gguf"], "default", "m.gguf"),
+    (["--emulate", "m.gguf"], "default", "m.gguf"),  # a word that is not a CONFIG is MODEL
+    (["m.gguf", "--emulate"], "default", "m.gguf"),
+    (["--emulate", "plain"], "plain", None),
+    (["--emul", "plain", "m.gguf"], "plain", "m.gguf"),  # argparse's abbreviations too
+    (["--", "--emulate"], None, "--emulate"),
+])
+@pytest.mark.parametrize("command", ["run", "logits", "trace", "audit", "golden make", "plot audit"])
+def test_emulate_takes_a_config_word_but_never_the_model(command, words, emulate, model):
+    from refimpl.cli import build_parser
+
+    required = {"logits": ["--tokens", "1", "--out", "o"], "trace": ["--tokens", "1"], "golden make": ["--prompts", "p"],
+                "plot audit": ["--out", "o"]}.get(command, [])
+    if command == "plot audit":  # STREAM right after MODEL (argparse takes adjacent positionals together)
+        words = [*words, "m.gguf"] if model is None else words
+        model = model or "m.gguf"
+        at = len(words) - words[::-1].index(model)
+        words = [*words[:at], "s.json", *words[at:]]
+    args = build_parser().parse_args([*command.split(), *required, *words])
+    assert (args.emulate, args.model) == (emulate, model)
+
+
+@pytest.mark.parametrize("words, pack, model", [(["--pack", "m.gguf"], "on", "m.gguf"), (["--pack", "off", "m.gguf"], "off", "m.gguf"),
+                                                (["--pack=auto"], "auto", None), ([], "auto", None)])
+def test_pack_takes_a_word_but_never_the_model(words, pack, model):
+    from refimpl.cli import build_parser
+
+    args = build_parser().parse_args(["run", *words])
+    assert (args.pack, args.model) == (pack, model)
+
+
+def test_emulate_plain_spelled_either_way_gives_the_same_logits(fixture_cache, tmp_path, capsys):
+    from refimpl.cli import main
+
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    assert main(["logits", "--emulate", "plain", "builtin:tiny", "--tokens", "1,2", "--out", str(a)]) == 0
+    assert main(["logits", "builtin:tiny", "--emulate=plain", "--tokens", "1,2", "--out", str(b)]) == 0
+    assert np.array_equal(np.load(a), np.load(b))
+
+
+def _one_error(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("refimpl: compil", "refimpl:   ["))]
+    assert len(err) == 1 and err[0].startswith("refimpl: error:"), err
+    return err[0]
+
+
+@pytest.mark.parametrize("command", [["logits", "--out", "o.npy"], ["trace", "--out", "t"], ["run", "-n", "1"]])
+def test_emulate_with_the_numpy_kernel_is_refused_in_one_line(fixture_cache, tmp_path, capsys, monkeypatch, command):
+    """llama.cpp's activation quantization is emulated by the numba kernels only (kernels/matmul.py):
+    --emulate --kernel numpy used to end in matmul's ValueError."""
+    from refimpl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, "builtin:tiny", "--tokens", "1,2", "--emulate=plain", "--kernel", "numpy"]) == 2
+    assert "--emulate=plain needs --kernel numba" in _one_error(capsys)
+    assert not list(tmp_path.iterdir())
+    assert main([*command, "builtin:tiny", "--tokens", "1,2", "--kernel", "numpy", "--kv-type", "f16"]) == 0  # the rest of the numerics go
+
+
+def test_golden_check_of_an_emulated_golden_with_the_numpy_kernel_is_refused(fixture_cache, tmp_path, capsys):
+    from refimpl.cli import main
+
+    prompts, golden = tmp_path / "p.jsonl", tmp_path / "g.jsonl"
+    prompts.write_text('{"tokens": [1, 2]}\n')
+    assert main(["golden", "make", "builtin:tiny", "--prompts", str(prompts), "-n", "2", "--emulate", "--out", str(golden)]) == 0
+    capsys.readouterr()
+    assert main(["golden", "check", str(golden), "--kernel", "numpy"]) == 2
+    assert "needs --kernel numba" in _one_error(capsys)
+    assert main(["golden", "check", str(golden)]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "builtin:tiny", "-m", "builtin:tiny"], "give MODEL or -m, not both"),
+    (["run", "builtin:tiny", "--ngram", "--ngram-min-match", "0"], "--ngram-min-match must be between 1 and 12"),
+    (["audit", "builtin:tiny", "s.json", "--prompt-tokens", "1,x"], "--prompt-tokens expects comma-separated integers"),
+])
+def test_flag_findings_are_refused_in_one_line(fixture_cache, tmp_path, capsys, monkeypatch, args, message):
+    """What tests/test_cli_flags.py's walk found: each used to end in a traceback, be ignored, or name the wrong flag."""
+    from refimpl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.json").write_text('{"prompt_tokens": [1, 2], "tokens": [3]}')
+    assert main([*args, "--tokens", "1,2", "-n", "1"] if args[0] == "run" else args) == 2
+    assert message in _one_error(capsys)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from conftest import require_distributed
-from refimpl import builtin as B
-from refimpl import cluster as C
-from refimpl import golden as G
+from refimpl.fixtures import builtin as B
+from refimpl.oracle import cluster as C
+from refimpl.oracle import golden as G
 from refimpl.cli import main
 from refimpl.errors import RefimplError
 

@@ -20,13 +20,13 @@ import pytest
 import conformance
 from conftest import require_llama_cpp
 from refimpl.cli import main as cli_main
-from refimpl.drafts import mtp_catchup_logits
-from refimpl.generate import greedy
-from refimpl.load import open_model
-from refimpl.model import forward, load_model
-from refimpl.ops import Ctx
-from refimpl.speculative import speculative_generate
-from refimpl.state import SeqState
+from refimpl.decode.drafts import mtp_catchup_logits
+from refimpl.decode.greedy import greedy
+from refimpl.io.load import open_model
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.ops import Ctx
+from refimpl.decode.speculative import speculative_generate
+from refimpl.model.state import SeqState
 
 CONVERTED = Path(__file__).resolve().parent.parent / "golden" / "converted"
 MANIFEST = json.loads((CONVERTED / "MANIFEST.json").read_text())

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 import conformance
 from conftest import require_llama_cpp
 from refimpl.cli import main
-from refimpl.drafts import mtp_catchup_logits, ngram_draft, top_k_p
-from refimpl.model import forward, load_model
-from refimpl.ops import Ctx
-from refimpl.speculative import accept_greedy
-from refimpl.state import SeqState
+from refimpl.decode.drafts import mtp_catchup_logits, ngram_draft, top_k_p
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.ops import Ctx
+from refimpl.decode.speculative import accept_greedy
+from refimpl.model.state import SeqState
 
 # ---------------------------------------------------------------------------------------------
 # n-gram
@@ -149,7 +149,7 @@ def mtp_pair(make_fixture):
 @pytest.mark.parametrize("quant, options", MTP_CASES, ids=MTP_IDS)
 def test_mtp_block_from_llama_cpp_own_inputs_is_at_float_noise(mtp_pair, quant, options):
     """Layer-local: the MTP block fed llama.cpp's own hiddens, and every rounding site inside it
-    llama.cpp's own float input (refimpl.trace.Patcher), reproduces every intermediate, h_nextn and
+    llama.cpp's own float input (refimpl.oracle.trace.Patcher), reproduces every intermediate, h_nextn and
     the logits of llama.cpp's MTP context to float noise; fed only the hiddens, it does so at every
     position but at and after a crossing inside the block."""
     mtp_pair(quant, **options).assert_layer_local(f"{quant} MTP")

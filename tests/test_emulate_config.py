@@ -3,7 +3,7 @@ one token per decode or batched, against llama.cpp itself.
 
 Verdicts do not depend on the CPU: a comparison requires float noise except where the emulation
 itself reports that a float-noise-sized difference can flip a rounding (an F16 accumulator value
-within a few float32 ulps of an F16 tie, kernels/flashattn.py), and there it allows that one step.
+within a few float32 ulps of an F16 tie, kernels/ggml/flashattn.py), and there it allows that one step.
 
 * kernel level: ``kernels.flash_attn_f16`` and ``attention.attend`` against libggml's own
   ``ggml_flash_attn_ext`` (vector, split-KV and tiled paths) on random inputs;
@@ -22,12 +22,12 @@ from conftest import require_llama_cpp
 from ggml_lib import InitParams, load_ggml, run_graph
 
 import kernels
-from refimpl.attention import attend
-from refimpl.ops import Ctx, to_f16
-from refimpl.state import KVCache
+from refimpl.model.attention import attend
+from refimpl.model.ops import Ctx, to_f16
+from refimpl.model.state import KVCache
 
 NOISE = 2e-6  # float32 accumulation-order noise, relative to max |output|
-TIE_ULPS = 4  # "near an F16 tie": within 4·(1 + |s| + |M|) float32 ulps of a rounding midpoint (kernels/flashattn.py)
+TIE_ULPS = 4  # "near an F16 tie": within 4·(1 + |s| + |M|) float32 ulps of a rounding midpoint (kernels/ggml/flashattn.py)
 F16_STEP = 2.0**-10  # one F16 step, relative to the accumulated value
 
 
@@ -134,7 +134,7 @@ def test_flash_attn_tiled_path_reproduces_ggml(ggml_fa):
 
 def test_split_kv_chunking_follows_llama_cpp():
     """n_kv = min(kv_size, max(256, pad256(cells))), split when one row and n_kv >= 512, chunk = ceil(n_kv / threads)."""
-    from refimpl.attention import _split_chunk
+    from refimpl.model.attention import _split_chunk
 
     c = SimpleNamespace(n_ctx_train=4096)
 
@@ -208,7 +208,7 @@ def _trace(path, names, kv, fa, batch, tokens=None):
 
 
 def near_f16_tie(x: np.ndarray, ulps: float) -> np.ndarray:
-    """Vectorised kernels.flashattn._near_f16_tie: |x| within ``ulps`` float32 ulps of an F16 midpoint."""
+    """Vectorised kernels.ggml.flashattn._near_f16_tie: |x| within ``ulps`` float32 ulps of an F16 midpoint."""
     a = np.abs(x.astype(np.float64))
     e = np.frexp(a)[1]
     q16 = np.ldexp(1.0, np.maximum(e - 11, -24))
@@ -263,7 +263,7 @@ def test_attention_layer_reproduces_llama_cpp_from_its_own_input(fixture_file, k
     a 70-token prompt ubatch) fed llama.cpp's own Q, K, V gives its output: float noise, or one F16
     step where the emulation saw an F16 rounding within float noise of a tie."""
     require_llama_cpp()
-    from refimpl.model import load_model
+    from refimpl.model.trunk import load_model
 
     path = fixture_file("llama-Q8_0")
     c = load_model(path, progress=False).config
@@ -284,8 +284,8 @@ def test_gated_delta_net_op_reproduces_llama_cpp_from_its_own_input(fixture_file
     recurrence. Fed its own q, k, v, gate, beta and the state at the ubatch's start, refimpl's delta
     rule gives its output to float noise (everything is float32; no rounding point to cross)."""
     require_llama_cpp()
-    from refimpl.deltanet import delta_rule_step
-    from refimpl.model import load_model
+    from refimpl.model.deltanet import delta_rule_step
+    from refimpl.model.trunk import load_model
 
     path = fixture_file("llama-Q8_0")
     c = load_model(path, progress=False).config
@@ -325,7 +325,7 @@ def test_batched_matmuls_reproduce_llama_cpp_from_their_own_input(fixture_file, 
     activations are quantized by the same quantizers as for one row, so the emulated product fed
     llama.cpp's input reproduces its output to float noise in every mix."""
     require_llama_cpp()
-    from refimpl.model import load_model
+    from refimpl.model.trunk import load_model
 
     path = fixture_file(mix)
     model = load_model(path, progress=False)
@@ -350,9 +350,9 @@ def test_f32_fixture_end_to_end_in_every_configuration(fixture_file, kv, fa, bat
     position, and its greedy stream is refimpl's. (Without the flash-attention emulation the
     flash configurations are ~1.5e-4 off at most positions: the F16 accumulator, checked alongside.)"""
     require_llama_cpp()
-    from refimpl.generate import greedy
-    from refimpl.model import forward, load_model
-    from refimpl.state import SeqState
+    from refimpl.decode.greedy import greedy
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.state import SeqState
 
     path = fixture_file("f32")
     model = load_model(path, progress=False)
@@ -384,7 +384,7 @@ def test_f32_fixture_end_to_end_in_every_configuration(fixture_file, kv, fa, bat
 
 
 def test_emulation_presets():
-    from refimpl.ops import emulation_ctx
+    from refimpl.model.ops import emulation_ctx
 
     assert emulation_ctx("default") == Ctx(act_quant=True, kv_f16=True, flash_attn=True)
     assert emulation_ctx("plain") == Ctx(act_quant=True)  # what the older conformance tests meant by it
@@ -406,8 +406,8 @@ def test_cli_emulate_flags_select_the_configuration(make_fixture, tmp_path, flag
     import subprocess
     import sys
 
-    from refimpl.model import forward, load_model
-    from refimpl.state import SeqState
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.state import SeqState
 
     path = make_fixture("tiny", "q8_0")
     out = tmp_path / "l.npy"
@@ -437,7 +437,7 @@ def test_flash_attn_kernel_uses_the_c_library_expf_compiled_or_not(tmp_path):
     import subprocess
     import sys
 
-    from kernels.flashattn import expf
+    from kernels.ggml.flashattn import expf
 
     libm = ctypes.CDLL(ctypes.util.find_library("m"))
     libm.expf.argtypes, libm.expf.restype = [ctypes.c_float], ctypes.c_float

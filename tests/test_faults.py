@@ -1,4 +1,4 @@
-"""Injected faults (refimpl.faults): each rewrites exactly what its bug class says, the clean record
+"""Injected faults (refimpl.inject.faults): each rewrites exactly what its bug class says, the clean record
 changes nothing, and ``run --inject`` switches them on with one-line errors for bad names."""
 
 import json
@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from refimpl.cli import main
-from refimpl.drafts import MTPSource
+from refimpl.decode.drafts import MTPSource
 from refimpl.errors import RefimplError
-from refimpl.faults import FAULTS, NO_FAULTS, Faults, _round_bf16, parse_faults
-from refimpl.generate import greedy
-from refimpl.model import load_model
-from refimpl.ops import Ctx
-from refimpl.speculative import prefill, speculative_generate, step
-from refimpl.state import DeltaNetState
+from refimpl.inject.faults import FAULTS, NO_FAULTS, Faults, _round_bf16, parse_faults
+from refimpl.decode.greedy import greedy
+from refimpl.model.trunk import load_model
+from refimpl.model.ops import Ctx
+from refimpl.decode.speculative import prefill, speculative_generate, step
+from refimpl.model.state import DeltaNetState
 
 PROMPT = [11, 42, 7, 300, 5]
 
@@ -67,7 +67,7 @@ def _rollback_round(model, fault):
 def test_rollback_faults_restore_what_they_say(tiny, fault, conv_from, ssm_from):
     s, r, clean, faulty = _rollback_round(tiny, fault)
     assert r.drafts and r.rollback == 3 and r.n_accepted == 0  # tiny's head is never right: P+1 is the target
-    from refimpl.model import forward
+    from refimpl.model.trunk import forward
 
     _, _, after = forward(tiny, s.target, [s.history[-1]] + r.drafts)
     _, _, plus_one = forward(tiny, s.target, [s.history[-1], r.drafts[0]])
@@ -103,9 +103,9 @@ def test_conv_faults_store_the_rows_they_say(tiny):
     """B15: after a batch from a fresh state, layer 0's window holds the last Kc−1 inputs; with
     conv-drop-newest the Kc−1 before the newest; with conv-post-silu (a batch of ≥ 2 tokens) the last
     Kc−1 post-conv SiLU rows instead of the inputs."""
-    from refimpl.model import forward
-    from refimpl.state import SeqState
-    from refimpl.trace import Recorder
+    from refimpl.model.trunk import forward
+    from refimpl.model.state import SeqState
+    from refimpl.oracle.trace import Recorder
 
     rec = Recorder({"linear_attn_qkv_mixed-0", "conv_output_silu-0"})
     fresh = SeqState.fresh(tiny.config)
@@ -122,7 +122,7 @@ def test_conv_faults_store_the_rows_they_say(tiny):
 
 
 def test_verify_row_late_judges_row_i_by_row_i_plus_one():
-    from refimpl.faults import _verify_row_late
+    from refimpl.inject.faults import _verify_row_late
 
     logits = np.eye(5, dtype=np.float32)[[4, 1, 2, 3]]  # rows' argmax: 4, 1, 2, 3
     targets = [4, 1, 2, 3]

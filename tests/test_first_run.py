@@ -1,5 +1,5 @@
 """The first run: numba compiles only the kernels of the model's own weight types, says so on stderr
-with one line per kernel (refimpl/compile_report.py), and says nothing when they come from the cache.
+with one line per kernel (refimpl/cli/compile_report.py), and says nothing when they come from the cache.
 
 The end-to-end test runs ``refimpl run`` on the built-in model (``builtin:kjv``: F32 and Q8_0) twice
 against a fresh numba cache directory (``NUMBA_CACHE_DIR``): the first run compiles the kernels of
@@ -17,10 +17,10 @@ import numba
 import numpy as np
 
 import kernels
-from kernels.blocks import QT
-from refimpl.builtin import TRAINED_SPEC, resolve_model
-from refimpl.compile_report import compile_report
-from refimpl.gguf_file import GGUFFile
+from kernels.base.blocks import QT
+from refimpl.fixtures.builtin import TRAINED_SPEC, resolve_model
+from refimpl.cli.compile_report import compile_report
+from refimpl.io.gguf_file import GGUFFile
 
 QUANT_TYPES = [t.name.lower() for t in (QT.F32, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.F16, QT.BF16, QT.Q5_K, QT.Q2_K)]
 
@@ -83,7 +83,7 @@ def test_report_only_when_something_compiles():
 def test_kernels_are_compiled_per_type():
     """A type-specific kernel is one function per type code, built on first use (its name says which);
     that it compiles that type's code only is what the cold-run test checks."""
-    from kernels import lanes
+    from kernels.lanes import pack as lanes
 
     k1, k2 = lanes._matmul_lanes(QT.Q8_0), lanes._matmul_lanes(int(QT.Q8_0))
     assert k1 is k2 and k1 is not lanes._matmul_lanes(QT.Q4_K)

@@ -154,9 +154,9 @@ LAYOUT_VARIANTS = [  # (arch, options) on tiny f32: the default and every older 
 
 
 def _refimpl(path):
-    from refimpl.drafts import mtp_catchup_logits
-    from refimpl.model import forward, load_model
-    from refimpl.state import SeqState
+    from refimpl.decode.drafts import mtp_catchup_logits
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.state import SeqState
 
     model = load_model(path, progress=False)
     logits, h, _ = forward(model, SeqState.fresh(model.config), PROMPT)
@@ -218,7 +218,7 @@ def test_the_large_preset_writer_lays_files_out_as_write_fixture(make_fixture, t
     import dataclasses
 
     from refimpl.fixtures import large, presets
-    from refimpl.load import open_model
+    from refimpl.io.load import open_model
 
     monkeypatch.setitem(presets.LARGE_PRESETS, "tiny", dataclasses.replace(presets.PRESETS["tiny"]))
     path = large.write_large_fixture(tmp_path / f"{quant}.gguf", preset="tiny", quant=quant)

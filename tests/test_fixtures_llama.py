@@ -103,7 +103,7 @@ def test_predictable_trunk_follows_pi_and_mtp_follows_pi_prime(make_fixture, qua
     assert 0.4 <= agree <= 0.9
 
 
-OTHER_ARCHS = [  # (arch, quant, options): variants of the siblings of qwen35moe (refimpl.config.ARCHS) that
+OTHER_ARCHS = [  # (arch, quant, options): variants of the siblings of qwen35moe (refimpl.io.config.ARCHS) that
     # tests/test_arch.py does not run already (it runs f32, q4_k_m / q8_0 and qwen3next's ssm_in=false through llama.cpp)
     ("qwen35", "f32", {"mtp": "stripped"}), ("qwen35", "f32", {"tied": True}), ("qwen35", "iq2_xxs", {}),
     ("qwen3next", "f32", {"mtp": "stripped"}), ("qwen3next", "f32", {"tied": True}),
@@ -126,7 +126,7 @@ def test_q4_k_m_types_are_llama_quantizes(make_fixture, tmp_path, arch):
     from gguf import LlamaFileType
 
     from llama_ref import quantize_with_llama
-    from refimpl.gguf_file import GGUFFile
+    from refimpl.io.gguf_file import GGUFFile
 
     theirs = GGUFFile(quantize_with_llama(make_fixture("tiny", "f32", arch=arch), tmp_path / "q.gguf",
                                           LlamaFileType.MOSTLY_Q4_K_M)).tensors

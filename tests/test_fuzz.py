@@ -38,7 +38,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refimpl.builtin import TRAINED_PATH
+from refimpl.fixtures.builtin import TRAINED_PATH
 
 HANG_S = 30  # one example's limit; a normal one takes 10-150 ms
 EXAMPLES_EACH = 75  # per mutation: 600 in all
@@ -143,7 +143,7 @@ class Base:
 
 
 def _base(name: str, path: Path) -> Base:
-    from refimpl.gguf_file import GGUFFile
+    from refimpl.io.gguf_file import GGUFFile
 
     data = path.read_bytes()
     slots, end = header_slots(data)
@@ -242,7 +242,7 @@ def commands(model: Path, tmp: Path) -> dict[str, list[str]]:
     }
 
 
-_COMPILE_NOTICES = ("refimpl: compiling kernels", "refimpl:   [", "refimpl: compiled ")  # refimpl.compile_report
+_COMPILE_NOTICES = ("refimpl: compiling kernels", "refimpl:   [", "refimpl: compiled ")  # refimpl.cli.compile_report
 
 
 MEMORY_GUARD = 4 << 30  # bytes an example may allocate beyond what the process holds (RLIMIT_DATA)
@@ -369,7 +369,7 @@ def workdir(tmp_path_factory, bases):
 def test_header_slots_cover_the_header(bases):
     """The walker reads each base to the end of its tensor table, where the data starts (after the
     alignment padding), and finds every token of the built-in model's vocabulary."""
-    from refimpl.gguf_file import GGUFFile
+    from refimpl.io.gguf_file import GGUFFile
 
     for base in bases.values():
         first_data = min(offset for _, _, offset, _ in base.tensors)

@@ -1,4 +1,4 @@
-"""refimpl/gguf_file.py's header parser: the same keys, types, values, tensor table and tensor views
+"""refimpl/io/gguf_file.py's header parser: the same keys, types, values, tensor table and tensor views
 as gguf-py's ``GGUFReader`` on every committed GGUF (the trained model, the converter-made files of
 golden/converted) and the fixtures; every damaged header a one-line RefimplError; and one read of
 the header per ``refimpl run``."""
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 
-from refimpl.builtin import TRAINED_PATH
+from refimpl.fixtures.builtin import TRAINED_PATH
 from refimpl.errors import RefimplError
 from refimpl.fixtures import QUANT_MIXES
-from refimpl.gguf_file import GGUFFile
+from refimpl.io.gguf_file import GGUFFile
 
 VT = GGUFValueType
 

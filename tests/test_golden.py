@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from refimpl import builtin as B
-from refimpl import golden as G
+from refimpl.fixtures import builtin as B
+from refimpl.oracle import golden as G
 from refimpl.cli import main
 from refimpl.errors import RefimplError
 
@@ -115,8 +115,8 @@ def test_jobs_do_not_change_the_output(small):
 
 
 def test_small_golden_contents(small, fixture_cache):
-    from refimpl.generate import greedy
-    from refimpl.model import load_model
+    from refimpl.decode.greedy import greedy
+    from refimpl.model.trunk import load_model
     from refimpl.tokenizer import Tokenizer
 
     g = G.read_golden(small[0])
@@ -270,7 +270,7 @@ def test_builtin_specs():
 
 
 def test_recipe_is_read_back_from_fixture_metadata(make_fixture):
-    from refimpl.gguf_file import GGUFFile
+    from refimpl.io.gguf_file import GGUFFile
 
     path = make_fixture("predictable", "q8_0", seed=3, mtp_mismatch=0.5)
     assert B.recipe_of(GGUFFile(path)).spec == "builtin:predictable/q8_0/seed=3/mtp_mismatch=0.5"

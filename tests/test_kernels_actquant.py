@@ -1,4 +1,4 @@
-"""kernels.actquant / matmul(act_quant=True): llama.cpp's activation quantization and integer dots.
+"""kernels.ggml.actquant / matmul(act_quant=True): llama.cpp's activation quantization and integer dots.
 
 Three independent checks:
 

@@ -1,4 +1,4 @@
-"""kernels.blocks and kernels.dequant: layouts, and dequantization bit-identical to gguf 0.19.0.
+"""kernels.base.blocks and kernels.plain.dequant: layouts, and dequantization bit-identical to gguf 0.19.0.
 
 Oracles: ``gguf.quants.dequantize`` (numpy, itself tested bit-exact against libggml upstream) for
 every type and scale regime, and hand-built blocks whose values are written out below.
@@ -10,8 +10,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
 
 import kernels
-from kernels.blocks import layout, row_bytes, weight_layout
-from kernels.floats import E8M0_HALF
+from kernels.base.blocks import layout, row_bytes, weight_layout
+from kernels.base.floats import E8M0_HALF
 from kernels.testing import random_rows
 
 TYPES = kernels.WEIGHT_TYPES

@@ -20,7 +20,7 @@ from gguf import quants as gguf_quants
 from test_kernels_actquant import assert_act_quant_equals_transcription, f16, py_quantize_q8_k
 
 import kernels
-from kernels.blocks_iq import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGNS
+from kernels.base.blocks_iq import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGNS
 from kernels.testing import random_rows
 
 F32 = np.float32

@@ -9,7 +9,7 @@ block decoded once into a float64 buffer (the wide path). Here, for every weight
 * raw and packed, T = 1 … 5 (narrow), 9 and 13 (wide), normal and extreme scales: the same bits as
   ``_matmul_rows`` (two 16-row groups; the five rows of the tail take ``_matmul_rows`` itself);
 * random scale bytes (inf / NaN scales): NaN in the same places, every other output the same bits;
-* the instruction-set levels (kernels/lanes_ir.py): the generic twin (and AVX2 on an AVX-512
+* the instruction-set levels (kernels/lanes/ir.py): the generic twin (and AVX2 on an AVX-512
   host) equals the default level bit for bit, for the types with ISA-specific code;
 * the float64 routes (Q4_K and Q5_K where their d/dmin exponents make the float32 weights exact, MXFP4
   and the IQ4 tables where no product overflows): blocks on both sides of each condition, the same bits.
@@ -20,8 +20,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import kernels
-from kernels import lanes
-from kernels.lanes_ir import BLOCK, ISA, ISA_NAMES, LANE_TYPES, LANES, TARGET_ISA
+from kernels.lanes import pack as lanes
+from kernels.lanes.ir import BLOCK, ISA, ISA_NAMES, LANE_TYPES, LANES, TARGET_ISA
 from kernels.matmul import _matmul_rows
 from kernels.testing import random_rows
 
@@ -201,7 +201,7 @@ def test_k_quant_float64_route(qtype):
     # The float32 decoder's weights are exact in the admitted group and round in the groups at the gaps in
     # ``rounding`` and in the last one (the others lie outside the bound, which allows for d and dmin of
     # opposite signs, but happen not to round here).
-    from kernels.dequant import dequantize
+    from kernels.plain.dequant import dequantize
 
     rounded = dequantize(w, qtype).reshape(len(w), -1) != k_quant_exact_values(qtype, w)
     assert not rounded[:16].any()
@@ -285,15 +285,15 @@ def test_pack_keeps_what_it_cannot_pack():
 
 
 # --------------------------------------------------------------------------------------------
-# act_quant (--emulate): the lane kernels of kernels/lanes_act.py equal the scalar dots of kernels/actdots.py
+# act_quant (--emulate): the lane kernels of kernels/lanes/act.py equal the scalar dots of kernels/ggml/actdots.py
 
 ACT_TYPES = [QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 
 
 def act_reference(w, qtype, x):
     """``actdots``' scalar kernels alone (the definition the lane kernels must equal)."""
-    from kernels import actdots
-    from kernels.actquant import _q8_0_rows, _q8_k_rows
+    from kernels.ggml import actdots
+    from kernels.ggml.actquant import _q8_0_rows, _q8_k_rows
 
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     if kernels.layout(qtype).vec_dot_type == QT.Q8_0:
@@ -308,7 +308,7 @@ def act_reference(w, qtype, x):
 @pytest.mark.parametrize("scales", ["normal", "extreme", "raw"])
 @pytest.mark.parametrize("qtype", ACT_TYPES, ids=lambda q: q.name)
 def test_act_quant_lane_kernels_equal_the_scalar_dots(qtype, scales):
-    from kernels.lanes_act import ACT_LANE_TYPES
+    from kernels.lanes.act import ACT_LANE_TYPES
 
     assert int(qtype) in ACT_LANE_TYPES
     rng = np.random.default_rng([int(qtype), 12])
@@ -326,8 +326,8 @@ def test_act_quant_lane_kernels_equal_the_scalar_dots(qtype, scales):
 
 def test_act_quant_isa_levels_give_the_same_bits():
     """MXFP4's value table is looked up with vpshufb on x86 and computed in generic IR: the same bits."""
-    from kernels.actquant import _q8_0_rows
-    from kernels.lanes_act import matmul_act_lanes
+    from kernels.ggml.actquant import _q8_0_rows
+    from kernels.lanes.act import matmul_act_lanes
 
     rng = np.random.default_rng(13)
     w = random_rows(QT.MXFP4, 32, K, rng, scales="extreme")

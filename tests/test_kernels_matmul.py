@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import kernels
-from kernels.dequant import as_row_bytes
+from kernels.plain.dequant import as_row_bytes
 from kernels.testing import random_rows
 
 TYPES = kernels.WEIGHT_TYPES
@@ -172,12 +172,12 @@ def test_matmul_experts_equals_expert_by_expert(qtype):
 
 
 def test_a_decoded_token_multiplies_its_experts_in_one_call(make_fixture, monkeypatch):
-    """``refimpl.moe`` sends a decoded token's K experts through ``kernels.matmul_experts`` (gate, up, down:
+    """``refimpl.model.moe`` sends a decoded token's K experts through ``kernels.matmul_experts`` (gate, up, down:
     three calls) and a batch expert by expert; both give the batch's rows the same bits."""
-    from refimpl import moe
-    from refimpl.model import forward, load_model
-    from refimpl.ops import Ctx
-    from refimpl.state import SeqState
+    from refimpl.model import moe
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.ops import Ctx
+    from refimpl.model.state import SeqState
 
     model = load_model(make_fixture("tiny", "q4_k_m"), pack=True)
     stacks = [layer.ffn.experts.stacked(which)[0].raw for layer in model.weights.layers for which in ("gate", "up", "down")]
@@ -262,24 +262,26 @@ def test_interpreted_kernels_give_the_same_bits(tmp_path):
 
 
 def test_a_stale_kernel_cache_is_dropped_also_under_numba_cache_dir(tmp_path):
-    """numba invalidates a cached kernel only when its own file changes, but a lanes.py kernel carries
-    IR that lanes_ir.py emits: kernels/flags.py clears the package's cache when any kernels/*.py changed
-    — in NUMBA_CACHE_DIR too, where a user who sets it would otherwise run an old kernel after an update."""
+    """numba invalidates a cached kernel only when its own file changes, but a lanes/pack.py kernel carries
+    IR that lanes/ir.py emits: kernels/base/flags.py clears the package's cache (every folder's) when any
+    kernels/**/*.py changed — in NUMBA_CACHE_DIR too, where a user who sets it would otherwise run an old
+    kernel after an update."""
     import os
     import subprocess
     import sys
 
     from numba.core.caching import UserProvidedCacheLocator
 
-    import kernels.flags
+    import kernels.base.flags
+    import kernels.lanes.pack
 
-    directory = tmp_path / UserProvidedCacheLocator.get_suitable_cache_subpath(kernels.flags.__file__)
-    directory.mkdir()
+    directory = tmp_path / UserProvidedCacheLocator.get_suitable_cache_subpath(kernels.lanes.pack.__file__)
+    directory.mkdir(parents=True)
     (directory / "numba-kernels-source.sha256").write_text("an older source")
-    stale = directory / "lanes._matmul_packed-1.py311.nbi"
+    stale = directory / "pack._matmul_packed-1.py311.nbi"
     stale.write_bytes(b"stale")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", "import kernels"], env=env, check=True, cwd=Path(kernels.flags.__file__).parents[1])
+    subprocess.run([sys.executable, "-c", "import kernels"], env=env, check=True, cwd=Path(kernels.base.flags.__file__).parents[2])
     assert not stale.exists()
     stamp = (directory / "numba-kernels-source.sha256").read_text()
     assert stamp != "an older source" and len(stamp) == 64

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kernels
-from refimpl.deltanet import delta_rule_step as refimpl_step
+from refimpl.model.deltanet import delta_rule_step as refimpl_step
 
 F32 = np.float32
 

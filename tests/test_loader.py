@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from refimpl.config import load_config
+from refimpl.io.config import load_config
 from refimpl.errors import RefimplError
-from refimpl.gguf_file import GGUFFile
-from refimpl.inspect_model import describe
-from refimpl.load import open_model
+from refimpl.io.gguf_file import GGUFFile
+from refimpl.cli.inspect_model import describe
+from refimpl.io.load import open_model
 
 
 def test_config_of_the_tiny_fixture(make_fixture):
@@ -189,8 +189,8 @@ def test_trailing_dimensions_of_one_are_accepted_as_llama_cpp_does(make_fixture,
     """Every tensor written with ne padded to 4 dimensions (ffn_gate_inp_shexp as ne [E, 1] is what
     convert_hf_to_gguf.py writes for HF's (1, E) shared_expert_gate) loads, with the expected shapes,
     and computes the same logits bit for bit."""
-    from refimpl.model import forward, load_model
-    from refimpl.state import SeqState
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.state import SeqState
 
     src = make_fixture("tiny", quant)
     names = tuple(t.name for t in GGUFReader(src).tensors if len(t.shape) < 4)
@@ -248,9 +248,9 @@ def test_a_tensor_the_graph_does_not_read_is_refused(make_fixture, tmp_path):
 def test_fused_qkv_attention_gives_the_same_logits(make_fixture, tmp_path, quant):
     """convert_hf_to_gguf.py --fuse-qkv: every full-attention block (trunk and nextn) holds attn_qkv,
     rows [Q and gate ‖ K ‖ V]; refimpl reads its row blocks and computes the same bits."""
-    from refimpl.drafts import mtp_catchup_logits
-    from refimpl.model import forward, load_model
-    from refimpl.state import SeqState
+    from refimpl.decode.drafts import mtp_catchup_logits
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.state import SeqState
 
     src = make_fixture("tiny", quant)
     c = open_model(src).config

@@ -95,9 +95,9 @@ def test_nonfinite_weights_compute_what_llama_cpp_computes(bases, workdir, name,
     from conftest import require_llama_cpp
     from llama_ref import llama_run
 
-    from refimpl.model import forward, load_model
-    from refimpl.ops import emulation_ctx
-    from refimpl.state import SeqState
+    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.ops import emulation_ctx
+    from refimpl.model.state import SeqState
 
     require_llama_cpp()
     path = workdir / f"nonfinite-{name}.gguf"
@@ -122,13 +122,13 @@ def test_nonfinite_weights_compute_what_llama_cpp_computes(bases, workdir, name,
 @given(logits=st.lists(st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, 2.0, -3.5]) | st.floats(width=32),
                        min_size=1, max_size=12))
 def test_greedy_choice_is_llama_cpps_greedy_sampler(logits):
-    """refimpl.ops.argmax against llama.cpp's own greedy sampler (``llama_sampler_init_greedy``, in
+    """refimpl.model.ops.argmax against llama.cpp's own greedy sampler (``llama_sampler_init_greedy``, in
     this process through llama-cpp-python) on logits with NaN and ±inf."""
     import ctypes
 
     from conftest import require_llama_cpp
 
-    from refimpl.ops import argmax
+    from refimpl.model.ops import argmax
 
     L = require_llama_cpp()
     row = np.array(logits, np.float32)

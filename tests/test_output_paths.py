@@ -1,4 +1,4 @@
-"""Every file a command writes is handled one way (refimpl/output_path.py, README "Output files"):
+"""Every file a command writes is handled one way (refimpl/io/output_path.py, README "Output files"):
 missing parent directories are created; a location that cannot be written is refused with one line
 ``refimpl: error: cannot write …`` and exit code 2, before any work — for every option that names an
 output file, and for the cache of ``builtin:`` fixtures.
@@ -23,7 +23,7 @@ PROC = "/proc/refimpl-cannot-write-here"  # procfs: creating anything fails, for
 def env(fixture_cache, tmp_path_factory):
     """The inputs the commands read, shared by the module: the tiny fixture (built once), a prompts
     file, a telemetry CSV and a route trace of one run, a token stream."""
-    from refimpl.builtin import fixture_path
+    from refimpl.fixtures.builtin import fixture_path
 
     inputs = tmp_path_factory.mktemp("inputs")
     (inputs / "prompts.txt").write_text("The quick brown fox\n")

@@ -23,11 +23,11 @@ import kernels
 from kernels.matmul import _matmul_rows
 from conftest import require_llama_cpp
 from kernels.testing import random_rows
-from refimpl.builtin import fixture_path
-from refimpl.model import forward, load_model
-from refimpl.moe import moe_ffn
-from refimpl.ops import Ctx
-from refimpl.state import SeqState
+from refimpl.fixtures.builtin import fixture_path
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.moe import moe_ffn
+from refimpl.model.ops import Ctx
+from refimpl.model.state import SeqState
 
 N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-blocks
 
@@ -45,7 +45,7 @@ def same_bits(a, b):
 
 
 def test_packed_q6_k_float64_products_at_the_limits():
-    """The packed Q6_K kernel forms w = d·sc·(q − 32) in float64 (kernels/lanes_blocks.py _emit_q6_k_codes),
+    """The packed Q6_K kernel forms w = d·sc·(q − 32) in float64 (kernels/lanes/blocks.py _emit_q6_k_codes),
     relying on the float32 products being exact: check the extremes of every factor — d the largest
     and smallest (subnormal) f16, sc = −128 / 127 / ±1 / 0, every code — against the row decoder."""
     rng = np.random.default_rng(61)
@@ -150,7 +150,7 @@ def test_serial_and_parallel_kernels_agree(quant, monkeypatch):
     serial equals forward with every kernel parallel, bit for bit (mapped and packed)."""
     import importlib
 
-    modules = [importlib.import_module(f"kernels.{name}") for name in ("lanes", "matmul", "recurrent", "dequant")]
+    modules = [importlib.import_module(f"kernels.{name}") for name in ("lanes.pack", "matmul", "plain.recurrent", "plain.dequant")]
     path = fixture_path("tiny", quant)
     results = []
     for below in (0, 1 << 62):
@@ -165,7 +165,7 @@ def test_serial_and_parallel_kernels_agree(quant, monkeypatch):
 def test_pack_auto_packs_what_fits_and_reports_it(monkeypatch):
     """load_model's default pack="auto": packed when the copies fit in PACK_AUTO_FRACTION of
     MemAvailable, not packed otherwise; same numbers either way (above)."""
-    import refimpl.model as M
+    import refimpl.model.trunk as M
 
     path = fixture_path("tiny", "q4_k_m")
     auto = load_model(path)
@@ -249,7 +249,7 @@ def test_logits_of_the_last_row_or_none_change_nothing_else():
     """``forward(..., outputs="last" | "none")`` (a prompt needs its last row's logits, a catch-up none,
     as llama.cpp's inp_out_ids): the rows computed, the hiddens and the state are the bits of
     ``outputs="all"``; the MTP head's catch-up likewise; any other value is refused."""
-    from refimpl.mtp import MTPState, load_mtp_weights, mtp_forward
+    from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
 
     model = load_model(fixture_path("tiny", "q8_0"))
     prompt = [11, 42, 7, 300, 5, 9, 100]
@@ -278,8 +278,8 @@ def test_logits_of_the_last_row_or_none_change_nothing_else():
 def test_a_long_batch_keeps_only_the_states_the_ring_needs():
     """``gated_deltanet(…, keep=n)`` returns the same last n states (bit for bit) and None before them,
     and ``forward`` keeps n_rs_seq + 1: its snapshot ring equals the one made by decoding token by token."""
-    from refimpl.deltanet import gated_deltanet
-    from refimpl.state import rollback
+    from refimpl.model.deltanet import gated_deltanet
+    from refimpl.model.state import rollback
 
     model = load_model(fixture_path("tiny", "q8_0"))
     c = model.config

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from refimpl.cli import main
-from refimpl.model import load_model
+from refimpl.model.trunk import load_model
 
 PRED = [41, 212, 197, 248, 60]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -49,7 +49,7 @@ def _png(path):
 
 
 def test_telemetry_series_equals_the_run(run_files, tmp_path):
-    from refimpl import plot
+    from refimpl.oracle import plot
 
     _, csv, _, result = run_files
     s = plot.telemetry_series(csv)
@@ -59,7 +59,7 @@ def test_telemetry_series_equals_the_run(run_files, tmp_path):
     per_pos = result["stats"]["accepted_per_pos"]  # rounds that accepted ≥ i+1; every round drafted 3 but the last ones
     tried = [sum(1 for r in rounds if r["drafted"] > i) for i in range(3)]
     assert s.per_position == pytest.approx([a / t for a, t in zip(per_pos, tried)])
-    from refimpl.telemetry import read_csv
+    from refimpl.decode.telemetry import read_csv
 
     _, rows, _ = read_csv(csv)
     firsts = [r for i, r in enumerate(rows) if i == 0 or r["step"] != rows[i - 1]["step"]]
@@ -77,8 +77,8 @@ def test_telemetry_series_equals_the_run(run_files, tmp_path):
 
 
 def test_route_counts_equal_the_trace(run_files, tmp_path):
-    from refimpl import plot
-    from refimpl.route_trace import read_route_trace
+    from refimpl.oracle import plot
+    from refimpl.io.route_trace import read_route_trace
 
     _, _, routes, _ = run_files
     counts, labels = plot.route_counts(routes)
@@ -96,9 +96,9 @@ def test_route_counts_equal_the_trace(run_files, tmp_path):
 
 
 def test_audit_series_is_the_oracles_view(make_fixture, tmp_path):
-    from refimpl import plot
-    from refimpl.audit import Stream, audit
-    from refimpl.generate import greedy
+    from refimpl.oracle import plot
+    from refimpl.oracle.audit import Stream, audit
+    from refimpl.decode.greedy import greedy
 
     model = load_model(make_fixture("tiny", "f32"))
     prompt = [11, 42, 7, 300, 5]

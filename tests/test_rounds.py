@@ -1,4 +1,4 @@
-"""Round audit (refimpl.rounds): refimpl's own rounds match the oracle's head replay, a changed draft
+"""Round audit (refimpl.oracle.rounds): refimpl's own rounds match the oracle's head replay, a changed draft
 or accepted count is found at the right round, a flip at the head's own near-tie is benign, and the
 `rounds:` section and exit status of `refimpl audit`."""
 
@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from refimpl.audit import read_stream
+from refimpl.oracle.audit import read_stream
 from refimpl.cli import main
 from refimpl.errors import RefimplError
-from refimpl.faults import Faults
-from refimpl.model import load_model
-from refimpl.ops import Ctx
-from refimpl.rounds import check_rounds, rounds_from_json
-from refimpl.speculative import speculative_generate
+from refimpl.inject.faults import Faults
+from refimpl.model.trunk import load_model
+from refimpl.model.ops import Ctx
+from refimpl.oracle.rounds import check_rounds, rounds_from_json
+from refimpl.decode.speculative import speculative_generate
 from refimpl.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("fixture_cache")

@@ -10,13 +10,13 @@ import pytest
 
 from conftest import require_llama_cpp
 from refimpl.cli import main
-from refimpl.drafts import DraftSource, MTPSource
+from refimpl.decode.drafts import DraftSource, MTPSource
 from refimpl.errors import RefimplError
-from refimpl.generate import greedy
-from refimpl.model import forward, load_model
-from refimpl.speculative import SpecState, prefill, speculative_generate, step
-from refimpl.state import DeltaNetState, KVCache, SeqState
-from refimpl.telemetry import read_csv
+from refimpl.decode.greedy import greedy
+from refimpl.model.trunk import forward, load_model
+from refimpl.decode.speculative import SpecState, prefill, speculative_generate, step
+from refimpl.model.state import DeltaNetState, KVCache, SeqState
+from refimpl.decode.telemetry import read_csv
 
 FIXTURES = {  # name -> (preset, quant, prompt, n_predict)
     "tiny-f32": ("tiny", "f32", [11, 42, 7, 300, 5, 11, 42, 7], 6),

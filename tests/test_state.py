@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from refimpl.model import forward, load_model
-from refimpl.state import DeltaNetState, KVCache, RollbackError, SeqState, rollback
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.state import DeltaNetState, KVCache, RollbackError, SeqState, rollback
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from refimpl.errors import RefimplError
-from refimpl.model import forward, load_model
-from refimpl.mtp import MTPState, load_mtp_weights, mtp_forward
-from refimpl.ops import Ctx
-from refimpl.route_trace import RouteTrace, read_route_trace
-from refimpl.state import SeqState
-from refimpl.streamer import (
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
+from refimpl.model.ops import Ctx
+from refimpl.io.route_trace import RouteTrace, read_route_trace
+from refimpl.model.state import SeqState
+from refimpl.io.streamer import (
     MIB,
     ExpertStreamer,
     ExpertTensor,
@@ -28,7 +28,7 @@ from refimpl.streamer import (
     cache_budget,
     mem_available,
 )
-from refimpl.weights import PinnedExperts
+from refimpl.io.weights import PinnedExperts
 
 PROMPT = [17, 200, 33, 41, 5, 88]
 # MiB: nothing, a few slices (evicts), everything, half of MemAvailable — all four on q4_k_m; the
@@ -102,8 +102,8 @@ def test_logits_are_bit_identical_for_every_budget(make_fixture, quant):
 
 
 def test_speculative_tokens_equal_across_budgets_and_counters_add_up(make_fixture):
-    from refimpl.generate import greedy
-    from refimpl.speculative import speculative_generate
+    from refimpl.decode.greedy import greedy
+    from refimpl.decode.speculative import speculative_generate
 
     path = make_fixture("predictable", "q4_k_m")
     prompt = [40, 41, 42]
@@ -130,7 +130,7 @@ def test_speculative_tokens_equal_across_budgets_and_counters_add_up(make_fixtur
 def test_concurrent_reads_change_nothing(make_fixture, monkeypatch, mb):
     """A batch's misses are read READ_THREADS at a time: logits, every counter and the cache's LRU
     order equal those of reading one slice after another."""
-    import refimpl.streamer as S
+    import refimpl.io.streamer as S
 
     path = make_fixture("tiny", "q4_k_m")
     runs = []
@@ -222,7 +222,7 @@ def test_slices_are_read_in_the_background_gate_and_up_first(make_fixture, monke
 def test_slice_buffers_are_recycled_only_when_nothing_refers_to_them():
     """A slice buffer's block returns to the free list when the last view of it dies — a reshaped or
     retyped view (what a Matrix holds) keeps it out — and the next read of that size reuses it."""
-    from refimpl.streamer import SliceBuffers
+    from refimpl.io.streamer import SliceBuffers
 
     pool = SliceBuffers()
     a = pool.take(4096)
@@ -244,7 +244,7 @@ def test_slice_buffers_are_recycled_only_when_nothing_refers_to_them():
 
 def test_free_slice_buffers_stay_under_their_limit():
     """Freed blocks beyond the free lists' limit go back to the allocator, whatever their sizes."""
-    from refimpl.streamer import SliceBuffers
+    from refimpl.io.streamer import SliceBuffers
 
     pool = SliceBuffers(free_bytes=10_000)
     held = [pool.take(n) for n in (4096, 4096, 3000, 3000, 5000)]
@@ -451,7 +451,7 @@ def test_cache_budget():
 def test_auto_budget_leaves_the_page_cache_room_for_a_file_that_fits(monkeypatch):
     """auto: half of MemAvailable, unless the whole file fits in MemAvailable beside the packed copies and
     AUTO_HEADROOM — then what is left over (the page cache keeps the file), down to 0."""
-    import refimpl.streamer as S
+    import refimpl.io.streamer as S
 
     GIB = 1 << 30
     monkeypatch.setattr(S, "mem_available", lambda: 24 * GIB)
@@ -466,7 +466,7 @@ def test_auto_budget_leaves_the_page_cache_room_for_a_file_that_fits(monkeypatch
 
 def test_load_model_gives_auto_the_file_size(make_fixture, monkeypatch):
     """load_model passes the file's size and its packed copies' bound to the auto budget."""
-    import refimpl.model as M
+    import refimpl.model.trunk as M
 
     seen = {}
     monkeypatch.setattr(M, "cache_budget", lambda mb, **kw: seen.update(kw, mb=mb) or 0)
@@ -485,7 +485,7 @@ def _refimpl(*args, check=True):
 
 
 def test_run_flags(make_fixture, tmp_path):
-    from refimpl.generate import greedy
+    from refimpl.decode.greedy import greedy
 
     path = make_fixture("predictable", "q4_k_m")
     csv_path, routes = tmp_path / "t.csv", tmp_path / "routes.csv"
@@ -497,7 +497,7 @@ def test_run_flags(make_fixture, tmp_path):
     assert st["budget_bytes"] == 0 and st["hits"] == 0 and st["bytes_read"] > 0
     assert st["phases"]["mtp"]["bytes_read"] > 0 and st["phases"]["prompt"]["passes"] == 1
     assert "stream:" in proc.stderr and "was the head's own routing" in proc.stderr
-    from refimpl.telemetry import read_csv
+    from refimpl.decode.telemetry import read_csv
 
     _, rows, trailer = read_csv(csv_path)
     assert sum(int(r["stream_bytes"]) for r in rows) == int(trailer["stream_bytes"]) > 0

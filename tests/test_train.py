@@ -8,10 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the train extra (pip install -e '.[train]') is not installed")
 
-from refimpl.builtin import TRAINED_PATH  # noqa: E402
-from refimpl.drafts import mtp_catchup_logits  # noqa: E402
-from refimpl.model import forward, load_model  # noqa: E402
-from refimpl.state import SeqState  # noqa: E402
+from refimpl.fixtures.builtin import TRAINED_PATH  # noqa: E402
+from refimpl.decode.drafts import mtp_catchup_logits  # noqa: E402
+from refimpl.model.trunk import forward, load_model  # noqa: E402
+from refimpl.model.state import SeqState  # noqa: E402
 from refimpl.tokenizer import Tokenizer  # noqa: E402
 from train.check import torch_model  # noqa: E402
 from train.export import file_tensors  # noqa: E402

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import require_llama_cpp
-from refimpl.builtin import TRAINED_PATH, TRAINED_SHA256, resolve_model, sha256_file
-from refimpl.generate import greedy
-from refimpl.model import load_model
-from refimpl.ops import Ctx
-from refimpl.speculative import speculative_generate
+from refimpl.fixtures.builtin import TRAINED_PATH, TRAINED_SHA256, resolve_model, sha256_file
+from refimpl.decode.greedy import greedy
+from refimpl.model.trunk import load_model
+from refimpl.model.ops import Ctx
+from refimpl.decode.speculative import speculative_generate
 from refimpl.tokenizer import Tokenizer
 
 PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "The quick brown fox"]
@@ -98,7 +98,7 @@ def test_greedy_tokens_equal_llama_cpp(prompt):
     require_llama_cpp()
     import conformance
 
-    from refimpl.audit import Stream, audit
+    from refimpl.oracle.audit import Stream, audit
 
     ids = tok().encode(prompt)
     run = conformance.TrunkRun.make(model(), TRAINED_PATH, Ctx(act_quant=True), ids, N_GENERATE)
@@ -146,8 +146,8 @@ def test_llama_cpp_draft_streams_with_its_defaults_audit_clean(f32_copy):
     require_llama_cpp()
     from llama_spec import llama_speculative
 
-    from refimpl.audit import Stream, audit
-    from refimpl.ops import emulation_ctx
+    from refimpl.oracle.audit import Stream, audit
+    from refimpl.model.ops import emulation_ctx
 
     f32_model = load_model(f32_copy, pack=False)
     for prompt in PROMPTS[1:]:  # one in the corpus's style, one not
@@ -163,8 +163,8 @@ def test_llama_cpp_draft_streams_with_its_defaults_audit_clean(f32_copy):
 def test_greedy_steps_are_confident():
     """Few greedy steps sit inside the audit's 5 % near-tie band: 27 % of bench/trained.py's 288 steps,
     31 % of these 72, against about 40 % on the random tiny fixture."""
-    from refimpl.model import forward
-    from refimpl.state import SeqState
+    from refimpl.model.trunk import forward
+    from refimpl.model.state import SeqState
 
     gaps = []
     for prompt in PROMPTS:

@@ -7,9 +7,9 @@ import pytest
 
 import conformance
 from conftest import require_llama_cpp
-from refimpl.model import forward, load_model
-from refimpl.ops import Ctx
-from refimpl.state import DeltaNetState, KVCache, SeqState
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.ops import Ctx
+from refimpl.model.state import DeltaNetState, KVCache, SeqState
 
 MIXES = conformance.MIXES
 
@@ -84,7 +84,7 @@ def test_numpy_and_numba_kernels_agree(tiny):
 # generates greedily (activation quantization emulated for quantized mixes) and llama.cpp is traced
 # on the same tokens, once per module; every test below reads that one pair of runs.
 
-MATMULS = [  # (llama.cpp output name, llama.cpp input name, weight path in refimpl.weights)
+MATMULS = [  # (llama.cpp output name, llama.cpp input name, weight path in refimpl.io.weights)
     ("linear_attn_qkv_mixed-0", "attn_norm-0", ("layers", 0, "mixer", "attn_qkv")),
     ("z-1", "attn_norm-1", ("layers", 1, "mixer", "attn_gate")),
     ("linear_attn_out-2", "final_output-2", ("layers", 2, "mixer", "ssm_out")),

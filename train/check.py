@@ -16,9 +16,9 @@ import sys
 import numpy as np
 import torch
 
-from refimpl.drafts import mtp_catchup_logits
-from refimpl.model import forward, load_model
-from refimpl.state import SeqState
+from refimpl.decode.drafts import mtp_catchup_logits
+from refimpl.model.trunk import forward, load_model
+from refimpl.model.state import SeqState
 from refimpl.tokenizer import Tokenizer
 from train.config import MODEL, SEQ_LEN
 from train.corpus import documents

@@ -70,7 +70,7 @@ def dequantized_copy(src, dst) -> pathlib.Path:
     import dataclasses
 
     from refimpl.fixtures.vocab import Vocab
-    from refimpl.gguf_file import GGUFFile
+    from refimpl.io.gguf_file import GGUFFile
 
     gf = GGUFFile(src)
     tokens = list(gf.key("tokenizer.ggml.tokens"))

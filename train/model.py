@@ -5,17 +5,17 @@ Parameters are held under their GGUF tensor names, in numpy shapes, with the val
 
 * norms: ``rms_norm(x) · w`` with w the *stored* weight. Qwen3.5's RMSNorm computes x̂·(1+w) and
   llama.cpp's converter stores 1+w; here the stored value is the parameter itself (initialised to 1),
-  except ``ssm_norm``, which Qwen stores plain and which is used plain (refimpl.ops.rms_norm_w);
-* gated attention (refimpl.attention): Q and the output gate interleaved per head, q/k RMSNorm,
+  except ``ssm_norm``, which Qwen stores plain and which is used plain (refimpl.model.ops.rms_norm_w);
+* gated attention (refimpl.model.attention): Q and the output gate interleaved per head, q/k RMSNorm,
   IMRoPE with refimpl's own cos/sin tables (``rope_cache``), causal GQA softmax(q·k/√D),
   ``o ⊙ sigmoid(gate)``;
-* Gated DeltaNet (refimpl.deltanet): causal depthwise conv with the kernel's last column on the
+* Gated DeltaNet (refimpl.model.deltanet): causal depthwise conv with the kernel's last column on the
   current token, SiLU, L2-normalised q/k, value head j on key head j mod Hk,
   ``g = softplus(alpha + dt_bias) · ssm_a`` with ``ssm_a = −exp(A_log)``, β = sigmoid(beta), the
   gated delta rule read out from the updated state, gated RMSNorm with silu(z);
-* MoE (refimpl.moe): softmax over all experts, top-K, renormalised (clamp 2⁻¹⁴), SwiGLU experts
+* MoE (refimpl.model.moe): softmax over all experts, top-K, renormalised (clamp 2⁻¹⁴), SwiGLU experts
   weighted after the down projection, plus the shared expert times sigmoid(w·x);
-* the nextn head (refimpl.mtp): row p is [enorm(embed(x_p)) ‖ hnorm(h_{p−1})] → eh_proj → an
+* the nextn head (refimpl.model.mtp): row p is [enorm(embed(x_p)) ‖ hnorm(h_{p−1})] → eh_proj → an
   attention block with its own causal context → MoE → shared_head_norm → the trunk's LM head.
 
 Only ``A_log`` is not a GGUF tensor: the file stores ``ssm_a = −exp(A_log)`` (the converter's transform).
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from refimpl.attention import rope_cache
+from refimpl.model.attention import rope_cache
 from refimpl.fixtures.presets import FixturePreset
 from refimpl.fixtures.weights import build_weights
 
@@ -70,12 +70,12 @@ class TrainedModel(torch.nn.Module):
     # ---- blocks ---------------------------------------------------------------------------------
 
     def rms_norm(self, x: torch.Tensor, name: str | None) -> torch.Tensor:
-        """refimpl.ops.rms_norm_w: x / sqrt(mean(x²) + eps) · w (w absent: no weight)."""
+        """refimpl.model.ops.rms_norm_w: x / sqrt(mean(x²) + eps) · w (w absent: no weight)."""
         y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.p.rms_eps)
         return y if name is None else y * self.w(name)
 
     def rope(self, x: torch.Tensor) -> torch.Tensor:
-        """refimpl.attention.rope_imrope at positions 0 … T−1: NEOX pairs (k, k+R/2) of the first R dims.
+        """refimpl.model.attention.rope_imrope at positions 0 … T−1: NEOX pairs (k, k+R/2) of the first R dims.
         x [B, T, heads, D]."""
         T, half = x.shape[1], self.p.rope_dim // 2
         cos, sin = self.cos[:T, None, :].to(x.dtype), self.sin[:T, None, :].to(x.dtype)  # [T, 1, R/2]
@@ -83,7 +83,7 @@ class TrainedModel(torch.nn.Module):
         return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos, rest], dim=-1)
 
     def attention(self, b: str, a: torch.Tensor) -> torch.Tensor:
-        """refimpl.attention.gated_attention over whole sequences. a [B, T, E] -> [B, T, E]."""
+        """refimpl.model.attention.gated_attention over whole sequences. a [B, T, E] -> [B, T, E]."""
         p = self.p
         B, T, _ = a.shape
         H, Hkv, D = p.n_head, p.n_head_kv, p.head_dim
@@ -100,7 +100,7 @@ class TrainedModel(torch.nn.Module):
         return o @ self.w(b + "attn_output.weight").T
 
     def deltanet(self, b: str, a: torch.Tensor) -> torch.Tensor:
-        """refimpl.deltanet.gated_deltanet from the zero state. a [B, T, E] -> [B, T, E]."""
+        """refimpl.model.deltanet.gated_deltanet from the zero state. a [B, T, E] -> [B, T, E]."""
         p = self.p
         B, T, _ = a.shape
         Hk, Hv, S, Kc = p.ssm_group_count, p.ssm_time_step_rank, p.ssm_state_size, p.ssm_conv_kernel
@@ -114,7 +114,7 @@ class TrainedModel(torch.nn.Module):
         xpad = F.pad(mix.transpose(1, 2), (Kc - 1, 0))  # [B, C, Kc−1+T], zero state before token 0
         y = F.silu(F.conv1d(xpad, w_conv[:, None, :], groups=w_conv.shape[0]).transpose(1, 2))  # [B, T, C]
 
-        def l2(x):  # refimpl.ops.l2_norm: x / sqrt(Σx² + eps)
+        def l2(x):  # refimpl.model.ops.l2_norm: x / sqrt(Σx² + eps)
             return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + p.rms_eps)
 
         tile = Hv // Hk  # value head j reads key head j mod Hk: the key heads repeated as a block
@@ -126,7 +126,7 @@ class TrainedModel(torch.nn.Module):
         return out.reshape(B, T, Hv * S) @ self.w(b + "ssm_out.weight").T
 
     def moe(self, b: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """refimpl.moe.moe_ffn. x [B, T, E] -> (ffn_out [B, T, E], router probs [N, X], sel [N, K])."""
+        """refimpl.model.moe.moe_ffn. x [B, T, E] -> (ffn_out [B, T, E], router probs [N, X], sel [N, K])."""
         p = self.p
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, E]
@@ -147,7 +147,7 @@ class TrainedModel(torch.nn.Module):
         return out.reshape(shape), probs, sel
 
     def layer(self, il: int, h: torch.Tensor, routing: list) -> torch.Tensor:
-        """One block of refimpl.model.forward: mixer, residual, post-attention norm, MoE, residual."""
+        """One block of refimpl.model.trunk.forward: mixer, residual, post-attention norm, MoE, residual."""
         b = f"blk.{il}."
         a = self.rms_norm(h, b + "attn_norm.weight")
         m = self.deltanet(b, a) if self.p.is_recurrent(il) else self.attention(b, a)
@@ -171,7 +171,7 @@ class TrainedModel(torch.nn.Module):
         return logits, h_nextn, self.mtp(tokens, h_nextn.detach(), routing), routing
 
     def mtp(self, tokens: torch.Tensor, h_nextn: torch.Tensor, routing: list) -> torch.Tensor:
-        """refimpl.mtp.mtp_forward as catch-up feeds it (drafts.mtp_catchup_logits). -> [B, T, V]."""
+        """refimpl.model.mtp.mtp_forward as catch-up feeds it (drafts.mtp_catchup_logits). -> [B, T, V]."""
         p = self.p
         b = f"blk.{p.n_layer}."
         h_prev = torch.cat([torch.zeros_like(h_nextn[:, :1]), h_nextn[:, :-1]], dim=1)  # [B, T, E]: row p ← h of p−1
@@ -183,7 +183,7 @@ class TrainedModel(torch.nn.Module):
 
 
 def gated_delta_rule(q, k, v, g, beta) -> torch.Tensor:
-    """The recurrence token by token, exactly as refimpl.deltanet.delta_rule_step (before the 1/√S).
+    """The recurrence token by token, exactly as refimpl.model.deltanet.delta_rule_step (before the 1/√S).
     q, k, v [B, T, Hv, S]; g, beta [B, T, Hv] -> o [B, T, Hv, S], from the zero state."""
     B, T, Hv, S = v.shape
     decay = torch.exp(g)  # [B, T, Hv]

@@ -20,6 +20,8 @@ Token ids are those of llama.cpp's ``llama_tokenize(vocab, text, add_special=Tru
 (code-point classes, :func:`split_qwen35`) → ``bpe`` (byte alphabet, :func:`bpe_merge`) →
 ``vocab`` (:class:`Tokenizer`: GGUF metadata, specials, encode, decode). docs/tokenizer.md walks
 through one string.
+
+May import: ``refimpl.errors`` and ``refimpl.io`` (the GGUF file it reads the vocabulary from).
 """
 
 from refimpl.tokenizer.bpe import bpe_merge, byte_encode, bytes_to_unicode, unicode_to_bytes

@@ -188,7 +188,7 @@ def split_gpt2(text: str) -> list[str]:
     """Split ``text`` by :data:`GPT2_REGEX`, as ``src/unicode.cpp::unicode_regex_split_custom_gpt2``.
 
     Not what a qwen35 file uses: it is here for the injected fault ``pretok-gpt2`` (bug class B20,
-    refimpl.faults): an engine that routes ``tokenizer.ggml.pre = qwen35`` to the generic regex.
+    refimpl.inject.faults): an engine that routes ``tokenizer.ggml.pre = qwen35`` to the generic regex.
     Against :func:`split_qwen35`: contractions are lower-case only; a letter run takes only a space
     before it (not any punctuation character) and no combining marks; digits run together; no
     alternative keeps CR/LF apart. (llama.cpp gives an unassigned code point no flags, so it is a

@@ -26,13 +26,18 @@ class TokenAttr(enum.IntFlag):
     BYTE = 1 << 5
 
 
+# Plain ints from here on: a 248k-entry vocabulary is built and scanned with them (IntFlag arithmetic
+# per token cost over a second at load).
+UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = (int(a) for a in (
+    TokenAttr.UNKNOWN, TokenAttr.UNUSED, TokenAttr.NORMAL, TokenAttr.CONTROL, TokenAttr.USER_DEFINED, TokenAttr.BYTE))
+
 _ATTR_OF_TYPE = {
-    gguf.TokenType.NORMAL: TokenAttr.NORMAL,
-    gguf.TokenType.UNKNOWN: TokenAttr.UNKNOWN,
-    gguf.TokenType.CONTROL: TokenAttr.CONTROL,
-    gguf.TokenType.USER_DEFINED: TokenAttr.USER_DEFINED,
-    gguf.TokenType.UNUSED: TokenAttr.UNUSED,
-    gguf.TokenType.BYTE: TokenAttr.BYTE,
+    int(gguf.TokenType.NORMAL): NORMAL,
+    int(gguf.TokenType.UNKNOWN): UNKNOWN,
+    int(gguf.TokenType.CONTROL): CONTROL,
+    int(gguf.TokenType.USER_DEFINED): USER_DEFINED,
+    int(gguf.TokenType.UNUSED): UNUSED,
+    int(gguf.TokenType.BYTE): BYTE,
 }  # any other type value (0 included) → UNDEFINED
 
 _K = gguf.Keys.Tokenizer
@@ -127,10 +132,11 @@ def _merge_ranks(merges: Sequence[str]) -> dict[tuple[str, str], int]:
     return ranks
 
 
-def _special_tokens(tokens: Sequence[str], attrs: Sequence[TokenAttr], gguf_ids: Mapping[str, int]):
+def _special_tokens(tokens: Sequence[str], id_of: Mapping[str, int], attrs: list[int], gguf_ids: Mapping[str, int]):
     """llama.cpp's special-token pass of ``llama_vocab::impl::load``, in its order.
 
-    Returns (special ids by GGUF key, end-of-generation ids, final attrs):
+    ``id_of`` maps each token text to its id; ``attrs`` (plain ints of :class:`TokenAttr`) is updated
+    in place. Returns (special ids by GGUF key, end-of-generation ids):
 
     * ids: the ``gpt2`` defaults BOS = EOS = 11, replaced by in-range ``*_token_id`` values; FIM
       ids not in the GGUF are found by token text (and forced to CONTROL);
@@ -138,41 +144,43 @@ def _special_tokens(tokens: Sequence[str], attrs: Sequence[TokenAttr], gguf_ids:
     * EOG: FIM pad/repo/file-sep, every token with an end-of-turn-looking text (forced to
       CONTROL), then EOS/EOT/EOM; minus ``<|end|>`` (harmony, solar-open) and ``</s>`` (gemma4,
       plamo) when their marker tokens are present; gpt-oss channel tokens become USER_DEFINED.
+
+    Texts are looked up in ``id_of`` (each text names one token), never by a scan of the vocabulary.
     """
-    n_vocab, attrs = len(tokens), list(attrs)
+    n_vocab = len(tokens)
     ids = {key: i for key, i in _DEFAULT_SPECIAL_IDS.items() if i < n_vocab}
     ids.update({key: i for key, i in gguf_ids.items() if key in _SPECIAL_ID_KEYS and 0 <= i < n_vocab})
     for key, texts in _FIM_TEXTS.items():
-        found = [i for i, text in enumerate(tokens) if text in texts]
+        found = sorted(id_of[text] for text in texts if text in id_of)
         if key not in ids and found:
             ids[key] = found[0]  # llama.cpp takes the first in hash-map order; here the lowest id
-            attrs[found[0]] |= TokenAttr.CONTROL
-    for i, text in enumerate(tokens):
-        if attrs[i] & TokenAttr.CONTROL and "unused" in text:
-            attrs[i] |= TokenAttr.UNUSED
+            attrs[found[0]] |= CONTROL
+    for i, a in enumerate(attrs):
+        if a & CONTROL and "unused" in tokens[i]:
+            attrs[i] = a | UNUSED
 
     eog = {ids[k] for k in (_K.FIM_PAD_ID, _K.FIM_REP_ID, _K.FIM_SEP_ID) if k in ids}
-    for i, text in enumerate(tokens):
-        if text in _EOG_TEXTS:
+    for i in sorted(id_of[text] for text in _EOG_TEXTS | set(_ALWAYS_USER_DEFINED) if text in id_of):
+        if tokens[i] in _EOG_TEXTS:
             eog.add(i)
-            attrs[i] |= TokenAttr.CONTROL
-        if text in _ALWAYS_USER_DEFINED:
-            attrs[i] = TokenAttr.USER_DEFINED
+            attrs[i] |= CONTROL
+        if tokens[i] in _ALWAYS_USER_DEFINED:
+            attrs[i] = USER_DEFINED
     eog |= {ids[k] for k in (_K.EOS_ID, _K.EOT_ID, _K.EOM_ID) if k in ids}
     by_text = {tokens[i]: i for i in eog}
     if "<|end|>" in by_text and ({"<|return|>", "<|call|>"} <= by_text.keys() or {"<|calls|>", "<|flush|>"} <= by_text.keys()):
         eog.discard(by_text["<|end|>"])
-        attrs[by_text["<|end|>"]] = TokenAttr.USER_DEFINED
+        attrs[by_text["<|end|>"]] = USER_DEFINED
     if "</s>" in by_text and {"<|tool_response>", "<|plamo:eos|>"} & by_text.keys():
         eog.discard(by_text["</s>"])
-        attrs[by_text["</s>"]] = TokenAttr.NORMAL
-    return ids, frozenset(eog), tuple(attrs)
+        attrs[by_text["</s>"]] = NORMAL
+    return ids, frozenset(eog)
 
 
 class Tokenizer:
     """A ``gpt2``/``qwen35`` GGUF vocabulary: encode text to ids and ids back to bytes/text.
 
-    Attributes: ``n_vocab``; ``tokens`` (GGUF token texts) and ``attrs`` (:class:`TokenAttr`, after
+    Attributes: ``n_vocab``; ``tokens`` (GGUF token texts) and ``attrs`` (:class:`TokenAttr` values as plain ints, after
     llama.cpp's by-text fix-ups); ``bos_id``, ``eos_id`` (``None`` if absent); ``eog_ids``
     (frozenset: EOS plus tokens llama.cpp treats as end-of-generation); ``add_bos``, ``add_eos``.
     """
@@ -192,25 +200,26 @@ class Tokenizer:
         types = token_types if token_types is not None else [gguf.TokenType.NORMAL] * self.n_vocab
         if len(types) < self.n_vocab:
             raise RefimplError(f"{_K.TOKEN_TYPE} has {len(types)} entries for {self.n_vocab} tokens")
-        attrs = [_ATTR_OF_TYPE.get(t, TokenAttr.UNDEFINED) for t in types[: self.n_vocab]]
+        attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[: self.n_vocab]]  # 0: UNDEFINED
         self._ranks = _merge_ranks(merges)
 
-        ids, self.eog_ids, self.attrs = _special_tokens(self.tokens, attrs, special_ids or {})
+        ids, self.eog_ids = _special_tokens(self.tokens, self._id_of, attrs, special_ids or {})
+        self.attrs = tuple(attrs)
         self.bos_id, self.eos_id = ids.get(_K.BOS_ID), ids.get(_K.EOS_ID)
         self.add_bos, self.add_eos = add_bos, add_eos
 
         # what tokenizer_st_partition cuts out: longest UTF-8 text first (std::sort; ties here by id)
-        special = [i for i, a in enumerate(self.attrs) if a & (TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)]
+        special = [i for i, a in enumerate(self.attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
         self._special_longest_first = sorted(special, key=lambda i: -len(self.tokens[i].encode()))
 
     @classmethod
     def from_gguf(cls, source) -> Tokenizer:
-        """Read ``tokenizer.ggml.*`` from a GGUF — a :class:`~refimpl.gguf_file.GGUFFile`, a
+        """Read ``tokenizer.ggml.*`` from a GGUF — a :class:`~refimpl.io.gguf_file.GGUFFile`, a
         ``gguf.GGUFReader`` or a path; only ``model="gpt2"`` with ``pre`` "qwen35" or "qwen2" is
         supported. Every way the vocabulary can be unreadable (a key of the wrong type, text that is
         not UTF-8) is a one-line :class:`RefimplError`."""
         if isinstance(source, (str, Path)):
-            from refimpl.gguf_file import GGUFFile  # a damaged file is refused in one line there
+            from refimpl.io.gguf_file import GGUFFile  # a damaged file is refused in one line there
 
             source = GGUFFile(source)
         if isinstance(source, gguf.GGUFReader):
@@ -240,7 +249,7 @@ class Tokenizer:
         BOS is prepended only if the GGUF sets ``add_bos_token`` (Qwen's do not), EOS appended only
         if it sets ``add_eos_token``. User-defined token texts always become their ids; control
         token texts only with ``parse_special`` (otherwise they are tokenized as plain text).
-        ``faults``: a :class:`refimpl.faults.Faults` record (``run --inject pretok-gpt2``).
+        ``faults``: a :class:`refimpl.inject.faults.Faults` record (``run --inject pretok-gpt2``).
         """
         ids = [self.bos_id] if self.add_bos and self.bos_id is not None else []
         for fragment in self._partition_special(text, parse_special):
@@ -264,7 +273,7 @@ class Tokenizer:
         """
         fragments: list[str | int] = [text] if text else []
         for tid in self._special_longest_first:
-            if not parse_special and self.attrs[tid] & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
+            if not parse_special and self.attrs[tid] & (CONTROL | UNKNOWN):
                 continue
             special_text, cut = self.tokens[tid], []
             for fragment in fragments:
@@ -299,13 +308,13 @@ class Tokenizer:
         if not 0 <= tid < self.n_vocab:
             raise RefimplError(f"token id {tid} is out of range [0, {self.n_vocab})")
         attr, text = self.attrs[tid], self.tokens[tid]
-        if attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL):
+        if attr & (UNKNOWN | CONTROL):
             return text.encode() if special else b""
-        if attr & TokenAttr.USER_DEFINED:
+        if attr & USER_DEFINED:
             return text.encode()
-        if attr & TokenAttr.NORMAL:
+        if attr & NORMAL:
             return self._decode_alphabet(text)
-        if attr & TokenAttr.BYTE:  # "<0xXX>" byte-fallback tokens (not used by Qwen)
+        if attr & BYTE:  # "<0xXX>" byte-fallback tokens (not used by Qwen)
             return bytes([int(text[3:5], 16)])
         return b""
 

@@ -1,0 +1,187 @@
+"""Numeric and compile flags for every numba kernel in ``kernels/`` — in one place, with reasons.
+
+Every compiled function in this package is decorated with :func:`jit` (never ``numba.njit``
+directly), so the flags below are the whole story of how kernel code is compiled.
+
+``FASTMATH = False``
+    Never relaxed. ``fastmath`` lets LLVM reassociate sums (the order of a float64 row sum and of
+    llama.cpp's float32 block accumulation is part of our numerics), contract ``a*b + c`` into an
+    FMA (changes the rounding of the act-quant block combinations) and, with ``nnan``/``ninf``,
+    assume values are finite. A kernel must give the same bits on every machine and thread count.
+``ERROR_MODEL = "numpy"``
+    IEEE semantics for division like C (``x/0`` is ``inf``/``nan``, no ``ZeroDivisionError``), and
+    no per-division check in the hot loops. Our kernels guard their divisions the way llama.cpp does.
+``CACHE = True``
+    Compiled machine code is cached on disk (``kernels/__pycache__/*.nbi, *.nbc``). Caching never
+    changes results, it only skips recompilation. One trap, handled by :func:`_drop_stale_cache`:
+    numba invalidates a cached function only when *its own* source file changes, but a kernel in
+    ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
+    whole package and clear it when any ``kernels/*.py`` file changes — in ``kernels/__pycache__`` or, with
+    ``NUMBA_CACHE_DIR`` set, in numba's directory for this package there (:func:`cache_dirs`).
+One compiled copy per weight type
+    A kernel that depends on the weight type is compiled once per type, for the types a model
+    actually has, never for all of them: the type code ``kind`` is a compile-time constant. A
+    top-level kernel (the one Python calls) is built by a factory decorated with :func:`per_type`,
+    whose closure captures ``kind`` (an int, so numba's on-disk cache still finds it: the cache key
+    hashes the captured values); inner kernels receive it as a literal argument and reach the
+    type's own code through a :func:`by_type` switch. A runtime ``if kind == …`` chain would make
+    numba compile every type's code into every kernel (minutes on the first run).
+``BOUNDSCHECK``
+    Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
+Threading layer
+    Left to numba (tbb, omp or workqueue). Results do not depend on it nor on
+    ``numba.set_num_threads``: ``prange`` only ever splits independent output rows, and each output
+    element is reduced by one thread in a fixed order.
+
+``KERNEL_ISA`` (environment ``REFIMPL_KERNEL_ISA``: ``auto``, ``generic``, ``avx2`` or ``avx512``)
+    The instruction-set level the row-lane kernels are built for (kernels/lanes/ir.py): ``auto`` (the
+    default) is the best the numba target has; a lower level forces the generic twin of each
+    ISA-specific path (``generic``: target-independent LLVM IR only, as an ARM64 host gets). Same bits
+    at every level (tested). The level is a compile-time constant of each kernel, so numba caches
+    each level's code apart.
+``SERIAL_BELOW = 1 << 18``
+    A product of fewer multiply-adds than this (weights × activation rows; value heads × state for
+    the delta rule) runs on the calling thread instead of in a ``prange`` region: starting a parallel
+    region and waiting at its barrier costs ~10 µs on an idle machine and far more when the cores are
+    busy, more than a quarter-million multiply-adds take on one core (~40 µs). It never changes a
+    result: serial or parallel, each output element is computed by one thread in the same order.
+
+To run every kernel as plain Python (coverage, pdb, or to rule the compiler out), set
+``NUMBA_DISABLE_JIT=1`` before importing: ``jit`` then returns the Python function unchanged and
+``prange`` is ``range``. All kernel code is written to mean the same thing interpreted (explicit
+``int(...)`` around byte reads, explicit ``np.float32(...)`` around every float32 operand), only
+much slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+from numba import types
+from numba.extending import overload
+
+FASTMATH = False
+ERROR_MODEL = "numpy"
+CACHE = True
+#: False under ``NUMBA_DISABLE_JIT=1``: then the LLVM-IR lane kernels (kernels/lanes/pack.py), which
+#: cannot run as Python, are skipped and every product takes the plain numba-or-Python path.
+JIT_ENABLED = not numba.config.DISABLE_JIT
+KERNEL_ISA = os.environ.get("REFIMPL_KERNEL_ISA", "auto")  # lane kernels' instruction-set level (docstring)
+SERIAL_BELOW = 1 << 18  # multiply-adds under which a kernel runs on the calling thread (docstring)
+
+
+def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
+    """The one decorator for compiled code in ``kernels/``: ``numba.njit`` with this module's flags.
+
+    ``parallel=True`` only for the top-level kernels whose ``prange`` runs over independent output
+    rows; every helper they call is serial. ``kind``: the type code a :func:`per_type` factory's
+    kernel is built for; the kernel is then named ``<name>_<type>`` (e.g. ``matmul_lanes_q8_0``), the
+    name of its cache files and of the compile report (``refimpl.cli.compile_report``); ``variant``, if
+    given, is appended (``matmul_lanes_q8_0_generic``).
+    """
+    njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL)
+    if kind is None:
+        return njit
+
+    def named(py_func):
+        from .blocks import QT
+
+        suffix = f"_{variant}" if variant else ""
+        py_func.__name__ = py_func.__qualname__ = f"{py_func.__name__.lstrip('_')}_{QT(kind).name.lower()}{suffix}"
+        return njit(py_func)
+
+    return named
+
+
+def per_type(factory):
+    """Memoise ``factory(kind) -> kernel`` per type code: a type's kernel is built the first time that
+    type is multiplied (and compiled, or loaded from the cache, on its first call), once per process.
+    The factory's kernel must capture nothing but ``kind`` (see the docstring: "One compiled copy per
+    weight type")."""
+    built = {}
+
+    @functools.wraps(factory)
+    def kernel_for(kind, *variant):
+        key = (int(kind), *variant)
+        if key not in built:
+            built[key] = factory(*key)
+        return built[key]
+
+    return kernel_for
+
+
+def by_type(table: dict):
+    """Decorate ``switch(kind, *args)``, a plain function that calls ``table[kind](*args)``: in compiled
+    code, where ``kind`` is a compile-time constant (a literal), the call compiles to a direct call of
+    ``table[kind]`` alone. Interpreted (``NUMBA_DISABLE_JIT=1``) the plain function runs."""
+
+    def wrap(switch):
+        @overload(switch, jit_options=dict(fastmath=FASTMATH, error_model=ERROR_MODEL), prefer_literal=True)
+        def _typed(kind, *args):
+            if isinstance(kind, types.IntegerLiteral) and kind.literal_value in table:
+                fn = table[kind.literal_value]
+                return lambda kind, *args: fn(*args)
+            return None  # a non-constant kind, or a type without an entry: a typing error in the caller
+
+        return switch
+
+    return wrap
+
+
+PACKAGE = Path(__file__).resolve().parents[1]  # kernels/
+
+
+def cache_dirs() -> list[Path]:
+    """Where numba caches this package's kernels: each source folder's ``__pycache__`` (``kernels/``,
+    ``kernels/base/``, ``kernels/lanes/`` …), or with ``NUMBA_CACHE_DIR`` set, numba's subdirectory for
+    each folder there (named as numba's ``UserProvidedCacheLocator`` names it)."""
+    folders = sorted({path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts})
+    if numba.config.CACHE_DIR:
+        from numba.core.caching import UserProvidedCacheLocator
+
+        return [Path(numba.config.CACHE_DIR) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "x.py"))
+                for folder in folders]
+    return [folder / "__pycache__" for folder in folders]
+
+
+def _source_digest() -> str:
+    """sha256 over every ``kernels/**/*.py``, names relative to the package."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts):
+        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _drop_stale_cache() -> None:
+    """Delete numba's cached kernels (:func:`cache_dirs`) when any ``kernels/**/*.py`` changed.
+
+    The package-wide source hash is stored next to each folder's cache files. Also with
+    ``NUMBA_CACHE_DIR``: numba's own per-file invalidation would keep a kernel of ``lanes/pack.py`` whose
+    IR, emitted by ``lanes/ir.py``, changed. A read-only tree (no ``NUMBA_CACHE_DIR``) makes numba fall
+    back to its user-wide cache directory, which is left to numba's per-file invalidation.
+    """
+    if not CACHE or os.environ.get("NUMBA_DISABLE_JIT") == "1":
+        return
+    stamp = _source_digest()
+    for directory in cache_dirs():
+        stamp_file = directory / "numba-kernels-source.sha256"
+        try:
+            if stamp_file.read_text() == stamp:
+                continue
+        except OSError:
+            pass
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for pattern in ("*.nbi", "*.nbc"):
+                for stale in directory.glob(pattern):
+                    stale.unlink(missing_ok=True)
+            stamp_file.write_text(stamp)
+        except OSError:  # read-only tree: numba falls back to its user-wide cache directory
+            pass
+
+
+_drop_stale_cache()

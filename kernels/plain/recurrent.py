@@ -1,0 +1,202 @@
+"""Exact float64 dot products and the gated delta-rule step, in a defined summation order.
+
+Two operations the trunk runs per token outside the quantized matmuls, with the same precision
+policy as :func:`kernels.matmul`'s plain mode: products of float32 values formed in float64 (where
+they are exact), summed in float64 **in increasing index order**, rounded once to float32.
+
+``dot64(a, b)``
+    ``Σ_i a[..., i] · b[..., i]`` with numpy broadcasting of the leading axes: attention scores
+    (K·q), the probability-weighted sum of V, the shared-expert gate.
+``delta_rule_step(M, q, k, v, decay, beta, scale)``
+    One token of the gated delta rule for every value head (``ggml_compute_forward_gated_delta_net``,
+    refimpl/model/deltanet.py states the math):  M₁ = M·decay;  u = M₁ k;  δ = (v − u)·β;
+    M' = M₁ + δ kᵀ;  o = (M' q)·scale — ``u`` and ``M' q`` are :func:`dot64` sums, every other
+    operation is one float32 operation in that order (no fused multiply-add).
+
+Why a defined order: the first version summed with ``np.einsum``, whose float64 order is numpy's
+internal business (unrolled, SIMD-dispatched by CPU); an oracle's bits should not depend on which
+numpy build or CPU computed them. Increasing index order is the order of ``matmul``.
+
+Two paths behind one interface, equal **bit for bit** (tests/test_kernels_recurrent.py):
+``path="numpy"`` — the readable form, one vectorized float64 add per index; ``path="numba"`` (default)
+— compiled loops, ``prange`` over value heads (each head's numbers are computed by one thread in
+the same order, so nothing depends on the thread count). ``exp`` and ``sqrt`` are not computed here:
+the caller passes ``decay = exp(g)`` and ``scale`` computed by numpy, whose float32 ``exp`` need not
+equal the C library's that compiled code would call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit
+
+F32 = np.float32
+_PATHS = ("numba", "numpy")
+
+
+# --------------------------------------------------------------------------------------------
+# dot64
+
+
+def _dot64_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[..., n] · [..., n] -> [...]: one float64 add per index i, i increasing."""
+    acc = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=np.float64)  # [...]
+    for i in range(a.shape[-1]):
+        acc += a[..., i].astype(np.float64) * b[..., i].astype(np.float64)  # exact product, rounded sum
+    return acc.astype(F32)
+
+
+@jit()
+def _dot64_lead3(a, b, out):
+    """out[x, y, z] = float32(Σ_i float64(a[x, y, z, i]) · float64(b[x, y, z, i])), i increasing.
+
+    ``a``, ``b`` may be broadcast views (zero strides). Four z side by side: four independent
+    chains, each in the same order as one alone.
+    """
+    X, Y, Z = out.shape
+    n = a.shape[3]
+    for x in range(X):
+        for y in range(Y):
+            z = 0
+            while z + 4 <= Z:
+                s0 = s1 = s2 = s3 = 0.0
+                for i in range(n):
+                    s0 += np.float64(a[x, y, z, i]) * np.float64(b[x, y, z, i])
+                    s1 += np.float64(a[x, y, z + 1, i]) * np.float64(b[x, y, z + 1, i])
+                    s2 += np.float64(a[x, y, z + 2, i]) * np.float64(b[x, y, z + 2, i])
+                    s3 += np.float64(a[x, y, z + 3, i]) * np.float64(b[x, y, z + 3, i])
+                out[x, y, z], out[x, y, z + 1], out[x, y, z + 2], out[x, y, z + 3] = s0, s1, s2, s3
+                z += 4
+            while z < Z:
+                s = 0.0
+                for i in range(n):
+                    s += np.float64(a[x, y, z, i]) * np.float64(b[x, y, z, i])
+                out[x, y, z] = s
+                z += 1
+
+
+def dot64(a: np.ndarray, b: np.ndarray, *, path: str = "numba") -> np.ndarray:
+    """``Σ_i a[..., i]·b[..., i]`` in float64, i increasing, rounded once: float32 [broadcast(...)].
+
+    ``a``, ``b`` float32 (or float64) with equal last axes; leading axes broadcast like numpy's
+    (broadcasting never copies: e.g. ``dot64(keys[None], q[:, None, None, :])`` scores every query
+    head against every key without repeating either).
+    """
+    if path not in _PATHS:
+        raise ValueError(f"dot64: path must be 'numba' or 'numpy', got {path!r}")
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"dot64: shapes {a.shape} and {b.shape} do not share a last axis")
+    lead = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+    if path == "numpy" or not JIT_ENABLED or len(lead) > 3:
+        return _dot64_numpy(a, b)
+    n = a.shape[-1]
+    lead3 = (1,) * (3 - len(lead)) + lead  # [X, Y, Z]
+    a4 = np.broadcast_to(a, lead + (n,)).reshape(lead3 + (n,))  # views: [X, Y, Z, n]
+    b4 = np.broadcast_to(b, lead + (n,)).reshape(lead3 + (n,))
+    out = np.empty(lead3, dtype=np.float32)  # [X, Y, Z]
+    if out.size:
+        _dot64_lead3(a4, b4, out)
+    return out.reshape(lead)
+
+
+# --------------------------------------------------------------------------------------------
+# the gated delta-rule step
+
+
+def _delta_rule_numpy(M, q, k, v, decay, beta, scale):
+    """The step in array form; each line is one float32 operation or one :func:`dot64`."""
+    M = M * decay[:, None, None]  # [Hv, Sv, Sk]: M_j ← M_j · exp(g_j)
+    u = _dot64_numpy(M, k[:, None, :])  # [Hv, Sv]: u[vi] = Σ_ki M[vi, ki] k[ki]
+    delta = (v - u) * beta[:, None]  # [Hv, Sv]
+    M = M + delta[:, :, None] * k[:, None, :]  # [Hv, Sv, Sk]: M[vi, ki] += δ[vi] k[ki]
+    o = _dot64_numpy(M, q[:, None, :]) * scale  # [Hv, Sv]: read out from the updated state
+    return o, M
+
+
+@jit()
+def _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j):
+    """The step for value head j, four state rows side by side."""
+    Sv, Sk = M.shape[1], M.shape[2]
+    dj = decay[j]
+    bj = beta[j]
+    for r in range(0, Sv, 4):  # Sv % 4 == 0 (checked by the caller)
+        # pass 1: u = (M·decay) k, and the decayed rows into M_out
+        s0 = s1 = s2 = s3 = 0.0
+        for i in range(Sk):
+            ki = np.float64(k[j, i])
+            m0 = M[j, r, i] * dj
+            m1 = M[j, r + 1, i] * dj
+            m2 = M[j, r + 2, i] * dj
+            m3 = M[j, r + 3, i] * dj
+            M_out[j, r, i] = m0
+            M_out[j, r + 1, i] = m1
+            M_out[j, r + 2, i] = m2
+            M_out[j, r + 3, i] = m3
+            s0 += np.float64(m0) * ki
+            s1 += np.float64(m1) * ki
+            s2 += np.float64(m2) * ki
+            s3 += np.float64(m3) * ki
+        d0 = (v[j, r] - np.float32(s0)) * bj
+        d1 = (v[j, r + 1] - np.float32(s1)) * bj
+        d2 = (v[j, r + 2] - np.float32(s2)) * bj
+        d3 = (v[j, r + 3] - np.float32(s3)) * bj
+        # pass 2: M' = M₁ + δ kᵀ (product rounded to float32, then the sum), o = M' q
+        t0 = t1 = t2 = t3 = 0.0
+        for i in range(Sk):
+            kk = k[j, i]
+            qi = np.float64(q[j, i])
+            n0 = M_out[j, r, i] + d0 * kk
+            n1 = M_out[j, r + 1, i] + d1 * kk
+            n2 = M_out[j, r + 2, i] + d2 * kk
+            n3 = M_out[j, r + 3, i] + d3 * kk
+            M_out[j, r, i] = n0
+            M_out[j, r + 1, i] = n1
+            M_out[j, r + 2, i] = n2
+            M_out[j, r + 3, i] = n3
+            t0 += np.float64(n0) * qi
+            t1 += np.float64(n1) * qi
+            t2 += np.float64(n2) * qi
+            t3 += np.float64(n3) * qi
+        o[j, r] = np.float32(t0) * scale
+        o[j, r + 1] = np.float32(t1) * scale
+        o[j, r + 2] = np.float32(t2) * scale
+        o[j, r + 3] = np.float32(t3) * scale
+
+
+@jit(parallel=True)
+def _delta_rule_heads(M, q, k, v, decay, beta, scale, o, M_out):
+    """The step for every value head, one thread per head."""
+    for j in prange(M.shape[0]):
+        _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j)
+
+
+@jit()
+def _delta_rule_heads_serial(M, q, k, v, decay, beta, scale, o, M_out):
+    """``_delta_rule_heads`` on the calling thread (small states: ``flags.SERIAL_BELOW``)."""
+    for j in range(M.shape[0]):
+        _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j)
+
+
+def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, beta: np.ndarray, scale, *, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
+    """One token of the gated delta rule for all value heads; pure (``M`` is not modified).
+
+    M [Hv, Sv, Sk] float32; q, k [Hv, Sk] (already mapped to value heads); v [Hv, Sv];
+    decay = exp(g), beta [Hv]; scale a float32 scalar. Returns (o [Hv, Sv], M' [Hv, Sv, Sk]).
+    """
+    if path not in _PATHS:
+        raise ValueError(f"delta_rule_step: path must be 'numba' or 'numpy', got {path!r}")
+    M, q, k, v, decay, beta = (np.ascontiguousarray(x, dtype=F32) for x in (M, q, k, v, decay, beta))
+    scale = F32(scale)
+    Hv, Sv, Sk = M.shape
+    if q.shape != (Hv, Sk) or k.shape != (Hv, Sk) or v.shape != (Hv, Sv) or decay.shape != (Hv,) or beta.shape != (Hv,):
+        raise ValueError(f"delta_rule_step: shapes M {M.shape}, q {q.shape}, k {k.shape}, v {v.shape}, decay {decay.shape}, beta {beta.shape} do not agree")
+    if path == "numpy" or not JIT_ENABLED or Sv % 4:
+        return _delta_rule_numpy(M, q, k, v, decay, beta, scale)
+    o = np.empty((Hv, Sv), dtype=F32)  # [Hv, Sv]
+    M_out = np.empty_like(M)  # [Hv, Sv, Sk]
+    heads = _delta_rule_heads_serial if 2 * M.size < SERIAL_BELOW else _delta_rule_heads
+    heads(M, q, k, v, decay, beta, scale, o, M_out)
+    return o, M_out

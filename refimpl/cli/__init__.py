@@ -1,0 +1,88 @@
+"""The ``refimpl`` command line: :func:`main` (pyproject's ``refimpl`` script, ``python -m refimpl``) and
+:func:`build_parser`, which lists every command.
+
+Contract (what lives in this folder):
+
+* One module per command, each holding its subparser (``add_parser(sub)``: flags and help) next to the
+  function it runs (``cmd_*(args) -> exit code``): ``fixture``, ``inspect_model`` (``refimpl inspect``),
+  ``run`` (greedy and self-speculative decoding), ``logits``, ``trace``, ``golden`` (make, check),
+  ``audit``, ``plot``. ``common`` holds what they share: the parser class, MODEL and its loading,
+  ``--tokens``, the numerics flags (``--emulate``, ``--flash-attn``, ``--kv-type``, ``--kernel``) and their
+  ``Ctx``, the scale-out flags. ``compile_report`` prints the first run's "compiling kernels" lines.
+* A command parses flags, checks them, and calls the library; the work itself lives below. Heavy imports
+  (the model, numba) stay inside the ``cmd_*`` functions.
+* Every flag combination either works or is refused: bad input (bad flags, unreadable or unsupported
+  files) prints one line, ``refimpl: error: …``, and exits with code 2; no traceback
+  (tests/test_cli_flags.py walks the flag pairs of :func:`build_parser`). Exit code 1 is a verdict:
+  ``audit`` found a wrong token, ``golden check`` a mismatch.
+* ``--emulate`` (and ``run --pack``) take the next argument only when it is one of their words:
+  ``--emulate plain`` = ``--emulate=plain``, ``--emulate`` alone = ``--emulate=default``, and in
+  ``refimpl run --emulate model.gguf`` the file is MODEL (:class:`refimpl.cli.common.Parser`).
+
+May import everything below it: ``refimpl.errors``, ``refimpl.io``, ``refimpl.tokenizer``,
+``refimpl.fixtures``, ``refimpl.model``, ``refimpl.decode``, ``refimpl.oracle``, ``refimpl.inject`` (and
+``kernels`` through them). Within refimpl, only ``refimpl.__main__`` imports this folder.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from refimpl.cli import audit, fixture, golden, inspect_model, logits, plot, run, trace
+from refimpl.cli.common import Parser, check_numerics
+from refimpl.cli.logits import LOGITS_CHUNK  # noqa: F401  (bench/decode.py: refimpl logits' positions per forward call)
+from refimpl.errors import EXIT_BAD_INPUT, RefimplError
+
+#: The commands, in the order of ``refimpl --help``; each module adds its subparser (``add_parser``).
+COMMANDS = (fixture, inspect_model, run, logits, trace, golden, audit, plot)
+
+#: Commands that never call a kernel: no compile report, numba's compile events are not listened to.
+_NO_KERNELS = (fixture.cmd_fixture, inspect_model.cmd_inspect)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="refimpl", description="Reference implementation of llama.cpp's qwen35moe, qwen35 and qwen3next inference.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def _one_line(message: str) -> str:
+    """An error message as one line: a character that is not printable (a newline, a NUL, … quoted from
+    a damaged file's key or name) is written as its escape, ``\\n``, ``\\x00``."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import numpy as np
+
+    try:
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        check_numerics(args)  # a flag combination that cannot work is refused before any work
+        with np.errstate(all="ignore"):  # IEEE arithmetic as in C: inf/NaN weights compute, silently (refimpl.model.ops.ieee)
+            if args.func in _NO_KERNELS:
+                return args.func(args)
+            from refimpl.cli.compile_report import compile_report
+
+            with compile_report():  # the first run's "compiling kernels …" lines
+                return args.func(args)
+    except RefimplError as exc:
+        print(f"refimpl: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `refimpl … | head`: stdout closed early; no traceback, as a C tool would die of SIGPIPE
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        except (OSError, ValueError):  # a stdout without a file descriptor (in-process callers)
+            pass
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""``refimpl audit``: judge an engine's stream against the oracle (or two streams against each other, a
+golden file's recorded top-5, or every pair of a directory): docs/validating-an-engine.md. Exit 1 when
+a stream has a wrong token (or its prompt ids differ from the oracle's)."""
+
+from __future__ import annotations
+
+from refimpl.cli.common import (add_numerics, add_scale_out, cache_mb, check_tokens, ctx_from_args, default_model,
+                                parse_tokens)
+from refimpl.errors import RefimplError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("audit", help="find and classify the first divergence of two token streams (or one vs the oracle)")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="a .gguf (qwen35moe, qwen35, qwen3next), builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default); or a "
+                        "golden .jsonl (judged by its recorded top-5, without the model). Told from a STREAM by file type")
+    p.add_argument("streams", metavar="STREAM", nargs="*",
+                   help="one or two streams (.json ids or object with 'tokens', telemetry .csv, or .txt text)")
+    p.add_argument("--streams", dest="stream_dir", metavar="DIR",
+                   help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
+                        "a summary table (docs/validating-an-engine.md)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")
+    src.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
+                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_scale_out(p, "with --streams: pairs audited")
+    add_numerics(p)
+    p.set_defaults(func=cmd_audit)
+
+
+def cmd_audit(args) -> int:
+    import json
+
+    from refimpl.cli.compile_report import name_types
+    from refimpl.fixtures.builtin import resolve_model
+    from refimpl.io.gguf_file import GGUFFile
+    from refimpl.model.trunk import load_model
+    from refimpl.oracle.audit import audit, prompt_of, read_stream, report_lines
+    from refimpl.tokenizer import Tokenizer
+
+    golden = _audit_inputs(args)
+    if args.stream_dir is not None:
+        return _audit_dir(args)
+    if golden:
+        return _audit_golden(args)
+    if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
+        raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
+    path = resolve_model(args.model)
+    gf = GGUFFile(path)
+    name_types(gf)
+    model = load_model(gf)
+    tok = Tokenizer.from_gguf(model.file.gguf)
+    streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
+    if args.prompt_tokens is not None:
+        prompt = check_tokens(model, parse_tokens(args.prompt_tokens, "--prompt-tokens"))
+    elif args.prompt is not None:
+        prompt = tok.encode(args.prompt, parse_special=True)
+    else:
+        prompt = check_tokens(model, prompt_of(streams, "audit needs the prompt: --prompt TEXT or --prompt-tokens IDS"))
+    if not prompt:
+        raise RefimplError("the prompt encodes to no tokens")
+    differs = [s for s in streams if s.prompt is not None and list(s.prompt) != list(prompt)]
+    if differs:  # bug class B20: judging the stream against a shifted prompt would judge nothing
+        return _prompt_differs(differs, prompt, tok, args.json)
+    rep = audit(model, prompt, *streams, ctx=ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
+    print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
+    return rep.exit_code
+
+
+def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
+    """audit: a stream's prompt_tokens are not the oracle's ids of --prompt / --prompt-tokens (a
+    pre-tokenizer or template difference, docs/bug-classes.md B20): say where, exit 1, audit nothing."""
+    import json
+
+    out = []
+    for s in streams:
+        i = next((j for j, (a, b) in enumerate(zip(s.prompt, prompt)) if a != b), min(len(s.prompt), len(prompt)))
+        word = lambda ids: repr(tok.decode(ids[i : i + 1])) if i < len(ids) else "(end)"  # noqa: E731
+        out.append({"stream": s.label, "source": s.source, "index": i, "stream_prompt_len": len(s.prompt), "oracle_prompt_len": len(prompt),
+                    "stream_id": s.prompt[i] if i < len(s.prompt) else None, "oracle_id": prompt[i] if i < len(prompt) else None,
+                    "text": f"{s.label} ({s.source}): prompt tokenisation differs at prompt index {i}: stream "
+                            f"{word(list(s.prompt))} ({len(s.prompt)} ids), oracle {word(prompt)} ({len(prompt)} ids); "
+                            f"the stream is not audited (a different pre-tokenizer or template gives other prompt ids)"})
+    if as_json:
+        print(json.dumps({"verdict": "prompt differs", "exit": 1, "prompts": [{k: v for k, v in o.items() if k != "text"} for o in out]}))
+    else:
+        print("\n".join(["audit: verdict prompt differs"] + [o["text"] for o in out]))
+    return 1
+
+
+_AUDIT_GRAMMAR = ("refimpl audit [MODEL | GOLDEN] STREAM [STREAM]: a MODEL is a .gguf or builtin:NAME, "
+                  "a GOLDEN a golden .jsonl, a STREAM a .json, .txt or .csv file")
+
+
+def _audit_input_kind(arg: str) -> str | None:
+    """What an audit positional is — "model", "golden" or "stream" — told by its name and, for a file
+    that exists, its first bytes (GGUF magic, a golden header line); None for a missing file whose
+    name says nothing."""
+    from pathlib import Path
+
+    from refimpl.oracle.golden_audit import is_golden
+
+    path, suffix = Path(arg), Path(arg).suffix.lower()
+    if arg.startswith("builtin:") or suffix == ".gguf":
+        return "model"
+    if suffix == ".jsonl":
+        return "golden"
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(4) == b"GGUF":
+                return "model"
+        return "golden" if is_golden(arg) else "stream"
+    return "stream" if suffix in (".json", ".txt", ".csv") else None
+
+
+def _audit_inputs(args) -> bool:
+    """Sort audit's positionals into args.model and args.streams by what each one is (MODEL is optional:
+    builtin:kjv, as for run); True when the first is a golden file. argparse puts the first positional in
+    args.model whatever it is, so a first STREAM is moved back to the streams here."""
+    given = ([args.model] if args.model is not None else []) + list(args.streams)
+    kinds = [_audit_input_kind(a) for a in given]
+    if kinds and kinds[0] is None:
+        raise RefimplError(f"{given[0]}: no such file, and its name does not say what it is ({_AUDIT_GRAMMAR})")
+    first = kinds[0] if kinds else None
+    head, rest = (given[0], given[1:]) if first in ("model", "golden") else (None, given)
+    for arg, kind in zip(rest, kinds[len(given) - len(rest):]):
+        if kind in ("model", "golden"):
+            raise RefimplError(f"{arg} is a {kind.upper()}: it goes first ({_AUDIT_GRAMMAR})")
+    if first != "golden" and not rest and args.stream_dir is None:
+        raise RefimplError("audit needs one or two STREAM files, or --streams DIR")
+    if len(rest) > 2:
+        raise RefimplError(f"audit takes one or two streams, got {len(rest)}")
+    if first == "golden" and args.stream_dir is not None:
+        raise RefimplError("--streams DIR needs a MODEL (a golden file judges one stream: refimpl audit GOLDEN STREAM)")
+    args.model, args.streams = (head if head is not None else default_model(None)), rest
+    return first == "golden"
+
+
+def _audit_golden(args) -> int:
+    """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.oracle.golden_audit)."""
+    import json
+
+    from refimpl.oracle.audit import read_stream
+    from refimpl.oracle.golden_audit import audit_golden, report_lines
+
+    if len(args.streams) != 1:
+        raise RefimplError("audit GOLDEN takes one stream")
+    for flag, value, default in (("--emulate", args.emulate, None), ("--flash-attn", args.flash_attn, None),
+                                 ("--kv-type", args.kv_type, None), ("--kernel", args.kernel, "numba"),
+                                 ("--jobs", args.jobs, 1), ("--cluster", args.cluster, None), ("--cache-mb", args.cache_mb, None)):
+        if value != default:
+            raise RefimplError(f"{flag} does not apply to audit GOLDEN: the golden's recorded top-5 judge the stream, "
+                               "as computed when it was made (no model runs)")
+    if args.prompt is not None:
+        raise RefimplError("audit GOLDEN needs the prompt as ids (--prompt-tokens): there is no model to tokenize --prompt")
+    stream = read_stream(args.streams[0], "A", tokenizer=None)
+    prompt = parse_tokens(args.prompt_tokens, "--prompt-tokens") if args.prompt_tokens is not None else None
+    v = audit_golden(args.model, stream, prompt, args.threshold)
+    print(json.dumps(v.as_json()) if args.json else "\n".join(report_lines(v, stream)))
+    return v.exit_code
+
+
+def _audit_dir(args) -> int:
+    """audit --streams DIR: every stream pair of DIR (refimpl.oracle.audit_streams), a line each, a summary table."""
+    import json
+
+    from refimpl.fixtures.builtin import resolve_model
+    from refimpl.io.load import open_model
+    from refimpl.oracle.audit_streams import as_json, audit_pairs, pair_line, read_pairs, summary_lines
+    from refimpl.tokenizer import Tokenizer
+
+    if args.streams:
+        raise RefimplError("give STREAM files or --streams DIR, not both")
+    cache = cache_mb(args)
+    path = resolve_model(args.model)
+    m = open_model(path)
+    tok = Tokenizer.from_gguf(m.gguf)
+    prompt = None
+    if args.prompt_tokens is not None:
+        prompt = parse_tokens(args.prompt_tokens, "--prompt-tokens")
+    elif args.prompt is not None:
+        prompt = tok.encode(args.prompt, parse_special=True)
+    pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
+    ctx = ctx_from_args(args)
+    numerics = {"act_quant": ctx.act_quant, "kv_f16": ctx.kv_f16, "flash_attn": ctx.flash_attn}
+    reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
+                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache)
+    if args.json:
+        print(json.dumps(as_json(pairs, reports)))
+    else:
+        print("\n".join([pair_line(p, r) for p, r in zip(pairs, reports)] + summary_lines(reports)))
+    return int(any(r.exit_code for r in reports))

@@ -1,0 +1,181 @@
+"""What the commands share: the parser class (one-line usage errors; ``--emulate`` / ``--pack`` that never
+take a MODEL as their value), the model argument and its loading, ``--tokens``, the numerics flags and
+their :class:`refimpl.model.ops.Ctx`, and the scale-out flags.
+
+Heavy imports (numpy, numba, the model) stay inside the functions: ``refimpl fixture`` and ``refimpl
+inspect`` never import the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from refimpl.errors import RefimplError
+
+#: MODEL's help, for every command that takes one.
+MODEL_HELP = "a .gguf (qwen35moe, qwen35, qwen3next) or builtin:… (default: the built-in trained model, builtin:kjv)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (:class:`RefimplError`, exit code 2), and an option whose
+    value is optional and one of a few words (``--emulate [CONFIG]``, ``--pack [on|off|auto]``) takes the
+    next argument only when it is one of those words: ``--emulate plain``, ``--emulate=plain`` and
+    ``--emulate`` alone (= ``--emulate=default``) all work, and in ``run --emulate model.gguf`` the file
+    is MODEL. (A MODEL literally named ``plain`` is then spelled ``./plain``.)"""
+
+    def error(self, message):
+        raise RefimplError(f"{self.prog}: {message}")
+
+    def parse_known_args(self, args=None, namespace=None):
+        # argparse calls this on each subcommand's parser with that subcommand's arguments
+        return super().parse_known_args(self._optional_values(sys.argv[1:] if args is None else list(args)), namespace)
+
+    def _optional_values(self, args: list[str]) -> list[str]:
+        """``--opt WORD`` → ``--opt=WORD`` when WORD is one of the option's choices, else ``--opt`` →
+        ``--opt=CONST``, for this parser's options with ``nargs="?"`` and choices (abbreviations included,
+        as argparse accepts them); nothing after ``--``."""
+        out, i = [], 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                return out + args[i:]
+            action = self._optional_word_action(arg)
+            if action is None:
+                out.append(arg)
+            elif i + 1 < len(args) and args[i + 1] in action.choices:
+                out.append(f"{arg}={args[i + 1]}")
+                i += 1
+            else:
+                out.append(f"{arg}={action.const}")
+            i += 1
+        return out
+
+    def _optional_word_action(self, arg: str):
+        if not arg.startswith("--") or "=" in arg:
+            return None
+        action = self._option_string_actions.get(arg)
+        if action is None and self.allow_abbrev:
+            matches = {a for opt, a in self._option_string_actions.items() if opt.startswith(arg)}
+            action = matches.pop() if len(matches) == 1 else None  # ambiguous: argparse says so
+        if action is not None and action.nargs == "?" and action.choices:
+            return action
+        return None
+
+
+def default_model(arg: str | None) -> str:
+    """MODEL as given, or ``builtin:kjv`` (the built-in trained model) with a note on stderr."""
+    from refimpl.fixtures.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
+
+    if arg is not None:
+        return arg
+    print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
+          f"({resolve_model(TRAINED_SPEC)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
+    return TRAINED_SPEC
+
+
+def load(args, cache_mb=None, pack="auto"):
+    """The model named by MODEL or -m, or the built-in trained model when neither is given;
+    ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
+    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights)."""
+    from refimpl.cli.compile_report import name_types
+    from refimpl.fixtures.builtin import resolve_model
+    from refimpl.io.gguf_file import GGUFFile
+    from refimpl.model.trunk import load_model
+
+    if getattr(args, "m", None) is not None and args.model is not None:
+        raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
+    path = resolve_model(str(default_model(getattr(args, "m", None) or args.model)))  # a builtin:PRESET/QUANT spec is built on demand
+    gf = GGUFFile(path)  # the one read of the file's header in this process
+    name_types(gf)  # for the first run's "compiling kernels for …" line
+    return load_model(gf, cache_mb, pack=pack)
+
+
+def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
+    """Comma-separated token ids (``--tokens``, or ``flag``: ``--prompt-tokens``)."""
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise RefimplError(f"{flag} expects comma-separated integers, got '{text}'") from None
+    if not tokens:
+        raise RefimplError(f"{flag} is empty")
+    return tokens
+
+
+def check_tokens(model, tokens: list[int]) -> list[int]:
+    bad = [t for t in tokens if not 0 <= t < model.config.n_vocab]
+    if bad:
+        raise RefimplError(f"token id {bad[0]} is out of range for this model's vocabulary [0, {model.config.n_vocab})")
+    return tokens
+
+
+# --------------------------------------------------------------------------------------------
+# numerics: --emulate[=CONFIG], --flash-attn, --kv-type, --kernel
+
+
+def add_numerics(p) -> None:
+    from refimpl.model.ops import EMULATIONS
+
+    p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
+                   help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
+                        "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
+                        "CLI and server run; the default) or plain (F32 K/V, no flash attention). "
+                        "--emulate CONFIG and --emulate=CONFIG are the same; a next argument that is not a CONFIG "
+                        "is not taken (run --emulate model.gguf: MODEL is model.gguf). Needs --kernel numba")
+    p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
+    p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
+    add_kernel(p)
+
+
+def add_kernel(p) -> None:
+    p.add_argument("--kernel", choices=("numba", "numpy"), default="numba",
+                   help="quantized matmul implementation (numpy: the plain twin, without --emulate's activation quantization)")
+
+
+def check_numerics(args) -> None:
+    """--kernel numpy is the plain numpy twin of the matmul: llama.cpp's activation quantization
+    (--emulate) is implemented on the numba kernels only (kernels/matmul.py)."""
+    if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
+        raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
+                           "is emulated by the numba kernels only (--kernel numpy is the plain twin)")
+
+
+def ctx_from_args(args, trace=None):
+    """The :class:`refimpl.model.ops.Ctx` of the numerics flags (and run's --inject faults)."""
+    import dataclasses
+
+    from refimpl.inject.faults import NO_FAULTS
+    from refimpl.model.ops import emulation_ctx
+
+    check_numerics(args)
+    flash = None if args.flash_attn is None else args.flash_attn == "on"
+    kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
+    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
+    return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
+
+
+# --------------------------------------------------------------------------------------------
+# scale-out: --jobs | --cluster, --cache-mb (golden make, golden check, audit --streams)
+
+
+def add_scale_out(p, what: str) -> None:
+    """--jobs / --cluster (exclusive) and --cache-mb of golden make, golden check and audit --streams."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--jobs", type=int, default=1, metavar="J", help=f"{what} in J parallel processes (same output)")
+    g.add_argument("--cluster", metavar="ADDRESS",
+                   help=f"{what} on the workers of the Dask scheduler at ADDRESS, e.g. tcp://10.0.0.1:8786 (same "
+                        "output; needs the 'cluster' extra; docs/cluster.md)")
+    p.add_argument("--cache-mb", metavar="N|auto",
+                   help="stream routed experts through an LRU cache of N MiB per process (default: pinned, the "
+                        "memory map); docs/streamer.md, docs/cluster.md")
+
+
+def cache_mb(args):
+    """golden/audit --cache-mb: None (routed experts pinned, the default) or a budget checked here, before
+    any worker opens the model with it."""
+    if args.cache_mb is None:
+        return None
+    from refimpl.io.streamer import cache_budget
+
+    cache_budget(args.cache_mb)  # RefimplError for anything but a whole number of MiB or 'auto'
+    return args.cache_mb

@@ -1,0 +1,155 @@
+"""Gated DeltaNet layer (``graph::build_layer_attn_linear`` of ``src/models/qwen35moe.cpp`` /
+``qwen35.cpp`` / ``qwen3next.cpp``, ``delta-net-base.cpp``).
+
+Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464) keeps, per value head j, a matrix
+state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbols of the paper:
+
+* α_j = exp(g_j) is the decay, g_j = softplus(alpha_j + dt_bias_j) · ssm_a_j ≤ 0 (log-space;
+  ssm_a = −exp(A_log) is stored by the converter);
+* β_j = sigmoid(beta_j) ∈ (0, 1) is the write strength (the "learning rate" of the delta rule);
+* M_j ← α_j M_j;  δ = β_j (v_j − M_j k);  M_j ← M_j + δ kᵀ;  o_j = (M_j q) / sqrt(S)
+  — i.e. S ← α S (I − β k kᵀ) + β v kᵀ, read out from the *updated* state
+  (ops.cpp ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's
+  ``naive_recurrent_gated_delta_rule`` is the same recurrence).
+
+Value head j uses query/key head ``j mod Hk`` in qwen35moe / qwen35 (the converter's tiled V-head
+order, docs/gguf.md §4) and ``j // (Hv/Hk)`` in qwen3next (grouped: the checkpoint's own order).
+qwen3next also fuses its input projections differently (:func:`input_projections`). Before the
+recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window state
+carried between calls), SiLU, and L2 norm of q and k. After it, a gated RMSNorm with SiLU(z) and
+``ssm_out``.
+
+Functions are pure: state in, (output, new state) out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kernels
+from refimpl.model.ops import F32, Ctx, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
+from refimpl.model.state import DeltaNetState
+
+
+def causal_conv(window: np.ndarray, w_conv: np.ndarray) -> np.ndarray:
+    """Depthwise causal conv (``ggml_compute_forward_ssm_conv_f32``) over the T new inputs of ``window``.
+
+    window [Kc−1+T, C] = ``[conv_state ‖ x]`` (the Kc−1 inputs kept from before, oldest first, then
+    the T new ones), w_conv [C, Kc] (column Kc−1 multiplies the current token). For token t the
+    window is rows t … t+Kc−1; ``y[c] = Σ_i window[t+i, c] · w_conv[c, i]``, summed in float32 in
+    order i = 0 … Kc−1. Returns y [T, C]. (The conv state after token t is rows t+1 … t+Kc−1 of the
+    same window: :func:`gated_deltanet` keeps those.)
+    """
+    Kc = w_conv.shape[1]
+    T = window.shape[0] - (Kc - 1)
+    y = np.zeros((T, window.shape[1]), dtype=F32)
+    for t in range(T):
+        acc = np.zeros(window.shape[1], dtype=F32)  # float sumf = 0.0f
+        for i in range(Kc):
+            acc = acc + window[t + i] * w_conv[:, i]
+        y[t] = acc
+    return y
+
+
+def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
+    """One token of the gated delta rule for all value heads; pure (M is not modified).
+
+    M [Hv, S_v, S_k]; q, k [Hv, S_k] (already mapped to value heads); v [Hv, S_v]; g, beta [Hv].
+    Returns (o [Hv, S_v], M' [Hv, S_v, S_k]). The step, line by line (``kernels.delta_rule_step``
+    computes exactly these float32 operations, with the two mat-vecs as exact float64 sums in
+    increasing index order — :func:`refimpl.model.ops.dot64`)::
+
+        M = M * exp(g)[:, None, None]              # decay: M_j ← M_j · expf(g_j)
+        u = dot64(M, k[:, None, :])                # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
+        delta = (v - u) * beta[:, None]            # [Hv, S_v]
+        M = M + delta[:, :, None] * k[:, None, :]  # M[vi, ki] += δ[vi] k[ki]
+        o = dot64(M, q[:, None, :]) * (1 / sqrt(S))  # read out from the updated state
+    """
+    S = M.shape[-1]
+    decay = np.exp(g)  # [Hv]; numpy's expf, outside the compiled kernel
+    scale = F32(1.0) / np.sqrt(F32(S))
+    return kernels.delta_rule_step(M, q, k, v, decay, beta, scale, path=path)
+
+
+def input_projections(w, c, a: np.ndarray, il: int, ctx: Ctx) -> tuple[np.ndarray, ...]:
+    """The four input projections of a[T, E]: (qkv_mixed [T, C], z [T, Din], b [T, Hv], alpha [T, Hv]),
+    value heads in the order the arch's recurrence reads them.
+
+    * ``attn_qkv`` / ``attn_gate`` (``build_qkvz``; qwen3next's "optimized path" too);
+    * qwen3next's legacy ``ssm_in`` (``qwen3next.cpp::build_qkvz``): rows viewed [Hk, 2S + 2·(Hv/Hk)·S],
+      per key head g ``[q_g ‖ k_g ‖ v_g ‖ z_g]``; qkv_mixed = [all q ‖ all k ‖ all v] (``ggml_concat``),
+      z = all z — the value heads of key head g are g·Hv/Hk … (g+1)·Hv/Hk − 1;
+    * ``ssm_beta`` / ``ssm_alpha``, or qwen3next's ``ssm_ba`` (``build_layer_attn_linear``): rows viewed
+      [Hk, 2·Hv/Hk], per key head ``[b_g ‖ a_g]``.
+    """
+    T = a.shape[0]
+    Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+    r = Hv // Hk  # value heads per key head
+    if w.ssm_in is not None:
+        mixed = ctx.cb("linear_attn_mixed_qkvz", il, mm(w.ssm_in, a, ctx)).reshape(T, Hk, 2 * S + 2 * r * S)  # [T, C+Din] -> [T, Hk, ·]
+        q, k = mixed[:, :, :S], mixed[:, :, S : 2 * S]  # [T, Hk, S] each
+        v, z = mixed[:, :, 2 * S : 2 * S + r * S], mixed[:, :, 2 * S + r * S :]  # [T, Hk, r·S] each
+        qkv_mixed = ctx.cb("qkv_mixed", il, np.concatenate([x.reshape(T, -1) for x in (q, k, v)], axis=1))  # [T, C]
+        z = ctx.cb("z", il, np.ascontiguousarray(z).reshape(T, Hv * S))  # [T, Din]
+    else:
+        qkv_mixed = ctx.cb("linear_attn_qkv_mixed", il, mm(w.attn_qkv, a, ctx))  # [T, C]
+        z = ctx.cb("z", il, mm(w.attn_gate, a, ctx))  # [T, Din]
+    if w.ssm_ba is not None:
+        ba = ctx.cb("linear_attn_mixed_ba", il, mm(w.ssm_ba, a, ctx)).reshape(T, Hk, 2 * r)  # [T, 2Hv] -> [T, Hk, 2r]
+        b, alpha = ba[:, :, :r].reshape(T, Hv), ba[:, :, r:].reshape(T, Hv)  # [T, Hv] each
+    else:
+        b, alpha = mm(w.ssm_beta, a, ctx), mm(w.ssm_alpha, a, ctx)  # [T, Hv] each
+    return qkv_mixed, z, b, alpha
+
+
+def kv_heads(c) -> np.ndarray:
+    """[Hv]: the key head each value head reads — ``j mod Hk`` (tiled: ``ggml_repeat_4d`` in
+    ``qwen35.cpp``, or the fused GDN op's broadcast) or ``j // (Hv/Hk)`` (grouped: qwen3next.cpp's
+    reshape–repeat–reshape "repeat interleave")."""
+    j = np.arange(c.ssm_dt_rank)
+    return j % c.ssm_n_group if c.arch.gdn_heads == "tiled" else j // (c.ssm_dt_rank // c.ssm_n_group)
+
+
+def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
+                   keep: int | None = None) -> tuple[np.ndarray, list[DeltaNetState | None]]:
+    """One Gated DeltaNet layer over T consecutive tokens of one sequence.
+
+    ``w``: :class:`refimpl.io.weights.DeltaNetWeights`; ``a``: attn_norm output [T, E].
+    Returns (linear_attn_out [T, E], the state after each of the T tokens — the last one is the
+    new state; the others are the per-position snapshots a rollback restores). ``keep``: only the
+    last ``keep`` states are kept, the earlier entries are None (a prompt longer than the snapshot
+    ring need not hold a state per token: 2 MiB each at real widths).
+    """
+    T = a.shape[0]
+    Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+    qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
+    beta = ctx.cb("beta_sigmoid", il, sigmoid(b))  # [T, Hv]
+    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt) * w.ssm_a)  # [T, Hv], ≤ 0
+
+    window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: the conv state, then the new inputs
+    conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
+    ctx.cb("conv_output_raw", il, conv_out)
+    y = ctx.cb("conv_output_silu", il, silu(conv_out))  # [T, C]
+
+    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
+    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
+    v = y[:, 2 * Hk * S :].reshape(T, Hv, S)  # [T, Hv, S]
+    head = ctx.faults.tap("deltanet.kv_head", kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
+
+    M = st.ssm
+    o = np.empty((T, Hv, S), dtype=F32)
+    states = []
+    window = ctx.faults.tap("deltanet.conv_rows", window, conv_silu=np.concatenate([st.conv, y]), n_tokens=T)
+    for t in range(T):
+        o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t], ctx.kernel)
+        M = ctx.faults.tap("deltanet.state", M, n_tokens=T)
+        first = ctx.faults.tap("deltanet.conv_slot", t + 1)
+        states.append(DeltaNetState(conv=window[first : first + c.ssm_d_conv - 1], ssm=M))  # after token t
+        if keep is not None and t >= keep:
+            states[t - keep] = None  # outside the ring: freed now, its memory reused by the next steps
+    ctx.cb("attn_output_delta", il, o)
+
+    # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
+    out = rms_norm_w(o, ctx.faults.tap("deltanet.ssm_norm", w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
+    final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
+    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states

@@ -1,0 +1,250 @@
+"""Primitive operations, each written to compute what llama.cpp's CPU op computes
+(``ggml-cpu/ops.cpp``, ``vec.cpp``, ``unary-ops.cpp``; each function names its op).
+
+All activations are float32 (as in llama.cpp). Reductions that llama.cpp accumulates in double
+(RMSNorm's sum of squares, softmax's sum) are accumulated in float64 here too; dot products are
+float64-accumulated and rounded once (closer to exact than ggml's float32 SIMD sums, whose order
+varies by kernel). Every function treats each row (last axis) independently and identically, so a
+batch of T rows gives bit-identical results to T single-row calls — the property that makes
+verify batches exact in this oracle.
+
+Shapes use the legend of docs/architecture.md; ``...`` is any leading batch shape.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+import kernels
+
+F32 = np.float32
+
+
+class NoFaults:
+    """``Ctx.faults`` of the clean oracle: every named tap point hands its value on unchanged.
+
+    The model's code passes values through named points (``ctx.faults.tap("deltanet.state", S)``); a
+    fault record of :mod:`refimpl.inject.faults` with the same ``tap`` rewrites some of them. The model
+    never imports that folder: the record is handed in through :class:`Ctx`."""
+
+    names = frozenset()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+    def __eq__(self, other) -> bool:
+        return not other  # the clean oracle equals any empty fault set
+
+    def __hash__(self) -> int:
+        return hash(frozenset())
+
+    def tap(self, point: str, value, **info):
+        return value
+
+
+CLEAN = NoFaults()
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """How to compute and what to record, passed to every layer function.
+
+    * ``act_quant``: emulate llama.cpp's per-matmul activation quantization (Q8_0/Q8_1/Q8_K, F16/BF16
+      rounding) — ``ggml-cpu.c::ggml_compute_forward_mul_mat``, docs/kernels.md, ``kernels.matmul(act_quant=True)``.
+    * ``kv_f16``: emulate llama.cpp's default F16 K/V cache (K and V rounded to F16 when stored; with
+      flash attention off Q is rounded to F16 for K·Q and the softmax probabilities for P·V).
+    * ``flash_attn``: emulate ``ggml_flash_attn_ext`` (llama.cpp's ``auto`` on the CPU): K and V F16
+      whatever the cache type, an F16 accumulator for fewer than 64 query rows per ubatch
+      (refimpl/model/attention.py ``attend``). ``n_ubatch``, ``n_threads``, ``n_ctx``: the llama.cpp
+      settings that choose its flash-attention path (ubatch size; the split-KV path's chunking, only
+      for one query row over ≥ 512 cells; ``n_ctx`` None = the model's training context, as
+      llama.cpp's n_ctx = 0). They change nothing with ``flash_attn`` off.
+    * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the kernels runs —
+      the quantized matmul (the two agree to ≤ 1 float32 ulp, kernels/matmul.py states the
+      tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/plain/recurrent.py).
+    * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
+      — ``il`` = -1 for model-level tensors; ``None`` records nothing. A hook that returns an
+      array replaces ``x`` with it from there on (activation patching: :class:`refimpl.oracle.trace.Patcher`
+      feeds a layer llama.cpp's own values, tests/conformance.py); returning None changes nothing.
+    * ``faults``: engine bugs injected on purpose (:mod:`refimpl.inject.faults`, docs/bug-classes.md);
+      empty — the clean oracle — unless asked for.
+    """
+
+    act_quant: bool = False
+    kv_f16: bool = False
+    flash_attn: bool = False
+    n_ubatch: int = 512  # llama_context_default_params / common's n_ubatch
+    n_threads: int = 4  # GGML_DEFAULT_N_THREADS
+    n_ctx: int | None = None
+    kernel: str = "numba"
+    trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
+    faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
+
+    def __post_init__(self):
+        if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):
+            raise ValueError(f"Ctx: n_ubatch, n_threads and n_ctx must be positive, got {self.n_ubatch}, {self.n_threads}, {self.n_ctx}")
+
+    def numerics(self) -> str:
+        """One line for reports: ``off`` or which llama.cpp rounding points are emulated."""
+        if not (self.act_quant or self.kv_f16 or self.flash_attn):
+            return "off"
+        parts = (["activation quantization"] if self.act_quant else []) + [f"{'F16' if self.kv_f16 else 'F32'} K/V",
+                                                                        f"flash attention {'on' if self.flash_attn else 'off'}"]
+        return ("on: " if self.act_quant else "") + ", ".join(parts)
+
+    def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
+        """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``, or the
+        array the hook returned in its place."""
+        if self.trace is not None:
+            replaced = self.trace(name, il, x)
+            if replaced is not None:
+                return replaced
+        return x
+
+
+#: ``--emulate=NAME``: llama.cpp configurations refimpl reproduces (docs/numerics.md "Configurations").
+#: Both quantize activations per matmul as llama.cpp's CPU backend does.
+EMULATIONS = {
+    "default": {"kv_f16": True, "flash_attn": True},  # llama.cpp's defaults: F16 K/V cache, flash attention auto (on for CPU)
+    "plain": {"kv_f16": False, "flash_attn": False},  # the conformance setting: F32 K/V cache, flash attention off
+}
+
+
+def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None, kv_f16: bool | None = None, **fields) -> Ctx:
+    """The Ctx of ``--emulate[=NAME]`` plus the fine flags: ``emulate`` None (no activation
+    quantization, F32 K/V, no flash attention unless asked) or a key of :data:`EMULATIONS`;
+    ``flash_attn`` / ``kv_f16`` override the preset when not None; ``fields`` (kernel, trace, n_ubatch,
+    n_threads, n_ctx) pass through."""
+    if emulate is not None and emulate not in EMULATIONS:
+        raise ValueError(f"unknown emulation '{emulate}' (valid: {', '.join(EMULATIONS)})")
+    preset = EMULATIONS.get(emulate, {"kv_f16": False, "flash_attn": False})
+    return Ctx(act_quant=emulate is not None,
+               kv_f16=preset["kv_f16"] if kv_f16 is None else kv_f16,
+               flash_attn=preset["flash_attn"] if flash_attn is None else flash_attn, **fields)
+
+
+def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
+    """``ggml_mul_mat(W, x)``: [T, in] -> [T, out] for a weight W of numpy shape (out, in)."""
+    return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
+
+
+#: The positions of a batch whose logits are computed (``forward``'s and ``mtp_forward``'s ``outputs``).
+OUTPUTS = ("all", "last", "none")
+
+
+def output_rows(W, h: np.ndarray, outputs: str, ctx: Ctx) -> np.ndarray | None:
+    """``result_output = W h`` on the rows a batch asks logits for: every row (``"all"``), the last
+    (``"last"``: a prompt needs only its last row) or none (``"none"``: a catch-up that needs only
+    the hiddens) — as llama.cpp computes only the rows its batch flags for output (``inp_out_ids``,
+    ``llama_batch.logits``). Each row's logits depend on that row alone, so the rows computed have
+    the same bits either way. A traced run (``ctx.trace``) computes and records every row, as a trace
+    promises every position's intermediates, and returns the rows asked for.
+    h [T, E] -> [T, V], [1, V], or None (the LM head skipped)."""
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs must be one of {OUTPUTS}, not {outputs!r}")
+    traced = ctx.trace is not None
+    if outputs == "none" and not traced:
+        return None
+    logits = ctx.cb("result_output", -1, mm(W, h if outputs == "all" or traced else h[-1:], ctx))  # [T or 1, V]
+    if outputs == "none":
+        return None
+    return logits if outputs == "all" else logits[-1:]
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """``ggml_rms_norm`` (ops.cpp ``ggml_compute_forward_rms_norm_f32``), without the weight.
+
+    Squares are float32 products summed in double; ``mean = (float)(sum / n)``;
+    ``scale = 1.0f / sqrtf(mean + eps)``; ``y = x * scale``.  [..., n] -> [..., n]
+    """
+    x = np.asarray(x, dtype=F32)
+    ss = np.sum((x * x).astype(np.float64), axis=-1, keepdims=True)  # [..., 1]
+    mean = (ss / x.shape[-1]).astype(F32)
+    scale = F32(1.0) / np.sqrt(mean + F32(eps))
+    return x * scale
+
+
+def rms_norm_w(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """``build_norm(x, w, LLM_NORM_RMS)``: RMSNorm then multiply by the stored weight (already 1+w)."""
+    return rms_norm(x, eps) * w
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """``build_gdn_l2_norm`` (src/models/models.h): ``rms_norm(x, eps/n) * (1/sqrtf(n))``
+    = x / sqrt(Σx² + eps).  [..., n] -> [..., n]"""
+    n = x.shape[-1]
+    return rms_norm(x, eps / n) * (F32(1.0) / np.sqrt(F32(n)))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """``op_sigmoid``: 1 / (1 + expf(-x)). (expf overflows to inf for x < −88.7: the result is then
+    0, as in C; numpy's overflow warning is silenced.)"""
+    with np.errstate(over="ignore"):
+        return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``ggml_vec_silu_f32``: x / (1 + exp(-x)) (−0 for x < −88.7, where expf overflows to inf)."""
+    with np.errstate(over="ignore"):
+        return x / (F32(1.0) + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """``op_softplus``: x > 20 ? x : logf(1 + expf(x))."""
+    with np.errstate(over="ignore"):
+        return np.where(x > F32(20.0), x, np.log(F32(1.0) + np.exp(x))).astype(F32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """``ggml_compute_forward_soft_max_f32``: e = exp(x - max), Σ in double, p = e * (float)(1/Σ)."""
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    s = np.sum(e.astype(np.float64), axis=-1, keepdims=True)
+    return e * (1.0 / s).astype(F32)
+
+
+def ieee(fn: Callable) -> Callable:
+    """Run ``fn`` with numpy's floating-point warnings off (``np.errstate(all="ignore")``). The
+    forward passes compute IEEE float arithmetic as llama.cpp's C does, which never warns: on weights
+    that hold inf or NaN, ``inf − inf``, ``0 · inf`` and their NaNs are the computed values
+    (docs/numerics.md, "Non-finite weights"), not something to report on stderr."""
+
+    @functools.wraps(fn)
+    def silent(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    return silent
+
+
+def argmax(logits: np.ndarray) -> int:
+    """The greedy choice of llama.cpp's greedy sampler (``llama_sampler_greedy_apply``, and the
+    ``temp <= 0`` pass of ``llama_sampler_temp_impl``): starting from id 0, an id is taken when its
+    logit is *greater* than the best so far — the first maximum. A NaN logit is never greater, so it
+    is passed over; if logit 0 is NaN nothing compares greater and id 0 is chosen. Finite logits: the
+    same id as ``np.argmax``. logits [V] -> id."""
+    logits = np.asarray(logits)
+    nan = np.isnan(logits)
+    if not nan.any():
+        return int(np.argmax(logits))
+    if nan[0]:
+        return 0
+    return int(np.argmax(np.where(nan, -np.inf, logits)))  # a NaN that becomes -inf only ties, after the earlier ids
+
+
+def dot64(a: np.ndarray, b: np.ndarray, path: str = "numba") -> np.ndarray:
+    """Σ a·b over the last axis: exact float64 products summed in increasing index order, rounded
+    once to float32 (``kernels.dot64``; the order is defined, not numpy's). [..., n]·[..., n] -> [...]"""
+    return kernels.dot64(a, b, path=path)
+
+
+def to_f16(x: np.ndarray) -> np.ndarray:
+    """Round float32 to F16 (nearest even) and back, as ggml's fp32→fp16 conversion does."""
+    return x.astype(np.float16).astype(F32)

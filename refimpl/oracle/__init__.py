@@ -1,0 +1,11 @@
+"""The oracle's verdicts: golden files and runs, audits of an engine's streams and rounds, the
+intermediate-tensor recorder, pictures, and the Dask cluster that runs goldens and audits in parallel.
+
+Reading order: ``trace`` (recording and patching named intermediates) → ``golden_run`` (one prompt's
+stream, the unit of work) → ``cluster`` → ``golden_file`` (the JSON-lines format) → ``golden`` (make and
+check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``audit`` (judging a
+stream token by token) → ``audit_streams`` → ``plot``.
+
+May import: ``refimpl.errors``, ``refimpl.io``, ``refimpl.model``, ``refimpl.decode``,
+``refimpl.tokenizer``, ``refimpl.fixtures``.
+"""

@@ -1,0 +1,409 @@
+"""Stream audit: when two token streams (or a stream and the oracle) disagree, say who is wrong.
+
+A C++ engine's draft-1 and draft-3 runs should produce the same greedy stream, but a batched
+verify matmul is not bit-identical to single-token ones, so a flip at a *near-tie* is benign while a
+broken accept/rollback path is not. ``refimpl audit`` tells them apart (docs/validating-an-engine.md):
+
+1. Read the streams (:func:`read_stream`): a JSON array of ids, a JSON object with ``tokens`` (as
+   ``refimpl run --json`` prints), a telemetry CSV with a ``token`` / ``token_id`` column (as
+   ``refimpl run --csv`` writes), or plain text (tokenized with the model's tokenizer).
+2. Run the oracle teacher-forced over prompt + the common prefix, then over each stream's own tail
+   (:func:`refimpl.oracle.golden.walk`). At each position p it gives logits ℓ; ℓ* = max ℓ, and a token t's
+   *deficit* is ℓ* − ℓ[t] (0 for the oracle's argmax).
+3. Classify the first divergence (A has a, B has b, a ≠ b), with τ = ``threshold`` (default 0.05)::
+
+       near-tie     deficit(a) ≤ τ·max|ℓ| and deficit(b) ≤ τ·max|ℓ|
+                    (the usual case: a and b are the oracle's top-2 and their margin is ≤ τ·max|ℓ|)
+       A wrong      otherwise, if the oracle's argmax is b
+       B wrong      otherwise, if the oracle's argmax is a
+       both wrong   otherwise
+
+   Every other position where a stream's token is not the oracle's argmax (in the common prefix,
+   or in a tail given that stream's own history) is a *departure*: a near-tie when its deficit is
+   ≤ τ·max|ℓ|, else wrong. With one stream, the other is the oracle's own greedy stream: the
+   first departure is the divergence (near-tie or A wrong).
+
+Why τ = 5 % of max|ℓ| (docs/validating-an-engine.md): two correct implementations of the same
+quantized model differ by up to ~2 % of max|ℓ| per logit (docs/numerics.md, refimpl vs llama.cpp),
+so a margin (a difference of two logits) moves by up to ~4–5 %; the largest margin measured at a
+real refimpl/llama.cpp disagreement was 3.3 %, and argmaxes agreed wherever it exceeded 5 %.
+
+4. A stream that carries per-round information (a telemetry CSV's ``step``/``kind``/``drafts``, or
+   JSON ``rounds``) also gets the round audit of :mod:`refimpl.oracle.rounds`: its MTP rounds replayed with
+   the oracle's head on the same history.
+
+Exit status (:attr:`Report.exit_code`): 0 when nothing but near-ties was found (in the stream and
+in the rounds), 1 otherwise. ``refimpl audit GOLDEN STREAM`` is :mod:`refimpl.oracle.golden_audit`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from refimpl.errors import RefimplError
+from refimpl.oracle.golden import TIE_THRESHOLD  # noqa: F401  (the near-tie rule; refimpl.oracle.audit.TIE_THRESHOLD too)
+from refimpl.oracle.rounds import rounds_from_json, rounds_from_kinds
+
+
+
+# ---- streams -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    label: str  # "A", "B", or "oracle"
+    source: str  # file it came from
+    kind: str  # json | csv | text | oracle
+    tokens: list[int]
+    prompt: list[int] | None = None  # prompt_tokens, when the file carries them
+    rounds: object = None  # refimpl.oracle.rounds.RoundsInfo, when the file carries per-round information
+
+
+def _ids(value, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise RefimplError(f"{where}: expected a list of integer token ids")
+    return list(value)
+
+
+def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
+    """One stream file → :class:`Stream` (the formats of the module docstring, tried in this order:
+    JSON when the file starts with ``[`` or ``{``; CSV when its first non-``#`` line is a header
+    with a ``token`` or ``token_id`` column; else UTF-8 text, one trailing newline dropped)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RefimplError(f"{path}: cannot read stream {label} ({exc.__class__.__name__}: {exc})") from None
+    head = text.lstrip()
+    if head.startswith(("[", "{")):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RefimplError(f"{path}: stream {label} looks like JSON but does not parse ({exc.msg}, line {exc.lineno})") from None
+        if isinstance(obj, list):
+            return Stream(label, str(path), "json", _ids(obj, str(path)))
+        if not isinstance(obj, dict) or "tokens" not in obj:
+            raise RefimplError(f"{path}: a JSON stream must be an array of ids or an object with 'tokens'")
+        prompt = _ids(obj["prompt_tokens"], f"{path}: 'prompt_tokens'") if "prompt_tokens" in obj else None
+        rounds = rounds_from_json(obj, str(path)) if "rounds" in obj else None
+        return Stream(label, str(path), "json", _ids(obj["tokens"], f"{path}: 'tokens'"), prompt, rounds)
+    body = [line for line in text.splitlines() if not line.startswith("#")]
+    preamble = dict(line[1:].strip().partition("=")[::2] for line in text.splitlines() if line.startswith("#") and "=" in line)
+    header = next(csv.reader(io.StringIO(body[0]))) if body else []
+    column = next((c for c in ("token", "token_id") if c in [h.strip() for h in header]), None)
+    if column is None and path.suffix.lower() == ".csv":
+        raise RefimplError(f"{path}: CSV stream {label} has no 'token' or 'token_id' column (header: {','.join(header)})")
+    if column is not None:
+        tokens, steps = [], []
+        for n, row in enumerate(csv.DictReader(io.StringIO("\n".join(body)), skipinitialspace=True), 2):
+            value = (row.get(column) or "").strip()
+            try:
+                tokens.append(int(value))
+            except ValueError:
+                raise RefimplError(f"{path}: CSV row {n - 1}: '{column}' is {value!r}, not a token id") from None
+            steps.append((row.get("step") or "", (row.get("kind") or "").strip(), row.get("drafts") or ""))
+        per_round = {"step", "kind"} <= {h.strip() for h in header} and preamble.get("spec", "mtp") == "mtp"
+        return Stream(label, str(path), "csv", tokens, rounds=rounds_from_kinds(steps, preamble, str(path)) if per_round else None)
+    if tokenizer is None:
+        raise RefimplError(f"{path}: stream {label} is text; without a model to tokenize it, give token ids (JSON or CSV)")
+    return Stream(label, str(path), "text", tokenizer.encode(text[:-1] if text.endswith("\n") else text, parse_special=True))
+
+
+def check_streams(streams: list[Stream], n_vocab: int) -> None:
+    """Every stream holds tokens, all in the vocabulary (RefimplError naming the file if not)."""
+    for s in streams:
+        bad = [t for t in s.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {n_vocab})")
+        if not s.tokens:
+            raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
+
+
+def prompt_of(streams: list[Stream], missing: str) -> list[int]:
+    """The prompt the streams carry (their ``prompt_tokens``, which must agree); ``missing``: the
+    error when none does."""
+    given = {tuple(s.prompt) for s in streams if s.prompt is not None}
+    if len(given) > 1:
+        raise RefimplError(f"{streams[0].source}: the streams carry different prompt_tokens; give the prompt with --prompt-tokens")
+    if not given:
+        raise RefimplError(missing)
+    return list(given.pop())
+
+
+# ---- the oracle's judgement of one position ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Position:
+    """What the oracle says at one generated step (logits are float32 values as Python floats)."""
+
+    top_ids: list[int]  # the oracle's two best ids (ties to the lower id)
+    top_logits: list[float]
+    max_abs: float  # max |logit|: the scale of the threshold
+    threshold: float  # τ·max|logit|
+    logit: dict[int, float]  # the logit of each token involved
+    rank: dict[int, int]  # 0 = the oracle's argmax
+
+    @property
+    def margin(self) -> float:
+        return self.top_logits[0] - self.top_logits[1]
+
+    def deficit(self, tok: int) -> float:
+        return self.top_logits[0] - self.logit[tok]
+
+    def close(self, tok: int) -> bool:
+        return self.deficit(tok) <= self.threshold
+
+
+def judge(row: np.ndarray, tokens, tau: float) -> Position:
+    from refimpl.oracle.golden import top_k
+
+    ids, logits = top_k(row, 2)
+    max_abs = float(np.max(np.abs(row)))
+    logit = {int(t): float(row[t]) for t in tokens}
+    rank = {t: int(np.sum(row > row[t]) + np.sum(row[:t] == row[t])) for t in logit}
+    return Position(ids, logits, max_abs, tau * max_abs, logit, rank)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One position where a stream's token is not the oracle's argmax (or the streams diverge)."""
+
+    step: int  # generated-token index (position = len(prompt) + step)
+    where: str  # "A", "B", "A+B" (the common prefix) or "divergence"
+    kind: str  # near-tie | wrong | A wrong | B wrong | both wrong
+    tokens: dict[str, int]  # stream label → its token here
+    oracle: Position
+
+    @property
+    def benign(self) -> bool:
+        return self.kind == "near-tie"
+
+
+def _departure(step: int, where: str, tok: int, pos: Position, labels) -> Finding:
+    return Finding(step, where, "near-tie" if pos.close(tok) else "wrong", {lab: tok for lab in labels}, pos)
+
+
+def _divergence(step: int, a: int, b: int, pos: Position, labels=("A", "B")) -> Finding:
+    if pos.close(a) and pos.close(b):
+        kind = "near-tie"
+    elif pos.top_ids[0] == b:
+        kind = f"{labels[0]} wrong"
+    elif pos.top_ids[0] == a:
+        kind = f"{labels[1]} wrong"
+    else:
+        kind = "both wrong"
+    return Finding(step, "divergence", kind, {labels[0]: a, labels[1]: b}, pos)
+
+
+# ---- the audit ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    model: str
+    prompt: list[int]
+    streams: list[Stream]
+    tau: float
+    emulate: bool
+    numerics: str = ""  # Ctx.numerics(): which llama.cpp rounding points the oracle emulated
+    common: int = 0  # length of the common prefix
+    divergence: Finding | None = None
+    findings: list[Finding] = field(default_factory=list)  # departures, in the prefix and the tails
+    tails: dict[str, int] = field(default_factory=dict)  # label → tokens after the divergence
+    rounds: dict = field(default_factory=dict)  # label → refimpl.oracle.rounds.RoundsReport (streams with per-round info)
+    rounds_skipped: str | None = None  # why streams' rounds were not replayed
+
+    @property
+    def events(self) -> list[Finding]:
+        return self.findings + ([self.divergence] if self.divergence else [])
+
+    @property
+    def n_near_ties(self) -> int:
+        return sum(f.benign for f in self.events)
+
+    @property
+    def n_wrong(self) -> int:
+        return sum(not f.benign for f in self.events)
+
+    @property
+    def exit_code(self) -> int:
+        return max([0 if self.n_wrong == 0 else 1] + [r.exit_code for r in self.rounds.values()])
+
+    @property
+    def verdict(self) -> str:
+        """The divergence's class, or "identical" / "clean" when the streams never diverge."""
+        if self.divergence is not None:
+            return self.divergence.kind
+        return "identical" if len(self.streams) == 2 and self.streams[0].tokens == self.streams[1].tokens else "clean"
+
+    def as_json(self) -> dict:
+        def finding(f: Finding) -> dict:
+            d = asdict(f)
+            d["oracle"]["margin"] = f.oracle.margin
+            d["oracle"]["logit"] = {str(k): v for k, v in f.oracle.logit.items()}
+            d["oracle"]["rank"] = {str(k): v for k, v in f.oracle.rank.items()}
+            d["deficit"] = {lab: f.oracle.deficit(t) for lab, t in f.tokens.items()}
+            return d
+
+        return {"model": self.model, "prompt_tokens": self.prompt, "threshold": self.tau, "emulate": self.emulate,
+                "streams": [{"label": s.label, "source": s.source, "kind": s.kind, "n_tokens": len(s.tokens)} for s in self.streams],
+                "common_prefix": self.common, "verdict": self.verdict,
+                "divergence": finding(self.divergence) if self.divergence else None,
+                "findings": [finding(f) for f in self.findings],
+                "rounds": {lab: r.as_json() for lab, r in self.rounds.items()}, "exit_code": self.exit_code}
+
+
+def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = None, *, ctx=None,
+          tau: float = TIE_THRESHOLD, model_name: str = "") -> Report:
+    """Audit one stream against the oracle's greedy stream, or two streams against each other (the
+    module docstring). ``ctx``: the oracle's numerics (``Ctx()``, or emulation for quantized files)."""
+    from refimpl.oracle.golden import start, walk
+    from refimpl.model.ops import Ctx, argmax  # argmax: the greedy choice (a NaN logit passed over, as llama.cpp does)
+
+    ctx = ctx or Ctx()
+    if not 0 < tau < 1:
+        raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
+    streams = [stream_a] + ([stream_b] if stream_b else [])
+    check_streams(streams, model.config.n_vocab)
+    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())
+    _audit_rounds(rep, model, ctx)
+    cur = start(model, prompt, ctx)
+
+    if stream_b is None:  # A against the oracle: the first departure is the divergence from its greedy stream
+        a = stream_a.tokens
+
+        def on_row(i, row):
+            if argmax(row) != a[i]:
+                pos = judge(row, (a[i], argmax(row)), tau)
+                if rep.divergence is None:
+                    rep.common = i
+                    rep.divergence = _divergence(i, a[i], pos.top_ids[0], pos, ("A", "oracle"))
+                else:
+                    rep.findings.append(_departure(i, "A", a[i], pos, "A"))
+
+        walk(model, cur, a, ctx, on_row)
+        if rep.divergence is None:
+            rep.common = len(a)
+        else:
+            rep.tails["A"] = len(a) - rep.common - 1
+        return rep
+
+    a, b = stream_a.tokens, stream_b.tokens
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    rep.common = k
+
+    def prefix_row(i, row):
+        if argmax(row) != a[i]:
+            rep.findings.append(_departure(i, "A+B", a[i], judge(row, (a[i],), tau), "AB"))
+
+    cur = walk(model, cur, a[:k], ctx, prefix_row)
+    if k < len(a) and k < len(b):
+        rep.divergence = _divergence(k, a[k], b[k], judge(cur.row, (a[k], b[k]), tau))
+    for s in (stream_a, stream_b):
+        tail = s.tokens[k:]
+        first = 1 if rep.divergence else 0  # the divergence itself is judged above
+        rep.tails[s.label] = len(tail) - first
+
+        def tail_row(i, row, s=s, tail=tail, first=first):
+            if i >= first and argmax(row) != tail[i]:
+                rep.findings.append(_departure(k + i, s.label, tail[i], judge(row, (tail[i],), tau), s.label))
+
+        walk(model, cur, tail, ctx, tail_row)
+    return rep
+
+
+def _audit_rounds(rep: Report, model, ctx) -> None:
+    """The round audit (refimpl.oracle.rounds) of every stream that carries per-round information."""
+    from refimpl.oracle.rounds import check_rounds
+
+    with_rounds = [s for s in rep.streams if s.rounds is not None]
+    if with_rounds and model.file.plan.mtp == "stripped":
+        rep.rounds_skipped = "the model has no MTP block to replay the rounds with"
+        return
+    for s in with_rounds:
+        rep.rounds[s.label] = check_rounds(model, rep.prompt, s.tokens, s.rounds, ctx=ctx, tau=rep.tau)
+
+
+# ---- the report as text ----------------------------------------------------------------------
+
+
+def percent(part: float, whole: float) -> str:
+    """``part`` as a percentage of ``whole`` ("n/a %" when whole is 0: every logit 0, e.g. from weights
+    that are not finite)."""
+    return f"{100 * part / whole:.2f}%" if whole else "n/a %"
+
+
+def _tok(tokenizer, t: int) -> str:
+    from refimpl.oracle.golden import show_piece
+
+    return f"{t} {show_piece(tokenizer, t)}"
+
+
+def _oracle_line(tokenizer, pos: Position) -> str:
+    (t1, t2), (l1, l2) = pos.top_ids, pos.top_logits
+    return (f"oracle: top-1 {_tok(tokenizer, t1)} {l1:.6g}, top-2 {_tok(tokenizer, t2)} {l2:.6g}; margin {pos.margin:.4g} "
+            f"= {percent(pos.margin, pos.max_abs)} of max|logit| {pos.max_abs:.4g} (near-tie threshold {pos.threshold:.4g})")
+
+
+def _finding_line(tokenizer, f: Finding) -> str:
+    label, tok = next(iter(f.tokens.items()))
+    who = {"A+B": "both streams have", "A": "A has", "B": "B has"}[f.where]
+    return (f"step {f.step}: {who} {_tok(tokenizer, tok)} (rank {f.oracle.rank[tok]}, {f.oracle.deficit(tok):.4g} below the "
+            f"oracle's {_tok(tokenizer, f.oracle.top_ids[0])} = {percent(f.oracle.deficit(tok), f.oracle.max_abs)} of max|logit|): {f.kind}")
+
+
+def report_lines(rep: Report, tokenizer) -> list[str]:
+    s = rep.streams
+    lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {rep.numerics or ('on' if rep.emulate else 'off')}, "
+             f"near-tie threshold {100 * rep.tau:g}% of max|logit|"]
+    lines.append("  " + "   ".join(f"{x.label}: {x.source} ({x.kind}, {len(x.tokens)} tokens)" for x in s)
+                 + ("   B: the oracle's greedy stream" if len(s) == 1 else ""))
+    prefix = [f for f in rep.findings if f.where == "A+B"]
+    if len(s) == 2:
+        lines.append(f"common prefix: {rep.common} tokens" + ("" if prefix else ", each the oracle's argmax"))
+        lines += ["  " + _finding_line(tokenizer, f) for f in prefix]
+    d = rep.divergence
+    if d is None:
+        if len(s) == 1:
+            lines.append(f"A: all {len(s[0].tokens)} tokens are the oracle's argmax (A is the oracle's greedy stream)")
+        elif len(s[0].tokens) == len(s[1].tokens):
+            lines.append("the streams are identical")
+        else:
+            longer = max(s, key=lambda x: len(x.tokens))
+            lines.append(f"no divergence: {longer.label} continues for {len(longer.tokens) - rep.common} tokens after the other ends")
+    else:
+        (la, ta), (lb, tb) = d.tokens.items()
+        lines.append(f"first divergence at step {d.step} (position {len(rep.prompt) + d.step}): {la} {_tok(tokenizer, ta)}   "
+                     f"{lb} {_tok(tokenizer, tb)}")
+        lines.append("  " + _oracle_line(tokenizer, d.oracle))
+        lines.append(f"  verdict: {d.kind}")
+    tails = [lab for lab in rep.tails if rep.tails[lab] > 0]
+    if tails:
+        lines.append("after the divergence, each stream against the oracle given its own history:" if d else
+                     "after the common prefix, against the oracle given its own history:")
+        for lab in tails:
+            fs = [f for f in rep.findings if f.where == lab]
+            ties, wrong = [f for f in fs if f.benign], [f for f in fs if not f.benign]
+            if not fs:
+                lines.append(f"  {lab}: {rep.tails[lab]} more tokens, each the oracle's argmax")
+                continue
+            lines.append(f"  {lab}: {rep.tails[lab]} more tokens, {len(ties)} near-tie, {len(wrong)} wrong")
+            lines += ["    " + _finding_line(tokenizer, f) for f in (wrong[:3] + ties[:3] if wrong else ties[:3])]
+    from refimpl.oracle.rounds import report_lines as round_lines
+
+    for lab, rr in rep.rounds.items():
+        lines += round_lines(rr, lab)
+    if rep.rounds_skipped:
+        lines.append(f"rounds: not checked ({rep.rounds_skipped})")
+    n_ties, n_wrong = rep.n_near_ties, rep.n_wrong
+    rounds = "".join(f"; rounds {lab}: {r.verdict}" for lab, r in rep.rounds.items())
+    lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong{rounds} → exit {rep.exit_code}")
+    return lines

@@ -16,8 +16,10 @@ Measured, alternately ``--rounds`` times, each in a fresh process (the page cach
 the file was just written or read):
 
 * **refimpl**: the wall time of ``python -m refimpl run FILE --tokens 1,2,3 -n 1 --json`` — Python's
-  start, imports, the header, the weights (bf16 matrices packed for the lane kernels when they fit:
-  ``--pack auto``), the tokenizer, 3 prompt positions and 1 generated token. The first run on a
+  start, imports, the header, the weights (memory-mapped; a plain run packs its matrices for the lane
+  kernels only after the first token: ``Model.packed``), the tokenizer (its BPE merges are read at the
+  first encode, so not at all for token ids), 3 prompt positions and 1 generated token. The same with
+  a text prompt (``-p``, encoded with the merges) is the second row. The first run on a
   machine also compiles numba's kernels (cached on disk afterwards, docs/performance.md "First run"):
   one run with an empty ``NUMBA_CACHE_DIR`` before the rounds, reported apart as *first run*; then
   an untimed run fills the usual cache, and the timed rounds find every kernel there.
@@ -50,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import MIB, cpu_description  # noqa: E402
 
 TOKENS = "1,2,3"
+PROMPT = "The quick brown fox"  # the -p row: encoded with the file's 247800 merges
 N_MERGES = 247_800
 FILE_NAME = "qwen35-0.8b-widths-bf16-s0.gguf"  # a change to the recipe below needs a new name
 
@@ -133,11 +136,11 @@ def bench_file(directory: Path) -> Path:
 # ---- the two sides ------------------------------------------------------------------------------
 
 
-def run_refimpl(path: Path, threads: int, numba_cache: str | None = None, pack: str = "auto") -> tuple[float, str]:
-    """(wall seconds of one ``refimpl run … --pack PACK``, its stderr); ``numba_cache``: numba's cache
+def run_refimpl(path: Path, threads: int, numba_cache: str | None = None, prompt: str | None = None) -> tuple[float, str]:
+    """(wall seconds of one ``refimpl run … -n 1`` on the token ids, or on ``prompt`` as text; its stderr); ``numba_cache``: numba's cache
     directory (``NUMBA_CACHE_DIR``; an empty one makes the run compile every kernel it calls)."""
     env = {**os.environ, "NUMBA_NUM_THREADS": str(threads), **({"NUMBA_CACHE_DIR": numba_cache} if numba_cache else {})}
-    cmd = [sys.executable, "-m", "refimpl", "run", str(path), "--tokens", TOKENS, "-n", "1", "--json", "--pack", pack]
+    cmd = [sys.executable, "-m", "refimpl", "run", str(path), *(["-p", prompt] if prompt else ["--tokens", TOKENS]), "-n", "1", "--json"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -212,13 +215,18 @@ def _breakdown_child(path: str) -> int:
     t.append(time.perf_counter())
     m = open_model(gf)
     t.append(time.perf_counter())
-    weights = pack_weights(load_weights(m))
+    weights = load_weights(m)
     t.append(time.perf_counter())
     tok = Tokenizer.from_gguf(gf)
     t.append(time.perf_counter())
     greedy(Model(file=m, weights=weights), [int(x) for x in TOKENS.split(",")], 1, eog_ids=tok.eog_ids)
     t.append(time.perf_counter())
-    steps = ("imports", "header", "config + tensor plan", "weights (mapped + packed)", "tokenizer", "prompt + first token")
+    pack_weights(weights)
+    t.append(time.perf_counter())
+    tok.encode(PROMPT)
+    t.append(time.perf_counter())
+    steps = ("imports", "header", "config + tensor plan", "weights (mapped)", "tokenizer", "prompt + first token",
+             "after it: packing", "first encode (merges)")
     print(json.dumps(dict(zip(steps, (b - a for a, b in zip(t, t[1:]))))), flush=True)
     return 0
 
@@ -274,7 +282,7 @@ def main() -> int:
     ref, off, lla, inner = [], [], [], []
     for _ in range(args.rounds):  # alternately, so that both see the same machine load
         ref.append(run_refimpl(path, args.threads)[0])
-        off.append(run_refimpl(path, args.threads, pack="off")[0])
+        off.append(run_refimpl(path, args.threads, prompt=PROMPT)[0])
         wall, t = run_llama(path, args.threads, extra_bufts=not amx)
         lla.append(wall)
         inner.append(t)
@@ -286,8 +294,8 @@ def main() -> int:
         per = [x / y for x, y in zip(xs, lla)]
         return f"{statistics.median(per):5.2f}×  (per round: {', '.join(f'{r:.2f}' for r in per)})"
 
-    print(f"refimpl run            {fmt(ref)}   {ratio(ref)} of llama.cpp")
-    print(f"refimpl run --pack off {fmt(off)}   {ratio(off)} of llama.cpp")
+    print(f"refimpl run --tokens   {fmt(ref)}   {ratio(ref)} of llama.cpp")
+    print(f"refimpl run -p TEXT    {fmt(off)}   {ratio(off)} of llama.cpp")
     print(f"llama.cpp process      {fmt(lla)}")
     print(f"  of which load+token  {fmt([t['first_token'] for t in inner])}   (import llama_cpp "
           f"{statistics.median(t['import'] for t in inner):.2f} s)")

@@ -6,9 +6,9 @@ Contract (what may live in this package):
   a numba dequantizer that is **bit-identical** to ``gguf.quants.dequantize`` (gguf 0.19.0).
 * ``matmul(w_raw, qtype, x)`` computes ``y = x @ W.T`` (i.e. ``y[t] = W @ x[t]``) for 1 or more
   activation rows straight from the quantized bytes, never materialising the whole dequantized
-  matrix. Two paths behind one interface: ``path="numpy"`` (plain, obvious, slow) and
-  ``path="numba"`` (the default). They are tested equal within the tolerance stated in
-  ``kernels/matmul.py``; each output element is computed by one thread in a fixed order, so results
+  matrix. Two paths behind one interface: ``path="numpy"`` (the definition: plain, obvious, slow) and
+  ``path="numba"`` (the default), tested equal bit for bit for every type (a NaN matches a NaN:
+  ``kernels/matmul.py``); each output element is computed by one thread in a fixed order, so results
   do not depend on the thread count or on how many activation rows are in the batch.
 * ``act_quant=True`` emulates llama.cpp's CPU activation quantization (Q8_0 / Q8_1 / Q8_K, F16 and
   BF16 rounding) and integer block dot products, to match llama.cpp to float-accumulation noise.
@@ -17,8 +17,10 @@ Contract (what may live in this package):
   tested bit-identical to the scalar row kernels;
   ``pack(w_raw, qtype)`` returns a layout ``matmul`` accepts in place of ``w_raw`` (same results,
   no gathers). docs/performance.md.
-* ``dot64`` and ``delta_rule_step`` (``kernels/plain/recurrent.py``): the trunk's float64 dot products and
-  the Gated DeltaNet step, summed in increasing index order, numba and numpy paths equal bit for bit.
+* ``dot64`` and ``delta_rule_step`` (``kernels/plain/recurrent.py``): the trunk's float64 dot products
+  (numba and numpy paths, equal bit for bit) and the compiled Gated DeltaNet step, summed in increasing
+  index order; the step's definition is the numpy form in ``refimpl/model/deltanet.py``, whose bits it
+  gives (tests/test_kernels_recurrent.py).
 * ``flash_attn_f16`` (``kernels/ggml/flashattn.py``): llama.cpp's CPU flash attention for a few query
   rows, with its F16 accumulator and the C library's ``expf``.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/base/flags.py`` only.
@@ -27,8 +29,8 @@ Folders in dataflow order, each importing only from the ones before it (tests/te
 
 =================  ===========================================================================================
 ``base/``          flags (how everything is compiled), float16/bfloat16/E8M0 conversions, block layouts
-``plain/``         the plain definition: bytes → float32 (``dequant``, ``dequant_iq``), the float64 dot and
-                   the delta-rule step (``recurrent``)
+``plain/``         the plain definition: bytes → float32 (``dequant``, ``dequant_iq``), the float64 dot, and
+                   the compiled delta-rule step (``recurrent``)
 ``lanes/``         the fast kernels: IR vocabulary and ISA levels (``ir``, ``exact64``), per-type emitters
                    (``blocks``, ``blocks_iq``), packing and the packed matmul (``pack``), the act_quant lanes (``act``)
 ``ggml/``          llama.cpp's CPU numerics: activation quantizers (``actquant``), its integer dots

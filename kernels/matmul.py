@@ -6,27 +6,29 @@ returns ``y`` (T, N) float32, ``y[t, n] = W[n] · x[t]`` (ggml's ``mul_mat(W, x)
 Precision policy of the plain mode (``act_quant=False``) — the oracle's own numerics
     The weights are dequantized exactly as ``gguf.quants.dequantize`` does (float32, see
     :mod:`kernels.plain.dequant`); each product ``w * x`` is formed in float64, where it is exact (two
-    float32 significands fit in 53 bits); the K products are summed in float64; the sum is rounded
-    once to float32. Every output element is computed alone, the same way whatever T and N are, so a
-    batch gives bit-identical rows to single-row calls and nothing depends on the thread count.
+    float32 significands fit in 53 bits); the K products are summed in float64 **in increasing column
+    order**, starting from +0.0; the sum is rounded once to float32. Every output element is computed
+    alone, the same way whatever T and N are, so a batch gives bit-identical rows to single-row calls
+    and nothing depends on the thread count.
 
+``path="numpy"`` — the definition
+    ``_matmul_numpy``: that policy written out. ``gguf.quants.dequantize`` on chunks of rows (never the
+    whole matrix of a big tensor), then one float64 add per column k, k increasing, for all T × n
+    outputs of the chunk at once. Its numbers *are* the plain mode's; the numba path is its fast twin.
 ``path="numba"`` (default)
     Every type through :mod:`kernels.lanes.pack`: 16 weight rows at a time, one row's float64 sum per
     SIMD lane, weight blocks decoded once per four activation rows (once per batch from nine rows
     on). For the last N mod 16 rows (and with ``NUMBA_DISABLE_JIT=1``) ``_matmul_rows(kind)``: ``prange`` over tasks of 16 weight rows; each row
     is decoded once into a thread-local float32 buffer, widened (exactly) to float64 and dotted with
-    all T activation rows, so the weights are read once per batch. Both sum in **increasing column
-    order** (``_matmul_rows`` sums four rows side by side, four independent chains in the same
-    order each) and give the same bits.
-``path="numpy"``
-    The obvious form: ``gguf.quants.dequantize`` on chunks of rows (never the whole matrix of a big
-    tensor), then ``np.sum(w64 * x64[t], axis=1)`` — exact float64 products, numpy's pairwise sum.
+    all T activation rows, so the weights are read once per batch. Both sum in increasing column
+    order from +0.0 (``_matmul_rows`` sums four rows side by side, four independent chains in the same
+    order each; the lanes' ``fma`` of an exact product is the same rounded add).
 
-Tolerance between the two paths
-    They differ only in the float64 summation order (sequential vs pairwise). Each float64 sum is
-    within ``K * 2**-53 * Σ|w·x|`` of the exact sum, so after rounding to float32 the two results
-    differ by at most one float32 ulp of ``y`` plus ``~1e-12 * Σ_k |w_k x_k|``; the tests assert
-    ``|y_numba - y_numpy| <= 1e-6 * Σ_k |w_k x_k|`` (and in practice see 0 or 1 ulp).
+The two paths are equal bit for bit, for every weight type (tests/test_kernels_matmul.py: normal,
+extreme and raw scales, orders that numpy's pairwise sum would change, all-(−0) products). The one
+exception is which NaN: a NaN output is a NaN on both paths, but its sign and payload are not
+defined (gguf keeps a NaN scale's payload, the numba decoders make it the canonical NaN, and an add
+of two NaNs keeps whichever the CPU keeps) — as for :func:`kernels.dequantize`.
 
 ``act_quant=True`` — llama.cpp's numerics (numba path only)
     Each activation row is quantized to the weight type's ``vec_dot_type`` exactly as llama.cpp's
@@ -141,15 +143,19 @@ def _matmul_rows_serial(kind):
 
 
 def _matmul_numpy(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """The plain mode's definition: out[t, n] = float32(Σ_k float64(W[n, k]) · float64(x[t, k])), the
+    sum from +0.0 in increasing k (module docstring). (N, row bytes), (T, K) -> (T, N)."""
     N = w_bytes.shape[0]
     T, K = x.shape
-    x64 = x.astype(np.float64)
+    x64 = x.astype(np.float64)  # [T, K], exact
     out = np.empty((T, N), dtype=np.float32)
     chunk = max(1, _NUMPY_CHUNK_VALUES // max(K, 1))
     for n0 in range(0, N, chunk):
-        w64 = gguf_quants.dequantize(w_bytes[n0 : n0 + chunk], qtype).astype(np.float64)  # (n, K)
-        for t in range(T):
-            out[t, n0 : n0 + len(w64)] = np.sum(w64 * x64[t], axis=1)
+        wT = gguf_quants.dequantize(w_bytes[n0 : n0 + chunk], qtype).astype(np.float64).T.copy()  # [n, K] -> [K, n], exact
+        acc = np.zeros((T, wT.shape[1]))  # [T, n]: +0.0, where every sum starts
+        for k in range(K):  # increasing column order
+            acc += x64[:, k, None] * wT[k]  # [T, n]: exact products, one rounded float64 add each
+        out[:, n0 : n0 + wT.shape[1]] = acc  # rounded once to float32
     return out
 
 
@@ -163,7 +169,7 @@ def matmul(w_raw: np.ndarray, qtype, x: np.ndarray, *, path: str = "numba", act_
     ``x`` float32 (T, K) -> (T, N); (K,) -> (N,); any leading shape (..., K) -> (..., N).
     ``path`` is ``"numba"`` or ``"numpy"``; ``act_quant=True`` (numba only) emulates llama.cpp's
     activation quantization and integer block dots. The module docstring states the precision
-    policy and the tolerance between the paths. Bad input raises ``ValueError`` (one line).
+    policy; the two paths give the same bits. Bad input raises ``ValueError`` (one line).
     """
     if path not in ("numba", "numpy"):
         raise ValueError(f"matmul: path must be 'numba' or 'numpy', got {path!r}")

@@ -23,8 +23,10 @@ Contract (what may live in this package):
 
   Each folder's ``__init__`` states its reading order and what it may import.
 * State is explicit: caches and recurrent matrices live in records that functions take and return.
-* The only compiled code refimpl calls is the quantized matmul behind ``kernels.matmul``; that
-  package's numba path is tested equal to its plain numpy path.
+* The compiled code refimpl calls lives in ``kernels``. The quantized matmul, ``dot64`` and the
+  delta-rule step are each defined by a plain numpy form — ``kernels.matmul(path="numpy")``,
+  ``kernels.dot64(path="numpy")``, :func:`refimpl.model.deltanet.delta_rule_step` — whose bits the
+  compiled form gives (``Ctx(kernel="numpy")`` runs the definitions).
 * Bad input raises :class:`refimpl.errors.RefimplError` with a one-line message; the CLI turns it
   into ``refimpl: error: …`` and exit code 2.
 """

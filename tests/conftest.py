@@ -25,6 +25,20 @@ def require_llama_cpp():
     return _require("llama_cpp", "llama-cpp-python", "oracle")
 
 
+def require_llama_tool(name: str) -> Path:
+    """The path of llama.cpp's command-line tool ``name`` (``llama-perplexity``, ``llama-server``), built by
+    ``.ci/build-llama-tools`` into ``$LLAMA_TOOLS_DIR/bin`` (default ``build/llama-tools/bin``). Outside CI a
+    missing tool skips the test; under ``CI=true`` it fails it (.ci/run builds the tools first)."""
+    root = Path(os.environ.get("LLAMA_TOOLS_DIR") or Path(__file__).resolve().parent.parent / "build" / "llama-tools")
+    tool = root / "bin" / name
+    if not (tool.is_file() and os.access(tool, os.X_OK)):  # pragma: no cover - depends on the machine
+        message = f"{tool} is missing: build it with .ci/build-llama-tools {root}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (required under CI=true)")
+        pytest.skip(message)
+    return tool
+
+
 def require_distributed():
     """Import distributed (Dask's, the ``cluster`` extra)."""
     return _require("distributed", "distributed", "cluster")

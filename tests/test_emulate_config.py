@@ -303,7 +303,7 @@ def test_gated_delta_net_op_reproduces_llama_cpp_from_its_own_input(fixture_file
     for s in range(0, n, batch):  # the state is captured once per ubatch (n_ubatch >= batch here)
         M = (th[names[5]][s] if batch == 1 else th[f"{names[5]}@{s}"]).reshape(Hv, S, S)  # [Hv, S_v, S_k]: ggml's [S_k, S_v, H] memory
         for t in range(s, min(n, s + batch)):
-            ours[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t])
+            ours[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], np.exp(g[t]), beta[t], np.float32(1) / np.sqrt(np.float32(S)))
     err = np.abs(ours - theirs).max() / np.abs(theirs).max()
     assert err <= NOISE, f"relative error {err:.3g}"
 

@@ -41,6 +41,45 @@ def test_the_clean_record_taps_nothing():
     assert f and f.tap("moe.shared_gate", x) is x  # a fault only rewrites its own point
 
 
+def test_every_fault_acts_at_a_tap_point_ctx_cb_hands_to_the_record():
+    """The model and the loop name their tap points in ``TAPS`` (Ctx.cb asks the fault record there);
+    every fault acts at one of them (the tokenizer, without a Ctx, asks the record itself), and every
+    tap point is there for a fault."""
+    from refimpl.model.ops import TAPS
+
+    points = {f.point for f in FAULTS.values()} | {"loop.finish"}  # state-leak also remembers at loop.finish
+    assert points - TAPS == {"tokenizer.split"}
+    assert TAPS <= points
+
+
+def test_tap_points_reach_the_fault_record_never_the_trace(tiny):
+    """One hook: ``Ctx.cb`` hands llama.cpp's names to the trace and the tap points to ``Ctx.faults`` —
+    an MTP run reaches every tap point, a traced run records the same names with or without a fault
+    on, none of them a tap point, and a fault changes what is recorded after its point only."""
+    from refimpl.model.ops import TAPS, NoFaults
+    from refimpl.oracle.trace import Recorder
+
+    asked = set()
+
+    class Noting(NoFaults):  # the clean record, noting which points it is asked about
+        def tap(self, point, value, **info):
+            asked.add(point)
+            return value
+
+    runs = {}
+    for name, faults in (("clean", NO_FAULTS), ("noting", Noting()), ("faulty", Faults.of("ssm-norm-shifted"))):
+        rec = Recorder()
+        speculative_generate(tiny, PROMPT, 3, Ctx(trace=rec, faults=faults), source="mtp", n_draft=2)
+        runs[name] = rec.arrays()
+    assert asked == TAPS
+    assert runs["clean"].keys() == runs["noting"].keys() == runs["faulty"].keys()
+    assert not {k.rsplit("-", 1)[0] for k in runs["clean"]} & TAPS
+    assert all(np.array_equal(runs["clean"][k], runs["noting"][k]) for k in runs["clean"])
+    prompt = slice(0, len(PROMPT) - 1)  # the rows of the prompt batch, the first forward pass
+    assert np.array_equal(runs["clean"]["attn_output_delta-0"][prompt], runs["faulty"]["attn_output_delta-0"][prompt])
+    assert not np.array_equal(runs["clean"]["final_output-0"][prompt], runs["faulty"]["final_output-0"][prompt])  # after the point
+
+
 def test_bf16_rounding_is_round_to_nearest_even():
     x = np.array([1.0, 1.0 + 2**-8, 1.0 + 2**-7 + 2**-8, 1.0 + 3 * 2**-9, -2.5e-3, 3.0e38], dtype=np.float32)
     got = _round_bf16(x)

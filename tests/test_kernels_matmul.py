@@ -1,8 +1,10 @@
-"""kernels.matmul, plain mode: both paths vs float64, batch/thread invariance, inputs and errors.
+"""kernels.matmul, plain mode: both paths vs float64, numba == numpy bit for bit, batch/thread
+invariance, inputs and errors.
 
-The precision policy (kernels/matmul.py): exact float32 weights, float64 products and sums, one
-rounding to float32. So against ``dequantize(W) @ x`` in float64 the error is at most one float32
-rounding plus ~K·2^-53 of Σ|w·x|, and the numba and numpy paths differ only by summation order.
+The precision policy (kernels/matmul.py): exact float32 weights, float64 products summed from +0.0
+in increasing column order, one rounding to float32 — the numpy path is that definition written
+out, the numba path gives its bits. Against ``dequantize(W) @ x`` in float64 the error is at most
+one float32 rounding plus ~K·2^-53 of Σ|w·x|.
 """
 
 from pathlib import Path
@@ -51,16 +53,51 @@ def test_matches_float64_reference(qtype, path):
         assert (err <= tol).all(), f"T={T}: worst {np.max(err / mag):.3g} of Σ|w·x|"
 
 
+def assert_same_bits(got, want, what):
+    """Equal bit for bit, NaN matching NaN (which NaN is not defined: kernels/matmul.py)."""
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), f"{what}: NaN in other places"
+    bad = (got.view(np.uint32) != want.view(np.uint32)) & ~nan
+    assert not bad.any(), f"{what}: {bad.sum()} outputs differ, first at {np.argwhere(bad)[0]}"
+
+
+@pytest.mark.parametrize("scales", ["normal", "extreme", "raw"])
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-def test_numba_and_numpy_paths_agree(qtype):
-    """The stated tolerance: |Δ| ≤ 1e-6 · Σ|w·x| (in practice 0 or 1 ulp)."""
-    w, x = problem(qtype, 1)
-    y_nb = kernels.matmul(w, qtype, x, path="numba")
-    y_np = kernels.matmul(w, qtype, x, path="numpy")
-    _, mag = exact_reference(w, qtype, x)
-    assert (np.abs(y_nb.astype(np.float64) - y_np) <= 1e-6 * mag).all()
-    ulps = np.abs(y_nb.view(np.int32).astype(np.int64) - y_np.view(np.int32))
-    assert ulps.max() <= 1
+def test_numba_and_numpy_paths_give_the_same_bits(qtype, scales):
+    """The numpy path is the definition; the numba path (lanes and the scalar tail) gives its bits, for
+    T = 1 … 9 (narrow, padded and wide lane paths), with zeros, a −0 row and non-finite weights."""
+    rng = np.random.default_rng([int(qtype), 1])
+    w = random_rows(qtype, N, K, rng, scales=scales)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    x[0, :7] = 0.0
+    x[1, 3] = np.float32(1e-30)
+    x[2] = -0.0  # every product ±0: the sum is +0.0 (it starts there)
+    with np.errstate(all="ignore"):
+        for T in (1, 2, 3, 4, 9):
+            y_np = kernels.matmul(w, qtype, x[:T], path="numpy")
+            assert_same_bits(kernels.matmul(w, qtype, x[:T], path="numba"), y_np, f"T={T}")
+            assert_same_bits(kernels.matmul(kernels.pack(w, qtype), qtype, x[:T]), y_np, f"packed, T={T}")
+    zeros = y_np[2][~np.isnan(y_np[2])]  # (a NaN or inf weight makes a NaN product)
+    assert (zeros == 0).all() and not np.signbit(zeros).any()
+
+
+@pytest.mark.parametrize("path", ["numba", "numpy"])
+def test_the_sum_runs_in_increasing_column_order_from_plus_zero(path):
+    """Designed rows whose float64 sum depends on the order: 2^60, then 1 (lost: 2^60 + 1 rounds to
+    2^60), then −2^60 eight columns later gives 0 in column order, 1 in numpy's pairwise ``np.sum``
+    (eight running sums, the 1 in another one than 2^60); a row of −0 products is +0."""
+    w = np.zeros((3, 16), np.float32)  # F32 weights [N, K]
+    x = np.zeros((1, 16), np.float32)
+    w[0, [0, 1, 8]] = [2.0**30, 1.0, -(2.0**30)]
+    w[1, [0, 8, 9]] = [2.0**30, -(2.0**30), 1.0]  # the 1 after −2^60: 1 in either order
+    w[2] = 1.0  # with x = −0 everywhere: every product −0
+    x[0, [0, 1, 8, 9]] = [2.0**30, 1.0, 2.0**30, 1.0]
+    y = kernels.matmul(w, QT.F32, x, path=path)  # [1, 3]
+    assert y[0, 0] == 0.0 and y[0, 1] == 1.0
+    assert np.sum(w[0].astype(np.float64) * x[0]) == 1.0  # what the pairwise sum would have given
+    x[0] = -0.0
+    y = kernels.matmul(w, QT.F32, x, path=path)
+    assert y.view(np.uint32).tolist() == [[0, 0, 0]]  # +0.0, not −0.0
 
 
 @pytest.mark.parametrize("path", ["numba", "numpy"])

@@ -1,5 +1,7 @@
-"""kernels.dot64 and kernels.delta_rule_step: numba == numpy bit for bit, the order is the defined one,
-and nothing depends on the thread count."""
+"""kernels.dot64 (numba == numpy bit for bit) and the delta-rule step: the compiled kernel
+(``kernels.delta_rule_step``) gives the bits of its definition, the numpy form in the model's own file
+(``refimpl.model.deltanet.delta_rule_step`` — kernels may not import refimpl, so the two meet here);
+the order is the defined one, and nothing depends on the thread count."""
 
 from __future__ import annotations
 
@@ -10,9 +12,17 @@ import numpy as np
 import pytest
 
 import kernels
-from refimpl.model.deltanet import delta_rule_step as refimpl_step
+from refimpl.model.deltanet import delta_rule_step as definition
 
 F32 = np.float32
+
+
+def assert_same_bits(got, want):
+    """Equal bit for bit (+0 is not −0), NaN matching NaN."""
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
 
 
 def _exact_dot_rounded(a, b):
@@ -70,27 +80,29 @@ def _step_inputs(seed, Hv=8, Sv=64, Sk=64, scale_M=0.1):
     return M, q, k, v, decay, beta, F32(1.0) / np.sqrt(F32(Sk))
 
 
-@pytest.mark.parametrize("seed,Hv,Sv,Sk", [(0, 8, 64, 64), (1, 32, 128, 128), (2, 3, 12, 20), (3, 4, 6, 8)])
-def test_delta_rule_step_paths_equal_bit_for_bit(seed, Hv, Sv, Sk):
+@pytest.mark.parametrize("seed,Hv,Sv,Sk", [(0, 8, 64, 64), (1, 32, 128, 128), (2, 3, 12, 20), (3, 4, 6, 8), (4, 2, 3, 5)])
+def test_the_kernel_gives_the_definitions_bits(seed, Hv, Sv, Sk):
+    """Groups of four state rows and the Sv mod 4 rows left (6, 3); both pure."""
     args = _step_inputs(seed, Hv, Sv, Sk)
     M0 = args[0].copy()
     o1, M1 = kernels.delta_rule_step(*args)
-    o2, M2 = kernels.delta_rule_step(*args, path="numpy")
-    np.testing.assert_array_equal(o1, o2)
-    np.testing.assert_array_equal(M1, M2)
+    o2, M2 = definition(*args)
+    assert_same_bits(o1, o2)
+    assert_same_bits(M1, M2)
     np.testing.assert_array_equal(args[0], M0)  # pure: the input state is untouched
-    assert o1.dtype == M1.dtype == np.float32
 
 
-def test_delta_rule_step_extreme_values_agree():
+def test_the_kernel_gives_the_definitions_bits_on_extreme_values():
     M, q, k, v, decay, beta, scale = _step_inputs(4, scale_M=1e30)
     M[0, 0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    M[3] = -0.0  # head 3: a zero state, a zero value and decay: every product ±0
+    v[3], decay[3] = 0.0, 0.0
     v[1] *= F32(1e-38)
     decay[2] = 0.0
     o1, M1 = kernels.delta_rule_step(M, q, k, v, decay, beta, scale)
-    o2, M2 = kernels.delta_rule_step(M, q, k, v, decay, beta, scale, path="numpy")
-    np.testing.assert_array_equal(o1, o2)  # NaN in the same places, all else equal
-    np.testing.assert_array_equal(M1, M2)
+    o2, M2 = definition(M, q, k, v, decay, beta, scale)
+    assert_same_bits(o1, o2)  # NaN in the same places, every other bit equal
+    assert_same_bits(M1, M2)
 
 
 def test_delta_rule_step_matches_the_math_in_float64():
@@ -104,14 +116,31 @@ def test_delta_rule_step_matches_the_math_in_float64():
     np.testing.assert_allclose(o, o64, rtol=0, atol=1e-5)
 
 
-def test_refimpl_step_is_the_kernel_with_exp_and_scale():
-    M, q, k, v, _, beta, _ = _step_inputs(6)
-    g = -np.random.default_rng(6).random(M.shape[0]).astype(F32)
-    for path in ("numba", "numpy"):
-        o, M_new = refimpl_step(M, q, k, v, g, beta, path)
-        o_k, M_k = kernels.delta_rule_step(M, q, k, v, np.exp(g), beta, F32(1.0) / np.sqrt(F32(M.shape[-1])), path=path)
-        np.testing.assert_array_equal(o, o_k)
-        np.testing.assert_array_equal(M_new, M_k)
+def test_ctx_kernel_numpy_runs_the_definition(make_fixture, monkeypatch):
+    """``Ctx(kernel="numpy")`` steps with the model's numpy form, ``"numba"`` with the compiled kernel;
+    a Gated DeltaNet layer gives the same bits either way."""
+    from refimpl.model import deltanet
+    from refimpl.model.ops import Ctx
+    from refimpl.model.state import SeqState
+    from refimpl.model.trunk import load_model
+
+    model = load_model(make_fixture("tiny", "f32"))
+    c, il = model.config, model.config.is_recurrent.index(True)
+    a = np.random.default_rng(6).standard_normal((3, c.n_embd)).astype(F32)
+    calls = []
+    real_definition, real_kernel = deltanet.delta_rule_step, kernels.delta_rule_step
+    monkeypatch.setattr(deltanet, "delta_rule_step", lambda *x: calls.append("definition") or real_definition(*x))
+    monkeypatch.setattr(kernels, "delta_rule_step", lambda *x: calls.append("kernel") or real_kernel(*x))
+    out = {}
+    for kernel in ("numpy", "numba"):
+        calls.clear()
+        st = SeqState.fresh(c).layers[il]
+        out[kernel] = deltanet.gated_deltanet(model.weights.layers[il].mixer, c, a, st, il, Ctx(kernel=kernel))
+        assert calls == [{"numpy": "definition", "numba": "kernel"}[kernel]] * 3
+    (y1, s1), (y2, s2) = out["numpy"], out["numba"]
+    assert_same_bits(y1, y2)
+    for t in range(3):
+        assert_same_bits(s1[t].ssm, s2[t].ssm)
 
 
 def test_thread_count_does_not_change_results():

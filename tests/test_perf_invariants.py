@@ -193,6 +193,31 @@ def test_cli_pack_flag(capsys):
     assert sizes["off"][0] == sizes["on"][0]
 
 
+def test_plain_run_packs_after_the_first_token(capsys):
+    """refimpl run (plain greedy) decides the packing at load and makes the copies after the first token:
+    a one-token run packs nothing; a longer one reports the packed bytes of an eager pack; the tokens
+    are those of an unpacked run; greedy hands the model to ``after_first`` once, after token 1."""
+    from refimpl.cli import main
+    from refimpl.decode.greedy import greedy
+
+    path = fixture_path("tiny", "q4_k_m")
+    deferred = load_model(path, defer_pack=True)
+    assert deferred.pack_pending and deferred.packed_bytes == 0
+    assert not isinstance(deferred.weights.output.raw, kernels.PackedRows)
+    later = deferred.packed()
+    assert not later.pack_pending and later.packed_bytes == load_model(path).packed_bytes > 0
+    assert later.packed() is later and load_model(path, pack=False, defer_pack=True).pack_pending is False
+
+    seen = []
+    out = greedy(deferred, [1, 2, 3], 4, after_first=lambda m: seen.append(len(seen)) or m.packed())
+    assert seen == [0] and out == greedy(load_model(path, pack=False), [1, 2, 3], 4)
+    sizes = {}
+    for n in ("1", "3"):
+        assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", n, "--json"]) == 0
+        sizes[n] = json.loads(capsys.readouterr().out)["stats"]["packed_bytes"]
+    assert sizes == {"1": 0, "3": load_model(path, cache_mb="auto").packed_bytes}  # run streams its experts
+
+
 def test_moe_batch_with_shared_experts_equals_rows_alone():
     """Rows that choose the same experts are multiplied together (one mm per expert); each row's
     output must still be its output alone."""

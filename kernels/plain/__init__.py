@@ -1,6 +1,7 @@
 """The plain definition: dequantization of every weight type (``dequant``, ``dequant_iq``) and the
-delta-rule recurrence step with its float64 dot product (``recurrent``). The quantized matmul's
-definition is ``kernels.matmul``, built on ``dequant``.
+float64 dot product (``recurrent``), with the compiled delta-rule step there too (its definition is
+the numpy form in ``refimpl/model/deltanet.py``). The quantized matmul's definition is
+``kernels.matmul``'s numpy path, built on gguf's dequantization, which ``dequant`` equals.
 
 May import: ``kernels.base``.
 """

@@ -1,28 +1,28 @@
-"""Exact float64 dot products and the gated delta-rule step, in a defined summation order.
+"""Exact float64 dot products, and the compiled gated delta-rule step, in a defined summation order.
 
 Two operations the trunk runs per token outside the quantized matmuls, with the same precision
 policy as :func:`kernels.matmul`'s plain mode: products of float32 values formed in float64 (where
-they are exact), summed in float64 **in increasing index order**, rounded once to float32.
+they are exact), summed in float64 from +0.0 **in increasing index order**, rounded once to float32.
 
 ``dot64(a, b)``
     ``Σ_i a[..., i] · b[..., i]`` with numpy broadcasting of the leading axes: attention scores
-    (K·q), the probability-weighted sum of V, the shared-expert gate.
+    (K·q), the probability-weighted sum of V, the shared-expert gate, the delta rule's two mat-vecs.
+    Two paths, equal **bit for bit**: ``path="numpy"`` (``_dot64_numpy``, the definition: one
+    vectorized float64 add per index) and ``path="numba"`` (default; compiled loops).
 ``delta_rule_step(M, q, k, v, decay, beta, scale)``
-    One token of the gated delta rule for every value head (``ggml_compute_forward_gated_delta_net``,
-    refimpl/model/deltanet.py states the math):  M₁ = M·decay;  u = M₁ k;  δ = (v − u)·β;
-    M' = M₁ + δ kᵀ;  o = (M' q)·scale — ``u`` and ``M' q`` are :func:`dot64` sums, every other
-    operation is one float32 operation in that order (no fused multiply-add).
+    One token of the gated delta rule for every value head, compiled. Its definition — the math, the
+    llama.cpp op it mirrors and the order of its float32 operations — is the numpy form
+    ``refimpl.model.deltanet.delta_rule_step``; this kernel performs the same float32 operations in the
+    same order (no fused multiply-add), with the two mat-vecs as the float64 sums of ``dot64``, and
+    gives its bits (tests/test_kernels_recurrent.py; kernels cannot import refimpl, so the test holds
+    the two side by side). ``prange`` over value heads: each head's numbers are computed by one thread
+    in that order, so nothing depends on the thread count. ``exp`` and ``sqrt`` are not computed here:
+    the caller passes ``decay = exp(g)`` and ``scale`` computed by numpy, whose float32 ``exp`` need not
+    equal the C library's that compiled code would call.
 
 Why a defined order: the first version summed with ``np.einsum``, whose float64 order is numpy's
 internal business (unrolled, SIMD-dispatched by CPU); an oracle's bits should not depend on which
 numpy build or CPU computed them. Increasing index order is the order of ``matmul``.
-
-Two paths behind one interface, equal **bit for bit** (tests/test_kernels_recurrent.py):
-``path="numpy"`` — the readable form, one vectorized float64 add per index; ``path="numba"`` (default)
-— compiled loops, ``prange`` over value heads (each head's numbers are computed by one thread in
-the same order, so nothing depends on the thread count). ``exp`` and ``sqrt`` are not computed here:
-the caller passes ``decay = exp(g)`` and ``scale`` computed by numpy, whose float32 ``exp`` need not
-equal the C library's that compiled code would call.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _PATHS = ("numba", "numpy")
 
 
 def _dot64_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[..., n] · [..., n] -> [...]: one float64 add per index i, i increasing."""
+    """[..., n] · [..., n] -> [...], the definition: from +0.0, one float64 add per index i, i increasing."""
     acc = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), dtype=np.float64)  # [...]
     for i in range(a.shape[-1]):
         acc += a[..., i].astype(np.float64) * b[..., i].astype(np.float64)  # exact product, rounded sum
@@ -103,26 +103,17 @@ def dot64(a: np.ndarray, b: np.ndarray, *, path: str = "numba") -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# the gated delta-rule step
-
-
-def _delta_rule_numpy(M, q, k, v, decay, beta, scale):
-    """The step in array form; each line is one float32 operation or one :func:`dot64`."""
-    M = M * decay[:, None, None]  # [Hv, Sv, Sk]: M_j ← M_j · exp(g_j)
-    u = _dot64_numpy(M, k[:, None, :])  # [Hv, Sv]: u[vi] = Σ_ki M[vi, ki] k[ki]
-    delta = (v - u) * beta[:, None]  # [Hv, Sv]
-    M = M + delta[:, :, None] * k[:, None, :]  # [Hv, Sv, Sk]: M[vi, ki] += δ[vi] k[ki]
-    o = _dot64_numpy(M, q[:, None, :]) * scale  # [Hv, Sv]: read out from the updated state
-    return o, M
+# the gated delta-rule step, compiled (the definition: refimpl/model/deltanet.py)
 
 
 @jit()
 def _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j):
-    """The step for value head j, four state rows side by side."""
+    """The step for value head j: its state rows four side by side (four independent chains, each in
+    the order of one alone), then the Sv mod 4 rows left one by one."""
     Sv, Sk = M.shape[1], M.shape[2]
     dj = decay[j]
     bj = beta[j]
-    for r in range(0, Sv, 4):  # Sv % 4 == 0 (checked by the caller)
+    for r in range(0, Sv - Sv % 4, 4):
         # pass 1: u = (M·decay) k, and the decayed rows into M_out
         s0 = s1 = s2 = s3 = 0.0
         for i in range(Sk):
@@ -164,6 +155,26 @@ def _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j):
         o[j, r + 1] = np.float32(t1) * scale
         o[j, r + 2] = np.float32(t2) * scale
         o[j, r + 3] = np.float32(t3) * scale
+    for r in range(Sv - Sv % 4, Sv):
+        _delta_rule_row(M, q, k, v, dj, bj, scale, o, M_out, j, r)
+
+
+@jit()
+def _delta_rule_row(M, q, k, v, dj, bj, scale, o, M_out, j, r):
+    """State row r of value head j alone: the two passes of ``_delta_rule_head`` for one row."""
+    Sk = M.shape[2]
+    s = 0.0
+    for i in range(Sk):  # pass 1: u = (M·decay) k
+        m = M[j, r, i] * dj
+        M_out[j, r, i] = m
+        s += np.float64(m) * np.float64(k[j, i])
+    d = (v[j, r] - np.float32(s)) * bj
+    t = 0.0
+    for i in range(Sk):  # pass 2: M' = M₁ + δ kᵀ, o = M' q
+        n = M_out[j, r, i] + d * k[j, i]
+        M_out[j, r, i] = n
+        t += np.float64(n) * np.float64(q[j, i])
+    o[j, r] = np.float32(t) * scale
 
 
 @jit(parallel=True)
@@ -180,21 +191,18 @@ def _delta_rule_heads_serial(M, q, k, v, decay, beta, scale, o, M_out):
         _delta_rule_head(M, q, k, v, decay, beta, scale, o, M_out, j)
 
 
-def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, beta: np.ndarray, scale, *, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
-    """One token of the gated delta rule for all value heads; pure (``M`` is not modified).
+def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, beta: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
+    """One token of the gated delta rule for all value heads, compiled; pure (``M`` is not modified).
+    The bits of ``refimpl.model.deltanet.delta_rule_step``, the definition (module docstring).
 
     M [Hv, Sv, Sk] float32; q, k [Hv, Sk] (already mapped to value heads); v [Hv, Sv];
     decay = exp(g), beta [Hv]; scale a float32 scalar. Returns (o [Hv, Sv], M' [Hv, Sv, Sk]).
     """
-    if path not in _PATHS:
-        raise ValueError(f"delta_rule_step: path must be 'numba' or 'numpy', got {path!r}")
     M, q, k, v, decay, beta = (np.ascontiguousarray(x, dtype=F32) for x in (M, q, k, v, decay, beta))
     scale = F32(scale)
     Hv, Sv, Sk = M.shape
     if q.shape != (Hv, Sk) or k.shape != (Hv, Sk) or v.shape != (Hv, Sv) or decay.shape != (Hv,) or beta.shape != (Hv,):
         raise ValueError(f"delta_rule_step: shapes M {M.shape}, q {q.shape}, k {k.shape}, v {v.shape}, decay {decay.shape}, beta {beta.shape} do not agree")
-    if path == "numpy" or not JIT_ENABLED or Sv % 4:
-        return _delta_rule_numpy(M, q, k, v, decay, beta, scale)
     o = np.empty((Hv, Sv), dtype=F32)  # [Hv, Sv]
     M_out = np.empty_like(M)  # [Hv, Sv, Sk]
     heads = _delta_rule_heads_serial if 2 * M.size < SERIAL_BELOW else _delta_rule_heads

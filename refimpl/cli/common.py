@@ -74,10 +74,11 @@ def default_model(arg: str | None) -> str:
     return TRAINED_SPEC
 
 
-def load(args, cache_mb=None, pack="auto"):
+def load(args, cache_mb=None, pack="auto", defer_pack=False):
     """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
-    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights)."""
+    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights),
+    after the first token with ``defer_pack`` (refimpl.model.trunk.Model.packed)."""
     from refimpl.cli.compile_report import name_types
     from refimpl.fixtures.builtin import resolve_model
     from refimpl.io.gguf_file import GGUFFile
@@ -88,7 +89,7 @@ def load(args, cache_mb=None, pack="auto"):
     path = resolve_model(str(default_model(getattr(args, "m", None) or args.model)))  # a builtin:PRESET/QUANT spec is built on demand
     gf = GGUFFile(path)  # the one read of the file's header in this process
     name_types(gf)  # for the first run's "compiling kernels for …" line
-    return load_model(gf, cache_mb, pack=pack)
+    return load_model(gf, cache_mb, pack=pack, defer_pack=defer_pack)
 
 
 def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
@@ -129,7 +130,7 @@ def add_numerics(p) -> None:
 
 def add_kernel(p) -> None:
     p.add_argument("--kernel", choices=("numba", "numpy"), default="numba",
-                   help="quantized matmul implementation (numpy: the plain twin, without --emulate's activation quantization)")
+                   help="quantized matmul implementation (numpy: the definitions — matmul, dot64, delta-rule step — in plain numpy, the same bits; without --emulate's activation quantization)")
 
 
 def check_numerics(args) -> None:
@@ -137,7 +138,7 @@ def check_numerics(args) -> None:
     (--emulate) is implemented on the numba kernels only (kernels/matmul.py)."""
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
         raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
-                           "is emulated by the numba kernels only (--kernel numpy is the plain twin)")
+                           "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
 
 
 def ctx_from_args(args, trace=None):

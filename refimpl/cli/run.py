@@ -61,7 +61,8 @@ def cmd_run(args) -> int:
         if path is not None:
             check_output(path, flag)
     args.faults = _injected(args)
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack])
+    plain = not (args.mtp or args.ngram or args.csv)  # plain greedy: the matrices are packed after the first token
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:
@@ -75,7 +76,12 @@ def cmd_run(args) -> int:
     bar = tqdm(total=args.n_predict, desc="generating", unit="tok", file=sys.stderr, disable=None, leave=False)
     kwargs = dict(eog_ids=frozenset(tok.eog_ids), on_token=stream.write if stream else None, progress=bar)
     if spec is None:
-        out, stats = greedy(model, prompt, args.n_predict, ctx_from_args(args), **kwargs), None
+        def packed(m):  # the first token is out: now the copies that speed up the rest (Model.packed)
+            nonlocal model
+            model = m.packed()
+            return model
+
+        out, stats = greedy(model, prompt, args.n_predict, ctx_from_args(args), **kwargs, after_first=packed), None
     else:
         from refimpl.decode.speculative import speculative_generate
 

@@ -123,7 +123,7 @@ class MTPSource(DraftSource):
 
     def process(self, state: MTPDraftState, tokens, h_tgt: np.ndarray) -> MTPDraftState:
         h_in = np.concatenate([state.pending_h[None, :], h_tgt[:-1]])  # [T, E]: row k ← target row k−1
-        h_in = self.ctx.faults.tap("mtp.catchup_h", h_in, h_tgt=h_tgt)
+        h_in = self.ctx.cb("mtp.catchup_h", -1, h_in, h_tgt=h_tgt)
         _, _, mtp = mtp_forward(self.model, self.weights, state.mtp, tokens, h_in, self.ctx, outputs="none")
         return MTPDraftState(mtp=mtp, pending_h=h_tgt[-1], verify_h=h_tgt)
 
@@ -148,7 +148,7 @@ class MTPSource(DraftSource):
 
     def accept(self, state: MTPDraftState, n_accepted: int, n_past: int) -> MTPDraftState:
         i_h = min(n_accepted, len(state.verify_h) - 1)
-        mtp = self.ctx.faults.tap("mtp.accept", state.mtp.truncate(n_past), before=state.mtp, n_past=n_past)
+        mtp = self.ctx.cb("mtp.accept", -1, state.mtp.truncate(n_past), before=state.mtp, n_past=n_past)
         return MTPDraftState(mtp=mtp, pending_h=state.verify_h[i_h], verify_h=state.verify_h)
 
 

@@ -17,9 +17,10 @@ common_sampler_sample_and_accept_n`` (acceptance), ``common/speculative.cpp`` (t
 ``tools/server/server-context.cpp::get_n_draft_max`` (the draft budget). The prompt is decoded the
 speculative-simple way: all but its last token in one batch, the last one as the first round's x_P.
 
-The ``ctx.faults.tap(…)`` calls hand a value through unchanged unless an engine bug is injected on
-purpose (:mod:`refimpl.inject.faults`, docs/bug-classes.md): where the loop starts, after the prompt, the
-state a round decodes from, the accepted ids, the rollback, the end.
+The ``ctx.cb("loop.…", -1, value, …)`` calls are the loop's named tap points (:data:`refimpl.model.ops.TAPS`):
+the value goes on unchanged unless an engine bug is injected on purpose (:mod:`refimpl.inject.faults`,
+docs/bug-classes.md) — where the loop starts, after the prompt, the state a round decodes from, the
+verify rows' argmax, the accepted ids, the rollback, the end.
 
 Because refimpl's ``forward`` gives bit-identical rows for a batch and for single tokens, the tokens
 generated here equal :func:`refimpl.decode.greedy.greedy`'s for every source and draft width
@@ -92,10 +93,10 @@ def prefill(model: Model, source: DraftSource, prompt: list[int], n_rs_seq: int,
     """Decode all but the last prompt token on the target (no logits needed) and let the source
     process them; the last prompt token becomes id_last."""
     fresh = SeqState.fresh(model.config, n_rs_seq=n_rs_seq)
-    target, src = ctx.faults.tap("loop.start", (fresh, source.start()))  # refimpl.inject.faults: injected bugs
+    target, src = ctx.cb("loop.start", -1, (fresh, source.start()))
     if len(prompt) > 1:
         _, h, target = forward(model, target, prompt[:-1], ctx, phase="prompt", outputs="none")  # h [N−1, E]
-        target = ctx.faults.tap("loop.prefill", target, fresh=fresh, n_tokens=len(prompt) - 1)
+        target = ctx.cb("loop.prefill", -1, target, fresh=fresh, n_tokens=len(prompt) - 1)
         src = source.process(src, prompt[:-1], h)
     return SpecState(target=target, source=src, history=tuple(prompt))
 
@@ -109,20 +110,20 @@ def step(model: Model, source: DraftSource, s: SpecState, n_max: int, ctx: Ctx =
     t1 = time.perf_counter()
     batch = [id_last] + drafts
     phase = "verify" if drafts else "decode"  # for the expert streamer's counters (docs/streamer.md)
-    before = ctx.faults.tap("loop.decode_from", s.target, drafts=drafts, last=s.last)  # refimpl.inject.faults
+    before = ctx.cb("loop.decode_from", -1, s.target, drafts=drafts, last=s.last)
     logits, h, target = forward(model, before, batch, ctx, phase=phase)  # [1+n, V], [1+n, E]
     ring_bytes = target.snapshot_nbytes()
     t2 = time.perf_counter()
     src = source.process(src, batch, h)
-    targets = ctx.faults.tap("loop.targets", [argmax(row) for row in logits], drafts=drafts, logits=logits)  # greedy: first maximum
-    ids = ctx.faults.tap("loop.accept", accept_greedy(drafts, targets, eog_ids), drafts=drafts, targets=targets,
-                         logits=logits, eog_ids=eog_ids)
+    targets = ctx.cb("loop.targets", -1, [argmax(row) for row in logits], drafts=drafts, logits=logits)  # greedy: first maximum
+    ids = ctx.cb("loop.accept", -1, accept_greedy(drafts, targets, eog_ids), drafts=drafts, targets=targets,
+                 logits=logits, eog_ids=eog_ids)
     n_acc = len(ids) - 1
     src = source.accept(src, n_acc, P + n_acc + 1)
     t3 = time.perf_counter()
     r_back = len(drafts) - n_acc
-    target = ctx.faults.tap("loop.rollback", rollback(target, r_back), before=before, after=target, r=r_back,
-                            kept=batch[: n_acc + 1], replay=lambda st, toks: forward(model, st, toks, ctx, outputs="none")[2])
+    target = ctx.cb("loop.rollback", -1, rollback(target, r_back), before=before, after=target, r=r_back,
+                    kept=batch[: n_acc + 1], replay=lambda st, toks: forward(model, st, toks, ctx, outputs="none")[2])
     t4 = time.perf_counter()
     r = Round(P, drafts, targets, ids, draft_s=(t1 - t0) + (t3 - t2), decode_s=(t2 - t1) + (t4 - t3), ring_bytes=ring_bytes)
     return r, SpecState(target=target, source=src, history=s.history + tuple(ids), last=r)
@@ -317,5 +318,5 @@ def speculative_generate(
                 progress.update(1)
         if eog_at is not None:
             break
-    ctx.faults.tap("loop.finish", s)
+    ctx.cb("loop.finish", -1, s)
     return out, stats

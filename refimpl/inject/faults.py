@@ -7,13 +7,16 @@ references, and what the audits see). Faults are off unless asked for: ``refimpl
 NAME[,NAME…]`` (hidden from the help), or ``Ctx(faults=Faults.of("no-restore"))`` in Python.
 
 How a fault reaches the code. The clean code computes the right value, then hands it through a named
-**tap**, the way ``ctx.cb(name, il, x)`` hands tensors to the trace hook::
+**tap point** — through the same hook that hands llama.cpp's intermediates to the trace,
+:meth:`refimpl.model.ops.Ctx.cb`, under a dotted ``stage.value`` name (:data:`refimpl.model.ops.TAPS`)::
 
-    head = ctx.faults.tap("deltanet.kv_head", kv_heads(c), Hk=Hk)
+    head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)
 
-With no fault switched on, ``tap`` returns the value unchanged (one test of an empty set). A fault
-names one tap point and a ``rewrite(value, memory, **info)`` that returns the value an engine with
-that bug would have used. The tap points, in dataflow order:
+For a tap point ``Ctx.cb`` calls ``ctx.faults.tap(point, value, **info)`` (never the trace hook); with
+no fault switched on that returns the value unchanged (one test of an empty set). A fault names one
+tap point and a ``rewrite(value, memory, **info)`` that returns the value an engine with that bug
+would have used. The tap points, in dataflow order (the tokenizer, which has no ``Ctx``, calls
+``faults.tap`` itself):
 
 =======================  ==========================================  ================================
 point                    value (what the clean code passes)          faults
@@ -22,13 +25,13 @@ point                    value (what the clean code passes)          faults
 ``attention.rope_dims``  n_rot, the rotated dims per head            rope-full-width
 ``tokenizer.split``      the words of a text fragment                pretok-gpt2
 ``deltanet.kv_head``     key head of each value head [Hv]            vk-pairing
+``deltanet.conv_rows``   the window the conv states are cut from     conv-post-silu, conv-drop-newest
+                         [Kc−1+T, C] (after token t: rows t+1 …)
 ``deltanet.state``       delta-rule state after a token              state-bf16, plain-state-f16
-``deltanet.conv_rows``   the rows the conv window keeps [Kc−1+T, C]  conv-post-silu
-``deltanet.conv_slot``   first window row kept after token t         conv-drop-newest
 ``deltanet.ssm_norm``    the gated norm's weight (stored plain)      ssm-norm-shifted
 ``moe.weights``          renormalised top-k routing weights [T, K]   topk-no-renorm
 ``moe.shared_gate``      sigmoid(shared-expert gate) [T]             shexp-ungated
-``model.h_nextn``        the trunk hidden handed to the MTP head     mtp-prenorm
+``trunk.h_nextn``        the trunk hidden handed to the MTP head     mtp-prenorm
 ``mtp.input_norms``      (enorm, hnorm) weights                      mtp-norms-shifted
 ``mtp.catchup_h``        catch-up row k's hidden (target row k−1)    mtp-same-h
 ``mtp.accept``           the head's state truncated to n_past        mtp-stale-kv
@@ -246,6 +249,20 @@ def _other_pairing(value, memory, *, Hk):
     return j % Hk if np.array_equal(value, grouped) else grouped
 
 
+def _conv_post_silu(value, memory, *, conv_silu):
+    # B15 (mamba #1027): a batch of two or more tokens writes its post-conv SiLU rows [T, C] into the
+    # window in place of its inputs; a one-token decode stores the right rows
+    T = len(conv_silu)
+    return np.concatenate([value[: len(value) - T], conv_silu]) if T > 1 else value
+
+
+def _conv_drop_newest(value, memory, **_):
+    # B15: off by one — the window kept after token t is rows t … t+Kc−2 instead of t+1 … t+Kc−1 (the
+    # newest input dropped, the one before the oldest kept): every row moved one place later (row 0,
+    # which no window keeps, repeated)
+    return np.concatenate([value[:1], value[:-1]])
+
+
 def _topk_no_renorm(value, memory, *, probs, sel):
     # B19 (Swiftlet #6): norm_topk_prob defaulted to false: the raw top-k softmax mass weights the experts
     return np.take_along_axis(probs, sel, axis=-1)
@@ -279,7 +296,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "deltanet.state", "", False, lambda value, memory, *, n_tokens: _round_f16(value) if n_tokens == 1 else value),
     # the MTP head: only the drafts change, never a confirmed token
     Fault("mtp-same-h", "B6", "MTP catch-up row p is fed h_p instead of h_{p-1}", "mtp.catchup_h", "mtp", True, _mtp_same_h),
-    Fault("mtp-prenorm", "B7", "the MTP head is fed the trunk hidden before output_norm", "model.h_nextn", "mtp", True,
+    Fault("mtp-prenorm", "B7", "the MTP head is fed the trunk hidden before output_norm", "trunk.h_nextn", "mtp", True,
           lambda value, memory, *, pre_norm: pre_norm),
     Fault("mtp-stale-kv", "B9", "the MTP head's KV rows of rejected drafts are not removed", "mtp.accept", "mtp", True, _mtp_stale_kv),
     Fault("mtp-norms-shifted", "B8", "1 added again to the MTP head's enorm and hnorm weights", "mtp.input_norms", "mtp", True, _plus_one),
@@ -293,9 +310,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("state-bf16", "B14", "the delta-rule state rounded to bfloat16 after every token",
           "deltanet.state", "", False, lambda value, memory, **_: _round_bf16(value)),
     Fault("conv-post-silu", "B15", "a batch of two or more tokens stores its post-conv SiLU rows in the conv window",
-          "deltanet.conv_rows", "", False, lambda value, memory, *, conv_silu, n_tokens: conv_silu if n_tokens > 1 else value),
+          "deltanet.conv_rows", "", False, _conv_post_silu),
     Fault("conv-drop-newest", "B15", "the conv window keeps the Kc−1 rows before the newest instead of the last Kc−1",
-          "deltanet.conv_slot", "", False, lambda value, memory: value - 1),
+          "deltanet.conv_rows", "", False, _conv_drop_newest),
     Fault("ssm-norm-shifted", "B8", "1 added to the delta-net output norm weight (the one GGUF stores unshifted)",
           "deltanet.ssm_norm", "", False, _plus_one),
     Fault("topk-no-renorm", "B19", "the top-k routing weights are not renormalised to sum to 1",

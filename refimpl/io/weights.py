@@ -125,7 +125,7 @@ class FFNWeights:
 
 @dataclass(frozen=True)
 class DenseFFNWeights:
-    """qwen35's FFN: SwiGLU ``ffn_down(silu(ffn_gate x) ⊙ ffn_up x)`` (refimpl.model.moe.dense_ffn)."""
+    """qwen35's FFN: SwiGLU ``ffn_down(silu(ffn_gate x) ⊙ ffn_up x)`` (refimpl.model.moe.swiglu, called by refimpl.model.moe.ffn)."""
 
     ffn_gate: Matrix  # [Ff, E]
     ffn_up: Matrix  # [Ff, E]

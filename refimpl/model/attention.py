@@ -89,7 +89,7 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     """
     T = a.shape[0]
     H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
-    qg = ctx.faults.tap("attention.q_gate", mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
+    qg = ctx.cb("attention.q_gate", il, mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
     ctx.cb(prefix + "Qcur_full", il, qg.reshape(T, 2 * H * D))
     q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps)  # [T, H, D]
     ctx.cb(prefix + "Qcur_normed", il, q)
@@ -98,7 +98,7 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     ctx.cb(prefix + "Kcur_normed", il, k)
     v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
 
-    n_rot = ctx.faults.tap("attention.rope_dims", c.n_rot, head_dim=D)
+    n_rot = ctx.cb("attention.rope_dims", il, c.n_rot, head_dim=D)
     for t in range(T):
         cos, sin = rope_cache(int(positions[t]), n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
         q[t] = rope_imrope(q[t], cos, sin)

@@ -7,10 +7,10 @@ state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbol
 * α_j = exp(g_j) is the decay, g_j = softplus(alpha_j + dt_bias_j) · ssm_a_j ≤ 0 (log-space;
   ssm_a = −exp(A_log) is stored by the converter);
 * β_j = sigmoid(beta_j) ∈ (0, 1) is the write strength (the "learning rate" of the delta rule);
-* M_j ← α_j M_j;  δ = β_j (v_j − M_j k);  M_j ← M_j + δ kᵀ;  o_j = (M_j q) / sqrt(S)
-  — i.e. S ← α S (I − β k kᵀ) + β v kᵀ, read out from the *updated* state
-  (ops.cpp ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's
-  ``naive_recurrent_gated_delta_rule`` is the same recurrence).
+* :func:`delta_rule_step` decays M_j by α_j, writes β_j (v_j − M_j k) kᵀ into it and reads o_j = (M_j q)
+  / sqrt(S) out of the *updated* state — i.e. S ← α S (I − β k kᵀ) + β v kᵀ (ops.cpp
+  ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's ``naive_recurrent_gated_delta_rule`` is the
+  same recurrence; docs/architecture.md, "The delta rule").
 
 Value head j uses query/key head ``j mod Hk`` in qwen35moe / qwen35 (the converter's tiled V-head
 order, docs/gguf.md §4) and ``j // (Hv/Hk)`` in qwen3next (grouped: the checkpoint's own order).
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from refimpl.model.ops import F32, Ctx, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
+from refimpl.model.ops import F32, Ctx, dot64, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
 from refimpl.model.state import DeltaNetState
 
 
@@ -51,24 +51,25 @@ def causal_conv(window: np.ndarray, w_conv: np.ndarray) -> np.ndarray:
     return y
 
 
-def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, path: str = "numba") -> tuple[np.ndarray, np.ndarray]:
-    """One token of the gated delta rule for all value heads; pure (M is not modified).
+def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, beta: np.ndarray, scale) -> tuple[np.ndarray, np.ndarray]:
+    """One token of the gated delta rule for all value heads (ops.cpp
+    ``ggml_compute_forward_gated_delta_net_one_chunk``, one token); pure (M is not modified).
 
-    M [Hv, S_v, S_k]; q, k [Hv, S_k] (already mapped to value heads); v [Hv, S_v]; g, beta [Hv].
-    Returns (o [Hv, S_v], M' [Hv, S_v, S_k]). The step, line by line (``kernels.delta_rule_step``
-    computes exactly these float32 operations, with the two mat-vecs as exact float64 sums in
-    increasing index order — :func:`refimpl.model.ops.dot64`)::
+    **The definition** of the oracle's numbers: each line is one float32 operation, or one ``dot64``
+    (exact float64 products summed from +0.0 in increasing index order, rounded once to float32), in
+    this order, without fused multiply-adds. ``kernels.delta_rule_step`` is its compiled twin — the
+    same operations, same bits (tests/test_kernels_recurrent.py) — and runs unless
+    ``Ctx(kernel="numpy")``.
 
-        M = M * exp(g)[:, None, None]              # decay: M_j ← M_j · expf(g_j)
-        u = dot64(M, k[:, None, :])                # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
-        delta = (v - u) * beta[:, None]            # [Hv, S_v]
-        M = M + delta[:, :, None] * k[:, None, :]  # M[vi, ki] += δ[vi] k[ki]
-        o = dot64(M, q[:, None, :]) * (1 / sqrt(S))  # read out from the updated state
+    M [Hv, S_v, S_k]; q, k [Hv, S_k] (already mapped to value heads); v [Hv, S_v]; decay = exp(g),
+    beta [Hv]; scale = 1/sqrt(S_k), a float32 scalar. All float32. Returns (o [Hv, S_v], M' [Hv, S_v, S_k]).
     """
-    S = M.shape[-1]
-    decay = np.exp(g)  # [Hv]; numpy's expf, outside the compiled kernel
-    scale = F32(1.0) / np.sqrt(F32(S))
-    return kernels.delta_rule_step(M, q, k, v, decay, beta, scale, path=path)
+    M = M * decay[:, None, None]  # [Hv, S_v, S_k]: M_j ← α_j M_j
+    u = dot64(M, k[:, None, :], "numpy")  # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
+    delta = (v - u) * beta[:, None]  # [Hv, S_v]: δ = β_j (v_j − M_j k)
+    M = M + delta[:, :, None] * k[:, None, :]  # [Hv, S_v, S_k]: M[vi, ki] += δ[vi] k[ki]
+    o = dot64(M, q[:, None, :], "numpy") * scale  # [Hv, S_v]: o_j = (M_j q) / sqrt(S), from the updated state
+    return o, M
 
 
 def input_projections(w, c, a: np.ndarray, il: int, ctx: Ctx) -> tuple[np.ndarray, ...]:
@@ -134,22 +135,25 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     v = y[:, 2 * Hk * S :].reshape(T, Hv, S)  # [T, Hv, S]
-    head = ctx.faults.tap("deltanet.kv_head", kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
+    head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
+    decay = np.exp(g)  # [T, Hv]: α = exp(g), numpy's expf (the compiled step calls no exp)
+    scale = F32(1.0) / np.sqrt(F32(S))  # 1/sqrt(S_k)
+    step = delta_rule_step if ctx.kernel == "numpy" else kernels.delta_rule_step  # the definition or its compiled twin: same bits
 
+    Kc = c.ssm_d_conv
+    window = ctx.cb("deltanet.conv_rows", il, window, conv_silu=y)  # [Kc−1+T, C]: the rows the conv states keep
     M = st.ssm
     o = np.empty((T, Hv, S), dtype=F32)
     states = []
-    window = ctx.faults.tap("deltanet.conv_rows", window, conv_silu=np.concatenate([st.conv, y]), n_tokens=T)
     for t in range(T):
-        o[t], M = delta_rule_step(M, q[t, head], k[t, head], v[t], g[t], beta[t], ctx.kernel)
-        M = ctx.faults.tap("deltanet.state", M, n_tokens=T)
-        first = ctx.faults.tap("deltanet.conv_slot", t + 1)
-        states.append(DeltaNetState(conv=window[first : first + c.ssm_d_conv - 1], ssm=M))  # after token t
+        o[t], M = step(M, q[t, head], k[t, head], v[t], decay[t], beta[t], scale)  # [Hv, S], [Hv, S, S]
+        M = ctx.cb("deltanet.state", il, M, n_tokens=T)
+        states.append(DeltaNetState(conv=window[t + 1 : t + Kc], ssm=M))  # after token t: the window's last Kc−1 rows
         if keep is not None and t >= keep:
             states[t - keep] = None  # outside the ring: freed now, its memory reused by the next steps
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
-    out = rms_norm_w(o, ctx.faults.tap("deltanet.ssm_norm", w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
+    out = rms_norm_w(o, ctx.cb("deltanet.ssm_norm", il, w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
     final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
     return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states

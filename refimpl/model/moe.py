@@ -52,14 +52,14 @@ def ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
     return out
 
 
-def route(logits: np.ndarray, n_used: int, ctx: Ctx = Ctx()) -> tuple[np.ndarray, np.ndarray]:
+def route(logits: np.ndarray, n_used: int, il: int = -1, ctx: Ctx = Ctx()) -> tuple[np.ndarray, np.ndarray]:
     """Softmax over all experts, top-K, renormalise. logits [T, X] -> (sel [T, K] int, w [T, K])."""
     probs = softmax(logits)  # [T, X]
     sel = np.argsort(-probs, axis=-1, kind="stable")[:, :n_used]  # [T, K], descending probability
     w = np.take_along_axis(probs, sel, axis=-1)  # [T, K]
     w_sum = np.sum(w, axis=-1, keepdims=True, dtype=F32)  # ggml_sum_rows (float)
     w = w / np.maximum(w_sum, F32(6.103515625e-5))  # clamp at 2^-14, then divide
-    return sel, ctx.faults.tap("moe.weights", w.astype(F32), probs=probs, sel=sel)
+    return sel, ctx.cb("moe.weights", il, w.astype(F32), probs=probs, sel=sel)
 
 
 def mul_mat_id(experts, which: tuple[str, ...], ids: np.ndarray, x: np.ndarray, ctx: Ctx) -> list[np.ndarray]:
@@ -83,7 +83,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block)."""
     T = x.shape[0]
     logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
-    sel, weights = route(logits, c.n_expert_used, ctx)  # [T, K], [T, K]
+    sel, weights = route(logits, c.n_expert_used, il, ctx)  # [T, K], [T, K]
     ctx.cb(prefix + "ffn_moe_topk", il, sel)
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
@@ -117,7 +117,7 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
 
     shexp = ctx.cb(prefix + "ffn_shexp", il, swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, il, ctx, prefix))  # [T, E]
     shared_gate = sigmoid(dot64(x, w.ffn_gate_inp_shexp[None, :], ctx.kernel))  # [T]: a [E]·[E, T] mat-vec
-    shared_gate = ctx.faults.tap("moe.shared_gate", shared_gate)
+    shared_gate = ctx.cb("moe.shared_gate", il, shared_gate)
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]
     return ctx.cb(prefix + "ffn_out", il, out), sel, weights

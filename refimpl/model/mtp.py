@@ -18,7 +18,7 @@ position p−1 and predicts x_{p+1}::
 
 Which h is fed (``common/speculative.cpp``): while catching up on confirmed tokens, the target
 trunk's ``h_nextn`` of position p−1 (zeros at p = 0); while drafting step i ≥ 1, the head's own
-``h'`` from step i−1. This module only computes the head; ``refimpl.decode.speculative`` feeds it.
+``h'`` from step i−1. This module only computes the head; ``refimpl.decode.drafts.MTPSource`` feeds it (catch-up rows and drafts).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
     e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
-    enorm, hnorm = ctx.faults.tap("mtp.input_norms", (w.enorm, w.hnorm))
+    enorm, hnorm = ctx.cb("mtp.input_norms", il, (w.enorm, w.hnorm))
     hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps))  # [T, E]
     en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps))  # [T, E]
     concat = ctx.cb("mtp_concat", il, np.concatenate([en, hn], axis=-1))  # [T, 2E]

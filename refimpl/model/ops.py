@@ -24,12 +24,26 @@ import kernels
 F32 = np.float32
 
 
-class NoFaults:
-    """``Ctx.faults`` of the clean oracle: every named tap point hands its value on unchanged.
+#: The tap points: values the model and the decoding loop hand through :meth:`Ctx.cb` by a dotted
+#: ``stage.value`` name, where an injected engine bug can act (refimpl/inject/faults.py's table: what each
+#: carries, which faults rewrite it). Never traced: a trace holds llama.cpp's ``cb()`` names only.
+TAPS = frozenset({
+    "attention.q_gate", "attention.rope_dims",
+    "deltanet.kv_head", "deltanet.conv_rows", "deltanet.state", "deltanet.ssm_norm",
+    "moe.weights", "moe.shared_gate",
+    "trunk.h_nextn",
+    "mtp.input_norms", "mtp.catchup_h", "mtp.accept",
+    "loop.start", "loop.prefill", "loop.decode_from", "loop.targets", "loop.accept", "loop.rollback", "loop.finish",
+})
 
-    The model's code passes values through named points (``ctx.faults.tap("deltanet.state", S)``); a
-    fault record of :mod:`refimpl.inject.faults` with the same ``tap`` rewrites some of them. The model
-    never imports that folder: the record is handed in through :class:`Ctx`."""
+
+class NoFaults:
+    """``Ctx.faults`` of the clean oracle: every tap point hands its value on unchanged.
+
+    :meth:`Ctx.cb` hands each tap point's value to ``faults.tap(point, value, **info)``; a fault record
+    of :mod:`refimpl.inject.faults` answers the same call with the value an engine with the bug would
+    use at some of them. The model never imports that folder: the record is handed in through
+    :class:`Ctx`."""
 
     names = frozenset()
 
@@ -67,14 +81,17 @@ class Ctx:
       for one query row over ≥ 512 cells; ``n_ctx`` None = the model's training context, as
       llama.cpp's n_ctx = 0). They change nothing with ``flash_attn`` off.
     * ``kernel``: ``"numba"`` (default) or ``"numpy"``: which implementation of the kernels runs —
-      the quantized matmul (the two agree to ≤ 1 float32 ulp, kernels/matmul.py states the
-      tolerance), ``dot64`` and the delta-rule step (bit for bit, kernels/plain/recurrent.py).
+      the quantized matmul, ``dot64`` and the delta-rule step: ``"numpy"`` runs their definitions
+      (``kernels.matmul(path="numpy")``, ``kernels.dot64(path="numpy")``,
+      :func:`refimpl.model.deltanet.delta_rule_step`), ``"numba"`` their compiled twins — the same bits.
     * ``trace(name, il, x)``: called with llama.cpp's intermediate names (``attn_norm``, il, …)
       — ``il`` = -1 for model-level tensors; ``None`` records nothing. A hook that returns an
       array replaces ``x`` with it from there on (activation patching: :class:`refimpl.oracle.trace.Patcher`
       feeds a layer llama.cpp's own values, tests/conformance.py); returning None changes nothing.
-    * ``faults``: engine bugs injected on purpose (:mod:`refimpl.inject.faults`, docs/bug-classes.md);
-      empty — the clean oracle — unless asked for.
+    * ``faults``: engine bugs injected on purpose (:mod:`refimpl.inject.faults`, docs/bug-classes.md),
+      consulted at the tap points (:data:`TAPS`); empty — the clean oracle — unless asked for.
+
+    Both reach the code through one method, :meth:`cb`, called at every named point.
     """
 
     act_quant: bool = False
@@ -99,9 +116,17 @@ class Ctx:
                                                                         f"flash attention {'on' if self.flash_attn else 'off'}"]
         return ("on: " if self.act_quant else "") + ", ".join(parts)
 
-    def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
-        """llama.cpp's ``cb(cur, name, il)``: hand ``x`` to the trace hook; returns ``x``, or the
-        array the hook returned in its place."""
+    def cb(self, name: str, il: int, x, **info):
+        """A named point of the forward pass or the loop: returns the value the code goes on with.
+
+        * llama.cpp's ``cb(cur, name, il)`` names (``attn_norm``, ``model.input_embed``, …): ``x`` is
+          handed to the trace hook; returns ``x``, or the array the hook returned in its place.
+        * a tap point (:data:`TAPS`: ``deltanet.state``, ``loop.rollback``, …), with ``info`` what a
+          fault needs to know there: ``x`` is handed to the fault record, ``faults.tap(name, x, **info)``;
+          returns ``x`` unless an injected fault rewrites it. Never traced.
+        """
+        if name in TAPS:
+            return self.faults.tap(name, x, **info)
         if self.trace is not None:
             replaced = self.trace(name, il, x)
             if replaced is not None:

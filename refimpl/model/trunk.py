@@ -51,6 +51,15 @@ class Model:
     file: ModelFile
     weights: Weights
     packed_bytes: int = 0  # bytes of the lane kernels' packed copies (0: not packed; load_model's pack)
+    pack_pending: bool = False  # load_model(defer_pack=True) decided to pack: :meth:`packed` does it
+
+    def packed(self) -> "Model":
+        """This model with its matrices also in the lane kernels' layout (:func:`pack_weights`), when
+        :func:`load_model` deferred the packing; else the model itself. Never changes a number."""
+        if not self.pack_pending:
+            return self
+        weights = pack_weights(self.weights)
+        return dataclasses.replace(self, weights=weights, packed_bytes=_packed_nbytes(weights), pack_pending=False)
 
     @property
     def config(self) -> Config:
@@ -72,13 +81,16 @@ _PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes
 
 
 def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
-               pack: bool | str = "auto") -> Model:
+               pack: bool | str = "auto", defer_pack: bool = False) -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
     a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
     (``--cache-mb``; refimpl.io.streamer.cache_budget), dense weights pinned now (a progress bar on
     stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace).
     ``pack``: True / False / ``"auto"`` (default: True when the packed copies fit in
-    ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`pack_weights`; never changes a number."""
+    ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`pack_weights`; never changes a number.
+    ``defer_pack``: decide now, pack later — the model comes back unpacked with ``pack_pending`` set,
+    and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token: the copy
+    pays off only over many tokens, and the first token need not wait for it)."""
     if pack not in (True, False, "auto"):
         raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
     m = open_model(path)
@@ -94,8 +106,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     if pack == "auto":
         avail = mem_available()
         pack = avail is not None and packable_bytes(weights) * _PACK_GROWTH <= PACK_AUTO_FRACTION * avail
-    if not pack:
-        return Model(file=m, weights=weights)
+    if not pack or defer_pack:
+        return Model(file=m, weights=weights, pack_pending=bool(pack))
     packed = pack_weights(weights)
     return Model(file=m, weights=packed, packed_bytes=_packed_nbytes(packed))
 
@@ -191,5 +203,5 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
 
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
     logits = output_rows(w.output, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
-    h_mtp = ctx.faults.tap("model.h_nextn", h_nextn, pre_norm=h)  # what the MTP head is handed
+    h_mtp = ctx.cb("trunk.h_nextn", -1, h_nextn, pre_norm=h)  # what the MTP head is handed
     return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import gguf
@@ -77,6 +78,9 @@ class _ReaderKeys:
     def __init__(self, reader: gguf.GGUFReader, path=None):
         self.reader, self.path = reader, path or getattr(reader.data, "filename", None) or "GGUF"
 
+    def has(self, key: str) -> bool:
+        return key in self.reader.fields
+
     def key(self, key: str, default=None):
         field = self.reader.fields.get(key)
         if field is None:
@@ -111,8 +115,8 @@ def _read_field(source, key: str, default=None, kind: type = str):
     if value is None:
         return default
     is_kind = (lambda v: isinstance(v, int) and not isinstance(v, bool)) if kind is int else (lambda v: isinstance(v, kind))
-    if key in _ARRAY_KEYS:
-        ok = isinstance(value, list) and all(map(is_kind, value))
+    if key in _ARRAY_KEYS:  # a GGUF array declares one element type: its first item tells it
+        ok = isinstance(value, list) and (not value or is_kind(value[0]))
     else:
         ok = is_kind(value)
     if not ok:
@@ -125,11 +129,8 @@ def _read_field(source, key: str, default=None, kind: type = str):
 def _merge_ranks(merges: Sequence[str]) -> dict[tuple[str, str], int]:
     """``tokenizer.ggml.merges`` → {(left, right): rank}. Each entry is split at its first space after
     position 0 (no space: the pair ("", "")); the first of duplicate pairs keeps its rank."""
-    ranks: dict[tuple[str, str], int] = {}
-    for rank, merge in enumerate(merges):
-        cut = merge.find(" ", 1)
-        ranks.setdefault((merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", ""), rank)
-    return ranks
+    pairs = [(m[:cut], m[cut + 1 :]) if (cut := m.find(" ", 1)) >= 0 else ("", "") for m in merges]
+    return dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))  # later duplicates overwritten by earlier
 
 
 def _special_tokens(tokens: Sequence[str], id_of: Mapping[str, int], attrs: list[int], gguf_ids: Mapping[str, int]):
@@ -185,11 +186,14 @@ class Tokenizer:
     (frozenset: EOS plus tokens llama.cpp treats as end-of-generation); ``add_bos``, ``add_eos``.
     """
 
-    def __init__(self, tokens: Sequence[str], token_types: Sequence[int] | None, merges: Sequence[str], *,
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int] | None,
+                 merges: Sequence[str] | Callable[[], Sequence[str]], *,
                  special_ids: Mapping[str, int] | None = None, add_bos: bool = False, add_eos: bool = False,
                  pre: str = "qwen35"):
         """Build from GGUF metadata values; ``special_ids`` maps ``tokenizer.ggml.*_token_id`` keys to ids;
-        ``pre``: the pre-tokenizer (a key of :data:`PRE_SPLITS`)."""
+        ``pre``: the pre-tokenizer (a key of :data:`PRE_SPLITS`). ``merges`` may be a function that
+        returns them: they are then read at the first :meth:`encode` (a run given token ids never reads
+        a real vocabulary's ~250k merges)."""
         self.split = PRE_SPLITS[pre]
         # llama.cpp renames empty texts and asserts that no text repeats
         self.tokens = tuple(text or f"[EMPTY_{i}]" for i, text in enumerate(tokens))
@@ -201,7 +205,7 @@ class Tokenizer:
         if len(types) < self.n_vocab:
             raise RefimplError(f"{_K.TOKEN_TYPE} has {len(types)} entries for {self.n_vocab} tokens")
         attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[: self.n_vocab]]  # 0: UNDEFINED
-        self._ranks = _merge_ranks(merges)
+        self._merges, self._ranks_of_merges = merges, None
 
         ids, self.eog_ids = _special_tokens(self.tokens, self._id_of, attrs, special_ids or {})
         self.attrs = tuple(attrs)
@@ -211,6 +215,13 @@ class Tokenizer:
         # what tokenizer_st_partition cuts out: longest UTF-8 text first (std::sort; ties here by id)
         special = [i for i, a in enumerate(self.attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
         self._special_longest_first = sorted(special, key=lambda i: -len(self.tokens[i].encode()))
+
+    @property
+    def _ranks(self) -> dict[tuple[str, str], int]:
+        """The merge ranks, built on first use."""
+        if self._ranks_of_merges is None:
+            self._ranks_of_merges = _merge_ranks(self._merges() if callable(self._merges) else self._merges)
+        return self._ranks_of_merges
 
     @classmethod
     def from_gguf(cls, source) -> Tokenizer:
@@ -229,9 +240,10 @@ class Tokenizer:
             raise RefimplError(f"{source.path}: unsupported tokenizer: {_K.MODEL} = {model!r} (refimpl reads only 'gpt2' byte-level BPE)")
         if pre not in PRE_SPLITS:
             raise RefimplError(f"{source.path}: unsupported pre-tokenizer: {_K.PRE} = {pre!r} (refimpl implements {', '.join(map(repr, PRE_SPLITS))})")
-        tokens, merges = _read_field(source, _K.LIST), _read_field(source, _K.MERGES)
-        if tokens is None or merges is None:
+        tokens = _read_field(source, _K.LIST)
+        if tokens is None or not source.has(_K.MERGES):
             raise RefimplError(f"{source.path}: GGUF has no {_K.LIST if tokens is None else _K.MERGES}")
+        merges = functools.partial(_read_field, source, _K.MERGES)  # read at the first encode
         special_ids = {key: _read_field(source, key, kind=int) for key in _SPECIAL_ID_KEYS}
         token_types = _read_field(source, _K.TOKEN_TYPE, kind=int)
         add_bos, add_eos = _read_field(source, _K.ADD_BOS, False, kind=bool), _read_field(source, _K.ADD_EOS, False, kind=bool)

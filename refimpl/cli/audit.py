@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
                    help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--kld-base", metavar="FILE",
+                   help="instead of streams: a KL-divergence base file llama-perplexity wrote (--kl-divergence-base); "
+                        "print llama-perplexity's --kl-divergence statistics with the oracle as the model, and the "
+                        "worst positions (docs/validating-an-engine.md)")
     add_scale_out(p, "with --streams: pairs audited")
     add_numerics(p)
     p.set_defaults(func=cmd_audit)
@@ -40,6 +44,8 @@ def cmd_audit(args) -> int:
     from refimpl.oracle.audit import audit, prompt_of, read_stream, report_lines
     from refimpl.tokenizer import Tokenizer
 
+    if args.kld_base is not None:
+        return _audit_kld(args)
     golden = _audit_inputs(args)
     if args.stream_dir is not None:
         return _audit_dir(args)
@@ -192,3 +198,48 @@ def _audit_dir(args) -> int:
     else:
         print("\n".join([pair_line(p, r) for p, r in zip(pairs, reports)] + summary_lines(reports)))
     return int(any(r.exit_code for r in reports))
+
+
+def _audit_kld(args) -> int:
+    """audit [MODEL] --kld-base FILE: llama-perplexity's KL-divergence statistics of the oracle against a
+    base file (refimpl.oracle.kld, refimpl.oracle.kld_report)."""
+    import json
+
+    from refimpl.cli.compile_report import name_types
+    from refimpl.fixtures.builtin import resolve_model
+    from refimpl.io.gguf_file import GGUFFile
+    from refimpl.model.trunk import load_model
+    from refimpl.oracle.kld import progress_bar, score_base
+    from refimpl.oracle.kld_file import read_kld_base
+    from refimpl.oracle.kld_report import as_json, exit_code, report_lines
+    from refimpl.tokenizer import Tokenizer
+
+    given = ([args.model] if args.model is not None else []) + list(args.streams)
+    for arg in given[:1]:
+        kind = _audit_input_kind(arg)
+        if kind != "model":
+            raise RefimplError(f"--kld-base needs a MODEL (a .gguf or builtin:NAME) or none (builtin:kjv); {arg} is "
+                               f"{'a GOLDEN' if kind == 'golden' else 'not one'}")
+    if len(given) > 1:
+        raise RefimplError("--kld-base takes no STREAM: the base file holds the tokens and the engine's log-probabilities")
+    for flag, value in (("--streams", args.stream_dir), ("--prompt", args.prompt), ("--prompt-tokens", args.prompt_tokens),
+                        ("--cluster", args.cluster), ("--cache-mb", args.cache_mb)):
+        if value is not None:
+            raise RefimplError(f"{flag} does not go with --kld-base (the base file holds the corpus)")
+    if args.jobs != 1:
+        raise RefimplError("--jobs does not go with --kld-base")
+    model_name = default_model(given[0] if given else None)
+    gf = GGUFFile(resolve_model(model_name))
+    name_types(gf)
+    model = load_model(gf)
+    tok = Tokenizer.from_gguf(model.file.gguf)
+    base = read_kld_base(args.kld_base, model.config.n_vocab)
+    bar, progress = progress_bar(base.n_chunk, "kld")
+    with bar:
+        scored = score_base(base, model, tok, ctx_from_args(args), args.threshold, progress)
+    emulate = args.emulate or "off"
+    if args.json:
+        print(json.dumps(as_json(scored, model=str(model_name), emulate=emulate, tau=args.threshold)))
+    else:
+        print("\n".join(report_lines(scored, tok, model=str(model_name), emulate=emulate, tau=args.threshold)))
+    return exit_code(scored)

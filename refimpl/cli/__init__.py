@@ -5,8 +5,8 @@ Contract (what lives in this folder):
 
 * One module per command, each holding its subparser (``add_parser(sub)``: flags and help) next to the
   function it runs (``cmd_*(args) -> exit code``): ``fixture``, ``inspect_model`` (``refimpl inspect``),
-  ``run`` (greedy and self-speculative decoding), ``logits``, ``trace``, ``golden`` (make, check),
-  ``audit``, ``plot``. ``common`` holds what they share: the parser class, MODEL and its loading,
+  ``run`` (greedy and self-speculative decoding), ``logits`` (also llama-perplexity's KL-divergence base
+  file), ``trace``, ``golden`` (make, check), ``audit`` (streams, goldens, KL-divergence base files), ``plot``. ``common`` holds what they share: the parser class, MODEL and its loading,
   ``--tokens``, the numerics flags (``--emulate``, ``--flash-attn``, ``--kv-type``, ``--kernel``) and their
   ``Ctx``, the scale-out flags. ``compile_report`` prints the first run's "compiling kernels" lines.
 * A command parses flags, checks them, and calls the library; the work itself lives below. Heavy imports

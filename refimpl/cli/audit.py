@@ -15,7 +15,8 @@ def add_parser(sub) -> None:
                    help="a .gguf (qwen35moe, qwen35, qwen3next), builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default); or a "
                         "golden .jsonl (judged by its recorded top-5, without the model). Told from a STREAM by file type")
     p.add_argument("streams", metavar="STREAM", nargs="*",
-                   help="one or two streams (.json ids or object with 'tokens', telemetry .csv, or .txt text)")
+                   help="one or two streams (.json ids or object with 'tokens', telemetry .csv, .txt text, or a server response: "
+                        "llama-server /completion or OpenAI-style, whole or streamed, told apart by content)")
     p.add_argument("--streams", dest="stream_dir", metavar="DIR",
                    help="audit every pair NAME.A.EXT / NAME.B.EXT in DIR (prompt: NAME.prompt.EXT); one line each and "
                         "a summary table (docs/validating-an-engine.md)")
@@ -97,7 +98,7 @@ def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
 
 
 _AUDIT_GRAMMAR = ("refimpl audit [MODEL | GOLDEN] STREAM [STREAM]: a MODEL is a .gguf or builtin:NAME, "
-                  "a GOLDEN a golden .jsonl, a STREAM a .json, .txt or .csv file")
+                  "a GOLDEN a golden .jsonl, a STREAM a .json, .txt or .csv file or a server response")
 
 
 def _audit_input_kind(arg: str) -> str | None:
@@ -111,14 +112,24 @@ def _audit_input_kind(arg: str) -> str | None:
     path, suffix = Path(arg), Path(arg).suffix.lower()
     if arg.startswith("builtin:") or suffix == ".gguf":
         return "model"
-    if suffix == ".jsonl":
+    if suffix == ".jsonl" and not path.is_file():
         return "golden"
     if path.is_file():
         with open(path, "rb") as f:
             if f.read(4) == b"GGUF":
                 return "model"
-        return "golden" if is_golden(arg) else "stream"
+        return "golden" if is_golden(arg) else "stream" if suffix != ".jsonl" or _is_response_file(path) else "golden"
     return "stream" if suffix in (".json", ".txt", ".csv") else None
+
+
+def _is_response_file(path) -> bool:
+    """A JSON-lines file of server response chunks (refimpl.oracle.responses), not a golden file."""
+    from refimpl.oracle.responses import looks_like_response
+
+    try:
+        return looks_like_response(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _audit_inputs(args) -> bool:

@@ -6,7 +6,9 @@ broken accept/rollback path is not. ``refimpl audit`` tells them apart (docs/val
 
 1. Read the streams (:func:`read_stream`): a JSON array of ids, a JSON object with ``tokens`` (as
    ``refimpl run --json`` prints), a telemetry CSV with a ``token`` / ``token_id`` column (as
-   ``refimpl run --csv`` writes), or plain text (tokenized with the model's tokenizer).
+   ``refimpl run --csv`` writes), a server's response (llama-server ``/completion`` or OpenAI-style, whole or
+   streamed: :mod:`refimpl.oracle.responses`; its log-probs are compared with the oracle's log-softmax,
+   :mod:`refimpl.oracle.probs`), or plain text (tokenized with the model's tokenizer).
 2. Run the oracle teacher-forced over prompt + the common prefix, then over each stream's own tail
    (:func:`refimpl.oracle.golden.walk`). At each position p it gives logits ℓ; ℓ* = max ℓ, and a token t's
    *deficit* is ℓ* − ℓ[t] (0 for the oracle's argmax).
@@ -64,6 +66,7 @@ class Stream:
     tokens: list[int]
     prompt: list[int] | None = None  # prompt_tokens, when the file carries them
     rounds: object = None  # refimpl.oracle.rounds.RoundsInfo, when the file carries per-round information
+    response: object = None  # refimpl.oracle.responses.ResponseInfo: a server response (log-probs, drafts)
 
 
 def _ids(value, where: str) -> list[int]:
@@ -82,6 +85,13 @@ def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
     except (OSError, UnicodeDecodeError) as exc:
         raise RefimplError(f"{path}: cannot read stream {label} ({exc.__class__.__name__}: {exc})") from None
     head = text.lstrip()
+    from refimpl.oracle.responses import looks_like_response, read_response
+
+    if looks_like_response(text):  # llama-server /completion, OpenAI-style (refimpl.oracle.responses)
+        ids, prompt, info = read_response(text, f"{path}: stream {label}")
+        if prompt is None and info.prompt_text is not None and tokenizer is not None:
+            prompt = tokenizer.encode(info.prompt_text, parse_special=True)
+        return Stream(label, str(path), "response", ids, prompt, response=info)
     if head.startswith(("[", "{")):
         try:
             obj = json.loads(text)
@@ -124,6 +134,10 @@ def check_streams(streams: list[Stream], n_vocab: int) -> None:
             raise RefimplError(f"{s.source}: stream {s.label} holds token id {bad[0]}, outside the vocabulary [0, {n_vocab})")
         if not s.tokens:
             raise RefimplError(f"{s.source}: stream {s.label} holds no tokens")
+        probs = getattr(s.response, "probs", None) or ()
+        bad = [t for sp in probs if sp is not None for t, _ in sp.top if not 0 <= t < n_vocab]
+        if bad:
+            raise RefimplError(f"{s.source}: stream {s.label}'s top_logprobs name token id {bad[0]}, outside the vocabulary [0, {n_vocab})")
 
 
 def prompt_of(streams: list[Stream], missing: str) -> list[int]:
@@ -220,6 +234,7 @@ class Report:
     tails: dict[str, int] = field(default_factory=dict)  # label → tokens after the divergence
     rounds: dict = field(default_factory=dict)  # label → refimpl.oracle.rounds.RoundsReport (streams with per-round info)
     rounds_skipped: str | None = None  # why streams' rounds were not replayed
+    probs: dict = field(default_factory=dict)  # label → ProbsReport (streams that carry log-probs)
 
     @property
     def events(self) -> list[Finding]:
@@ -235,7 +250,8 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return max([0 if self.n_wrong == 0 else 1] + [r.exit_code for r in self.rounds.values()])
+        return max([0 if self.n_wrong == 0 else 1] + [r.exit_code for r in self.rounds.values()]
+                   + [p.exit_code for p in self.probs.values()])
 
     @property
     def verdict(self) -> str:
@@ -258,7 +274,8 @@ class Report:
                 "common_prefix": self.common, "verdict": self.verdict,
                 "divergence": finding(self.divergence) if self.divergence else None,
                 "findings": [finding(f) for f in self.findings],
-                "rounds": {lab: r.as_json() for lab, r in self.rounds.items()}, "exit_code": self.exit_code}
+                "rounds": {lab: r.as_json() for lab, r in self.rounds.items()},
+                "probs": {lab: p.as_json() for lab, p in self.probs.items()}, "exit_code": self.exit_code}
 
 
 def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = None, *, ctx=None,
@@ -275,12 +292,14 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     check_streams(streams, model.config.n_vocab)
     rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())
     _audit_rounds(rep, model, ctx)
+    probe = _probs_probe(rep)
     cur = start(model, prompt, ctx)
 
     if stream_b is None:  # A against the oracle: the first departure is the divergence from its greedy stream
         a = stream_a.tokens
 
         def on_row(i, row):
+            probe(stream_a, i, row)
             if argmax(row) != a[i]:
                 pos = judge(row, (a[i], argmax(row)), tau)
                 if rep.divergence is None:
@@ -301,6 +320,8 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     rep.common = k
 
     def prefix_row(i, row):
+        probe(stream_a, i, row)
+        probe(stream_b, i, row)
         if argmax(row) != a[i]:
             rep.findings.append(_departure(i, "A+B", a[i], judge(row, (a[i],), tau), "AB"))
 
@@ -313,11 +334,30 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
         rep.tails[s.label] = len(tail) - first
 
         def tail_row(i, row, s=s, tail=tail, first=first):
+            probe(s, k + i, row)
             if i >= first and argmax(row) != tail[i]:
                 rep.findings.append(_departure(k + i, s.label, tail[i], judge(row, (tail[i],), tau), s.label))
 
         walk(model, cur, tail, ctx, tail_row)
     return rep
+
+
+def _probs_probe(rep: Report):
+    """``probe(stream, step, row)``: compare the stream's log-probs at ``step`` (if it carries them) with the
+    oracle's log-softmax of ``row``, into ``rep.probs`` (refimpl.oracle.probs)."""
+    from refimpl.oracle.probs import PROBS_BOUND, PROBS_BOUND_PLAIN, ProbsReport
+
+    for s in rep.streams:
+        info = s.response
+        if info is not None and (info.probs is not None or info.post_sampling):
+            rep.probs[s.label] = ProbsReport(len(s.tokens), PROBS_BOUND if rep.emulate else PROBS_BOUND_PLAIN, info)
+
+    def probe(stream: Stream, step: int, row) -> None:
+        pr = rep.probs.get(stream.label)
+        if pr is not None and pr.info.probs is not None:
+            pr.add(step, stream.tokens[step], row)
+
+    return probe
 
 
 def _audit_rounds(rep: Report, model, ctx) -> None:
@@ -403,7 +443,12 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
         lines += round_lines(rr, lab)
     if rep.rounds_skipped:
         lines.append(f"rounds: not checked ({rep.rounds_skipped})")
+    from refimpl.oracle.probs import report_lines as probs_lines
+
+    for lab, pr in rep.probs.items():
+        lines += probs_lines(pr, lab)
     n_ties, n_wrong = rep.n_near_ties, rep.n_wrong
     rounds = "".join(f"; rounds {lab}: {r.verdict}" for lab, r in rep.rounds.items())
+    rounds += "".join(f"; probs {lab}: {p.verdict}" for lab, p in rep.probs.items())
     lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong{rounds} → exit {rep.exit_code}")
     return lines

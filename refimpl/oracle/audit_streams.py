@@ -8,7 +8,8 @@ The pairing convention (docs/validating-an-engine.md, "Many stream pairs"): in D
     NAME.prompt.EXT              the pair's prompt (optional), in any stream format: a JSON array of
                                  ids, a JSON object with ``tokens``, or text (tokenized)
 
-EXT is anything :func:`refimpl.oracle.audit.read_stream` reads (``.json``, ``.csv``, ``.txt``). A pair's
+EXT is anything :func:`refimpl.oracle.audit.read_stream` reads (``.json``, ``.csv``, ``.txt``, a server
+response such as ``.sse``: refimpl.oracle.responses). A pair's
 prompt is ``--prompt`` / ``--prompt-tokens`` when given (the same for every pair), else
 NAME.prompt.EXT, else the streams' ``prompt_tokens``. Names starting with ``.`` are skipped; any
 other file that does not follow the convention is an error, so a misnamed stream is never silently
@@ -105,6 +106,7 @@ def pair_line(pair: Pair, rep: Report) -> str:
     lengths = f"{len(pair.a.tokens)}" + (f" / {len(pair.b.tokens)}" if pair.b and len(pair.b.tokens) != len(pair.a.tokens) else "")
     what = f"{d.kind} at step {d.step}" if d else f"{rep.verdict}, {lengths} tokens"
     n = rep.n_near_ties
+    what += "".join(f"; probs {lab} {p.verdict}" for lab, p in rep.probs.items())
     return (f"{pair.name}: {what}; common prefix {rep.common}, {n} near-tie{'s' * (n != 1)}, {rep.n_wrong} wrong "
             f"→ {'ok' if rep.exit_code == 0 else 'WRONG'}   ({files})")
 

@@ -6,7 +6,8 @@ Contract (what lives in this folder):
 * One module per command, each holding its subparser (``add_parser(sub)``: flags and help) next to the
   function it runs (``cmd_*(args) -> exit code``): ``fixture``, ``inspect_model`` (``refimpl inspect``),
   ``run`` (greedy and self-speculative decoding), ``logits`` (also llama-perplexity's KL-divergence base
-  file), ``trace``, ``golden`` (make, check), ``audit`` (streams, goldens, KL-divergence base files), ``plot``. ``common`` holds what they share: the parser class, MODEL and its loading,
+  file), ``trace``, ``golden`` (make, check), ``audit`` (streams, goldens, KL-divergence base files), ``validate`` (llama-server endpoints
+  driven with a prompt suite, each answer audited), ``plot``. ``common`` holds what they share: the parser class, MODEL and its loading,
   ``--tokens``, the numerics flags (``--emulate``, ``--flash-attn``, ``--kv-type``, ``--kernel``) and their
   ``Ctx``, the scale-out flags. ``compile_report`` prints the first run's "compiling kernels" lines.
 * A command parses flags, checks them, and calls the library; the work itself lives below. Heavy imports
@@ -14,7 +15,7 @@ Contract (what lives in this folder):
 * Every flag combination either works or is refused: bad input (bad flags, unreadable or unsupported
   files) prints one line, ``refimpl: error: …``, and exits with code 2; no traceback
   (tests/test_cli_flags.py walks the flag pairs of :func:`build_parser`). Exit code 1 is a verdict:
-  ``audit`` found a wrong token, ``golden check`` a mismatch.
+  ``audit`` or ``validate`` found a wrong token, ``golden check`` a mismatch.
 * ``--emulate`` (and ``run --pack``) take the next argument only when it is one of their words:
   ``--emulate plain`` = ``--emulate=plain``, ``--emulate`` alone = ``--emulate=default``, and in
   ``refimpl run --emulate model.gguf`` the file is MODEL (:class:`refimpl.cli.common.Parser`).
@@ -28,13 +29,13 @@ from __future__ import annotations
 
 import sys
 
-from refimpl.cli import audit, fixture, golden, inspect_model, logits, plot, run, trace
+from refimpl.cli import audit, fixture, golden, inspect_model, logits, plot, run, trace, validate
 from refimpl.cli.common import Parser, check_numerics
 from refimpl.cli.logits import LOGITS_CHUNK  # noqa: F401  (bench/decode.py: refimpl logits' positions per forward call)
 from refimpl.errors import EXIT_BAD_INPUT, RefimplError
 
 #: The commands, in the order of ``refimpl --help``; each module adds its subparser (``add_parser``).
-COMMANDS = (fixture, inspect_model, run, logits, trace, golden, audit, plot)
+COMMANDS = (fixture, inspect_model, run, logits, trace, golden, audit, validate, plot)
 
 #: Commands that never call a kernel: no compile report, numba's compile events are not listened to.
 _NO_KERNELS = (fixture.cmd_fixture, inspect_model.cmd_inspect)

@@ -1,0 +1,150 @@
+"""``refimpl validate``: send a prompt suite to running llama-server endpoints, greedy with log-probs, and audit
+every answer against the oracle (refimpl.oracle.validate; docs/validating-an-engine.md §3e). Exit 1 when an
+answer has a wrong token (or log-probs outside the bound)."""
+
+from __future__ import annotations
+
+from refimpl.cli.common import MODEL_HELP, add_numerics, ctx_from_args, default_model
+from refimpl.errors import RefimplError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="drive llama-server endpoints with a prompt suite, greedy with log-probs, "
+                                        "and audit each answer against the oracle (one table)")
+    p.add_argument("model", metavar="MODEL", nargs="?", help=MODEL_HELP)
+    p.add_argument("--server", action="append", required=True, metavar="URL",
+                   help="a llama-server, http://HOST:PORT; repeat for several (e.g. one per --spec-draft-n-max setting: "
+                        "llama-server configures drafting when it starts)")
+    p.add_argument("--prompts", required=True, metavar="FILE",
+                   help="one prompt per line, or JSONL with 'text' or 'tokens' (as golden make); sent as token ids")
+    p.add_argument("-n", "--n-predict", type=int, default=32, metavar="N", help="tokens generated per prompt (default 32)")
+    p.add_argument("--draft", metavar="N,N",
+                   help="also send llama-server's per-request speculative.n_max, once per value: a column per server and value")
+    p.add_argument("--report", metavar="FILE", help="write every audit as one JSON object (atomically: a temporary file, renamed)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds each request may take (default 120)")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
+                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
+    add_numerics(p)
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args) -> int:
+    import json
+
+    from refimpl.cli.compile_report import name_types
+    from refimpl.fixtures.builtin import resolve_model
+    from refimpl.io.gguf_file import GGUFFile
+    from refimpl.io.output_path import check_output
+    from refimpl.model.trunk import load_model
+    from refimpl.oracle import validate as v
+    from refimpl.oracle.audit import Stream, audit
+    from refimpl.oracle.golden_file import read_prompts
+    from refimpl.tokenizer import Tokenizer
+
+    servers = [v.check_url(u) for u in args.server]
+    if len(set(servers)) != len(servers):
+        raise RefimplError("--server: the same URL is given twice")
+    if args.n_predict < 1:
+        raise RefimplError(f"-n must be ≥ 1, got {args.n_predict}")
+    timeout = v.finite_positive(args.timeout, "--timeout")
+    if not 0 < args.threshold < 1:
+        raise RefimplError(f"--threshold must be in (0, 1), got {args.threshold}")
+    drafts = v.parse_drafts(args.draft) if args.draft is not None else [None]
+    if args.report is not None:
+        check_output(args.report, "--report")  # before any work (refimpl.io.output_path)
+    model_name = default_model(args.model)
+    path = resolve_model(model_name)
+    gf = GGUFFile(path)
+    name_types(gf)
+    model = load_model(gf)
+    tok = Tokenizer.from_gguf(model.file.gguf)
+    prompts = read_prompts(args.prompts, tok, model.config.n_vocab)
+    ctx = ctx_from_args(args)
+
+    idents = []
+    for url in servers:  # every server checked before any prompt is sent
+        ident = v.server_identity(url, timeout)
+        bad = v.model_mismatches(ident, model.config, tok)
+        if bad:
+            raise RefimplError(f"{url} serves {ident.model or 'a model'} that cannot be MODEL {model_name}: " + "; ".join(bad))
+        idents.append(ident)
+
+    labels = [chr(ord("A") + i) if i < 26 else f"S{i}" for i in range(len(servers))]
+    columns = [(lab, url, d) for lab, url in zip(labels, servers) for d in drafts]
+    col_name = [lab if d is None else f"{lab} draft {d}" for lab, _, d in columns]
+    from tqdm import tqdm
+
+    results = []
+    with tqdm(total=len(prompts) * len(columns), desc="validate", unit="answer", disable=None, leave=False) as bar:
+        for i, pr in enumerate(prompts):
+            row = []
+            for (lab, url, d), name in zip(columns, col_name):
+                where = f"{url}/completion (prompt {i + 1})"
+                ids, info = v.read_answer(v.completion(url, pr.ids, args.n_predict, d, timeout), where)
+                stream = Stream(name, f"{url}/completion", "response", ids, list(pr.ids), response=info)
+                rep = audit(model, pr.ids, stream, ctx=ctx, tau=args.threshold, model_name=str(model_name))
+                row.append((rep, info))
+                bar.update(1)
+            results.append(row)
+
+    exit_code = max(rep.exit_code for row in results for rep, _ in row)
+    lines = _table(model_name, prompts, servers, labels, idents, col_name, results, rep_numerics=results[0][0][0], n=args.n_predict)
+    lines.append(_summary(results, exit_code))
+    if args.report is not None:
+        doc = {"model": str(model_name), "n_predict": args.n_predict, "n_probs": v.N_PROBS, "threshold": args.threshold,
+               "servers": [{"label": lab, **ident.as_json()} for lab, ident in zip(labels, idents)],
+               "results": [{"prompt": i + 1, "text": pr.text, "prompt_tokens": list(pr.ids), "column": name,
+                            "server": url, "draft": d, "verdict": v.verdict(rep), "tokens": rep.streams[0].tokens,
+                            "draft_n": info.draft_n, "draft_n_accepted": info.draft_n_accepted, "audit": rep.as_json()}
+                           for i, (pr, row) in enumerate(zip(prompts, results))
+                           for (rep, info), name, (_, url, d) in zip(row, col_name, columns)],
+               "exit_code": exit_code}
+        v.write_atomic(args.report, json.dumps(doc) + "\n", "--report")
+    print("\n".join(lines))
+    return exit_code
+
+
+def _cell(rep, info) -> str:
+    from refimpl.oracle.validate import verdict
+
+    word = verdict(rep)
+    if word != "identical":
+        first = rep.divergence.step if rep.divergence else min(f.step for f in rep.events)
+        word += f" (step {first})"
+    probs = rep.probs.get(rep.streams[0].label)
+    if probs is not None and probs.exit_code:
+        word += ", probs outside bound"
+    if info.draft_n is not None:
+        word += f", drafts {info.draft_n_accepted}/{info.draft_n}"
+    return word
+
+
+def _prompt_label(pr) -> str:
+    text = pr.text if pr.text is not None else "ids " + ",".join(map(str, pr.ids))
+    return repr(text if len(text) <= 30 else text[:29] + "…")
+
+
+def _table(model_name, prompts, servers, labels, idents, col_name, results, rep_numerics, n) -> list[str]:
+    numerics = rep_numerics.numerics or ("on" if rep_numerics.emulate else "off")
+    lines = [f"validate: {model_name}, {len(prompts)} prompt{'s' * (len(prompts) != 1)}, {n} tokens each, greedy with "
+             f"top-5 log-probs; emulate {numerics}; near-tie threshold {100 * rep_numerics.tau:g}% of max|logit|"]
+    for lab, url, ident in zip(labels, servers, idents):
+        checked = "agrees with MODEL on " + ", ".join(ident.checked) if ident.checked else "exposes nothing to compare with MODEL"
+        lines.append(f"  {lab}: {url} ({ident.model or 'model not named'}; {checked})")
+    rows = [["prompt", *col_name]] + [[_prompt_label(pr), *(_cell(rep, info) for rep, info in row)]
+                                      for pr, row in zip(prompts, results)]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return lines
+
+
+def _summary(results, exit_code) -> str:
+    from collections import Counter
+
+    from refimpl.oracle.validate import verdict
+
+    counts = Counter(verdict(rep) for row in results for rep, _ in row)
+    outside = sum(1 for row in results for rep, _ in row for p in rep.probs.values() if p.exit_code)
+    total = sum(counts.values())
+    return (f"result: {total} answer{'s' * (total != 1)}: {counts['identical']} identical, {counts['near-tie']} near-tie, "
+            f"{counts['wrong']} wrong; probs outside bound: {outside} → exit {exit_code}")

@@ -1,0 +1,97 @@
+"""``refimpl validate`` against the real llama-server (conftest.require_llama_tool) on 127.0.0.1: the built-in
+model served plain and with MTP drafting (``--spec-type draft-mtp --spec-draft-n-max 3``, when this build has
+it) → every answer identical or a near-tie, the drafts counted, exit 0; a server with another model file
+(builtin:tiny) → refused as a model mismatch, exit 2. The three servers start together; ~10 s in all."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from conftest import require_llama_tool
+
+from refimpl.cli import main
+
+KJV = Path(__file__).resolve().parent.parent / "refimpl" / "models" / "kjv-q8_0.gguf"
+READY_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def llama_servers(server: Path, configs: list[list[str]]):
+    """One llama-server per argument list on free 127.0.0.1 ports, ready (/health ok) within READY_S seconds;
+    their URLs. Always stopped (terminate, then kill)."""
+    procs, urls = [], []
+    try:
+        for extra in configs:
+            port = _free_port()
+            # --no-repack: the batched AMX kernel dies with SIGILL on the CI guests (tests/llama_tools.py)
+            procs.append(subprocess.Popen([str(server), *extra, "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+                                           "--no-repack", "-np", "1", "-c", "512"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + READY_S
+        for proc, url in zip(procs, urls):
+            while True:
+                assert proc.poll() is None, f"llama-server {proc.args} exited with {proc.returncode}"
+                assert time.monotonic() < deadline, f"llama-server not ready within {READY_S} s"
+                try:
+                    if json.loads(urllib.request.urlopen(f"{url}/health", timeout=2).read()).get("status") == "ok":
+                        break
+                except OSError:
+                    time.sleep(0.2)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_validate_real_llama_servers(tmp_path, capsys):
+    from refimpl.fixtures.builtin import resolve_model
+
+    server = require_llama_tool("llama-server")
+    helptext = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=30).stdout
+    mtp = "draft-mtp" in helptext and "--spec-draft-n-max" in helptext
+    tiny = resolve_model("builtin:tiny")
+    configs = [["-m", str(KJV)], ["-m", str(tiny)]] + ([["-m", str(KJV), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3"]] if mtp else [])
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("And it came to pass\nIn the beginning\nBlessed is the man\n")
+    report = tmp_path / "report.json"
+    with llama_servers(server, configs) as urls:
+        plain, other, drafted = urls[0], urls[1], urls[2:]
+        rc = main(["validate", "builtin:kjv", "--server", plain, *(w for u in drafted for w in ("--server", u)),
+                   "--prompts", str(prompts), "-n", "24", "--emulate", "--report", str(report), "--timeout", "30"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        rc_other = main(["validate", "builtin:kjv", "--server", other, "--prompts", str(prompts), "--timeout", "30"])
+        err = capsys.readouterr().err
+    assert rc_other == 2 and "cannot be MODEL builtin:kjv" in err and "n_vocab 512 (MODEL: 2048)" in err, err
+    doc = json.loads(report.read_text())
+    assert doc["exit_code"] == 0 and len(doc["results"]) == 3 * (1 + len(drafted))
+    assert {r["verdict"] for r in doc["results"]} <= {"identical", "near-tie"}
+    assert all(len(r["tokens"]) == 24 for r in doc["results"])
+    for s in doc["servers"]:
+        assert s["checked"] == ["n_vocab", "n_embd", "n_ctx_train", "tokenization of a probe"]
+    plain_rows = [r for r in doc["results"] if r["server"] == plain]
+    assert all(r["draft_n"] is None and r["audit"]["probs"]["A"]["verdict"] == "within bound" for r in plain_rows)
+    if drafted:
+        rows = [r for r in doc["results"] if r["server"] == drafted[0]]
+        assert all(r["draft_n"] > 0 and 0 <= r["draft_n_accepted"] <= r["draft_n"] for r in rows)
+        assert "drafts " in out
+    assert out.splitlines()[-1].endswith("→ exit 0")

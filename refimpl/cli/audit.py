@@ -4,8 +4,8 @@ a stream has a wrong token (or its prompt ids differ from the oracle's)."""
 
 from __future__ import annotations
 
-from refimpl.cli.common import (add_numerics, add_scale_out, cache_mb, check_tokens, ctx_from_args, default_model,
-                                parse_tokens)
+from refimpl.cli.common import (add_numerics, add_scale_out, add_threshold, cache_mb, check_tokens, ctx_from_args,
+                                default_model, load_named, parse_tokens)
 from refimpl.errors import RefimplError
 
 
@@ -23,8 +23,7 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text (special-token text is parsed)")
     src.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
-                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
+    add_threshold(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--kld-base", metavar="FILE",
                    help="instead of streams: a KL-divergence base file llama-perplexity wrote (--kl-divergence-base); "
@@ -38,10 +37,6 @@ def add_parser(sub) -> None:
 def cmd_audit(args) -> int:
     import json
 
-    from refimpl.cli.compile_report import name_types
-    from refimpl.fixtures.builtin import resolve_model
-    from refimpl.io.gguf_file import GGUFFile
-    from refimpl.model.trunk import load_model
     from refimpl.oracle.audit import audit, prompt_of, read_stream, report_lines
     from refimpl.tokenizer import Tokenizer
 
@@ -54,10 +49,7 @@ def cmd_audit(args) -> int:
         return _audit_golden(args)
     if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
         raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
-    path = resolve_model(args.model)
-    gf = GGUFFile(path)
-    name_types(gf)
-    model = load_model(gf)
+    model = load_named(args.model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
     if args.prompt_tokens is not None:
@@ -216,10 +208,6 @@ def _audit_kld(args) -> int:
     base file (refimpl.oracle.kld, refimpl.oracle.kld_report)."""
     import json
 
-    from refimpl.cli.compile_report import name_types
-    from refimpl.fixtures.builtin import resolve_model
-    from refimpl.io.gguf_file import GGUFFile
-    from refimpl.model.trunk import load_model
     from refimpl.oracle.kld import progress_bar, score_base
     from refimpl.oracle.kld_file import read_kld_base
     from refimpl.oracle.kld_report import as_json, exit_code, report_lines
@@ -240,9 +228,7 @@ def _audit_kld(args) -> int:
     if args.jobs != 1:
         raise RefimplError("--jobs does not go with --kld-base")
     model_name = default_model(given[0] if given else None)
-    gf = GGUFFile(resolve_model(model_name))
-    name_types(gf)
-    model = load_model(gf)
+    model = load_named(model_name)
     tok = Tokenizer.from_gguf(model.file.gguf)
     base = read_kld_base(args.kld_base, model.config.n_vocab)
     bar, progress = progress_bar(base.n_chunk, "kld")

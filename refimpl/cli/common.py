@@ -79,17 +79,28 @@ def load(args, cache_mb=None, pack="auto", defer_pack=False):
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights),
     after the first token with ``defer_pack`` (refimpl.model.trunk.Model.packed)."""
+    if getattr(args, "m", None) is not None and args.model is not None:
+        raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
+    return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack)
+
+
+def load_named(spec, cache_mb=None, pack="auto", defer_pack=False):
+    """The model ``spec`` names (a GGUF path or ``builtin:NAME``, built on demand), opened once; the
+    other arguments as :func:`load`'s."""
     from refimpl.cli.compile_report import name_types
     from refimpl.fixtures.builtin import resolve_model
     from refimpl.io.gguf_file import GGUFFile
     from refimpl.model.trunk import load_model
 
-    if getattr(args, "m", None) is not None and args.model is not None:
-        raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
-    path = resolve_model(str(default_model(getattr(args, "m", None) or args.model)))  # a builtin:PRESET/QUANT spec is built on demand
-    gf = GGUFFile(path)  # the one read of the file's header in this process
+    gf = GGUFFile(resolve_model(str(spec)))  # the one read of the file's header in this process
     name_types(gf)  # for the first run's "compiling kernels for …" line
     return load_model(gf, cache_mb, pack=pack, defer_pack=defer_pack)
+
+
+def add_threshold(p) -> None:
+    """``--threshold TAU``: the near-tie rule's τ (refimpl.oracle.golden.TIE_THRESHOLD)."""
+    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
+                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
 
 
 def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:

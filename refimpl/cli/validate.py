@@ -4,7 +4,7 @@ answer has a wrong token (or log-probs outside the bound)."""
 
 from __future__ import annotations
 
-from refimpl.cli.common import MODEL_HELP, add_numerics, ctx_from_args, default_model
+from refimpl.cli.common import MODEL_HELP, add_numerics, add_threshold, ctx_from_args, default_model, load_named
 from refimpl.errors import RefimplError
 
 
@@ -22,8 +22,7 @@ def add_parser(sub) -> None:
                    help="also send llama-server's per-request speculative.n_max, once per value: a column per server and value")
     p.add_argument("--report", metavar="FILE", help="write every audit as one JSON object (atomically: a temporary file, renamed)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds each request may take (default 120)")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
-                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
+    add_threshold(p)
     add_numerics(p)
     p.set_defaults(func=cmd_validate)
 
@@ -31,13 +30,10 @@ def add_parser(sub) -> None:
 def cmd_validate(args) -> int:
     import json
 
-    from refimpl.cli.compile_report import name_types
-    from refimpl.fixtures.builtin import resolve_model
-    from refimpl.io.gguf_file import GGUFFile
-    from refimpl.io.output_path import check_output
-    from refimpl.model.trunk import load_model
+    from refimpl.io.output_path import check_output, replace_atomically, writing
     from refimpl.oracle import validate as v
     from refimpl.oracle.audit import Stream, audit
+    from refimpl.oracle.golden import check_tau
     from refimpl.oracle.golden_file import read_prompts
     from refimpl.tokenizer import Tokenizer
 
@@ -47,16 +43,12 @@ def cmd_validate(args) -> int:
     if args.n_predict < 1:
         raise RefimplError(f"-n must be ≥ 1, got {args.n_predict}")
     timeout = v.finite_positive(args.timeout, "--timeout")
-    if not 0 < args.threshold < 1:
-        raise RefimplError(f"--threshold must be in (0, 1), got {args.threshold}")
+    check_tau(args.threshold)
     drafts = v.parse_drafts(args.draft) if args.draft is not None else [None]
     if args.report is not None:
         check_output(args.report, "--report")  # before any work (refimpl.io.output_path)
     model_name = default_model(args.model)
-    path = resolve_model(model_name)
-    gf = GGUFFile(path)
-    name_types(gf)
-    model = load_model(gf)
+    model = load_named(model_name)
     tok = Tokenizer.from_gguf(model.file.gguf)
     prompts = read_prompts(args.prompts, tok, model.config.n_vocab)
     ctx = ctx_from_args(args)
@@ -99,7 +91,8 @@ def cmd_validate(args) -> int:
                            for i, (pr, row) in enumerate(zip(prompts, results))
                            for (rep, info), name, (_, url, d) in zip(row, col_name, columns)],
                "exit_code": exit_code}
-        v.write_atomic(args.report, json.dumps(doc) + "\n", "--report")
+        with writing(args.report, "--report") as path:  # refimpl.io.output_path: checked, one-line errors
+            replace_atomically(path, (json.dumps(doc) + "\n").encode())
     print("\n".join(lines))
     return exit_code
 

@@ -13,6 +13,7 @@ The rule, for every option that names an output — ``logits --out`` / ``--mtp-o
 
 ``check_output`` is the check; ``writing`` (a context manager) is the write: it checks again, creates
 the missing directories, and turns an ``OSError`` raised while writing into the same one-line error.
+``replace_atomically`` writes a whole file so that a reader sees the old one or the new one, never a part.
 """
 
 from __future__ import annotations
@@ -66,3 +67,22 @@ def writing(path, what: str, *, directory: bool = False) -> Iterator[Path]:
         yield p
     except OSError as exc:
         raise RefimplError(f"cannot write {what} {p}: {exc.strerror or exc}") from None
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a temporary file next to it (flushed to disk), then renamed into
+    place: a reader sees the old file or the complete new one, never a part. The file gets the usual
+    permissions (``mkstemp`` makes 0600); the temporary file is removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

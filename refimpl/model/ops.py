@@ -45,13 +45,8 @@ class NoFaults:
     use at some of them. The model never imports that folder: the record is handed in through
     :class:`Ctx`."""
 
-    names = frozenset()
-
     def __bool__(self) -> bool:
         return False
-
-    def __iter__(self):
-        return iter(())
 
     def __eq__(self, other) -> bool:
         return not other  # the clean oracle equals any empty fault set

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from refimpl.errors import RefimplError
-from refimpl.oracle.golden import TIE_THRESHOLD  # noqa: F401  (the near-tie rule; refimpl.oracle.audit.TIE_THRESHOLD too)
+from refimpl.oracle.golden import TIE_THRESHOLD, check_tau  # noqa: F401  (the near-tie rule; refimpl.oracle.audit.TIE_THRESHOLD too)
 from refimpl.oracle.rounds import rounds_from_json, rounds_from_kinds
 
 
@@ -286,8 +286,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     from refimpl.model.ops import Ctx, argmax  # argmax: the greedy choice (a NaN logit passed over, as llama.cpp does)
 
     ctx = ctx or Ctx()
-    if not 0 < tau < 1:
-        raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
+    check_tau(tau)
     streams = [stream_a] + ([stream_b] if stream_b else [])
     check_streams(streams, model.config.n_vocab)
     rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())

@@ -64,6 +64,13 @@ from refimpl.oracle.golden_run import (
 TIE_THRESHOLD = 0.05  # τ, the audit's near-tie rule: near-tie when every token involved is within τ·max|logit| of the oracle's maximum
 
 
+def check_tau(tau: float) -> float:
+    """``tau`` (``--threshold``) when it is a fraction in (0, 1); else one line."""
+    if not 0 < tau < 1:
+        raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
+    return tau
+
+
 __all__ = [
     "CHUNK", "FORMAT", "LOGIT_RTOL", "TOP_K", "VERSION", "CheckResult", "Cursor", "Golden", "Prompt", "PromptResult",
     "Settings", "check_golden", "compare_prompt", "decode", "make_golden", "producer", "read_golden", "read_prompts",

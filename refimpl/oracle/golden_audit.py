@@ -72,10 +72,10 @@ class GoldenVerdict:
 
 def audit_golden(golden_path: str, stream, prompt: list[int] | None, tau: float) -> GoldenVerdict:
     """Judge ``stream`` (a refimpl.oracle.audit.Stream) by the golden file (module docstring)."""
+    from refimpl.oracle.golden import check_tau
     from refimpl.oracle.golden_file import read_golden
 
-    if not 0 < tau < 1:
-        raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
+    check_tau(tau)
     g = read_golden(golden_path)
     prompt = prompt if prompt is not None else stream.prompt
     records = g.prompts

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from refimpl.errors import RefimplError
+from refimpl.io.output_path import replace_atomically
 from refimpl.oracle.golden_run import Settings
 
 FORMAT = "refimpl-golden"
@@ -97,19 +97,7 @@ def write_golden(path: Path, header: dict, records: list[dict]) -> None:
     end = {"record": "end", "prompts": len(records), "sha256": hashlib.sha256(body.encode("utf-8")).hexdigest()}
     data = (body + _dumps(end) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomically(path, data)
 
 
 @dataclass(frozen=True)

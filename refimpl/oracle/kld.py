@@ -28,11 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from refimpl.errors import RefimplError
+from refimpl.oracle.golden_run import CHUNK  # positions per forward call (batch-invariant)
 from refimpl.oracle.kld_file import KldBase, LOG_PROB_RANGE, dequantize, first_scored, quantize_rows, write_kld_base
 
-#: Positions per ``forward`` call, as ``refimpl logits`` runs them (refimpl.cli.logits.LOGITS_CHUNK: larger
-#: batches decode each weight block once for more rows); memory: FORWARD_CHUNK × n_vocab float32 logits.
-FORWARD_CHUNK = 256
 
 #: Rows of logits handled at once: bounds the float32 temporaries at ROW_BLOCK × n_vocab (a real model's
 #: 248,320-token vocabulary: 32 MB each).
@@ -88,11 +86,11 @@ def chunk_logits(model, tokens: np.ndarray, tokenizer, ctx):
 
     ids, first = _chunk_input(tokens, tokenizer), first_scored(len(tokens))
     state = SeqState.fresh(model.config)
-    for i in range(0, first, FORWARD_CHUNK):
-        _, _, state = forward(model, state, ids[i : min(first, i + FORWARD_CHUNK)], ctx, outputs="none")
+    for i in range(0, first, CHUNK):
+        _, _, state = forward(model, state, ids[i : min(first, i + CHUNK)], ctx, outputs="none")
     scored = len(tokens) - 1 - first
-    for i in range(first, first + scored, FORWARD_CHUNK):
-        logits, _, state = forward(model, state, ids[i : min(first + scored, i + FORWARD_CHUNK)], ctx)
+    for i in range(first, first + scored, CHUNK):
+        logits, _, state = forward(model, state, ids[i : min(first + scored, i + CHUNK)], ctx)
         for r in range(0, len(logits), ROW_BLOCK):
             yield i - first + r, logits[r : r + ROW_BLOCK]
 
@@ -182,8 +180,9 @@ def score_base(base: KldBase, model, tokenizer, ctx, tau: float, progress=None) 
     """The oracle (on ``model``) as llama-perplexity's Q against ``base``, every scored position; where the
     two argmaxes differ, the base's top token is judged by the oracle's near-tie rule
     (:func:`refimpl.oracle.audit.judge`, τ = ``tau``)."""
-    if not 0 < tau < 1:
-        raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
+    from refimpl.oracle.golden import check_tau
+
+    check_tau(tau)
     return score_logits(base, lambda c: chunk_logits(model, base.chunk_tokens(c), tokenizer, ctx), tau, progress)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import urllib.error
 import urllib.parse
@@ -202,27 +201,6 @@ def verdict(rep) -> str:
     if rep.n_wrong:
         return "wrong"
     return "near-tie" if rep.n_near_ties else "identical"
-
-
-def write_atomic(path, text: str, what: str) -> None:
-    """``text`` into ``path`` by a temporary file in the same directory and a rename (refimpl.io.output_path)."""
-    import tempfile
-
-    from refimpl.io.output_path import writing
-
-    with writing(path, what) as p:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's is 0600)
-            os.replace(tmp, p)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
 
 
 def finite_positive(value: float, flag: str) -> float:

@@ -4,7 +4,8 @@ token and of the top-k entries, the steps where the engine's log-prob is missing
 ``probs:`` verdict against :data:`PROBS_BOUND` (docs/validating-an-engine.md, "Server responses").
 
 Why the bound: the verdict judges |Δ log p| / max|logit| at the position (logit errors scale with
-max|logit|, docs/numerics.md). Measured with the real llama-server (this package's vendored llama.cpp,
+max|logit|, docs/numerics.md). Measured (AMD EPYC, Zen 4 class, AVX-512, 2 vCPUs, 2026-12-02; not yet
+on another ISA — the margin of 2–3× is there for llama.cpp's other accumulation orders) with the real llama-server (this package's vendored llama.cpp,
 its defaults but ``--no-repack``; the same numbers with ``-t 2 -np 1 -c 1024``) on ``builtin:kjv``:
 greedy, 64 tokens after each of "And it came to pass", "In the beginning", "And God said", "Hear, O
 Israel:", "And the LORD spake unto Moses, saying,", "Blessed is the man", ``n_probs`` 10, every chosen

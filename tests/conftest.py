@@ -80,9 +80,12 @@ def pytest_report_header(config):
         import llama_cpp
     except ImportError:
         return lines + ["llama.cpp: not installed"]
+    from ggml_graph import build_dir
     from ggml_lib import lib_dir, llama_cpp_isa
 
-    return lines + [f"llama.cpp: {lib_dir(llama_cpp)} ({llama_cpp_isa(llama_cpp)})"]
+    avx2 = build_dir("avx2")
+    return lines + [f"llama.cpp: {lib_dir(llama_cpp)} ({llama_cpp_isa(llama_cpp)})",
+                    f"llama.cpp AVX2-only build (bit-exact op tests): {avx2 if (avx2 / 'libggml-cpu.so').is_file() else 'missing'}"]
 
 
 @pytest.fixture(scope="session")

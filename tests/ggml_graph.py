@@ -1,0 +1,168 @@
+"""One-op ggml graphs through ctypes, on a named libggml build, for the bit-exact op tests.
+
+Two builds of the same vendored source are compared against:
+
+* ``native``: the libggml llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH`` or its ``lib/``), built for this
+  host's ISA (AVX-512 on the CI hosts so far);
+* ``avx2``: the AVX2-only shared libraries ``.ci/build-llama-tools`` builds with ``GGML_NATIVE=OFF`` into
+  ``$LLAMA_TOOLS_DIR/ggml-avx2/lib``.
+
+One process can hold only one of them (libggml-cpu finds libggml-base by its soname), so :func:`on_build`
+runs the graph function in-process for the build this process loaded, and in a spawned worker process with
+``LLAMA_CPP_LIB_PATH`` pointing at the other build's folder otherwise. Graph functions are module-level
+functions (picklable) that use :class:`Graph`; they take and return numpy arrays.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+vp, i64 = ctypes.c_void_p, ctypes.c_int64
+F32, F16, I32 = 0, 1, 26  # ggml.h: enum ggml_type
+
+
+class InitParams(ctypes.Structure):  # ggml.h: struct ggml_init_params
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def build_dir(build: str) -> Path | None:
+    """The folder of ``build``'s libraries (None: the one llama-cpp-python loads by default)."""
+    if build == "native":
+        return None
+    root = Path(os.environ.get("LLAMA_TOOLS_DIR") or Path(__file__).resolve().parent.parent / "build" / "llama-tools")
+    return root / "ggml-avx2" / "lib"
+
+
+def require_build(build: str) -> None:
+    """Skip (fail under ``CI=true``) when ``build``'s libraries are missing."""
+    from conftest import require_llama_cpp
+
+    require_llama_cpp()
+    d = build_dir(build)
+    if d is not None and not (d / "libggml-cpu.so").is_file():  # pragma: no cover - depends on the machine
+        message = f"{d} is missing: build it with .ci/build-llama-tools"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (required under CI=true)")
+        pytest.skip(message)
+
+
+@functools.cache
+def _libs():
+    """(base, cpu) of the build this process loads: ``$LLAMA_CPP_LIB_PATH`` or llama-cpp-python's ``lib/``."""
+    from kernels.ggml.build import lib_dir
+
+    d = lib_dir()
+    base = ctypes.CDLL(str(d / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(str(d / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    for lib, name, res, args in [
+        (base, "ggml_init", vp, [InitParams]),
+        (base, "ggml_new_tensor", vp, [vp, ctypes.c_int, ctypes.c_int, ctypes.POINTER(i64)]),
+        (base, "ggml_new_graph", vp, [vp]),
+        (base, "ggml_build_forward_expand", None, [vp, vp]),
+        (base, "ggml_get_data", vp, [vp]),
+        (base, "ggml_nbytes", ctypes.c_size_t, [vp]),
+        (base, "ggml_free", None, [vp]),
+        (cpu, "ggml_graph_compute_with_ctx", ctypes.c_int, [vp, vp, ctypes.c_int]),
+        (cpu, "ggml_cpu_init", None, []),
+    ]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    cpu.ggml_cpu_init()
+    return base, cpu
+
+
+class Graph:
+    """A ggml context for one small graph: tensors from numpy arrays, ops by name, compute, read back.
+
+    ``g.op("ggml_rms_norm", [vp, vp, ctypes.c_float], a, 1e-6)`` declares the function on first use (the
+    context is passed first, implicitly) and returns the result tensor."""
+
+    def __init__(self, mem: int = 64 << 20):
+        self.base, self.cpu = _libs()
+        self.ctx = self.base.ggml_init(InitParams(mem, None, False))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.base.ggml_free(self.ctx)
+
+    def tensor(self, a: np.ndarray, gtype: int | None = None, ne: tuple[int, ...] | None = None):
+        """A tensor holding ``a``'s bytes. ggml's ne is numpy's shape reversed (ne[0] = the last axis), unless
+        ``ne`` is given (quantized rows: ``a`` is bytes); the type follows the dtype unless ``gtype`` is given."""
+        a = np.ascontiguousarray(a)
+        if gtype is None:
+            gtype = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}[a.dtype]
+        ne = ne or tuple(reversed(a.shape)) or (1,)
+        t = self.base.ggml_new_tensor(self.ctx, gtype, len(ne), (i64 * len(ne))(*ne))
+        assert self.base.ggml_nbytes(t) == a.nbytes, (ne, a.nbytes)
+        ctypes.memmove(self.base.ggml_get_data(t), a.ctypes.data, a.nbytes)
+        return t
+
+    def op(self, name: str, argtypes: list, *args, lib: str = "base"):
+        fn = getattr(self.base if lib == "base" else self.cpu, name)
+        fn.restype, fn.argtypes = vp, [vp] + list(argtypes)
+        return fn(self.ctx, *args)
+
+    def compute(self, out, shape: tuple[int, ...], dtype=np.float32, n_threads: int = 1) -> np.ndarray:
+        """Compute ``out``'s graph with ``n_threads`` and return its data as a numpy array of ``shape``."""
+        graph = self.base.ggml_new_graph(self.ctx)
+        self.base.ggml_build_forward_expand(graph, out)
+        assert self.cpu.ggml_graph_compute_with_ctx(self.ctx, graph, n_threads) == 0
+        y = np.empty(shape, dtype)
+        assert self.base.ggml_nbytes(out) == y.nbytes, (shape, self.base.ggml_nbytes(out))
+        ctypes.memmove(y.ctypes.data, self.base.ggml_get_data(out), y.nbytes)
+        return y
+
+
+@functools.cache
+def _worker(directory: str) -> ProcessPoolExecutor:
+    env = dict(os.environ)
+    os.environ["LLAMA_CPP_LIB_PATH"] = directory  # inherited by the spawned worker only
+    try:
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        pool.submit(int).result()  # start it now, while the variable is set
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    return pool
+
+
+def on_build(build: str, fn, *args):
+    """``fn(*args)`` computed with ``build``'s libggml (``native`` or ``avx2``)."""
+    require_build(build)
+    d = build_dir(build)
+    if d is None:
+        d = _native_dir()
+    from kernels.ggml.build import lib_dir
+
+    if Path(d).resolve() == lib_dir().resolve():
+        return fn(*args)
+    return _worker(str(d)).submit(fn, *args).result()
+
+
+@functools.cache
+def _native_dir() -> Path:
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+BUILDS = ["native", "avx2"]
+
+
+@functools.cache
+def build_info(build: str):
+    """The :class:`kernels.ggml.build.GgmlBuild` of ``build``."""
+    from kernels.ggml.build import detect
+
+    require_build(build)
+    return detect(build_dir(build) or _native_dir())

@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
 def cmd_audit(args) -> int:
     import json
 
-    from refimpl.oracle.audit import audit, prompt_of, read_stream, report_lines
+    from refimpl.oracle.audit import audit, report_lines
+    from refimpl.oracle.stream_file import prompt_of, read_stream
     from refimpl.tokenizer import Tokenizer
 
     if args.kld_base is not None:
@@ -151,7 +152,7 @@ def _audit_golden(args) -> int:
     """audit GOLDEN STREAM: judged by the golden's recorded top-5, without the model (refimpl.oracle.golden_audit)."""
     import json
 
-    from refimpl.oracle.audit import read_stream
+    from refimpl.oracle.stream_file import read_stream
     from refimpl.oracle.golden_audit import audit_golden, report_lines
 
     if len(args.streams) != 1:

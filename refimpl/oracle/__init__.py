@@ -4,8 +4,8 @@ intermediate-tensor recorder, pictures, and the Dask cluster that runs goldens a
 Reading order: ``trace`` (recording and patching named intermediates) → ``golden_run`` (one prompt's
 stream, the unit of work) → ``cluster`` → ``golden_file`` (the JSON-lines format) → ``golden`` (make and
 check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``responses`` (a server's
-response as a stream) → ``probs`` (its log-probs against the oracle's) → ``audit`` (judging a
-stream token by token) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)
+response as a stream) → ``probs`` (its log-probs against the oracle's) → ``stream_file`` (every stream format
+read as one) → ``audit`` (judging a stream token by token) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)
 → ``kld`` (the oracle as its base or as its model) → ``kld_report`` (its statistics) → ``plot``.
 
 May import: ``refimpl.errors``, ``refimpl.io``, ``refimpl.model``, ``refimpl.decode``,

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from refimpl.oracle.audit import TIE_THRESHOLD, Report, Stream, audit, check_streams, prompt_of, read_stream
+from refimpl.oracle.audit import TIE_THRESHOLD, Report, audit
+from refimpl.oracle.stream_file import Stream, check_streams, prompt_of, read_stream
 from refimpl.errors import RefimplError
 
 _NAME = re.compile(r"^(?P<name>.+)\.(?P<role>A|B|prompt)\.[^.]+$")

@@ -1,5 +1,6 @@
 """refimpl plot: the series handed to matplotlib equal their sources (telemetry CSV, route trace,
-the audit's oracle), the drawn lines carry exactly those series, and a PNG is written."""
+the audit's oracle), the drawn lines carry exactly those series, and a PNG is written; ``plot audit`` reads
+the server responses ``refimpl audit`` reads (tests/data/responses)."""
 
 import json
 import os
@@ -139,3 +140,28 @@ def test_cli_plot(run_files, tmp_path, capsys):
     assert main(["plot", "telemetry", str(routes), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("refimpl: error: ") and "not a telemetry CSV" in err
+
+
+def test_cli_plot_audit_of_a_server_response(tmp_path, capsys):
+    # llama-server's /completion answer on builtin:kjv (tests/data/responses): the ids are the stream, the
+    # echoed prompt text is the prompt (tokenized by the model), as in refimpl audit
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "responses"
+    out = tmp_path / "resp.png"
+    assert main(["plot", "audit", str(data / "llama-server-ls.json"), "--out", str(out)]) == 0
+    _png(out)
+    # an OpenAI-style answer echoes no prompt: --prompt-tokens, or one line
+    assert main(["plot", "audit", str(data / "llama-server-v1c.json"), "--out", str(tmp_path / "v1.png")]) == 2
+    assert "plot audit needs the prompt: --prompt-tokens IDS" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(["plot", "audit", str(data / "llama-server-v1c.json"), "--prompt-tokens", "1063,356,473,289,600",
+                 "--out", str(tmp_path / "v1.png")]) == 0
+    _png(tmp_path / "v1.png")
+    bad = json.loads((data / "llama-server-ls.json").read_text())
+    bad["tokens"][2] = bad["completion_probabilities"][2]["id"] = 99999  # outside the 2048-token vocabulary
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    capsys.readouterr()
+    assert main(["plot", "audit", str(tmp_path / "bad.json"), "--out", str(tmp_path / "bad.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("refimpl: error: ") and "token id 99999, outside the vocabulary [0, 2048)" in err
+    assert not (tmp_path / "bad.png").exists()

@@ -1,7 +1,10 @@
 """``refimpl validate`` against the real llama-server (conftest.require_llama_tool) on 127.0.0.1: the built-in
 model served plain and with MTP drafting (``--spec-type draft-mtp --spec-draft-n-max 3``, when this build has
-it) → every answer identical or a near-tie, the drafts counted, exit 0; a server with another model file
-(builtin:tiny) → refused as a model mismatch, exit 2. The three servers start together; ~10 s in all."""
+it) → every answer identical or a near-tie, the drafts counted, exit 0; the plain server driven through its
+OpenAI-compatible ``/v1/completions`` (``--api openai``) → the same, exit 0; a server with another model file
+(builtin:tiny) → refused as a model mismatch, exit 2; a server with a copy of the built-in model whose layer-0
+attention norm is scaled ×3 (same vocabulary, shape and tokenizer: the identity check passes) → wrong, exit 1.
+The four servers start together; 15–50 s in all on 2 shared vCPUs (the oracle's audits, with --emulate, dominate)."""
 
 from __future__ import annotations
 
@@ -62,6 +65,23 @@ def llama_servers(server: Path, configs: list[list[str]]):
                 proc.wait()
 
 
+def perturbed_kjv(path: Path) -> Path:
+    """A copy of the built-in model with ``blk.0.attn_norm.weight`` × 3 (one layer's RMSNorm gain off): the
+    metadata, vocabulary and tokenizer are the original's, the greedy streams are not (the oracle calls tokens
+    of it wrong within the first steps of each test prompt)."""
+    import shutil
+
+    import gguf
+
+    shutil.copyfile(KJV, path)
+    reader = gguf.GGUFReader(path, "r+")
+    norm = next(t for t in reader.tensors if t.name == "blk.0.attn_norm.weight")
+    norm.data[:] *= 3
+    reader.data.flush()
+    del reader, norm
+    return path
+
+
 def test_validate_real_llama_servers(tmp_path, capsys):
     from refimpl.fixtures.builtin import resolve_model
 
@@ -69,25 +89,40 @@ def test_validate_real_llama_servers(tmp_path, capsys):
     helptext = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=30).stdout
     mtp = "draft-mtp" in helptext and "--spec-draft-n-max" in helptext
     tiny = resolve_model("builtin:tiny")
-    configs = [["-m", str(KJV)], ["-m", str(tiny)]] + ([["-m", str(KJV), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3"]] if mtp else [])
+    perturbed = perturbed_kjv(tmp_path / "kjv-norm0x3.gguf")
+    configs = [["-m", str(KJV)], ["-m", str(tiny)], ["-m", str(perturbed)]] + \
+        ([["-m", str(KJV), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3"]] if mtp else [])
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("And it came to pass\nIn the beginning\nBlessed is the man\n")
     report = tmp_path / "report.json"
     with llama_servers(server, configs) as urls:
-        plain, other, drafted = urls[0], urls[1], urls[2:]
+        plain, other, wrong, drafted = urls[0], urls[1], urls[2], urls[3:]
         rc = main(["validate", "builtin:kjv", "--server", plain, *(w for u in drafted for w in ("--server", u)),
                    "--prompts", str(prompts), "-n", "24", "--emulate", "--report", str(report), "--timeout", "30"])
         out = capsys.readouterr().out
         assert rc == 0, out
         rc_other = main(["validate", "builtin:kjv", "--server", other, "--prompts", str(prompts), "--timeout", "30"])
         err = capsys.readouterr().err
+        rc_openai = main(["validate", "builtin:kjv", "--server", plain, "--api", "openai", "--prompts", str(prompts), "-n", "24",
+                          "--emulate", "--timeout", "30"])
+        out_openai = capsys.readouterr().out
+        rc_wrong = main(["validate", "builtin:kjv", "--server", wrong, "--prompts", str(prompts), "-n", "12", "--emulate",
+                         "--timeout", "30"])
+        out_wrong = capsys.readouterr().out
+    assert rc_openai == 0, out_openai
+    assert f"A: {plain}/v1/completions (" in out_openai
+    assert "agrees with MODEL on n_vocab, n_embd, n_ctx_train, tokenization" in out_openai
+    assert out_openai.splitlines()[-1].startswith("result: 3 answers: ") and "probs outside bound: 0 → exit 0" in out_openai
+    assert rc_wrong == 1, out_wrong
+    assert f"A: {wrong}/completion ({perturbed}; agrees with MODEL on n_vocab, n_embd, n_ctx_train, tokenization" in out_wrong
+    assert ", 3 wrong; " in out_wrong.splitlines()[-1] and out_wrong.endswith("→ exit 1\n"), out_wrong
     assert rc_other == 2 and "cannot be MODEL builtin:kjv" in err and "n_vocab 512 (MODEL: 2048)" in err, err
     doc = json.loads(report.read_text())
     assert doc["exit_code"] == 0 and len(doc["results"]) == 3 * (1 + len(drafted))
     assert {r["verdict"] for r in doc["results"]} <= {"identical", "near-tie"}
     assert all(len(r["tokens"]) == 24 for r in doc["results"])
     for s in doc["servers"]:
-        assert s["checked"] == ["n_vocab", "n_embd", "n_ctx_train", "tokenization of a probe"]
+        assert s["checked"] == ["n_vocab", "n_embd", "n_ctx_train", "tokenization of a probe"] and s["api"] == "llama"
     plain_rows = [r for r in doc["results"] if r["server"] == plain]
     assert all(r["draft_n"] is None and r["audit"]["probs"]["A"]["verdict"] == "within bound" for r in plain_rows)
     if drafted:

@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
     p = psub.add_parser("audit", help="the oracle's margin along a stream, the near-tie band, the divergence")
     p.add_argument("model", metavar="MODEL", nargs="?",
                    help="a .gguf (qwen35moe, qwen35, qwen3next), builtin:PRESET[/QUANT]…, or builtin:kjv (the trained model, the default)")
-    p.add_argument("stream", metavar="STREAM", help="JSON ids, JSON with 'tokens', telemetry CSV, or text")
+    p.add_argument("stream", metavar="STREAM",
+                   help="JSON ids, JSON with 'tokens', telemetry CSV, a server response (as refimpl audit reads), or text")
     p.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     p.add_argument("--threshold", type=float, default=0.05, metavar="TAU", help="near-tie band, a fraction of max|logit|")
     p.add_argument("--out", required=True, metavar="PNG")
@@ -46,14 +47,17 @@ def cmd_plot(args) -> int:
         from refimpl.fixtures.builtin import resolve_model
         from refimpl.model.trunk import load_model
         from refimpl.oracle.audit import read_stream
+        from refimpl.oracle.stream_file import check_streams
         from refimpl.tokenizer import Tokenizer
 
         model = load_model(resolve_model(default_model(args.model)))
         tok = Tokenizer.from_gguf(model.file.gguf)
         stream = read_stream(args.stream, "A", tok)
+        check_streams([stream], model.config.n_vocab)  # ids outside the vocabulary: one line, not an IndexError
         prompt = parse_tokens(args.prompt_tokens, "--prompt-tokens") if args.prompt_tokens is not None else stream.prompt
         if prompt is None:
-            raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a JSON stream with prompt_tokens)")
+            raise RefimplError("plot audit needs the prompt: --prompt-tokens IDS (or a stream that carries it: a JSON "
+                               "stream's prompt_tokens, a server response's echoed prompt)")
         series = plot.audit_series(model, check_tokens(model, prompt), stream.tokens, ctx=ctx_from_args(args), tau=args.threshold)
         fig = plot.draw_audit(series, title=f"audit of {Path(args.stream).name}: first divergence {series.verdict}",
                               piece=lambda t: tok.decode([t]))

@@ -1,6 +1,7 @@
-"""``refimpl validate``: send a prompt suite to running llama-server endpoints, greedy with log-probs, and audit
-every answer against the oracle (refimpl.oracle.validate; docs/validating-an-engine.md §3e). Exit 1 when an
-answer has a wrong token (or log-probs outside the bound)."""
+"""``refimpl validate``: send a prompt suite to running inference servers (llama-server's native API or any
+OpenAI-compatible ``/v1/completions``), greedy with log-probs, and audit every answer against the oracle
+(refimpl.oracle.validate; docs/validating-an-engine.md §3e, §3f). Exit 1 when an answer has a wrong token (or
+log-probs outside the bound)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from refimpl.errors import RefimplError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="drive llama-server endpoints with a prompt suite, greedy with log-probs, "
-                                        "and audit each answer against the oracle (one table)")
+    p = sub.add_parser("validate", help="drive llama-server or OpenAI-compatible servers with a prompt suite, greedy "
+                                        "with log-probs, and audit each answer against the oracle (one table)")
     p.add_argument("model", metavar="MODEL", nargs="?", help=MODEL_HELP)
     p.add_argument("--server", action="append", required=True, metavar="URL",
-                   help="a llama-server, http://HOST:PORT; repeat for several (e.g. one per --spec-draft-n-max setting: "
+                   help="a server, http://HOST:PORT; repeat for several (e.g. one per --spec-draft-n-max setting: "
                         "llama-server configures drafting when it starts)")
+    p.add_argument("--api", choices=("auto", "llama", "openai"), default="auto",
+                   help="llama: llama-server's /completion; openai: /v1/completions (vLLM, SGLang, llama-server's /v1); "
+                        "auto (default): llama when GET /props answers with llama-server's shape, else openai")
+    p.add_argument("--served-model", metavar="NAME",
+                   help="the model to validate when /v1/models lists several; sent as the request's 'model'")
     p.add_argument("--prompts", required=True, metavar="FILE",
                    help="one prompt per line, or JSONL with 'text' or 'tokens' (as golden make); sent as token ids")
     p.add_argument("-n", "--n-predict", type=int, default=32, metavar="N", help="tokens generated per prompt (default 32)")
     p.add_argument("--draft", metavar="N,N",
-                   help="also send llama-server's per-request speculative.n_max, once per value: a column per server and value")
+                   help="also send llama-server's per-request speculative.n_max, once per value: a column per server and "
+                        "value (llama API only)")
     p.add_argument("--report", metavar="FILE", help="write every audit as one JSON object (atomically: a temporary file, renamed)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds each request may take (default 120)")
     add_threshold(p)
@@ -45,6 +52,11 @@ def cmd_validate(args) -> int:
     timeout = v.finite_positive(args.timeout, "--timeout")
     check_tau(args.threshold)
     drafts = v.parse_drafts(args.draft) if args.draft is not None else [None]
+    if args.draft is not None and args.api == "openai":
+        raise RefimplError("--draft needs --api llama: the OpenAI API takes no per-request draft length; start one server "
+                           "per draft setting and name each with --server")
+    if args.served_model is not None and not args.served_model.strip():
+        raise RefimplError("--served-model: expected a model name, got an empty string")
     if args.report is not None:
         check_output(args.report, "--report")  # before any work (refimpl.io.output_path)
     model_name = default_model(args.model)
@@ -55,14 +67,18 @@ def cmd_validate(args) -> int:
 
     idents = []
     for url in servers:  # every server checked before any prompt is sent
-        ident = v.server_identity(url, timeout)
+        ident = v.server_identity(url, timeout, args.api, args.served_model)
+        if args.draft is not None and ident.api == "openai":
+            raise RefimplError(f"--draft: {url} is not a llama-server (its GET /props lacks llama-server's shape), so it is "
+                               "driven through /v1/completions, which takes no per-request draft length; start one server per "
+                               "draft setting")
         bad = v.model_mismatches(ident, model.config, tok)
         if bad:
             raise RefimplError(f"{url} serves {ident.model or 'a model'} that cannot be MODEL {model_name}: " + "; ".join(bad))
         idents.append(ident)
 
     labels = [chr(ord("A") + i) if i < 26 else f"S{i}" for i in range(len(servers))]
-    columns = [(lab, url, d) for lab, url in zip(labels, servers) for d in drafts]
+    columns = [(lab, ident, d) for lab, ident in zip(labels, idents) for d in drafts]
     col_name = [lab if d is None else f"{lab} draft {d}" for lab, _, d in columns]
     from tqdm import tqdm
 
@@ -70,10 +86,10 @@ def cmd_validate(args) -> int:
     with tqdm(total=len(prompts) * len(columns), desc="validate", unit="answer", disable=None, leave=False) as bar:
         for i, pr in enumerate(prompts):
             row = []
-            for (lab, url, d), name in zip(columns, col_name):
-                where = f"{url}/completion (prompt {i + 1})"
-                ids, info = v.read_answer(v.completion(url, pr.ids, args.n_predict, d, timeout), where)
-                stream = Stream(name, f"{url}/completion", "response", ids, list(pr.ids), response=info)
+            for (lab, ident, d), name in zip(columns, col_name):
+                text, endpoint = v.completion(ident, pr.ids, args.n_predict, d, timeout)
+                ids, info = v.read_answer(text, f"{endpoint} (prompt {i + 1})", ident.api)
+                stream = Stream(name, endpoint, "response", ids, list(pr.ids), response=info)
                 rep = audit(model, pr.ids, stream, ctx=ctx, tau=args.threshold, model_name=str(model_name))
                 row.append((rep, info))
                 bar.update(1)
@@ -86,10 +102,11 @@ def cmd_validate(args) -> int:
         doc = {"model": str(model_name), "n_predict": args.n_predict, "n_probs": v.N_PROBS, "threshold": args.threshold,
                "servers": [{"label": lab, **ident.as_json()} for lab, ident in zip(labels, idents)],
                "results": [{"prompt": i + 1, "text": pr.text, "prompt_tokens": list(pr.ids), "column": name,
-                            "server": url, "draft": d, "verdict": v.verdict(rep), "tokens": rep.streams[0].tokens,
+                            "server": ident.url, "api": ident.api, "draft": d, "verdict": v.verdict(rep),
+                            "tokens": rep.streams[0].tokens,
                             "draft_n": info.draft_n, "draft_n_accepted": info.draft_n_accepted, "audit": rep.as_json()}
                            for i, (pr, row) in enumerate(zip(prompts, results))
-                           for (rep, info), name, (_, url, d) in zip(row, col_name, columns)],
+                           for (rep, info), name, (_, ident, d) in zip(row, col_name, columns)],
                "exit_code": exit_code}
         with writing(args.report, "--report") as path:  # refimpl.io.output_path: checked, one-line errors
             replace_atomically(path, (json.dumps(doc) + "\n").encode())
@@ -101,9 +118,8 @@ def _cell(rep, info) -> str:
     from refimpl.oracle.validate import verdict
 
     word = verdict(rep)
-    if word != "identical":
-        first = rep.divergence.step if rep.divergence else min(f.step for f in rep.events)
-        word += f" (step {first})"
+    if word != "identical":  # the first wrong token's step (near-tie: the first near-tie's)
+        word += f" (step {min(f.step for f in rep.events if f.benign == (word == 'near-tie'))})"
     probs = rep.probs.get(rep.streams[0].label)
     if probs is not None and probs.exit_code:
         word += ", probs outside bound"
@@ -122,8 +138,11 @@ def _table(model_name, prompts, servers, labels, idents, col_name, results, rep_
     lines = [f"validate: {model_name}, {len(prompts)} prompt{'s' * (len(prompts) != 1)}, {n} tokens each, greedy with "
              f"top-5 log-probs; emulate {numerics}; near-tie threshold {100 * rep_numerics.tau:g}% of max|logit|"]
     for lab, url, ident in zip(labels, servers, idents):
-        checked = "agrees with MODEL on " + ", ".join(ident.checked) if ident.checked else "exposes nothing to compare with MODEL"
-        lines.append(f"  {lab}: {url} ({ident.model or 'model not named'}; {checked})")
+        checked = ("agrees with MODEL on " + ", ".join(ident.checked) if ident.checked else
+                   "identity not checked: it exposes nothing to compare with MODEL; its answers are judged all the same")
+        api = "/v1/completions" if ident.api == "openai" else "/completion"
+        extra = f"; max_model_len {ident.max_model_len}, not compared" if ident.max_model_len is not None else ""
+        lines.append(f"  {lab}: {url}{api} ({ident.model or 'model not named'}; {checked}{extra})")
     rows = [["prompt", *col_name]] + [[_prompt_label(pr), *(_cell(rep, info) for rep, info in row)]
                                       for pr, row in zip(prompts, results)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

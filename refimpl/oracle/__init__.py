@@ -6,7 +6,8 @@ stream, the unit of work) → ``cluster`` → ``golden_file`` (the JSON-lines fo
 check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``responses`` (a server's
 response as a stream) → ``probs`` (its log-probs against the oracle's) → ``stream_file`` (every stream format
 read as one) → ``audit`` (judging a stream token by token) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)
-→ ``kld`` (the oracle as its base or as its model) → ``kld_report`` (its statistics) → ``plot``.
+→ ``kld`` (the oracle as its base or as its model) → ``kld_report`` (its statistics) → ``validate`` (a live
+llama-server) → ``validate_openai`` (an OpenAI-compatible server) → ``plot``.
 
 May import: ``refimpl.errors``, ``refimpl.io``, ``refimpl.model``, ``refimpl.decode``,
 ``refimpl.tokenizer``, ``refimpl.fixtures``.

@@ -1,15 +1,21 @@
-"""``refimpl validate``: drive running llama-server endpoints with a prompt suite and audit what they answer
-(docs/validating-an-engine.md, §3e).
+"""``refimpl validate``: drive running inference servers with a prompt suite and audit what they answer
+(docs/validating-an-engine.md, §3e and §3f).
 
 For each server (one per draft setting: llama-server configures speculative decoding when it starts):
 
+0. Which API (``--api``; :func:`server_identity`): llama-server's native one when ``GET /props`` answers with
+   its shape (``auto``, the default) or when told (``llama``); else OpenAI's ``/v1/completions``
+   (refimpl.oracle.validate_openai: vLLM, SGLang, llama-server's own ``/v1``).
 1. Identity (:func:`server_identity`, :func:`model_mismatches`): ``GET /v1/models`` (llama-server's
-   ``meta``: ``n_vocab``, ``n_embd``, ``n_ctx_train``), ``GET /props`` (``model_path``) and ``POST /tokenize``
-   of a probe text. A server whose vocabulary size, embedding width, training context or tokenization of
-   the probe differs from MODEL's cannot serve the same file: refused in one line before any prompt is sent.
+   ``meta``: ``n_vocab``, ``n_embd``, ``n_ctx_train``; vLLM's ``max_model_len`` is shown, not compared),
+   ``GET /props`` (``model_path``) and ``POST /tokenize`` of a probe text. A server whose vocabulary size,
+   embedding width, training context or tokenization of the probe differs from MODEL's cannot serve the
+   same file: refused in one line before any prompt is sent. A server that exposes none of these is not
+   checked, and the table says so; its answers are judged all the same.
 2. Per prompt: ``POST /completion`` with the prompt as token ids (no tokenizer of the server is involved),
    greedy (``temperature`` 0), ``n_probs`` (the top-k log-probs, refimpl.oracle.probs) and ``return_tokens``;
-   with ``drafts``, also llama-server's per-request ``speculative.n_max`` (server-schema.cpp).
+   with ``drafts``, also llama-server's per-request ``speculative.n_max`` (server-schema.cpp). An OpenAI
+   server: ``POST /v1/completions`` (refimpl.oracle.validate_openai.request_body).
 3. The response is read by :func:`refimpl.oracle.responses.read_response` and audited against the oracle
    (:func:`refimpl.oracle.audit.audit`: the ids, and the log-probs' ``probs:`` verdict).
 
@@ -62,16 +68,18 @@ def parse_drafts(text: str) -> list[int]:
     return out
 
 
-def http(url: str, body: dict | None, timeout: float, *, missing_ok: bool = False) -> bytes | None:
+def http(url: str, body: dict | None, timeout: float, *, missing_ok: bool = False,
+         any_status_ok: bool = False) -> bytes | None:
     """GET (``body`` None) or POST JSON to ``url`` → the answer's bytes; ``missing_ok``: None for a 404 / 405 /
-    501 (an endpoint this server does not have). Any failure is one line (:class:`RefimplError`)."""
+    501 (an endpoint this server does not have); ``any_status_ok``: None for any HTTP error status (a probe
+    whose refusal only means "not exposed"). Any other failure is one line (:class:`RefimplError`)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.read()
     except urllib.error.HTTPError as exc:
-        if missing_ok and exc.code in (404, 405, 501):
+        if (missing_ok and exc.code in (404, 405, 501)) or any_status_ok:
             return None
         detail = exc.read()[:200].decode("utf-8", "replace").strip() if exc.fp else ""
         raise RefimplError(f"{url}: the server answered HTTP {exc.code} {exc.reason}" + (f": {detail}" if detail else "")) from None
@@ -98,16 +106,21 @@ class Identity:
     """What a server says about the model it serves (None: not exposed)."""
 
     url: str
+    api: str = "llama"  # "llama": /completion; "openai": /v1/completions
     model: str | None = None  # /v1/models data[0].id or /props model_path
+    served: str | None = None  # the request's "model": --served-model, else (openai) the /v1/models id
     n_vocab: int | None = None
     n_embd: int | None = None
     n_ctx_train: int | None = None
+    max_model_len: int | None = None  # vLLM's /v1/models: shown, not compared (refimpl.oracle.validate_openai)
     probe: list | None = None  # /tokenize of PROBE
     checked: list = field(default_factory=list)  # the properties compared with MODEL's
 
     def as_json(self) -> dict:
-        return {"url": self.url, "model": self.model, "n_vocab": self.n_vocab, "n_embd": self.n_embd,
-                "n_ctx_train": self.n_ctx_train, "probe_tokens": self.probe, "checked": self.checked}
+        return {"url": self.url, "api": self.api, "model": self.model, "served_model": self.served,
+                "n_vocab": self.n_vocab, "n_embd": self.n_embd, "n_ctx_train": self.n_ctx_train,
+                "max_model_len": self.max_model_len, "probe_tokens": self.probe, "checked": self.checked,
+                "identity_checked": bool(self.checked)}
 
 
 def _int_or_none(value, where: str) -> int | None:
@@ -118,27 +131,49 @@ def _int_or_none(value, where: str) -> int | None:
     return value
 
 
-def server_identity(url: str, timeout: float) -> Identity:
-    """The server's model properties (module docstring, step 1); unknown endpoints are skipped. An
-    unreachable server, a timeout and a malformed answer are one-line errors."""
-    ident = Identity(url)
+def _models_entry(url: str, obj, served_model: str | None) -> dict | None:
+    """The ``/v1/models`` entry of the model to validate: the only one, or ``served_model``'s."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise RefimplError(f"{url}/v1/models: malformed response, expected an object with a 'data' list of objects")
+    ids = [d.get("id") for d in data]
+    if served_model is not None:
+        if served_model not in ids:
+            listed = ", ".join(str(i) for i in ids[:5]) or "none"
+            raise RefimplError(f"--served-model {served_model}: {url}/v1/models does not list it (it lists: {listed})")
+        return data[ids.index(served_model)]
+    if len(data) > 1:
+        raise RefimplError(f"{url}/v1/models: the server serves {len(data)} models; name the one to validate with "
+                           "--served-model NAME")
+    return data[0] if data else None
+
+
+def server_identity(url: str, timeout: float, api: str = "llama", served_model: str | None = None) -> Identity:
+    """The server's API and model properties (module docstring, steps 0 and 1); unknown endpoints are
+    skipped. ``api``: ``llama``, ``openai`` or ``auto``. An unreachable server, a timeout and a malformed
+    answer are one-line errors."""
+    from refimpl.oracle import validate_openai as oa
+
+    props_raw = http(f"{url}/props", None, timeout, missing_ok=True) if api != "openai" else None
+    if api == "auto":
+        api = "llama" if oa.looks_like_llama_props(props_raw) else "openai"
+    ident = Identity(url, api)
     raw = http(f"{url}/v1/models", None, timeout, missing_ok=True)
     if raw is not None:
-        obj = _json(raw, f"{url}/v1/models")
-        data = obj.get("data") if isinstance(obj, dict) else None
-        if not isinstance(data, list) or (data and not isinstance(data[0], dict)):
-            raise RefimplError(f"{url}/v1/models: malformed response, expected an object with a 'data' list")
-        if len(data) > 1:
-            raise RefimplError(f"{url}/v1/models: the server serves {len(data)} models; validate a server that serves one")
-        if data:
-            ident.model = data[0].get("id") if isinstance(data[0].get("id"), str) else None
-            meta = data[0].get("meta")
+        entry = _models_entry(url, _json(raw, f"{url}/v1/models"), served_model)
+        if entry is not None:
+            ident.model = entry.get("id") if isinstance(entry.get("id"), str) else None
+            meta = entry.get("meta")
             if isinstance(meta, dict):
                 for key in ("n_vocab", "n_embd", "n_ctx_train"):
                     setattr(ident, key, _int_or_none(meta.get(key), f"{url}/v1/models meta.{key}"))
-    raw = http(f"{url}/props", None, timeout, missing_ok=True)
-    if raw is not None:
-        props = _json(raw, f"{url}/props")
+            ident.max_model_len = _int_or_none(entry.get("max_model_len"), f"{url}/v1/models max_model_len")
+    ident.served = served_model if served_model is not None else ident.model if api == "openai" else None
+    if api == "openai":
+        ident.probe = oa.tokenize_probe(http, url, ident.served, PROBE, timeout)
+        return ident
+    if props_raw is not None:
+        props = _json(props_raw, f"{url}/props")
         if not isinstance(props, dict):
             raise RefimplError(f"{url}/props: malformed response, expected a JSON object")
         if isinstance(props.get("model_path"), str):
@@ -171,26 +206,38 @@ def model_mismatches(ident: Identity, config, tokenizer) -> list[str]:
     return out
 
 
-def completion(url: str, prompt: list[int], n_predict: int, draft: int | None, timeout: float) -> str:
-    """One greedy ``/completion`` (module docstring, step 2) → the response text."""
+def completion(ident: Identity, prompt: list[int], n_predict: int, draft: int | None, timeout: float) -> tuple[str, str]:
+    """One greedy completion (module docstring, step 2) → (the response text, the endpoint's URL)."""
+    url = ident.url
+    if ident.api == "openai":
+        from refimpl.oracle import validate_openai as oa
+
+        return oa.completion(http, url, ident.served, prompt, n_predict, N_PROBS, timeout), f"{url}/v1/completions"
     body = {"prompt": prompt, "n_predict": n_predict, "n_probs": N_PROBS, "temperature": 0, "return_tokens": True,
             "cache_prompt": False}
     if draft is not None:
         body["speculative.n_max"] = draft
+    if ident.served is not None:  # --served-model (llama-server's router mode picks the model by it)
+        body["model"] = ident.served
     raw = http(f"{url}/completion", body, timeout)
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8"), f"{url}/completion"
     except UnicodeDecodeError:
         raise RefimplError(f"{url}/completion: malformed response, not UTF-8") from None
 
 
-def read_answer(text: str, where: str):
-    """A /completion answer → (ids, ResponseInfo) by :func:`refimpl.oracle.responses.read_response`; anything
-    else is a one-line "malformed response"."""
+def read_answer(text: str, where: str, api: str = "llama"):
+    """A completion answer → (ids, ResponseInfo) by :func:`refimpl.oracle.responses.read_response`; anything
+    else is a one-line "malformed response"; an OpenAI answer without token ids is refused in one line
+    (refimpl.oracle.validate_openai.check_ids)."""
     from refimpl.oracle.responses import looks_like_response, read_response
 
     if not looks_like_response(text):
         raise RefimplError(f"{where}: malformed response, not a completion response: {text[:60]!r}")
+    if api == "openai":
+        from refimpl.oracle.validate_openai import check_ids
+
+        check_ids(text, where)
     ids, _, info = read_response(text, where)
     return ids, info
 

@@ -1,0 +1,349 @@
+"""Bit-exact emulation of ggml-cpu's ``ggml_flash_attn_ext`` (F32 Q, F16 or F32 K/V) on the x86 paths.
+
+``ggml_compute_forward_flash_attn_ext_f16`` (ggml-cpu/ops.cpp) takes one of three code paths, chosen from the
+shapes alone (``use_ref`` is never set by llama.cpp); :func:`fa_kernel` names it:
+
+* ``"split"`` — ``use_split_kv_path``: one query row (``neq1 == 1``, ``neq3 == 1``), K and V both F16 or both
+  F32, ``n_kv >= 512``. The cells are cut into ``n_threads`` chunks of ``ceil(n_kv / n_threads)``; each runs
+  the one-row loop below from scratch and leaves a partial ``(M, S, VKQ)``, combined in chunk order by
+  ``ggml_flash_attn_ext_reduce_partials``. **The result depends on n_threads.** llama.cpp pads its KV view
+  to a multiple of 256 cells (``llama_kv_cache::get_n_kv``), so decode takes this path as soon as more than
+  256 cells are in use and the context has ≥ 512 cells.
+* ``"tiled"`` — ``ggml_compute_forward_flash_attn_ext_tiled``: ``neq1 >= GGML_FA_TILE_Q`` (64) query rows and
+  K, V both F16 or both F32 (a prompt ubatch). Emulated in :mod:`kernels.ggml.flashattn_exact_tiled`.
+* ``"one_row"`` — ``ggml_compute_forward_flash_attn_ext_f16_one_chunk`` over all cells, for everything else
+  (decode with ``n_kv < 512``, batches of 2 … 63 rows — a short prompt, a prompt's last partial ubatch, a
+  speculative verify batch — and mixed K/V types). Rows are independent: the result does not depend on
+  n_threads. This path rounds Q to F16 and accumulates V·p in F16 when V is F16: against float64 its
+  error is ~1e-3 relative (~2000x the tiled path's), so the same query row gets different bits in a
+  63-row and a 64-row ubatch.
+
+The one-row loop, per (query row, head), as the C does it (``Q_q``: Q converted to K's ``vec_dot_type``)::
+
+    Q_q = fp16(q) if K is F16 else q            # ggml_cpu_fp32_to_fp16: _mm*_cvtps_ph(x, 0), ties to even
+    M = -inf; S = 0; VKQ = 0                    # VKQ is F16 (VKQ16) when V is F16, else F32 (VKQ32)
+    for ic in cells:
+        mv = mask[ic]; if mv == -inf: continue  # masked cells are skipped, not weighted by 0
+        s = kq_vec_dot(K[ic], Q_q)              # ggml_vec_dot_f16 / ggml_vec_dot_f32 (vec.cpp), below
+        s = s*scale; s = s + mv                 # two roundings (not contracted: ops.cpp l. 8978/8984)
+        if s > M: ms = expf(M - s); M = s; VKQ = VKQ*ms (fp16-rounded if F16); vs = 1
+        else:     vs = expf(s - M)
+        VKQ = fma(V[ic], vs, VKQ)               # ggml_vec_mad_f16 (fp16-rounded) / ggml_vec_mad_f32
+        S = fma(S, ms, vs)                      # "S = S*ms + vs", contracted by GCC (vfmadd132ss)
+    out = float(VKQ) * (S == 0 ? 0 : 1/S)       # ggml_vec_scale_f32
+
+``expf`` is the C library's (libggml calls glibc's ``expf``; numba lowers float32 ``math.exp`` to the same
+call), so the emulation is exact on the host it runs on, as ggml is. Everything above is elementwise except
+the K·Q dot, whose SIMD accumulation order is the only ISA-dependent part of this path:
+
+* ``ggml_vec_dot_f16``: ``GGML_F16_STEP`` (64 AVX-512 / 32 AVX2) values per step into 4 accumulators of
+  ``GGML_F16_EPR`` (16/8) float32 lanes, ``acc = fma(x, y, acc)``; reduced ``(a0+a2) + (a1+a3)`` lane-wise,
+  then across lanes (:func:`hsum_vec`); the result goes to a double, the tail ``n % STEP`` adds
+  ``(double)(x*y)``; the double is rounded to float once.
+* ``ggml_vec_dot_f32``: the same SIMD part into a *float* sum; GCC vectorizes the tail loop
+  ``sumf += x[i]*y[i]``: blocks of 16 then 8 (AVX-512) / 8 then 4 (AVX2) rounded products added in order,
+  the last ``< 8`` / ``< 4`` values as scalar FMAs (vec.cpp disassembled).
+
+The split-KV reduction (ops.cpp ``ggml_flash_attn_ext_reduce_partials``, per head, chunks in order, empty
+chunks (``S == 0``) skipped): ``M' = fmaxf(M, Mc)``, ``a = expf(M - M')``, ``b = expf(Mc - M')``,
+``VKQ = fma(VKQ, a, VKQ_c*b)``, ``S = fma(S, a, S_c*b)`` (GCC's contraction, the same in both builds), then
+``VKQ * (1/S)`` if ``S != 0``.
+
+Layouts (numpy shapes are ggml's ``ne`` reversed): ``q`` [n_head, n_q, DK] float32 (ggml ne [DK, n_q, n_head]);
+``k`` [n_head_kv, n_kv, DK] and ``v`` [n_head_kv, n_kv, DV] float16 or float32; ``mask`` [n_q, n_kv] float16
+(ne [n_kv, n_q], broadcast over heads) or None; output [n_q, n_head, DV] float32 (ggml's dst ne [DV, n_head,
+n_q], the ``permute(0, 2, 1, 3)`` layout). Head h reads KV head ``h // (n_head // n_head_kv)`` (GQA, ops.cpp
+``ik2 = iq2 / rk2``). ``max_bias = 0`` and ``logit_softcap = 0`` only (ALiBi slope 1, no tanh), no sinks.
+
+``scale`` is used as the float32 it is in ggml's op_params (llama.cpp: ``1.0f/sqrtf(float(n_embd_head))``,
+computed in float32).
+
+Non-finite values follow the same IEEE arithmetic (inf/NaN in Q, K, V tested byte for byte; the NaNs are
+the default NaN). Input NaNs with other payloads are not followed: ggml's F16 accumulator keeps 10 payload
+bits in its SIMD conversion and canonicalises them in its scalar one, the emulation keeps float32 NaNs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+
+import numpy as np
+
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.base.floats import round_to_f16
+from kernels.ggml.simd import fma32
+
+F32 = np.float32
+NINF = np.float32(-np.inf)
+GGML_FA_TILE_Q = 64  # ggml-cpu/common.h
+SPLIT_KV_MIN = 512  # ops.cpp use_split_kv_path: nek1 >= 512
+PATHS = {"avx512": 16, "avx2": 8}  # float32 lanes of GGML_F32_VEC / GGML_F16_VEC (simd-mappings.h)
+
+
+if JIT_ENABLED:
+
+    @jit()
+    def expf(x):
+        """The C library's ``expf`` (numba lowers float32 ``math.exp`` to ``llvm.exp.f32``, a call of libm
+        ``expf``: the function libggml calls)."""
+        return math.exp(np.float32(x))
+
+else:  # NUMBA_DISABLE_JIT=1: the same libm function through ctypes
+    _libm_expf = ctypes.CDLL(ctypes.util.find_library("m")).expf
+    _libm_expf.argtypes, _libm_expf.restype = [ctypes.c_float], ctypes.c_float
+
+    def expf(x):
+        return np.float32(_libm_expf(float(x)))
+
+
+@jit()
+def fmaxf(a, b):
+    """C ``fmaxf``: the other operand when one is NaN."""
+    if a != a:
+        return np.float32(b)
+    if b != b:
+        return np.float32(a)
+    return np.float32(a) if a > b else np.float32(b)
+
+
+@jit()
+def hsum_vec(a, lanes):
+    """The horizontal float32 sum ending GGML_F32x16_REDUCE / GGML_F32x8_REDUCE (simd-mappings.h).
+
+    AVX-512: ``_mm512_reduce_add_ps`` (GCC avx512fintrin.h ``__MM512_REDUCE_OP``): 256-bit halves added,
+    then 128-bit halves, then lanes (0+2), (1+3), then those two. AVX2: ``_mm_add_ps(lo128, hi128)`` then
+    ``_mm_hadd_ps`` twice: (t0+t1) + (t2+t3)."""
+    if lanes == 16:
+        t0 = np.float32(a[0] + a[8])
+        t1 = np.float32(a[1] + a[9])
+        t2 = np.float32(a[2] + a[10])
+        t3 = np.float32(a[3] + a[11])
+        t4 = np.float32(a[4] + a[12])
+        t5 = np.float32(a[5] + a[13])
+        t6 = np.float32(a[6] + a[14])
+        t7 = np.float32(a[7] + a[15])
+        u0 = np.float32(t0 + t4)
+        u1 = np.float32(t1 + t5)
+        u2 = np.float32(t2 + t6)
+        u3 = np.float32(t3 + t7)
+        return np.float32(np.float32(u0 + u2) + np.float32(u1 + u3))
+    t0 = np.float32(a[0] + a[4])
+    t1 = np.float32(a[1] + a[5])
+    t2 = np.float32(a[2] + a[6])
+    t3 = np.float32(a[3] + a[7])
+    return np.float32(np.float32(t0 + t1) + np.float32(t2 + t3))
+
+
+@jit()
+def _simd_dot_part(x, y, np_, lanes, acc):
+    """The SIMD loop of ggml_vec_dot_f16/f32 over x[:np_]: GGML_F32_ARR = 4 accumulators of ``lanes`` lanes,
+    ``sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j])`` (one rounding), then GGML_F32_VEC_REDUCE."""
+    for j in range(4):
+        for l in range(lanes):
+            acc[j, l] = np.float32(0.0)
+    for i in range(0, np_, 4 * lanes):  # i += GGML_F32_STEP
+        for j in range(4):
+            for l in range(lanes):
+                o = i + j * lanes + l
+                acc[j, l] = fma32(x[o], y[o], acc[j, l])
+    for l in range(lanes):  # offset = ARR/2: sum0 += sum2, sum1 += sum3; offset 1: sum0 += sum1
+        acc[0, l] = np.float32(acc[0, l] + acc[2, l])
+        acc[1, l] = np.float32(acc[1, l] + acc[3, l])
+        acc[0, l] = np.float32(acc[0, l] + acc[1, l])
+    return hsum_vec(acc[0], lanes)
+
+
+@jit()
+def vec_dot_f16(x, y, lanes, acc):
+    """ggml_vec_dot_f16 (vec.cpp) on two rows of F16 values (held as float32): SIMD part, then the tail in
+    double (``sumf += (ggml_float)(x[i]*y[i])``, the float product of two F16 values being exact)."""
+    n = x.size
+    np_ = n & ~(4 * lanes - 1)  # GGML_F16_STEP = 64 (AVX-512) / 32 (AVX2)
+    sumf = np.float64(_simd_dot_part(x, y, np_, lanes, acc))
+    for i in range(np_, n):
+        sumf += np.float64(np.float32(x[i] * y[i]))
+    return np.float32(sumf)
+
+
+@jit()
+def vec_dot_f32(x, y, lanes, acc):
+    """ggml_vec_dot_f32 (vec.cpp): SIMD part into a float, then the tail as GCC -O3 compiled it: the first
+    ``L & ~7`` (AVX-512: 16-wide blocks, then one 8-wide) / ``L & ~3`` (AVX2: 8-wide, then one 4-wide) tail
+    values as rounded products added in order (``vmulps`` + ``vaddss``), the rest as scalar FMAs."""
+    n = x.size
+    np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
+    sumf = _simd_dot_part(x, y, np_, lanes, acc)
+    tail = n - np_
+    blocked = np_ + (tail & ~7 if lanes == 16 else tail & ~3)
+    for i in range(np_, blocked):
+        sumf = np.float32(sumf + np.float32(x[i] * y[i]))
+    for i in range(blocked, n):
+        sumf = fma32(x[i], y[i], sumf)
+    return sumf
+
+
+@jit()
+def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, q_q, vkq, acc):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one (query row, head) over cells
+    ``ic_start … ic_end-1`` of ``k`` [n_kv, DK], ``v`` [n_kv, DV] (float32 holding F16 values when
+    ``k_f16``/``v_f16``). Leaves the unnormalised VKQ in ``vkq`` (F16 values when ``v_f16``: the VKQ16
+    accumulator converted to float) and returns (M, S)."""
+    DK = q_row.size
+    DV = vkq.size
+    for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 / ggml_cpu_fp32_to_fp32
+        q_q[d] = round_to_f16(q_row[d]) if k_f16 else q_row[d]
+    S = np.float32(0.0)
+    M = NINF
+    for d in range(DV):
+        vkq[d] = np.float32(0.0)
+    for ic in range(ic_start, ic_end):
+        mv = mask_row[ic] if has_mask else np.float32(0.0)  # slope*GGML_CPU_FP16_TO_FP32(mp[ic]), slope = 1
+        if mv == NINF:
+            continue
+        if k_f16:
+            s = vec_dot_f16(k[ic], q_q, lanes, acc)
+        else:
+            s = vec_dot_f32(k[ic], q_q, lanes, acc)
+        s = np.float32(s * np.float32(scale))
+        s = np.float32(s + mv)
+        ms = np.float32(1.0)
+        vs = np.float32(1.0)
+        if s > M:
+            m_old = M
+            M = s
+            ms = expf(np.float32(m_old - M))
+            for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
+                t = np.float32(vkq[d] * ms)
+                vkq[d] = round_to_f16(t) if v_f16 else t
+        else:
+            vs = expf(np.float32(s - M))
+        for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
+            t = fma32(v[ic, d], vs, vkq[d])
+            vkq[d] = round_to_f16(t) if v_f16 else t
+        S = fma32(S, ms, vs)  # S = S*ms + vs, contracted
+    return M, S
+
+
+@jit()
+def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, out):
+    """The non-split, non-tiled path: one_chunk over all cells for every (query row, head) — rows are
+    independent — then ``out`` [n_q, n_head, DV] = VKQ * (S == 0 ? 0 : 1/S). Serial: a decode step or a short
+    batch is far below flags.SERIAL_BELOW's break-even."""
+    n_head, n_q, DK = q.shape
+    group = n_head // k.shape[0]  # rk2 = neq2/nek2 (= rv2)
+    DV = v.shape[2]
+    q_q = np.empty(DK, np.float32)
+    vkq = np.empty(DV, np.float32)
+    acc = np.empty((4, lanes), np.float32)
+    for h in range(n_head):
+        for iq1 in range(n_q):
+            M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
+                             k_f16, v_f16, lanes, q_q, vkq, acc)
+            s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
+            for d in range(DV):
+                out[iq1, h, d] = np.float32(vkq[d] * s_inv)
+
+
+@jit()
+def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads, out):
+    """use_split_kv_path (one query row): thread ith runs one_chunk over cells [ith*cs, min((ith+1)*cs, n_kv))
+    for every head (cs = ceil(n_kv/n_threads)), then ggml_flash_attn_ext_reduce_partials combines the chunks
+    of each head in order."""
+    n_head, _, DK = q.shape
+    group = n_head // k.shape[0]
+    n_kv = k.shape[1]
+    DV = v.shape[2]
+    cs = (n_kv + n_threads - 1) // n_threads  # chunk_size
+    part_m = np.full((n_threads, n_head), NINF, np.float32)  # partials: [M, S, VKQ[DV]] per (chunk, head)
+    part_s = np.zeros((n_threads, n_head), np.float32)
+    part_v = np.zeros((n_threads, n_head, DV), np.float32)
+    q_q = np.empty(DK, np.float32)
+    acc = np.empty((4, lanes), np.float32)
+    for ith in range(n_threads):
+        ic_start = ith * cs
+        if ic_start >= n_kv:
+            continue  # M = -inf, S = 0
+        ic_end = min(ic_start + cs, n_kv)
+        for h in range(n_head):
+            M, S = one_chunk(q[h, 0], k[h // group], v[h // group], mask[0], has_mask, ic_start, ic_end, scale,
+                             k_f16, v_f16, lanes, q_q, part_v[ith, h], acc)
+            part_m[ith, h] = M
+            part_s[ith, h] = S
+    for h in range(n_head):  # ggml_flash_attn_ext_reduce_partials
+        m_final = NINF
+        s_final = np.float32(0.0)
+        for d in range(DV):
+            out[0, h, d] = np.float32(0.0)
+        for c in range(n_threads):
+            if c * cs >= n_kv:
+                continue
+            m_chunk = part_m[c, h]
+            s_chunk = part_s[c, h]
+            if s_chunk == 0:
+                continue
+            m_new = fmaxf(m_final, m_chunk)
+            scale_old = expf(np.float32(m_final - m_new))
+            scale_new = expf(np.float32(m_chunk - m_new))
+            for d in range(DV):  # VKQ_final*scale_old + VKQ_chunk*scale_new: fma(VKQ_final, so, VKQ_chunk*sn)
+                out[0, h, d] = fma32(out[0, h, d], scale_old, np.float32(part_v[c, h, d] * scale_new))
+            s_final = fma32(s_final, scale_old, np.float32(s_chunk * scale_new))
+            m_final = m_new
+        if s_final != 0:
+            s_inv = np.float32(np.float32(1.0) / s_final)
+            for d in range(DV):
+                out[0, h, d] = np.float32(out[0, h, d] * s_inv)
+
+
+def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype) -> str:
+    """Which code path ggml_compute_forward_flash_attn_ext_f16 takes (ops.cpp, x86; one sequence):
+    ``"split"``, ``"tiled"`` or ``"one_row"`` (module docstring)."""
+    same = np.dtype(k_dtype) == np.dtype(v_dtype) and np.dtype(k_dtype) in (np.float16, np.float32)
+    if same and n_q == 1 and n_kv >= SPLIT_KV_MIN:
+        return "split"
+    if same and n_q >= GGML_FA_TILE_Q:
+        return "tiled"
+    return "one_row"
+
+
+def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, path: str,
+                   n_threads: int = 1) -> np.ndarray:
+    """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias=0, logit_softcap=0)`` as ggml-cpu computes it on
+    ``path`` ("avx512" | "avx2") with ``n_threads`` threads. Layouts in the module docstring; returns
+    [n_q, n_head, DV] float32."""
+    lanes = PATHS[path]
+    q = np.ascontiguousarray(q, dtype=F32)
+    if k.dtype not in (np.float16, np.float32) or v.dtype not in (np.float16, np.float32):
+        raise ValueError(f"flash_attn_ext: K/V must be float16 or float32, got {k.dtype}/{v.dtype}")
+    n_head, n_q, DK = q.shape
+    n_head_kv, n_kv, _ = k.shape
+    if k.shape[2] != DK or v.shape[:2] != k.shape[:2] or n_head % n_head_kv or n_threads < 1:
+        raise ValueError(f"flash_attn_ext: q {q.shape}, k {k.shape}, v {v.shape}, n_threads {n_threads} do not fit")
+    has_mask = mask is not None
+    if has_mask:
+        if mask.dtype != np.float16 or mask.shape[0] < n_q or mask.shape[1] != n_kv:
+            raise ValueError(f"flash_attn_ext: mask must be float16 [>= n_q, n_kv], got {mask.dtype} {mask.shape}")
+        mask32 = np.ascontiguousarray(mask[:n_q], dtype=F32)  # GGML_CPU_FP16_TO_FP32: exact
+    else:
+        mask32 = np.zeros((n_q, n_kv), F32)
+    k_f16, v_f16 = k.dtype == np.float16, v.dtype == np.float16
+    k32 = np.ascontiguousarray(k, dtype=F32)  # F16 -> F32 is exact
+    v32 = np.ascontiguousarray(v, dtype=F32)
+    out = np.zeros((n_q, n_head, v.shape[2]), F32)
+    if n_q == 0:
+        return out
+    kind = fa_kernel(n_q, n_kv, k.dtype, v.dtype)
+    args = (q, k32, v32, mask32, has_mask, F32(scale))
+    if kind == "split":
+        split_kv_row(*args, k_f16, v_f16, lanes, int(n_threads), out)
+    elif kind == "tiled":
+        from kernels.ggml.flashattn_exact_tiled import tiled_rows
+
+        tiled_rows(*args, lanes, int(n_threads), out)
+    else:
+        one_row_rows(*args, k_f16, v_f16, lanes, out)
+    return out
+
+
+__all__ = ["flash_attn_ext", "fa_kernel", "vec_dot_f16", "vec_dot_f32", "one_chunk", "expf", "fmaxf", "hsum_vec"]

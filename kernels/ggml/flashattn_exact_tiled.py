@@ -1,0 +1,243 @@
+"""Bit-exact emulation of ``ggml_compute_forward_flash_attn_ext_tiled`` (ggml-cpu/ops.cpp), the flash-attention
+path of ≥ 64 query rows (a prompt ubatch) with K and V both F16 or both F32.
+
+Rows are processed in tiles of up to ``Q_TILE_SZ = GGML_FA_TILE_Q = 64`` consecutive query rows of one head
+(a tile never crosses a head nor a thread chunk), cells in tiles of ``KV_TILE_SZ = GGML_FA_TILE_KV = 64``.
+Per KV tile, for each query row of the Q tile (ops.cpp l. 9224-9330)::
+
+    KQ  = simd_gemm(Q, K)        # Q in F32 (NOT rounded to F16 here), K converted to F32 (exact)
+    KQ  = KQ*scale; KQ[cells past n_kv] = -inf; KQ += mask
+    mx  = max(KQ row)            # ggml_vec_max_f32: scalar MAX (vmaxss), in order
+    if mx == -inf: the row's probabilities are 0 for this tile (row skipped)
+    M'  = fmaxf(M, mx); if M' > M: ms = expf(M - M'); VKQ *= ms; S *= ms
+    S   = (float)((double)S + ggml_vec_soft_max_f32(64, KQ row, M'))   # P = exp(KQ - M') in place
+    VKQ = simd_gemm(P, V) accumulated into VKQ (F32; V converted to F32)
+  out = VKQ * (S == 0 ? 0 : 1/S)
+
+``simd_gemm`` (ggml-cpu/simd-gemm.h) computes each output element as one chain of FMAs over the inner index
+in order, starting from the existing C: ``C[i,j] = fma(A[i,kk], B[kk,j], C[i,j])`` for kk = 0, 1, … — the
+register blocking (GEMM_RM × GEMM_RN, masked tail) changes only which elements are computed together, so
+both GEMMs are ISA-independent. ISA-dependent is ``ggml_vec_soft_max_f32`` (vec.cpp): blocks of 16 (AVX-512)
+or 8 (AVX2) values through ``ggml_v_expf`` (vec.h, a different polynomial evaluation and scaling on each
+ISA: :func:`v_expf`), each block summed across lanes in float (``_mm512_reduce_add_ps``; AVX2: ``hi+lo``,
+``movehl``, ``movehdup``) and added to a double sum; 64 is a multiple of both, so the libm-``expf`` tail
+is never used.
+
+Masked cells are not skipped one by one as in the one-row path: their probability is ``v_expf(-inf) = 0``
+and the V GEMM adds ``0·V``. A KV tile is skipped for the whole Q tile only when every mask entry of all its
+rows is -inf (``can_skip``); otherwise a row with no visible cell in it also adds ``0·V`` (its KQ row is
+zeroed). With finite V this changes no bit; an inf or NaN in V makes ``0·inf = NaN`` reach rows that cannot
+see that cell — which rows depends on where Q tiles are cut, i.e. on ``n_threads``, which only decides the
+row chunks ``[ir0, ir1)`` (tests/test_ggml_ops_attn.py: test_tiled_inf_v_depends_on_threads). Stale V rows
+of an earlier KV tile (the last tile's padding) enter the same way. All of this is emulated as ggml does it;
+with finite inputs the tiled result does not depend on n_threads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from kernels.base.flags import jit
+from kernels.ggml.flashattn_exact import NINF, expf, fmaxf, hsum_vec
+from kernels.ggml.simd import fma32
+
+Q_TILE_SZ = 64  # ggml-cpu/common.h GGML_FA_TILE_Q
+KV_TILE_SZ = 64  # GGML_FA_TILE_KV
+
+# vec.h ggml_v_expf constants ("adapted from arm limited optimized routine")
+R = np.float32(float.fromhex("0x1.8p23"))
+LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
+C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
+C3 = np.float32(float.fromhex("0x1.555e66p-3"))
+C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
+
+
+@jit()
+def v_expf(x, lanes):
+    """One lane of ggml_v_expf (vec.h): the ``__m512`` version (lanes 16) or the ``__m256`` one (lanes 8).
+
+    Both: ``z = fma(x, log2e, 0x1.8p23)``, ``n = z - 0x1.8p23`` (an integer), ``b = x - n·ln2`` in two FMAs,
+    ``u = b²``. AVX-512: ``j = fma(fma(fma(c5,b,c4), u, fma(c3,b,c2)), u, fma(c1,b,1))``, result
+    ``_mm512_scalef_ps(j, n)`` = j·2ⁿ rounded once; ``|n| > 192``: 0 (n ≤ 0) or inf. AVX2: the last term is
+    ``c1·b`` (no +1), ``k = 2ⁿ`` built in the exponent bits from z, result ``fma(j, k, k)``; ``|n| > 126``:
+    ``fma(s2, j, s2)·s1`` with 2ⁿ split into s1·s2; ``|n| > 192``: ``s1·s1`` (0 or inf)."""
+    z = fma32(x, LOG2E, R)
+    n = np.float32(z - R)
+    b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))  # _mm*_fnmadd_ps(a, b, c) = -(a·b) + c
+    u = np.float32(b * b)
+    p = fma32(fma32(C5, b, C4), u, fma32(C3, b, C2))
+    if lanes == 16:
+        j = fma32(p, u, fma32(C1, b, np.float32(1.0)))
+        if n != n:
+            return np.float32(j + n)  # NaN
+        if abs(n) > 192:  # d: _mm512_mask_blend_ps(n <= 0, INFINITY, 0)
+            return np.float32(0.0) if n <= 0 else np.float32(np.inf)
+        return np.float32(math.ldexp(np.float64(j), int(n)))  # _mm512_scalef_ps: j·2^n, one rounding
+    j = fma32(p, u, np.float32(C1 * b))
+    if n != n:
+        return np.float32(j + n)
+    if abs(n) > 192:  # d: s1*s1 with s1 = 2^-125 (n <= 0) or 2^127
+        return np.float32(0.0) if n <= 0 else np.float32(np.inf)
+    ni = int(n)
+    if abs(n) > 126:  # c: e = n<<23 (z = 0x1.8p23 + n exactly here); g = n <= 0 ? 0x82000000 : 0
+        if n <= 0:
+            s1 = np.float32(2.0**-125)  # bits 0x82000000 + 0x7f000000
+            s2 = np.float32(math.ldexp(1.0, ni + 125))  # bits e - g
+        else:
+            s1 = np.float32(2.0**127)
+            s2 = np.float32(math.ldexp(1.0, ni - 127))
+        return np.float32(fma32(s2, j, s2) * s1)
+    k = np.float32(math.ldexp(1.0, ni))  # bits e + 0x3f800000
+    return fma32(j, k, k)
+
+
+@jit()
+def vec_soft_max_f32(n, y, x, mx, lanes, blk):
+    """ggml_vec_soft_max_f32 (vec.cpp) for n a multiple of ``lanes``: ``y = v_expf(x - max)`` in blocks of
+    ``lanes``, each block's lane sum (float) added to a double; returns the double."""
+    total = np.float64(0.0)
+    for i in range(0, n, lanes):
+        for l in range(lanes):
+            blk[l] = v_expf(np.float32(x[i + l] - mx), lanes)
+            y[i + l] = blk[l]
+        if lanes == 16:
+            r = hsum_vec(blk, 16)  # _mm512_reduce_add_ps
+        else:  # _mm_add_ps(hi, lo); += _mm_movehl_ps; _mm_add_ss(·, _mm_movehdup_ps(·))
+            w0 = np.float32(blk[0] + blk[4])
+            w1 = np.float32(blk[1] + blk[5])
+            w2 = np.float32(blk[2] + blk[6])
+            w3 = np.float32(blk[3] + blk[7])
+            r = np.float32(np.float32(w0 + w2) + np.float32(w1 + w3))
+        total += np.float64(r)
+    return total
+
+
+@jit()
+def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, V32, KQ, VKQ, S, M, blk):
+    """One Q tile: query rows iq1 … iq1+rows-1 of head h (KV head kvh). The buffers are ggml's per-thread
+    scratch; K_f32 and V32 are zeroed once per Q tile, as in the C, so the last KV tile's padding reads the
+    previous tile's rows (multiplied by probability 0)."""
+    DK = q.shape[2]
+    DV = v.shape[2]
+    n_kv = k.shape[1]
+    for tq in range(rows):
+        S[tq] = np.float32(0.0)
+        M[tq] = NINF
+        for d in range(DV):
+            VKQ[tq, d] = np.float32(0.0)
+    K_f32[:, :] = np.float32(0.0)
+    V32[:, :] = np.float32(0.0)
+    for ic in range(0, n_kv, KV_TILE_SZ):
+        kv_tile = min(KV_TILE_SZ, n_kv - ic)
+        if has_mask:  # can_skip: every mask entry of the tile's rows is -inf
+            can_skip = True
+            for tq in range(rows):
+                for tk in range(kv_tile):
+                    if mask[iq1 + tq, ic + tk] != NINF:
+                        can_skip = False
+            if can_skip:
+                continue
+        for tk in range(kv_tile):
+            for dk in range(DK):
+                K_f32[dk, tk] = k[kvh, ic + tk, dk]
+        for tq in range(rows):
+            row = KQ[tq]
+            for tk in range(KV_TILE_SZ):
+                if tk >= kv_tile:
+                    row[tk] = NINF  # padded KQ entries
+                    continue
+                acc = np.float32(0.0)  # simd_gemm(KQ, Q, K_f32, …): KQ was memset to 0
+                for dk in range(DK):
+                    acc = fma32(q[h, iq1 + tq, dk], K_f32[dk, tk], acc)
+                acc = np.float32(acc * scale)  # ggml_vec_scale_f32(Q_TILE_SZ*KV_TILE_SZ, KQ, scale)
+                if has_mask:  # ggml_vec_add_f32(tile_rows*KV_TILE_SZ, KQ, KQ, mask32)
+                    acc = np.float32(acc + mask[iq1 + tq, ic + tk])
+                row[tk] = acc
+            tile_max = NINF  # ggml_vec_max_f32: max = MAX(max, x[i])
+            for tk in range(KV_TILE_SZ):
+                if not (tile_max > row[tk]):
+                    tile_max = row[tk]
+            if tile_max == NINF:  # skip[tq]: the row's KQ is zeroed before the V GEMM
+                for tk in range(KV_TILE_SZ):
+                    row[tk] = np.float32(0.0)
+                continue
+            m_old = M[tq]
+            m_new = fmaxf(m_old, tile_max)
+            if m_new > m_old:
+                ms = expf(np.float32(m_old - m_new))
+                for d in range(DV):
+                    VKQ[tq, d] = np.float32(VKQ[tq, d] * ms)
+                S[tq] = np.float32(S[tq] * ms)
+            M[tq] = m_new
+            S[tq] = np.float32(np.float64(S[tq]) + vec_soft_max_f32(KV_TILE_SZ, row, row, m_new, lanes, blk))
+        for tk in range(kv_tile):  # V tile to F32; rows >= kv_tile keep the previous tile's values
+            for d in range(DV):
+                V32[tk, d] = v[kvh, ic + tk, d]
+        for tq in range(rows):  # simd_gemm(VKQ32, KQ, V32, Q_TILE_SZ, KV_TILE_SZ, DV)
+            for d in range(DV):
+                acc = VKQ[tq, d]
+                for tk in range(KV_TILE_SZ):
+                    acc = fma32(KQ[tq, tk], V32[tk, d], acc)
+                VKQ[tq, d] = acc
+    for tq in range(rows):
+        s_inv = np.float32(0.0) if S[tq] == 0 else np.float32(np.float32(1.0) / S[tq])
+        for d in range(DV):
+            out[iq1 + tq, h, d] = np.float32(VKQ[tq, d] * s_inv)
+
+
+@jit()
+def q_tiles(n_q, n_head, n_threads):
+    """(first row, row count) of every Q tile, in ggml's order: the rows ir = iq1 + n_q·iq2 are cut into
+    ``nchunk`` chunks of ``dr`` rows (ggml_compute_forward_flash_attn_ext_f16's non-split branch), each chunk
+    into tiles of up to Q_TILE_SZ rows that stay within one head (ggml_compute_forward_flash_attn_ext_tiled)."""
+    nr = n_q * n_head
+    nth_scaled = n_threads * 4  # 4x chunks per thread
+    chunk_size = (nr + nth_scaled - 1) // nth_scaled
+    nchunk = (nr + chunk_size - 1) // chunk_size
+    if n_threads == 1 or nchunk < n_threads:  # (or NUMA)
+        nchunk = n_threads
+    dr = (nr + nchunk - 1) // nchunk
+    first = np.empty(nr, np.int64)
+    count = np.empty(nr, np.int64)
+    n = 0
+    for c in range(nchunk):
+        ir = dr * c
+        ir1 = min(ir + dr, nr)
+        while ir < ir1:
+            rows = min(Q_TILE_SZ, ir1 - ir, n_q - ir % n_q)  # tile_rows
+            first[n] = ir
+            count[n] = rows
+            n += 1
+            ir += rows
+    return first[:n], count[:n]
+
+
+@jit(parallel=True)
+def tiled_rows(q, k, v, mask, has_mask, scale, lanes, n_threads, out):
+    """All Q tiles (:func:`q_tiles`); each tile writes its own output rows with its own scratch (ggml's
+    per-thread wdata), so the prange split never changes a result."""
+    n_head, n_q, DK = q.shape
+    group = n_head // k.shape[0]  # rk2 = rv2
+    DV = v.shape[2]
+    first, count = q_tiles(n_q, n_head, n_threads)
+    for t in prange(first.size):
+        h = first[t] // n_q
+        iq1 = first[t] - h * n_q
+        K_f32 = np.empty((DK, KV_TILE_SZ), np.float32)
+        V32 = np.empty((KV_TILE_SZ, DV), np.float32)
+        KQ = np.empty((Q_TILE_SZ, KV_TILE_SZ), np.float32)
+        VKQ = np.empty((Q_TILE_SZ, DV), np.float32)
+        S = np.empty(Q_TILE_SZ, np.float32)
+        M = np.empty(Q_TILE_SZ, np.float32)
+        blk = np.empty(16, np.float32)
+        _tile(q, k, v, mask, has_mask, scale, lanes, h, h // group, iq1, count[t], out, K_f32, V32, KQ, VKQ, S, M,
+              blk)
+
+__all__ = ["tiled_rows", "q_tiles", "v_expf", "vec_soft_max_f32"]

@@ -1,0 +1,239 @@
+"""K-quant weights (Q4_K, Q5_K, Q6_K, IQ4_XS; activations as Q8_K) in ggml-cpu's ``mul_mat``, bit for bit.
+
+Two kernels, chosen by the number of activation rows (``tiled/tiled.cpp: ggml_tiled_min_batch``):
+
+* ``T < 8``: ``vec_dot`` per element (``arch/x86/quants.c``, the ``__AVX2__`` branch — the avx512 build has
+  no other). Per 256-value super-block the integer dot is kept in 8 int32 lanes, lane ``l`` summing the
+  values ``k`` with ``(k % 32) // 4 == l`` (bytes ``4l … 4l+3`` of each 32-byte load, ``maddubs`` +
+  ``madd_epi16`` with the sub-block scale), then ``acc[l] = fma(d, float(sumi[l]), acc[l])`` with
+  ``d = y.d · fp16(x.d)`` rounded to float32, and ``hsum_float_8(acc)`` at the end. The mins:
+  Q4_K keeps 4 float lanes ``acc_m`` (``_mm_fmadd_ps(-y.d·dmin, prod)``, ``prod[i]`` = mins of sub-blocks
+  2i, 2i+1 times their Q8 sums), reduced ``(m0+m2) + (m1+m3)`` and added last; Q5_K folds them into one
+  scalar ``summs = fma(dmin, float(Σ mins·sums), summs)`` (``vfmadd231ss`` in both builds); Q6_K subtracts
+  ``32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1])`` from lane ``l`` (``q8sclsub``); IQ4_XS multiplies
+  through the ``_mm256_sign_epi8`` trick (:func:`kernels.ggml.mulmat._sign_dot`).
+* ``T >= 8``: the tiled kernel (``tiled_run_microtile``: AVX512-VNNI ``tiled_run_micro_vnni_8x16`` on
+  avx512, ``tiled_run_microtile_avx2`` on avx2). Per super-block (a 256-K "slab") it forms the exact
+  integers ``s1 = Σ_s scale_s·(Σ w·q8)`` and (Q4_K, Q5_K) ``s2 = Σ_s min_s·Σ q8``, then
+  ``res = fp16(x.d)·float(s1)``; ``res = fma(-fp16(x.dmin), float(s2), res)``; ``acc = fma(res, y.d, acc)``
+  — the last an explicit ``_mm256_fmadd_ps`` on avx2 and GCC's contraction of
+  ``_mm512_add_ps(acc, _mm512_mul_ps(res, d1))`` on avx512 (disassembly: ``vfmadd213ps``). The slabs go
+  in K order into one accumulator per element whatever the window (narrow ``num_k > 1`` or standard),
+  chunking or thread count, so neither changes a bit. ``w`` is the signed weight value (``q - 32`` for
+  Q6_K, the ``kvalues_iq4nl`` entry for IQ4_XS); VNNI's ``dpbusd`` on ``w + BIAS`` minus ``BIAS·bsum`` is
+  exact, while avx2's IQ4_XS path uses the sign trick — the same integers, since ``quantize_row_q8_K_ref``
+  never produces a -128 (``nearest_int`` of a NaN is >= 0, finite values stay within ±127).
+
+Weights are decoded one row at a time inside the kernels (:func:`decode_row`: per-value integers ``q`` —
+unsigned codes, IQ4_XS table values —, per-sub-block ``sc`` and ``mn``, the fp16 super-block scales as
+float32, converted like ``vcvtph2ps``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.block import QT
+from kernels.base.flags import jit
+from kernels.ggml.actquant import _q8_k_rows
+from kernels.ggml.mulmat_vec import f16_bits_to_f32, hsum_float_8
+from kernels.ggml.simd import fma32
+from kernels.plain.dequant import IQ4NL_VALUES
+
+TILED_TYPES = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ2_XXS, QT.IQ2_XS,
+                         QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M})  # tiled.cpp: ggml_tiled_supported
+TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
+KQUANT_TYPES = frozenset({QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS})  # emulated here
+KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3}
+F16_TABLE = f16_bits_to_f32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))  # vcvtph2ps of every bit pattern
+IQ4NL = IQ4NL_VALUES.astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Weight rows: bytes -> integers and scales
+
+
+@jit()
+def _f16(w, o, table):
+    return table[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
+
+
+@jit()
+def _k4_scale_min(w, o, j):
+    """``get_scale_min_k4``: (scale, min) of sub-block ``j`` from the 12 bytes at ``w[o:]``."""
+    if j < 4:
+        return np.int64(w[o + j] & 63), np.int64(w[o + j + 4] & 63)
+    sc = (np.int64(w[o + j + 4]) & 15) | ((np.int64(w[o + j - 4]) >> 6) << 4)
+    mn = (np.int64(w[o + j + 4]) >> 4) | ((np.int64(w[o + j]) >> 6) << 4)
+    return sc, mn
+
+
+@jit()
+def decode_row(kind, w, q, sc, mn, d, dmin, table):
+    """One weight row's bytes ``w`` -> ``q`` (K,) integer values (unsigned codes; IQ4_XS: table values),
+    ``sc`` (K/32 or K/16) scales, ``mn`` (K/32) mins, ``d`` / ``dmin`` (K/256) fp16 scales as float32."""
+    for b in range(d.shape[0]):
+        if kind == 0 or kind == 1:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
+            o = (144 if kind == 0 else 176) * b
+            d[b] = _f16(w, o, table)
+            dmin[b] = _f16(w, o + 2, table)
+            for j in range(8):
+                sc[8 * b + j], mn[8 * b + j] = _k4_scale_min(w, o + 4, j)
+            qo = o + (16 if kind == 0 else 48)
+            for c in range(4):  # 32 bytes: low nibbles = values 64c + l, high nibbles = 64c + 32 + l
+                for l in range(32):
+                    byte = np.int64(w[qo + 32 * c + l])
+                    lo, hi = byte & 15, byte >> 4
+                    if kind == 1:  # fifth bit: bit 2c (low) / 2c+1 (high) of qh[l]
+                        lo |= ((np.int64(w[o + 16 + l]) >> (2 * c)) & 1) << 4
+                        hi |= ((np.int64(w[o + 16 + l]) >> (2 * c + 1)) & 1) << 4
+                    q[256 * b + 64 * c + l] = lo
+                    q[256 * b + 64 * c + 32 + l] = hi
+        elif kind == 2:  # Q6_K: ql[128], qh[64], scales[16] int8, d; half h, value 128h + 32r + l
+            o = 210 * b
+            d[b] = _f16(w, o + 208, table)
+            for j in range(16):
+                v = np.int64(w[o + 192 + j])
+                sc[16 * b + j] = v - 256 if v > 127 else v
+            for h in range(2):
+                for l in range(32):
+                    ql0 = np.int64(w[o + 64 * h + l])
+                    ql1 = np.int64(w[o + 64 * h + 32 + l])
+                    qh = np.int64(w[o + 128 + 32 * h + l])
+                    base = 256 * b + 128 * h + l
+                    q[base + 0] = (ql0 & 15) | ((qh & 3) << 4)
+                    q[base + 32] = (ql1 & 15) | (((qh >> 2) & 3) << 4)
+                    q[base + 64] = (ql0 >> 4) | (((qh >> 4) & 3) << 4)
+                    q[base + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4)
+        else:  # IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; block j: low nibbles 32j + l, high 32j + 16 + l
+            o = 136 * b
+            d[b] = _f16(w, o, table)
+            sh = np.int64(w[o + 2]) | (np.int64(w[o + 3]) << 8)
+            for j in range(8):
+                sl = (np.int64(w[o + 4 + j // 2]) >> (4 * (j % 2))) & 15
+                sc[8 * b + j] = (sl | (((sh >> (2 * j)) & 3) << 4)) - 32
+                for l in range(16):
+                    byte = np.int64(w[o + 8 + 16 * j + l])
+                    q[256 * b + 32 * j + l] = IQ4NL[byte & 15]
+                    q[256 * b + 32 * j + 16 + l] = IQ4NL[byte >> 4]
+
+
+# --------------------------------------------------------------------------------------------
+# vec_dot (T < 8)
+
+
+@jit()
+def _prod(w, y, sign_trick):
+    """One value product of the integer dot: plain, or through ``_mm256_sign_epi8`` (IQ4_XS)."""
+    if sign_trick:
+        if w >= 0:
+            return w * y
+        return -w * (y if y == -128 else -y)
+    return w * y
+
+
+@jit()
+def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
+    """``ggml_vec_dot_{q4_K,q5_K,q6_K,iq4_xs}_q8_K`` (x86 __AVX2__) for every element: ``w`` (N, row bytes);
+    ``yq`` (T, K) / ``yd`` (T, K/256) the Q8_K activations, ``ysum32`` (T, K/32) / ``ybs16`` (T, K/16) their sums."""
+    K = yq.shape[1]
+    nb = K // 256
+    sub = 16 if kind == 2 else 32
+    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // 32, np.int64)
+    d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+    acc = np.empty(8, np.float32)
+    acc_m = np.empty(4, np.float32)
+    sumi = np.empty(8, np.int64)
+    for r in range(w.shape[0]):
+        decode_row(kind, w[r], q, sc, mn, d, dmin, table)
+        for t in range(yq.shape[0]):
+            acc[:] = np.float32(0.0)
+            acc_m[:] = np.float32(0.0)
+            summs = np.float32(0.0)
+            for b in range(nb):
+                if kind == 3:
+                    db = d[b] * yd[t, b]  # GGML_CPU_FP16_TO_FP32(x.d) * y.d
+                else:
+                    db = yd[t, b] * d[b]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
+                sumi[:] = 0
+                for g in range(8 * b, 8 * b + 8):  # 32-value groups: lane l gets bytes 4l..4l+3 of the load
+                    for lane in range(8):
+                        s = 2 * g + lane // 4 if kind == 2 else g  # Q6_K: a scale per 16 values
+                        p = np.int64(0)
+                        for k in range(32 * g + 4 * lane, 32 * g + 4 * lane + 4):
+                            p += _prod(q[k], np.int64(yq[t, k]), kind == 3)
+                        sumi[lane] += sc[s] * p
+                if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
+                    for lane in range(8):
+                        g = 16 * b + 2 * lane
+                        sumi[lane] -= 32 * (np.int64(ybs16[t, g]) * sc[g] + np.int64(ybs16[t, g + 1]) * sc[g + 1])
+                for lane in range(8):
+                    acc[lane] = fma32(db, np.float32(sumi[lane]), acc[lane])  # _mm256_fmadd_ps
+                if kind <= 1:
+                    dm = -yd[t, b] * dmin[b]  # -y.d * GGML_CPU_FP16_TO_FP32(x.dmin)
+                    if kind == 0:  # acc_m = _mm_fmadd_ps(dmin, cvtepi32_ps(prod), acc_m)
+                        for i in range(4):
+                            s = 8 * b + 2 * i
+                            p = mn[s] * ysum32[t, s] + mn[s + 1] * ysum32[t, s + 1]
+                            acc_m[i] = fma32(dm, np.float32(p), acc_m[i])
+                    else:  # summs += dmin * hsum(prod), contracted to vfmadd231ss
+                        p = np.int64(0)
+                        for s in range(8 * b, 8 * b + 8):
+                            p += mn[s] * ysum32[t, s]
+                        summs = fma32(dm, np.float32(p), summs)
+            res = hsum_float_8(acc, 0)
+            if kind == 0:
+                res = res + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+            elif kind == 1:
+                res = res + summs
+            out[t, r] = res
+
+
+# --------------------------------------------------------------------------------------------
+# tiled (T >= 8)
+
+
+@jit()
+def tiled_k_rows(kind, w, yq, yd, ysum32, sign_trick, out, table):
+    """``tiled_run_microtile`` per element: per slab exact ``s1``, ``s2``, then
+    ``acc = fma(fma(-dmin, s2, d·s1), y.d, acc)`` in slab order."""
+    K = yq.shape[1]
+    nb = K // 256
+    sub = 16 if kind == 2 else 32
+    bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS q already holds the signed table value
+    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // 32, np.int64)
+    d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+    for r in range(w.shape[0]):
+        decode_row(kind, w[r], q, sc, mn, d, dmin, table)
+        for t in range(yq.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                s1 = np.int64(0)
+                for s in range(256 * b // sub, 256 * (b + 1) // sub):
+                    raw = np.int64(0)
+                    for k in range(sub * s, sub * s + sub):
+                        raw += _prod(q[k] - bias, np.int64(yq[t, k]), sign_trick)
+                    s1 += sc[s] * raw
+                res = d[b] * np.float32(s1)  # _mm*_mul_ps(cvtepi32_ps(s1), d0)
+                if kind <= 1:
+                    s2 = np.int64(0)
+                    for s in range(8 * b, 8 * b + 8):
+                        s2 += mn[s] * ysum32[t, s]
+                    res = fma32(-dmin[b], np.float32(s2), res)  # _mm*_fnmadd_ps(dmin, s2, res)
+                acc = fma32(res, yd[t, b], acc)  # buf += res * d1 (FMA)
+            out[t, r] = acc
+
+
+def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool) -> np.ndarray:
+    """``mul_mat`` of K-quant rows ``w_bytes`` (N, row bytes) with ``x`` (T, K): the tiled kernel or vec_dot."""
+    qtype = QT(qtype)
+    yq, yd, ybs = _q8_k_rows(np.ascontiguousarray(x, np.float32))  # quantize_row_q8_K_ref
+    ybs = ybs.astype(np.int64)
+    ysum32 = ybs[:, 0::2] + ybs[:, 1::2]  # (T, K/32): _mm_hadd_epi16 of the bsums
+    out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
+    w = np.ascontiguousarray(w_bytes, np.uint8)
+    if tiled:
+        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, qtype == QT.IQ4_XS and path == "avx2", out, F16_TABLE)
+    else:
+        vec_dot_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, out, F16_TABLE)
+    return out

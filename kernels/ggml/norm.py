@@ -1,0 +1,146 @@
+"""Bit-exact emulation of ggml-cpu's row norms: ``ggml_rms_norm`` (alone and fused with the ``ggml_mul`` by
+the norm weight), ``ggml_l2_norm``, and qwen35moe's ``build_gdn_l2_norm``.
+
+ggml-cpu computes both norms with plain scalar C (``ops.cpp: ggml_compute_forward_rms_norm_f32`` and
+``ggml_compute_forward_l2_norm_f32``, "TODO: optimize"); per row of ``n = ne00`` values::
+
+    ggml_float sum = 0.0;                                  // double
+    for (i00 = 0; i00 < ne00; i00++) sum += (ggml_float)(x[i00] * x[i00]);   // float square, then widened
+    rms_norm:  mean = (float)(sum/ne00);  scale = 1.0f/sqrtf(mean + eps);
+    l2_norm:   scale = 1.0f/fmaxf(sqrtf((float)sum), eps);
+    y = x; ggml_vec_scale_f32(ne00, y, scale);             // y[i] = scale*y[i], lane by lane
+    fused RMS_NORM+MUL (ggml-cpu.c: ggml_cpu_try_fuse_ops): y[i00] = x[i00] * scale * w[i00];
+
+GCC (``-O3``, no ``-ffast-math``) keeps the double sum sequential (a float reduction in order cannot be
+vectorized on x86: the disassembly of both builds shows ``vmulss; vcvtss2sd; vaddsd`` one element at a
+time), cannot contract anything into an FMA (the square is rounded to float before the widening), and
+the SIMD part, ``ggml_vec_scale_f32``, multiplies element by element. So **the result does not depend
+on the ISA path** (AVX-512 and AVX2 agree bit for bit, tested), nor on the thread count (rows are split
+between threads, each row computed whole by one). ``path`` is accepted and checked for uniformity.
+
+Non-finite inputs, as the instructions order their operands (``vmulps`` has the broadcast ``scale`` as
+its first source, and x86 returns the first NaN source, quieted):
+
+* a NaN anywhere in a row makes ``sum`` that NaN (the first one, quieted: ``vaddsd`` keeps ``sum``'s
+  NaN), so ``scale`` is it too, and rms_norm's whole row (fused or not) is ``quiet(first NaN of x)``;
+  l2_norm's ``fmaxf(NaN, eps)`` is ``eps``: the row is ``x/eps``-scaled and NaNs stay in place;
+* ``|x| > ~1.8e19`` squares to ``inf`` *in float32* (before the widening the C casts after), so
+  ``scale = 0``: the row becomes ±0 (and ``inf*0`` = the default NaN 0xFFC00000 where ``x`` is ±inf) —
+  unlike the float64 math ``x/sqrt(mean(x²)+eps)``, which is finite there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.flags import jit
+
+F32 = np.float32
+PATHS = ("avx512", "avx2")
+QUIET = np.uint32(0x00400000)  # the quiet bit x86 sets on a NaN that passes through arithmetic
+
+
+def _check(x: np.ndarray, path: str) -> np.ndarray:
+    if path not in PATHS:
+        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 0:
+        raise ValueError("a norm needs at least one axis")
+    return x
+
+
+@jit()
+def _sum_squares(x):
+    """``ggml_float sum`` of one row: float32 squares widened to double, added in order."""
+    s = np.float64(0.0)
+    for i in range(x.size):
+        s += np.float64(np.float32(x[i] * x[i]))
+    return s
+
+
+@jit()
+def _first_nan(xb):
+    """Index of the first NaN in a row of float32 bit patterns (uint32), or -1."""
+    for i in range(xb.size):
+        if (xb[i] & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+            return i
+    return -1
+
+
+@jit()
+def _rms_norm_rows(x, xb, eps, w, fused, y, yb):
+    """ops.cpp: ggml_compute_forward_rms_norm_f32 over rows x [R, n] -> y [R, n] (yb: y's bits)."""
+    R, n = x.shape
+    for r in range(R):
+        j = _first_nan(xb[r])
+        if j >= 0:  # sum, mean, scale are quiet(x[j]); vmulps(scale, ·) returns it for every element
+            for i in range(n):
+                yb[r, i] = xb[r, j] | QUIET
+            continue
+        s = _sum_squares(x[r])
+        mean = np.float32(s / np.float64(n))  # const float mean = sum/ne00;
+        scale = np.float32(1.0) / np.sqrt(np.float32(mean + np.float32(eps)))  # 1.0f/sqrtf(mean + eps)
+        for i in range(n):
+            t = np.float32(scale * x[r, i])  # ggml_vec_scale_f32 / fused: x[i00] * scale
+            if fused:
+                # fused: (x*scale) * w[i00]; a NaN t (inf*0) is vmulps' first source and wins over a NaN w
+                y[r, i] = t if t != t else np.float32(t * w[i])
+            else:
+                y[r, i] = t
+
+
+@jit()
+def _l2_norm_rows(x, eps, y):
+    """ops.cpp: ggml_compute_forward_l2_norm_f32 over rows x [R, n] -> y [R, n]."""
+    R, n = x.shape
+    for r in range(R):
+        s = _sum_squares(x[r])
+        root = np.sqrt(np.float32(s))  # sqrtf(sum): the double sum is rounded to float first
+        m = np.float32(eps) if (root != root or root < np.float32(eps)) else root  # fmaxf(root, eps)
+        scale = np.float32(1.0) / m
+        for i in range(n):
+            y[r, i] = np.float32(scale * x[r, i])  # scale is never NaN: a NaN x stays itself, quieted
+
+
+def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) -> np.ndarray:
+    """``ggml_rms_norm(x, eps)`` over the last axis; with ``w`` [n], the RMS_NORM+MUL fusion
+    ``ggml_compute_forward_rms_norm_mul_fused`` that ggml-cpu runs for ``build_norm``'s
+    ``ggml_mul(ggml_rms_norm(x), w)`` (the same bits as the two ops apart for finite values).
+
+    [..., n] -> [..., n] float32. ISA-independent (module docstring): ``path`` is only validated.
+    """
+    x = _check(x, path)
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)  # [R, n]
+    fused = w is not None
+    w = np.ascontiguousarray(w if fused else np.zeros(n), dtype=np.float32)
+    if w.shape != (n,):
+        raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
+    y = np.empty_like(x2)
+    _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, y, y.view(np.uint32))
+    return y.reshape(x.shape)
+
+
+def l2_norm(x: np.ndarray, eps: float, path: str) -> np.ndarray:
+    """``ggml_l2_norm(x, eps)`` over the last axis: ``x / fmaxf(sqrtf(Σx²), eps)``. [..., n] -> [..., n].
+    ISA-independent (module docstring)."""
+    x = _check(x, path)
+    x2 = x.reshape(-1, x.shape[-1])  # [R, n]
+    y = np.empty_like(x2)
+    _l2_norm_rows(x2, F32(eps), y)
+    return y.reshape(x.shape)
+
+
+def gdn_l2_norm(x: np.ndarray, eps: float, path: str) -> np.ndarray:
+    """qwen35moe's q/k normalisation before the delta rule, ``models.h: build_gdn_l2_norm``:
+    ``ggml_scale(ggml_rms_norm(x, eps/n), 1.0f/sqrtf(n))`` with ``const float n = x->ne[0]`` — *not*
+    ``ggml_l2_norm``. ``ggml_scale`` with bias 0 is ``ggml_vec_scale_f32`` (``ops.cpp:
+    ggml_compute_forward_scale_f32``): ``y[i] = s*y[i]``, element-wise. [..., n] -> [..., n]."""
+    x = _check(x, path)
+    n = F32(x.shape[-1])
+    y = rms_norm(x, F32(F32(eps) / n), path)
+    s = F32(F32(1.0) / np.sqrt(n))
+    return (s * y).astype(np.float32)  # s is finite: the product's NaNs are y's, quieted (vmulps)
+
+
+__all__ = ["rms_norm", "l2_norm", "gdn_l2_norm"]

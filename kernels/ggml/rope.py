@@ -1,0 +1,203 @@
+"""Bit-exact emulation of ggml-cpu's RoPE on float32 rows: ``ggml_rope_multi`` (qwen35moe's interleaved
+M-RoPE, ``GGML_ROPE_TYPE_IMROPE``; also plain ``GGML_ROPE_TYPE_MROPE``) and ``ggml_rope_ext`` with
+``GGML_ROPE_TYPE_NEOX`` (qwen3next), without freq_factors and with ``ext_factor = 0`` (no YaRN ramp).
+
+``ops.cpp: ggml_compute_forward_rope_flt<float>`` does, per token ``i2`` (one cache for all its heads):
+
+1. ``theta_scale = powf(freq_base, -2.0f/n_dims)`` — glibc's ``powf`` (called here through ctypes);
+2. the cache (``ggml_rope_cache_init`` for NEOX, ``ggml_mrope_cache_init`` for M-RoPE): float32 angles
+   that start at the token's position(s) — ``(float)p``, i.e. ``cvtsi2ss`` — and are multiplied by
+   ``theta_scale`` once per pair (a running product, each step rounded); pair ``k`` takes one of the
+   t/h/w/e angles (IMRoPE: ``sector = k % Σsections``, ``sector % 3`` picks h/w/t while below
+   ``3·sections[1|2|0]``, else e). ``rope_yarn`` with ``ext_factor == 0``:
+   ``theta = freq_scale*theta_extrap`` (``theta_extrap = theta/ff``, ff = 1), then
+   ``cos = cosf(theta)*mscale``, ``sin = sinf(theta)*mscale*sin_sign`` (``mscale = attn_factor``).
+   GCC turns the ``cosf``/``sinf`` pair into one glibc ``sincosf`` call (both builds' disassembly);
+   glibc's ``sinf``/``cosf`` give the same bits as its ``sincosf`` (same kernel), and this module calls
+   ``sinf``/``cosf`` by symbol from compiled code (``numba.types.ExternalFunction``) — numpy's
+   ``np.sin``/``np.cos`` float32 SIMD routines differ from glibc in ~25 % of the angles;
+3. ``rotate_pairs(n_dims, n_dims/2, cache, src, dst)`` — NEOX pairing, dims ``k`` and ``k + n_dims/2``::
+
+       dst[0]        = x0*cos_theta - x1*sin_theta;   // vmulss t = sin*x1;  vfmsub231ss: fma(x0, cos, -t)
+       dst[n_offset] = x0*sin_theta + x1*cos_theta;   // vmulss u = cos*x1;  vfmadd132ss: fma(x0, sin, u)
+
+   GCC contracts each line into one FMA the same way in both builds (the NEOX/M-RoPE loop is scalar in
+   both; only GGML_ROPE_TYPE_NORMAL is vectorized), so **RoPE does not depend on the ISA path**
+   (tested bit for bit against both). Dims ``n_dims .. ne0`` are copied unchanged (bits kept).
+   Thread count: rows (heads) are split between threads; each thread rebuilds the same cache.
+
+NaN payloads follow x86's FMA rule (observed on Zen 4; QEMU models x86 the same way,
+``float_3nan_prop_abc``): of ``a*b + c`` the first NaN in the order a, b, c is returned, quieted, and
+not negated by ``vfmsub``. ``a`` is ``cos``/``sin`` (never NaN), ``b`` is ``x0``, ``c`` is ``t``/``u``:
+an ``x0`` NaN wins over an ``x1`` NaN, and ``t``/``u`` = ``±inf·0`` gives the default NaN 0xFFC00000
+(:func:`_nan_fixup`; LLVM does not promise an operand order for the compiled ``fma32``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import numpy as np
+
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.simd import fma32
+
+F32 = np.float32
+PATHS = ("avx512", "avx2")
+ROPE_TYPE_NEOX, ROPE_TYPE_MROPE, ROPE_TYPE_IMROPE = 2, 8, 40  # ggml.h: GGML_ROPE_TYPE_*
+_MROPE_KIND = {ROPE_TYPE_MROPE: 1, ROPE_TYPE_IMROPE: 2}
+DEFAULT_NAN = np.uint32(0xFFC00000)  # what x86 returns for an invalid operation (inf*0, inf-inf)
+QUIET = np.uint32(0x00400000)
+
+_libm = ctypes.CDLL(ctypes.util.find_library("m"))
+for _name, _args in (("powf", [ctypes.c_float, ctypes.c_float]), ("sinf", [ctypes.c_float]), ("cosf", [ctypes.c_float])):
+    getattr(_libm, _name).restype, getattr(_libm, _name).argtypes = ctypes.c_float, _args
+
+
+def powf(x, y) -> np.float32:
+    """glibc's ``powf`` (what ``ggml_compute_forward_rope_flt`` calls for ``theta_scale``)."""
+    return F32(_libm.powf(F32(x), F32(y)))
+
+
+if JIT_ENABLED:
+    from numba import types
+
+    _sinf = types.ExternalFunction("sinf", types.float32(types.float32))
+    _cosf = types.ExternalFunction("cosf", types.float32(types.float32))
+else:  # interpreted: the same glibc symbols through ctypes
+
+    def _sinf(x):
+        return F32(_libm.sinf(F32(x)))
+
+    def _cosf(x):
+        return F32(_libm.cosf(F32(x)))
+
+
+@jit()
+def _rope_cache(pos, kind, sections, half, theta_scale, freq_scale, mscale, cos, sin):
+    """``ggml_rope_cache_init`` (kind 0) / ``ggml_mrope_cache_init`` (1: MROPE, 2: IMROPE) for every
+    token: pos [4, T] int32 (row 0 only for kind 0) -> cos, sin [T, half] (the first ``half`` pairs)."""
+    s0, s1, s2, s3 = sections[0], sections[1], sections[2], sections[3]
+    sect_dims = s0 + s1 + s2 + s3
+    sec_w = s1 + s0
+    for i2 in range(cos.shape[0]):
+        theta_t = np.float32(pos[0, i2])  # float theta_base_t = (float) p_t
+        theta_h = np.float32(pos[1, i2]) if kind else np.float32(0.0)
+        theta_w = np.float32(pos[2, i2]) if kind else np.float32(0.0)
+        theta_e = np.float32(pos[3, i2]) if kind else np.float32(0.0)
+        for k in range(half):  # k = i0/2
+            theta = theta_t
+            if kind == 2:  # is_imrope: qwen3vl's interleaved sectors
+                sector = k % sect_dims
+                if sector % 3 == 1 and sector < 3 * s1:
+                    theta = theta_h
+                elif sector % 3 == 2 and sector < 3 * s2:
+                    theta = theta_w
+                elif sector % 3 == 0 and sector < 3 * s0:
+                    theta = theta_t
+                else:
+                    theta = theta_e
+            elif kind == 1:
+                sector = k % sect_dims
+                if sector >= s0 and sector < sec_w:
+                    theta = theta_h
+                elif sector >= sec_w and sector < sec_w + s2:
+                    theta = theta_w
+                elif sector >= sec_w + s2:
+                    theta = theta_e
+            # rope_yarn(theta/ff, ...) with ff = 1 and ext_factor == 0
+            theta_interp = np.float32(np.float32(freq_scale) * theta)
+            cos[i2, k] = np.float32(_cosf(theta_interp) * np.float32(mscale))
+            sin[i2, k] = np.float32(_sinf(theta_interp) * np.float32(mscale))  # * sin_sign (1.0f, forward)
+            theta_t = np.float32(theta_t * np.float32(theta_scale))
+            theta_w = np.float32(theta_w * np.float32(theta_scale))
+            theta_h = np.float32(theta_h * np.float32(theta_scale))
+            theta_e = np.float32(theta_e * np.float32(theta_scale))
+
+
+@jit()
+def _rotate_rows(x, cos, sin, half, y):
+    """``rotate_pairs<float>(n_dims, n_dims/2, cache, src, dst)`` for x, y [T, H, ne0] (y pre-filled
+    with x: the unrotated dims are copies)."""
+    T, H = x.shape[0], x.shape[1]
+    for i2 in range(T):
+        for i1 in range(H):
+            for k in range(half):
+                c = cos[i2, k]
+                s = sin[i2, k]
+                x0 = x[i2, i1, k]
+                x1 = x[i2, i1, k + half]
+                t = np.float32(s * x1)  # vmulss
+                u = np.float32(c * x1)
+                y[i2, i1, k] = fma32(x0, c, -t)  # vfmsub231ss: c*x0 - t, rounded once
+                y[i2, i1, k + half] = fma32(x0, s, u)  # vfmadd132ss: s*x0 + u
+
+
+def _nan_fixup(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np.ndarray) -> None:
+    """The NaN payloads of x86's FMA operand order (module docstring), for rows holding inf or NaN."""
+    xb, yb = x.view(np.uint32), y.view(np.uint32)
+    x0, x1 = x[..., :half], x[..., half:2 * half]  # [T, H, half]
+    c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, half]
+    nan0, nan1 = np.isnan(x0), np.isnan(x1)
+    q0 = xb[..., :half] | QUIET
+    q1 = xb[..., half:2 * half] | QUIET
+    # dst[0] adds t = s*x1, dst[n_offset] adds u = c*x1
+    for out, factor in ((yb[..., :half], s), (yb[..., half:2 * half], c)):
+        prod_nan = nan1 | (np.isinf(x1) & (factor == 0))  # t (or u) is a NaN: quiet(x1), or inf*0's default NaN
+        prod_bits = np.where(nan1, q1, DEFAULT_NAN)
+        out[...] = np.where(nan0, q0, np.where(prod_nan, prod_bits, out))  # fma(a=cos|sin, b=x0, c=t|u)
+
+
+def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ext_factor, path):
+    if path not in PATHS:
+        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
+    if ext_factor != 0.0:
+        raise NotImplementedError("rope with ext_factor != 0 (YaRN) is not emulated")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 3:
+        raise ValueError(f"rope expects x [tokens, heads, head_dim], got shape {x.shape}")
+    T, _, ne0 = x.shape
+    if n_dims % 2 or not 0 < n_dims <= ne0:
+        raise ValueError(f"n_dims={n_dims} must be even and at most head_dim={ne0}")
+    pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1, T)  # [1 or 4, T]
+    if kind and (pos.shape[0] != 4 or sum(sections) > ne0 or not any(s > 0 for s in sections[:3])):
+        raise ValueError("M-RoPE needs 4 position streams and sections with a positive t/h/w entry, sum <= ne0")
+    half = n_dims // 2
+    theta_scale = powf(freq_base, F32(-2.0) / F32(n_dims))  # powf(freq_base, -2.0f/n_dims)
+    cos = np.empty((T, half), np.float32)
+    sin = np.empty((T, half), np.float32)
+    sections = np.asarray(sections, np.int64)
+    _rope_cache(pos, kind, sections, half, theta_scale, F32(freq_scale), F32(attn_factor), cos, sin)  # [T, half] each
+    y = x.copy()  # [T, H, ne0]; dims >= n_dims: copied unchanged
+    _rotate_rows(x, cos, sin, half, y)
+    if not np.isfinite(x[..., :n_dims]).all():
+        _nan_fixup(x, cos, sin, half, y)
+    return y
+
+
+def rope_multi(x: np.ndarray, pos: np.ndarray, n_dims: int, sections, mode: int, freq_base: float, path: str,
+               freq_scale: float = 1.0, attn_factor: float = 1.0, ext_factor: float = 0.0) -> np.ndarray:
+    """``ggml_rope_multi(x, pos, NULL, n_dims, sections, mode, …)``, mode IMROPE (40) or MROPE (8).
+
+    ``x`` [T, H, head_dim] float32 (ggml ne [head_dim, H, T]); ``pos`` [4, T] int32 — the four streams
+    ggml reads as ``pos[i2 + ne2*j]`` (text tokens: ``(p, p, p, 0)``, ``llm_graph_input_pos``);
+    ``sections`` 4 ints (``hparams.rope_sections``). Returns [T, H, head_dim]. ISA-independent.
+    """
+    if mode not in _MROPE_KIND:
+        raise ValueError(f"rope_multi emulates IMROPE ({ROPE_TYPE_IMROPE}) and MROPE ({ROPE_TYPE_MROPE}), not mode {mode}")
+    sections = tuple(int(s) for s in sections)
+    if len(sections) != 4:
+        raise ValueError(f"M-RoPE takes 4 sections, got {sections}")
+    return _rope(x, pos, n_dims, _MROPE_KIND[mode], sections, freq_base, freq_scale, attn_factor, ext_factor, path)
+
+
+def rope_neox(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, path: str,
+              freq_scale: float = 1.0, attn_factor: float = 1.0, ext_factor: float = 0.0) -> np.ndarray:
+    """``ggml_rope_ext(x, pos, NULL, n_dims, GGML_ROPE_TYPE_NEOX, …)``: ``x`` [T, H, head_dim],
+    ``pos`` [T] int32. Returns [T, H, head_dim]. ISA-independent."""
+    pos = np.asarray(pos, dtype=np.int32).reshape(1, -1)  # [1, T]
+    return _rope(x, pos, n_dims, 0, (0, 0, 0, 0), freq_base, freq_scale, attn_factor, ext_factor, path)
+
+
+__all__ = ["rope_multi", "rope_neox", "powf", "ROPE_TYPE_NEOX", "ROPE_TYPE_MROPE", "ROPE_TYPE_IMROPE"]

@@ -1,0 +1,402 @@
+"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per x86 path (``"avx512"``, ``"avx2"``).
+
+What each op computes in the vendored llama.cpp of llama-cpp-python 0.3.36, checked against both libggml
+builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly (GCC, ``-O3``,
+``-ffp-contract=fast``):
+
+* ``add``, ``sub``, ``mul``, ``div`` (binary-ops.cpp: ``apply_binary_op``): one IEEE float32 operation per
+  element, ``b`` tiled over ``a`` (index ``i % ne1x`` in every dimension, ``ggml_can_repeat``). Exact, so the
+  same on every path — except which payload a NaN-and-NaN element keeps (GCC's vectorized loop decides, per
+  build and position; not emulated: the model's NaNs all carry the default payload).
+* ``scale`` (ops.cpp: ``ggml_compute_forward_scale_f32``): ``x*s`` when ``b == 0`` (``ggml_vec_scale_f32``),
+  else ``fma(x, s, b)`` (``ggml_vec_mad1_f32``: ``_mm*_fmadd_ps`` on the SIMD part, and GCC contracts the
+  scalar tail ``x[i]*s + b`` into ``vfmadd132ss`` too) — one rounding everywhere, path-independent.
+* ``neg`` (unary-ops.cpp: ``op_neg``): sign flip (NaN signs included). ``clamp``: ``MAX(MIN(x, max), min)``.
+* ``exp``, ``sigmoid``, ``softplus`` (unary-ops.cpp: ``op_exp``, ``op_sigmoid``, ``op_softplus``): scalar loops
+  calling glibc's ``expf`` / ``logf`` (``expf@GLIBC_2.27``, ``logf@GLIBC_2.27`` in both .so); not vectorized.
+  We call the same libm (numba ``ExternalFunction``; ctypes when interpreted — numpy's own ``np.exp`` differs
+  from glibc in ~1/3 of float32 inputs). Path-independent, but as exact as the host's libm is the same one.
+* ``silu`` (vec.cpp: ``ggml_vec_silu_f32``) and ``swiglu`` (``ggml_vec_swiglu_f32``): SIMD blocks of 16
+  (AVX-512) or 8 (AVX2) lanes with ``x / (1 + ggml_v_expf(0 - x))`` (``* g``) — the two paths have
+  *different* expf polynomials (kernels/ggml/simd.py) — and a scalar tail ``x/(1.0f + expf(-x))`` with libm.
+* ``soft_max`` (ops.cpp: ``ggml_compute_forward_soft_max_f32``, max_bias 0): ``w = x*scale`` (+ mask, F32 or
+  F16), ``max`` by the scalar ``MAX`` loop, then ``ggml_vec_soft_max_f32``: ``v_expf(w - max)`` per block,
+  each block summed across lanes in float32 (x86 fold order, :func:`kernels.ggml.simd.reduce_add`) and
+  added to a double ``sum``; the tail with libm ``expf``, each added in double; finally
+  ``y *= (float)(1.0/sum)``.
+* ``cast_f16`` / ``cast_f16_to_f32`` (ops.cpp: ``ggml_compute_forward_dup_flt``): *not* the F16C instructions —
+  on x86 simd-mappings.h leaves ``GGML_CPU_FP32_TO_FP16`` = ggml-impl.h's portable ``ggml_compute_fp32_to_fp16``
+  and ``GGML_CPU_FP16_TO_FP32`` = a table filled by ``ggml_compute_fp16_to_fp32``: round to nearest even, every
+  NaN -> sign | 0x7E00 (payload dropped); F16 -> F32 exact, NaN quieted with its payload. (The F16
+  ``from_float`` of set_rows / mul_mat, ``ggml_cpu_fp32_to_fp16``, is ``vcvtps2ph``: the same on numbers, a NaN
+  keeps its top payload bits per the ISA — untested here.) ``cast_bf16``: ggml-impl.h
+  ``ggml_compute_fp32_to_bf16`` (scalar bit formula). Path-independent.
+* ``sum_rows`` (``ggml_vec_sum_f32``: float32 values summed in order into a double, then rounded) and
+  ``cumsum`` (``ggml_vec_cumsum_f32``: float32 running sum in order). Path-independent.
+
+None of these depends on the thread count: ggml splits them by rows, and every row is computed whole by
+one thread. Arrays: float32 of shape (rows, n) or more dims (leading dims are rows; ne0 is the last axis).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import numpy as np
+
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.simd import fma32, reduce_add, v_expf
+
+LANES = {"avx512": 16, "avx2": 8}  # simd-mappings.h: GGML_F32_EPR of the path
+
+
+def lanes_of(path: str) -> int:
+    if path not in LANES:
+        raise ValueError(f"unknown ggml-cpu path {path!r} (one of {', '.join(LANES)})")
+    return LANES[path]
+
+
+# ---------------------------------------------------------------------------------------------------
+# glibc's expf / logf: the functions libggml-cpu.so calls (objdump -T: expf@GLIBC_2.27, logf@GLIBC_2.27)
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+if JIT_ENABLED:
+    from numba import types
+
+    expf = types.ExternalFunction("expf", types.float32(types.float32))
+    logf = types.ExternalFunction("logf", types.float32(types.float32))
+else:
+    for _name in ("expf", "logf"):
+        getattr(_LIBM, _name).restype, getattr(_LIBM, _name).argtypes = ctypes.c_float, [ctypes.c_float]
+
+    def expf(x):
+        return np.float32(_LIBM.expf(float(x)))
+
+    def logf(x):
+        return np.float32(_LIBM.logf(float(x)))
+
+
+def _rows(x) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)  # (rows, n)
+
+
+def _on_rows(kernel, x, *args) -> np.ndarray:
+    """``kernel(rows, *args, out)`` on x as (rows, n), the result in x's shape."""
+    x = np.asarray(x, dtype=np.float32)
+    rows = _rows(x)
+    y = np.empty_like(rows)
+    kernel(rows, *args, y)
+    return y.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Binary ops and scale (exact IEEE operations: the same on every path)
+
+
+def _tile(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``b`` repeated to ``shape`` as binary-ops.cpp reads it: element (i3, i2, i1, i0) of the result is
+    b[i3 % ne13, i2 % ne12, i1 % ne11, i0 % ne10] (each of b's dims divides a's: ggml_can_repeat)."""
+    b = np.asarray(b, dtype=np.float32)
+    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    if any(s % t for s, t in zip(shape, b.shape)):
+        raise ValueError(f"ggml cannot repeat {b.shape} to {shape}")
+    return np.tile(b, tuple(s // t for s, t in zip(shape, b.shape)))  # shape
+
+
+def _binary(ufunc, a, b) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        return ufunc(a, _tile(b, a.shape))
+
+
+def add(a, b) -> np.ndarray:
+    """ggml_add: binary-ops.cpp op_add, ``a[i] + b[i % ne10 …]`` in float32 (likewise sub, mul, div)."""
+    return _binary(np.add, a, b)
+
+
+def sub(a, b) -> np.ndarray:
+    """ggml_sub: binary-ops.cpp op_sub."""
+    return _binary(np.subtract, a, b)
+
+
+def mul(a, b) -> np.ndarray:
+    """ggml_mul: binary-ops.cpp op_mul."""
+    return _binary(np.multiply, a, b)
+
+
+def div(a, b) -> np.ndarray:
+    """ggml_div: binary-ops.cpp op_div."""
+    return _binary(np.divide, a, b)
+
+
+def neg(x) -> np.ndarray:
+    """ggml_neg: unary-ops.cpp op_neg, ``-x`` (flips the sign bit, of NaNs too)."""
+    return -np.asarray(x, dtype=np.float32)
+
+
+def clamp(x, lo: float, hi: float) -> np.ndarray:
+    """ggml_clamp (ops.cpp ggml_compute_forward_clamp_f32): ``MAX(MIN(x, max), min)`` with the C macros
+    ``MIN(a, b) = a < b ? a : b``, ``MAX(a, b) = a > b ? a : b`` — a NaN becomes ``max``."""
+    x = np.asarray(x, dtype=np.float32)
+    t = np.where(x < np.float32(hi), x, np.float32(hi))  # MIN(x, max)
+    return np.where(t > np.float32(lo), t, np.float32(lo)).astype(np.float32)  # MAX(…, min)
+
+
+@jit()
+def _mad1_rows(x, s, b, y):
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            y[r, i] = fma32(x[r, i], s, b)  # ggml_vec_mad1_f32: GGML_F32_VEC_FMA(vb, x, vs); tail contracted
+
+
+def scale(x, s: float, b: float = 0.0) -> np.ndarray:
+    """ggml_scale (b = 0: ``x*s``, ggml_vec_scale_f32) and ggml_scale_bias (``fma(x, s, b)``,
+    ggml_vec_mad1_f32). ops.cpp: ggml_compute_forward_scale_f32 tests ``b == 0.0f`` (so -0.0 scales too)."""
+    x = np.asarray(x, dtype=np.float32)
+    s, b = np.float32(s), np.float32(b)
+    if b == 0:
+        with np.errstate(all="ignore"):
+            return x * s
+    return _on_rows(_mad1_rows, x, s, b)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Unary ops on libm (unary-ops.cpp: scalar loops, the same on every path)
+
+
+@jit()
+def _unary_rows(x, op, y):
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            v = x[r, i]
+            if op == 0:  # op_exp
+                y[r, i] = expf(v)
+            elif op == 1:  # op_sigmoid: 1.f / (1.f + expf(-x))
+                y[r, i] = np.float32(np.float32(1.0) / np.float32(np.float32(1.0) + expf(-v)))
+            else:  # op_softplus: (x > 20.0f) ? x : logf(1.0f + expf(x))
+                y[r, i] = v if v > np.float32(20.0) else logf(np.float32(np.float32(1.0) + expf(v)))
+
+
+def exp(x, path: str | None = None) -> np.ndarray:
+    """ggml_exp: libm ``expf`` per element (``path`` is accepted for symmetry; the op has no SIMD code)."""
+    return _on_rows(_unary_rows, x, 0)
+
+
+def sigmoid(x, path: str | None = None) -> np.ndarray:
+    """ggml_sigmoid: ``1/(1 + expf(-x))`` with libm (no SIMD code)."""
+    return _on_rows(_unary_rows, x, 1)
+
+
+def softplus(x, path: str | None = None) -> np.ndarray:
+    """ggml_softplus: ``x > 20 ? x : logf(1 + expf(x))`` with libm (no SIMD code)."""
+    return _on_rows(_unary_rows, x, 2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# SiLU and SwiGLU (vec.cpp: SIMD blocks with ggml_v_silu, scalar tail with ggml_silu_f32)
+
+
+@jit()
+def _silu_rows(x, g, has_g, lanes, y):
+    """ggml_vec_silu_f32 (has_g false) / ggml_vec_swiglu_f32 on each row of x (and g)."""
+    for r in range(x.shape[0]):
+        n = x.shape[1]
+        i = 0
+        while i + lanes - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8
+            for lane in range(lanes):
+                v = x[r, i + lane]
+                # ggml_v_silu: neg_x = sub(zero, x); x / add(one, ggml_v_expf(neg_x))
+                s = np.float32(v / np.float32(np.float32(1.0) + v_expf(np.float32(np.float32(0.0) - v), lanes)))
+                y[r, i + lane] = np.float32(s * g[r, i + lane]) if has_g else s  # _mm*_mul_ps(silu, g)
+            i += lanes
+        while i < n:  # the scalar tail: ggml_silu_f32(x) = x/(1.0f + expf(-x)), times g[i] for swiglu
+            v = x[r, i]
+            s = np.float32(v / np.float32(np.float32(1.0) + expf(-v)))
+            y[r, i] = np.float32(s * g[r, i]) if has_g else s
+            i += 1
+
+
+def silu(x, path: str) -> np.ndarray:
+    """ggml_silu (ops.cpp ggml_compute_forward_silu_f32 → vec.cpp ggml_vec_silu_f32) on ``path``."""
+    return _on_rows(_silu_rows, x, _rows(x), False, lanes_of(path))
+
+
+def swiglu(a, b, path: str) -> np.ndarray:
+    """ggml_swiglu_split(a, b) = silu(a)·b (ops.cpp ggml_compute_forward_swiglu_f32 → ggml_vec_swiglu_f32).
+    With ``b`` None, the fused ggml_swiglu(a): x = the first half of each row of ``a``, g = the second."""
+    a = np.asarray(a, dtype=np.float32)
+    if b is None:
+        nc = a.shape[-1] // 2
+        a, b = a[..., :nc], a[..., nc : 2 * nc]  # swapped = 0: src0_p = row, src1_p = row + nc
+    b = np.asarray(b, dtype=np.float32)
+    if a.shape != b.shape:
+        raise ValueError(f"swiglu: {a.shape} and {b.shape} differ")
+    return _on_rows(_silu_rows, a, _rows(b), True, lanes_of(path))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Soft max (ops.cpp ggml_compute_forward_soft_max_f32, vec.cpp ggml_vec_soft_max_f32)
+
+
+@jit()
+def _soft_max_rows(x, mask, mask_of, has_mask, scale, lanes, y):
+    """x, y: (B, R, n); mask: (Bm, Rm >= R, n) float32, mask_of[b] its slice for x's slice b."""
+    n = x.shape[2]
+    wp = np.empty(n, np.float32)  # params->wdata: the scaled, masked row
+    lanes_tmp = np.empty(lanes, np.float32)
+    for b in range(x.shape[0]):
+        for r in range(x.shape[1]):
+            for i in range(n):
+                wp[i] = np.float32(x[b, r, i] * scale)  # ggml_vec_cpy_f32; ggml_vec_scale_f32(ne00, wp, scale)
+            if has_mask:
+                for i in range(n):  # wp[i] += slope*mp_f32[i], slope = 1 (max_bias 0): one rounding
+                    wp[i] = fma32(np.float32(1.0), mask[mask_of[b], r, i], wp[i])
+            mx = np.float32(-np.inf)
+            for i in range(n):  # ggml_vec_max_f32: max = MAX(max, x[i]), MAX(a, b) = ((a) > (b) ? (a) : (b))
+                mx = mx if mx > wp[i] else wp[i]
+            # ggml_vec_soft_max_f32(ne00, dp, wp, max)
+            out = y[b, r]
+            total = np.float64(0.0)  # ggml_float sum
+            i = 0
+            while i + lanes - 1 < n:
+                for lane in range(lanes):  # ggml_v_expf(_mm*_sub_ps(x, max)), stored
+                    out[i + lane] = v_expf(np.float32(wp[i + lane] - mx), lanes)
+                # sum += (ggml_float)_mm512_reduce_add_ps(val) (AVX2: the extract/movehl/movehdup sum)
+                total += np.float64(reduce_add(out, i, lanes, lanes_tmp))
+                i += lanes
+            while i < n:  # tail: float val = expf(x[i] - max); sum += (ggml_float)val
+                v = expf(np.float32(wp[i] - mx))
+                total += np.float64(v)
+                out[i] = v
+                i += 1
+            inv = np.float32(np.float64(1.0) / total)  # sum = 1.0/sum; ggml_vec_scale_f32(ne00, dp, (float)sum)
+            for i in range(n):
+                out[i] = np.float32(out[i] * inv)
+
+
+def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndarray:
+    """ggml_soft_max_ext(x, mask, scale, 0) on ``path`` (ggml_soft_max: mask None, scale 1).
+
+    ``x``: (…, ne02, ne01, ne00) float32, up to 4 dims; ``mask``: float32 or float16 (its bits), (ne01' >= ne01,
+    ne00) with optional leading dims (ne12, ne13) dividing x's: row i01 of slice (i02 % ne12, i03 % ne13)."""
+    if max_bias != 0.0:
+        raise NotImplementedError("soft_max: ALiBi (max_bias > 0) is not emulated")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    x4 = x.reshape((1,) * (4 - x.ndim) + x.shape)  # (ne03, ne02, ne01, ne00)
+    ne03, ne02, ne01, ne00 = x4.shape
+    xb = x4.reshape(ne03 * ne02, ne01, ne00)  # (B, R, n)
+    if mask is None:
+        m, mask_of = np.zeros((1, 1, 1), np.float32), np.zeros(ne03 * ne02, np.int64)
+    else:
+        mask = np.asarray(mask)
+        m = cast_f16_to_f32(mask) if mask.dtype == np.float16 else np.ascontiguousarray(mask, dtype=np.float32)
+        m4 = m.reshape((1,) * (4 - m.ndim) + m.shape)  # (ne13, ne12, ne11, ne10)
+        ne13, ne12, ne11, ne10 = m4.shape
+        if ne10 != ne00 or ne11 < ne01 or ne02 % ne12 or ne03 % ne13:
+            raise ValueError(f"soft_max: mask {m.shape} does not fit x {x.shape}")
+        m = m4.reshape(ne13 * ne12, ne11, ne10)
+        i3, i2 = np.divmod(np.arange(ne03 * ne02), ne02)
+        mask_of = ((i3 % ne13) * ne12 + (i2 % ne12)).astype(np.int64)  # i13*ne12 + i12
+    y = np.empty_like(xb)
+    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), lanes_of(path), y)
+    return y.reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Type conversions (ggml-impl.h's portable F16 and BF16 conversions, on both paths)
+
+
+@jit()
+def _f32_to_f16_bits(u):
+    """ggml-impl.h ggml_compute_fp32_to_fp16 (float32 bits -> binary16 bits): round to nearest even, written
+    here by cases instead of its float tricks; ``shl1_w > 0xFF000000`` (NaN) gives ``0x7E00``."""
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:  # NaN: the canonical quiet half NaN, sign kept, payload dropped
+        return sign | 0x7E00
+    if a >= 0x477FF000:  # >= 65520 (and inf): rounds to inf
+        return sign | 0x7C00
+    if a >= 0x38800000:  # >= 2**-14: a normal half; rebias the exponent by 127 - 15, round 13 bits off
+        m = a - 0x38000000
+        return sign | ((m + 0x0FFF + ((m >> 13) & 1)) >> 13)
+    e = a >> 23
+    if e == 0:  # float32 zero or subnormal (< 2**-126): rounds to zero
+        return sign
+    mant = (a & 0x7FFFFF) | 0x800000  # value = mant * 2**(e - 150) = mant * 2**(e - 126) half subnormal units
+    s = 126 - e  # >= 14
+    if s > 24:  # < 2**-25: below half the smallest subnormal
+        return sign
+    return sign | ((mant + (1 << (s - 1)) - 1 + ((mant >> s) & 1)) >> s)
+
+
+@jit()
+def _cast_f16_rows(u, h):
+    for i in range(u.size):
+        h[i] = _f32_to_f16_bits(np.int64(u[i]))
+
+
+def cast_f16(x) -> np.ndarray:
+    """ggml_cpy/ggml_cast F32 -> F16 (ops.cpp dup_flt<float, ggml_fp16_t>: common.h f32_to_f16 =
+    GGML_CPU_FP32_TO_FP16 = ggml_compute_fp32_to_fp16). Returns a float16 array (its bits are the result)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    h = np.empty(x.size, np.uint16)
+    _cast_f16_rows(x.reshape(-1).view(np.uint32), h)
+    return h.reshape(x.shape).view(np.float16)
+
+
+def cast_f16_to_f32(h) -> np.ndarray:
+    """ggml_cpy/ggml_cast F16 -> F32 (ggml_table_f32_f16, filled by ggml_compute_fp16_to_fp32): exact; a NaN
+    comes out of that function's multiply by 2**-112 quieted, its payload kept."""
+    h = np.ascontiguousarray(h, dtype=np.float16).view(np.uint16).astype(np.uint32)
+    sign, e, m = (h & 0x8000) << 16, (h >> 10) & 0x1F, h & 0x3FF
+    normal = ((e + 112) << 23) | (m << 13)  # 112 = 127 - 15
+    shift = np.zeros_like(m)  # subnormal m * 2**-24: normalize m to 1.xxx
+    for _ in range(10):
+        shift = np.where((m << shift) & 0x400, shift, shift + 1)
+    sub = np.where(m == 0, 0, ((113 - shift) << 23) | (((m << shift) & 0x3FF) << 13))
+    special = 0x7F800000 | (m << 13) | np.where(m != 0, 0x00400000, 0)  # inf; NaN quieted
+    bits = sign | np.where(e == 0, sub, np.where(e == 31, special, normal))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def cast_bf16(x) -> np.ndarray:
+    """ggml_cpy/ggml_cast F32 -> BF16 (dup_flt<float, ggml_bf16_t>: ggml-impl.h ggml_compute_fp32_to_bf16):
+    NaN -> (u >> 16) | 64; else (u + 0x7fff + ((u >> 16) & 1)) >> 16. Returns the uint16 bits."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 64, (u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Row sums (ggml_sum_rows: double accumulation) and running sums (ggml_cumsum: float32)
+
+
+@jit()
+def _sum_rows(x, y):
+    for r in range(x.shape[0]):
+        s = np.float64(0.0)  # ggml_vec_sum_f32: ggml_float sum = 0.0; sum += (ggml_float)x[i]
+        for i in range(x.shape[1]):
+            s += np.float64(x[r, i])
+        y[r] = np.float32(s)  # *s = (float)sum
+
+
+def sum_rows(x) -> np.ndarray:
+    """ggml_sum_rows: each row summed in order in double, rounded to float32; shape (…, 1)."""
+    x = np.asarray(x, dtype=np.float32)
+    y = np.empty(_rows(x).shape[0], np.float32)
+    _sum_rows(_rows(x), y)
+    return y.reshape(x.shape[:-1] + (1,))  # ne0 = 1
+
+
+@jit()
+def _cumsum_rows(x, y):
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):  # ggml_vec_cumsum_f32: y[0] = x[0]; y[i] = y[i - 1] + x[i]
+            y[r, i] = x[r, i] if i == 0 else np.float32(y[r, i - 1] + x[r, i])
+
+
+def cumsum(x) -> np.ndarray:
+    """ggml_cumsum along rows (float32 running sum, in order)."""
+    return _on_rows(_cumsum_rows, x)

@@ -128,5 +128,11 @@ def test_validate_real_llama_servers(tmp_path, capsys):
     if drafted:
         rows = [r for r in doc["results"] if r["server"] == drafted[0]]
         assert all(r["draft_n"] > 0 and 0 <= r["draft_n_accepted"] <= r["draft_n"] for r in rows)
-        assert "drafts " in out
+        assert "drafts " in out and " (oracle " in out
+        # the oracle's own draft-MTP loop (n_max 3, as the server was started) beside the server's counts: the same
+        # model and loop accept about as much (exact counts may differ where a near-tie draft flips)
+        for r in rows:
+            assert r["oracle_draft_n"] > 0 and 0 <= r["oracle_draft_n_accepted"] <= r["oracle_draft_n"]
+            assert abs(r["oracle_draft_n_accepted"] - r["draft_n_accepted"]) <= 3, r
+        assert all(r["oracle_draft_n"] is None for r in plain_rows)
     assert out.splitlines()[-1].endswith("→ exit 0")

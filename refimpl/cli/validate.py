@@ -27,6 +27,13 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", metavar="N,N",
                    help="also send llama-server's per-request speculative.n_max, once per value: a column per server and "
                         "value (llama API only)")
+    p.add_argument("--spec-type", default="draft-mtp", metavar="TYPE",
+                   help="how the speculating servers were started (llama-server's flag; default draft-mtp): for draft-mtp "
+                        "the oracle runs its own MTP loop for the acceptance expected beside each server's own")
+    p.add_argument("--spec-draft-n-max", type=int, default=3, metavar="N",
+                   help="likewise llama-server's --spec-draft-n-max (default 3, its default)")
+    p.add_argument("--spec-draft-p-min", type=float, default=0.0, metavar="P",
+                   help="likewise llama-server's --spec-draft-p-min (default 0, its default)")
     p.add_argument("--report", metavar="FILE", help="write every audit as one JSON object (atomically: a temporary file, renamed)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds each request may take (default 120)")
     add_threshold(p)
@@ -52,6 +59,10 @@ def cmd_validate(args) -> int:
     timeout = v.finite_positive(args.timeout, "--timeout")
     check_tau(args.threshold)
     drafts = v.parse_drafts(args.draft) if args.draft is not None else [None]
+    if not 1 <= args.spec_draft_n_max <= 8:
+        raise RefimplError(f"--spec-draft-n-max must be between 1 and 8 (the oracle's MTP loop), got {args.spec_draft_n_max}")
+    if not 0.0 <= args.spec_draft_p_min <= 1.0:
+        raise RefimplError(f"--spec-draft-p-min must be between 0 and 1, got {args.spec_draft_p_min}")
     if args.draft is not None and args.api == "openai":
         raise RefimplError("--draft needs --api llama: the OpenAI API takes no per-request draft length; start one server "
                            "per draft setting and name each with --server")
@@ -82,7 +93,7 @@ def cmd_validate(args) -> int:
     col_name = [lab if d is None else f"{lab} draft {d}" for lab, _, d in columns]
     from tqdm import tqdm
 
-    results = []
+    results, expected = [], {}
     with tqdm(total=len(prompts) * len(columns), desc="validate", unit="answer", disable=None, leave=False) as bar:
         for i, pr in enumerate(prompts):
             row = []
@@ -91,11 +102,16 @@ def cmd_validate(args) -> int:
                 ids, info = v.read_answer(text, f"{endpoint} (prompt {i + 1})", ident.api)
                 stream = Stream(name, endpoint, "response", ids, list(pr.ids), response=info)
                 rep = audit(model, pr.ids, stream, ctx=ctx, tau=args.threshold, model_name=str(model_name))
-                row.append((rep, info))
+                oracle_drafts = None  # the oracle's (accepted, drafted), or why not compared
+                if info.draft_n:  # the server speculated: what the oracle's own loop accepts with its settings
+                    oracle_drafts = v.expected_drafts(model, list(pr.ids), args.n_predict, ctx, args.spec_type,
+                                                           args.spec_draft_n_max if d is None else min(d, 8) or 1,
+                                                           args.spec_draft_p_min, frozenset(tok.eog_ids), expected)
+                row.append((rep, info, oracle_drafts))
                 bar.update(1)
             results.append(row)
 
-    exit_code = max(rep.exit_code for row in results for rep, _ in row)
+    exit_code = max(rep.exit_code for row in results for rep, *_ in row)
     lines = _table(model_name, prompts, servers, labels, idents, col_name, results, rep_numerics=results[0][0][0], n=args.n_predict)
     lines.append(_summary(results, exit_code))
     if args.report is not None:
@@ -104,9 +120,13 @@ def cmd_validate(args) -> int:
                "results": [{"prompt": i + 1, "text": pr.text, "prompt_tokens": list(pr.ids), "column": name,
                             "server": ident.url, "api": ident.api, "draft": d, "verdict": v.verdict(rep),
                             "tokens": rep.streams[0].tokens,
-                            "draft_n": info.draft_n, "draft_n_accepted": info.draft_n_accepted, "audit": rep.as_json()}
+                            "draft_n": info.draft_n, "draft_n_accepted": info.draft_n_accepted,
+                            "oracle_draft_n": oracle[1] if isinstance(oracle, tuple) else None,
+                            "oracle_draft_n_accepted": oracle[0] if isinstance(oracle, tuple) else None,
+                            "oracle_drafts_not_compared": oracle if isinstance(oracle, str) else None,
+                            "audit": rep.as_json()}
                            for i, (pr, row) in enumerate(zip(prompts, results))
-                           for (rep, info), name, (_, ident, d) in zip(row, col_name, columns)],
+                           for (rep, info, oracle), name, (_, ident, d) in zip(row, col_name, columns)],
                "exit_code": exit_code}
         with writing(args.report, "--report") as path:  # refimpl.io.output_path: checked, one-line errors
             replace_atomically(path, (json.dumps(doc) + "\n").encode())
@@ -114,7 +134,7 @@ def cmd_validate(args) -> int:
     return exit_code
 
 
-def _cell(rep, info) -> str:
+def _cell(rep, info, oracle) -> str:
     from refimpl.oracle.validate import verdict
 
     word = verdict(rep)
@@ -125,6 +145,8 @@ def _cell(rep, info) -> str:
         word += ", probs outside bound"
     if info.draft_n is not None:
         word += f", drafts {info.draft_n_accepted}/{info.draft_n}"
+        if isinstance(oracle, tuple):  # the oracle's own draft-MTP loop with the server's settings
+            word += f" (oracle {oracle[0]}/{oracle[1]})"
     return word
 
 
@@ -143,7 +165,7 @@ def _table(model_name, prompts, servers, labels, idents, col_name, results, rep_
         api = "/v1/completions" if ident.api == "openai" else "/completion"
         extra = f"; max_model_len {ident.max_model_len}, not compared" if ident.max_model_len is not None else ""
         lines.append(f"  {lab}: {url}{api} ({ident.model or 'model not named'}; {checked}{extra})")
-    rows = [["prompt", *col_name]] + [[_prompt_label(pr), *(_cell(rep, info) for rep, info in row)]
+    rows = [["prompt", *col_name]] + [[_prompt_label(pr), *(_cell(*cell) for cell in row)]
                                       for pr, row in zip(prompts, results)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
@@ -155,8 +177,8 @@ def _summary(results, exit_code) -> str:
 
     from refimpl.oracle.validate import verdict
 
-    counts = Counter(verdict(rep) for row in results for rep, _ in row)
-    outside = sum(1 for row in results for rep, _ in row for p in rep.probs.values() if p.exit_code)
+    counts = Counter(verdict(rep) for row in results for rep, *_ in row)
+    outside = sum(1 for row in results for rep, *_ in row for p in rep.probs.values() if p.exit_code)
     total = sum(counts.values())
     return (f"result: {total} answer{'s' * (total != 1)}: {counts['identical']} identical, {counts['near-tie']} near-tie, "
             f"{counts['wrong']} wrong; probs outside bound: {outside} → exit {exit_code}")

@@ -242,6 +242,29 @@ def read_answer(text: str, where: str, api: str = "llama"):
     return ids, info
 
 
+def expected_drafts(model, prompt: list[int], n_predict: int, ctx, spec_type: str, n_max: int, p_min: float,
+                    eog_ids, cache: dict) -> tuple[int, int] | str:
+    """The oracle's own draft-MTP run of ``prompt`` with the server's settings → (accepted, drafted), the
+    acceptance a correct engine should report (llama-server's ``timings.draft_n_accepted`` / ``draft_n``); or
+    why there is none: the server drafts with another source, or MODEL has no MTP head. ``spec_type``,
+    ``n_max``, ``p_min``: how the server was started (``--spec-type``, ``--spec-draft-n-max``,
+    ``--spec-draft-p-min``), which llama-server does not expose (its ``/props`` reports ``speculative.types``
+    "none" whatever it runs, and ``draft-mtp`` ignores the per-request ``speculative.n_max``).
+    ``cache``: results by (prompt, n_max, p_min), shared by the columns of one run."""
+    if spec_type != "draft-mtp":
+        return f"not compared: {spec_type} drafts"
+    if not model.config.has_mtp:
+        return "not compared: MODEL has no MTP head"
+    key = (tuple(prompt), n_max, p_min)
+    if key not in cache:
+        from refimpl.decode.speculative import speculative_generate
+
+        _, stats = speculative_generate(model, prompt, n_predict, ctx, source="mtp", n_draft=n_max, p_min=p_min,
+                                        eog_ids=eog_ids)
+        cache[key] = (stats.n_accepted, stats.n_drafted)
+    return cache[key]
+
+
 def verdict(rep) -> str:
     """A row's verdict from an audit report: identical (every token the oracle's argmax), near-tie (only
     near-ties), wrong (a wrong token)."""

@@ -33,8 +33,11 @@ Folders in dataflow order, each importing only from the ones before it (tests/te
                    the compiled delta-rule step (``recurrent``)
 ``lanes/``         the fast kernels: IR vocabulary and ISA levels (``ir``, ``exact64``), per-type emitters
                    (``blocks``, ``blocks_iq``), packing and the packed matmul (``pack``), the act_quant lanes (``act``)
-``ggml/``          llama.cpp's CPU numerics: activation quantizers (``actquant``), its integer dots
-                   (``actdots``, ``actdots_iq``), flash attention with the F16 accumulator (``flashattn``)
+``ggml/``          llama.cpp's CPU numerics: the bit-exact ggml-cpu ops per x86 path (``--emulate=ggml``) on
+                   shared primitives (``build``, ``simd``, ``libm``, ``vec``; ops in ``vecmath``, ``norm``,
+                   ``rope``, ``rows``, ``ssm``, ``flashattn_exact``, ``mulmat``); and the approximate emulation:
+                   activation quantizers (``actquant``), integer dots (``actdots``, ``actdots_iq``), flash
+                   attention with the F16 accumulator (``flashattn``)
 ``matmul.py``      the public product: the numpy and numba row kernels, and which path runs
 ``testing.py``     random rows with controlled scales, for tests and ``bench/kernels.py``
 =================  ===========================================================================================

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.ggml.simd import lanes
+
 # ggml-cpu.h: every ggml_cpu_has_* the library exports (0.3.36's vendored llama.cpp)
 X86_FEATURES = ("sse3", "ssse3", "avx", "avx_vnni", "avx2", "bmi2", "f16c", "fma", "avx512", "avx512_vbmi",
                 "avx512_vnni", "avx512_bf16", "amx_int8")
@@ -80,8 +82,8 @@ class GgmlBuild:
 
     @property
     def lanes(self) -> int:
-        """float32 lanes of GGML_F32_VEC (simd-mappings.h: GGML_F32_EPR)."""
-        return 16 if self.path == "avx512" else 8
+        """float32 lanes of GGML_F32_VEC (simd-mappings.h: GGML_F32_EPR): :func:`kernels.ggml.simd.lanes`."""
+        return lanes(self.path)
 
     def describe(self) -> str:
         """``ggml-cpu AVX-512 (avx avx2 fma f16c avx512 …) from DIR`` — what ``--emulate=ggml`` prints."""

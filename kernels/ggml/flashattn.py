@@ -19,10 +19,10 @@ visible cells in cache order::
 Every ``fp16(...)`` is a round-to-nearest-even to binary16 (``_mm*_cvtps_ph(x, 0)``), so the
 accumulator carries ~11 bits; this is the rounding point that makes flash attention differ from the
 non-flash path (which rounds the probabilities to F16 instead, before an F32-accumulated P·V).
-``expf`` is the C library's (numba compiles ``math.exp`` on float32 to a call of libm ``expf``, the
-function llama.cpp calls; numpy's float32 ``exp`` differs from it in the last ulp for ~40 % of
-inputs). The K·Q dot is an exact float64 sum rounded once (``dot64``'s policy) — llama.cpp sums it in
-float32 SIMD lanes, an order that differs per ISA: float noise, not matched.
+``expf`` is the C library's (:mod:`kernels.ggml.libm`: a direct call of glibc's ``expf``, the function
+llama.cpp calls; numpy's float32 ``exp`` differs from it in the last ulp for ~40 % of inputs). The K·Q dot
+is an exact float64 sum rounded once (``dot64``'s policy) — llama.cpp sums it in float32 SIMD lanes, an
+order that differs per ISA: float noise, not matched.
 
 Split KV (``use_split_kv_path``: one query row, F16/F32 K = V type, ``n_kv >= 512``): the cells
 ``0 … n_kv-1`` are cut into ``n_threads`` chunks of ``ceil(n_kv / n_threads)``; each chunk runs the
@@ -46,32 +46,16 @@ llama.cpp to float noise (tests/test_emulate_config.py).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 
 import numpy as np
 from numba import prange
 
-from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit
+from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.base.floats import round_to_f16
+from kernels.ggml.libm import expf  # glibc's, as llama.cpp calls it
 
 F32 = np.float32
-
-if JIT_ENABLED:
-
-    @jit()
-    def expf(x):
-        """The C library's ``expf`` (numba lowers float32 ``math.exp`` to a call of libm ``expf``)."""
-        return math.exp(np.float32(x))
-
-else:  # NUMBA_DISABLE_JIT=1: call the same libm function through ctypes
-    _libm_expf = ctypes.CDLL(ctypes.util.find_library("m")).expf
-    _libm_expf.argtypes = [ctypes.c_float]
-    _libm_expf.restype = ctypes.c_float
-
-    def expf(x):
-        return np.float32(_libm_expf(float(x)))
 
 
 @jit()

@@ -32,17 +32,11 @@ The one-row loop, per (query row, head), as the C does it (``Q_q``: Q converted 
         S = fma(S, ms, vs)                      # "S = S*ms + vs", contracted by GCC (vfmadd132ss)
     out = float(VKQ) * (S == 0 ? 0 : 1/S)       # ggml_vec_scale_f32
 
-``expf`` is the C library's (libggml calls glibc's ``expf``; numba lowers float32 ``math.exp`` to the same
-call), so the emulation is exact on the host it runs on, as ggml is. Everything above is elementwise except
-the K·Q dot, whose SIMD accumulation order is the only ISA-dependent part of this path:
-
-* ``ggml_vec_dot_f16``: ``GGML_F16_STEP`` (64 AVX-512 / 32 AVX2) values per step into 4 accumulators of
-  ``GGML_F16_EPR`` (16/8) float32 lanes, ``acc = fma(x, y, acc)``; reduced ``(a0+a2) + (a1+a3)`` lane-wise,
-  then across lanes (:func:`hsum_vec`); the result goes to a double, the tail ``n % STEP`` adds
-  ``(double)(x*y)``; the double is rounded to float once.
-* ``ggml_vec_dot_f32``: the same SIMD part into a *float* sum; GCC vectorizes the tail loop
-  ``sumf += x[i]*y[i]``: blocks of 16 then 8 (AVX-512) / 8 then 4 (AVX2) rounded products added in order,
-  the last ``< 8`` / ``< 4`` values as scalar FMAs (vec.cpp disassembled).
+``expf`` and ``fmaxf`` are the C library's (libggml calls glibc's: :mod:`kernels.ggml.libm`), so the
+emulation is exact on the host it runs on, as ggml is. Everything above is elementwise except the K·Q dot,
+whose SIMD accumulation order is the only ISA-dependent part of this path: ``kq_vec_dot`` is K's
+``type_traits_cpu`` vec_dot, the same C functions as mul_mat's — ``ggml_vec_dot_f16`` (float SIMD part,
+double tail) and ``ggml_vec_dot_f32`` (float throughout, GCC's blocked tail): :mod:`kernels.ggml.vec`.
 
 The split-KV reduction (ops.cpp ``ggml_flash_attn_ext_reduce_partials``, per head, chunks in order, empty
 chunks (``S == 0``) skipped): ``M' = fmaxf(M, Mc)``, ``a = expf(M - M')``, ``b = expf(Mc - M')``,
@@ -65,127 +59,23 @@ bits in its SIMD conversion and canonicalises them in its scalar one, the emulat
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import math
-
 import numpy as np
 
-from kernels.base.flags import JIT_ENABLED, jit
+from kernels.base.flags import jit
 from kernels.base.floats import round_to_f16
-from kernels.ggml.simd import fma32
+from kernels.ggml.flashattn_exact_tiled import tiled_rows
+from kernels.ggml.libm import expf, fmaxf
+from kernels.ggml.simd import fma32, lanes
+from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
 
 F32 = np.float32
 NINF = np.float32(-np.inf)
 GGML_FA_TILE_Q = 64  # ggml-cpu/common.h
 SPLIT_KV_MIN = 512  # ops.cpp use_split_kv_path: nek1 >= 512
-PATHS = {"avx512": 16, "avx2": 8}  # float32 lanes of GGML_F32_VEC / GGML_F16_VEC (simd-mappings.h)
-
-
-if JIT_ENABLED:
-
-    @jit()
-    def expf(x):
-        """The C library's ``expf`` (numba lowers float32 ``math.exp`` to ``llvm.exp.f32``, a call of libm
-        ``expf``: the function libggml calls)."""
-        return math.exp(np.float32(x))
-
-else:  # NUMBA_DISABLE_JIT=1: the same libm function through ctypes
-    _libm_expf = ctypes.CDLL(ctypes.util.find_library("m")).expf
-    _libm_expf.argtypes, _libm_expf.restype = [ctypes.c_float], ctypes.c_float
-
-    def expf(x):
-        return np.float32(_libm_expf(float(x)))
 
 
 @jit()
-def fmaxf(a, b):
-    """C ``fmaxf``: the other operand when one is NaN."""
-    if a != a:
-        return np.float32(b)
-    if b != b:
-        return np.float32(a)
-    return np.float32(a) if a > b else np.float32(b)
-
-
-@jit()
-def hsum_vec(a, lanes):
-    """The horizontal float32 sum ending GGML_F32x16_REDUCE / GGML_F32x8_REDUCE (simd-mappings.h).
-
-    AVX-512: ``_mm512_reduce_add_ps`` (GCC avx512fintrin.h ``__MM512_REDUCE_OP``): 256-bit halves added,
-    then 128-bit halves, then lanes (0+2), (1+3), then those two. AVX2: ``_mm_add_ps(lo128, hi128)`` then
-    ``_mm_hadd_ps`` twice: (t0+t1) + (t2+t3)."""
-    if lanes == 16:
-        t0 = np.float32(a[0] + a[8])
-        t1 = np.float32(a[1] + a[9])
-        t2 = np.float32(a[2] + a[10])
-        t3 = np.float32(a[3] + a[11])
-        t4 = np.float32(a[4] + a[12])
-        t5 = np.float32(a[5] + a[13])
-        t6 = np.float32(a[6] + a[14])
-        t7 = np.float32(a[7] + a[15])
-        u0 = np.float32(t0 + t4)
-        u1 = np.float32(t1 + t5)
-        u2 = np.float32(t2 + t6)
-        u3 = np.float32(t3 + t7)
-        return np.float32(np.float32(u0 + u2) + np.float32(u1 + u3))
-    t0 = np.float32(a[0] + a[4])
-    t1 = np.float32(a[1] + a[5])
-    t2 = np.float32(a[2] + a[6])
-    t3 = np.float32(a[3] + a[7])
-    return np.float32(np.float32(t0 + t1) + np.float32(t2 + t3))
-
-
-@jit()
-def _simd_dot_part(x, y, np_, lanes, acc):
-    """The SIMD loop of ggml_vec_dot_f16/f32 over x[:np_]: GGML_F32_ARR = 4 accumulators of ``lanes`` lanes,
-    ``sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j])`` (one rounding), then GGML_F32_VEC_REDUCE."""
-    for j in range(4):
-        for l in range(lanes):
-            acc[j, l] = np.float32(0.0)
-    for i in range(0, np_, 4 * lanes):  # i += GGML_F32_STEP
-        for j in range(4):
-            for l in range(lanes):
-                o = i + j * lanes + l
-                acc[j, l] = fma32(x[o], y[o], acc[j, l])
-    for l in range(lanes):  # offset = ARR/2: sum0 += sum2, sum1 += sum3; offset 1: sum0 += sum1
-        acc[0, l] = np.float32(acc[0, l] + acc[2, l])
-        acc[1, l] = np.float32(acc[1, l] + acc[3, l])
-        acc[0, l] = np.float32(acc[0, l] + acc[1, l])
-    return hsum_vec(acc[0], lanes)
-
-
-@jit()
-def vec_dot_f16(x, y, lanes, acc):
-    """ggml_vec_dot_f16 (vec.cpp) on two rows of F16 values (held as float32): SIMD part, then the tail in
-    double (``sumf += (ggml_float)(x[i]*y[i])``, the float product of two F16 values being exact)."""
-    n = x.size
-    np_ = n & ~(4 * lanes - 1)  # GGML_F16_STEP = 64 (AVX-512) / 32 (AVX2)
-    sumf = np.float64(_simd_dot_part(x, y, np_, lanes, acc))
-    for i in range(np_, n):
-        sumf += np.float64(np.float32(x[i] * y[i]))
-    return np.float32(sumf)
-
-
-@jit()
-def vec_dot_f32(x, y, lanes, acc):
-    """ggml_vec_dot_f32 (vec.cpp): SIMD part into a float, then the tail as GCC -O3 compiled it: the first
-    ``L & ~7`` (AVX-512: 16-wide blocks, then one 8-wide) / ``L & ~3`` (AVX2: 8-wide, then one 4-wide) tail
-    values as rounded products added in order (``vmulps`` + ``vaddss``), the rest as scalar FMAs."""
-    n = x.size
-    np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
-    sumf = _simd_dot_part(x, y, np_, lanes, acc)
-    tail = n - np_
-    blocked = np_ + (tail & ~7 if lanes == 16 else tail & ~3)
-    for i in range(np_, blocked):
-        sumf = np.float32(sumf + np.float32(x[i] * y[i]))
-    for i in range(blocked, n):
-        sumf = fma32(x[i], y[i], sumf)
-    return sumf
-
-
-@jit()
-def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, q_q, vkq, acc):
+def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, q_q, vkq):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one (query row, head) over cells
     ``ic_start … ic_end-1`` of ``k`` [n_kv, DK], ``v`` [n_kv, DV] (float32 holding F16 values when
     ``k_f16``/``v_f16``). Leaves the unnormalised VKQ in ``vkq`` (F16 values when ``v_f16``: the VKQ16
@@ -202,10 +92,10 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
         mv = mask_row[ic] if has_mask else np.float32(0.0)  # slope*GGML_CPU_FP16_TO_FP32(mp[ic]), slope = 1
         if mv == NINF:
             continue
-        if k_f16:
-            s = vec_dot_f16(k[ic], q_q, lanes, acc)
+        if k_f16:  # kq_vec_dot = type_traits_cpu[k->type].vec_dot
+            s = vec_dot_f16(DK, k[ic], q_q, lanes)
         else:
-            s = vec_dot_f32(k[ic], q_q, lanes, acc)
+            s = vec_dot_f32(DK, k[ic], q_q, lanes)
         s = np.float32(s * np.float32(scale))
         s = np.float32(s + mv)
         ms = np.float32(1.0)
@@ -236,11 +126,10 @@ def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, out):
     DV = v.shape[2]
     q_q = np.empty(DK, np.float32)
     vkq = np.empty(DV, np.float32)
-    acc = np.empty((4, lanes), np.float32)
     for h in range(n_head):
         for iq1 in range(n_q):
             M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
-                             k_f16, v_f16, lanes, q_q, vkq, acc)
+                             k_f16, v_f16, lanes, q_q, vkq)
             s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
             for d in range(DV):
                 out[iq1, h, d] = np.float32(vkq[d] * s_inv)
@@ -260,7 +149,6 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads,
     part_s = np.zeros((n_threads, n_head), np.float32)
     part_v = np.zeros((n_threads, n_head, DV), np.float32)
     q_q = np.empty(DK, np.float32)
-    acc = np.empty((4, lanes), np.float32)
     for ith in range(n_threads):
         ic_start = ith * cs
         if ic_start >= n_kv:
@@ -268,7 +156,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads,
         ic_end = min(ic_start + cs, n_kv)
         for h in range(n_head):
             M, S = one_chunk(q[h, 0], k[h // group], v[h // group], mask[0], has_mask, ic_start, ic_end, scale,
-                             k_f16, v_f16, lanes, q_q, part_v[ith, h], acc)
+                             k_f16, v_f16, lanes, q_q, part_v[ith, h])
             part_m[ith, h] = M
             part_s[ith, h] = S
     for h in range(n_head):  # ggml_flash_attn_ext_reduce_partials
@@ -312,7 +200,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias=0, logit_softcap=0)`` as ggml-cpu computes it on
     ``path`` ("avx512" | "avx2") with ``n_threads`` threads. Layouts in the module docstring; returns
     [n_q, n_head, DV] float32."""
-    lanes = PATHS[path]
+    L = lanes(path)
     q = np.ascontiguousarray(q, dtype=F32)
     if k.dtype not in (np.float16, np.float32) or v.dtype not in (np.float16, np.float32):
         raise ValueError(f"flash_attn_ext: K/V must be float16 or float32, got {k.dtype}/{v.dtype}")
@@ -336,14 +224,12 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     kind = fa_kernel(n_q, n_kv, k.dtype, v.dtype)
     args = (q, k32, v32, mask32, has_mask, F32(scale))
     if kind == "split":
-        split_kv_row(*args, k_f16, v_f16, lanes, int(n_threads), out)
+        split_kv_row(*args, k_f16, v_f16, L, int(n_threads), out)
     elif kind == "tiled":
-        from kernels.ggml.flashattn_exact_tiled import tiled_rows
-
-        tiled_rows(*args, lanes, int(n_threads), out)
+        tiled_rows(*args, L, int(n_threads), out)
     else:
-        one_row_rows(*args, k_f16, v_f16, lanes, out)
+        one_row_rows(*args, k_f16, v_f16, L, out)
     return out
 
 
-__all__ = ["flash_attn_ext", "fa_kernel", "vec_dot_f16", "vec_dot_f32", "one_chunk", "expf", "fmaxf", "hsum_vec"]
+__all__ = ["flash_attn_ext", "fa_kernel", "one_chunk"]

@@ -17,11 +17,10 @@ Per KV tile, for each query row of the Q tile (ops.cpp l. 9224-9330)::
 ``simd_gemm`` (ggml-cpu/simd-gemm.h) computes each output element as one chain of FMAs over the inner index
 in order, starting from the existing C: ``C[i,j] = fma(A[i,kk], B[kk,j], C[i,j])`` for kk = 0, 1, … — the
 register blocking (GEMM_RM × GEMM_RN, masked tail) changes only which elements are computed together, so
-both GEMMs are ISA-independent. ISA-dependent is ``ggml_vec_soft_max_f32`` (vec.cpp): blocks of 16 (AVX-512)
-or 8 (AVX2) values through ``ggml_v_expf`` (vec.h, a different polynomial evaluation and scaling on each
-ISA: :func:`v_expf`), each block summed across lanes in float (``_mm512_reduce_add_ps``; AVX2: ``hi+lo``,
-``movehl``, ``movehdup``) and added to a double sum; 64 is a multiple of both, so the libm-``expf`` tail
-is never used.
+both GEMMs are ISA-independent. ISA-dependent is ``ggml_vec_soft_max_f32`` (vec.cpp, :mod:`kernels.ggml.vec` —
+the same function soft_max calls): blocks of 16 (AVX-512) or 8 (AVX2) values through ``ggml_v_expf`` (vec.h,
+a different polynomial evaluation and scaling on each ISA), each block summed across lanes in float and
+added to a double sum; 64 is a multiple of both, so the libm-``expf`` tail is never used.
 
 Masked cells are not skipped one by one as in the one-row path: their probability is ``v_expf(-inf) = 0``
 and the V GEMM adds ``0·V``. A KV tile is skipped for the whole Q tile only when every mask entry of all its
@@ -35,92 +34,21 @@ with finite inputs the tiled result does not depend on n_threads.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import prange
 
 from kernels.base.flags import jit
-from kernels.ggml.flashattn_exact import NINF, expf, fmaxf, hsum_vec
+from kernels.ggml.libm import expf, fmaxf
 from kernels.ggml.simd import fma32
+from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
+NINF = np.float32(-np.inf)
 Q_TILE_SZ = 64  # ggml-cpu/common.h GGML_FA_TILE_Q
 KV_TILE_SZ = 64  # GGML_FA_TILE_KV
 
-# vec.h ggml_v_expf constants ("adapted from arm limited optimized routine")
-R = np.float32(float.fromhex("0x1.8p23"))
-LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
-LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
-LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
-C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
-C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
-C3 = np.float32(float.fromhex("0x1.555e66p-3"))
-C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
-C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
-
 
 @jit()
-def v_expf(x, lanes):
-    """One lane of ggml_v_expf (vec.h): the ``__m512`` version (lanes 16) or the ``__m256`` one (lanes 8).
-
-    Both: ``z = fma(x, log2e, 0x1.8p23)``, ``n = z - 0x1.8p23`` (an integer), ``b = x - n·ln2`` in two FMAs,
-    ``u = b²``. AVX-512: ``j = fma(fma(fma(c5,b,c4), u, fma(c3,b,c2)), u, fma(c1,b,1))``, result
-    ``_mm512_scalef_ps(j, n)`` = j·2ⁿ rounded once; ``|n| > 192``: 0 (n ≤ 0) or inf. AVX2: the last term is
-    ``c1·b`` (no +1), ``k = 2ⁿ`` built in the exponent bits from z, result ``fma(j, k, k)``; ``|n| > 126``:
-    ``fma(s2, j, s2)·s1`` with 2ⁿ split into s1·s2; ``|n| > 192``: ``s1·s1`` (0 or inf)."""
-    z = fma32(x, LOG2E, R)
-    n = np.float32(z - R)
-    b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))  # _mm*_fnmadd_ps(a, b, c) = -(a·b) + c
-    u = np.float32(b * b)
-    p = fma32(fma32(C5, b, C4), u, fma32(C3, b, C2))
-    if lanes == 16:
-        j = fma32(p, u, fma32(C1, b, np.float32(1.0)))
-        if n != n:
-            return np.float32(j + n)  # NaN
-        if abs(n) > 192:  # d: _mm512_mask_blend_ps(n <= 0, INFINITY, 0)
-            return np.float32(0.0) if n <= 0 else np.float32(np.inf)
-        return np.float32(math.ldexp(np.float64(j), int(n)))  # _mm512_scalef_ps: j·2^n, one rounding
-    j = fma32(p, u, np.float32(C1 * b))
-    if n != n:
-        return np.float32(j + n)
-    if abs(n) > 192:  # d: s1*s1 with s1 = 2^-125 (n <= 0) or 2^127
-        return np.float32(0.0) if n <= 0 else np.float32(np.inf)
-    ni = int(n)
-    if abs(n) > 126:  # c: e = n<<23 (z = 0x1.8p23 + n exactly here); g = n <= 0 ? 0x82000000 : 0
-        if n <= 0:
-            s1 = np.float32(2.0**-125)  # bits 0x82000000 + 0x7f000000
-            s2 = np.float32(math.ldexp(1.0, ni + 125))  # bits e - g
-        else:
-            s1 = np.float32(2.0**127)
-            s2 = np.float32(math.ldexp(1.0, ni - 127))
-        return np.float32(fma32(s2, j, s2) * s1)
-    k = np.float32(math.ldexp(1.0, ni))  # bits e + 0x3f800000
-    return fma32(j, k, k)
-
-
-@jit()
-def vec_soft_max_f32(n, y, x, mx, lanes, blk):
-    """ggml_vec_soft_max_f32 (vec.cpp) for n a multiple of ``lanes``: ``y = v_expf(x - max)`` in blocks of
-    ``lanes``, each block's lane sum (float) added to a double; returns the double."""
-    total = np.float64(0.0)
-    for i in range(0, n, lanes):
-        for l in range(lanes):
-            blk[l] = v_expf(np.float32(x[i + l] - mx), lanes)
-            y[i + l] = blk[l]
-        if lanes == 16:
-            r = hsum_vec(blk, 16)  # _mm512_reduce_add_ps
-        else:  # _mm_add_ps(hi, lo); += _mm_movehl_ps; _mm_add_ss(·, _mm_movehdup_ps(·))
-            w0 = np.float32(blk[0] + blk[4])
-            w1 = np.float32(blk[1] + blk[5])
-            w2 = np.float32(blk[2] + blk[6])
-            w3 = np.float32(blk[3] + blk[7])
-            r = np.float32(np.float32(w0 + w2) + np.float32(w1 + w3))
-        total += np.float64(r)
-    return total
-
-
-@jit()
-def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, V32, KQ, VKQ, S, M, blk):
+def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, V32, KQ, VKQ, S, M):
     """One Q tile: query rows iq1 … iq1+rows-1 of head h (KV head kvh). The buffers are ggml's per-thread
     scratch; K_f32 and V32 are zeroed once per Q tile, as in the C, so the last KV tile's padding reads the
     previous tile's rows (multiplied by probability 0)."""
@@ -160,10 +88,7 @@ def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, 
                 if has_mask:  # ggml_vec_add_f32(tile_rows*KV_TILE_SZ, KQ, KQ, mask32)
                     acc = np.float32(acc + mask[iq1 + tq, ic + tk])
                 row[tk] = acc
-            tile_max = NINF  # ggml_vec_max_f32: max = MAX(max, x[i])
-            for tk in range(KV_TILE_SZ):
-                if not (tile_max > row[tk]):
-                    tile_max = row[tk]
+            tile_max = vec_max_f32(KV_TILE_SZ, row)
             if tile_max == NINF:  # skip[tq]: the row's KQ is zeroed before the V GEMM
                 for tk in range(KV_TILE_SZ):
                     row[tk] = np.float32(0.0)
@@ -176,7 +101,7 @@ def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, 
                     VKQ[tq, d] = np.float32(VKQ[tq, d] * ms)
                 S[tq] = np.float32(S[tq] * ms)
             M[tq] = m_new
-            S[tq] = np.float32(np.float64(S[tq]) + vec_soft_max_f32(KV_TILE_SZ, row, row, m_new, lanes, blk))
+            S[tq] = np.float32(np.float64(S[tq]) + vec_soft_max_f32(KV_TILE_SZ, row, row, m_new, lanes))
         for tk in range(kv_tile):  # V tile to F32; rows >= kv_tile keep the previous tile's values
             for d in range(DV):
                 V32[tk, d] = v[kvh, ic + tk, d]
@@ -236,8 +161,8 @@ def tiled_rows(q, k, v, mask, has_mask, scale, lanes, n_threads, out):
         VKQ = np.empty((Q_TILE_SZ, DV), np.float32)
         S = np.empty(Q_TILE_SZ, np.float32)
         M = np.empty(Q_TILE_SZ, np.float32)
-        blk = np.empty(16, np.float32)
-        _tile(q, k, v, mask, has_mask, scale, lanes, h, h // group, iq1, count[t], out, K_f32, V32, KQ, VKQ, S, M,
-              blk)
+        _tile(q, k, v, mask, has_mask, scale, lanes, h, h // group, iq1, count[t], out, K_f32, V32, KQ, VKQ, S, M)
 
-__all__ = ["tiled_rows", "q_tiles", "v_expf", "vec_soft_max_f32"]
+
+
+__all__ = ["tiled_rows", "q_tiles"]

@@ -49,24 +49,15 @@ from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
     f16_bits_to_f32,
-    fp32_to_bf16_bits,
     fp32_to_fp16_values,
-    hsum_float_8,
     tinyblas_rows,
     vec_dot_float_rows,
 )
-from kernels.ggml.simd import fma32
+from kernels.ggml.simd import PATHS, fma32, hsum_fold, lanes
+from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits  # ggml-impl.h: ggml_compute_fp32_to_bf16
 from kernels.plain.dequant import MXFP4_VALUES
 
-PATHS = ("avx512", "avx2")
 FLOAT_KIND = {QT.F32: 0, QT.F16: 1, QT.BF16: 2}
-
-
-def lanes(path: str) -> int:
-    """float32 lanes of ``GGML_F32_VEC`` on ``path`` (simd-mappings.h: GGML_F32_EPR)."""
-    if path not in PATHS:
-        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
-    return 16 if path == "avx512" else 8
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +93,7 @@ def q8_0_rows(wq, wd, xq, xd, out):
                         j = 32 * b + 4 * lane + e
                         s += _sign_dot(wq[r, j], xq[t, j])
                     acc[lane] = fma32(d, np.float32(s), acc[lane])  # _mm256_fmadd_ps(d, cvtepi32_ps(dot), acc)
-            out[t, r] = hsum_float_8(acc, 0)
+            out[t, r] = hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
 
 
 @jit()
@@ -134,7 +125,7 @@ def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
                 ib += 2
             for lane in range(8):
                 v[lane] = acc[0, lane] + acc[1, lane]
-            sumf = hsum_float_8(v, 0)
+            sumf = hsum_fold(v, 0, 8)  # hsum_float_8
             for b in range(ib, nb):
                 d = xd[t, b] * we[r, b]
                 si = 0

@@ -36,36 +36,20 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.actquant import _q8_k_rows
-from kernels.ggml.mulmat_vec import f16_bits_to_f32, hsum_float_8
-from kernels.ggml.simd import fma32
-from kernels.plain.dequant import IQ4NL_VALUES
+from kernels.ggml.simd import fma32, hsum_fold
+from kernels.ggml.vecmath import F16_TO_F32, fp16_at
+from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
 
 TILED_TYPES = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ2_XXS, QT.IQ2_XS,
                          QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M})  # tiled.cpp: ggml_tiled_supported
 TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 KQUANT_TYPES = frozenset({QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS})  # emulated here
 KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3}
-F16_TABLE = f16_bits_to_f32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))  # vcvtph2ps of every bit pattern
 IQ4NL = IQ4NL_VALUES.astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------
 # Weight rows: bytes -> integers and scales
-
-
-@jit()
-def _f16(w, o, table):
-    return table[np.int64(w[o]) | (np.int64(w[o + 1]) << 8)]
-
-
-@jit()
-def _k4_scale_min(w, o, j):
-    """``get_scale_min_k4``: (scale, min) of sub-block ``j`` from the 12 bytes at ``w[o:]``."""
-    if j < 4:
-        return np.int64(w[o + j] & 63), np.int64(w[o + j + 4] & 63)
-    sc = (np.int64(w[o + j + 4]) & 15) | ((np.int64(w[o + j - 4]) >> 6) << 4)
-    mn = (np.int64(w[o + j + 4]) >> 4) | ((np.int64(w[o + j]) >> 6) << 4)
-    return sc, mn
 
 
 @jit()
@@ -75,10 +59,10 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
     for b in range(d.shape[0]):
         if kind == 0 or kind == 1:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
             o = (144 if kind == 0 else 176) * b
-            d[b] = _f16(w, o, table)
-            dmin[b] = _f16(w, o + 2, table)
+            d[b] = fp16_at(w, o, table)
+            dmin[b] = fp16_at(w, o + 2, table)
             for j in range(8):
-                sc[8 * b + j], mn[8 * b + j] = _k4_scale_min(w, o + 4, j)
+                sc[8 * b + j], mn[8 * b + j] = k_scale_min(w, o + 4, j)
             qo = o + (16 if kind == 0 else 48)
             for c in range(4):  # 32 bytes: low nibbles = values 64c + l, high nibbles = 64c + 32 + l
                 for l in range(32):
@@ -91,7 +75,7 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
                     q[256 * b + 64 * c + 32 + l] = hi
         elif kind == 2:  # Q6_K: ql[128], qh[64], scales[16] int8, d; half h, value 128h + 32r + l
             o = 210 * b
-            d[b] = _f16(w, o + 208, table)
+            d[b] = fp16_at(w, o + 208, table)
             for j in range(16):
                 v = np.int64(w[o + 192 + j])
                 sc[16 * b + j] = v - 256 if v > 127 else v
@@ -107,7 +91,7 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
                     q[base + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4)
         else:  # IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; block j: low nibbles 32j + l, high 32j + 16 + l
             o = 136 * b
-            d[b] = _f16(w, o, table)
+            d[b] = fp16_at(w, o, table)
             sh = np.int64(w[o + 2]) | (np.int64(w[o + 3]) << 8)
             for j in range(8):
                 sl = (np.int64(w[o + 4 + j // 2]) >> (4 * (j % 2))) & 15
@@ -181,7 +165,7 @@ def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
                         for s in range(8 * b, 8 * b + 8):
                             p += mn[s] * ysum32[t, s]
                         summs = fma32(dm, np.float32(p), summs)
-            res = hsum_float_8(acc, 0)
+            res = hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
             if kind == 0:
                 res = res + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
             elif kind == 1:
@@ -233,7 +217,7 @@ def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool)
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     if tiled:
-        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, qtype == QT.IQ4_XS and path == "avx2", out, F16_TABLE)
+        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, qtype == QT.IQ4_XS and path == "avx2", out, F16_TO_F32)
     else:
-        vec_dot_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, out, F16_TABLE)
+        vec_dot_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, out, F16_TO_F32)
     return out

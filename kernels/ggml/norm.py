@@ -34,15 +34,15 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
+from kernels.ggml.libm import fmaxf
+from kernels.ggml.simd import lanes
 
 F32 = np.float32
-PATHS = ("avx512", "avx2")
 QUIET = np.uint32(0x00400000)  # the quiet bit x86 sets on a NaN that passes through arithmetic
 
 
 def _check(x: np.ndarray, path: str) -> np.ndarray:
-    if path not in PATHS:
-        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
+    lanes(path)  # checked only: the same on both paths
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise ValueError("a norm needs at least one axis")
@@ -96,8 +96,7 @@ def _l2_norm_rows(x, eps, y):
     for r in range(R):
         s = _sum_squares(x[r])
         root = np.sqrt(np.float32(s))  # sqrtf(sum): the double sum is rounded to float first
-        m = np.float32(eps) if (root != root or root < np.float32(eps)) else root  # fmaxf(root, eps)
-        scale = np.float32(1.0) / m
+        scale = np.float32(1.0) / fmaxf(root, eps)  # 1.0f/fmaxf(sqrtf(sum), eps): glibc's fmaxf
         for i in range(n):
             y[r, i] = np.float32(scale * x[r, i])  # scale is never NaN: a NaN x stays itself, quieted
 

@@ -4,7 +4,7 @@ M-RoPE, ``GGML_ROPE_TYPE_IMROPE``; also plain ``GGML_ROPE_TYPE_MROPE``) and ``gg
 
 ``ops.cpp: ggml_compute_forward_rope_flt<float>`` does, per token ``i2`` (one cache for all its heads):
 
-1. ``theta_scale = powf(freq_base, -2.0f/n_dims)`` — glibc's ``powf`` (called here through ctypes);
+1. ``theta_scale = powf(freq_base, -2.0f/n_dims)`` — glibc's ``powf`` (:mod:`kernels.ggml.libm`);
 2. the cache (``ggml_rope_cache_init`` for NEOX, ``ggml_mrope_cache_init`` for M-RoPE): float32 angles
    that start at the token's position(s) — ``(float)p``, i.e. ``cvtsi2ss`` — and are multiplied by
    ``theta_scale`` once per pair (a running product, each step rounded); pair ``k`` takes one of the
@@ -14,7 +14,7 @@ M-RoPE, ``GGML_ROPE_TYPE_IMROPE``; also plain ``GGML_ROPE_TYPE_MROPE``) and ``gg
    ``cos = cosf(theta)*mscale``, ``sin = sinf(theta)*mscale*sin_sign`` (``mscale = attn_factor``).
    GCC turns the ``cosf``/``sinf`` pair into one glibc ``sincosf`` call (both builds' disassembly);
    glibc's ``sinf``/``cosf`` give the same bits as its ``sincosf`` (same kernel), and this module calls
-   ``sinf``/``cosf`` by symbol from compiled code (``numba.types.ExternalFunction``) — numpy's
+   ``sinf``/``cosf`` (:mod:`kernels.ggml.libm`) — numpy's
    ``np.sin``/``np.cos`` float32 SIMD routines differ from glibc in ~25 % of the angles;
 3. ``rotate_pairs(n_dims, n_dims/2, cache, src, dst)`` — NEOX pairing, dims ``k`` and ``k + n_dims/2``::
 
@@ -35,43 +35,17 @@ an ``x0`` NaN wins over an ``x1`` NaN, and ``t``/``u`` = ``±inf·0`` gives the 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-
 import numpy as np
 
-from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.simd import fma32
+from kernels.base.flags import jit
+from kernels.ggml.libm import cosf, powf, sinf
+from kernels.ggml.simd import fma32, lanes
 
 F32 = np.float32
-PATHS = ("avx512", "avx2")
 ROPE_TYPE_NEOX, ROPE_TYPE_MROPE, ROPE_TYPE_IMROPE = 2, 8, 40  # ggml.h: GGML_ROPE_TYPE_*
 _MROPE_KIND = {ROPE_TYPE_MROPE: 1, ROPE_TYPE_IMROPE: 2}
 DEFAULT_NAN = np.uint32(0xFFC00000)  # what x86 returns for an invalid operation (inf*0, inf-inf)
 QUIET = np.uint32(0x00400000)
-
-_libm = ctypes.CDLL(ctypes.util.find_library("m"))
-for _name, _args in (("powf", [ctypes.c_float, ctypes.c_float]), ("sinf", [ctypes.c_float]), ("cosf", [ctypes.c_float])):
-    getattr(_libm, _name).restype, getattr(_libm, _name).argtypes = ctypes.c_float, _args
-
-
-def powf(x, y) -> np.float32:
-    """glibc's ``powf`` (what ``ggml_compute_forward_rope_flt`` calls for ``theta_scale``)."""
-    return F32(_libm.powf(F32(x), F32(y)))
-
-
-if JIT_ENABLED:
-    from numba import types
-
-    _sinf = types.ExternalFunction("sinf", types.float32(types.float32))
-    _cosf = types.ExternalFunction("cosf", types.float32(types.float32))
-else:  # interpreted: the same glibc symbols through ctypes
-
-    def _sinf(x):
-        return F32(_libm.sinf(F32(x)))
-
-    def _cosf(x):
-        return F32(_libm.cosf(F32(x)))
 
 
 @jit()
@@ -108,8 +82,8 @@ def _rope_cache(pos, kind, sections, half, theta_scale, freq_scale, mscale, cos,
                     theta = theta_e
             # rope_yarn(theta/ff, ...) with ff = 1 and ext_factor == 0
             theta_interp = np.float32(np.float32(freq_scale) * theta)
-            cos[i2, k] = np.float32(_cosf(theta_interp) * np.float32(mscale))
-            sin[i2, k] = np.float32(_sinf(theta_interp) * np.float32(mscale))  # * sin_sign (1.0f, forward)
+            cos[i2, k] = np.float32(cosf(theta_interp) * np.float32(mscale))
+            sin[i2, k] = np.float32(sinf(theta_interp) * np.float32(mscale))  # * sin_sign (1.0f, forward)
             theta_t = np.float32(theta_t * np.float32(theta_scale))
             theta_w = np.float32(theta_w * np.float32(theta_scale))
             theta_h = np.float32(theta_h * np.float32(theta_scale))
@@ -150,8 +124,7 @@ def _nan_fixup(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np
 
 
 def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ext_factor, path):
-    if path not in PATHS:
-        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
+    lanes(path)  # checked only: the same on both paths
     if ext_factor != 0.0:
         raise NotImplementedError("rope with ext_factor != 0 (YaRN) is not emulated")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -164,7 +137,7 @@ def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ex
     if kind and (pos.shape[0] != 4 or sum(sections) > ne0 or not any(s > 0 for s in sections[:3])):
         raise ValueError("M-RoPE needs 4 position streams and sections with a positive t/h/w entry, sum <= ne0")
     half = n_dims // 2
-    theta_scale = powf(freq_base, F32(-2.0) / F32(n_dims))  # powf(freq_base, -2.0f/n_dims)
+    theta_scale = F32(powf(freq_base, F32(-2.0) / F32(n_dims)))  # powf(freq_base, -2.0f/n_dims)
     cos = np.empty((T, half), np.float32)
     sin = np.empty((T, half), np.float32)
     sections = np.asarray(sections, np.int64)

@@ -10,7 +10,7 @@ get_rows (``ops.cpp: ggml_compute_forward_get_rows_{q,f16,bf16,f32}``), per sele
 * BF16: ``ggml_cpu_bf16_to_fp32`` — ``u16 << 16`` in every branch (AVX-512, AVX2, scalar);
 * F16: ``ggml_cpu_fp16_to_fp32`` — F16C ``vcvtph2ps`` for 16/8/4-value chunks, the table
   ``ggml_table_f32_f16`` (``ggml-impl.h: ggml_compute_fp16_to_fp32``) for the tail; both are exact and
-  both quiet a signalling NaN (``payload << 13 | 0x400000``, sign kept): :data:`F16_TO_F32`;
+  both quiet a signalling NaN (``payload << 13 | 0x400000``, sign kept): ``vecmath.F16_TO_F32``;
 * quantized: ``ggml_get_type_traits(type)->to_float``, i.e. ``ggml-quants.c: dequantize_row_*`` from
   **libggml-base**, which both builds compile without any ``-m`` ISA flag (SSE2 only: no FMA can be
   contracted, no ``vfmadd`` in either ``libggml-base.so``), so every value is rounded as written in C.
@@ -34,38 +34,17 @@ import numpy as np
 
 from kernels.base.blocks import QT
 from kernels.base.flags import jit
+from kernels.ggml.vecmath import F16_TO_F32, fp16_at  # ggml's half -> float (F16C = the table, NaNs quieted)
 from kernels.plain.dequant import IQ4NL_F32, _deq_mxfp4, as_row_bytes, k_scale_min
 
 
-def _f16_to_f32_table() -> np.ndarray:
-    """``ggml_table_f32_f16[h] = ggml_compute_fp16_to_fp32(h)`` for all 65536 ``h``, by bits."""
-    h = np.arange(1 << 16, dtype=np.uint32)
-    sign, e, m = (h & 0x8000) << 16, (h >> 10) & 31, h & 0x3FF
-    normal = ((e + 112) << 23) | (m << 13)  # the exponent rebased from 15 to 127
-    subnormal = (m.astype(np.float32) * np.float32(2.0 ** -24)).view(np.uint32)  # exact
-    special = np.uint32(0x7F800000) | (m << 13) | np.where(m != 0, np.uint32(0x400000), np.uint32(0))  # inf, quieted NaN
-    return (np.where(e == 0, subnormal, np.where(e == 31, special, normal)) | sign).astype(np.uint32).view(np.float32)
-
-
-#: ggml's half -> float conversion (F16C and the software table agree bit for bit, NaNs quieted).
-F16_TO_F32 = _f16_to_f32_table()
-
-
-@jit()
-def _fp16(src, o, tab):
-    """``GGML_FP16_TO_FP32`` of the little-endian half at ``src[o]``."""
-    return tab[int(src[o]) | (int(src[o + 1]) << 8)]
-
-
 # dequantize_row_* of ggml-quants.c; src: [N, row bytes] uint8, y: [N, n] float32, tab: F16_TO_F32.
-
-
 @jit()
 def _deq_q8_0(src, y, tab):
     qs = src.view(np.int8)
     for r in range(src.shape[0]):
         for i in range(y.shape[1] // 32):  # block_q8_0: d, qs[32]
-            d = _fp16(src[r], 34 * i, tab)
+            d = fp16_at(src[r], 34 * i, tab)
             for j in range(32):
                 y[r, i * 32 + j] = np.float32(qs[r, 34 * i + 2 + j]) * d  # x[i].qs[j]*d
 
@@ -75,8 +54,8 @@ def _deq_q4_k(src, y, tab):
     for r in range(src.shape[0]):
         for i in range(y.shape[1] // 256):  # block_q4_K: d, dmin, scales[12], qs[128]
             o = 144 * i
-            d = _fp16(src[r], o, tab)
-            dmin = _fp16(src[r], o + 2, tab)
+            d = fp16_at(src[r], o, tab)
+            dmin = fp16_at(src[r], o + 2, tab)
             q = o + 16
             for j in range(4):  # for (j = 0; j < QK_K; j += 64), is = 2j
                 sc, m = k_scale_min(src[r], o + 4, 2 * j)  # get_scale_min_k4(is + 0, x[i].scales, &sc, &m)
@@ -95,8 +74,8 @@ def _deq_q5_k(src, y, tab):
     for r in range(src.shape[0]):
         for i in range(y.shape[1] // 256):  # block_q5_K: d, dmin, scales[12], qh[32], qs[128]
             o = 176 * i
-            d = _fp16(src[r], o, tab)
-            dmin = _fp16(src[r], o + 2, tab)
+            d = fp16_at(src[r], o, tab)
+            dmin = fp16_at(src[r], o + 2, tab)
             ql = o + 48
             u1, u2 = 1, 2
             for j in range(4):
@@ -121,7 +100,7 @@ def _deq_q6_k(src, y, tab):
     for r in range(src.shape[0]):
         for i in range(y.shape[1] // 256):  # block_q6_K: ql[128], qh[64], scales[16] (int8), d
             o = 210 * i
-            d = _fp16(src[r], o + 208, tab)
+            d = fp16_at(src[r], o + 208, tab)
             for n in range(2):  # for (n = 0; n < QK_K; n += 128)
                 ql, qh, sc = o + 64 * n, o + 128 + 32 * n, o + 192 + 8 * n
                 for l in range(32):
@@ -143,7 +122,7 @@ def _deq_iq4_xs(src, y, tab):
     for r in range(src.shape[0]):
         for i in range(y.shape[1] // 256):  # block_iq4_xs: d, scales_h (u16), scales_l[4], qs[128]
             o = 136 * i
-            d = _fp16(src[r], o, tab)
+            d = fp16_at(src[r], o, tab)
             scales_h = int(src[r, o + 2]) | (int(src[r, o + 3]) << 8)
             for ib in range(8):
                 ls = ((int(src[r, o + 4 + ib // 2]) >> 4 * (ib % 2)) & 15) | (((scales_h >> 2 * ib) & 3) << 4)

@@ -11,8 +11,17 @@ exactly on a float32 midpoint is still rounded the right way (the product of two
 reduction and coefficients, but AVX-512 rounds j ≈ e**b (the polynomial with its 1) and applies 2**n with
 ``_mm512_scalef_ps``, while AVX2 keeps j ≈ e**b - 1 and forms k + k·j in one FMA (k = 2**n built in the
 exponent field; a two-factor scale for |n| > 126): they round differently, so SiLU, SwiGLU and soft_max
-differ between the builds (the expf results in ~28 % of inputs, SiLU in ~13 %, by 1 ulp). ``reduce_add``: the
-x86 horizontal sum of one register (halves folded).
+differ between the builds (the expf results in ~28 % of inputs, SiLU in ~13 %, by 1 ulp).
+
+``lanes(path)``: float32 lanes of one vector on an emulated path (``PATHS``: ``"avx512"`` 16, ``"avx2"`` 8).
+
+Horizontal sums of one register — two genuinely different trees, so two functions: :func:`hsum_fold` (halves
+folded onto each other down to one lane: GCC's ``_mm512_reduce_add_ps``, ``arch/x86/quants.c:
+hsum_float_8``, llamafile's ``hsum``, the AVX2 block sum of ``ggml_vec_soft_max_f32``) and :func:`hsum_hadd8`
+(``GGML_F32x8_REDUCE``'s two ``_mm_hadd_ps``: neighbours first). :func:`vec_reduce` is
+``GGML_F32_VEC_REDUCE`` of the four accumulators of a vec.cpp loop, ending in the one or the other.
+:func:`fold_left_unfused`: how GCC -O3 splits an in-order ``sum += a[i]*b[i]`` loop between rounded products
+and FMAs.
 """
 
 from __future__ import annotations
@@ -24,6 +33,15 @@ import numpy as np
 from kernels.base.flags import JIT_ENABLED, jit
 
 F32 = np.float32
+LANES = {"avx512": 16, "avx2": 8}  # simd-mappings.h: GGML_F32_EPR (= GGML_F16_EPR) of each emulated path
+PATHS = tuple(LANES)
+
+
+def lanes(path: str) -> int:
+    """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``); checks the path."""
+    if path not in LANES:
+        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
+    return LANES[path]
 
 
 def fma32_exact(a, b, c):
@@ -193,18 +211,56 @@ def v_expf(x, lanes):
     return v_expf_avx2(x)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Horizontal sums of one register (a[o : o + lanes]) and the accumulator reduction of vec.cpp
+
+
 @jit()
-def reduce_add(v, i0, lanes, w):
-    """Horizontal float32 sum of the register ``v[i0:i0+lanes]`` in the x86 order: halves folded onto each
-    other (v[i] + v[i + lanes/2]) until one lane is left. AVX-512: GCC's ``_mm512_reduce_add_ps``
-    (extractf64x4 → 256-bit add, extractf128 → 128-bit add, shuffle {2,3,0,1} → add, [0] + [1]); AVX2: the
-    sequence in vec.cpp ggml_vec_soft_max_f32 (extractf128 + cast → add, movehl → add, movehdup → add_ss).
-    ``w``: float32 scratch of ``lanes`` elements."""
+def _half8(a, o, lanes, i):
+    """Lane ``i`` of the 8-lane (256-bit) vector: ``a[o+i]``, or for 16 lanes ``a[o+i] + a[o+8+i]``."""
+    return F32(a[o + i] + a[o + 8 + i]) if lanes == 16 else F32(a[o + i])
+
+
+@jit()
+def hsum_fold(a, o, lanes):
+    """The sum of the 16 (``lanes`` 16) or 8 float32 lanes ``a[o:o+lanes]``, halves folded: lane i + lane
+    i + half, until one lane is left — ``(s0 + s2) + (s1 + s3)`` of the 4-lane half sums ``s``.
+
+    AVX-512: GCC's ``_mm512_reduce_add_ps`` (extractf64x4 → 256-bit add, extractf128 → 128-bit add, then
+    the shuffles). 8 lanes: ``arch/x86/quants.c: hsum_float_8`` (= llamafile ``hsum(__m256)``) and the AVX2
+    block sum of ``vec.cpp: ggml_vec_soft_max_f32`` (extractf128 + add, movehl + add, movehdup + add_ss)."""
+    s0 = F32(_half8(a, o, lanes, 0) + _half8(a, o, lanes, 4))  # 256 -> 128 bits
+    s1 = F32(_half8(a, o, lanes, 1) + _half8(a, o, lanes, 5))
+    s2 = F32(_half8(a, o, lanes, 2) + _half8(a, o, lanes, 6))
+    s3 = F32(_half8(a, o, lanes, 3) + _half8(a, o, lanes, 7))
+    return F32(F32(s0 + s2) + F32(s1 + s3))  # 128 -> 64 -> 32 bits
+
+
+@jit()
+def hsum_hadd8(a, o):
+    """The tail of ``simd-mappings.h: GGML_F32x8_REDUCE`` on 8 lanes ``a[o:o+8]``: the 128-bit halves added,
+    then ``_mm_hadd_ps`` twice — ``(t0 + t1) + (t2 + t3)``, neighbours first (not :func:`hsum_fold`)."""
+    t0, t1 = F32(a[o] + a[o + 4]), F32(a[o + 1] + a[o + 5])  # _mm_add_ps(lo128, hi128)
+    t2, t3 = F32(a[o + 2] + a[o + 6]), F32(a[o + 3] + a[o + 7])
+    return F32(F32(t0 + t1) + F32(t2 + t3))
+
+
+@jit()
+def vec_reduce(acc, lanes):
+    """``GGML_F32_VEC_REDUCE`` (= ``GGML_F16_VEC_REDUCE`` on x86) of the ``GGML_F32_ARR`` = 4 accumulators
+    ``acc`` (4, lanes), overwritten: ``x[0] += x[2]; x[1] += x[3]; x[0] += x[1]`` lane-wise, then the
+    lanes — AVX-512 ``_mm512_reduce_add_ps`` (:func:`hsum_fold`), AVX2 two hadds (:func:`hsum_hadd8`)."""
     for i in range(lanes):
-        w[i] = v[i0 + i]
-    half = lanes // 2
-    while half >= 1:  # 16 → 8 → 4 → 2 → 1 lanes (AVX2: 8 → 4 → 2 → 1)
-        for i in range(half):
-            w[i] = np.float32(w[i + half] + w[i])
-        half //= 2
-    return w[0]
+        acc[0, i] = F32(acc[0, i] + acc[2, i])
+        acc[1, i] = F32(acc[1, i] + acc[3, i])
+        acc[0, i] = F32(acc[0, i] + acc[1, i])
+    return hsum_fold(acc[0], 0, 16) if lanes == 16 else hsum_hadd8(acc[0], 0)
+
+
+@jit()
+def fold_left_unfused(count, lanes):
+    """How many of ``count`` in-order terms ``sum += a[i]*b[i]`` GCC -O3 (no -ffast-math) computes as
+    rounded products (``vmulps``) added one by one (``vaddss``): blocks of ``lanes``, then one of
+    ``lanes/2`` — ``count & ~7`` (AVX-512) / ``count & ~3`` (AVX2); the rest are ``vfmadd231ss``. Read from
+    the disassembly of both builds (vec.cpp ``ggml_vec_dot_f32``'s leftovers, ops.cpp ssm_conv)."""
+    return count & ~(lanes // 2 - 1)

@@ -14,16 +14,15 @@ builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly 
 * ``neg`` (unary-ops.cpp: ``op_neg``): sign flip (NaN signs included). ``clamp``: ``MAX(MIN(x, max), min)``.
 * ``exp``, ``sigmoid``, ``softplus`` (unary-ops.cpp: ``op_exp``, ``op_sigmoid``, ``op_softplus``): scalar loops
   calling glibc's ``expf`` / ``logf`` (``expf@GLIBC_2.27``, ``logf@GLIBC_2.27`` in both .so); not vectorized.
-  We call the same libm (numba ``ExternalFunction``; ctypes when interpreted — numpy's own ``np.exp`` differs
-  from glibc in ~1/3 of float32 inputs). Path-independent, but as exact as the host's libm is the same one.
+  We call the same libm (:mod:`kernels.ggml.libm`). Path-independent, but as exact as the host's libm is the
+  same one.
 * ``silu`` (vec.cpp: ``ggml_vec_silu_f32``) and ``swiglu`` (``ggml_vec_swiglu_f32``): SIMD blocks of 16
   (AVX-512) or 8 (AVX2) lanes with ``x / (1 + ggml_v_expf(0 - x))`` (``* g``) — the two paths have
   *different* expf polynomials (kernels/ggml/simd.py) — and a scalar tail ``x/(1.0f + expf(-x))`` with libm.
 * ``soft_max`` (ops.cpp: ``ggml_compute_forward_soft_max_f32``, max_bias 0): ``w = x*scale`` (+ mask, F32 or
-  F16), ``max`` by the scalar ``MAX`` loop, then ``ggml_vec_soft_max_f32``: ``v_expf(w - max)`` per block,
-  each block summed across lanes in float32 (x86 fold order, :func:`kernels.ggml.simd.reduce_add`) and
-  added to a double ``sum``; the tail with libm ``expf``, each added in double; finally
-  ``y *= (float)(1.0/sum)``.
+  F16), ``max`` by the scalar ``MAX`` loop (``ggml_vec_max_f32``), then ``ggml_vec_soft_max_f32``
+  (:mod:`kernels.ggml.vec`: ``v_expf(w - max)`` per block, each block summed across lanes in float32 and
+  added to a double ``sum``; the tail with libm ``expf``); finally ``y *= (float)(1.0/sum)``.
 * ``cast_f16`` / ``cast_f16_to_f32`` (ops.cpp: ``ggml_compute_forward_dup_flt``): *not* the F16C instructions —
   on x86 simd-mappings.h leaves ``GGML_CPU_FP32_TO_FP16`` = ggml-impl.h's portable ``ggml_compute_fp32_to_fp16``
   and ``GGML_CPU_FP16_TO_FP32`` = a table filled by ``ggml_compute_fp16_to_fp32``: round to nearest even, every
@@ -40,41 +39,12 @@ one thread. Arrays: float32 of shape (rows, n) or more dims (leading dims are ro
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-
 import numpy as np
 
-from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.simd import fma32, reduce_add, v_expf
-
-LANES = {"avx512": 16, "avx2": 8}  # simd-mappings.h: GGML_F32_EPR of the path
-
-
-def lanes_of(path: str) -> int:
-    if path not in LANES:
-        raise ValueError(f"unknown ggml-cpu path {path!r} (one of {', '.join(LANES)})")
-    return LANES[path]
-
-
-# ---------------------------------------------------------------------------------------------------
-# glibc's expf / logf: the functions libggml-cpu.so calls (objdump -T: expf@GLIBC_2.27, logf@GLIBC_2.27)
-
-_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
-if JIT_ENABLED:
-    from numba import types
-
-    expf = types.ExternalFunction("expf", types.float32(types.float32))
-    logf = types.ExternalFunction("logf", types.float32(types.float32))
-else:
-    for _name in ("expf", "logf"):
-        getattr(_LIBM, _name).restype, getattr(_LIBM, _name).argtypes = ctypes.c_float, [ctypes.c_float]
-
-    def expf(x):
-        return np.float32(_LIBM.expf(float(x)))
-
-    def logf(x):
-        return np.float32(_LIBM.logf(float(x)))
+from kernels.base.flags import jit
+from kernels.ggml.libm import expf, logf
+from kernels.ggml.simd import fma32, lanes, v_expf
+from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
 def _rows(x) -> np.ndarray:
@@ -220,7 +190,7 @@ def _silu_rows(x, g, has_g, lanes, y):
 
 def silu(x, path: str) -> np.ndarray:
     """ggml_silu (ops.cpp ggml_compute_forward_silu_f32 → vec.cpp ggml_vec_silu_f32) on ``path``."""
-    return _on_rows(_silu_rows, x, _rows(x), False, lanes_of(path))
+    return _on_rows(_silu_rows, x, _rows(x), False, lanes(path))
 
 
 def swiglu(a, b, path: str) -> np.ndarray:
@@ -233,7 +203,7 @@ def swiglu(a, b, path: str) -> np.ndarray:
     b = np.asarray(b, dtype=np.float32)
     if a.shape != b.shape:
         raise ValueError(f"swiglu: {a.shape} and {b.shape} differ")
-    return _on_rows(_silu_rows, a, _rows(b), True, lanes_of(path))
+    return _on_rows(_silu_rows, a, _rows(b), True, lanes(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -245,7 +215,6 @@ def _soft_max_rows(x, mask, mask_of, has_mask, scale, lanes, y):
     """x, y: (B, R, n); mask: (Bm, Rm >= R, n) float32, mask_of[b] its slice for x's slice b."""
     n = x.shape[2]
     wp = np.empty(n, np.float32)  # params->wdata: the scaled, masked row
-    lanes_tmp = np.empty(lanes, np.float32)
     for b in range(x.shape[0]):
         for r in range(x.shape[1]):
             for i in range(n):
@@ -253,24 +222,9 @@ def _soft_max_rows(x, mask, mask_of, has_mask, scale, lanes, y):
             if has_mask:
                 for i in range(n):  # wp[i] += slope*mp_f32[i], slope = 1 (max_bias 0): one rounding
                     wp[i] = fma32(np.float32(1.0), mask[mask_of[b], r, i], wp[i])
-            mx = np.float32(-np.inf)
-            for i in range(n):  # ggml_vec_max_f32: max = MAX(max, x[i]), MAX(a, b) = ((a) > (b) ? (a) : (b))
-                mx = mx if mx > wp[i] else wp[i]
-            # ggml_vec_soft_max_f32(ne00, dp, wp, max)
+            mx = vec_max_f32(n, wp)
             out = y[b, r]
-            total = np.float64(0.0)  # ggml_float sum
-            i = 0
-            while i + lanes - 1 < n:
-                for lane in range(lanes):  # ggml_v_expf(_mm*_sub_ps(x, max)), stored
-                    out[i + lane] = v_expf(np.float32(wp[i + lane] - mx), lanes)
-                # sum += (ggml_float)_mm512_reduce_add_ps(val) (AVX2: the extract/movehl/movehdup sum)
-                total += np.float64(reduce_add(out, i, lanes, lanes_tmp))
-                i += lanes
-            while i < n:  # tail: float val = expf(x[i] - max); sum += (ggml_float)val
-                v = expf(np.float32(wp[i] - mx))
-                total += np.float64(v)
-                out[i] = v
-                i += 1
+            total = vec_soft_max_f32(n, out, wp, mx, lanes)  # ggml_float sum
             inv = np.float32(np.float64(1.0) / total)  # sum = 1.0/sum; ggml_vec_scale_f32(ne00, dp, (float)sum)
             for i in range(n):
                 out[i] = np.float32(out[i] * inv)
@@ -300,7 +254,7 @@ def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndar
         i3, i2 = np.divmod(np.arange(ne03 * ne02), ne02)
         mask_of = ((i3 % ne13) * ne12 + (i2 % ne12)).astype(np.int64)  # i13*ne12 + i12
     y = np.empty_like(xb)
-    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), lanes_of(path), y)
+    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), lanes(path), y)
     return y.reshape(x.shape)
 
 
@@ -359,6 +313,18 @@ def cast_f16_to_f32(h) -> np.ndarray:
     special = 0x7F800000 | (m << 13) | np.where(m != 0, 0x00400000, 0)  # inf; NaN quieted
     bits = sign | np.where(e == 0, sub, np.where(e == 31, special, normal))
     return bits.astype(np.uint32).view(np.float32)
+
+
+#: ``ggml_table_f32_f16``: cast_f16_to_f32 of all 65536 halves, indexed by the bits. F16C's ``vcvtph2ps``
+#: gives the same bits for every input (a signalling NaN quieted, payload kept), so this is also
+#: ``GGML_CPU_FP16_TO_FP32`` / ``ggml_cpu_fp16_to_fp32`` of every path (get_rows, mul_mat's F16 weights).
+F16_TO_F32 = cast_f16_to_f32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16))
+
+
+@jit()
+def fp16_at(src, o, tab):
+    """``GGML_CPU_FP16_TO_FP32`` of the little-endian half at bytes ``src[o:o+2]`` (``tab``: F16_TO_F32)."""
+    return tab[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
 
 
 def cast_bf16(x) -> np.ndarray:

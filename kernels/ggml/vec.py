@@ -1,0 +1,98 @@
+"""The vec.h / vec.cpp functions of ggml-cpu that several ops share, bit for bit on the x86 paths.
+
+Each is one C function, called (through ``type_traits_cpu[type].vec_dot`` or directly) from every op that
+uses it — mul_mat, flash attention, the gated delta net, soft_max — so one emulation serves them all
+(``L`` = float32 lanes of the path, :func:`kernels.ggml.simd.lanes`: 16 on ``avx512``, 8 on ``avx2``):
+
+* ``ggml_vec_dot_f32`` (:func:`vec_dot_f32`): ``GGML_F32_ARR`` = 4 accumulators of ``L`` lanes over steps of
+  ``GGML_F32_STEP`` = 4·L values (``GGML_F32_VEC_FMA``: one rounding per lane), ``GGML_F32_VEC_REDUCE``
+  (:func:`kernels.ggml.simd.vec_reduce`) into a *float* ``sumf``; the leftover loop
+  ``sumf += x[i]*y[i]`` as GCC -O3 vectorized it in order (:func:`kernels.ggml.simd.fold_left_unfused`:
+  rounded products in blocks of L and L/2, then scalar FMAs).
+* ``ggml_vec_dot_f16`` (:func:`vec_dot_f16`): the same SIMD loop on F16 values widened by ``vcvtph2ps``
+  (``GGML_F16_STEP``/``GGML_F16_EPR`` equal the F32 ones on x86), the reduced sum widened to a *double*,
+  the leftovers added as ``(ggml_float)(x[i]*y[i])`` — a different tail from the F32 dot, so two functions.
+* ``ggml_vec_max_f32`` (:func:`vec_max_f32`): ``max = MAX(max, x[i])`` in order, from -inf (scalar).
+* ``ggml_vec_soft_max_f32`` (:func:`vec_soft_max_f32`): ``y = ggml_v_expf(x - max)`` in blocks of L lanes
+  (:func:`kernels.ggml.simd.v_expf`, a different polynomial per path), each block's lane sum in float
+  (:func:`kernels.ggml.simd.hsum_fold` on both paths) added to a double; the tail with libm ``expf``,
+  each value added to the double.
+
+Inputs are float32 arrays (F16 values held as float32: exact).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.flags import jit
+from kernels.ggml.libm import expf
+from kernels.ggml.simd import fma32, fold_left_unfused, hsum_fold, v_expf, vec_reduce
+
+F32 = np.float32
+
+
+@jit()
+def _simd_dot(np_, x, y, lanes):
+    """The SIMD loop shared by ggml_vec_dot_f32/_f16 over ``x[:np_]``, ``y[:np_]`` (``np_`` a multiple of
+    4·lanes): ``sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j])``, then GGML_F32_VEC_REDUCE (float32)."""
+    acc = np.zeros((4, lanes), np.float32)  # GGML_F32_VEC sum[GGML_F32_ARR]
+    for i in range(0, np_, 4 * lanes):  # i += GGML_F32_STEP
+        for j in range(4):
+            for lane in range(lanes):
+                k = i + j * lanes + lane
+                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
+    return vec_reduce(acc, lanes)
+
+
+@jit()
+def vec_dot_f32(n, x, y, lanes):
+    """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``."""
+    np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
+    sumf = _simd_dot(np_, x, y, lanes)
+    unfused = np_ + fold_left_unfused(n - np_, lanes)
+    for i in range(np_, unfused):  # leftovers, GCC's vector blocks: vmulps, then vaddss lane by lane
+        sumf = F32(sumf + F32(x[i] * y[i]))
+    for i in range(unfused, n):  # the last < L/2: vfmadd231ss
+        sumf = fma32(x[i], y[i], sumf)
+    return sumf
+
+
+@jit()
+def vec_dot_f16(n, x, y, lanes):
+    """vec.cpp: ggml_vec_dot_f16 of ``x[:n]``, ``y[:n]`` (F16 values as float32): float SIMD part, double tail."""
+    np_ = n & ~(4 * lanes - 1)  # GGML_F16_STEP
+    sumf = np.float64(_simd_dot(np_, x, y, lanes))  # ggml_float sumf
+    for i in range(np_, n):
+        sumf += np.float64(F32(x[i] * y[i]))  # (ggml_float)(GGML_CPU_FP16_TO_FP32(x[i])*…(y[i])): exact product
+    return F32(sumf)
+
+
+@jit()
+def vec_max_f32(n, x):
+    """vec.h: ggml_vec_max_f32: ``max = MAX(max, x[i])`` from -INFINITY, ``MAX(a, b) = a > b ? a : b``."""
+    mx = F32(-np.inf)
+    for i in range(n):
+        mx = mx if mx > x[i] else F32(x[i])
+    return mx
+
+
+@jit()
+def vec_soft_max_f32(n, y, x, mx, lanes):
+    """vec.cpp: ggml_vec_soft_max_f32: ``y[i] = exp(x[i] - max)`` (``y`` may be ``x``); returns the double sum."""
+    total = np.float64(0.0)  # ggml_float sum
+    i = 0
+    while i + lanes - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8
+        for lane in range(lanes):  # ggml_v_expf(_mm*_sub_ps(x, max)), stored
+            y[i + lane] = v_expf(F32(x[i + lane] - mx), lanes)
+        total += np.float64(hsum_fold(y, i, lanes))  # sum += (ggml_float)<the block's lane sum>
+        i += lanes
+    while i < n:  # tail: float val = expf(x[i] - max); sum += (ggml_float)val
+        v = expf(F32(x[i] - mx))
+        total += np.float64(v)
+        y[i] = v
+        i += 1
+    return total
+
+
+__all__ = ["vec_dot_f32", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]

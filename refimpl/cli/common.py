@@ -131,7 +131,9 @@ def add_numerics(p) -> None:
     p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
                    help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
                         "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
-                        "CLI and server run; the default) or plain (F32 K/V, no flash attention). "
+                        "CLI and server run; the default) or plain (F32 K/V, no flash attention); ggml: every op as "
+                        "the libggml-cpu that llama-cpp-python loads computes it, bit for bit (its AVX-512 or AVX2 "
+                        "path, detected; llama.cpp's defaults: F16 K/V, flash attention, n_ubatch 512, 4 threads). "
                         "--emulate CONFIG and --emulate=CONFIG are the same; a next argument that is not a CONFIG "
                         "is not taken (run --emulate model.gguf: MODEL is model.gguf). Needs --kernel numba")
     p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
@@ -147,9 +149,29 @@ def add_kernel(p) -> None:
 def check_numerics(args) -> None:
     """--kernel numpy is the plain numpy twin of the matmul: llama.cpp's activation quantization
     (--emulate) is implemented on the numba kernels only (kernels/matmul.py)."""
+    if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) == "ggml":
+        raise RefimplError("--emulate=ggml computes every op with the kernels.ggml emulations of ggml-cpu (numba); "
+                           "--kernel numpy, the plain definitions, does not apply to it")
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
         raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
                            "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
+
+
+def ggml_path() -> str:
+    """``--emulate=ggml``: the ggml-cpu path of the libggml llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH``,
+    else its ``lib/``); a build whose kernels are not emulated is refused in one line. The build is named on
+    stderr (``emulating ggml-cpu AVX-512 (…) from DIR``) when the emulation first computes, after every
+    other flag has been checked (:func:`refimpl.model.ops.announce_ggml`)."""
+    from kernels.ggml.build import UnsupportedBuild, detect
+    from refimpl.model.ops import announce_ggml
+
+    try:
+        build = detect()
+        path = build.path
+    except UnsupportedBuild as e:
+        raise RefimplError(f"--emulate=ggml: {e}") from None
+    announce_ggml(f"emulating {build.describe()}")
+    return path
 
 
 def ctx_from_args(args, trace=None):
@@ -162,7 +184,11 @@ def ctx_from_args(args, trace=None):
     check_numerics(args)
     flash = None if args.flash_attn is None else args.flash_attn == "on"
     kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
-    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace)
+    from refimpl.model.ops import announce_ggml
+
+    announce_ggml(None)
+    ggml = ggml_path() if args.emulate == "ggml" else None
+    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml)
     return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
 
 

@@ -61,8 +61,10 @@ def cmd_run(args) -> int:
         if path is not None:
             check_output(path, flag)
     args.faults = _injected(args)
+    ctx = ctx_from_args(args)  # before loading: --emulate=ggml names (or refuses) the libggml it follows first
     plain = not (args.mtp or args.ngram or args.csv)  # plain greedy: the matrices are packed after the first token
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain)
+    pack = False if ctx.ggml else PACK_FLAGS[args.pack]  # --emulate=ggml multiplies the stored rows: no lane copies
+    model = load(args, cache_mb=args.cache_mb, pack=pack, defer_pack=plain)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:
@@ -71,7 +73,7 @@ def cmd_run(args) -> int:
         prompt = tok.encode(args.prompt, parse_special=True, faults=args.faults)
         if not prompt:
             raise RefimplError("the prompt encodes to no tokens")
-    spec = _speculative_options(args, model)
+    spec = _speculative_options(args, model, ctx)
     stream = _TextStream(tok) if not args.json else None
     bar = tqdm(total=args.n_predict, desc="generating", unit="tok", file=sys.stderr, disable=None, leave=False)
     kwargs = dict(eog_ids=frozenset(tok.eog_ids), on_token=stream.write if stream else None, progress=bar)
@@ -81,11 +83,11 @@ def cmd_run(args) -> int:
             model = m.packed()
             return model
 
-        out, stats = greedy(model, prompt, args.n_predict, ctx_from_args(args), **kwargs, after_first=packed), None
+        out, stats = greedy(model, prompt, args.n_predict, ctx, **kwargs, after_first=packed), None
     else:
         from refimpl.decode.speculative import speculative_generate
 
-        out, stats = speculative_generate(model, prompt, args.n_predict, ctx_from_args(args), **spec, **kwargs,
+        out, stats = speculative_generate(model, prompt, args.n_predict, ctx, **spec, **kwargs,
                                           bytes_read=model.streamer.bytes_read, counters=model.streamer.counters.columns)
     bar.close()
     if trace is not None:
@@ -134,7 +136,7 @@ def _route_trace(args, model):
     return model.streamer.on_route
 
 
-def _speculative_options(args, model) -> dict | None:
+def _speculative_options(args, model, ctx) -> dict | None:
     """speculative_generate's keyword arguments from run's flags, or None for plain greedy."""
     if args.temp != 0:
         raise RefimplError(f"only greedy decoding is supported (--temp 0), got --temp {args.temp}")
@@ -157,7 +159,7 @@ def _speculative_options(args, model) -> dict | None:
     if not 1 <= min_match <= NGRAM_MAX_MATCH:  # llama.cpp's ngram-simple looks back at most NGRAM_MAX_MATCH tokens
         raise RefimplError(f"--ngram-min-match must be between 1 and {NGRAM_MAX_MATCH}, got {min_match}")
     # build the source now: --mtp on a GGUF without nextn tensors is refused here, before generating
-    src = make_source(model, source, ctx_from_args(args), p_min=p_min, ngram_min_match=min_match)
+    src = make_source(model, source, ctx, p_min=p_min, ngram_min_match=min_match)
     return dict(source=src, n_draft=n_draft, p_min=p_min, ngram_min_match=min_match)
 
 

@@ -87,6 +87,8 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     ``a``: attn_norm output [T, E]; ``positions`` [T]. Returns (attn_output [T, E], new cache).
     ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block, as in ``graph_mtp``).
     """
+    if ctx.ggml:
+        return _gated_attention_ggml(w, c, a, positions, kv, il, ctx, prefix)
     T = a.shape[0]
     H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
     qg = ctx.cb("attention.q_gate", il, mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
@@ -174,4 +176,104 @@ def _attend_plain(q: np.ndarray, kv: KVCache, positions: np.ndarray, scale, ctx:
         if round_f16:
             p = to_f16(p)
         o[t] = dot64(vals.transpose(1, 2, 0)[:, None], p[:, :, None, :], ctx.kernel).reshape(H, D)  # [Hkv, group, D] -> [H, D]
+    return o
+
+
+# --- --emulate=ggml: build_layer_attn as ggml-cpu computes it, op by op (Ctx.ggml) --------------------------
+
+GGML_ROPE_TYPE_IMROPE = 40  # ggml.h: GGML_ROPE_TYPE_IMROPE (qwen35moe / qwen35's rope_type)
+
+
+def _gated_attention_ggml(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il: int, ctx: Ctx,
+                          prefix: str = "") -> tuple[np.ndarray, KVCache]:
+    """``graph::build_layer_attn`` (qwen35moe.cpp) for one ubatch, each op by its ``kernels.ggml`` emulation:
+    the three projections (``ggml_mul_mat``), the fused RMS_NORM+MUL of Q and K over rows of D,
+    ``ggml_rope_multi`` IMROPE (``ggml_rope_ext`` NEOX for qwen3next), the cache write (``ggml_set_rows``
+    into the F16 cache: :func:`kernels.ggml.vecmath.cast_f16`), :func:`_attend_ggml`, ``ggml_sigmoid`` of the
+    gate, ``ggml_mul``, the output projection. a [T, E] -> ([T, E], the new cache)."""
+    from kernels.ggml import rope, vecmath
+
+    T = a.shape[0]
+    H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
+    qg = ctx.cb("attention.q_gate", il, mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
+    ctx.cb(prefix + "Qcur_full", il, qg.reshape(T, 2 * H * D))
+    q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps, ctx)  # [T, H, D]: the view, normed row by row
+    ctx.cb(prefix + "Qcur_normed", il, q)
+    k = rms_norm_w(mm(w.attn_k, a, ctx).reshape(T, Hkv, D), w.attn_k_norm, c.rms_eps, ctx)  # [T, Hkv, D]
+    ctx.cb(prefix + "Kcur_normed", il, k)
+    gate = np.ascontiguousarray(qg[:, :, 1, :]).reshape(T, H * D)  # [T, HD]: ggml_cont_2d
+    v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
+
+    n_rot = ctx.cb("attention.rope_dims", il, c.n_rot, head_dim=D)
+    pos = np.asarray(positions, dtype=np.int32)  # [T]
+    if c.rope_sections:  # text tokens: the four position streams are (p, p, p, 0) (llm_graph_input_pos)
+        pos4 = np.stack([pos, pos, pos, np.zeros_like(pos)])  # [4, T]
+        q = rope.rope_multi(q, pos4, n_rot, c.rope_sections, GGML_ROPE_TYPE_IMROPE, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
+        k = rope.rope_multi(k, pos4, n_rot, c.rope_sections, GGML_ROPE_TYPE_IMROPE, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
+    else:
+        q = rope.rope_neox(q, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
+        k = rope.rope_neox(k, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
+    ctx.cb(prefix + "Qcur", il, q)
+    ctx.cb(prefix + "Kcur", il, k)
+    ctx.cb(prefix + "Vcur", il, v)
+
+    if ctx.kv_f16:  # ggml_set_rows into the F16 cache: F32 -> F16 (ggml_cpu_fp32_to_fp16)
+        k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
+    kv = kv.append(k, v, positions)
+
+    o = _attend_ggml(q, kv, positions, c, ctx)  # [T, H, D]
+    o = o.reshape(T, H * D)
+    ctx.cb(prefix + "attn_pregate", il, o)
+    o = ctx.cb(prefix + "attn_gated", il, o * sigmoid(gate, ctx))  # [T, HD]: ggml_mul (one float32 product)
+    return ctx.cb(prefix + "attn_output", il, mm(w.attn_output, o, ctx)), kv
+
+
+def kv_view_cells(n_used: int, c, ctx: Ctx) -> int:
+    """``llama_kv_cache::get_n_kv``: the cells of the KV view, the used ones padded to a multiple of 256
+    (at least 256), at most the cache size (the context padded to 256: ``ctx.n_ctx`` or n_ctx_train)."""
+    kv_size = -(-(ctx.n_ctx or c.n_ctx_train) // KV_PAD) * KV_PAD
+    return min(kv_size, max(KV_PAD, -(-n_used // KV_PAD) * KV_PAD))
+
+
+def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx) -> np.ndarray:
+    """``build_attn_mha`` over the padded KV view of ``n_kv`` cells (cells past the used ones zero, as the
+    cleared cache buffer holds; masked with -inf, ``set_input_kq_mask``). q [T, H, D] -> [T, H, D].
+
+    * flash attention on: ``ggml_flash_attn_ext`` with F16 K/V (an F32 cache is cast, ``ggml_cast``)
+      and the F16 mask (:func:`kernels.ggml.flashattn_exact.flash_attn_ext`: its one-row, tiled or
+      split-KV path, which it picks from the shape and ``n_threads``).
+    * off: ``kq = ggml_mul_mat(k, q)`` per head (K's type is the cache's), ``ggml_soft_max_ext(kq, mask,
+      scale)``, ``kqv = ggml_mul_mat(v_trans, kq)`` (the V cache stored transposed)."""
+    from kernels.base.blocks import QT
+    from kernels.ggml import flashattn_exact, mulmat, vecmath
+
+    T, H, D = q.shape
+    Hkv = kv.k.shape[1]
+    n_used = len(kv.pos)
+    n_kv = kv_view_cells(n_used, c, ctx)
+    scale = F32(1.0) / np.sqrt(F32(D))  # kq_scale = 1.0f/sqrtf(float(n_embd_head))
+    visible = np.zeros((T, n_kv), dtype=bool)
+    visible[:, :n_used] = kv.pos[None, :] <= positions[:, None]  # causal: p_kv <= p_q
+    mask = np.where(visible, np.float16(0), np.float16(-np.inf))  # [T, n_kv] F16 (the mask of an F16 cache or of flash attention)
+    k = np.zeros((Hkv, n_kv, D), dtype=F32)
+    v = np.zeros((Hkv, n_kv, D), dtype=F32)
+    k[:, :n_used], v[:, :n_used] = kv.k.transpose(1, 0, 2), kv.v.transpose(1, 0, 2)  # [Hkv, n_kv, D]
+    if ctx.flash_attn:
+        k16, v16 = vecmath.cast_f16(k), vecmath.cast_f16(v)  # exact for an F16 cache; ggml_cast for an F32 one
+        return flashattn_exact.flash_attn_ext(q.transpose(1, 0, 2), k16, v16, mask, scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
+    qtype = QT.F16 if ctx.kv_f16 else QT.F32
+    group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
+    o = np.empty((T, H, D), dtype=F32)
+    for h in range(H):
+        j = h // group
+        qh = np.ascontiguousarray(q[:, h])  # [T, D]
+        if ctx.kv_f16:  # Q converted to F16 (contiguous wdata): the F16 kernel for T rows (llamafile_sgemm for T ≥ 2)
+            kq = mulmat.mul_mat(vecmath.cast_f16(k[j]).view(np.uint8), qtype, qh, ctx.ggml, ctx.n_threads)  # [T, n_kv]
+        else:  # src1 = the permuted Q view is not contiguous and needs no conversion to F32: ggml_compute_forward_mul_mat
+            # skips llamafile_sgemm (it needs src1_cont) and takes vec_dot per element — a row at a time gives its bits
+            kq = np.concatenate([mulmat.mul_mat(k[j].view(np.uint8), qtype, qh[t : t + 1], ctx.ggml, ctx.n_threads) for t in range(T)])
+        p = vecmath.soft_max(kq, mask, scale, ctx.ggml)  # [T, n_kv]
+        vt = np.ascontiguousarray(v[j].T)  # [D, n_kv]: the transposed V cache
+        vb = vecmath.cast_f16(vt).view(np.uint8) if ctx.kv_f16 else vt.view(np.uint8)
+        o[:, h] = mulmat.mul_mat(vb, qtype, p, ctx.ggml, ctx.n_threads)  # [T, D]
     return o

@@ -121,6 +121,8 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     last ``keep`` states are kept, the earlier entries are None (a prompt longer than the snapshot
     ring need not hold a state per token: 2 MiB each at real widths).
     """
+    if ctx.ggml:
+        return _gated_deltanet_ggml(w, c, a, st, il, ctx, keep)
     T = a.shape[0]
     Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
     qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
@@ -155,5 +157,54 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
     out = rms_norm_w(o, ctx.cb("deltanet.ssm_norm", il, w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
+    final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
+    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states
+
+
+# --- --emulate=ggml: build_layer_attn_linear as ggml-cpu computes it, op by op (Ctx.ggml) --------------------
+
+
+def _gated_deltanet_ggml(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
+                         keep: int | None = None) -> tuple[np.ndarray, list[DeltaNetState | None]]:
+    """``graph::build_layer_attn_linear`` (qwen35moe.cpp, delta-net-base.cpp) for one ubatch: the
+    projections; ``ggml_sigmoid(beta)``; ``gate = ggml_mul(ggml_softplus(ggml_add(alpha, ssm_dt)), ssm_a)``;
+    ``build_conv_state``'s ``ggml_concat(conv_states, qkv_mixedᵀ, 0)`` then ``ggml_ssm_conv`` and
+    ``ggml_silu`` (rows of C); ``build_gdn_l2_norm`` of the q and k views; the fused
+    ``ggml_gated_delta_net`` over the whole ubatch (``build_delta_net_fused``; with ``keep`` the last
+    ``keep`` states are its snapshot slots, as ``build_recurrent_attn`` with n_rs_seq > 0 asks for);
+    ``build_norm_gated`` (fused RMS_NORM+MUL over rows of S, ``ggml_silu`` of z viewed [T, Hv, S],
+    ``ggml_mul``); ``ssm_out``. Returns what :func:`gated_deltanet` returns."""
+    from kernels.ggml import ssm
+
+    T = a.shape[0]
+    Hk, Hv, S, Kc = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_conv
+    qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
+    beta = ctx.cb("beta_sigmoid", il, sigmoid(b, ctx))  # [T, Hv]
+    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt, ctx) * w.ssm_a)  # [T, Hv]: ggml_add, ggml_softplus, ggml_mul
+
+    window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: ggml_concat (a bit copy), transposed
+    conv_out = ssm.ssm_conv(np.ascontiguousarray(window.T), w.ssm_conv1d, ctx.ggml)  # sx [C, Kc−1+T] -> [T, C]
+    ctx.cb("conv_output_raw", il, conv_out)
+    y = ctx.cb("conv_output_silu", il, silu(conv_out, ctx))  # [T, C]: ggml_silu over rows of C
+
+    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
+    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
+    v = np.ascontiguousarray(y[:, 2 * Hk * S :]).reshape(T, Hv, S)  # [T, Hv, S]
+    head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
+    if not np.array_equal(head, np.arange(Hv) % Hk):  # the fused op reads head j % Hk: other orders are expanded
+        q, k = q[:, head], k[:, head]  # [T, Hv, S] each (a copy: ggml_repeat / get_rows move bits only)
+    window = ctx.cb("deltanet.conv_rows", il, window, conv_silu=y)  # [Kc−1+T, C]
+    n_snap = 1 if keep is None else max(1, min(T, keep))
+    o, snaps = ssm.gated_delta_net(q, k, v, g, beta, st.ssm, ctx.ggml, K=n_snap)  # [T, Hv, S], state(s)
+    snaps = snaps[None] if n_snap == 1 else snaps  # [n_snap, Hv, S, S]: slot s = the state after token T−1−s
+    states: list[DeltaNetState | None] = [None] * T
+    for s_ in range(n_snap):
+        t = T - 1 - s_
+        M = ctx.cb("deltanet.state", il, snaps[s_], n_tokens=T)
+        states[t] = DeltaNetState(conv=window[t + 1 : t + Kc], ssm=M)  # after token t: the window's last Kc−1 rows
+    ctx.cb("attn_output_delta", il, o)
+
+    norm_w = ctx.cb("deltanet.ssm_norm", il, w.ssm_norm)
+    out = rms_norm_w(o, norm_w, c.rms_eps, ctx) * silu(z.reshape(T, Hv, S), ctx)  # [T, Hv, S]
     final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
     return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states

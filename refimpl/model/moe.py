@@ -32,13 +32,18 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from refimpl.model.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax
-from refimpl.io.weights import DenseFFNWeights
+from kernels.base.blocks import QT
+from refimpl.model.ops import F32, Ctx, dot64, mm, raw_bytes, sigmoid, silu, softmax, swiglu as swiglu_op
+from refimpl.io.weights import DenseFFNWeights, Matrix
 
 
 def swiglu(gate, up, down, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
     """``build_ffn(x, up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR)``: down(silu(gate x) ⊙ up x).
-    x [T, E] -> [T, E]; the product before ``down`` is traced as ``ffn_swiglu`` (as build_ffn names it)."""
+    x [T, E] -> [T, E]; the product before ``down`` is traced as ``ffn_swiglu`` (as build_ffn names it).
+    With ``ctx.ggml``: ``ggml_swiglu_split`` (``ggml_vec_swiglu_f32``)."""
+    if ctx.ggml:
+        act = ctx.cb(prefix + "ffn_swiglu", il, swiglu_op(mm(gate, x, ctx), mm(up, x, ctx), ctx))  # [T, F]
+        return mm(down, act, ctx)  # [T, F] -> [T, E]
     act = ctx.cb(prefix + "ffn_swiglu", il, silu(mm(gate, x, ctx)) * mm(up, x, ctx))  # [T, F]
     return mm(down, act, ctx)  # [T, F] -> [T, E]
 
@@ -81,6 +86,8 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     """Routed experts + shared expert. x [T, E] -> (ffn_out [T, E], sel [T, K], weights [T, K]).
 
     ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block)."""
+    if ctx.ggml:
+        return _moe_ffn_ggml(w, c, x, il, ctx, prefix)
     T = x.shape[0]
     logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
     sel, weights = route(logits, c.n_expert_used, il, ctx)  # [T, K], [T, K]
@@ -120,4 +127,61 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     shared_gate = ctx.cb("moe.shared_gate", il, shared_gate)
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]
+    return ctx.cb(prefix + "ffn_out", il, out), sel, weights
+
+
+# --- --emulate=ggml: build_moe_ffn and the shared expert as ggml-cpu computes them (Ctx.ggml) ---------------
+
+
+def _expert_stack(experts, which: str, union: list[int]) -> tuple[np.ndarray, object]:
+    """The ``which`` matrices of the batch's experts ``union``, stacked [len(union), out, row bytes]: the
+    rows of ``ffn_{which}_exps`` that ``ggml_mul_mat_id`` reads (experts renumbered in union order; the
+    grouping of rows by expert, which is all the op depends on, is kept)."""
+    mats = [getattr(experts, which)(int(e)) for e in union]
+    return np.stack([raw_bytes(m.raw, m.qtype) for m in mats]), mats[0].qtype
+
+
+def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``build_moe_ffn`` (llama-graph.cpp, SOFTMAX gating, norm_w) + qwen35moe's gated shared expert, op by op:
+    ``ggml_mul_mat`` (router) → ``ggml_soft_max`` → ``ggml_argsort_top_k`` → ``ggml_get_rows`` of the probs →
+    ``ggml_sum_rows`` → ``ggml_clamp(6.103515625e-5, INF)`` → ``ggml_div``; ``ggml_mul_mat_id`` up and gate →
+    ``ggml_swiglu_split`` → ``ggml_mul_mat_id`` down → ``ggml_mul`` by the weights → the experts' views added
+    in slot order (``ggml_add``); shared expert ``build_ffn`` (swiglu_split), its gate ``ggml_mul_mat`` with the
+    F32 [E] weight (one output row) → ``ggml_sigmoid`` → ``ggml_mul``; ``ggml_add``."""
+    from kernels.ggml import mulmat, rows, vecmath
+
+    K = c.n_expert_used
+    logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
+    probs = softmax(logits, ctx)  # [T, X]
+    sel = rows.argsort_desc(probs)[:, :K].astype(np.int64)  # [T, K]: ggml_argsort_top_k, a view of the argsort
+    weights = np.take_along_axis(probs, sel, axis=-1)  # [T, K]: ggml_get_rows (a copy)
+    w_sum = vecmath.clamp(vecmath.sum_rows(weights), 6.103515625e-5, np.inf)  # [T, 1]
+    weights = ctx.cb("moe.weights", il, vecmath.div(weights, w_sum), probs=probs, sel=sel)  # [T, K]
+    ctx.cb(prefix + "ffn_moe_topk", il, sel)
+    ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
+
+    experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
+    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
+    renumber = {e: i for i, e in enumerate(union)}
+    ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
+    x3 = np.ascontiguousarray(x, dtype=F32)[:, None, :]  # [T, 1, E]: ggml_reshape_3d(cur, n_embd, 1, n_tokens)
+    up_w, qt = _expert_stack(experts, "up", union)
+    up = mulmat.mul_mat_id(up_w, qt, x3, ids, ctx.ggml, ctx.n_threads)  # [T, K, F]
+    gate_w, qt = _expert_stack(experts, "gate", union)
+    gate = mulmat.mul_mat_id(gate_w, qt, x3, ids, ctx.ggml, ctx.n_threads)  # [T, K, F]
+    act = ctx.cb(prefix + "ffn_moe_swiglu", il, swiglu_op(gate, up, ctx))  # [T, K, F]
+    down_w, qt = _expert_stack(experts, "down", union)
+    down = mulmat.mul_mat_id(down_w, qt, act, ids, ctx.ggml, ctx.n_threads)  # [T, K, E]
+    weighted = down * weights[:, :, None]  # [T, K, E]: ggml_mul, weights [1, K, T] broadcast over E
+    moe_out = weighted[:, 0]
+    for i in range(1, K):  # ggml_add of the views, slot by slot
+        moe_out = moe_out + weighted[:, i]  # [T, E]
+    ctx.cb(prefix + "ffn_moe_out", il, moe_out)
+
+    shexp = ctx.cb(prefix + "ffn_shexp", il, swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, il, ctx, prefix))  # [T, E]
+    gate_row = Matrix("ffn_gate_inp_shexp", QT.F32, (1, c.n_embd), np.asarray(w.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1))
+    shared_gate = mm(gate_row, x, ctx)[:, 0]  # [T]: ggml_mul_mat of the F32 [E] weight, one output row
+    shared_gate = ctx.cb("moe.shared_gate", il, sigmoid(shared_gate, ctx))
+    ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
+    out = moe_out + shexp * shared_gate[:, None]  # [T, E]: ggml_mul (broadcast), ggml_add
     return ctx.cb(prefix + "ffn_out", il, out), sel, weights

@@ -31,7 +31,7 @@ from refimpl.model.attention import gated_attention
 from refimpl.errors import RefimplError
 from refimpl.io.load import ModelFile
 from refimpl.model.moe import ffn
-from refimpl.model.ops import Ctx, ieee, mm, output_rows, rms_norm_w
+from refimpl.model.ops import Ctx, ieee, mm, output_rows, raw_bytes, rms_norm_w
 from refimpl.model.state import KVCache
 from refimpl.io.weights import LayerWeights, Matrix, _matrix, _vector, layer_weights
 
@@ -105,23 +105,48 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     h = np.asarray(h, dtype=np.float32).reshape(tokens.size, c.n_embd)  # [T, E]
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
-    e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
+    if ctx.ggml and tokens.size > ctx.n_ubatch:  # llama.cpp's ubatches (refimpl.model.trunk._forward_ubatches)
+        return _mtp_ubatches(model, w, state, tokens, h, ctx, outputs)
+    if ctx.ggml:  # ggml_get_rows of the stored rows (kernels.ggml.rows)
+        from kernels.ggml import rows as ggml_rows
+        from refimpl.model.ops import said_ggml
+
+        said_ggml()
+
+        e = ctx.cb("mtp_tok_embd", il, ggml_rows.get_rows(raw_bytes(w.embed_tokens.raw, w.embed_tokens.qtype), w.embed_tokens.qtype, tokens))
+    else:
+        e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
     enorm, hnorm = ctx.cb("mtp.input_norms", il, (w.enorm, w.hnorm))
-    hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps))  # [T, E]
-    en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps))  # [T, E]
-    concat = ctx.cb("mtp_concat", il, np.concatenate([en, hn], axis=-1))  # [T, 2E]
+    hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps, ctx))  # [T, E]
+    en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps, ctx))  # [T, E]
+    concat = ctx.cb("mtp_concat", il, np.concatenate([en, hn], axis=-1))  # [T, 2E]: ggml_concat, a bit copy
     z = ctx.cb("mtp_eh_proj", il, mm(w.eh_proj, concat, ctx))  # [T, E]
 
     lw = w.layer
-    a = ctx.cb("mtp_attn_norm", il, rms_norm_w(z, lw.attn_norm, c.rms_eps))  # [T, E]
+    a = ctx.cb("mtp_attn_norm", il, rms_norm_w(z, lw.attn_norm, c.rms_eps, ctx))  # [T, E]
     attn, kv = gated_attention(lw.mixer, c, a, positions, state.kv, il, ctx, prefix="mtp_")  # [T, E]
     ctx.cb("mtp_attn_out", il, attn)
     r = ctx.cb("mtp_attn_residual", il, attn + z)  # [T, E]
-    x = ctx.cb("mtp_attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
+    x = ctx.cb("mtp_attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps, ctx))  # [T, E]
     with model.stream_phase("mtp", positions):  # the expert streamer counts these reads as the head's
         f = ffn(lw.ffn, c, x, il, ctx, prefix="mtp_")  # [T, E]
     out = ctx.cb("mtp_post_ffn", il, f + r)  # [T, E]
 
-    h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps))  # [T, E]
+    h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps, ctx))  # [T, E]
     logits = output_rows(w.shared_head_head, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
     return logits, h_nextn, MTPState(n_past=state.n_past + int(tokens.size), kv=kv)
+
+
+def _mtp_ubatches(model, w: MTPWeights, state: MTPState, tokens: np.ndarray, h: np.ndarray, ctx: Ctx,
+                  outputs: str) -> tuple[np.ndarray | None, np.ndarray, MTPState]:
+    """``--emulate=ggml``: the head's rows in ubatches of ``ctx.n_ubatch`` (as llama.cpp's MTP context
+    decodes a long catch-up), logits for each ubatch's output rows."""
+    logits, hs = [], []
+    starts = list(range(0, len(tokens), ctx.n_ubatch))
+    for u0 in starts:
+        out = outputs if outputs == "all" or u0 == starts[-1] else "none"
+        lg, hn, state = mtp_forward(model, w, state, tokens[u0 : u0 + ctx.n_ubatch], h[u0 : u0 + ctx.n_ubatch], ctx, out)
+        if lg is not None:
+            logits.append(lg)
+        hs.append(hn)
+    return (np.concatenate(logits) if logits else None), np.concatenate(hs), state

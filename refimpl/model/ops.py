@@ -61,6 +61,10 @@ class NoFaults:
 CLEAN = NoFaults()
 
 
+GGML_PATHS = (None, "avx512", "avx2")  # Ctx.ggml
+GGML_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
+
+
 @dataclass(frozen=True)
 class Ctx:
     """How to compute and what to record, passed to every layer function.
@@ -85,6 +89,10 @@ class Ctx:
       feeds a layer llama.cpp's own values, tests/conformance.py); returning None changes nothing.
     * ``faults``: engine bugs injected on purpose (:mod:`refimpl.inject.faults`, docs/bug-classes.md),
       consulted at the tap points (:data:`TAPS`); empty — the clean oracle — unless asked for.
+    * ``ggml``: None, or the ggml-cpu code path emulated bit for bit (``"avx512"`` | ``"avx2"``, from
+      ``kernels.ggml.build.detect().path``): every op is then computed as that libggml-cpu computes it
+      (:mod:`kernels.ggml`), batch by ubatch of ``n_ubatch`` rows, with ``n_threads`` llama.cpp's thread
+      count (``--emulate=ggml``; the model files follow llama.cpp's graph op for op in that mode).
 
     Both reach the code through one method, :meth:`cb`, called at every named point.
     """
@@ -98,13 +106,19 @@ class Ctx:
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
     faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
+    ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" (kernels.ggml.build.GgmlBuild.path)
 
     def __post_init__(self):
+        if self.ggml not in GGML_PATHS:
+            raise ValueError(f"Ctx: ggml must be one of {GGML_PATHS}, got {self.ggml!r}")
         if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):
             raise ValueError(f"Ctx: n_ubatch, n_threads and n_ctx must be positive, got {self.n_ubatch}, {self.n_threads}, {self.n_ctx}")
 
     def numerics(self) -> str:
         """One line for reports: ``off`` or which llama.cpp rounding points are emulated."""
+        if self.ggml:
+            return (f"ggml-cpu {GGML_NAMES[self.ggml]} bit for bit: {'F16' if self.kv_f16 else 'F32'} K/V, flash attention "
+                    f"{'on' if self.flash_attn else 'off'}, n_ubatch {self.n_ubatch}, n_threads {self.n_threads}")
         if not (self.act_quant or self.kv_f16 or self.flash_attn):
             return "off"
         parts = (["activation quantization"] if self.act_quant else []) + [f"{'F16' if self.kv_f16 else 'F32'} K/V",
@@ -130,29 +144,70 @@ class Ctx:
 
 
 #: ``--emulate=NAME``: llama.cpp configurations refimpl reproduces (docs/numerics.md "Configurations").
-#: Both quantize activations per matmul as llama.cpp's CPU backend does.
+#: All quantize activations per matmul as llama.cpp's CPU backend does; ``ggml`` computes every op as the
+#: loaded libggml-cpu does, bit for bit (``Ctx.ggml``), with llama.cpp's defaults: F16 K/V, flash attention
+#: on, n_ubatch 512, n_threads = GGML_DEFAULT_N_THREADS (llama_context_default_params).
 EMULATIONS = {
     "default": {"kv_f16": True, "flash_attn": True},  # llama.cpp's defaults: F16 K/V cache, flash attention auto (on for CPU)
     "plain": {"kv_f16": False, "flash_attn": False},  # the conformance setting: F32 K/V cache, flash attention off
+    "ggml": {"kv_f16": True, "flash_attn": True, "n_ubatch": 512, "n_threads": 4},  # + ggml = the detected path
 }
+
+
+_GGML_NOTE: list[str] = []  # the stderr line of --emulate=ggml, said at its first computation (announce_ggml)
+
+
+def announce_ggml(line: str | None) -> None:
+    """Have the first ``--emulate=ggml`` forward pass print ``line`` on stderr (None: nothing pending). The
+    CLI names the libggml it follows (``emulating ggml-cpu AVX-512 … from DIR``) when the emulation starts,
+    not before its flags are all checked: a refusal stays one line."""
+    _GGML_NOTE[:] = [line] if line else []
+
+
+def said_ggml() -> None:
+    """Print the pending :func:`announce_ggml` line, once (refimpl.model.trunk / mtp call it in ggml mode)."""
+    if _GGML_NOTE:
+        import sys
+
+        print(_GGML_NOTE.pop(), file=sys.stderr, flush=True)
 
 
 def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None, kv_f16: bool | None = None, **fields) -> Ctx:
     """The Ctx of ``--emulate[=NAME]`` plus the fine flags: ``emulate`` None (no activation
     quantization, F32 K/V, no flash attention unless asked) or a key of :data:`EMULATIONS`;
     ``flash_attn`` / ``kv_f16`` override the preset when not None; ``fields`` (kernel, trace, n_ubatch,
-    n_threads, n_ctx) pass through."""
+    n_threads, n_ctx, ggml) pass through and override the preset. ``"ggml"`` without a ``ggml`` field
+    emulates the path of the libggml llama-cpp-python loads (``kernels.ggml.build.detect()``; raises
+    ``UnsupportedBuild`` for a build that is not emulated)."""
     if emulate is not None and emulate not in EMULATIONS:
         raise ValueError(f"unknown emulation '{emulate}' (valid: {', '.join(EMULATIONS)})")
-    preset = EMULATIONS.get(emulate, {"kv_f16": False, "flash_attn": False})
-    return Ctx(act_quant=emulate is not None,
-               kv_f16=preset["kv_f16"] if kv_f16 is None else kv_f16,
-               flash_attn=preset["flash_attn"] if flash_attn is None else flash_attn, **fields)
+    preset = dict(EMULATIONS.get(emulate, {"kv_f16": False, "flash_attn": False}))
+    kv, fa = preset.pop("kv_f16"), preset.pop("flash_attn")
+    if emulate == "ggml" and fields.get("ggml") is None:
+        from kernels.ggml.build import detect
+
+        fields["ggml"] = detect().path
+    return Ctx(act_quant=emulate is not None, kv_f16=kv if kv_f16 is None else kv_f16,
+               flash_attn=fa if flash_attn is None else flash_attn, **{**preset, **fields})
 
 
 def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
-    """``ggml_mul_mat(W, x)``: [T, in] -> [T, out] for a weight W of numpy shape (out, in)."""
+    """``ggml_mul_mat(W, x)``: [T, in] -> [T, out] for a weight W of numpy shape (out, in). With
+    ``ctx.ggml``: ``kernels.ggml.mulmat.mul_mat`` — the kernel ggml-cpu picks for T rows of that type."""
+    if ctx.ggml:
+        from kernels.ggml import mulmat
+
+        return mulmat.mul_mat(raw_bytes(W.raw, W.qtype), W.qtype, np.ascontiguousarray(x, dtype=F32), ctx.ggml, ctx.n_threads)
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
+
+
+def raw_bytes(raw, qtype) -> np.ndarray:
+    """The stored rows of a weight as uint8 bytes (a lane-packed matrix's original rows)."""
+    from kernels.plain.dequant import as_row_bytes
+
+    if isinstance(raw, kernels.PackedRows):
+        raw = raw.raw
+    return as_row_bytes(raw, qtype)[0]
 
 
 #: The positions of a batch whose logits are computed (``forward``'s and ``mtp_forward``'s ``outputs``).
@@ -165,13 +220,17 @@ def output_rows(W, h: np.ndarray, outputs: str, ctx: Ctx) -> np.ndarray | None:
     the hiddens) — as llama.cpp computes only the rows its batch flags for output (``inp_out_ids``,
     ``llama_batch.logits``). Each row's logits depend on that row alone, so the rows computed have
     the same bits either way. A traced run (``ctx.trace``) computes and records every row, as a trace
-    promises every position's intermediates, and returns the rows asked for.
+    promises every position's intermediates, and returns the rows asked for (with ``ctx.ggml``, whose
+    matmul kernel depends on the row count, those are computed apart, on their own rows as llama.cpp does).
     h [T, E] -> [T, V], [1, V], or None (the LM head skipped)."""
     if outputs not in OUTPUTS:
         raise ValueError(f"outputs must be one of {OUTPUTS}, not {outputs!r}")
     traced = ctx.trace is not None
     if outputs == "none" and not traced:
         return None
+    if ctx.ggml and traced and outputs != "all":  # ggml-cpu's kernel depends on the row count (kernel_for):
+        ctx.cb("result_output", -1, mm(W, h, ctx))  # the trace's rows, computed apart from
+        return None if outputs == "none" else mm(W, h[-1:], ctx)  # the one row llama.cpp's LM head sees: [1, V]
     logits = ctx.cb("result_output", -1, mm(W, h if outputs == "all" or traced else h[-1:], ctx))  # [T or 1, V]
     if outputs == "none":
         return None
@@ -191,39 +250,76 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return x * scale
 
 
-def rms_norm_w(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """``build_norm(x, w, LLM_NORM_RMS)``: RMSNorm then multiply by the stored weight (already 1+w)."""
+def rms_norm_w(x: np.ndarray, w: np.ndarray, eps: float, ctx: Ctx | None = None) -> np.ndarray:
+    """``build_norm(x, w, LLM_NORM_RMS)``: RMSNorm then multiply by the stored weight (already 1+w).
+    With ``ctx.ggml``: ggml-cpu's fused RMS_NORM+MUL (``kernels.ggml.norm.rms_norm``)."""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import norm
+
+        return norm.rms_norm(np.ascontiguousarray(x, dtype=F32), eps, ctx.ggml, w)
     return rms_norm(x, eps) * w
 
 
-def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+def l2_norm(x: np.ndarray, eps: float, ctx: Ctx | None = None) -> np.ndarray:
     """``build_gdn_l2_norm`` (src/models/models.h): ``rms_norm(x, eps/n) * (1/sqrtf(n))``
     = x / sqrt(Σx² + eps).  [..., n] -> [..., n]"""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import norm
+
+        return norm.gdn_l2_norm(np.ascontiguousarray(x, dtype=F32), eps, ctx.ggml)
     n = x.shape[-1]
     return rms_norm(x, eps / n) * (F32(1.0) / np.sqrt(F32(n)))
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
     """``op_sigmoid``: 1 / (1 + expf(-x)). (expf overflows to inf for x < −88.7: the result is then
-    0, as in C; numpy's overflow warning is silenced.)"""
+    0, as in C; numpy's overflow warning is silenced.) With ``ctx.ggml``: glibc's ``expf``."""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
+        return vecmath.sigmoid(np.ascontiguousarray(x, dtype=F32), ctx.ggml)
     with np.errstate(over="ignore"):
         return F32(1.0) / (F32(1.0) + np.exp(-x))
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    """``ggml_vec_silu_f32``: x / (1 + exp(-x)) (−0 for x < −88.7, where expf overflows to inf)."""
+def silu(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
+    """``ggml_vec_silu_f32``: x / (1 + exp(-x)) (−0 for x < −88.7, where expf overflows to inf).
+    With ``ctx.ggml``: its SIMD ``ggml_v_silu`` over rows of the last axis (ggml's ne0)."""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
+        return vecmath.silu(np.ascontiguousarray(x, dtype=F32), ctx.ggml)
     with np.errstate(over="ignore"):
         return x / (F32(1.0) + np.exp(-x))
 
 
-def softplus(x: np.ndarray) -> np.ndarray:
-    """``op_softplus``: x > 20 ? x : logf(1 + expf(x))."""
+def swiglu(gate: np.ndarray, up: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
+    """``ggml_swiglu_split(gate, up)`` = silu(gate) ⊙ up (plain: :func:`silu` then a float32 multiply;
+    ``ctx.ggml``: ``ggml_vec_swiglu_f32`` over rows of the last axis)."""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
+        return vecmath.swiglu(np.ascontiguousarray(gate, dtype=F32), np.ascontiguousarray(up, dtype=F32), ctx.ggml)
+    return silu(gate) * up
+
+
+def softplus(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
+    """``op_softplus``: x > 20 ? x : logf(1 + expf(x)). With ``ctx.ggml``: glibc's ``expf``/``logf``."""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
+        return vecmath.softplus(np.ascontiguousarray(x, dtype=F32), ctx.ggml)
     with np.errstate(over="ignore"):
         return np.where(x > F32(20.0), x, np.log(F32(1.0) + np.exp(x))).astype(F32)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """``ggml_compute_forward_soft_max_f32``: e = exp(x - max), Σ in double, p = e * (float)(1/Σ)."""
+def softmax(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
+    """``ggml_compute_forward_soft_max_f32``: e = exp(x - max), Σ in double, p = e * (float)(1/Σ).
+    With ``ctx.ggml``: ``ggml_soft_max`` (no mask, scale 1) with its SIMD ``expf`` (``kernels.ggml.vecmath``)."""
+    if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
+        return vecmath.soft_max(np.ascontiguousarray(x, dtype=F32), None, 1.0, ctx.ggml)
     m = np.max(x, axis=-1, keepdims=True)
     e = np.exp(x - m)
     s = np.sum(e.astype(np.float64), axis=-1, keepdims=True)

@@ -182,12 +182,22 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
     T = int(tokens.size)
-    h = ctx.cb("model.input_embed", -1, w.token_embd.rows(tokens))  # [T, E]
+    if ctx.ggml and T > ctx.n_ubatch:  # llama_decode splits the batch into ubatches of n_ubatch tokens
+        return _forward_ubatches(model, state, tokens, ctx, phase=phase, outputs=outputs)
+    if ctx.ggml:  # ggml_get_rows: dequantize_row_* of the stored rows (kernels.ggml.rows)
+        from kernels.ggml import rows as ggml_rows
+        from refimpl.model.ops import raw_bytes, said_ggml
+
+        said_ggml()  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
+
+        h = ctx.cb("model.input_embed", -1, ggml_rows.get_rows(raw_bytes(w.token_embd.raw, w.token_embd.qtype), w.token_embd.qtype, tokens))
+    else:
+        h = ctx.cb("model.input_embed", -1, w.token_embd.rows(tokens))  # [T, E]
     layers = list(state.layers)
     per_token = [[None] * c.n_layer for _ in range(T)]  # recurrent state after each token
     with model.stream_phase(phase or trunk_phase(T, state.n_past), positions):
         for il, lw in enumerate(w.layers):
-            a = ctx.cb("attn_norm", il, rms_norm_w(h, lw.attn_norm, c.rms_eps))  # [T, E]
+            a = ctx.cb("attn_norm", il, rms_norm_w(h, lw.attn_norm, c.rms_eps, ctx))  # [T, E]
             if c.is_recurrent[il]:
                 m, states = gated_deltanet(lw.mixer, c, a, layers[il], il, ctx, keep=state.n_rs_seq + 1)  # [T, E], T states
                 # (the last n_rs_seq + 1: the snapshot ring's new entries and the new state; the rest None)
@@ -197,11 +207,31 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
             else:
                 m, layers[il] = gated_attention(lw.mixer, c, a, positions, layers[il], il, ctx)  # [T, E]
             r = ctx.cb("attn_residual", il, m + h)  # [T, E]
-            x = ctx.cb("attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
+            x = ctx.cb("attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps, ctx))  # [T, E]
             f = ffn(lw.ffn, c, x, il, ctx)  # [T, E]
             h = ctx.cb("l_out", il, f + r)  # [T, E]
 
-    h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps))  # [T, E]
+    h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps, ctx))  # [T, E]
     logits = output_rows(w.output, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
     h_mtp = ctx.cb("trunk.h_nextn", -1, h_nextn, pre_norm=h)  # what the MTP head is handed
     return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])
+
+
+def _forward_ubatches(model: Model, state: SeqState, tokens: np.ndarray, ctx: Ctx, *, phase: str | None,
+                      outputs: str) -> tuple[np.ndarray | None, np.ndarray, SeqState]:
+    """``--emulate=ggml``: a batch longer than ``ctx.n_ubatch`` as llama.cpp decodes it — one graph per
+    ubatch of ``n_ubatch`` tokens (the last one shorter), each on the state the previous one left
+    (``llama_context::decode``'s ubatch loop; a matmul's kernel and flash attention's path depend on the
+    ubatch's row count). The LM head sees each ubatch's output rows: all of them, or with ``"last"`` only
+    the batch's last row (in the last ubatch)."""
+    logits, hs = [], []
+    phase = phase or trunk_phase(len(tokens), state.n_past)
+    starts = list(range(0, len(tokens), ctx.n_ubatch))
+    for u0 in starts:
+        last = u0 == starts[-1]
+        out = outputs if outputs == "all" or last else "none"
+        lg, h, state = forward(model, state, tokens[u0 : u0 + ctx.n_ubatch], ctx, phase=phase, outputs=out)
+        if lg is not None:
+            logits.append(lg)
+        hs.append(h)
+    return (np.concatenate(logits) if logits else None), np.concatenate(hs), state

@@ -1,0 +1,205 @@
+"""``--emulate=ggml`` end to end: the built-in trained model's logits, bit for bit, against llama.cpp itself.
+
+llama.cpp (llama-cpp-python 0.3.36) runs in a subprocess on each of the two builds of tests/ggml_graph.py —
+``native`` (AVX-512 here) and ``avx2`` (``LLAMA_CPP_LIB_PATH`` = the GGML_NATIVE=OFF build) — and refimpl runs
+with ``Ctx.ggml`` set to that build's path (``kernels.ggml.build.detect``). Compared as ``uint32`` views at
+every position (no tolerance), for the batch shapes llama.cpp computes differently:
+
+* decode: one token per ``llama_decode`` (llama.cpp's defaults: F16 K/V, flash attention on; and F32 K/V
+  with flash attention off, also in 4-token batches);
+* a prompt in one ubatch (n_batch = n_ubatch = 512; ≥ 64 rows: flash attention's tiled path), and the same
+  prompt in ubatches of 32 (refimpl.model.trunk splits the batch as llama.cpp does);
+* 4-token batches after a 4-token prompt: the shape of a 1+3 speculative verify;
+* the greedy stream and the MTP head (llama_ref's draft-mtp catch-up: the head's logits and hiddens).
+
+The emulation follows the build, not the host: refimpl's two paths compute different bits for the same
+tokens (``conv_output_raw`` of layer 0: ``ggml_ssm_conv``'s vectorized tap sum, AVX-512 FMA chain vs AVX2
+rounded products), each equal to its own build.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from ggml_graph import BUILDS, build_info
+from llama_ref import llama_run
+from llama_trace import llama_trace
+from refimpl.fixtures.builtin import TRAINED_PATH
+from refimpl.model.ops import emulation_ctx
+from refimpl.model.state import SeqState
+
+pytestmark = pytest.mark.oracle
+
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+        "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
+        "said, Let there be light: and there was light.")
+N_THREADS = 1  # llama.cpp's n_threads (and Ctx.n_threads): 1, as 2 spinning threads crawl on a loaded 2-core host;
+# the prompt-ubatch shape runs with 2 (flash attention's tiled path takes n_threads; split-KV needs ≥ 512 cells,
+# more than kjv's 256-token context holds)
+TRACED = ("conv_output_raw-0", "final_output-0", "attn_pregate-3")  # intermediates compared besides the logits
+
+
+@functools.cache
+def model():
+    from refimpl.model.trunk import load_model
+
+    return load_model(TRAINED_PATH, pack=False)
+
+
+@functools.cache
+def prompt() -> tuple[int, ...]:
+    from refimpl.tokenizer.vocab import Tokenizer
+
+    tokens = tuple(Tokenizer.from_gguf(TRAINED_PATH).encode(TEXT))
+    assert len(tokens) >= 64  # one ubatch of them takes flash attention's tiled path (GGML_FA_TILE_Q)
+    return tokens
+
+
+@pytest.fixture
+def on_build(monkeypatch):
+    """``on_build(build)`` → refimpl's path for ``build``; llama.cpp's subprocesses then load that build."""
+
+    def select(build: str) -> str:
+        info = build_info(build)
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(info.lib_dir))
+        return info.path
+
+    return select
+
+
+def refimpl_logits(path: str, tokens, n_batch: int, n_threads: int = N_THREADS, **fields) -> tuple[np.ndarray, dict]:
+    """refimpl --emulate=ggml on ``path``, ``tokens`` in batches of ``n_batch`` (as llama_trace feeds llama.cpp):
+    (logits [T, V], {name: [T, n]} of :data:`TRACED`)."""
+    from refimpl.model.trunk import forward
+
+    traced: dict[str, list] = {}
+
+    def hook(name, il, x):
+        key = name if il < 0 else f"{name}-{il}"
+        if key in TRACED:
+            traced.setdefault(key, []).append(np.asarray(x, dtype=np.float32).reshape(len(x), -1))
+
+    ctx = emulation_ctx("ggml", ggml=path, n_threads=n_threads, trace=hook, **fields)
+    state, logits = SeqState.fresh(model().config), []
+    for s in range(0, len(tokens), n_batch):
+        lg, _, state = forward(model(), state, list(tokens[s : s + n_batch]), ctx)
+        logits.append(lg)
+    return np.concatenate(logits), {k: np.concatenate(v) for k, v in traced.items()}
+
+
+def assert_bits(name: str, got: np.ndarray, want: np.ndarray) -> None:
+    got, want = np.ascontiguousarray(got, np.float32), np.ascontiguousarray(want, np.float32).reshape(got.shape)
+    diff = got.view(np.uint32) != want.view(np.uint32)
+    rows = np.nonzero(diff.reshape(len(diff), -1).any(axis=1))[0]
+    assert not diff.any(), f"{name}: {diff.sum()} elements differ, at positions {rows[:10].tolist()}, max |Δ| {np.max(np.abs(got - want)):.3g}"
+
+
+#: shape -> (tokens used, n_batch of both sides, llama.cpp's n_ubatch, llama_trace options, refimpl Ctx fields)
+SHAPES = {
+    "decode": (24, 1, 512, {"type_k": "f16", "type_v": "f16", "flash_attn": "on"}, {}),
+    "decode-f32-noflash": (24, 1, 512, {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}, {"kv_f16": False, "flash_attn": False}),
+    "prompt-ubatch": (None, 512, 512, {"type_k": "f16", "type_v": "f16", "flash_attn": "on"}, {"n_threads": 2}),
+    "prompt-ubatches-of-32": (None, 512, 32, {"type_k": "f16", "type_v": "f16", "flash_attn": "on"}, {"n_ubatch": 32}),
+    "verify-1+3": (24, 4, 512, {"type_k": "f16", "type_v": "f16", "flash_attn": "on"}, {}),
+    # F32 K/V without flash attention, batched: K·Q takes vec_dot (the permuted Q view is not contiguous), P·V sgemm
+    "verify-f32-noflash": (24, 4, 512, {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}, {"kv_f16": False, "flash_attn": False}),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("build", BUILDS)
+def test_logits_bit_identical(build, shape, on_build):
+    n_tok, n_batch, n_ubatch, options, fields = SHAPES[shape]
+    path = on_build(build)
+    tokens = prompt()[:n_tok]
+    ref = llama_trace(TRAINED_PATH, tokens, TRACED, n_threads=fields.get("n_threads", N_THREADS), n_batch=n_batch,
+                      n_ubatch=n_ubatch, **options)
+    logits, traced = refimpl_logits(path, tokens, n_batch, **fields)
+    assert_bits(f"{build} {shape} logits", logits, ref["logits"])
+    for name in TRACED:
+        assert_bits(f"{build} {shape} {name}", traced[name], ref[name])
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_greedy_stream_and_mtp_head(build, on_build):
+    """llama_ref's greedy loop with the draft-mtp catch-up (llama.cpp's defaults): the same stream, and the
+    trunk's logits and h_nextn and the MTP head's logits and hiddens bit for bit at every position."""
+    from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
+    from refimpl.model.ops import argmax
+    from refimpl.model.trunk import forward
+
+    path = on_build(build)
+    ref = llama_run(TRAINED_PATH, prompt()[:12], n_generate=12, mtp=True, defaults=True, n_threads=N_THREADS)
+    m = model()
+    mw = load_mtp_weights(m.file, m.weights)
+    ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=8)  # llama_ref's context: n_ubatch 8
+    state, mstate = SeqState.fresh(m.config), MTPState.fresh(m.config)
+    tokens, h_prev, rows = list(prompt()[:12]), np.zeros((1, m.config.n_embd), np.float32), []
+    for pos in range(len(ref.tokens)):
+        if pos >= len(tokens):
+            tokens.append(argmax(rows[-1][0][0]))
+        lg, h, state = forward(m, state, [tokens[pos]], ctx)
+        mlg, mh, mstate = mtp_forward(m, mw, mstate, [tokens[pos]], h_prev, ctx)
+        rows.append((lg, h, mlg, mh))
+        h_prev = h
+    assert tokens == ref.tokens.tolist()
+    for i, name in enumerate(("logits", "hidden", "mtp_logits", "mtp_hidden")):
+        assert_bits(f"{build} {name}", np.concatenate([r[i] for r in rows]), getattr(ref, name))
+
+
+def test_emulation_follows_the_build():
+    """The two paths compute different bits on the same tokens (so each test above could fail on the other
+    build): layer 0's ``ggml_ssm_conv`` sums its 4 taps as an FMA chain on AVX-512, as rounded products on AVX2."""
+    tokens = prompt()[:8]
+    _, a = refimpl_logits("avx512", tokens, 1)
+    _, b = refimpl_logits("avx2", tokens, 1)
+    assert (a["conv_output_raw-0"].view(np.uint32) != b["conv_output_raw-0"].view(np.uint32)).any()
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_draft_mtp_loop_equals_llama_cpp(build, on_build):
+    """``refimpl run --mtp --draft 3 --emulate=ggml``'s loop (refimpl.decode.speculative) against llama.cpp's own
+    draft-mtp rounds (tests/llama_spec.py, llama.cpp's defaults): the same stream, drafts, accepts and decodes —
+    the 1+3 verify batches, the MTP catch-up batches and the recurrent-state rollbacks computed as llama.cpp does."""
+    from llama_spec import llama_speculative
+    from refimpl.decode.speculative import speculative_generate
+
+    path = on_build(build)
+    start = prompt()[:10]
+    theirs = llama_speculative(TRAINED_PATH, start, 24, n_draft=3, defaults=True, n_threads=N_THREADS)
+    tokens, stats = speculative_generate(model(), start, 24, emulation_ctx("ggml", ggml=path, n_threads=N_THREADS),
+                                         source="mtp", n_draft=3)
+    assert tokens == theirs.tokens
+    ours = (stats.n_drafted, stats.n_accepted, stats.n_decodes, stats.n_drafted_steps)
+    assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_cli_names_the_build_and_matches_llama_cpp(build, on_build, tmp_path, capsys):
+    """``refimpl logits --emulate=ggml``: one stderr line naming the build it follows, and llama.cpp's logits
+    of that build for the prompt as one batch (llama.cpp's defaults: n_batch 2048 ≥ T, one ubatch)."""
+    from refimpl.cli import main
+
+    path = on_build(build)
+    tokens = prompt()[:16]
+    out = tmp_path / "logits.npy"
+    assert main(["logits", "--emulate=ggml", "--tokens", ",".join(map(str, tokens)), "--out", str(out), str(TRAINED_PATH)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("emulating ")]
+    assert said == [f"emulating {build_info(build).describe()}"]
+    assert said[0].startswith({"avx512": "emulating ggml-cpu AVX-512 (", "avx2": "emulating ggml-cpu AVX2 ("}[path])
+    ref = llama_trace(TRAINED_PATH, tokens, (), n_threads=N_THREADS, n_batch=512, n_ubatch=512, type_k="f16",
+                      type_v="f16", flash_attn="on")
+    assert_bits(f"{build} refimpl logits --emulate=ggml", np.load(out), ref["logits"])
+
+
+def test_cli_refuses_a_build_it_does_not_emulate(tmp_path, monkeypatch, capsys):
+    """A folder without libggml-cpu (e.g. a build that loads its backends at run time): refused in one line, exit 2."""
+    from refimpl.cli import main
+
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+    assert main(["logits", "--emulate=ggml", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(TRAINED_PATH)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("refimpl: error: --emulate=ggml: no libggml-cpu.so in"), err

@@ -203,3 +203,27 @@ def test_cli_refuses_a_build_it_does_not_emulate(tmp_path, monkeypatch, capsys):
     assert main(["logits", "--emulate=ggml", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(TRAINED_PATH)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("refimpl: error: --emulate=ggml: no libggml-cpu.so in"), err
+
+
+def test_weights_llama_cpp_repacks_are_refused_unless_no_repack(make_fixture, tmp_path, on_build, capsys):
+    """A Q4_K_M file holds Q4_K matrices that llama.cpp's default CPU_REPACK buffer re-lays out (kernels not
+    emulated yet): ``--emulate=ggml`` refuses it in one line naming ``--no-repack``; with ``--no-repack`` the
+    logits equal llama.cpp's run with ``use_extra_bufts = false``, bit for bit."""
+    from refimpl.cli import main
+
+    on_build("native")
+    path = make_fixture("tiny", "q4_k_m")
+    out = tmp_path / "logits.npy"
+    argv = ["logits", "--emulate=ggml", "--tokens", "1,2,3,4,5,6,7,8,9", "--out", str(out), str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # (besides a first run's "compiling kernels" lines)
+    said = [line for line in err.splitlines() if line.startswith("refimpl: error")]
+    assert len(said) == 1 and "llama.cpp repacks the Q4_K weights" in said[0] and "--no-repack" in said[0], err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert main(argv + ["--no-repack"]) == 0
+    ref = llama_trace(path, list(range(1, 10)), (), n_threads=N_THREADS, n_batch=512, n_ubatch=512, type_k="f16",
+                      type_v="f16", flash_attn="on", repack=False)
+    assert_bits("q4_k_m --no-repack logits", np.load(out), ref["logits"])
+    assert main(["logits", "--no-repack", "--tokens", "1,2", "--out", str(out), str(path)]) == 2  # only with ggml
+    assert "--no-repack describes the llama.cpp that --emulate=ggml emulates" in capsys.readouterr().err

@@ -159,6 +159,19 @@ def _mxfp4_weights(w_bytes: np.ndarray):
 # Dispatch
 
 
+#: ``repack.cpp: ggml_repack_get_optimal_repack_type`` on x86: the weight types llama.cpp's CPU_REPACK buffer (its
+#: default, ``use_extra_bufts``) re-lays out into interleaved blocks, per path, for a matrix of N % 8 == 0 rows —
+#: a gemm/gemv with one accumulator per output that :func:`mul_mat` does not emulate (docs/numerics.md).
+REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
+            "avx512": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4, QT.Q2_K})}
+
+
+def repacked(qtype, n_rows: int, path: str) -> bool:
+    """Whether llama.cpp with its default CPU_REPACK buffer repacks a weight of ``qtype`` with ``n_rows`` rows
+    (ggml's ne[1], per expert for a 3-D tensor) on ``path``."""
+    return QT(qtype) in REPACKED[path] and n_rows % 8 == 0
+
+
 def kernel_for(qtype, path: str, T: int, N: int, K: int) -> str:
     """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape: "tiled", "sgemm" or "vec_dot"."""
     qtype, L = QT(qtype), lanes(path)

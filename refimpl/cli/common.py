@@ -122,7 +122,7 @@ def check_tokens(model, tokens: list[int]) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# numerics: --emulate[=CONFIG], --flash-attn, --kv-type, --kernel
+# numerics: --emulate[=CONFIG], --flash-attn, --kv-type, --no-repack, --kernel
 
 
 def add_numerics(p) -> None:
@@ -138,6 +138,10 @@ def add_numerics(p) -> None:
                         "is not taken (run --emulate model.gguf: MODEL is model.gguf). Needs --kernel numba")
     p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
     p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="with --emulate=ggml: emulate llama.cpp run with --no-repack (no CPU_REPACK weight buffer). "
+                        "Needed for files with weights llama.cpp repacks by default (Q4_0, Q4_K, IQ4_NL, MXFP4; Q2_K on "
+                        "AVX-512), whose repacked kernels are not emulated yet")
     add_kernel(p)
 
 
@@ -152,6 +156,8 @@ def check_numerics(args) -> None:
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) == "ggml":
         raise RefimplError("--emulate=ggml computes every op with the kernels.ggml emulations of ggml-cpu (numba); "
                            "--kernel numpy, the plain definitions, does not apply to it")
+    if getattr(args, "no_repack", False) and getattr(args, "emulate", None) != "ggml":
+        raise RefimplError("--no-repack describes the llama.cpp that --emulate=ggml emulates; give it with --emulate=ggml")
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
         raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
                            "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
@@ -188,7 +194,8 @@ def ctx_from_args(args, trace=None):
 
     announce_ggml(None)
     ggml = ggml_path() if args.emulate == "ggml" else None
-    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml)
+    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml,
+                        repack=not getattr(args, "no_repack", False))
     return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
 
 

@@ -93,6 +93,10 @@ class Ctx:
       ``kernels.ggml.build.detect().path``): every op is then computed as that libggml-cpu computes it
       (:mod:`kernels.ggml`), batch by ubatch of ``n_ubatch`` rows, with ``n_threads`` llama.cpp's thread
       count (``--emulate=ggml``; the model files follow llama.cpp's graph op for op in that mode).
+      ``repack``: whether the emulated llama.cpp runs with its default CPU_REPACK weight buffer
+      (``use_extra_bufts``; ``--no-repack`` turns it off). Its repacked kernels are not emulated yet, so with
+      ``ggml`` a file holding weights llama.cpp would repack is refused unless ``repack`` is False
+      (:func:`refimpl.model.trunk.check_ggml_weights`).
 
     Both reach the code through one method, :meth:`cb`, called at every named point.
     """
@@ -107,6 +111,7 @@ class Ctx:
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
     faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
     ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" (kernels.ggml.build.GgmlBuild.path)
+    repack: bool = True  # llama.cpp's use_extra_bufts (its default); with ggml, a file llama.cpp would repack is refused
 
     def __post_init__(self):
         if self.ggml not in GGML_PATHS:

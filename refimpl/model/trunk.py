@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import kernels
+from refimpl.errors import RefimplError
 from refimpl.model.attention import gated_attention
 from refimpl.io.config import Config
 from refimpl.model.deltanet import gated_deltanet
@@ -156,6 +157,22 @@ def pack_weights(obj):
     return obj
 
 
+def check_ggml_weights(gguf, path: str) -> None:
+    """``--emulate=ggml`` with llama.cpp's default CPU_REPACK buffer: refuse, in one line, a file holding matrices
+    llama.cpp would repack on ``path`` (``kernels.ggml.mulmat.repacked``: Q4_0, Q4_K, IQ4_NL, MXFP4, and Q2_K on
+    AVX-512, with rows % 8 == 0) — those kernels are not emulated. The embedding table is read by get_rows and is
+    never repacked. Compare with llama.cpp run with ``--no-repack`` (``use_extra_bufts = false``) and say so."""
+    from kernels.ggml.mulmat import repacked
+
+    hits = [t for t in gguf.tensors.values()
+            if len(t.shape) >= 2 and t.name != "token_embd.weight" and repacked(t.qtype, t.shape[-2], path)]
+    if hits:
+        types = ", ".join(sorted({t.qtype.name for t in hits}))
+        raise RefimplError(f"--emulate=ggml: llama.cpp repacks the {types} weights of this file ({len(hits)} tensors, "
+                           f"e.g. {hits[0].name}) into CPU_REPACK's interleaved layout by default, whose kernels are not "
+                           "emulated yet; run llama.cpp with --no-repack and give --no-repack here")
+
+
 def trunk_phase(n_tokens: int, n_past: int) -> str:
     """Which trunk pass a forward call is, for the streamer: one token → ``decode``; several at
     position 0 → ``prompt``; several after that → ``verify`` (a speculative 1+N batch)."""
@@ -187,6 +204,9 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
     if ctx.ggml:  # ggml_get_rows: dequantize_row_* of the stored rows (kernels.ggml.rows)
         from kernels.ggml import rows as ggml_rows
         from refimpl.model.ops import raw_bytes, said_ggml
+
+        if ctx.repack:
+            check_ggml_weights(model.file.gguf, ctx.ggml)
 
         said_ggml()  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
 

@@ -29,6 +29,12 @@ def add_parser(sub) -> None:
                    help="instead of streams: a KL-divergence base file llama-perplexity wrote (--kl-divergence-base); "
                         "print llama-perplexity's --kl-divergence statistics with the oracle as the model, and the "
                         "worst positions (docs/validating-an-engine.md)")
+    p.add_argument("--draft", metavar="N|N,N",
+                   help="with --emulate=ggml: the engine's batch schedule per stream (one value for all, or one per "
+                        "stream): 0 or plain = llama.cpp's plain decode (the default), 1-8 = its draft-mtp loop with "
+                        "n_max N as speculative-simple runs it, server:N = as llama-server runs it (server:0 plain). "
+                        "The oracle predicts llama.cpp's own stream for it, says at a divergence 'reproduced' or 'not "
+                        "reproduced', and exits 1 unless every stream is its prediction (docs/validating-an-engine.md §3g)")
     add_scale_out(p, "with --streams: pairs audited")
     add_numerics(p)
     p.set_defaults(func=cmd_audit)
@@ -44,6 +50,10 @@ def cmd_audit(args) -> int:
     if args.kld_base is not None:
         return _audit_kld(args)
     golden = _audit_inputs(args)
+    if args.draft is not None and (golden or args.stream_dir is not None):
+        raise RefimplError("--draft goes with MODEL STREAM [STREAM] (a prediction of each stream)")
+    if args.draft is not None and args.emulate != "ggml":
+        raise RefimplError("--draft predicts llama.cpp's own stream for the engine's batch schedule: it needs --emulate=ggml")
     if args.stream_dir is not None:
         return _audit_dir(args)
     if golden:
@@ -64,7 +74,16 @@ def cmd_audit(args) -> int:
     differs = [s for s in streams if s.prompt is not None and list(s.prompt) != list(prompt)]
     if differs:  # bug class B20: judging the stream against a shifted prompt would judge nothing
         return _prompt_differs(differs, prompt, tok, args.json)
-    rep = audit(model, prompt, *streams, ctx=ctx_from_args(args), tau=args.threshold, model_name=str(args.model))
+    ctx = ctx_from_args(args)
+    if ctx.ggml:  # parsed before the audit runs: a bad --draft fails fast
+        from refimpl.oracle.reproduce import parse_schedules
+
+        schedules = parse_schedules(args.draft if args.draft is not None else "0", len(streams))
+    rep = audit(model, prompt, *streams, ctx=ctx, tau=args.threshold, model_name=str(args.model))
+    if ctx.ggml:  # llama.cpp's own stream per schedule (refimpl.oracle.reproduce)
+        from refimpl.oracle.reproduce import reproduce
+
+        reproduce(rep, model, ctx, schedules, frozenset(tok.eog_ids))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
 

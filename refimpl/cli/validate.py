@@ -1,7 +1,8 @@
 """``refimpl validate``: send a prompt suite to running inference servers (llama-server's native API or any
 OpenAI-compatible ``/v1/completions``), greedy with log-probs, and audit every answer against the oracle
 (refimpl.oracle.validate; docs/validating-an-engine.md §3e, §3f). Exit 1 when an answer has a wrong token (or
-log-probs outside the bound)."""
+log-probs outside the bound). With --emulate=ggml each answer is also compared with llama.cpp's predicted
+stream for the server's draft setting (refimpl.oracle.reproduce, §3g): exit 1 when one is not that stream."""
 
 from __future__ import annotations
 
@@ -102,6 +103,11 @@ def cmd_validate(args) -> int:
                 ids, info = v.read_answer(text, f"{endpoint} (prompt {i + 1})", ident.api)
                 stream = Stream(name, endpoint, "response", ids, list(pr.ids), response=info)
                 rep = audit(model, pr.ids, stream, ctx=ctx, tau=args.threshold, model_name=str(model_name))
+                schedule = v.schedule_of(info, d, args.spec_type, args.spec_draft_n_max) if ctx.ggml else None
+                if schedule is not None and (schedule.draft == 0 or model.file.plan.mtp != "stripped"):
+                    from refimpl.oracle.reproduce import reproduce  # llama.cpp's stream for the server's setting
+
+                    reproduce(rep, model, ctx, [schedule], frozenset(tok.eog_ids))
                 oracle_drafts = None  # the oracle's (accepted, drafted), or why not compared
                 if info.draft_n:  # the server speculated: what the oracle's own loop accepts with its settings
                     oracle_drafts = v.expected_drafts(model, list(pr.ids), args.n_predict, ctx, args.spec_type,
@@ -138,7 +144,12 @@ def _cell(rep, info, oracle) -> str:
     from refimpl.oracle.validate import verdict
 
     word = verdict(rep)
-    if word != "identical":  # the first wrong token's step (near-tie: the first near-tie's)
+    if word == "reproduced":  # the first event's step, and the prediction's schedule
+        word += f" (step {min(f.step for f in rep.events)}, {next(iter(rep.reproduce.predictions.values())).schedule.name})"
+    elif word == "not reproduced":  # where the answer leaves llama.cpp's predicted stream
+        p = next(iter(rep.reproduce.predictions.values()))
+        word += f" (step {p.first_difference}, {p.schedule.name})"
+    elif word != "identical":  # the first wrong token's step (near-tie: the first near-tie's)
         word += f" (step {min(f.step for f in rep.events if f.benign == (word == 'near-tie'))})"
     probs = rep.probs.get(rep.streams[0].label)
     if probs is not None and probs.exit_code:
@@ -147,6 +158,9 @@ def _cell(rep, info, oracle) -> str:
         word += f", drafts {info.draft_n_accepted}/{info.draft_n}"
         if isinstance(oracle, tuple):  # the oracle's own draft-MTP loop with the server's settings
             word += f" (oracle {oracle[0]}/{oracle[1]})"
+        pred = next(iter(rep.reproduce.predictions.values())) if rep.reproduce is not None else None
+        if pred is not None and pred.schedule.draft:  # --emulate=ggml: llama-server's own rounds, predicted
+            word += f", predicted {sum(r['accepted'] for r in pred.rounds)}/{sum(r['drafted'] for r in pred.rounds)}"
     return word
 
 
@@ -180,5 +194,6 @@ def _summary(results, exit_code) -> str:
     counts = Counter(verdict(rep) for row in results for rep, *_ in row)
     outside = sum(1 for row in results for rep, *_ in row for p in rep.probs.values() if p.exit_code)
     total = sum(counts.values())
+    predicted = "".join(f", {counts[w]} {w}" for w in ("reproduced", "not reproduced") if counts[w])
     return (f"result: {total} answer{'s' * (total != 1)}: {counts['identical']} identical, {counts['near-tie']} near-tie, "
-            f"{counts['wrong']} wrong; probs outside bound: {outside} → exit {exit_code}")
+            f"{counts['wrong']} wrong{predicted}; probs outside bound: {outside} → exit {exit_code}")

@@ -34,8 +34,14 @@ real refimpl/llama.cpp disagreement was 3.3 %, and argmaxes agreed wherever it e
    JSON ``rounds``) also gets the round audit of :mod:`refimpl.oracle.rounds`: its MTP rounds replayed with
    the oracle's head on the same history.
 
+5. With ``--emulate=ggml`` (``--draft N``: the engine's batch schedule) each stream is also compared with
+   llama.cpp's own stream for that schedule, predicted bit for bit (:mod:`refimpl.oracle.reproduce`): each
+   event is *reproduced* (llama.cpp's batches compute that token) or *not reproduced*.
+
 Exit status (:attr:`Report.exit_code`): 0 when nothing but near-ties was found (in the stream and
-in the rounds), 1 otherwise. ``refimpl audit GOLDEN STREAM`` is :mod:`refimpl.oracle.golden_audit`.
+in the rounds), 1 otherwise. With a prediction (step 5) the stream part of the gate is byte identity
+instead: 0 when every stream is llama.cpp's predicted stream (a reproduced wrong token included), 1 when
+one is not (a near-tie included). ``refimpl audit GOLDEN STREAM`` is :mod:`refimpl.oracle.golden_audit`.
 """
 
 from __future__ import annotations
@@ -133,6 +139,7 @@ class Report:
     rounds: dict = field(default_factory=dict)  # label → refimpl.oracle.rounds.RoundsReport (streams with per-round info)
     rounds_skipped: str | None = None  # why streams' rounds were not replayed
     probs: dict = field(default_factory=dict)  # label → ProbsReport (streams that carry log-probs)
+    reproduce: object = None  # refimpl.oracle.reproduce.Reproduction (--emulate=ggml --draft): llama.cpp's predicted streams
 
     @property
     def events(self) -> list[Finding]:
@@ -148,7 +155,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return max([0 if self.n_wrong == 0 else 1] + [r.exit_code for r in self.rounds.values()]
+        # with a prediction (refimpl.oracle.reproduce) the gate is byte identity with llama.cpp's predicted streams
+        stream = self.reproduce.exit_code if self.reproduce is not None else 0 if self.n_wrong == 0 else 1
+        return max([stream] + [r.exit_code for r in self.rounds.values()]
                    + [p.exit_code for p in self.probs.values()])
 
     @property
@@ -165,15 +174,22 @@ class Report:
             d["oracle"]["logit"] = {str(k): v for k, v in f.oracle.logit.items()}
             d["oracle"]["rank"] = {str(k): v for k, v in f.oracle.rank.items()}
             d["deficit"] = {lab: f.oracle.deficit(t) for lab, t in f.tokens.items()}
+            if self.reproduce is not None:
+                from refimpl.oracle.reproduce import event_labels
+
+                d["reproduced"] = self.reproduce.reproduced(f.step, event_labels(f, [s.label for s in self.streams]))
             return d
 
-        return {"model": self.model, "prompt_tokens": self.prompt, "threshold": self.tau, "emulate": self.emulate,
+        out = {"model": self.model, "prompt_tokens": self.prompt, "threshold": self.tau, "emulate": self.emulate,
                 "streams": [{"label": s.label, "source": s.source, "kind": s.kind, "n_tokens": len(s.tokens)} for s in self.streams],
                 "common_prefix": self.common, "verdict": self.verdict,
                 "divergence": finding(self.divergence) if self.divergence else None,
                 "findings": [finding(f) for f in self.findings],
                 "rounds": {lab: r.as_json() for lab, r in self.rounds.items()},
                 "probs": {lab: p.as_json() for lab, p in self.probs.items()}, "exit_code": self.exit_code}
+        if self.reproduce is not None:  # --emulate=ggml: llama.cpp's predicted streams (refimpl.oracle.reproduce)
+            out["reproduce"] = self.reproduce.as_json()
+        return out
 
 
 def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = None, *, ctx=None,
@@ -297,6 +313,15 @@ def _finding_line(tokenizer, f: Finding) -> str:
             f"oracle's {_tok(tokenizer, f.oracle.top_ids[0])} = {percent(f.oracle.deficit(tok), f.oracle.max_abs)} of max|logit|): {f.kind}")
 
 
+def _reproduced(rep: Report, f: Finding) -> str:
+    """With a prediction (refimpl.oracle.reproduce): whether llama.cpp's own batches compute this token."""
+    if rep.reproduce is None:
+        return ""
+    from refimpl.oracle.reproduce import event_labels
+
+    return "; reproduced" if rep.reproduce.reproduced(f.step, event_labels(f, [s.label for s in rep.streams])) else "; not reproduced"
+
+
 def report_lines(rep: Report, tokenizer) -> list[str]:
     s = rep.streams
     lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {rep.numerics or ('on' if rep.emulate else 'off')}, "
@@ -306,7 +331,7 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
     prefix = [f for f in rep.findings if f.where == "A+B"]
     if len(s) == 2:
         lines.append(f"common prefix: {rep.common} tokens" + ("" if prefix else ", each the oracle's argmax"))
-        lines += ["  " + _finding_line(tokenizer, f) for f in prefix]
+        lines += ["  " + _finding_line(tokenizer, f) + _reproduced(rep, f) for f in prefix]
     d = rep.divergence
     if d is None:
         if len(s) == 1:
@@ -322,6 +347,10 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
                      f"{lb} {_tok(tokenizer, tb)}")
         lines.append("  " + _oracle_line(tokenizer, d.oracle))
         lines.append(f"  verdict: {d.kind}")
+        if rep.reproduce is not None:
+            from refimpl.oracle.reproduce import event_line
+
+            lines.append("  " + event_line(rep.reproduce, d, [x.label for x in s], tokenizer))
     tails = [lab for lab in rep.tails if rep.tails[lab] > 0]
     if tails:
         lines.append("after the divergence, each stream against the oracle given its own history:" if d else
@@ -333,7 +362,7 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
                 lines.append(f"  {lab}: {rep.tails[lab]} more tokens, each the oracle's argmax")
                 continue
             lines.append(f"  {lab}: {rep.tails[lab]} more tokens, {len(ties)} near-tie, {len(wrong)} wrong")
-            lines += ["    " + _finding_line(tokenizer, f) for f in (wrong[:3] + ties[:3] if wrong else ties[:3])]
+            lines += ["    " + _finding_line(tokenizer, f) + _reproduced(rep, f) for f in (wrong[:3] + ties[:3] if wrong else ties[:3])]
     from refimpl.oracle.rounds import report_lines as round_lines
 
     for lab, rr in rep.rounds.items():
@@ -344,8 +373,14 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
 
     for lab, pr in rep.probs.items():
         lines += probs_lines(pr, lab)
+    if rep.reproduce is not None:
+        from refimpl.oracle.reproduce import report_lines as reproduce_lines
+
+        lines += reproduce_lines(rep.reproduce, tokenizer)
     n_ties, n_wrong = rep.n_near_ties, rep.n_wrong
     rounds = "".join(f"; rounds {lab}: {r.verdict}" for lab, r in rep.rounds.items())
     rounds += "".join(f"; probs {lab}: {p.verdict}" for lab, p in rep.probs.items())
+    if rep.reproduce is not None:
+        rounds += "; " + ("identical to llama.cpp's prediction" if not rep.reproduce.exit_code else "not llama.cpp's prediction")
     lines.append(f"result: {rep.verdict}; {n_ties} near-tie{'s' * (n_ties != 1)}, {n_wrong} wrong{rounds} → exit {rep.exit_code}")
     return lines

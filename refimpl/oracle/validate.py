@@ -267,7 +267,12 @@ def expected_drafts(model, prompt: list[int], n_predict: int, ctx, spec_type: st
 
 def verdict(rep) -> str:
     """A row's verdict from an audit report: identical (every token the oracle's argmax), near-tie (only
-    near-ties), wrong (a wrong token)."""
+    near-ties), wrong (a wrong token). With a prediction (``--emulate=ggml``: refimpl.oracle.reproduce)
+    instead: reproduced (the answer is llama.cpp's predicted stream for the server's draft setting, with
+    near-ties or wrong tokens that llama.cpp's own batches compute), identical (that, and every token the
+    oracle's argmax) or not reproduced (the answer is not llama.cpp's predicted stream)."""
+    if rep.reproduce is not None:
+        return "not reproduced" if rep.reproduce.exit_code else "reproduced" if rep.events else "identical"
     if rep.n_wrong:
         return "wrong"
     return "near-tie" if rep.n_near_ties else "identical"
@@ -277,3 +282,18 @@ def finite_positive(value: float, flag: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise RefimplError(f"{flag} must be a number of seconds > 0, got {value}")
     return value
+
+
+def schedule_of(info, d, spec_type: str, spec_n_max: int):
+    """The llama.cpp batch schedule (refimpl.oracle.reproduce.Schedule) a server answered with: its per-request
+    n_max ``d`` (0: plain), else --spec-draft-n-max when it drafted, else plain decode — with llama-server's
+    prompt batches; None when it drafted with another --spec-type than draft-mtp (no prediction)."""
+    from refimpl.oracle.reproduce import Schedule
+
+    if d is not None:
+        n = min(d, 8)
+    else:
+        n = spec_n_max if info.draft_n is not None else 0
+    if n and spec_type != "draft-mtp":
+        return None
+    return Schedule(n, server=True)

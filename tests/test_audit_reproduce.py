@@ -1,0 +1,169 @@
+"""``refimpl audit --emulate=ggml --draft N``: the oracle predicts llama.cpp's own stream for the engine's batch
+schedule (refimpl.oracle.reproduce) and gates on byte identity with it (docs/validating-an-engine.md §3g).
+
+The engine here is llama.cpp itself (tests/llama_spec.py: its draft-mtp loop with its defaults, on the
+libggml llama-cpp-python loads): its draft-3 stream is "identical to llama.cpp's predicted draft-3 stream",
+exit 0; the same stream with one token changed is "not reproduced", exit 1; without --emulate=ggml the
+audit is what it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from refimpl.cli import main
+from refimpl.fixtures.builtin import TRAINED_PATH
+
+pytestmark = pytest.mark.oracle
+
+PROMPT = "And the LORD said unto Moses,"
+N = 16
+
+
+@functools.cache
+def llama_draft3() -> tuple[list[int], list[int]]:
+    """(prompt ids, llama.cpp's draft-3 stream of N tokens) with llama.cpp's defaults."""
+    from llama_spec import llama_speculative
+    from refimpl.tokenizer import Tokenizer
+
+    ids = Tokenizer.from_gguf(TRAINED_PATH).encode(PROMPT)
+    return ids, llama_speculative(TRAINED_PATH, ids, N, n_draft=3, defaults=True, n_threads=1).tokens
+
+
+def write(tmp_path, name, tokens) -> str:
+    ids, _ = llama_draft3()
+    path = tmp_path / name
+    path.write_text(json.dumps({"prompt_tokens": ids, "tokens": tokens}))
+    return str(path)
+
+
+def audit(capsys, *argv) -> tuple[int, str]:
+    code = main(["audit", *argv])
+    return code, capsys.readouterr().out
+
+
+def test_llama_cpp_draft3_stream_is_identical_to_its_prediction(tmp_path, capsys):
+    _, d3 = llama_draft3()
+    path = write(tmp_path, "d3.json", d3)
+    code, out = audit(capsys, str(TRAINED_PATH), path, "--emulate=ggml", "--draft", "3")
+    assert code == 0, out
+    assert "A: identical to llama.cpp's predicted draft-3 stream (16 tokens" in out
+    assert out.rstrip().endswith("identical to llama.cpp's prediction → exit 0")
+    code, out = audit(capsys, str(TRAINED_PATH), path, path, "--emulate=ggml", "--draft", "plain,3", "--json")
+    rep = json.loads(out)
+    assert code == rep["exit_code"] == 0 and rep["verdict"] == "identical"
+    pred = rep["reproduce"]["predictions"]
+    assert pred["A"]["schedule"] == "plain" and pred["B"]["schedule"] == "draft-3"
+    assert pred["A"]["identical"] and pred["B"]["identical"] and pred["B"]["tokens"] == d3
+    assert sum(r["drafted"] for r in pred["B"]["rounds"]) > 0  # the prediction ran 1+n verify batches
+
+
+def test_one_changed_token_is_not_reproduced(tmp_path, capsys):
+    _, d3 = llama_draft3()
+    bad = list(d3)
+    bad[5] = next(t for t in (1171, 1172) if t != d3[5])
+    path = write(tmp_path, "bad.json", bad)
+    code, out = audit(capsys, str(TRAINED_PATH), path, "--emulate=ggml", "--draft", "3")
+    assert code == 1, out
+    assert "first divergence at step 5" in out
+    assert "  not reproduced: A differs from llama.cpp's predicted draft-3 stream at step 5" in out
+    code, out = audit(capsys, str(TRAINED_PATH), path, "--emulate=ggml", "--draft", "3", "--json")
+    rep = json.loads(out)
+    assert code == rep["exit_code"] == rep["reproduce"]["exit_code"] == 1
+    assert rep["divergence"]["reproduced"] is False
+    assert rep["reproduce"]["predictions"]["A"]["first_difference"] == 5
+    assert rep["reproduce"]["predictions"]["A"]["predicted_token"] == d3[5]
+
+
+def test_without_ggml_nothing_changes(tmp_path, capsys):
+    _, d3 = llama_draft3()
+    path = write(tmp_path, "d3.json", d3)
+    code, out = audit(capsys, str(TRAINED_PATH), path, "--json")
+    rep = json.loads(out)
+    assert code == 0 and "reproduce" not in rep
+    assert "prediction" not in audit(capsys, str(TRAINED_PATH), path)[1]
+    assert main(["audit", str(TRAINED_PATH), path, "--draft", "3"]) == 2  # --draft needs --emulate=ggml
+    assert "--draft predicts llama.cpp's own stream" in capsys.readouterr().err
+    assert main(["audit", str(TRAINED_PATH), path, "--emulate=ggml", "--draft", "9"]) == 2
+    assert main(["audit", str(TRAINED_PATH), path, "--emulate=ggml", "--draft", "1,3"]) == 2  # two values, one stream
+
+
+def test_a_reproduced_wrong_token_passes_the_gate():
+    """The gate is byte identity with the prediction: a wrong token llama.cpp's own batches compute exits 0,
+    a stream that keeps the oracle's argmax where llama.cpp's batches flip exits 1."""
+    from refimpl.oracle.reproduce import Prediction, Reproduction, Schedule
+
+    same = Reproduction({"A": Prediction("A", Schedule(3), [1, 2, 3], [1, 2, 3])}, [(1, "divergence", True)])
+    assert same.exit_code == 0 and same.reproduced(2, ["A"])
+    off = Reproduction({"A": Prediction("A", Schedule(3), [1, 9, 3], [1, 2, 3])})
+    assert off.exit_code == 1 and off.reproduced(0, ["A"]) and not off.reproduced(1, ["A"])
+    short = Prediction("A", Schedule(0), [1, 2], [1, 2, 3])  # llama.cpp stops (end of generation), the engine goes on
+    assert short.first_difference == 2 and not short.identical
+
+
+def test_validate_says_reproduced_or_not(tmp_path, capsys):
+    """``refimpl validate --emulate=ggml``: a server answering with llama.cpp's draft-3 stream (its per-request
+    n_max 3) is llama.cpp's prediction; one answering with a changed token is "not reproduced", exit 1."""
+    from llama_spec import llama_speculative
+    from test_validate import LLAMA_PROPS, PROMPT, _completion, fake_server
+
+    d3 = llama_speculative(TRAINED_PATH, PROMPT, 6, n_draft=3, defaults=True, n_threads=1).tokens
+    bad = [d3[0], 2047] + d3[2:]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"tokens": PROMPT}) + "\n")
+    with fake_server({"/props": LLAMA_PROPS, "/completion": _completion(d3, 3)}) as good, \
+            fake_server({"/props": LLAMA_PROPS, "/completion": _completion(bad, 3)}) as wrong:
+        report = tmp_path / "report.json"
+        rc = main(["validate", str(TRAINED_PATH), "--server", good, "--server", wrong, "--prompts", str(prompts), "-n", "6",
+                   "--emulate=ggml", "--draft", "3", "--report", str(report)])
+        out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "not reproduced (step 1, server-draft-3)" in out
+    assert out.splitlines()[-1] == ("result: 2 answers: 1 identical, 0 near-tie, 0 wrong, 1 not reproduced; "
+                                    "probs outside bound: 0 → exit 1")
+    doc = json.loads(report.read_text())
+    assert [r["verdict"] for r in doc["results"]] == ["identical", "not reproduced"]
+    assert doc["results"][0]["audit"]["reproduce"]["predictions"]["A draft 3"]["schedule"] == "server-draft-3"
+
+
+#: 64 tokens of tests/data/kjv-genesis-20.txt (Genesis 20:14-16, "… And unto S"): a near-tie (margin 0.01 % of
+#: max|logit|) that llama.cpp's batch shapes flip — one 64-row prompt batch (flash attention's tiled path)
+#: computes 1587 'ime', the 63-row batch + 1+3 verify of the draft-mtp loop 1351 'ara' (docs/validating-an-engine.md §3g)
+FLIP = [727, 1441, 44, 267, 1613, 277, 44, 267, 517, 115, 266, 118, 1249, 44, 267, 1542, 115, 266, 118, 1249, 44, 267,
+        923, 338, 322, 1303, 44, 267, 1501, 271, 522, 333, 368, 1351, 104, 324, 976, 46, 298, 722, 1587, 328, 325, 391,
+        44, 835, 44, 383, 497, 337, 500, 398, 58, 888, 690, 356, 495, 1639, 256, 398, 46, 298, 322, 368]
+
+
+def test_a_real_flip_is_predicted(tmp_path, capsys):
+    """llama.cpp's own draft-3 loop flips the first token of FLIP against its one-batch prompt; the prediction
+    says which schedule computes which token, and the gate follows the schedule given."""
+    import numpy as np
+
+    from llama_spec import llama_speculative
+    from llama_trace import llama_trace
+
+    one_batch = llama_trace(TRAINED_PATH, FLIP, (), n_threads=1, n_batch=512, n_ubatch=512, type_k="f16", type_v="f16",
+                            flash_attn="on")["logits"][-1]
+    d3 = llama_speculative(TRAINED_PATH, FLIP, 8, n_draft=3, defaults=True, n_threads=1).tokens
+    assert int(np.argmax(one_batch)) == 1587 and d3[0] == 1351
+    path = tmp_path / "d3.json"
+    path.write_text(json.dumps({"prompt_tokens": FLIP, "tokens": d3}))
+    code, out = audit(capsys, str(TRAINED_PATH), str(path), "--emulate=ggml", "--draft", "3")
+    assert code == 0, out
+    assert "  verdict: near-tie" in out and "  reproduced: llama.cpp's 1+3 verify computes this token" in out
+    code, out = audit(capsys, str(TRAINED_PATH), str(path), "--emulate=ggml")  # plain decode: not what it computes
+    assert code == 1 and "  not reproduced: A differs from llama.cpp's predicted plain stream at step 0 (A has 1351 'ara', " \
+                          "llama.cpp's prompt batch computes 1587 'ime')" in out
+
+
+def test_llama_server_prompt_batches():
+    """llama-server cuts a recurrent model's prompt 4 + n_ubatch and 4 tokens before its end (checkpoints)."""
+    from refimpl.oracle.reproduce import parse_schedules, server_prompt_batches
+
+    assert server_prompt_batches(64) == [60, 4] and server_prompt_batches(3) == [3] and server_prompt_batches(4) == [4]
+    assert server_prompt_batches(600) == [84, 512, 4] and server_prompt_batches(5000, n_ubatch=512)[:3] == [2048, 2048, 388]
+    assert [s.name for s in parse_schedules("plain,server:3", 2)] == ["plain", "server-draft-3"]
+    assert [s.name for s in parse_schedules("server:0", 2)] == ["server-plain"] * 2

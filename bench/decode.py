@@ -3,6 +3,7 @@
     python bench/decode.py                                   # tiny and medium, q4_k_m and mxfp4
     python bench/decode.py --models medium --quants mxfp4 --n 32 --rounds 5
     python bench/decode.py --models tiny --emulate           # refimpl with llama.cpp's rounding
+    python bench/decode.py --models kjv --quants q8_0 --emulate=ggml --pp 0   # + --emulate=ggml beside plain
 
 For every (model, mix), in one run:
 
@@ -26,6 +27,16 @@ For every (model, mix), in one run:
   after the prompt: the last token and three drafts, phase ``verify``) divided by its time for one
   single-token decode from the same state; the two are timed alternately ``--verify-reps`` times and
   the medians divided. States are immutable, so every repetition starts from the same state.
+
+* **``--emulate=ggml``** adds a third refimpl row, ``ggml``: the same greedy decode with ``Ctx.ggml`` (every op as
+  the loaded libggml-cpu computes it, bit for bit: ``emulation_ctx("ggml")`` with the llama.cpp child's settings —
+  F32 K/V, flash attention off —, ``n_threads`` = ``--threads``, ``repack=False``: the weights llama.cpp's default
+  CPU_REPACK would re-lay out are not emulated, so on a file holding them this is llama.cpp ``--no-repack``'s
+  arithmetic; on Q8_0, which is never repacked, its tokens must be llama.cpp's own), loaded as ``refimpl run --emulate=ggml``
+  loads (``pack=False``: it multiplies the stored rows). It runs in the same rounds, right after the plain
+  variants, and its tok/s is also divided by each plain variant's of the same round (``ggml / plain``).
+  Its prompt row is not measured. The plain rows keep ``--emulate``'s other meaning off (plain numerics).
+  ``kjv`` (the built-in trained model, Q8_0: ``--quants q8_0``) is a model name here too.
 
 Both sides are warm before timing: llama.cpp has loaded (and repacked) its weights; refimpl has
 compiled its kernels and touched every page of the memory-mapped file once (so the first tokens do
@@ -237,12 +248,22 @@ def verify_ratio(model, prompt: list[int], drafts: list[int], reps: int, ctx) ->
 
 
 def model_path(preset: str, quant: str) -> Path:
-    from refimpl.fixtures.builtin import fixture_path
+    from refimpl.fixtures.builtin import TRAINED_PATH, fixture_path
     from refimpl.fixtures.large import large_fixture
 
+    if preset == "kjv":  # the built-in trained model (Q8_0 only)
+        if quant != "q8_0":
+            raise SystemExit("bench/decode.py: kjv is Q8_0 only (--quants q8_0)")
+        return TRAINED_PATH
     if preset in ("medium", "real2", "full"):
         return large_fixture(preset, quant)
     return fixture_path(preset, quant)
+
+
+def _numba_isa() -> str:
+    from kernels.lanes.ir import ISA, ISA_NAMES
+
+    return ISA_NAMES[ISA]
 
 
 def _range(xs) -> str:
@@ -259,9 +280,17 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     from refimpl.model.ops import Ctx
 
     numba.set_num_threads(args.threads)
-    ctx = Ctx(act_quant=True) if args.emulate else Ctx()
+    ctx = Ctx(act_quant=True) if args.emulate == "act" else Ctx()
     path = model_path(preset, quant)
     variants = {v: load_model(path, pack=(v == "packed")) for v in args.variants}  # mapped: pack=False
+    ggml_ctx = ggml_model = None
+    if args.emulate == "ggml":  # --emulate=ggml, loaded as `refimpl run --emulate=ggml` loads (no lane copies)
+        from refimpl.model.ops import emulation_ctx
+
+        ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads, repack=False)  # the child's settings
+        ggml_model = load_model(path, pack=False)
+        touch_pages(ggml_model)
+        refimpl_decode(ggml_model, [1, 2], 2, ggml_ctx)  # compile / warm
     for model in variants.values():
         touch_pages(model)
     V = next(iter(variants.values())).config.n_vocab
@@ -269,6 +298,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     for model in variants.values():
         refimpl_decode(model, prompt, 2, ctx)  # compile / warm
     ours = {v: [] for v in variants}
+    ggml_ours, ggml_tokens = [], None
     theirs, tokens = [], {}
     pp_tokens = [int(t) for t in np.random.default_rng(8).integers(0, min(V, 390), size=args.pp)]
     pp_ours, pp_theirs = {v: [] for v in variants}, []
@@ -283,9 +313,14 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
             for v, model in variants.items():
                 tok_s, tokens[v] = refimpl_decode(model, prompt, args.n, ctx)
                 ours[v].append(tok_s)
+            if ggml_ctx is not None:
+                tok_s, ggml_tokens = refimpl_decode(ggml_model, prompt, args.n, ggml_ctx)
+                ggml_ours.append(tok_s)
             res = llama.run(prompt, args.n)
             theirs.append(res["tok_s"])
             line = ", ".join(f"refimpl {v} {ours[v][-1]:6.2f}" for v in variants) + f", llama.cpp {res['tok_s']:6.2f} tok/s"
+            if ggml_ctx is not None:
+                line = f"refimpl ggml {ggml_ours[-1]:6.2f}, " + line
             if args.pp:
                 for v, model in variants.items():
                     pp_ours[v].append(refimpl_prompt(model, pp_tokens, args.pp_chunk, ctx, args.pp_all_logits))
@@ -310,6 +345,13 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
                      "decode_s": d, "verify_s": vs, "same_tokens": tokens[v] == res["tokens"],
                      "pp": args.pp, "pp_logits": "all" if args.pp_all_logits else "last", "pp_ours": pp_ours[v], "pp_theirs": pp_theirs, "pp_llama": pp_note,
                      "pp_ratio": [a / b for a, b in zip(pp_ours[v], pp_theirs)]})
+    if ggml_ctx is not None:
+        d, vs, _, vrs = verify_ratio(ggml_model, prompt, ggml_tokens[:3], args.verify_reps, ggml_ctx)
+        rows.append({"model": preset, "quant": quant, "variant": "ggml", "mib": path.stat().st_size / MIB, "ours": ggml_ours,
+                     "theirs": theirs, "ratio": [a / b for a, b in zip(ggml_ours, theirs)], "verify": vrs,
+                     "decode_s": d, "verify_s": vs, "same_tokens": ggml_tokens == res["tokens"],
+                     "vs_plain": {v: [a / b for a, b in zip(ggml_ours, ours[v])] for v in variants},
+                     "ctx": ggml_ctx.numerics(), "pp": 0, "pp_ours": [], "pp_theirs": [], "pp_ratio": [], "pp_llama": pp_note})
     return rows
 
 
@@ -327,7 +369,10 @@ def main(argv=None) -> int:
                     help="refimpl's positions per forward call on the prompt (default: refimpl.cli.LOGITS_CHUNK, as `refimpl logits`)")
     ap.add_argument("--pp-all-logits", action="store_true",
                     help="time every prompt position's logits (refimpl logits), not the last one's (refimpl run, llama-bench)")
-    ap.add_argument("--emulate", action="store_true", help="refimpl with --emulate numerics (act_quant)")
+    ap.add_argument("--emulate", nargs="?", const="act", choices=("act", "ggml"), default=None,
+                    help="--emulate alone: refimpl with --emulate numerics (act_quant) instead of plain; --emulate=ggml: "
+                         "plain rows as usual plus a 'ggml' row, refimpl --emulate=ggml (bit for bit libggml-cpu), "
+                         "timed in the same rounds, with its ratio to each plain variant")
     ap.add_argument("--variants", default="mapped,packed",
                     help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
     ap.add_argument("--json", help="also write the raw figures to this file")
@@ -348,8 +393,14 @@ def main(argv=None) -> int:
     from bench._common import cpu_description
 
     print(f"# {cpu_description()}")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; numba ISA {_numba_isa()}")
+    if args.emulate == "ggml":
+        from kernels.ggml.build import detect
+
+        print(f"# --emulate=ggml follows {detect().describe()}")
     print(f"# {args.threads} threads (numba and llama.cpp), {args.n} tokens per round, {args.rounds} rounds, "
-          f"refimpl numerics {'emulate' if args.emulate else 'plain'}; load average {load0[0]:.2f}", flush=True)
+          f"refimpl numerics {'emulate' if args.emulate == 'act' else 'plain'}"
+          f"{' + a ggml row' if args.emulate == 'ggml' else ''}; load average {load0[0]:.2f}", flush=True)
     rows = []
     for preset in args.models.split(","):
         for quant in args.quants.split(","):
@@ -364,19 +415,28 @@ def main(argv=None) -> int:
         print(f"{r['model']:<7} {r['quant']:<7} {r['mib']:5.0f} {r['variant']:<7} | {_range(r['ours']):>18} | "
               f"{_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
               f"{'yes' if r['same_tokens'] else 'no'}")
+    ggml_rows = [r for r in rows if r["variant"] == "ggml"]
+    if ggml_rows:
+        hdr = f"\n{'model':<7} {'mix':<7} | {'ggml / plain ' + '(' + ', '.join(args.variants) + ')':>40} | ggml numerics"
+        print(hdr)
+        print("-" * len(hdr))
+        for r in ggml_rows:
+            cell = ", ".join(_range(x) for x in r["vs_plain"].values())
+            print(f"{r['model']:<7} {r['quant']:<7} | {cell:>40} | {r['ctx']}")
+    rows_pp = [r for r in rows if r["variant"] != "ggml"]
     if args.pp:
         hdr = (f"\n{'model':<7} {'mix':<7} {'refimpl':<7} | {f'refimpl prompt tok/s ({args.pp})':>28} | "
                f"{f'llama.cpp pp{args.pp} tok/s':>22} | {'refimpl / llama.cpp':>19}")
         print(hdr)
         print("-" * len(hdr))
-        for r in rows:
+        for r in rows_pp:
             print(f"{r['model']:<7} {r['quant']:<7} {r['variant']:<7} | {_range(r['pp_ours']):>28} | "
                   f"{_range(r['pp_theirs']):>22} | {_range(r['pp_ratio']):>19}")
         which = "every position's logits (`refimpl logits`)" if args.pp_all_logits else "the last position's logits (`refimpl run`)"
         print(f"# prompt: refimpl forward on chunks of {args.pp_chunk} positions, {which}; "
               "llama.cpp one batch, last position's logits (`llama-bench -p`).")
-        for note in sorted({r["pp_llama"] for r in rows}):
-            print(f"# prompt, {note}: " + ", ".join(sorted({f"{r['model']}-{r['quant']}" for r in rows if r["pp_llama"] == note})))
+        for note in sorted({r["pp_llama"] for r in rows_pp}):
+            print(f"# prompt, {note}: " + ", ".join(sorted({f"{r['model']}-{r['quant']}" for r in rows_pp if r["pp_llama"] == note})))
     load1 = os.getloadavg()
     print(f"\n# median [min–max] over rounds; verify/decode: per-repetition ratios ({args.verify_reps}), "
           f"decode and verify medians in the JSON. Load average {load0[0]:.2f} before, {load1[0]:.2f} after.")

@@ -171,3 +171,29 @@ def test_tiled_inf_v_depends_on_threads(build):
     one, three = (check(build, q, k, v, m, scale, n_threads=t) for t in (1, 3))
     nan_rows = [sorted(set(np.argwhere(np.isnan(o[:, 0]))[:, 0].tolist())) for o in (one, three)]
     assert nan_rows == [list(range(64, 70)), list(range(51, 70))]  # Q tiles [0, 64) vs [51, 68) …
+
+
+def test_f16_round_on_the_bits_equals_numpy_float16():
+    """kernels.ggml.simd.f16_round (flash attention's F16 accumulator, rounded in integer arithmetic on the bits)
+    is numpy's float32 → float16 → float32 (round to nearest even) on every kind of input: a stride through all
+    2^32 bit patterns, every half's midpoints and their float32 neighbours, the subnormal range and overflow."""
+    from kernels.base.flags import jit
+    from kernels.ggml.simd import f16_round
+
+    @jit()
+    def rounded(x, y):
+        for i in range(x.size):
+            y[i] = f16_round(x[i])
+
+    stride = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)  # ~1M patterns, all exponents
+    halves = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)  # every finite half ≥ 0
+    mids = ((halves[:-1].astype(np.float64) + halves[1:]) / 2).astype(np.float32)  # exact ties (representable)
+    bits = mids.view(np.uint32).astype(np.int64)
+    near = np.concatenate([bits - 1, bits, bits + 1]).astype(np.uint32).view(np.float32)
+    x = np.concatenate([stride.view(np.float32), near, -near, np.float32([65519.0, 65520.0, -65520.0, 6e-8, 3e-8])])
+    x = x[~np.isnan(x)]
+    y = np.empty_like(x)
+    rounded(x, y)
+    with np.errstate(over="ignore"):  # past the largest half: ±inf, as intended
+        want = x.astype(np.float16).astype(np.float32)
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))

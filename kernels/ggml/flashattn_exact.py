@@ -62,9 +62,9 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.base.floats import round_to_f16
 from kernels.ggml.flashattn_exact_tiled import tiled_rows
 from kernels.ggml.libm import expf, fmaxf
+from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
 
@@ -75,11 +75,11 @@ SPLIT_KV_MIN = 512  # ops.cpp use_split_kv_path: nek1 >= 512
 
 
 @jit()
-def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, q_q, vkq):
+def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, q_q, vkq, acc):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one (query row, head) over cells
     ``ic_start … ic_end-1`` of ``k`` [n_kv, DK], ``v`` [n_kv, DV] (float32 holding F16 values when
     ``k_f16``/``v_f16``). Leaves the unnormalised VKQ in ``vkq`` (F16 values when ``v_f16``: the VKQ16
-    accumulator converted to float) and returns (M, S)."""
+    accumulator converted to float) and returns (M, S). ``acc``: the dot's scratch (:func:`kernels.ggml.vec.dot_scratch`)."""
     DK = q_row.size
     DV = vkq.size
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 / ggml_cpu_fp32_to_fp32
@@ -93,9 +93,9 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
         if mv == NINF:
             continue
         if k_f16:  # kq_vec_dot = type_traits_cpu[k->type].vec_dot
-            s = vec_dot_f16(DK, k[ic], q_q, lanes)
+            s = vec_dot_f16(DK, k[ic], q_q, lanes, acc)
         else:
-            s = vec_dot_f32(DK, k[ic], q_q, lanes)
+            s = vec_dot_f32(DK, k[ic], q_q, lanes, acc)
         s = np.float32(s * np.float32(scale))
         s = np.float32(s + mv)
         ms = np.float32(1.0)
@@ -126,10 +126,11 @@ def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, out):
     DV = v.shape[2]
     q_q = np.empty(DK, np.float32)
     vkq = np.empty(DV, np.float32)
+    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     for h in range(n_head):
         for iq1 in range(n_q):
             M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
-                             k_f16, v_f16, lanes, q_q, vkq)
+                             k_f16, v_f16, lanes, q_q, vkq, acc)
             s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
             for d in range(DV):
                 out[iq1, h, d] = np.float32(vkq[d] * s_inv)
@@ -149,6 +150,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads,
     part_s = np.zeros((n_threads, n_head), np.float32)
     part_v = np.zeros((n_threads, n_head, DV), np.float32)
     q_q = np.empty(DK, np.float32)
+    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     for ith in range(n_threads):
         ic_start = ith * cs
         if ic_start >= n_kv:
@@ -156,7 +158,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads,
         ic_end = min(ic_start + cs, n_kv)
         for h in range(n_head):
             M, S = one_chunk(q[h, 0], k[h // group], v[h // group], mask[0], has_mask, ic_start, ic_end, scale,
-                             k_f16, v_f16, lanes, q_q, part_v[ith, h])
+                             k_f16, v_f16, lanes, q_q, part_v[ith, h], acc)
             part_m[ith, h] = M
             part_s[ith, h] = S
     for h in range(n_head):  # ggml_flash_attn_ext_reduce_partials

@@ -111,12 +111,13 @@ def vec_dot_bf16(n, x, y, L):
 def vec_dot_float_rows(w, x, out, kind, L):
     """``out[t, r] = vec_dot(w[r], x[t])`` for ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32)."""
     K = w.shape[1]
+    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     for t in range(x.shape[0]):
         for r in range(w.shape[0]):
             if kind == 0:
-                out[t, r] = vec_dot_f32(K, w[r], x[t], L)
+                out[t, r] = vec_dot_f32(K, w[r], x[t], L, acc)
             elif kind == 1:
-                out[t, r] = vec_dot_f16(K, w[r], x[t], L)
+                out[t, r] = vec_dot_f16(K, w[r], x[t], L, acc)
             else:
                 out[t, r] = vec_dot_bf16(K, w[r], x[t], L)
 

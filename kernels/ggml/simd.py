@@ -88,6 +88,58 @@ else:
     fma32 = fma32_exact
 
 
+def _vfma_def(acc, j, x, y, k, lanes):
+    """``acc[j, l] = fma(x[k + l], y[k + l], acc[j, l])`` for the ``lanes`` lanes (the definition)."""
+    for lane in range(lanes):
+        acc[j, lane] = fma32(x[k + lane], y[k + lane], acc[j, lane])
+
+
+if JIT_ENABLED:
+    from numba.core import cgutils
+
+    def _vfma_ir(n):
+        @intrinsic
+        def vfma(typingctx, acc, j, x, y, k):
+            """One ``_mm*_fmadd_ps`` of ``n`` lanes: :func:`_vfma_def` as ``llvm.fma.v{n}f32`` on contiguous
+            ``x[k:k+n]``, ``y[k:k+n]`` and ``acc[j, 0:n]`` (each lane rounded once, as the scalar fma)."""
+            if not all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (acc, x, y)):
+                return None  # float32 arrays only (the pointers are read as float vectors)
+            sig = types.void(acc, j, x, y, k)
+
+            def codegen(context, b, signature, args):
+                vt = ir.VectorType(ir.FloatType(), n)
+                acc_t, _, x_t, y_t, _ = signature.args
+                zero = ir.Constant(ir.IntType(64), 0)
+
+                def ptr(aty, arr, idx):
+                    a = context.make_array(aty)(context, b, arr)
+                    return b.bitcast(cgutils.get_item_pointer(context, b, aty, a, idx), vt.as_pointer())
+
+                pa = ptr(acc_t, args[0], [args[1], zero])
+                px, py = ptr(x_t, args[2], [args[4]]), ptr(y_t, args[3], [args[4]])
+                fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
+                b.store(b.call(fn, [b.load(px, align=4), b.load(py, align=4), b.load(pa, align=4)]), pa, align=4)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return vfma
+
+    _vfma16, _vfma8 = _vfma_ir(16), _vfma_ir(8)
+
+    @jit()
+    def vfma(acc, j, x, y, k, lanes):
+        """``acc[j, :lanes] = fma(x[k:k+lanes], y[k:k+lanes], acc[j, :lanes])`` lane-wise: one vector FMA
+        (``x``, ``y`` contiguous; ``acc`` (…, ≥ lanes) float32, rows contiguous)."""
+        if lanes == 16:
+            _vfma16(acc, np.int64(j), x, y, np.int64(k))
+        else:
+            _vfma8(acc, np.int64(j), x, y, np.int64(k))
+
+else:
+    vfma = _vfma_def
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bit casts (``_mm*_castps_si*`` / ``_castsi*_ps``): a float32 lane read as its uint32 bits and back.
 
@@ -128,6 +180,28 @@ else:
 
     def bits_f32(u):
         return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
+
+
+@jit()
+def f16_round(x):
+    """float32 -> the nearest binary16 value (ties to even), as float32; ±inf past the largest half; NaN and
+    ±inf unchanged — :func:`kernels.base.floats.round_to_f16` (checked: numpy's float16 rounding on every non-NaN
+    float32, NaNs passed through; equal to ``round_to_f16`` on a sixteenth of all inputs) in integer
+    arithmetic on the bits, for the hot loops (flash attention's F16 accumulator): the significand cut to
+    11 bits with a carry into the exponent, or below 2**-14 a multiple of 2**-24 (``rint`` of an exact
+    scaling)."""
+    u = f32_bits(x)
+    sign = u & 0x80000000
+    a = u & 0x7FFFFFFF
+    if a >= 0x7F800000:  # inf, NaN
+        return np.float32(x)
+    if a < 0x38800000:  # below the smallest normal half: the quantum is 2**-24
+        r = np.float32(np.rint(np.float32(bits_f32(a) * np.float32(16777216.0))) * np.float32(5.9604644775390625e-08))
+        return bits_f32(f32_bits(r) | sign)
+    b = (a + 0xFFF + ((a >> 13) & 1)) & 0x7FFFE000  # round to nearest even at bit 13
+    if b >= 0x47800000:  # 65536 and up: inf
+        b = 0x7F800000
+    return bits_f32(b | sign)
 
 
 def _hexf(s: str):

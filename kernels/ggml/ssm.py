@@ -88,6 +88,7 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     rk3 = n_seqs // k.shape[0]
     scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
     delta = np.empty(S_v, np.float32)
+    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
         iv3 = ir // H  # sequence
@@ -113,13 +114,13 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
                     for i in range(S_v):
                         M[j, i] = np.float32(M[j, i] * gexp)
             for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
-                s = vec_dot_f32(S_v, M[j], k_d, epr)
+                s = vec_dot_f32(S_v, M[j], k_d, epr, acc)
                 delta[j] = np.float32(np.float32(v_d[j] - s) * beta_val)
             for j in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
                 for i in range(S_v):
                     M[j, i] = fma32(k_d[i], delta[j], M[j, i])
             for j in range(S_v):  # attn_out[j] = dot(M[j], q) * scale
-                s = vec_dot_f32(S_v, M[j], q_d, epr)
+                s = vec_dot_f32(S_v, M[j], q_d, epr, acc)
                 out[iv3, t, iv1, j] = np.float32(s * scale)
             slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
             if slot < K:

@@ -27,29 +27,43 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf
-from kernels.ggml.simd import fma32, fold_left_unfused, hsum_fold, v_expf, vec_reduce
+from kernels.ggml.simd import fma32, fold_left_unfused, hsum_fold, v_expf, vec_reduce, vfma
 
 F32 = np.float32
 
 
+def dot_scratch() -> np.ndarray:
+    """The accumulators :func:`vec_dot_f32` / :func:`vec_dot_f16` work in (4 × 16 float32, any path), made once
+    by a caller that dots many rows (a heap array per dot would cost more than a 64-value dot itself)."""
+    return np.empty((4, 16), np.float32)
+
+
 @jit()
-def _simd_dot(np_, x, y, lanes):
+def _simd_dot(np_, x, y, lanes, acc):
     """The SIMD loop shared by ggml_vec_dot_f32/_f16 over ``x[:np_]``, ``y[:np_]`` (``np_`` a multiple of
-    4·lanes): ``sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j])``, then GGML_F32_VEC_REDUCE (float32)."""
-    acc = np.zeros((4, lanes), np.float32)  # GGML_F32_VEC sum[GGML_F32_ARR]
-    for i in range(0, np_, 4 * lanes):  # i += GGML_F32_STEP
-        for j in range(4):
-            for lane in range(lanes):
-                k = i + j * lanes + lane
-                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
+    4·lanes): ``sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j])``, then GGML_F32_VEC_REDUCE (float32).
+    ``acc`` (4, ≥ lanes): scratch for GGML_F32_VEC sum[GGML_F32_ARR], overwritten."""
+    for j in range(4):
+        for lane in range(lanes):
+            acc[j, lane] = np.float32(0.0)
+    if x.strides[0] == 4 and y.strides[0] == 4:  # contiguous: each GGML_F32_VEC_FMA one vector FMA
+        for i in range(0, np_, 4 * lanes):  # i += GGML_F32_STEP
+            for j in range(4):
+                vfma(acc, j, x, y, i + j * lanes, lanes)
+    else:
+        for i in range(0, np_, 4 * lanes):
+            for j in range(4):
+                for lane in range(lanes):
+                    k = i + j * lanes + lane
+                    acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
     return vec_reduce(acc, lanes)
 
 
 @jit()
-def vec_dot_f32(n, x, y, lanes):
-    """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``."""
+def vec_dot_f32(n, x, y, lanes, acc):
+    """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``; ``acc``: :func:`dot_scratch`."""
     np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
-    sumf = _simd_dot(np_, x, y, lanes)
+    sumf = _simd_dot(np_, x, y, lanes, acc)
     unfused = np_ + fold_left_unfused(n - np_, lanes)
     for i in range(np_, unfused):  # leftovers, GCC's vector blocks: vmulps, then vaddss lane by lane
         sumf = F32(sumf + F32(x[i] * y[i]))
@@ -59,10 +73,11 @@ def vec_dot_f32(n, x, y, lanes):
 
 
 @jit()
-def vec_dot_f16(n, x, y, lanes):
-    """vec.cpp: ggml_vec_dot_f16 of ``x[:n]``, ``y[:n]`` (F16 values as float32): float SIMD part, double tail."""
+def vec_dot_f16(n, x, y, lanes, acc):
+    """vec.cpp: ggml_vec_dot_f16 of ``x[:n]``, ``y[:n]`` (F16 values as float32): float SIMD part, double tail;
+    ``acc``: :func:`dot_scratch`."""
     np_ = n & ~(4 * lanes - 1)  # GGML_F16_STEP
-    sumf = np.float64(_simd_dot(np_, x, y, lanes))  # ggml_float sumf
+    sumf = np.float64(_simd_dot(np_, x, y, lanes, acc))  # ggml_float sumf
     for i in range(np_, n):
         sumf += np.float64(F32(x[i] * y[i]))  # (ggml_float)(GGML_CPU_FP16_TO_FP32(x[i])*…(y[i])): exact product
     return F32(sumf)
@@ -95,4 +110,4 @@ def vec_soft_max_f32(n, y, x, mx, lanes):
     return total
 
 
-__all__ = ["vec_dot_f32", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]
+__all__ = ["dot_scratch", "vec_dot_f32", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]

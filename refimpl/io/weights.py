@@ -16,6 +16,7 @@ demand instead (same ``routed``/``gate``/``up``/``down`` methods; docs/streamer.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -39,6 +40,17 @@ class Matrix:
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Dequantized rows (``ggml_get_rows``): [n] -> [n, in] float32."""
         return kernels.dequantize(self.raw[np.asarray(idx)], self.qtype, self.shape[1])
+
+    @functools.cached_property
+    def row_bytes(self) -> np.ndarray:
+        """The stored rows as read-only uint8 bytes [..., row bytes] (a lane-packed matrix's original rows),
+        what ``--emulate=ggml``'s kernels read (as ``refimpl.model.ops.raw_bytes`` gives them). Worked out on first use and
+        kept: a view of the memory map or of ``raw`` (no copy: ``raw`` is C-contiguous), so the cache holds
+        no memory of its own, and a decode step does not validate every matrix again."""
+        from kernels.plain.dequant import as_row_bytes
+
+        raw = self.raw.raw if isinstance(self.raw, kernels.PackedRows) else self.raw
+        return as_row_bytes(raw, self.qtype)[0]
 
 
 @dataclass(frozen=True)

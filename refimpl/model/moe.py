@@ -33,8 +33,8 @@ import numpy as np
 
 import kernels
 from kernels.base.blocks import QT
-from refimpl.model.ops import F32, Ctx, dot64, mm, raw_bytes, sigmoid, silu, softmax, swiglu as swiglu_op
-from refimpl.io.weights import DenseFFNWeights, Matrix
+from refimpl.model.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax, swiglu as swiglu_op
+from refimpl.io.weights import DenseFFNWeights, Matrix, PinnedExperts
 
 
 def swiglu(gate, up, down, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
@@ -133,12 +133,21 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
 # --- --emulate=ggml: build_moe_ffn and the shared expert as ggml-cpu computes them (Ctx.ggml) ---------------
 
 
-def _expert_stack(experts, which: str, union: list[int]) -> tuple[np.ndarray, object]:
-    """The ``which`` matrices of the batch's experts ``union``, stacked [len(union), out, row bytes]: the
-    rows of ``ffn_{which}_exps`` that ``ggml_mul_mat_id`` reads (experts renumbered in union order; the
-    grouping of rows by expert, which is all the op depends on, is kept)."""
+def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray]:
+    """The rows of ``ffn_{which}_exps`` that ``ggml_mul_mat_id`` reads, as (bytes [X, out, row bytes], type,
+    ids [T, K] into them): pinned experts give the whole stack (a view of the map, the fused gate_up tensor's
+    gate or up rows as a strided view) and ``sel`` itself; streamed ones the batch's experts ``union`` of
+    ``sel`` stacked in first-use order, and ``sel`` renumbered into it (the grouping of rows by expert, which
+    is all the op depends on, is kept)."""
+    if isinstance(experts, PinnedExperts):
+        m, (start, stop) = experts.stacked(which)
+        rows = m.row_bytes if (start, stop) == (0, m.shape[1]) else m.row_bytes[:, start:stop]
+        return rows, m.qtype, sel.astype(np.int32)
+    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
+    renumber = {e: i for i, e in enumerate(union)}
+    ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
     mats = [getattr(experts, which)(int(e)) for e in union]
-    return np.stack([raw_bytes(m.raw, m.qtype) for m in mats]), mats[0].qtype
+    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids
 
 
 def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -161,16 +170,13 @@ def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> t
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
     experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
-    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
-    renumber = {e: i for i, e in enumerate(union)}
-    ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
     x3 = np.ascontiguousarray(x, dtype=F32)[:, None, :]  # [T, 1, E]: ggml_reshape_3d(cur, n_embd, 1, n_tokens)
-    up_w, qt = _expert_stack(experts, "up", union)
+    up_w, qt, ids = _expert_stack(experts, "up", sel)
     up = mulmat.mul_mat_id(up_w, qt, x3, ids, ctx.ggml, ctx.n_threads)  # [T, K, F]
-    gate_w, qt = _expert_stack(experts, "gate", union)
+    gate_w, qt, ids = _expert_stack(experts, "gate", sel)
     gate = mulmat.mul_mat_id(gate_w, qt, x3, ids, ctx.ggml, ctx.n_threads)  # [T, K, F]
     act = ctx.cb(prefix + "ffn_moe_swiglu", il, swiglu_op(gate, up, ctx))  # [T, K, F]
-    down_w, qt = _expert_stack(experts, "down", union)
+    down_w, qt, ids = _expert_stack(experts, "down", sel)
     down = mulmat.mul_mat_id(down_w, qt, act, ids, ctx.ggml, ctx.n_threads)  # [T, K, E]
     weighted = down * weights[:, :, None]  # [T, K, E]: ggml_mul, weights [1, K, T] broadcast over E
     moe_out = weighted[:, 0]

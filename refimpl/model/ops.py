@@ -202,7 +202,9 @@ def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     if ctx.ggml:
         from kernels.ggml import mulmat
 
-        return mulmat.mul_mat(raw_bytes(W.raw, W.qtype), W.qtype, np.ascontiguousarray(x, dtype=F32), ctx.ggml, ctx.n_threads)
+        w_bytes = getattr(W, "row_bytes", None)  # refimpl.io.weights.Matrix: its bytes, worked out once
+        w_bytes = raw_bytes(W.raw, W.qtype) if w_bytes is None else w_bytes
+        return mulmat.mul_mat(w_bytes, W.qtype, x, ctx.ggml, ctx.n_threads)
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,6 +165,8 @@ def check_ggml_weights(gguf, path: str) -> None:
     never repacked. Compare with llama.cpp run with ``--no-repack`` (``use_extra_bufts = false``) and say so."""
     from kernels.ggml.mulmat import repacked
 
+    if path in _GGML_CHECKED.get(gguf, ()):  # a file passes once per path: not on every decode step
+        return
     hits = [t for t in gguf.tensors.values()
             if len(t.shape) >= 2 and t.name != "token_embd.weight" and repacked(t.qtype, t.shape[-2], path)]
     if hits:
@@ -171,6 +174,10 @@ def check_ggml_weights(gguf, path: str) -> None:
         raise RefimplError(f"--emulate=ggml: llama.cpp repacks the {types} weights of this file ({len(hits)} tensors, "
                            f"e.g. {hits[0].name}) into CPU_REPACK's interleaved layout by default, whose kernels are not "
                            "emulated yet; run llama.cpp with --no-repack and give --no-repack here")
+    _GGML_CHECKED.setdefault(gguf, set()).add(path)
+
+
+_GGML_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # gguf file -> the paths it passed
 
 
 def trunk_phase(n_tokens: int, n_past: int) -> str:

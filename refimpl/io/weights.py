@@ -44,7 +44,7 @@ class Matrix:
     @functools.cached_property
     def row_bytes(self) -> np.ndarray:
         """The stored rows as read-only uint8 bytes [..., row bytes] (a lane-packed matrix's original rows),
-        what ``--emulate=ggml``'s kernels read (as ``refimpl.model.ops.raw_bytes`` gives them). Worked out on first use and
+        what ``--emulate=ggml``'s kernels read (``refimpl.model.ops.mm``, the ggml get_rows). Worked out on first use and
         kept: a view of the memory map or of ``raw`` (no copy: ``raw`` is C-contiguous), so the cache holds
         no memory of its own, and a decode step does not validate every matrix again."""
         from kernels.plain.dequant import as_row_bytes

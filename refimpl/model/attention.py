@@ -86,37 +86,45 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
     ``w``: :class:`refimpl.io.weights.AttentionWeights`; ``c``: :class:`refimpl.io.config.Config`;
     ``a``: attn_norm output [T, E]; ``positions`` [T]. Returns (attn_output [T, E], new cache).
     ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block, as in ``graph_mtp``).
+    With ``ctx.ggml`` every op is ggml-cpu's (``build_layer_attn`` of qwen35moe.cpp): the norms, sigmoid and
+    matmuls through ``ctx``, :func:`_rope_ggml`, the F16 cache write, :func:`_attend_ggml`.
     """
-    if ctx.ggml:
-        return _gated_attention_ggml(w, c, a, positions, kv, il, ctx, prefix)
     T = a.shape[0]
     H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
     qg = ctx.cb("attention.q_gate", il, mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
     ctx.cb(prefix + "Qcur_full", il, qg.reshape(T, 2 * H * D))
-    q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps)  # [T, H, D]
+    q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps, ctx)  # [T, H, D]: the view, normed row by row
     ctx.cb(prefix + "Qcur_normed", il, q)
-    gate = np.ascontiguousarray(qg[:, :, 1, :]).reshape(T, H * D)  # [T, HD]
-    k = rms_norm_w(mm(w.attn_k, a, ctx).reshape(T, Hkv, D), w.attn_k_norm, c.rms_eps)  # [T, Hkv, D]
+    gate = np.ascontiguousarray(qg[:, :, 1, :]).reshape(T, H * D)  # [T, HD]: ggml_cont_2d
+    k = rms_norm_w(mm(w.attn_k, a, ctx).reshape(T, Hkv, D), w.attn_k_norm, c.rms_eps, ctx)  # [T, Hkv, D]
     ctx.cb(prefix + "Kcur_normed", il, k)
     v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
 
     n_rot = ctx.cb("attention.rope_dims", il, c.n_rot, head_dim=D)
-    for t in range(T):
-        cos, sin = rope_cache(int(positions[t]), n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
-        q[t] = rope_imrope(q[t], cos, sin)
-        k[t] = rope_imrope(k[t], cos, sin)
+    if ctx.ggml:
+        q, k = _rope_ggml(q, k, positions, n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]
+    else:
+        for t in range(T):
+            cos, sin = rope_cache(int(positions[t]), n_rot, c.rope_sections, c.rope_freq_base, c.rope_freq_scale)
+            q[t] = rope_imrope(q[t], cos, sin)
+            k[t] = rope_imrope(k[t], cos, sin)
     ctx.cb(prefix + "Qcur", il, q)
     ctx.cb(prefix + "Kcur", il, k)
     ctx.cb(prefix + "Vcur", il, v)
 
-    if ctx.kv_f16 or ctx.flash_attn:  # an F16 cache (llama_context default), or flash attention's F16 cast
+    if ctx.ggml:  # ggml_set_rows into an F16 cache: F32 -> F16 (flash attention casts an F32 cache itself)
+        if ctx.kv_f16:
+            from kernels.ggml import vecmath
+
+            k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
+    elif ctx.kv_f16 or ctx.flash_attn:  # an F16 cache (llama_context default), or flash attention's F16 cast
         k, v = to_f16(k), to_f16(v)
     kv = kv.append(k, v, positions)
 
-    o = attend(q, kv, positions, c, ctx)  # [T, H, D]
+    o = (_attend_ggml if ctx.ggml else attend)(q, kv, positions, c, ctx)  # [T, H, D]
     o = o.reshape(T, H * D)
     ctx.cb(prefix + "attn_pregate", il, o)
-    o = ctx.cb(prefix + "attn_gated", il, o * sigmoid(gate))  # [T, HD]
+    o = ctx.cb(prefix + "attn_gated", il, o * sigmoid(gate, ctx))  # [T, HD]: ggml_mul (one float32 product)
     return ctx.cb(prefix + "attn_output", il, mm(w.attn_output, o, ctx)), kv
 
 
@@ -153,8 +161,7 @@ def _split_chunk(n_rows: int, kv: KVCache, c, ctx: Ctx) -> int:
     """Cells per chunk of flash attention's split-KV path, or 0 when it is not taken. The KV view has
     ``n_kv = min(kv_size, max(256, pad256(cells used)))`` cells (``get_n_kv``), kv_size = the context
     padded to 256 (``ctx.n_ctx`` or the model's training context, as llama.cpp's n_ctx = 0)."""
-    kv_size = -(-(ctx.n_ctx or c.n_ctx_train) // KV_PAD) * KV_PAD
-    n_kv = min(kv_size, max(KV_PAD, -(-len(kv.pos) // KV_PAD) * KV_PAD))
+    n_kv = kv_view_cells(len(kv.pos), c, ctx)
     if n_rows != 1 or n_kv < FA_SPLIT_KV:
         return 0
     return -(-n_kv // ctx.n_threads)
@@ -184,48 +191,17 @@ def _attend_plain(q: np.ndarray, kv: KVCache, positions: np.ndarray, scale, ctx:
 GGML_ROPE_TYPE_IMROPE = 40  # ggml.h: GGML_ROPE_TYPE_IMROPE (qwen35moe / qwen35's rope_type)
 
 
-def _gated_attention_ggml(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il: int, ctx: Ctx,
-                          prefix: str = "") -> tuple[np.ndarray, KVCache]:
-    """``graph::build_layer_attn`` (qwen35moe.cpp) for one ubatch, each op by its ``kernels.ggml`` emulation:
-    the three projections (``ggml_mul_mat``), the fused RMS_NORM+MUL of Q and K over rows of D,
-    ``ggml_rope_multi`` IMROPE (``ggml_rope_ext`` NEOX for qwen3next), the cache write (``ggml_set_rows``
-    into the F16 cache: :func:`kernels.ggml.vecmath.cast_f16`), :func:`_attend_ggml`, ``ggml_sigmoid`` of the
-    gate, ``ggml_mul``, the output projection. a [T, E] -> ([T, E], the new cache)."""
-    from kernels.ggml import rope, vecmath
+def _rope_ggml(q: np.ndarray, k: np.ndarray, positions: np.ndarray, n_rot: int, c, ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """``--emulate=ggml``'s RoPE of q [T, H, D] and k [T, Hkv, D]: ``ggml_rope_multi`` IMROPE (qwen35moe /
+    qwen35) or ``ggml_rope_ext`` NEOX (qwen3next), :mod:`kernels.ggml.rope` (glibc sin/cos, the fused rotation)."""
+    from kernels.ggml import rope
 
-    T = a.shape[0]
-    H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
-    qg = ctx.cb("attention.q_gate", il, mm(w.attn_q, a, ctx).reshape(T, H, 2, D))  # [T, 2HD] -> [T, H, 2, D]
-    ctx.cb(prefix + "Qcur_full", il, qg.reshape(T, 2 * H * D))
-    q = rms_norm_w(qg[:, :, 0, :], w.attn_q_norm, c.rms_eps, ctx)  # [T, H, D]: the view, normed row by row
-    ctx.cb(prefix + "Qcur_normed", il, q)
-    k = rms_norm_w(mm(w.attn_k, a, ctx).reshape(T, Hkv, D), w.attn_k_norm, c.rms_eps, ctx)  # [T, Hkv, D]
-    ctx.cb(prefix + "Kcur_normed", il, k)
-    gate = np.ascontiguousarray(qg[:, :, 1, :]).reshape(T, H * D)  # [T, HD]: ggml_cont_2d
-    v = mm(w.attn_v, a, ctx).reshape(T, Hkv, D)  # [T, Hkv, D]
-
-    n_rot = ctx.cb("attention.rope_dims", il, c.n_rot, head_dim=D)
     pos = np.asarray(positions, dtype=np.int32)  # [T]
     if c.rope_sections:  # text tokens: the four position streams are (p, p, p, 0) (llm_graph_input_pos)
         pos4 = np.stack([pos, pos, pos, np.zeros_like(pos)])  # [4, T]
-        q = rope.rope_multi(q, pos4, n_rot, c.rope_sections, GGML_ROPE_TYPE_IMROPE, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
-        k = rope.rope_multi(k, pos4, n_rot, c.rope_sections, GGML_ROPE_TYPE_IMROPE, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
-    else:
-        q = rope.rope_neox(q, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
-        k = rope.rope_neox(k, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale)
-    ctx.cb(prefix + "Qcur", il, q)
-    ctx.cb(prefix + "Kcur", il, k)
-    ctx.cb(prefix + "Vcur", il, v)
-
-    if ctx.kv_f16:  # ggml_set_rows into the F16 cache: F32 -> F16 (ggml_cpu_fp32_to_fp16)
-        k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
-    kv = kv.append(k, v, positions)
-
-    o = _attend_ggml(q, kv, positions, c, ctx)  # [T, H, D]
-    o = o.reshape(T, H * D)
-    ctx.cb(prefix + "attn_pregate", il, o)
-    o = ctx.cb(prefix + "attn_gated", il, o * sigmoid(gate, ctx))  # [T, HD]: ggml_mul (one float32 product)
-    return ctx.cb(prefix + "attn_output", il, mm(w.attn_output, o, ctx)), kv
+        return tuple(rope.rope_multi(x, pos4, n_rot, c.rope_sections, GGML_ROPE_TYPE_IMROPE, c.rope_freq_base, ctx.ggml,
+                                     c.rope_freq_scale) for x in (q, k))
+    return tuple(rope.rope_neox(x, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale) for x in (q, k))
 
 
 def kv_view_cells(n_used: int, c, ctx: Ctx) -> int:

@@ -31,7 +31,7 @@ from refimpl.model.attention import gated_attention
 from refimpl.errors import RefimplError
 from refimpl.io.load import ModelFile
 from refimpl.model.moe import ffn
-from refimpl.model.ops import Ctx, ieee, mm, output_rows, raw_bytes, rms_norm_w
+from refimpl.model.ops import Ctx, by_ubatch, ieee, mm, output_rows, rms_norm_w
 from refimpl.model.state import KVCache
 from refimpl.io.weights import LayerWeights, Matrix, _matrix, _vector, layer_weights
 
@@ -105,15 +105,16 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     h = np.asarray(h, dtype=np.float32).reshape(tokens.size, c.n_embd)  # [T, E]
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
-    if ctx.ggml and tokens.size > ctx.n_ubatch:  # llama.cpp's ubatches (refimpl.model.trunk._forward_ubatches)
-        return _mtp_ubatches(model, w, state, tokens, h, ctx, outputs)
+    if ctx.ggml and tokens.size > ctx.n_ubatch:  # llama.cpp's MTP context decodes a long catch-up in ubatches
+        return by_ubatch(lambda st, u0, u1, out: mtp_forward(model, w, st, tokens[u0:u1], h[u0:u1], ctx, out),
+                         int(tokens.size), ctx.n_ubatch, outputs, state)
     if ctx.ggml:  # ggml_get_rows of the stored rows (kernels.ggml.rows)
         from kernels.ggml import rows as ggml_rows
         from refimpl.model.ops import said_ggml
 
         said_ggml()
 
-        e = ctx.cb("mtp_tok_embd", il, ggml_rows.get_rows(raw_bytes(w.embed_tokens.raw, w.embed_tokens.qtype), w.embed_tokens.qtype, tokens))
+        e = ctx.cb("mtp_tok_embd", il, ggml_rows.get_rows(w.embed_tokens.row_bytes, w.embed_tokens.qtype, tokens))
     else:
         e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
     enorm, hnorm = ctx.cb("mtp.input_norms", il, (w.enorm, w.hnorm))
@@ -136,17 +137,3 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     logits = output_rows(w.shared_head_head, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
     return logits, h_nextn, MTPState(n_past=state.n_past + int(tokens.size), kv=kv)
 
-
-def _mtp_ubatches(model, w: MTPWeights, state: MTPState, tokens: np.ndarray, h: np.ndarray, ctx: Ctx,
-                  outputs: str) -> tuple[np.ndarray | None, np.ndarray, MTPState]:
-    """``--emulate=ggml``: the head's rows in ubatches of ``ctx.n_ubatch`` (as llama.cpp's MTP context
-    decodes a long catch-up), logits for each ubatch's output rows."""
-    logits, hs = [], []
-    starts = list(range(0, len(tokens), ctx.n_ubatch))
-    for u0 in starts:
-        out = outputs if outputs == "all" or u0 == starts[-1] else "none"
-        lg, hn, state = mtp_forward(model, w, state, tokens[u0 : u0 + ctx.n_ubatch], h[u0 : u0 + ctx.n_ubatch], ctx, out)
-        if lg is not None:
-            logits.append(lg)
-        hs.append(hn)
-    return (np.concatenate(logits) if logits else None), np.concatenate(hs), state

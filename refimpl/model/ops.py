@@ -202,23 +202,30 @@ def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     if ctx.ggml:
         from kernels.ggml import mulmat
 
-        w_bytes = getattr(W, "row_bytes", None)  # refimpl.io.weights.Matrix: its bytes, worked out once
-        w_bytes = raw_bytes(W.raw, W.qtype) if w_bytes is None else w_bytes
-        return mulmat.mul_mat(w_bytes, W.qtype, x, ctx.ggml, ctx.n_threads)
+        return mulmat.mul_mat(W.row_bytes, W.qtype, x, ctx.ggml, ctx.n_threads)  # Matrix.row_bytes: worked out once
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
-
-
-def raw_bytes(raw, qtype) -> np.ndarray:
-    """The stored rows of a weight as uint8 bytes (a lane-packed matrix's original rows)."""
-    from kernels.plain.dequant import as_row_bytes
-
-    if isinstance(raw, kernels.PackedRows):
-        raw = raw.raw
-    return as_row_bytes(raw, qtype)[0]
 
 
 #: The positions of a batch whose logits are computed (``forward``'s and ``mtp_forward``'s ``outputs``).
 OUTPUTS = ("all", "last", "none")
+
+
+def by_ubatch(run, n_tokens: int, n_ubatch: int, outputs: str, state):
+    """``--emulate=ggml``: a batch of ``n_tokens`` as llama.cpp decodes it — one graph per ubatch of ``n_ubatch``
+    tokens (the last one shorter), each on the state the previous one left (``llama_context::decode``'s ubatch
+    loop; a matmul's kernel and flash attention's path depend on the ubatch's row count). ``run(state, u0, u1,
+    outputs)`` computes rows u0 … u1−1 and returns (logits or None, hiddens, state); each ubatch's LM head sees its
+    output rows: all of them, or with ``"last"`` / ``"none"`` only those of the last ubatch.
+    Returns (logits [rows, V] or None, hiddens [n_tokens, E], state)."""
+    logits, hs = [], []
+    starts = list(range(0, n_tokens, n_ubatch))
+    for u0 in starts:
+        out = outputs if outputs == "all" or u0 == starts[-1] else "none"
+        lg, h, state = run(state, u0, min(u0 + n_ubatch, n_tokens), out)
+        if lg is not None:
+            logits.append(lg)
+        hs.append(h)
+    return (np.concatenate(logits) if logits else None), np.concatenate(hs), state
 
 
 def output_rows(W, h: np.ndarray, outputs: str, ctx: Ctx) -> np.ndarray | None:

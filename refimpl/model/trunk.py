@@ -42,7 +42,7 @@ from refimpl.io.config import Config
 from refimpl.model.deltanet import gated_deltanet
 from refimpl.io.load import ModelFile, open_model
 from refimpl.model.moe import ffn
-from refimpl.model.ops import Ctx, ieee, output_rows, rms_norm_w
+from refimpl.model.ops import Ctx, by_ubatch, ieee, output_rows, rms_norm_w
 from refimpl.model.state import SeqState
 from refimpl.io.streamer import ExpertStreamer, cache_budget, dense_tensors, mem_available, pin_dense
 from refimpl.io.weights import Matrix, PinnedExperts, Weights, load_weights
@@ -207,17 +207,19 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
 
     T = int(tokens.size)
     if ctx.ggml and T > ctx.n_ubatch:  # llama_decode splits the batch into ubatches of n_ubatch tokens
-        return _forward_ubatches(model, state, tokens, ctx, phase=phase, outputs=outputs)
+        phase = phase or trunk_phase(T, state.n_past)  # llama_context::decode's ubatch loop (ops.by_ubatch)
+        return by_ubatch(lambda st, u0, u1, out: forward(model, st, tokens[u0:u1], ctx, phase=phase, outputs=out),
+                         T, ctx.n_ubatch, outputs, state)
     if ctx.ggml:  # ggml_get_rows: dequantize_row_* of the stored rows (kernels.ggml.rows)
         from kernels.ggml import rows as ggml_rows
-        from refimpl.model.ops import raw_bytes, said_ggml
+        from refimpl.model.ops import said_ggml
 
         if ctx.repack:
             check_ggml_weights(model.file.gguf, ctx.ggml)
 
         said_ggml()  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
 
-        h = ctx.cb("model.input_embed", -1, ggml_rows.get_rows(raw_bytes(w.token_embd.raw, w.token_embd.qtype), w.token_embd.qtype, tokens))
+        h = ctx.cb("model.input_embed", -1, ggml_rows.get_rows(w.token_embd.row_bytes, w.token_embd.qtype, tokens))
     else:
         h = ctx.cb("model.input_embed", -1, w.token_embd.rows(tokens))  # [T, E]
     layers = list(state.layers)
@@ -243,22 +245,3 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
     h_mtp = ctx.cb("trunk.h_nextn", -1, h_nextn, pre_norm=h)  # what the MTP head is handed
     return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])
 
-
-def _forward_ubatches(model: Model, state: SeqState, tokens: np.ndarray, ctx: Ctx, *, phase: str | None,
-                      outputs: str) -> tuple[np.ndarray | None, np.ndarray, SeqState]:
-    """``--emulate=ggml``: a batch longer than ``ctx.n_ubatch`` as llama.cpp decodes it — one graph per
-    ubatch of ``n_ubatch`` tokens (the last one shorter), each on the state the previous one left
-    (``llama_context::decode``'s ubatch loop; a matmul's kernel and flash attention's path depend on the
-    ubatch's row count). The LM head sees each ubatch's output rows: all of them, or with ``"last"`` only
-    the batch's last row (in the last ubatch)."""
-    logits, hs = [], []
-    phase = phase or trunk_phase(len(tokens), state.n_past)
-    starts = list(range(0, len(tokens), ctx.n_ubatch))
-    for u0 in starts:
-        last = u0 == starts[-1]
-        out = outputs if outputs == "all" or last else "none"
-        lg, h, state = forward(model, state, tokens[u0 : u0 + ctx.n_ubatch], ctx, phase=phase, outputs=out)
-        if lg is not None:
-            logits.append(lg)
-        hs.append(h)
-    return (np.concatenate(logits) if logits else None), np.concatenate(hs), state

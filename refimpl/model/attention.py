@@ -186,7 +186,7 @@ def _attend_plain(q: np.ndarray, kv: KVCache, positions: np.ndarray, scale, ctx:
     return o
 
 
-# --- --emulate=ggml: build_layer_attn as ggml-cpu computes it, op by op (Ctx.ggml) --------------------------
+# --- --emulate=ggml: RoPE and attention as ggml-cpu computes them (Ctx.ggml) ------------------------------------
 
 GGML_ROPE_TYPE_IMROPE = 40  # ggml.h: GGML_ROPE_TYPE_IMROPE (qwen35moe / qwen35's rope_type)
 

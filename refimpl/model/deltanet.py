@@ -120,29 +120,46 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     new state; the others are the per-position snapshots a rollback restores). ``keep``: only the
     last ``keep`` states are kept, the earlier entries are None (a prompt longer than the snapshot
     ring need not hold a state per token: 2 MiB each at real widths).
+    With ``ctx.ggml`` every op is ggml-cpu's (``build_layer_attn_linear``, delta-net-base.cpp): the same steps
+    through ``ctx``, ``ggml_ssm_conv``, and the fused gated delta net (:func:`_recurrence_ggml`).
     """
-    if ctx.ggml:
-        return _gated_deltanet_ggml(w, c, a, st, il, ctx, keep)
     T = a.shape[0]
-    Hk, Hv, S = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+    Hk, Hv, S, Kc = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_conv
     qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
-    beta = ctx.cb("beta_sigmoid", il, sigmoid(b))  # [T, Hv]
-    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt) * w.ssm_a)  # [T, Hv], ≤ 0
+    beta = ctx.cb("beta_sigmoid", il, sigmoid(b, ctx))  # [T, Hv]
+    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt, ctx) * w.ssm_a)  # [T, Hv], ≤ 0: ggml_add, ggml_softplus, ggml_mul
 
     window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: the conv state, then the new inputs
-    conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
-    ctx.cb("conv_output_raw", il, conv_out)
-    y = ctx.cb("conv_output_silu", il, silu(conv_out))  # [T, C]
+    if ctx.ggml:  # ggml_concat(conv_states, qkv_mixedᵀ, 0) then ggml_ssm_conv: sx [C, Kc−1+T] -> [T, C]
+        from kernels.ggml import ssm
 
-    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
-    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
-    v = y[:, 2 * Hk * S :].reshape(T, Hv, S)  # [T, Hv, S]
+        conv_out = ssm.ssm_conv(np.ascontiguousarray(window.T), w.ssm_conv1d, ctx.ggml)
+    else:
+        conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
+    ctx.cb("conv_output_raw", il, conv_out)
+    y = ctx.cb("conv_output_silu", il, silu(conv_out, ctx))  # [T, C]: over rows of C
+
+    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
+    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
+    v = np.ascontiguousarray(y[:, 2 * Hk * S :]).reshape(T, Hv, S)  # [T, Hv, S]
     head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
+    recurrence = _recurrence_ggml if ctx.ggml else _recurrence
+    o, states = recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc)  # [T, Hv, S], T states
+    ctx.cb("attn_output_delta", il, o)
+
+    # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
+    out = rms_norm_w(o, ctx.cb("deltanet.ssm_norm", il, w.ssm_norm), c.rms_eps, ctx) * silu(z.reshape(T, Hv, S), ctx)  # [T, Hv, S]
+    final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
+    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states
+
+
+def _recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
+    """The delta rule token by token (:func:`delta_rule_step` or its compiled twin), a state after each token
+    (only the last ``keep`` kept). Returns (o [T, Hv, S], states)."""
+    T, Hv, S = v.shape
     decay = np.exp(g)  # [T, Hv]: α = exp(g), numpy's expf (the compiled step calls no exp)
     scale = F32(1.0) / np.sqrt(F32(S))  # 1/sqrt(S_k)
     step = delta_rule_step if ctx.kernel == "numpy" else kernels.delta_rule_step  # the definition or its compiled twin: same bits
-
-    Kc = c.ssm_d_conv
     window = ctx.cb("deltanet.conv_rows", il, window, conv_silu=y)  # [Kc−1+T, C]: the rows the conv states keep
     M = st.ssm
     o = np.empty((T, Hv, S), dtype=F32)
@@ -153,44 +170,20 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
         states.append(DeltaNetState(conv=window[t + 1 : t + Kc], ssm=M))  # after token t: the window's last Kc−1 rows
         if keep is not None and t >= keep:
             states[t - keep] = None  # outside the ring: freed now, its memory reused by the next steps
-    ctx.cb("attn_output_delta", il, o)
-
-    # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
-    out = rms_norm_w(o, ctx.cb("deltanet.ssm_norm", il, w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
-    final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
-    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states
+    return o, states
 
 
-# --- --emulate=ggml: build_layer_attn_linear as ggml-cpu computes it, op by op (Ctx.ggml) --------------------
+# --- --emulate=ggml: the fused gated delta net (Ctx.ggml) ------------------------------------------------------
 
 
-def _gated_deltanet_ggml(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
-                         keep: int | None = None) -> tuple[np.ndarray, list[DeltaNetState | None]]:
-    """``graph::build_layer_attn_linear`` (qwen35moe.cpp, delta-net-base.cpp) for one ubatch: the
-    projections; ``ggml_sigmoid(beta)``; ``gate = ggml_mul(ggml_softplus(ggml_add(alpha, ssm_dt)), ssm_a)``;
-    ``build_conv_state``'s ``ggml_concat(conv_states, qkv_mixedᵀ, 0)`` then ``ggml_ssm_conv`` and
-    ``ggml_silu`` (rows of C); ``build_gdn_l2_norm`` of the q and k views; the fused
-    ``ggml_gated_delta_net`` over the whole ubatch (``build_delta_net_fused``; with ``keep`` the last
-    ``keep`` states are its snapshot slots, as ``build_recurrent_attn`` with n_rs_seq > 0 asks for);
-    ``build_norm_gated`` (fused RMS_NORM+MUL over rows of S, ``ggml_silu`` of z viewed [T, Hv, S],
-    ``ggml_mul``); ``ssm_out``. Returns what :func:`gated_deltanet` returns."""
+def _recurrence_ggml(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
+    """``--emulate=ggml``: the fused ``ggml_gated_delta_net`` over the whole ubatch (``build_delta_net_fused``;
+    with ``keep`` the last ``keep`` states are its snapshot slots, as ``build_recurrent_attn`` with n_rs_seq > 0
+    asks for), :func:`kernels.ggml.ssm.gated_delta_net`. Returns (o [T, Hv, S], states: None outside the slots)."""
     from kernels.ggml import ssm
 
-    T = a.shape[0]
-    Hk, Hv, S, Kc = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_conv
-    qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
-    beta = ctx.cb("beta_sigmoid", il, sigmoid(b, ctx))  # [T, Hv]
-    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt, ctx) * w.ssm_a)  # [T, Hv]: ggml_add, ggml_softplus, ggml_mul
-
-    window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: ggml_concat (a bit copy), transposed
-    conv_out = ssm.ssm_conv(np.ascontiguousarray(window.T), w.ssm_conv1d, ctx.ggml)  # sx [C, Kc−1+T] -> [T, C]
-    ctx.cb("conv_output_raw", il, conv_out)
-    y = ctx.cb("conv_output_silu", il, silu(conv_out, ctx))  # [T, C]: ggml_silu over rows of C
-
-    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
-    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
-    v = np.ascontiguousarray(y[:, 2 * Hk * S :]).reshape(T, Hv, S)  # [T, Hv, S]
-    head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
+    T, Hv, S = v.shape
+    Hk = q.shape[1]
     if not np.array_equal(head, np.arange(Hv) % Hk):  # the fused op reads head j % Hk: other orders are expanded
         q, k = q[:, head], k[:, head]  # [T, Hv, S] each (a copy: ggml_repeat / get_rows move bits only)
     window = ctx.cb("deltanet.conv_rows", il, window, conv_silu=y)  # [Kc−1+T, C]
@@ -202,9 +195,4 @@ def _gated_deltanet_ggml(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: C
         t = T - 1 - s_
         M = ctx.cb("deltanet.state", il, snaps[s_], n_tokens=T)
         states[t] = DeltaNetState(conv=window[t + 1 : t + Kc], ssm=M)  # after token t: the window's last Kc−1 rows
-    ctx.cb("attn_output_delta", il, o)
-
-    norm_w = ctx.cb("deltanet.ssm_norm", il, w.ssm_norm)
-    out = rms_norm_w(o, norm_w, c.rms_eps, ctx) * silu(z.reshape(T, Hv, S), ctx)  # [T, Hv, S]
-    final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
-    return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states
+    return o, states

@@ -40,11 +40,8 @@ from refimpl.io.weights import DenseFFNWeights, Matrix, PinnedExperts
 def swiglu(gate, up, down, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
     """``build_ffn(x, up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR)``: down(silu(gate x) ⊙ up x).
     x [T, E] -> [T, E]; the product before ``down`` is traced as ``ffn_swiglu`` (as build_ffn names it).
-    With ``ctx.ggml``: ``ggml_swiglu_split`` (``ggml_vec_swiglu_f32``)."""
-    if ctx.ggml:
-        act = ctx.cb(prefix + "ffn_swiglu", il, swiglu_op(mm(gate, x, ctx), mm(up, x, ctx), ctx))  # [T, F]
-        return mm(down, act, ctx)  # [T, F] -> [T, E]
-    act = ctx.cb(prefix + "ffn_swiglu", il, silu(mm(gate, x, ctx)) * mm(up, x, ctx))  # [T, F]
+    With ``ctx.ggml``: ``ggml_swiglu_split`` (``ggml_vec_swiglu_f32``), through :func:`refimpl.model.ops.swiglu`."""
+    act = ctx.cb(prefix + "ffn_swiglu", il, swiglu_op(mm(gate, x, ctx), mm(up, x, ctx), ctx))  # [T, F]
     return mm(down, act, ctx)  # [T, F] -> [T, E]
 
 

@@ -35,14 +35,19 @@ LLAMA_PROPS_KEYS = ("default_generation_settings", "total_slots", "model_path", 
 VLLM_IDS_OPTION = "--return-tokens-as-token-ids"
 
 
+def _json_or_none(raw: bytes | None):
+    """An optional answer's JSON, or None when there is none or it is not JSON (a probe, not a refusal)."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
 def looks_like_llama_props(raw: bytes | None) -> bool:
     """Whether a ``/props`` answer (None: the endpoint is missing) has llama-server's shape."""
-    if raw is None:
-        return False
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
+    obj = _json_or_none(raw)
     return isinstance(obj, dict) and any(k in obj for k in LLAMA_PROPS_KEYS)
 
 
@@ -105,13 +110,7 @@ def tokenize_probe(http, url: str, model: str | None, text: str, timeout: float)
     body = {"content": text, "add_special": False, "prompt": text, "add_special_tokens": False}
     if model is not None:
         body["model"] = model
-    raw = http(f"{url}/tokenize", body, timeout, missing_ok=True, any_status_ok=True)
-    if raw is None:
-        return None
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    obj = _json_or_none(http(f"{url}/tokenize", body, timeout, missing_ok=True, any_status_ok=True))
     toks = obj.get("tokens") if isinstance(obj, dict) else None
     if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
         return None

@@ -166,3 +166,18 @@ def build_info(build: str):
 
     require_build(build)
     return detect(build_dir(build) or _native_dir())
+
+
+def both_paths() -> bool:
+    """Whether the two builds take different ggml-cpu paths: the native one is AVX-512. On an AVX2-only host
+    llama-cpp-python's native build is itself an AVX2 build (and an AVX-512 library cannot run there), so a
+    comparison of the two libraries that expects different bits has nothing to compare; the emulation's own
+    paths (pure software) can still be compared with each other on any host."""
+    return build_info("native").path != build_info("avx2").path
+
+
+def require_both_paths() -> None:
+    """Skip a test that compares the AVX-512 library with the AVX2 one on a host without AVX-512 (no
+    AVX-512 libggml can run there), naming the reason."""
+    if not both_paths():  # pragma: no cover - depends on the machine
+        pytest.skip("this host's llama.cpp build is AVX2 (no AVX-512): only one ggml-cpu path can run here")

@@ -227,3 +227,32 @@ def test_weights_llama_cpp_repacks_are_refused_unless_no_repack(make_fixture, tm
     assert_bits("q4_k_m --no-repack logits", np.load(out), ref["logits"])
     assert main(["logits", "--no-repack", "--tokens", "1,2", "--out", str(out), str(path)]) == 2  # only with ggml
     assert "--no-repack describes the llama.cpp that --emulate=ggml emulates" in capsys.readouterr().err
+
+
+CONVERTED_FILES = ["qwen35moe-narrow-q8_0.gguf", "qwen35moe-narrow-bf16.gguf", "qwen3next-narrow-q8_0.gguf",
+                   "qwen35-narrow-f32.gguf", "qwen35moe-k-iq4_xs.gguf", "qwen35moe-k-mxfp4_moe.gguf",
+                   "qwen35moe-k-q4_k_m.gguf"]
+
+
+@pytest.mark.parametrize("name", CONVERTED_FILES)
+def test_files_made_by_llama_cpps_own_tools(name, on_build):
+    """Files this project did not write — golden/converted: tiny Hugging Face checkpoints converted by the vendored
+    convert_hf_to_gguf.py and quantized by llama-quantize (tests/test_converted.py), all three archs — bit for bit
+    with llama.cpp run with --no-repack (the Q4_K and MXFP4 mixes hold weights its default would repack), one
+    token per call and in 4-token batches."""
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import forward, load_model
+
+    path = on_build("native")
+    model_path = CONVERTED / name
+    m = load_model(model_path, pack=False)
+    tokens = [1, 5, 9, 17, 33, 65, 129, 200, 7, 3, 11, 42]
+    for n_batch in (1, 4):
+        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on", repack=False)
+        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, repack=False)
+        state, logits = SeqState.fresh(m.config), []
+        for s in range(0, len(tokens), n_batch):
+            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
+            logits.append(lg)
+        assert_bits(f"{name} n_batch {n_batch}", np.concatenate(logits), ref["logits"])

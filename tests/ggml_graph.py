@@ -72,11 +72,39 @@ def _libs():
         (base, "ggml_free", None, [vp]),
         (cpu, "ggml_graph_compute_with_ctx", ctypes.c_int, [vp, vp, ctypes.c_int]),
         (cpu, "ggml_cpu_init", None, []),
+        (cpu, "ggml_backend_cpu_reg", vp, []),
+        (base, "ggml_backend_reg_dev_get", vp, [vp, ctypes.c_size_t]),
+        (base, "ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
+        (base, "ggml_backend_buft_name", ctypes.c_char_p, [vp]),
+        (base, "ggml_backend_buft_alloc_buffer", vp, [vp, ctypes.c_size_t]),
+        (base, "ggml_backend_buffer_get_base", vp, [vp]),
+        (base, "ggml_backend_buffer_free", None, [vp]),
+        (base, "ggml_backend_tensor_alloc", ctypes.c_int, [vp, vp, vp]),
+        (base, "ggml_backend_tensor_set", None, [vp, vp, ctypes.c_size_t, ctypes.c_size_t]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
     cpu.ggml_cpu_init()
     return base, cpu
+
+
+@functools.cache
+def repack_buffer_type():
+    """The CPU backend's ``CPU_REPACK`` buffer type (``ggml-cpu.cpp: ggml_backend_cpu_get_extra_buffer_types``,
+    through the registry's ``ggml_backend_dev_get_extra_bufts``), or None when this build has none."""
+    base, cpu = _libs()
+    reg = cpu.ggml_backend_cpu_reg()
+    dev = base.ggml_backend_reg_dev_get(reg, 0)
+    fn = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not fn:  # pragma: no cover - depends on the build
+        return None
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(vp), vp)(fn)(dev)
+    i = 0
+    while bufts[i]:
+        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
+            return bufts[i]
+        i += 1
+    return None  # pragma: no cover - depends on the build
 
 
 class Graph:
@@ -88,12 +116,40 @@ class Graph:
     def __init__(self, mem: int = 64 << 20):
         self.base, self.cpu = _libs()
         self.ctx = self.base.ggml_init(InitParams(mem, None, False))
+        self._meta, self._buffers = None, []
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
+        for buf in self._buffers:
+            self.base.ggml_backend_buffer_free(buf)
+        if self._meta:
+            self.base.ggml_free(self._meta)
         self.base.ggml_free(self.ctx)
+
+    def repacked(self, a: np.ndarray, gtype: int, ne: tuple[int, ...]):
+        """A weight tensor (quantized rows ``a``, ggml shape ``ne``) in the ``CPU_REPACK`` buffer, as llama.cpp
+        loads a weight by default: ``ggml_backend_tensor_alloc`` runs the buffer's ``init_tensor`` (which picks
+        the tensor's repack traits, ``repack.cpp: ggml_repack_get_optimal_repack_type``), and
+        ``ggml_backend_tensor_set`` re-lays the rows out into interleaved blocks. A mul_mat / mul_mat_id on it
+        then runs the repacked gemm/gemv (``ggml_cpu_extra_compute_forward``). Raises when this build does not
+        repack ``gtype`` at this shape (nothing would be repacked: the test would prove nothing)."""
+        a = np.ascontiguousarray(a)
+        buft = repack_buffer_type()
+        if buft is None:  # pragma: no cover - depends on the build
+            raise RuntimeError("this libggml has no CPU_REPACK buffer type")
+        if self._meta is None:
+            self._meta = self.base.ggml_init(InitParams(1 << 20, None, True))
+        t = self.base.ggml_new_tensor(self._meta, gtype, len(ne), (i64 * len(ne))(*ne))
+        assert self.base.ggml_nbytes(t) == a.nbytes, (ne, a.nbytes)
+        buf = self.base.ggml_backend_buft_alloc_buffer(buft, a.nbytes + 4096)
+        self._buffers.append(buf)
+        assert self.base.ggml_backend_tensor_alloc(buf, t, self.base.ggml_backend_buffer_get_base(buf)) == 0
+        if not _tensor_extra(t):
+            raise ValueError(f"CPU_REPACK does not repack ggml type {gtype} of shape {ne} on this build")
+        self.base.ggml_backend_tensor_set(t, a.ctypes.data, 0, a.nbytes)
+        return t
 
     def tensor(self, a: np.ndarray, gtype: int | None = None, ne: tuple[int, ...] | None = None):
         """A tensor holding ``a``'s bytes. ggml's ne is numpy's shape reversed (ne[0] = the last axis), unless
@@ -121,6 +177,13 @@ class Graph:
         assert self.base.ggml_nbytes(out) == y.nbytes, (shape, self.base.ggml_nbytes(out))
         ctypes.memmove(y.ctypes.data, self.base.ggml_get_data(out), y.nbytes)
         return y
+
+
+def _tensor_extra(t) -> int:
+    """``tensor->extra`` (ggml.h: struct ggml_tensor; the repack traits when the buffer chose some)."""
+    # type, buffer, ne[4], nb[4], op, op_params[16 int32], flags, src[10], view_src, view_offs, data, name[64], extra
+    off = 8 + 8 + 8 * 4 + 8 * 4 + 4 + 4 * 16 + 4 + 8 * 10 + 8 + 8 + 8 + 64
+    return ctypes.c_void_p.from_address(t + off).value or 0
 
 
 @functools.cache

@@ -205,54 +205,69 @@ def test_cli_refuses_a_build_it_does_not_emulate(tmp_path, monkeypatch, capsys):
     assert len(err) == 1 and err[0].startswith("refimpl: error: --emulate=ggml: no libggml-cpu.so in"), err
 
 
-def test_weights_llama_cpp_repacks_are_refused_unless_no_repack(make_fixture, tmp_path, on_build, capsys):
-    """A Q4_K_M file holds Q4_K matrices that llama.cpp's default CPU_REPACK buffer re-lays out (kernels not
-    emulated yet): ``--emulate=ggml`` refuses it in one line naming ``--no-repack``; with ``--no-repack`` the
-    logits equal llama.cpp's run with ``use_extra_bufts = false``, bit for bit."""
+@pytest.mark.parametrize("build", BUILDS)
+def test_weights_llama_cpp_repacks(build, make_fixture, tmp_path, on_build, capsys):
+    """A Q4_K_M file holds Q4_K matrices that llama.cpp's default CPU_REPACK buffer re-lays out (``q4_K_8x8_q8_K``):
+    ``--emulate=ggml`` runs their repacked gemm/gemv and equals llama.cpp's default run bit for bit — a 9-token
+    prompt (two 4-row gemm groups and a gemv row), batches of 5 and one token at a time; with ``--no-repack``
+    it equals llama.cpp's run with ``use_extra_bufts = false``, whose logits differ (so the two are told apart)."""
     from refimpl.cli import main
 
-    on_build("native")
+    on_build(build)
     path = make_fixture("tiny", "q4_k_m")
-    out = tmp_path / "logits.npy"
-    argv = ["logits", "--emulate=ggml", "--tokens", "1,2,3,4,5,6,7,8,9", "--out", str(out), str(path)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err  # (besides a first run's "compiling kernels" lines)
-    said = [line for line in err.splitlines() if line.startswith("refimpl: error")]
-    assert len(said) == 1 and "llama.cpp repacks the Q4_K weights" in said[0] and "--no-repack" in said[0], err
-    assert "Traceback" not in err
-    assert not out.exists()
-    assert main(argv + ["--no-repack"]) == 0
-    ref = llama_trace(path, list(range(1, 10)), (), n_threads=N_THREADS, n_batch=512, n_ubatch=512, type_k="f16",
-                      type_v="f16", flash_attn="on", repack=False)
-    assert_bits("q4_k_m --no-repack logits", np.load(out), ref["logits"])
-    assert main(["logits", "--no-repack", "--tokens", "1,2", "--out", str(out), str(path)]) == 2  # only with ggml
-    assert "--no-repack describes the llama.cpp that --emulate=ggml emulates" in capsys.readouterr().err
-
-
-CONVERTED_FILES = ["qwen35moe-narrow-q8_0.gguf", "qwen35moe-narrow-bf16.gguf", "qwen3next-narrow-q8_0.gguf",
-                   "qwen35-narrow-f32.gguf", "qwen35moe-k-iq4_xs.gguf", "qwen35moe-k-mxfp4_moe.gguf",
-                   "qwen35moe-k-q4_k_m.gguf"]
-
-
-@pytest.mark.parametrize("name", CONVERTED_FILES)
-def test_files_made_by_llama_cpps_own_tools(name, on_build):
-    """Files this project did not write — golden/converted: tiny Hugging Face checkpoints converted by the vendored
-    convert_hf_to_gguf.py and quantized by llama-quantize (tests/test_converted.py), all three archs — bit for bit
-    with llama.cpp run with --no-repack (the Q4_K and MXFP4 mixes hold weights its default would repack), one
-    token per call and in 4-token batches."""
-    from test_converted import CONVERTED
+    tokens = list(range(1, 15))
+    runs = {}
+    for repack in (True, False):
+        out = tmp_path / f"logits-{repack}.npy"
+        argv = ["logits", "--emulate=ggml", "--tokens", ",".join(map(str, tokens[:9])), "--out", str(out), str(path)]
+        assert main(argv + ([] if repack else ["--no-repack"])) == 0
+        ref = llama_trace(path, tokens[:9], (), n_threads=N_THREADS, n_batch=512, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on", repack=repack)
+        assert_bits(f"{build} q4_k_m repack={repack} prompt logits", np.load(out), ref["logits"])
+        runs[repack] = ref["logits"]
+    assert not np.array_equal(runs[True].view(np.uint32), runs[False].view(np.uint32))  # the repacked kernels ran
     from refimpl.model.trunk import forward, load_model
 
-    path = on_build("native")
-    model_path = CONVERTED / name
-    m = load_model(model_path, pack=False)
-    tokens = [1, 5, 9, 17, 33, 65, 129, 200, 7, 3, 11, 42]
-    for n_batch in (1, 4):
-        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
-                          type_v="f16", flash_attn="on", repack=False)
-        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, repack=False)
+    m, ctx = load_model(path, pack=False), emulation_ctx("ggml", ggml=build_info(build).path, n_threads=N_THREADS)
+    for n_batch in (5, 1):  # batches of 5, 5, 4 (gemm rows and a gemv row; a gemm-only batch), then decode (gemv)
         state, logits = SeqState.fresh(m.config), []
         for s in range(0, len(tokens), n_batch):
             lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
             logits.append(lg)
-        assert_bits(f"{name} n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+        ref = llama_trace(path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on", repack=True)
+        assert_bits(f"{build} q4_k_m repacked, n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+    assert main(["logits", "--no-repack", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(path)]) == 2
+    assert "--no-repack describes the llama.cpp that --emulate=ggml emulates" in capsys.readouterr().err
+
+
+CONVERTED_FILES = ["qwen35moe-narrow-q8_0.gguf", "qwen35moe-narrow-bf16.gguf", "qwen35moe-narrow-bf16-fused.gguf",
+                   "qwen3next-narrow-q8_0.gguf", "qwen35-narrow-f32.gguf", "qwen35moe-k-iq4_xs.gguf",
+                   "qwen35moe-k-mxfp4_moe.gguf", "qwen35moe-k-q4_k_m.gguf", "qwen35-k-q4_k_m.gguf",
+                   "qwen3next-k-q4_k_m.gguf"]
+
+
+@pytest.mark.parametrize("name,build", [(n, "native") for n in CONVERTED_FILES]
+                         + [(n, "avx2") for n in CONVERTED_FILES if "mxfp4" in n or "q4_k" in n or "iq4" in n])
+def test_files_made_by_llama_cpps_own_tools(name, build, on_build):
+    """Files this project did not write — golden/converted: tiny Hugging Face checkpoints converted by the vendored
+    convert_hf_to_gguf.py and quantized by llama-quantize (tests/test_converted.py), all three archs — bit for bit
+    with llama.cpp and its defaults (the Q4_K and MXFP4 weights in its CPU_REPACK buffer), one token per call and in
+    5-token batches (the repacked gemm's 4-row group and a gemv row). The mixes with repacked weights run on both
+    builds."""
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import forward, load_model
+
+    path = on_build(build)
+    model_path = CONVERTED / name
+    m = load_model(model_path, pack=False)
+    tokens = [1, 5, 9, 17, 33, 65, 129, 200, 7, 3, 11, 42]
+    for n_batch in (1, 5):
+        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on")
+        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
+        state, logits = SeqState.fresh(m.config), []
+        for s in range(0, len(tokens), n_batch):
+            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
+            logits.append(lg)
+        assert_bits(f"{name} {build} n_batch {n_batch}", np.concatenate(logits), ref["logits"])

@@ -1,7 +1,10 @@
 """``ggml_mul_mat`` and ``ggml_mul_mat_id`` as ggml-cpu computes them, bit for bit, on the ``avx512`` and
-``avx2`` paths (weights ``W`` of a ggml type in a plain CPU buffer — not repacked —, F32 activations, F32 out).
+``avx2`` paths (weights ``W`` of a ggml type, F32 activations, F32 out).
 
-Which kernel an element takes (``ggml-cpu.c: ggml_compute_forward_mul_mat``), with ``T`` = activation rows
+A weight llama.cpp loads into its CPU_REPACK buffer (``repack=True``, its default, and a type and row count that
+buffer takes: :func:`repacked`) runs that buffer's gemm/gemv instead (:mod:`kernels.ggml.repack`,
+:mod:`kernels.ggml.repack_k`). Otherwise the weight sits in a plain CPU buffer, and which kernel an element takes
+(``ggml-cpu.c: ggml_compute_forward_mul_mat``), with ``T`` = activation rows
 (``ne11``), ``N`` = weight rows (``ne01``), ``K`` = row length (``ne00``), ``L`` = 16 (avx512) or 8 (avx2):
 
 1. ``tiled/tiled.cpp: ggml_compute_forward_mul_mat_tiled`` first: K-quant and IQ weights (Q2_K…Q6_K, IQ4_XS,
@@ -253,8 +256,10 @@ def _mxfp4_weights(w_bytes: np.ndarray):
 
 
 #: ``repack.cpp: ggml_repack_get_optimal_repack_type`` on x86: the weight types llama.cpp's CPU_REPACK buffer (its
-#: default, ``use_extra_bufts``) re-lays out into interleaved blocks, per path, for a matrix of N % 8 == 0 rows —
-#: a gemm/gemv with one accumulator per output that :func:`mul_mat` does not emulate (docs/numerics.md).
+#: default, ``use_extra_bufts``) re-lays out into interleaved blocks, per path, for a matrix of N % 8 == 0 rows; a
+#: ``ggml_mul_mat`` / ``ggml_mul_mat_id`` on it runs that buffer's gemm/gemv (``forward_mul_mat``,
+#: ``forward_mul_mat_id``): :mod:`kernels.ggml.repack` (Q4_0, IQ4_NL, MXFP4) and :mod:`kernels.ggml.repack_k` (Q4_K,
+#: and Q2_K, repacked by AVX-512 builds only).
 REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
             "avx512": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4, QT.Q2_K})}
 
@@ -265,9 +270,20 @@ def repacked(qtype, n_rows: int, path: str) -> bool:
     return QT(qtype) in REPACKED[path] and n_rows % 8 == 0
 
 
-def kernel_for(qtype, path: str, T: int, N: int, K: int) -> str:
-    """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape: "tiled", "sgemm" or "vec_dot"."""
+def repack_emulated(qtype, path: str) -> bool:
+    """Whether the repacked kernels of ``qtype`` on ``path`` are emulated (:data:`REPACKED` minus what is not)."""
+    from kernels.ggml.repack import REPACK_Q4_B32
+    from kernels.ggml.repack_k import REPACK_K
+
+    return QT(qtype) in REPACKED[path] and QT(qtype) in (REPACK_Q4_B32 | REPACK_K)
+
+
+def kernel_for(qtype, path: str, T: int, N: int, K: int, repack: bool = False) -> str:
+    """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape: "repack" (the weight sits in the CPU_REPACK
+    buffer: ``repack`` is llama.cpp's ``use_extra_bufts``), "tiled", "sgemm" or "vec_dot"."""
     qtype, L = _qt(qtype), lanes(path)
+    if repack and repacked(qtype, N, path):
+        return "repack"
     if qtype in mulmat_k.TILED_TYPES and T >= mulmat_k.TILED_MIN_ROWS:
         return "tiled"
     if T >= 2:
@@ -312,13 +328,30 @@ def _check(w_bytes, qtype, x):
     return w_bytes, x
 
 
-def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int = 1) -> np.ndarray:
+def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int = 1, repack: bool = False,
+            tensor_rows: int | None = None) -> np.ndarray:
     """``ggml_mul_mat(W, x)`` as ggml-cpu's ``path`` computes it: ``w_bytes`` (N, row bytes) uint8 rows of
-    ``qtype``, ``x`` (T, K) float32 -> (T, N) float32. ``n_threads`` is accepted for the record: no path
-    emulated here changes a bit with it."""
+    ``qtype``, ``x`` (T, K) float32 -> (T, N) float32. ``repack``: W was loaded into the CPU_REPACK buffer when
+    that buffer takes it (llama.cpp's default; :func:`repacked` of the stored tensor's rows: ``tensor_rows`` when
+    ``w_bytes`` is a row block of a fused tensor, default N). ``n_threads`` is accepted for the record: no
+    path emulated here changes a bit with it."""
     qtype = _qt(qtype)
     w_bytes, x = _check(w_bytes, qtype, x)
+    if repack and repacked(qtype, w_bytes.shape[0] if tensor_rows is None else tensor_rows, path):
+        return _repack_kernels(qtype, path)[0](w_bytes, qtype, x, path)
     return _compute(w_bytes, qtype, x, path, kernel_for(qtype, path, x.shape[0], w_bytes.shape[0], x.shape[1]))
+
+
+def _repack_kernels(qtype: QT, path: str):
+    """(mul_mat, mul_mat_id) of the emulated repacked kernels of ``qtype`` (raises for a repacked type that is
+    not emulated)."""
+    from kernels.ggml import repack, repack_k
+
+    if qtype in repack.REPACK_Q4_B32:
+        return repack.mul_mat_repacked, repack.mul_mat_id_repacked
+    if qtype in repack_k.REPACK_K:
+        return repack_k.mul_mat_repacked_k, repack_k.mul_mat_id_repacked_k
+    raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qtype.name} are not emulated")
 
 
 def _compute(w_bytes, qtype, x, path, how):
@@ -351,10 +384,13 @@ def _compute(w_bytes, qtype, x, path, how):
     raise ValueError(f"mul_mat emulation: weight type {qtype.name} is not emulated")
 
 
-def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str, n_threads: int = 1):
+def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str, n_threads: int = 1,
+               repack: bool = False, tensor_rows: int | None = None):
     """``ggml_mul_mat_id(W, x, ids)``: ``w_bytes`` (E, N, row bytes) expert weights, ``x`` (T, n_x, K) float32
     with ``n_x`` = 1 (shared by all slots) or ``n_used``, ``ids`` (T, n_used) int32 expert of each slot ->
-    (T, n_used, N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``."""
+    (T, n_used, N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``. ``repack`` as in
+    :func:`mul_mat`; the stored tensor's rows per expert decide (``tensor_rows``: 2N when ``w_bytes`` is the gate
+    or up half of a fused gate_up tensor; default N)."""
     qtype = _qt(qtype)
     x = np.ascontiguousarray(x, np.float32)
     w_bytes = _bytes(w_bytes)  # (E, N, row bytes): rows contiguous, the stack may be a strided view
@@ -366,6 +402,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got shape {ids.shape}")
     if w_bytes.ndim != 3 or w_bytes.shape[2] != _row_bytes(qtype, K):
         raise ValueError(f"weights must be (E, N, {row_bytes(qtype, K)}) bytes, got {w_bytes.shape}")
+    if repack and repacked(qtype, N if tensor_rows is None else tensor_rows, path):
+        return _repack_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
     out = np.empty((T, n_used, N), np.float32)
     if qtype == QT.Q8_0:  # vec_dot per element, whatever the grouping: one compiled call
         q8_0_mul_mat_id(w_bytes.view(np.int8), ids, x, out, F16_TO_F32)
@@ -378,4 +416,4 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
     return out
 
 
-__all__ = ["mul_mat", "mul_mat_id", "kernel_for", "lanes", "PATHS", "fp32_to_bf16_bits", "fp32_to_fp16_values"]
+__all__ = ["mul_mat", "mul_mat_id", "kernel_for", "repacked", "repack_emulated", "lanes", "PATHS", "fp32_to_bf16_bits", "fp32_to_fp16_values"]

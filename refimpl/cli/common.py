@@ -139,9 +139,9 @@ def add_numerics(p) -> None:
     p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
     p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
     p.add_argument("--no-repack", action="store_true",
-                   help="with --emulate=ggml: emulate llama.cpp run with --no-repack (no CPU_REPACK weight buffer). "
-                        "Needed for files with weights llama.cpp repacks by default (Q4_0, Q4_K, IQ4_NL, MXFP4; Q2_K on "
-                        "AVX-512), whose repacked kernels are not emulated yet")
+                   help="with --emulate=ggml: emulate llama.cpp run with --no-repack (no CPU_REPACK weight buffer: "
+                        "Q4_0, Q4_K, IQ4_NL, MXFP4 and, on AVX-512, Q2_K matrices then take the plain kernels). "
+                        "Default: llama.cpp's default, the repacked gemm/gemv")
     add_kernel(p)
 
 

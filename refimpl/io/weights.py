@@ -36,6 +36,8 @@ class Matrix:
     qtype: GGMLQuantizationType
     shape: tuple[int, int]
     raw: np.ndarray
+    stored_rows: int | None = None  # a row block of a fused tensor (attn_qkv): that tensor's rows, which decide
+    # whether llama.cpp repacks it (kernels.ggml.mulmat.repacked); None: the matrix is the whole tensor
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Dequantized rows (``ggml_get_rows``): [n] -> [n, in] float32."""
@@ -192,7 +194,7 @@ def _fused_qkv(m: ModelFile, il: int) -> tuple[Matrix, Matrix, Matrix]:
     whole = _matrix(m, f"blk.{il}.attn_qkv.weight")
     nq, nk = 2 * c.n_head * c.head_dim, c.n_head_kv * c.head_dim
     parts = {"q": (0, nq), "k": (nq, nq + nk), "v": (nq + nk, nq + 2 * nk)}
-    return tuple(Matrix(f"{whole.name}[{x}]", whole.qtype, (b - a, whole.shape[1]), whole.raw[a:b])
+    return tuple(Matrix(f"{whole.name}[{x}]", whole.qtype, (b - a, whole.shape[1]), whole.raw[a:b], whole.shape[0])
                  for x, (a, b) in parts.items())
 
 

@@ -130,21 +130,33 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
 # --- --emulate=ggml: build_moe_ffn and the shared expert as ggml-cpu computes them (Ctx.ggml) ---------------
 
 
-def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray]:
+def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray, int]:
     """The rows of ``ffn_{which}_exps`` that ``ggml_mul_mat_id`` reads, as (bytes [X, out, row bytes], type,
-    ids [T, K] into them): pinned experts give the whole stack (a view of the map, the fused gate_up tensor's
-    gate or up rows as a strided view) and ``sel`` itself; streamed ones the batch's experts ``union`` of
-    ``sel`` stacked in first-use order, and ``sel`` renumbered into it (the grouping of rows by expert, which
-    is all the op depends on, is kept)."""
+    ids [T, K] into them, rows per expert of the stored tensor): pinned experts give the whole stack (a view of
+    the map, the fused gate_up tensor's gate or up rows as a strided view) and ``sel`` itself; streamed ones the
+    batch's experts ``union`` of ``sel`` stacked in first-use order, and ``sel`` renumbered into it (the grouping
+    of rows by expert, which is all the op depends on, is kept). The stored rows (2F for a fused gate_up tensor)
+    decide whether llama.cpp repacks the tensor (``kernels.ggml.mulmat.repacked``)."""
     if isinstance(experts, PinnedExperts):
         m, (start, stop) = experts.stacked(which)
         rows = m.row_bytes if (start, stop) == (0, m.shape[1]) else m.row_bytes[:, start:stop]
-        return rows, m.qtype, sel.astype(np.int32)
+        return rows, m.qtype, sel.astype(np.int32), m.shape[1]
     union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
     renumber = {e: i for i, e in enumerate(union)}
     ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
     mats = [getattr(experts, which)(int(e)) for e in union]
-    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids
+    stored_rows = experts.layer.layout(which)[0].shape[1]  # ExpertTensor.shape = (X, rows, cols)
+    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids, stored_rows
+
+
+def _mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx: Ctx) -> np.ndarray:
+    """``ggml_mul_mat_id`` of ``ffn_{which}_exps`` on ``x`` [T, 1 or K, in] -> [T, K, out], repacked when llama.cpp
+    loads that tensor into its CPU_REPACK buffer (``ctx.repack``: its default)."""
+    from kernels.ggml import mulmat
+
+    w, qt, ids, stored_rows = _expert_stack(experts, which, sel)
+    repack = ctx.repack and mulmat.repacked(qt, stored_rows, ctx.ggml)
+    return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=repack, tensor_rows=stored_rows)
 
 
 def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -168,13 +180,10 @@ def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> t
 
     experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
     x3 = np.ascontiguousarray(x, dtype=F32)[:, None, :]  # [T, 1, E]: ggml_reshape_3d(cur, n_embd, 1, n_tokens)
-    up_w, qt, ids = _expert_stack(experts, "up", sel)
-    up = mulmat.mul_mat_id(up_w, qt, x3, ids, ctx.ggml, ctx.n_threads)  # [T, K, F]
-    gate_w, qt, ids = _expert_stack(experts, "gate", sel)
-    gate = mulmat.mul_mat_id(gate_w, qt, x3, ids, ctx.ggml, ctx.n_threads)  # [T, K, F]
+    up = _mul_mat_id(experts, "up", sel, x3, ctx)  # [T, K, F]
+    gate = _mul_mat_id(experts, "gate", sel, x3, ctx)  # [T, K, F]
     act = ctx.cb(prefix + "ffn_moe_swiglu", il, swiglu_op(gate, up, ctx))  # [T, K, F]
-    down_w, qt, ids = _expert_stack(experts, "down", sel)
-    down = mulmat.mul_mat_id(down_w, qt, act, ids, ctx.ggml, ctx.n_threads)  # [T, K, E]
+    down = _mul_mat_id(experts, "down", sel, act, ctx)  # [T, K, E]
     weighted = down * weights[:, :, None]  # [T, K, E]: ggml_mul, weights [1, K, T] broadcast over E
     moe_out = weighted[:, 0]
     for i in range(1, K):  # ggml_add of the views, slot by slot

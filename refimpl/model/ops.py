@@ -94,9 +94,9 @@ class Ctx:
       (:mod:`kernels.ggml`), batch by ubatch of ``n_ubatch`` rows, with ``n_threads`` llama.cpp's thread
       count (``--emulate=ggml``; the model files follow llama.cpp's graph op for op in that mode).
       ``repack``: whether the emulated llama.cpp runs with its default CPU_REPACK weight buffer
-      (``use_extra_bufts``; ``--no-repack`` turns it off). Its repacked kernels are not emulated yet, so with
-      ``ggml`` a file holding weights llama.cpp would repack is refused unless ``repack`` is False
-      (:func:`refimpl.model.trunk.check_ggml_weights`).
+      (``use_extra_bufts``; ``--no-repack`` turns it off): with ``ggml``, a matrix that buffer takes is multiplied
+      by its gemm/gemv (``kernels.ggml.repack``, ``kernels.ggml.repack_k``); a file holding a repacked type whose
+      kernels are not emulated is refused (:func:`refimpl.model.trunk.check_ggml_weights`).
 
     Both reach the code through one method, :meth:`cb`, called at every named point.
     """
@@ -111,7 +111,7 @@ class Ctx:
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
     faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
     ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" (kernels.ggml.build.GgmlBuild.path)
-    repack: bool = True  # llama.cpp's use_extra_bufts (its default); with ggml, a file llama.cpp would repack is refused
+    repack: bool = True  # llama.cpp's use_extra_bufts (its default): with ggml, weights it repacks take the repacked kernels
 
     def __post_init__(self):
         if self.ggml not in GGML_PATHS:
@@ -198,11 +198,13 @@ def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None,
 
 def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     """``ggml_mul_mat(W, x)``: [T, in] -> [T, out] for a weight W of numpy shape (out, in). With
-    ``ctx.ggml``: ``kernels.ggml.mulmat.mul_mat`` — the kernel ggml-cpu picks for T rows of that type."""
+    ``ctx.ggml``: ``kernels.ggml.mulmat.mul_mat`` — the kernel ggml-cpu picks for T rows of that type, or the
+    CPU_REPACK buffer's gemm/gemv for a weight llama.cpp repacks (``ctx.repack``, its default)."""
     if ctx.ggml:
         from kernels.ggml import mulmat
 
-        return mulmat.mul_mat(W.row_bytes, W.qtype, x, ctx.ggml, ctx.n_threads)  # Matrix.row_bytes: worked out once
+        return mulmat.mul_mat(W.row_bytes, W.qtype, x, ctx.ggml, ctx.n_threads,  # Matrix.row_bytes: worked out once
+                              repack=ctx.repack, tensor_rows=W.stored_rows)
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
 
 

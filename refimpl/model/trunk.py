@@ -160,20 +160,28 @@ def pack_weights(obj):
 
 def check_ggml_weights(gguf, path: str) -> None:
     """``--emulate=ggml`` with llama.cpp's default CPU_REPACK buffer: refuse, in one line, a file holding matrices
-    llama.cpp would repack on ``path`` (``kernels.ggml.mulmat.repacked``: Q4_0, Q4_K, IQ4_NL, MXFP4, and Q2_K on
-    AVX-512, with rows % 8 == 0) — those kernels are not emulated. The embedding table is read by get_rows and is
-    never repacked. Compare with llama.cpp run with ``--no-repack`` (``use_extra_bufts = false``) and say so."""
-    from kernels.ggml.mulmat import repacked
+    llama.cpp would repack on ``path`` (``kernels.ggml.mulmat.repacked``) with kernels that are not emulated
+    (``kernels.ggml.mulmat.repack_emulated``: Q2_K, repacked by AVX-512 builds). Tables read by get_rows
+    (``token_embd``, ``nextn.embed_tokens``) and the conv kernels are not repacked — except a ``token_embd`` that
+    is also the LM head (no ``output.weight``: llama.cpp loads a duplicate for the mul_mat, which is)."""
+    from kernels.ggml.mulmat import repack_emulated, repacked
 
     if path in _GGML_CHECKED.get(gguf, ()):  # a file passes once per path: not on every decode step
         return
-    hits = [t for t in gguf.tensors.values()
-            if len(t.shape) >= 2 and t.name != "token_embd.weight" and repacked(t.qtype, t.shape[-2], path)]
+    tied = "output.weight" not in gguf.tensors
+
+    def mul_mat_weight(name: str) -> bool:  # llama-arch.cpp LLM_TENSOR_INFOS: the tensors whose op is a mul_mat
+        if name == "token_embd.weight":
+            return tied
+        return not name.endswith(("embed_tokens.weight", "ssm_conv1d.weight"))
+
+    hits = [t for t in gguf.tensors.values() if len(t.shape) >= 2 and mul_mat_weight(t.name)
+            and repacked(t.qtype, t.shape[-2], path) and not repack_emulated(t.qtype, path)]
     if hits:
         types = ", ".join(sorted({t.qtype.name for t in hits}))
         raise RefimplError(f"--emulate=ggml: llama.cpp repacks the {types} weights of this file ({len(hits)} tensors, "
-                           f"e.g. {hits[0].name}) into CPU_REPACK's interleaved layout by default, whose kernels are not "
-                           "emulated yet; run llama.cpp with --no-repack and give --no-repack here")
+                           f"e.g. {hits[0].name}) into CPU_REPACK's interleaved layout by default, whose {path} kernels "
+                           "are not emulated; run llama.cpp with --no-repack and give --no-repack here")
     _GGML_CHECKED.setdefault(gguf, set()).add(path)
 
 

@@ -1,0 +1,178 @@
+"""``ggml_mul_mat`` / ``ggml_mul_mat_id`` of a Q4_0, IQ4_NL or MXFP4 weight in llama.cpp's ``CPU_REPACK`` buffer
+(its default on x86 for a matrix of N % 8 == 0 rows, ``kernels.ggml.mulmat.repacked``), bit for bit, on the
+``avx512`` and ``avx2`` paths. The weights are taken in the plain GGUF layout: the interleaving changes no
+value, only where the bytes sit.
+
+Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
+
+* ``repack.cpp: make_block_{q4_0,iq4_nl,mxfp4}x8`` interleave 8 rows' blocks in chunks of 8 bytes; Q4_0's
+  bytes are xored with 0x88, so a nibble ``n`` becomes ``n ^ 8``, read as a signed nibble: ``n - 8``.
+* ``arch/x86/repack.cpp: gemv_q4_b32_8x8_q8_0_lut_avx`` / ``gemm_q4_b32_8x8_q8_0_lut_avx`` (one template for
+  the three types; entry points ``ggml_gemv/gemm_{q4_0,iq4_nl,mxfp4}_8x8_q8_0``) turn a nibble into an int8
+  with a ``_mm256_shuffle_epi8`` LUT: signed nibbles (Q4_0), ``kvalues_iq4nl`` (IQ4_NL), ``kvalues_mxfp4``
+  (MXFP4: the E2M1 values doubled, so the scale is ``GGML_CPU_E8M0_TO_FP32_HALF(e)`` = 2^(e-128), half the
+  block's 2^(e-127)). Value ``j`` of a block is the low nibble of byte ``j``, value ``j + 16`` its high nibble.
+* ``repack.cpp: forward_mul_mat`` quantizes the activation rows in groups of four with
+  ``ggml_quantize_mat_q8_0_4x8`` and the last ``T % 4`` rows with ``from_float`` = x86 ``quantize_row_q8_0``:
+  the two are the same float operations (abs-max by ``_mm256_max_ps`` in the same order, ``d = amax/127``,
+  ``id = 127/amax``, ``round(x·id)`` half-even, saturating packs) — identical bytes and fp16 ``d``
+  (:func:`kernels.ggml.actquant._quantize_rows_q8_0`). ``forward_mul_mat_one_chunk`` then runs the gemm on
+  the first ``T - T % 4`` rows when ``T > 3`` and one gemv per remaining row; columns are chunked in ranges
+  aligned to 8, which only decides who computes what.
+* ``forward_mul_mat_id`` converts every activation row with ``from_float`` and always runs the gemv.
+
+Per output element ``(t, r)`` every variant is the same float formula over the 32-value blocks ``b`` in order::
+
+    acc = +0;  acc = fma(float(dot_b), float32(d_w[r, b] · d_x[t, b]), acc)
+
+``d_w`` the fp16 ``d`` (Q4_0, IQ4_NL) or ``E8M0_HALF[e]`` (MXFP4), ``d_x`` the Q8_0 fp16 ``d``, the product
+rounded to float32 (``_mm256/512_mul_ps(col_scale, row_scale)``), then ``_mm256/512_fmadd_ps`` with
+``cvtepi32_ps(dot_b)`` (``|dot_b| <= 32·128·127 < 2^24``: exact). There is one float accumulator per output
+— no lanes, no horizontal sum — so the AVX-512 gemm (16 rows × 16 columns tiles, then 4-row tiles, then the
+AVX2 code for ``N % 16`` columns), the AVX2 gemm and the gemv give the same bits: ``path`` changes nothing.
+
+What differs is the integer ``dot_b``, through the int8 sign trick of ``mul_sum_i8_pairs_acc_int32x{8,16}``
+(``|x| · (y·sign x)``; ``maddubs`` cannot saturate: |pair| <= 2·128·127, and VNNI ``dpbusd`` gives the same
+integers):
+
+* gemm (both paths): ``x`` is the activation, ``y`` the weight value. ``|-128|`` is 128 as an unsigned byte
+  and a weight value never is -128, so ``dot_b`` is the exact integer dot.
+* gemv: ``x`` is the weight value, ``y`` the activation, so an activation byte of -128 against a negative
+  weight value wraps (``-(-128)`` = -128) and counts ``-128·|w|`` (:func:`kernels.ggml.mulmat._sign_dot`).
+  x86 ``quantize_row_q8_0`` yields -128 only where ``x·id`` is NaN or infinite (``cvtps_epi32`` gives
+  INT_MIN; a finite ``|x·id|`` is at most 127): an activation NaN that ``_mm256_max_ps`` skips (``d_x``
+  finite: the gemv row and a gemm row of the same activations differ), an inf (``d_x`` = inf, ``id`` = 0:
+  the sign of the resulting inf differs), or ``amax < 127/FLT_MAX`` (``id`` = inf, ``d_x`` = 0: no effect).
+
+Not modelled (as in :mod:`kernels.ggml.mulmat`): which NaN payload survives when two NaNs meet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.base.block import QT
+from kernels.base.flags import SERIAL_BELOW, jit
+from kernels.base.floats import E8M0_HALF
+from kernels.ggml.actquant import _q8_0_rows
+from kernels.ggml.mulmat import _bytes, _check, _qt
+from kernels.ggml.simd import PATHS, fma32
+from kernels.ggml.vecmath import F16_TO_F32
+from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
+
+#: The weight types whose repacked x86 kernels are ``gemv/gemm_q4_b32_8x8_q8_0_lut_avx`` (emulated here).
+REPACK_Q4_B32 = frozenset({QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
+
+#: Per type: (the value of each plain nibble as the kernel's LUT reads it, bytes of the block's scale, scale table).
+#: Q4_0: repack xors nibble n with 8 and the LUT {0..7, -8..-1} reads n ^ 8 as a signed nibble: n - 8.
+_TYPES = {
+    QT.Q4_0: (np.arange(16, dtype=np.int32) - 8, 2, F16_TO_F32),  # fp16 d
+    QT.IQ4_NL: (IQ4NL_VALUES.astype(np.int32), 2, F16_TO_F32),  # kvalues_iq4nl, fp16 d
+    QT.MXFP4: (MXFP4_VALUES.astype(np.int32), 1, E8M0_HALF),  # kvalues_mxfp4 (E2M1 doubled), E8M0 halved
+}
+
+
+def _rows_py(w, lut, hdr, tab, xq, xd, m128, exact_rows, out):
+    """The repacked gemm/gemv for every element: ``w`` (N, K/32·(hdr+16)) uint8 plain weight rows (per block:
+    ``hdr`` scale bytes, 16 bytes of nibbles), ``lut`` (16,) int32 nibble values, ``tab`` the scale table (fp16
+    bits or E8M0 byte -> float32), ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; rows
+    ``t < exact_rows`` take the gemm (exact integer dot), the others the gemv (sign trick, which differs from
+    the exact dot only in a block with an activation byte of -128: ``m128`` (T, K/32) bool). out (T, N)."""
+    N = w.shape[0]
+    T, K = xq.shape
+    nb = K // 32
+    bs = hdr + 16
+    for r in prange(N):  # one weight row: its blocks decoded once, dotted with every activation row
+        wv = np.empty(32, np.int32)  # the block's 32 weight values
+        acc = np.zeros(T, np.float32)  # (T,): one float accumulator per output element
+        for b in range(nb):
+            o = bs * b
+            if hdr == 2:
+                dw = tab[int(w[r, o]) | (int(w[r, o + 1]) << 8)]  # GGML_CPU_FP16_TO_FP32(d) (F32Cx8 loads)
+            else:
+                dw = tab[int(w[r, o])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
+            for j in range(16):
+                q = int(w[r, o + hdr + j])
+                wv[j] = lut[q & 0x0F]  # value j: low nibble of byte j
+                wv[j + 16] = lut[q >> 4]  # value j + 16: high nibble
+            for t in range(T):
+                xo = 32 * b
+                s = np.int32(0)
+                if t < exact_rows or not m128[t, b]:  # gemm: |x| unsigned (128 for -128) times y·sign(x): exact
+                    for j in range(32):
+                        s += wv[j] * np.int32(xq[t, xo + j])
+                else:  # gemv: |w| times sign(x_act, w) in int8 -> -128 against w < 0 counts w·128
+                    for j in range(32):
+                        xv = np.int32(xq[t, xo + j])
+                        if xv == -128 and wv[j] < 0:
+                            xv = np.int32(128)
+                        s += wv[j] * xv
+                d = np.float32(np.float32(dw) * np.float32(xd[t, b]))  # _mm256_mul_ps(col_scale, row_scale)
+                acc[t] = fma32(np.float32(s), d, acc[t])  # _mm256_fmadd_ps(cvtepi32_ps(iacc), d, acc)
+        for t in range(T):
+            out[t, r] = acc[t]
+
+
+_rows = jit(parallel=True)(_rows_py)  # prange over weight rows: independent outputs
+_rows_serial = jit()(_rows_py)  # small products (flags.SERIAL_BELOW): prange is range
+
+
+def _run(w2d, qtype: QT, xq, xd, exact_rows: int) -> np.ndarray:
+    """:func:`_rows_py` on one weight matrix (N, row bytes) and Q8_0 activations (T, K) -> (T, N) float32."""
+    lut, hdr, tab = _TYPES[qtype]
+    T, K = xq.shape
+    out = np.empty((T, w2d.shape[0]), np.float32)
+    if T and w2d.shape[0]:
+        rows = _rows_serial if T * w2d.shape[0] * K < SERIAL_BELOW else _rows
+        m128 = (xq.reshape(T, K // 32, 32) == -128).any(axis=2)  # (T, K/32): blocks where the gemv can wrap
+        rows(w2d, lut, hdr, tab, xq, xd, m128, exact_rows, out)
+    return out
+
+
+def _check_type(qtype, path: str) -> QT:
+    qtype = _qt(qtype)
+    if qtype not in REPACK_Q4_B32:
+        raise ValueError(f"repacked q4_b32 kernels: {qtype.name} is not Q4_0, IQ4_NL or MXFP4")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return qtype
+
+
+def mul_mat_repacked(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` with ``W`` repacked (``forward_mul_mat``): ``w_bytes`` (N, row bytes) uint8 plain
+    rows of Q4_0 / IQ4_NL / MXFP4 (N % 8 == 0 for ggml to repack), ``x`` (T, K) float32 -> (T, N) float32.
+    ``path`` ("avx512" / "avx2") changes no bit (module docstring); the thread count neither."""
+    qtype = _check_type(qtype, path)
+    w_bytes, x = _check(w_bytes, qtype, x)
+    T = x.shape[0]
+    xq, xd, _ = _q8_0_rows(x, False)  # ggml_quantize_mat_q8_0_4x8 == quantize_row_q8_0, bit for bit
+    return _run(w_bytes, qtype, xq, xd, T - T % 4)  # gemm on T - T % 4 rows (none when T <= 3), gemv on the rest
+
+
+def mul_mat_id_repacked(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat_id(W, x, ids)`` with ``W`` repacked (``forward_mul_mat_id``: a gemv per routed row):
+    ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K) float32 (``n_x`` = 1 or ``n_used``), ``ids`` (T, n_used)
+    int32 -> (T, n_used, N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``."""
+    qtype = _check_type(qtype, path)
+    x = np.ascontiguousarray(x, np.float32)
+    w_bytes = _bytes(w_bytes)  # (E, N, row bytes)
+    ids = np.asarray(ids, np.int32)
+    T, n_x, K = x.shape
+    n_used = ids.shape[1]
+    if w_bytes.ndim != 3:
+        raise ValueError(f"weights must be (E, N, row bytes), got {w_bytes.shape}")
+    E, N = w_bytes.shape[:2]
+    _check(w_bytes[0], qtype, x[:0, 0])  # the row length
+    if ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
+        raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got shape {ids.shape}")
+    xq, xd, _ = _q8_0_rows(x.reshape(T * n_x, K), False)  # (T·n_x, K): from_float on every row
+    out = np.empty((T, n_used, N), np.float32)
+    for e in np.unique(ids).tolist():  # ggml groups the rows by expert; each (t, s) is one gemv
+        t_idx, s_idx = np.nonzero(ids == e)
+        rows = t_idx * n_x + s_idx % n_x  # (cne1,): activation row of each routed (t, s)
+        out[t_idx, s_idx] = _run(w_bytes[e], qtype, xq[rows], xd[rows], 0)  # (cne1, N)
+    return out
+
+
+__all__ = ["mul_mat_repacked", "mul_mat_id_repacked", "REPACK_Q4_B32"]

@@ -1,0 +1,266 @@
+"""K-quant weights in llama.cpp's CPU_REPACK buffer (Q4_K ``block_q4_Kx8``, Q2_K ``block_q2_Kx8``), x86, bit for bit.
+
+llama.cpp loads a matrix with ``ne[1] % 8 == 0`` (rows per expert) into the CPU_REPACK buffer
+(``repack.cpp: ggml_repack_get_optimal_repack_type``): Q4_K on any AVX2 build (``q4_K_8x8_q8_K``), Q2_K only
+when ``ggml_cpu_has_avx512()`` (``q2_K_8x8_q8_K``; :data:`REPACK_K_PATHS`). Its mul_mat / mul_mat_id then skip
+ggml-cpu's own kernels (:mod:`kernels.ggml.mulmat_k`) for ``tensor_traits::forward_mul_mat{,_id}`` (``repack.cpp``
+~4650-4900). The interleaved layout only decides which register lane holds what; per output element the kernels
+compute exact integers and the float steps below, which is all that is emulated here.
+
+Activations (``forward_mul_mat``): the first ``T - T % 4`` rows are quantized four at a time by
+``arch/x86/repack.cpp: ggml_quantize_mat_q8_K_4x8`` and go to the gemm; the last ``T % 4`` rows by
+``from_float`` = ``quantize_row_q8_K_ref`` (:mod:`kernels.ggml.actquant`) and go to the gemv one by one.
+``forward_mul_mat_id`` runs ``from_float`` + gemv on every routed row (slot ``s`` reads ``x[t, s % n_x]``;
+a token routed twice to one expert overflows ggml's per-expert row list of ``ne12`` entries — top-k never does
+that, and it is not modelled).
+
+``ggml_quantize_mat_q8_K_4x8`` (~290-515, per row; the 4 rows never mix): ``amax`` = the max of ``|x|`` folded
+with ``_mm256_max_ps`` per lane over the 32 8-value groups, then across lanes; the sign is not "the first value
+of largest |x|" (ref) but "does any value equal +amax" (a lane-wise ``_CMP_EQ_OQ`` mask): ``iscale =
+-127/amax`` if so, else ``+127/amax`` (0 if amax = 0); ``d = 1/iscale``; ``q = cvtps_epi32(round_ps(x·iscale))``
+saturated to int8 by the two ``packs`` (NaN, ±inf, |v| >= 2^31 -> INT_MIN -> -128); bsums per 16 values.
+Against ``quantize_row_q8_K_ref`` it differs (a) when ``-amax`` comes first and ``+amax`` also occurs: q, d
+and bsums are all negated — no output bit changes (each float product below has both factors negated, and the
+accumulators start at +0, so a signed-zero product never shows); (b) when ``127/amax`` overflows (``amax`` <
+~3.7e-37: ref's ``nearest_int(±inf)`` stores 0, here -128 — times ``d = ±0``, invisible); (c) on NaN/inf
+activations: a NaN or inf quantizes to -128 (ref: 0), and a NaN that ``_mm256_max_ps`` keeps becomes the
+block's amax (ref never picks a NaN) — visible in the outputs of NaN rows. :func:`quantize_rows_q8_k_4x8`
+emulates all of it.
+
+Integers, per weight row ``c`` and activation row ``r``, sub-blocks ``s`` of 32 (Q4_K) / 16 (Q2_K) values:
+``I_s = sc_s · Σ q·y`` (``maddubs`` pairs summed in int16 — at most 16 products of 15·128 (Q4_K) or 8 of
+3·128 (Q2_K) per lane: no wrap or saturation possible —, ``madd_epi16`` with the scale), ``M_s = mn_s · Σ y``
+(the bsums, pairwise ``hadd_epi16`` for Q4_K, ``madd_epi16`` with the mins). ``sc``/``mn``: Q4_K's 6-bit
+``get_scale_min_k4``, Q2_K's nibbles. Floats (``ds = fp16(d_c)·y.d``, ``dm = fp16(dmin_c)·y.d``, each rounded
+to float32 by ``_mm*_mul_ps``; accumulators start at +0; super-blocks in K order; ``out = acc - accm``):
+
+* gemv (``ggml_gemv_{q4,q2}_K_8x8_q8_K``, ``__AVX2__`` code in both builds): per super-block
+  ``acc = fma(float(Σ_s I_s), ds, acc)``, ``accm = fma(float(Σ_s M_s), dm, accm)`` (int32 sums over the block).
+* gemm (``ggml_gemm_{q4,q2}_K_8x8_q8_K``): the same, but one FMA per ``sb`` step of the super-block — 64 values
+  (4 per block) for Q4_K, 128 (2 per block) for Q2_K. Its AVX-512 part (``__AVX512BW__ && __AVX512DQ__``:
+  16 activation rows x 16 weight rows, then 4 x 16) and the AVX2 code for the rest (16 x 8, 4 x 8; all of the
+  AVX2-only build) compute this same formula, so neither the path, the tile an element lands in, nor the thread
+  chunking (whole groups of 8 weight rows) changes a bit.
+
+:func:`kernels.ggml.mulmat_k.decode_row` decodes Q4_K rows. Not modelled: NaN payloads (which of two NaNs
+survives a sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.block import QT
+from kernels.base.flags import jit
+from kernels.ggml.actquant import _maxps, _q8_k_rows
+from kernels.ggml.mulmat_k import decode_row
+from kernels.ggml.simd import fma32, lanes
+from kernels.ggml.vecmath import F16_TO_F32
+
+#: Weight types emulated here, and the paths on which llama.cpp repacks them (``ne[1] % 8 == 0`` per expert).
+REPACK_K = frozenset({QT.Q4_K, QT.Q2_K})
+REPACK_K_PATHS = {QT.Q4_K: ("avx512", "avx2"),  # ggml_cpu_has_avx2()
+                  QT.Q2_K: ("avx512",)}  # ggml_cpu_has_avx512(): the AVX2-only build leaves Q2_K in plain rows
+KIND = {QT.Q4_K: 0, QT.Q2_K: 1}
+BLOCK_BYTES = {QT.Q4_K: 144, QT.Q2_K: 84}
+F32 = np.float32
+
+
+# --------------------------------------------------------------------------------------------
+# ggml_quantize_mat_q8_K_4x8 (x86 __AVX2__)
+
+
+@jit()
+def _cvt_i8(v):
+    """``_mm256_cvtps_epi32`` of an already rounded float32, then ``packs_epi32`` + ``packs_epi16``."""
+    if not (v > -2147483648.0 and v < 2147483648.0):  # NaN, ±inf, out of int32: the "integer indefinite"
+        return -128
+    i = np.int64(v)
+    return max(-128, min(127, i))
+
+
+@jit()
+def quantize_rows_q8_k_4x8(x, qs, d, bsums):
+    """``ggml_quantize_mat_q8_K_4x8`` row by row: x (R, K) float32 -> qs (R, K) int8, d (R, K/256) float32,
+    bsums (R, K/16) int16 (the values the kernel stores, un-interleaved)."""
+    m = np.empty(8, np.float32)  # maxAbs, one per lane
+    mask = np.empty(8, np.bool_)  # maskAbs: a +maxAbs value was seen in the lane
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 256):
+            o = 256 * b
+            for lane in range(8):
+                for g in range(32):  # g = 4·sb + j: the 8-value group of _mm256_loadu_ps j of iteration sb
+                    v = x[r, o + 8 * g + lane]
+                    if g == 0:
+                        m[lane] = abs(v)
+                        mask[lane] = False
+                        prev = m[lane]
+                    else:
+                        if g % 4 == 0:
+                            prev = m[lane]  # tempAbs
+                        m[lane] = _maxps(m[lane], abs(v))  # _mm256_max_ps(maxAbs, absj)
+                    if g % 4 == 3:  # after the 4 loads of one sb iteration
+                        if not (prev == m[lane]):  # maskAbs &= (tempAbs == maxAbs), ordered compare
+                            mask[lane] = False
+                        for j in range(4):  # maskAbs |= mask_curr (maxAbs == vj)
+                            if m[lane] == x[r, o + 8 * (g - 3 + j) + lane]:
+                                mask[lane] = True
+            h0 = _maxps(m[4], m[0])  # _mm_max_ps(extractf128(hi), lo)
+            h1 = _maxps(m[5], m[1])
+            h0 = _maxps(h0, _maxps(m[6], m[2]))  # movehl
+            h1 = _maxps(h1, _maxps(m[7], m[3]))
+            amax = _maxps(h0, h1)  # _mm_max_ss(max4, movehdup(max4))
+            neg = False
+            for lane in range(8):
+                if mask[lane] and amax == m[lane]:
+                    neg = True
+            iscale = F32(0.0)
+            if amax != 0:
+                iscale = F32(-127.0) / amax if neg else F32(127.0) / amax
+            d[r, b] = F32(1.0) / iscale if amax != 0 else F32(0.0)  # `maxScalar ? 1/iscale : 0` (NaN is true)
+            for k in range(o, o + 256):
+                qs[r, k] = _cvt_i8(np.rint(x[r, k] * iscale))  # _mm256_round_ps(_MM_ROUND_NEAREST): half even
+            for g in range(16 * b, 16 * b + 16):
+                s = 0
+                for k in range(16 * g, 16 * g + 16):
+                    s += np.int64(qs[r, k])
+                bsums[r, g] = s
+
+
+def quantize_q8_k_4x8(x: np.ndarray):
+    """(qs, d, bsums) of ``ggml_quantize_mat_q8_K_4x8`` for float32 rows x (R, K)."""
+    x = np.ascontiguousarray(x, np.float32)
+    R, K = x.shape
+    qs = np.empty((R, K), np.int8)
+    d = np.empty((R, K // 256), np.float32)
+    bs = np.empty((R, K // 16), np.int16)
+    quantize_rows_q8_k_4x8(x, qs, d, bs)
+    return qs, d, bs
+
+
+# --------------------------------------------------------------------------------------------
+# ggml_gemv_{q4,q2}_K_8x8_q8_K / ggml_gemm_{q4,q2}_K_8x8_q8_K
+
+
+@jit()
+def _decode_q2_k(w, q, sc, mn, d, dmin, table):
+    """One Q2_K row (per block: scales[16], qs[64], d, dmin) -> 2-bit codes ``q``, 4-bit ``sc`` / ``mn`` per
+    16 values, ``d`` / ``dmin``. Value ``128h + 32j + l`` is bits ``2j`` of ``qs[32h + l]`` (dequantize_row_q2_K)."""
+    for b in range(d.shape[0]):
+        o = 84 * b
+        d[b] = table[np.int64(w[o + 80]) | (np.int64(w[o + 81]) << 8)]
+        dmin[b] = table[np.int64(w[o + 82]) | (np.int64(w[o + 83]) << 8)]
+        for s in range(16):
+            sc[16 * b + s] = np.int64(w[o + s]) & 15
+            mn[16 * b + s] = np.int64(w[o + s]) >> 4
+        for k in range(256):
+            q[256 * b + k] = (np.int64(w[o + 16 + 32 * (k // 128) + k % 32]) >> (2 * ((k % 128) // 32))) & 3
+
+
+@jit()
+def repacked_k_rows(kind, w, yq, yd, ysub, gemm, out, table):
+    """Every element of the repacked kernels (``kind`` 0: Q4_K, 1: Q2_K): ``w`` (N, row bytes) plain rows, ``yq``
+    (R, K) / ``yd`` (R, K/256) the Q8_K rows, ``ysub`` (R, K/sub) their sums per weight sub-block (32 / 16
+    values), ``gemm`` (R,) the rows that take the gemm (an FMA per ``sb`` step) rather than the gemv (per
+    super-block); out (R, N)."""
+    R, K = yq.shape
+    nb = K // 256
+    sub = 32 if kind == 0 else 16
+    ns = 256 // sub  # sub-blocks per super-block
+    gstep = 2 if kind == 0 else 8  # gemm sb loop: 64 (Q4_K) / 128 (Q2_K) values per FMA
+    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.empty(K // sub, np.int64)
+    d, dmin = np.empty(nb, np.float32), np.empty(nb, np.float32)
+    isum = np.empty(K // sub, np.int64)  # I_s = sc_s · dot_s
+    msum = np.empty(K // sub, np.int64)  # M_s = mn_s · Σ y over the sub-block
+    for c in range(w.shape[0]):
+        if kind == 0:
+            decode_row(0, w[c], q, sc, mn, d, dmin, table)
+        else:
+            _decode_q2_k(w[c], q, sc, mn, d, dmin, table)
+        for r in range(R):
+            for s in range(K // sub):
+                p = np.int64(0)
+                for k in range(sub * s, sub * s + sub):
+                    p += q[k] * np.int64(yq[r, k])
+                isum[s] = sc[s] * p
+                msum[s] = mn[s] * ysub[r, s]
+            acc = F32(0.0)
+            accm = F32(0.0)
+            step = gstep if gemm[r] else ns
+            for b in range(nb):
+                ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
+                dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
+                for s0 in range(ns * b, ns * b + ns, step):
+                    i = np.int64(0)
+                    mi = np.int64(0)
+                    for s in range(s0, s0 + step):
+                        i += isum[s]
+                        mi += msum[s]
+                    acc = fma32(F32(i), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
+                    accm = fma32(F32(mi), dm, accm)
+            out[r, c] = acc - accm  # _mm*_sub_ps(acc_rows, acc_min_rows)
+
+
+def _check_path(qtype, path):
+    lanes(path)
+    qtype = QT(qtype)
+    if qtype not in REPACK_K:
+        raise ValueError(f"repacked K-quant emulation: {qtype.name} is not emulated")
+    if path not in REPACK_K_PATHS[qtype]:
+        raise ValueError(f"llama.cpp does not repack {qtype.name} on the {path} path")
+    return qtype
+
+
+def _sub_sums(bsums, qtype):
+    """Q8_K bsums (R, K/16) -> sums per weight sub-block: (R, K/32) for Q4_K (``_mm_hadd_epi16``), as is for Q2_K."""
+    b = bsums.astype(np.int64)
+    return np.ascontiguousarray(b[:, 0::2] + b[:, 1::2] if qtype == QT.Q4_K else b)  # (R, K/32) or (R, K/16)
+
+
+def mul_mat_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` with ``W`` in the CPU_REPACK buffer: ``w_bytes`` (N, row bytes) plain GGUF rows
+    (N % 8 == 0), ``x`` (T, K) float32 -> (T, N) float32."""
+    qtype = _check_path(qtype, path)
+    x = np.ascontiguousarray(x, np.float32)
+    w = np.ascontiguousarray(w_bytes, np.uint8)
+    T, K = x.shape
+    rb = K // 256 * BLOCK_BYTES[qtype]
+    if w.ndim != 2 or w.shape[0] % 8 or K % 256 or w.shape[1] != rb:
+        raise ValueError(f"weights must be (N % 8 == 0, {rb}) bytes, got {w.shape}")
+    g = T - T % 4  # rows quantized by ggml_quantize_mat_q8_K_4x8 and run through the gemm
+    q4, d4, b4 = quantize_q8_k_4x8(x[:g])  # (g, K), (g, K/256), (g, K/16)
+    qr, dr, br = _q8_k_rows(np.ascontiguousarray(x[g:]))  # (T-g, ...): from_float = quantize_row_q8_K_ref
+    yq = np.concatenate([q4, qr])  # (T, K)
+    yd = np.concatenate([d4, dr])  # (T, K/256)
+    ys = _sub_sums(np.concatenate([b4, br]), qtype)  # (T, K/32 or K/16)
+    out = np.empty((T, w.shape[0]), np.float32)
+    repacked_k_rows(KIND[qtype], w, yq, yd, ys, np.arange(T) < g, out, F16_TO_F32)
+    return out
+
+
+def mul_mat_id_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat_id(W, x, ids)`` with ``W`` (E, N, row bytes) repacked: ``x`` (T, n_x, K) float32 (``n_x``
+    = 1 or n_used), ``ids`` (T, n_used) -> (T, n_used, N); slot ``s`` of token ``t`` is the gemv of
+    ``W[ids[t, s]]`` with ``quantize_row_q8_K_ref(x[t, s % n_x])``."""
+    qtype = _check_path(qtype, path)
+    x = np.ascontiguousarray(x, np.float32)
+    w = np.asarray(w_bytes, np.uint8)
+    ids = np.asarray(ids, np.int32)
+    T, n_x, K = x.shape
+    E, N = w.shape[:2]
+    if ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 8:
+        raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}) and N % 8 == 0, got {ids.shape}, N={N}")
+    yq, yd, bs = _q8_k_rows(x.reshape(T * n_x, K))  # (T·n_x, K): every row through from_float
+    ys = _sub_sums(bs, qtype)  # (T·n_x, K/32 or K/16)
+    out = np.empty((T, ids.shape[1], N), np.float32)
+    for e in np.unique(ids).tolist():
+        t_idx, s_idx = np.nonzero(ids == e)
+        rows = t_idx * n_x + s_idx % n_x  # (cne1,) activation rows of this expert
+        part = np.empty((len(rows), N), np.float32)  # (cne1, N)
+        repacked_k_rows(KIND[qtype], np.ascontiguousarray(w[e]), yq[rows], yd[rows], ys[rows],
+                        np.zeros(len(rows), np.bool_), part, F16_TO_F32)
+        out[t_idx, s_idx] = part  # scattered back to (T, n_used, N)
+    return out
+
+
+__all__ = ["REPACK_K", "REPACK_K_PATHS", "mul_mat_repacked_k", "mul_mat_id_repacked_k", "quantize_q8_k_4x8"]

@@ -296,6 +296,11 @@ def kernel_for(qtype, path: str, T: int, N: int, K: int, repack: bool = False) -
     return "vec_dot"
 
 
+def mul_mat_emulated(qtype) -> bool:
+    """Whether ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights in a plain CPU buffer is emulated (every path)."""
+    return _qt(qtype) in FLOAT_KIND or _qt(qtype) in (QT.Q8_0, QT.MXFP4) or _qt(qtype) in mulmat_k.KQUANT_TYPES
+
+
 def _qt(qtype) -> QT:
     return qtype if qtype.__class__ is QT else QT(qtype)
 

@@ -158,31 +158,41 @@ def pack_weights(obj):
     return obj
 
 
-def check_ggml_weights(gguf, path: str) -> None:
-    """``--emulate=ggml`` with llama.cpp's default CPU_REPACK buffer: refuse, in one line, a file holding matrices
-    llama.cpp would repack on ``path`` (``kernels.ggml.mulmat.repacked``) with kernels that are not emulated
-    (``kernels.ggml.mulmat.repack_emulated``: Q2_K, repacked by AVX-512 builds). Tables read by get_rows
-    (``token_embd``, ``nextn.embed_tokens``) and the conv kernels are not repacked — except a ``token_embd`` that
-    is also the LM head (no ``output.weight``: llama.cpp loads a duplicate for the mul_mat, which is)."""
-    from kernels.ggml.mulmat import repack_emulated, repacked
+def check_ggml_weights(gguf, path: str, repack: bool) -> None:
+    """``--emulate=ggml``: refuse, in one line, a file holding a weight whose ggml-cpu kernel on ``path`` is not
+    emulated — a table read by ``get_rows`` (``token_embd``, ``nextn.embed_tokens``: ``kernels.ggml.rows``), a matrix
+    multiplied by ``mul_mat`` / ``mul_mat_id`` (``kernels.ggml.mulmat.mul_mat_emulated``), or, with llama.cpp's
+    default CPU_REPACK buffer (``repack``), a matrix that buffer takes (``kernels.ggml.mulmat.repacked``) with
+    repacked kernels not emulated. A ``token_embd`` that is also the LM head (no ``output.weight``) is both: llama.cpp
+    loads a duplicate for the mul_mat. The conv kernels and norms are F32 (checked by the loader)."""
+    from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
+    from kernels.ggml.rows import GET_ROWS_TYPES
 
-    if path in _GGML_CHECKED.get(gguf, ()):  # a file passes once per path: not on every decode step
+    key = (path, repack)
+    if key in _GGML_CHECKED.get(gguf, ()):  # a file passes once per configuration: not on every decode step
         return
     tied = "output.weight" not in gguf.tensors
 
-    def mul_mat_weight(name: str) -> bool:  # llama-arch.cpp LLM_TENSOR_INFOS: the tensors whose op is a mul_mat
-        if name == "token_embd.weight":
-            return tied
-        return not name.endswith(("embed_tokens.weight", "ssm_conv1d.weight"))
+    def refuse(t, what: str):
+        raise RefimplError(f"--emulate=ggml: {t.name} is {t.qtype.name}, whose {what} on ggml-cpu's {path} path is not "
+                           "emulated (docs/numerics.md lists what is)")
 
-    hits = [t for t in gguf.tensors.values() if len(t.shape) >= 2 and mul_mat_weight(t.name)
-            and repacked(t.qtype, t.shape[-2], path) and not repack_emulated(t.qtype, path)]
-    if hits:
-        types = ", ".join(sorted({t.qtype.name for t in hits}))
-        raise RefimplError(f"--emulate=ggml: llama.cpp repacks the {types} weights of this file ({len(hits)} tensors, "
-                           f"e.g. {hits[0].name}) into CPU_REPACK's interleaved layout by default, whose {path} kernels "
-                           "are not emulated; run llama.cpp with --no-repack and give --no-repack here")
-    _GGML_CHECKED.setdefault(gguf, set()).add(path)
+    for t in gguf.tensors.values():
+        if len(t.shape) < 2 or t.name.endswith("ssm_conv1d.weight"):
+            continue
+        table = t.name == "token_embd.weight" or t.name.endswith("embed_tokens.weight")
+        if table and t.qtype not in GET_ROWS_TYPES:
+            refuse(t, "get_rows")
+        if table and not (t.name == "token_embd.weight" and tied):
+            continue
+        if repack and repacked(t.qtype, t.shape[-2], path):
+            if not repack_emulated(t.qtype, path):
+                raise RefimplError(f"--emulate=ggml: llama.cpp repacks {t.name} ({t.qtype.name}) into CPU_REPACK's "
+                                   f"interleaved layout by default, whose {path} kernels are not emulated; run llama.cpp "
+                                   "with --no-repack and give --no-repack here")
+        elif not mul_mat_emulated(t.qtype):
+            refuse(t, "mul_mat")
+    _GGML_CHECKED.setdefault(gguf, set()).add(key)
 
 
 _GGML_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # gguf file -> the paths it passed
@@ -222,8 +232,7 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
         from kernels.ggml import rows as ggml_rows
         from refimpl.model.ops import said_ggml
 
-        if ctx.repack:
-            check_ggml_weights(model.file.gguf, ctx.ggml)
+        check_ggml_weights(model.file.gguf, ctx.ggml, ctx.repack)
 
         said_ggml()  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
 

@@ -167,3 +167,54 @@ def test_llama_server_prompt_batches():
     assert server_prompt_batches(600) == [84, 512, 4] and server_prompt_batches(5000, n_ubatch=512)[:3] == [2048, 2048, 388]
     assert [s.name for s in parse_schedules("plain,server:3", 2)] == ["plain", "server-draft-3"]
     assert [s.name for s in parse_schedules("server:0", 2)] == ["server-plain"] * 2
+
+
+def test_schedule_replays_the_engines_own_rounds(tmp_path, capsys):
+    """``--schedule FILE``: the engine's logged rounds (here llama.cpp's own draft-3 loop on FLIP, whose first token
+    flips against the one-batch prompt) are rebuilt as llama.cpp's verify batches: the prediction is the stream,
+    round for round (accepted and drafted counts, draft ids), and the flip is reproduced by the 1+3 verify."""
+    from llama_spec import llama_speculative
+
+    run = llama_speculative(TRAINED_PATH, FLIP, 8, n_draft=3, defaults=True, n_threads=1)
+    rounds = [{"accepted": len(r["ids"]) - 1, "drafted": len(r["drafts"]), "drafts": list(r["drafts"])} for r in run.rounds]
+    log = tmp_path / "engine.json"
+    log.write_text(json.dumps({"prompt_tokens": FLIP, "tokens": run.tokens, "rounds": rounds}))
+    code, out = audit(capsys, str(TRAINED_PATH), str(log), "--emulate=ggml", "--schedule", str(log), "--json")
+    rep = json.loads(out)
+    pred = rep["reproduce"]["predictions"]["A"]
+    assert code == 0 and pred["identical"] and pred["schedule"] == "rounds-of-engine.json", out
+    assert pred["rounds"][: len(rounds)] == rounds  # the same verify batches, accepted as llama.cpp accepted them
+    assert rep["divergence"] is None or rep["divergence"]["reproduced"]
+    code, out = audit(capsys, str(TRAINED_PATH), str(log), "--emulate=ggml", "--schedule", str(log))
+    assert code == 0 and "A: identical to llama.cpp's predicted rounds-of-engine.json stream" in out
+    assert "reproduced: llama.cpp's 1+3 verify computes this token" in out
+
+
+def test_schedule_from_an_ngram_telemetry_csv(tmp_path, capsys):
+    """A telemetry CSV of n-gram drafts (``refimpl run --ngram --csv``, spec=ngram): the rounds are read whoever
+    drafted, and the replay verifies the same batches (its rounds equal the CSV's); bad schedules are refused in
+    one line."""
+    from refimpl.oracle.stream_file import read_stream
+
+    csv = tmp_path / "ngram.csv"
+    prompt = "And God said, Let there be light: and there was light. And God said, Let there be"
+    assert main(["run", "--emulate=ggml", "--ngram", "--draft", "3", "-n", "12", "--prompt", prompt, "--csv", str(csv),
+                 str(TRAINED_PATH)]) == 0
+    capsys.readouterr()
+    logged = read_stream(csv, "A", None, any_source=True).rounds.rounds
+    assert any(r.drafts for r in logged)  # the n-gram source drafted
+    code, out = audit(capsys, str(TRAINED_PATH), str(csv), "--prompt", prompt, "--emulate=ggml", "--schedule",
+                      str(csv), "--json")
+    pred = json.loads(out)["reproduce"]["predictions"]["A"]
+    assert code == 0 and pred["identical"], out
+    assert [(r["accepted"], tuple(r["drafts"])) for r in pred["rounds"]] == [(r.accepted, r.drafts) for r in logged]
+    assert main(["audit", str(TRAINED_PATH), str(csv), "--prompt", prompt, "--schedule", str(csv)]) == 2
+    assert "--schedule predicts llama.cpp's own stream" in capsys.readouterr().err  # needs --emulate=ggml
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"tokens": [1, 2]}))
+    assert main(["audit", str(TRAINED_PATH), str(csv), "--prompt", prompt, "--emulate=ggml", "--schedule", str(plain)]) == 2
+    err = capsys.readouterr().err
+    assert f"--schedule {plain}: no rounds in it" in err and "Traceback" not in err
+    assert main(["audit", str(TRAINED_PATH), str(csv), "--prompt", prompt, "--emulate=ggml", "--schedule",
+                 f"{csv},{csv}"]) == 2  # two files, one stream
+    assert "--schedule: one file for every stream or one per stream" in capsys.readouterr().err

@@ -35,6 +35,12 @@ def add_parser(sub) -> None:
                         "n_max N as speculative-simple runs it, server:N = as llama-server runs it (server:0 plain). "
                         "The oracle predicts llama.cpp's own stream for it, says at a divergence 'reproduced' or 'not "
                         "reproduced', and exits 1 unless every stream is its prediction (docs/validating-an-engine.md §3g)")
+    p.add_argument("--schedule", metavar="FILE|FILE,FILE",
+                   help="with --emulate=ggml: instead of --draft, the engine's own rounds, from a telemetry file (a "
+                        "'refimpl run --csv'-style CSV with step, kind and drafts columns, or JSON with 'rounds'), one "
+                        "for every stream or one per stream ('-': that stream takes --draft's schedule): each round's "
+                        "1+n verify batch is rebuilt from the logged drafts and the oracle predicts what llama.cpp "
+                        "computes for it")
     add_scale_out(p, "with --streams: pairs audited")
     add_numerics(p)
     p.set_defaults(func=cmd_audit)
@@ -50,10 +56,11 @@ def cmd_audit(args) -> int:
     if args.kld_base is not None:
         return _audit_kld(args)
     golden = _audit_inputs(args)
-    if args.draft is not None and (golden or args.stream_dir is not None):
-        raise RefimplError("--draft goes with MODEL STREAM [STREAM] (a prediction of each stream)")
-    if args.draft is not None and args.emulate != "ggml":
-        raise RefimplError("--draft predicts llama.cpp's own stream for the engine's batch schedule: it needs --emulate=ggml")
+    for flag, value in (("--draft", args.draft), ("--schedule", args.schedule)):
+        if value is not None and (golden or args.stream_dir is not None):
+            raise RefimplError(f"{flag} goes with MODEL STREAM [STREAM] (a prediction of each stream)")
+        if value is not None and args.emulate != "ggml":
+            raise RefimplError(f"{flag} predicts llama.cpp's own stream for the engine's batch schedule: it needs --emulate=ggml")
     if args.stream_dir is not None:
         return _audit_dir(args)
     if golden:
@@ -79,6 +86,8 @@ def cmd_audit(args) -> int:
         from refimpl.oracle.reproduce import parse_schedules
 
         schedules = parse_schedules(args.draft if args.draft is not None else "0", len(streams))
+        if args.schedule is not None:
+            schedules = _logged_schedules(args.schedule, schedules, tok)
     rep = audit(model, prompt, *streams, ctx=ctx, tau=args.threshold, model_name=str(args.model))
     if ctx.ggml:  # llama.cpp's own stream per schedule (refimpl.oracle.reproduce)
         from refimpl.oracle.reproduce import reproduce
@@ -86,6 +95,20 @@ def cmd_audit(args) -> int:
         reproduce(rep, model, ctx, schedules, frozenset(tok.eog_ids))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
     return rep.exit_code
+
+
+def _logged_schedules(text: str, schedules: list, tok) -> list:
+    """``--schedule FILE[,FILE]``: per stream, the rounds a telemetry file logged (``-``: keep --draft's schedule)."""
+    from refimpl.oracle.reproduce import logged_schedule
+    from refimpl.oracle.stream_file import read_stream
+
+    files = [f.strip() for f in text.split(",")]
+    if len(files) == 1:
+        files *= len(schedules)
+    if len(files) != len(schedules) or not all(files):
+        raise RefimplError(f"--schedule: one file for every stream or one per stream ({len(schedules)}), got {text!r}")
+    return [sch if f == "-" else logged_schedule(f, read_stream(f, "schedule", tok, any_source=True).rounds)
+            for f, sch in zip(files, schedules)]
 
 
 def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:

@@ -11,6 +11,13 @@ stream a ggml-based engine produces — not only judge it by a near-tie band:
   recurrent rollback (:func:`refimpl.decode.speculative.speculative_generate`, ``source="mtp"``; equal to
   llama.cpp's loop token for token, tests/test_ggml_e2e.py). As ``speculative-simple`` runs it, the prompt but
   its last token is one batch and the last one opens the first verify batch;
+* ``rounds of FILE`` (``--schedule FILE``): the engine's own rounds, replayed from its telemetry (a ``refimpl run
+  --csv``-style CSV, or JSON with ``rounds``; refimpl.oracle.rounds): each round's 1+n verify batch holds the
+  pending token and the n draft ids the engine logged, whoever drafted them (its MTP head, n-grams, anything),
+  and llama.cpp's acceptance, rollback and the next round follow (:class:`LoggedDrafts`; the prompt but its last
+  token in one batch, as speculative-simple and ``refimpl run`` run it). So the prediction does not depend on
+  the engine's drafts being the oracle's: it asks what llama.cpp's batches of exactly those shapes and tokens
+  compute. Rounds past the log's end decode one token each;
 * ``server-plain`` / ``server-draft-N`` (``--draft server:0`` / ``server:N``; ``refimpl validate``'s): as
   llama-server runs them. Its prompt is not one batch: to checkpoint a recurrent model's state it cuts the
   prompt so that the last 4 + n_ubatch and the last 4 tokens start new batches (``server-context.cpp``,
@@ -38,7 +45,9 @@ oracle's argmax or the departure is a near-tie: a ggml-based engine is gated on 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from refimpl.decode.drafts import DraftSource
 from refimpl.errors import RefimplError
 
 MAX_DRAFT = 8
@@ -46,16 +55,25 @@ MAX_DRAFT = 8
 
 @dataclass(frozen=True)
 class Schedule:
-    """llama.cpp's batch schedule of one stream: 0 = plain decode, N ≥ 1 = draft-mtp with n_max N."""
+    """llama.cpp's batch schedule of one stream: 0 = plain decode, N ≥ 1 = draft-mtp with n_max N; or the
+    engine's own logged rounds (``logged``: the draft ids of each round, () for a plain one; ``source`` the file)."""
 
     draft: int
     server: bool = False  # as llama-server runs it (its prompt batches)
+    logged: tuple[tuple[int, ...], ...] | None = None
+    source: str = ""
 
     @property
     def name(self) -> str:
+        if self.logged is not None:
+            return f"rounds-of-{Path(self.source).name}"
         return ("server-" if self.server else "") + ("plain" if self.draft == 0 else f"draft-{self.draft}")
 
     def describe(self) -> str:
+        if self.logged is not None:
+            n_drafted = sum(1 for d in self.logged if d)
+            return (f"the engine's own {len(self.logged)} rounds from {self.source} ({n_drafted} with drafts, up to "
+                    f"1+{max(map(len, self.logged), default=0)} rows), verified as llama.cpp verifies them")
         if self.server:
             return "llama-server, " + ("plain decode" if self.draft == 0 else f"draft-mtp n_max {self.draft}")
         if self.draft == 0:
@@ -81,6 +99,44 @@ def parse_schedules(text: str, n_streams: int) -> list[Schedule]:
     if len(out) != n_streams:
         raise RefimplError(f"--draft: {len(out)} values for {n_streams} stream{'s' * (n_streams != 1)} (give one, or one per stream)")
     return out
+
+
+def logged_schedule(path: str, rounds_info) -> Schedule:
+    """``--schedule FILE``: the schedule of the rounds a telemetry file logged (refimpl.oracle.rounds.RoundsInfo, or
+    None when the file has no per-round columns). Every round that verified drafts must name them: the verify
+    batch is rebuilt from them."""
+    if rounds_info is None or not rounds_info.rounds:
+        raise RefimplError(f"--schedule {path}: no rounds in it (a telemetry CSV needs 'step' and 'kind' columns, "
+                           "JSON a 'rounds' list)")
+    logged = []
+    for n, r in enumerate(rounds_info.rounds):
+        if r.drafts is None:
+            raise RefimplError(f"--schedule {path}: round {n} verified drafts but did not log their ids ('drafts'), so "
+                               "its verify batch cannot be rebuilt")
+        logged.append(tuple(int(t) for t in r.drafts))
+    if max(map(len, logged)) > MAX_DRAFT:
+        raise RefimplError(f"--schedule {path}: a round verified more than {MAX_DRAFT} drafts")
+    return Schedule(max(map(len, logged)), logged=tuple(logged), source=str(path))
+
+
+class LoggedDrafts(DraftSource):
+    """A draft source that proposes, round by round, the draft ids an engine logged (its state: the round index,
+    advanced once per round in :meth:`accept`, which every round calls — a plain round too)."""
+
+    name = "logged"
+
+    def __init__(self, logged: tuple[tuple[int, ...], ...]):
+        self.logged = logged
+
+    def start(self) -> int:
+        return 0
+
+    def draft(self, state: int, req) -> tuple[list[int], int]:
+        return list(self.logged[state]) if state < len(self.logged) else [], state
+
+    def accept(self, state: int, n_accepted: int, n_past: int) -> int:
+        return state + 1
+
 
 
 @dataclass
@@ -146,9 +202,12 @@ def predict(model, prompt: list[int], label: str, stream: list[int], schedule: S
             eog_ids=frozenset()) -> Prediction:
     """llama.cpp's stream for ``schedule`` under the ggml ``ctx``, as long as ``stream``."""
     n = max(1, len(stream))
-    if schedule.draft and model.file.plan.mtp == "stripped":
+    if schedule.draft and schedule.logged is None and model.file.plan.mtp == "stripped":
         raise RefimplError(f"--draft {schedule.draft}: the model has no MTP block, so llama.cpp's draft-mtp loop cannot "
                            "be predicted (use --draft 0: plain decode)")
+    if schedule.logged is not None:
+        tokens, rounds = _logged(model, list(prompt), n, schedule.logged, ctx, eog_ids)
+        return Prediction(label, schedule, tokens, list(stream), rounds)
     if schedule.server:
         tokens, rounds = _server(model, list(prompt), n, schedule.draft, ctx, eog_ids)
         return Prediction(label, schedule, tokens, list(stream), rounds)
@@ -160,6 +219,23 @@ def predict(model, prompt: list[int], label: str, stream: list[int], schedule: S
 
     tokens, stats = speculative_generate(model, prompt, n, ctx, source="mtp", n_draft=schedule.draft, eog_ids=eog_ids)
     return Prediction(label, schedule, tokens, list(stream), stats.rounds())
+
+
+def _logged(model, prompt: list[int], n: int, logged, ctx, eog_ids) -> tuple[list[int], list[dict]]:
+    """The stream llama.cpp computes for the engine's logged rounds: the prompt but its last token in one batch
+    (refimpl.decode.speculative.prefill), then one round per logged entry — the verify batch [pending token] +
+    the logged drafts, greedy acceptance, the recurrent rollback — and single-token decodes past the log."""
+    from refimpl.decode.speculative import prefill, step
+
+    src = LoggedDrafts(tuple(logged))
+    s, out, rounds = prefill(model, src, prompt, max(map(len, logged), default=0), ctx), [], []
+    while len(out) < n and not (out and out[-1] in eog_ids):
+        n_max = len(logged[len(rounds)]) if len(rounds) < len(logged) else 0
+        r, s = step(model, src, s, n_max, ctx, eog_ids)
+        eog = next((j for j, t in enumerate(r.ids) if t in eog_ids), None)
+        out += r.ids if eog is None else r.ids[: eog + 1]
+        rounds.append({"accepted": r.n_accepted, "drafted": len(r.drafts), "drafts": list(r.drafts)})
+    return out, rounds
 
 
 def _server(model, prompt: list[int], n: int, n_draft: int, ctx, eog_ids) -> tuple[list[int], list[dict]]:
@@ -220,8 +296,8 @@ def reproduce(rep, model, ctx, schedules: list[Schedule], eog_ids=frozenset()) -
     """Predict every stream of the audit report ``rep`` (refimpl.oracle.audit.Report) under its schedule and
     mark each event reproduced or not; sets ``rep.reproduce``."""
     if not getattr(ctx, "ggml", None):
-        raise RefimplError("--draft predicts llama.cpp's own stream: it needs --emulate=ggml (the oracle computing "
-                           "ggml-cpu's bits for each batch shape)")
+        raise RefimplError("--draft / --schedule predict llama.cpp's own stream: they need --emulate=ggml (the oracle "
+                           "computing ggml-cpu's bits for each batch shape)")
     preds = {s.label: predict(model, rep.prompt, s.label, s.tokens, sch, ctx, eog_ids)
              for s, sch in zip(rep.streams, schedules)}
     out = Reproduction(preds)

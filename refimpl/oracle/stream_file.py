@@ -39,10 +39,12 @@ def _ids(value, where: str) -> list[int]:
     return list(value)
 
 
-def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
+def read_stream(path: str | os.PathLike, label: str, tokenizer, any_source: bool = False) -> Stream:
     """One stream file → :class:`Stream` (the formats of the module docstring, tried in this order:
     JSON when the file starts with ``[`` or ``{``; CSV when its first non-``#`` line is a header
-    with a ``token`` or ``token_id`` column; else UTF-8 text, one trailing newline dropped)."""
+    with a ``token`` or ``token_id`` column; else UTF-8 text, one trailing newline dropped). A CSV's rounds are
+    read when its drafts are the MTP head's (the round audit's), or for any draft source with ``any_source``
+    (``audit --schedule``: the verify batches are what matters, not who drafted)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -83,7 +85,7 @@ def read_stream(path: str | os.PathLike, label: str, tokenizer) -> Stream:
             except ValueError:
                 raise RefimplError(f"{path}: CSV row {n - 1}: '{column}' is {value!r}, not a token id") from None
             steps.append((row.get("step") or "", (row.get("kind") or "").strip(), row.get("drafts") or ""))
-        per_round = {"step", "kind"} <= {h.strip() for h in header} and preamble.get("spec", "mtp") == "mtp"
+        per_round = {"step", "kind"} <= {h.strip() for h in header} and (any_source or preamble.get("spec", "mtp") == "mtp")
         return Stream(label, str(path), "csv", tokens, rounds=rounds_from_kinds(steps, preamble, str(path)) if per_round else None)
     if tokenizer is None:
         raise RefimplError(f"{path}: stream {label} is text; without a model to tokenize it, give token ids (JSON or CSV)")

@@ -16,6 +16,8 @@ Keyword options select other llama.cpp configurations (defaults = the conformanc
   of U tokens is split into U rows, so the result keeps one row per position; with ``n_batch`` > 1
   each ubatch's array is also returned whole as ``"NAME@P"`` (P = the ubatch's first position), for
   tensors that are not per token (``state_predelta-0``, the recurrent state at the ubatch's start);
+* ``prompt_batch``: when > 0, the first ``llama_decode`` call takes this many tokens (a prompt), the rest go in
+  calls of ``n_batch``;
 * ``repack``: ``llama_model_params.use_extra_bufts`` (llama.cpp's default True: the CPU_REPACK and,
   on AMX machines, AMX weight layouts).
 
@@ -47,12 +49,13 @@ import numpy as np
 
 KV_TYPES = {"f32": 0, "f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # LLAMA_FLASH_ATTN_TYPE_AUTO / _DISABLED / _ENABLED
-DEFAULT_OPTIONS = {"type_k": "f32", "type_v": "f32", "flash_attn": "off", "n_batch": 1, "n_ubatch": 8, "repack": True}
+DEFAULT_OPTIONS = {"type_k": "f32", "type_v": "f32", "flash_attn": "off", "n_batch": 1, "n_ubatch": 8, "repack": True,
+                   "prompt_batch": 0}
 
 
 def llama_trace(model_path, tokens, names, *, n_threads: int = 2, timeout: float = 600, type_k: str = "f32",
                 type_v: str = "f32", flash_attn: str = "off", n_batch: int = 1, n_ubatch: int = 8,
-                repack: bool = True) -> dict[str, np.ndarray]:
+                repack: bool = True, prompt_batch: int = 0) -> dict[str, np.ndarray]:
     if type_k not in KV_TYPES or type_v not in KV_TYPES:
         raise ValueError(f"llama_trace: type_k/type_v must be one of {sorted(KV_TYPES)}")
     if flash_attn not in FLASH_ATTN:
@@ -60,7 +63,7 @@ def llama_trace(model_path, tokens, names, *, n_threads: int = 2, timeout: float
     if n_batch < 1 or n_ubatch < 1:
         raise ValueError("llama_trace: n_batch and n_ubatch must be >= 1")
     options = {"type_k": type_k, "type_v": type_v, "flash_attn": flash_attn, "n_batch": int(n_batch),
-               "n_ubatch": int(n_ubatch), "repack": bool(repack)}
+               "n_ubatch": int(n_ubatch), "repack": bool(repack), "prompt_batch": int(prompt_batch)}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace.npz"
         cmd = [sys.executable, __file__, str(model_path), str(out), ",".join(map(str, tokens)), ",".join(names), str(n_threads),
@@ -177,7 +180,7 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
     cparams = ll.llama_context_default_params()
     cparams.n_ctx = max(64, len(tokens) + 8)
     cparams.n_ubatch = options["n_ubatch"]
-    cparams.n_batch = max(options["n_ubatch"], options["n_batch"])
+    cparams.n_batch = max(options["n_ubatch"], options["n_batch"], options["prompt_batch"])
     cparams.n_threads = cparams.n_threads_batch = n_threads
     cparams.type_k = KV_TYPES[options["type_k"]]
     cparams.type_v = KV_TYPES[options["type_v"]]
@@ -192,10 +195,11 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
     per_name: dict[str, list[np.ndarray]] = {}
     per_ubatch_arrays: dict[str, np.ndarray] = {}
     logits = []
-    n_batch = options["n_batch"]
-    batch = ll.llama_batch_init(n_batch, 0, 1)
-    for start in range(0, len(tokens), n_batch):
-        chunk = tokens[start : start + n_batch]
+    n_batch, first = options["n_batch"], min(options["prompt_batch"], len(tokens))
+    starts = ([0] if first else []) + list(range(first, len(tokens), n_batch))
+    batch = ll.llama_batch_init(max(n_batch, first), 0, 1)
+    for start in starts:
+        chunk = tokens[start : (first if start == 0 and first else start + n_batch)]
         batch.n_tokens = len(chunk)
         for i, tok in enumerate(chunk):
             batch.token[i] = tok
@@ -211,7 +215,7 @@ def _worker(model_path: str, out_path: str, tokens: list[int], names: set[str], 
     ll.llama_batch_free(batch)
     result = {n: np.stack(v) for n, v in per_name.items() if len(v) == len(tokens)}
     result["logits"] = np.stack(logits)
-    if options["n_batch"] > 1:
+    if options["n_batch"] > 1 or first > 1:
         result.update(per_ubatch_arrays)
     np.savez(out_path, **result)
     ll.llama_free(ctx)

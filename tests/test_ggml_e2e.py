@@ -271,3 +271,52 @@ def test_files_made_by_llama_cpps_own_tools(name, build, on_build):
             lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
             logits.append(lg)
         assert_bits(f"{name} {build} n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+
+
+MATRIX_FILES = ["qwen35moe-k-q4_k_m.gguf", "qwen3next-k-q4_k_m.gguf", "qwen35moe-k-mxfp4_moe.gguf", "qwen35-k-q4_k_m.gguf"]
+#: llama.cpp configuration -> (llama_trace options, refimpl Ctx fields)
+CONFIGS = {"f16-flash": ({"type_k": "f16", "type_v": "f16", "flash_attn": "on"}, {}),
+           "f32-noflash": ({"type_k": "f32", "type_v": "f32", "flash_attn": "off"}, {"kv_f16": False, "flash_attn": False})}
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 512])
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("name", MATRIX_FILES)
+def test_converted_files_in_every_configuration(name, config, n_ubatch, on_build):
+    """The converted files with repacked weights (and qwen35's dense FFN), in K/V F16/F32 × flash attention on/off ×
+    n_ubatch 1 and 512: a 56-token prompt in one batch, then 12 tokens in 1+3-shaped batches, logits bit for bit."""
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import forward, load_model
+
+    options, fields = CONFIGS[config]
+    path, model_path = on_build("native"), CONVERTED / name
+    m = load_model(model_path, pack=False)
+    tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 68)]
+    ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=n_ubatch, **fields)
+    state, logits = SeqState.fresh(m.config), []
+    for s, e in [(0, 56)] + [(s, s + 4) for s in range(56, 68, 4)]:
+        lg, _, state = forward(m, state, tokens[s:e], ctx)
+        logits.append(lg)
+    ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, prompt_batch=56, n_batch=4, n_ubatch=n_ubatch,
+                      **options)
+    assert_bits(f"{name} {config} n_ubatch {n_ubatch}", np.concatenate(logits), ref["logits"])
+
+
+@pytest.mark.parametrize("name", MATRIX_FILES)
+def test_converted_files_draft_mtp_loop(name, on_build):
+    """llama.cpp's draft-mtp loop (n_max 3, its defaults, repacked weights) on the converted files: the same
+    stream, drafts, accepts and decodes as refimpl's loop under --emulate=ggml."""
+    from llama_spec import llama_speculative
+    from test_converted import CONVERTED
+    from refimpl.decode.speculative import speculative_generate
+    from refimpl.model.trunk import load_model
+
+    path, model_path = on_build("native"), CONVERTED / name
+    m = load_model(model_path, pack=False)
+    start = [int(t) for t in np.random.default_rng(11).integers(1, m.config.n_vocab, 10)]
+    theirs = llama_speculative(model_path, start, 16, n_draft=3, defaults=True, n_threads=N_THREADS)
+    tokens, stats = speculative_generate(m, start, 16, emulation_ctx("ggml", ggml=path, n_threads=N_THREADS),
+                                         source="mtp", n_draft=3)
+    assert tokens == theirs.tokens
+    assert (stats.n_drafted, stats.n_accepted, stats.n_decodes) == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes)
+    assert theirs.n_drafted > 0

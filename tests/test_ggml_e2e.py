@@ -320,3 +320,25 @@ def test_converted_files_draft_mtp_loop(name, on_build):
     assert tokens == theirs.tokens
     assert (stats.n_drafted, stats.n_accepted, stats.n_decodes) == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes)
     assert theirs.n_drafted > 0
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_split_kv_decode(n_threads, on_build):
+    """Decode past 256 cells of a 512-cell cache: flash attention's split-KV path (one query row, n_kv ≥ 512), whose
+    chunks follow the thread count — after a 300-token prompt (one ubatch: the tiled path), 4 decoded tokens equal
+    llama.cpp's bit for bit with 1 and 2 threads (a converted Q4_K_M file: its context is long enough)."""
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import forward, load_model
+
+    path, model_path = on_build("native"), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
+    m = load_model(model_path, pack=False)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(1, m.config.n_vocab, 304)]
+    n_ctx = len(tokens) + 8  # llama_trace's context: padded to 512 cells
+    ctx = emulation_ctx("ggml", ggml=path, n_threads=n_threads, n_ctx=n_ctx)
+    state, logits = SeqState.fresh(m.config), []
+    for s, e in [(0, 300)] + [(p, p + 1) for p in range(300, 304)]:
+        lg, _, state = forward(m, state, tokens[s:e], ctx)
+        logits.append(lg)
+    ref = llama_trace(model_path, tokens, (), n_threads=n_threads, prompt_batch=300, n_batch=1, n_ubatch=512,
+                      type_k="f16", type_v="f16", flash_attn="on")
+    assert_bits(f"split-KV decode, {n_threads} threads", np.concatenate(logits), ref["logits"])

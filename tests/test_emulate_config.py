@@ -453,3 +453,31 @@ def test_flash_attn_kernel_uses_the_c_library_expf_compiled_or_not(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert np.array_equal(np.load(tmp_path / "out.npy"), kernels.flash_attn_f16(q, k, v, visible, 0.125))
+
+
+def test_llama_cpp_context_flags(tmp_path, capsys):
+    """--threads / --ubatch-size / --ctx-size set the emulated llama.cpp's n_threads, n_ubatch and n_ctx (only with
+    --emulate=ggml; bad values refused in one line), and a sequence longer than its n_ctx is refused, as llama.cpp
+    refuses it."""
+    import argparse
+
+    from refimpl.cli import main
+    from refimpl.cli.common import add_numerics, ctx_from_args
+    from refimpl.fixtures.builtin import TRAINED_PATH
+
+    p = argparse.ArgumentParser()
+    add_numerics(p)
+    ctx = ctx_from_args(p.parse_args(["--emulate=ggml", "--threads", "2", "--ubatch-size", "32", "--ctx-size", "300"]))
+    assert (ctx.n_threads, ctx.n_ubatch, ctx.n_ctx) == (2, 32, 300)
+    ctx = ctx_from_args(p.parse_args(["--emulate=ggml"]))
+    assert (ctx.n_threads, ctx.n_ubatch, ctx.n_ctx) == (4, 512, None)
+    out = str(tmp_path / "x.npy")
+    for argv, said in ((["--threads", "2"], "--threads describes the llama.cpp that --emulate=ggml emulates"),
+                       (["--emulate=ggml", "--ubatch-size", "0"], "--ubatch-size must be positive, got 0"),
+                       (["--emulate=ggml", "--ctx-size", "-1"], "--ctx-size must be ≥ 0, got -1")):
+        assert main(["logits", *argv, "--tokens", "1,2", "--out", out, str(TRAINED_PATH)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+    ids = ",".join(["5"] * 257)
+    assert main(["logits", "--emulate=ggml", "--ctx-size", "200", "--tokens", ids, "--out", out, str(TRAINED_PATH)]) == 2
+    assert "the emulated llama.cpp context holds 256 cells (n_ctx 200); 257 tokens do not fit" in capsys.readouterr().err

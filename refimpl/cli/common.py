@@ -142,6 +142,13 @@ def add_numerics(p) -> None:
                    help="with --emulate=ggml: emulate llama.cpp run with --no-repack (no CPU_REPACK weight buffer: "
                         "Q4_0, Q4_K, IQ4_NL, MXFP4 and, on AVX-512, Q2_K matrices then take the plain kernels). "
                         "Default: llama.cpp's default, the repacked gemm/gemv")
+    for flag, what, default in (("--threads", "llama.cpp's thread count (-t): the split-KV flash-attention path "
+                                 "divides a long cache by it", 4),
+                                ("--ubatch-size", "llama.cpp's n_ubatch (-ub): a batch is computed in ubatches of "
+                                 "this many tokens", 512),
+                                ("--ctx-size", "llama.cpp's n_ctx (-c; 0: the model's training context): the KV "
+                                 "cache size, which with --threads decides the split-KV path", 0)):
+        p.add_argument(flag, type=int, metavar="N", help=f"with --emulate=ggml: {what} (default {default})")
     add_kernel(p)
 
 
@@ -156,8 +163,13 @@ def check_numerics(args) -> None:
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) == "ggml":
         raise RefimplError("--emulate=ggml computes every op with the kernels.ggml emulations of ggml-cpu (numba); "
                            "--kernel numpy, the plain definitions, does not apply to it")
-    if getattr(args, "no_repack", False) and getattr(args, "emulate", None) != "ggml":
-        raise RefimplError("--no-repack describes the llama.cpp that --emulate=ggml emulates; give it with --emulate=ggml")
+    for flag in ("no_repack", "threads", "ubatch_size", "ctx_size"):
+        value = getattr(args, flag, None)
+        if value not in (None, False) and getattr(args, "emulate", None) != "ggml":
+            name = "--" + flag.replace("_", "-")
+            raise RefimplError(f"{name} describes the llama.cpp that --emulate=ggml emulates; give it with --emulate=ggml")
+        if flag != "no_repack" and value is not None and (value < 0 or (value == 0 and flag != "ctx_size")):
+            raise RefimplError(f"--{flag.replace('_', '-')} must be {'≥ 0' if flag == 'ctx_size' else 'positive'}, got {value}")
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
         raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
                            "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
@@ -194,8 +206,10 @@ def ctx_from_args(args, trace=None):
 
     announce_ggml(None)
     ggml = ggml_path() if args.emulate == "ggml" else None
+    llama = {k: v for k, v in (("n_threads", getattr(args, "threads", None)), ("n_ubatch", getattr(args, "ubatch_size", None)),
+                                ("n_ctx", getattr(args, "ctx_size", None) or None)) if v is not None}
     ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml,
-                        repack=not getattr(args, "no_repack", False))
+                        repack=not getattr(args, "no_repack", False), **llama)
     return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
 
 

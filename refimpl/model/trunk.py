@@ -233,6 +233,10 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
         from refimpl.model.ops import said_ggml
 
         check_ggml_weights(model.file.gguf, ctx.ggml, ctx.repack)
+        n_cells = -(-(ctx.n_ctx or c.n_ctx_train) // 256) * 256  # llama_context: n_ctx padded to 256 cells
+        if state.n_past + T > n_cells:
+            raise RefimplError(f"--emulate=ggml: the emulated llama.cpp context holds {n_cells} cells (n_ctx "
+                               f"{ctx.n_ctx or c.n_ctx_train}); {state.n_past + T} tokens do not fit, as in llama.cpp")
 
         said_ggml()  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
 

@@ -130,15 +130,17 @@ def llama_greedy(model_path, prompt, n_generate: int, *, load_mtp: bool = False,
                      defaults=defaults).tokens
 
 
-def quantize_with_llama(src, dst, ftype: int, *, timeout: float = 600) -> Path:
+def quantize_with_llama(src, dst, ftype: int, *, timeout: float = 600, allow_requantize: bool = False) -> Path:
     """``llama_model_quantize(src, dst, ftype)`` — llama.cpp's own quantizer (what ``llama-quantize``
     runs; ``ftype`` a ``LLAMA_FTYPE_MOSTLY_*`` value, e.g. 7 = Q8_0, 38 = MXFP4_MOE), in a child
-    process. Returns ``dst``; a failure raises :class:`LlamaRefError` with llama.cpp's log tail."""
+    process (``allow_requantize``: ``llama-quantize --allow-requantize``, for a quantized ``src``). Returns
+    ``dst``; a failure raises :class:`LlamaRefError` with llama.cpp's log tail."""
     script = ("import sys, llama_cpp as L\n"
               "p = L.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]); p.nthread = 2\n"
+              "p.allow_requantize = sys.argv[4] == '1'\n"
               "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
-    proc = subprocess.run([sys.executable, "-c", script, str(src), str(dst), str(int(ftype))], capture_output=True,
-                          text=True, errors="replace", timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(dst), str(int(ftype)), str(int(allow_requantize))],
+                          capture_output=True, text=True, errors="replace", timeout=timeout)
     if proc.returncode != 0 or not Path(dst).exists():
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
         raise LlamaRefError(f"llama_model_quantize failed on {src} (exit code {proc.returncode}):\n{tail}")

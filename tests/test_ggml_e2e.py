@@ -342,3 +342,68 @@ def test_split_kv_decode(n_threads, on_build):
     ref = llama_trace(model_path, tokens, (), n_threads=n_threads, prompt_batch=300, n_batch=1, n_ubatch=512,
                       type_k="f16", type_v="f16", flash_attn="on")
     assert_bits(f"split-KV decode, {n_threads} threads", np.concatenate(logits), ref["logits"])
+
+
+#: LLAMA_FTYPE_MOSTLY_* of the mixes requantized by llama.cpp's own quantizer from the converted Q4_K_M file (their
+#: matrices: Q2_K + Q3_K, Q3_K + Q4_K + Q5_K, the legacy types, IQ4_NL, IQ3_S (+ Q4_K for IQ3_M); Q6_K LM head)
+REQUANTIZED = {"q2_k": 10, "q3_k_m": 12, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "iq4_nl": 25, "iq3_s": 26,
+               "iq3_m": 27}
+
+
+@pytest.fixture(scope="session")
+def requantized(tmp_path_factory):
+    """``requantized(mix)`` -> the converted qwen35moe Q4_K_M file requantized to ``mix`` by llama_model_quantize."""
+    from llama_ref import quantize_with_llama
+    from test_converted import CONVERTED
+
+    root, made = tmp_path_factory.mktemp("requantized"), {}
+
+    def make(mix: str):
+        if mix not in made:
+            made[mix] = quantize_with_llama(CONVERTED / "qwen35moe-k-q4_k_m.gguf", root / f"qwen35moe-k-{mix}.gguf",
+                                            REQUANTIZED[mix], allow_requantize=True)
+        return made[mix]
+
+    return make
+
+
+@pytest.mark.parametrize("mix,build", [(m, "native") for m in REQUANTIZED] + [("q2_k", "avx2"), ("q4_0", "avx2"),
+                                                                           ("iq3_s", "avx2")])
+def test_every_quant_mix(mix, build, requantized, on_build):
+    """Every mix real Qwen3.5 files come in, made by llama.cpp's own quantizer: logits bit for bit with llama.cpp's
+    defaults (CPU_REPACK for Q4_0 / IQ4_NL, and Q2_K on AVX-512), one token per call and in 9-token batches (the
+    K-quant and IQ weights' tiled kernel, llamafile's sgemm for the legacy types, the repacked gemm)."""
+    from refimpl.model.trunk import forward, load_model
+
+    path, model_path = on_build(build), requantized(mix)
+    m = load_model(model_path, pack=False)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(1, m.config.n_vocab, 18)]
+    for n_batch in (1, 9):
+        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on")
+        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
+        state, logits = SeqState.fresh(m.config), []
+        for s in range(0, len(tokens), n_batch):
+            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
+            logits.append(lg)
+        assert_bits(f"{mix} {build} n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+
+
+@pytest.mark.parametrize("mix", ["iq1_m", "iq2_xxs", "iq3_xxs"])
+def test_iq_fixture_mixes(mix, make_fixture, on_build):
+    """The IQ1_M / IQ2_XXS / IQ3_XXS fixture mixes (quantized by libggml; llama_model_quantize wants an importance
+    matrix for them): logits bit for bit, one token per call and in 9-token batches."""
+    from refimpl.model.trunk import forward, load_model
+
+    path, model_path = on_build("native"), make_fixture("tiny", mix)
+    m = load_model(model_path, pack=False)
+    tokens = [int(t) for t in np.random.default_rng(4).integers(1, m.config.n_vocab, 18)]
+    for n_batch in (1, 9):
+        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on")
+        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
+        state, logits = SeqState.fresh(m.config), []
+        for s in range(0, len(tokens), n_batch):
+            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
+            logits.append(lg)
+        assert_bits(f"{mix} n_batch {n_batch}", np.concatenate(logits), ref["logits"])

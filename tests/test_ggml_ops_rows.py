@@ -162,11 +162,28 @@ def test_get_rows_bit_exact(build, qtype):
         ids3 = np.arange(tail.shape[0], dtype=np.int32)
         got3 = on_build(build, g_get_rows, tail.view(np.uint8), 1, 3, ids3)
         assert np.array_equal(bits(got3), bits(get_rows(tail, qtype, ids3)))
-    if qtype in (QT.F16, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS):
+    if qtype in (QT.F16, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.Q4_0, QT.Q4_1, QT.Q5_0,
+                 QT.Q5_1, QT.IQ4_NL):
         # kernels.plain.dequant agrees except for NaN payloads (its f16 conversion canonicalises NaNs)
         plain = dequantize(table[ids], qtype)
         differ = bits(plain) != bits(got)
         assert differ.any() and np.isnan(got[differ]).all()
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_get_rows_q4_1_q5_1_mul_then_add(build):
+    """Q4_1 / Q5_1 ``x0*d + m`` with ``d`` and ``m`` both NaN: the add keeps the product's NaN (its first source),
+    not ``m``'s (what a commuted ``fadd`` gives). (The product itself is exact: 5 bits times an fp16.)"""
+    rng = np.random.default_rng(2707)
+    for qtype, size in ((QT.Q4_1, 20), (QT.Q5_1, 24)):
+        table = random_rows(qtype, 32, 256, rng)
+        blk = table.reshape(32, 8, size)
+        blk[0, 0, :4] = np.array([0x7F99, 0x7DCE], np.uint16).view(np.uint8)  # d: NaN 0x7F99, m: NaN 0x7DCE
+        blk[1, 1, :4] = np.array([0xFC01, 0xFE00], np.uint16).view(np.uint8)
+        ids = np.arange(32, dtype=np.int32)
+        got = on_build(build, g_get_rows, table, int(qtype), 256, ids)
+        assert np.array_equal(bits(got), bits(get_rows(table, qtype, ids)))
+        assert (bits(got[0, :32]) == 0x7FF32000).all() and (bits(got[1, 32:64]) == 0xFFC02000).all()  # d's NaN
 
 
 def tie_rows(rng, n):

@@ -15,9 +15,10 @@ buffer takes: :func:`repacked`) runs that buffer's gemm/gemv instead (:mod:`kern
    BF16 ``ggml_compute_fp32_to_bf16``, Q8_0 x86 ``quantize_row_q8_0``, Q8_K ``quantize_row_q8_K_ref`` —
    :mod:`kernels.ggml.actquant`), split across threads by whole blocks, which changes nothing.
 4. ``llamafile_sgemm`` again (``T >= 2``): F16 (``tinyBLAS``, KN = L), BF16 (avx512: ``_mm512_dpbf16_ps``,
-   KN = 32; avx2: KN = 8), Q8_0 (``tinyBLAS_Q0_AVX``, any shape).
+   KN = 32; avx2: KN = 8), Q8_0, Q4_0, Q5_0, IQ4_NL (``tinyBLAS_Q0_AVX``, any shape; Q4_1 / Q5_1 never).
 5. Else one ``vec_dot`` per element (``nrows`` = 1 on x86): :mod:`kernels.ggml.mulmat_vec` for floats, here
-   for Q8_0 and MXFP4, :mod:`kernels.ggml.mulmat_k` for the K-quants.
+   for Q8_0 and MXFP4, :mod:`kernels.ggml.mulmat_k` for the K-quants, :mod:`kernels.ggml.mulmat_q` for the
+   legacy Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL.
 
 Every element is computed by one thread in one fixed order, so the thread count changes no bit on these
 paths (the chunking only decides who computes what). Q8_0 is the same formula on every path — ``vec_dot``
@@ -32,7 +33,9 @@ byte of -128 against a negative weight byte counts as -128 (not +128): :func:`_s
 order and runs ``vec_dot`` per element (no llamafile sgemm); K-quant experts with 8 or more routed rows go
 to the tiled kernel. Activation row of (token t, slot s) is ``x[t, s % n_x]``.
 
-Emulated weight types: F32, F16, BF16, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS (others raise). ``avx512`` means
+Emulated weight types: F32, F16, BF16, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the IQ1/2/3 codebook
+types (:mod:`kernels.ggml.mulmat_iq`: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), and (in a plain
+buffer, :mod:`kernels.ggml.mulmat_q`) Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (others raise: TQ1_0, TQ2_0). ``avx512`` means
 the build of this host (AVX-512 F/BW/DQ/VL with VNNI and BF16): without ``__AVX512BF16__`` ggml would take
 other BF16 kernels. Not modelled: which NaN survives when two NaNs of different bits meet in one sum (an
 activation or fp16-scale NaN payload and the default NaN of ``inf - inf`` / ``0·inf``) — x86 keeps the first
@@ -49,7 +52,7 @@ from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
 from kernels.base.floats import E8M0_HALF
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml import mulmat_k
+from kernels.ggml import mulmat_iq, mulmat_k
 from kernels.ggml.actquant import _q8_0_rows, _quantize_rows_q8_0
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -287,7 +290,7 @@ def kernel_for(qtype, path: str, T: int, N: int, K: int, repack: bool = False) -
     if qtype in mulmat_k.TILED_TYPES and T >= mulmat_k.TILED_MIN_ROWS:
         return "tiled"
     if T >= 2:
-        if qtype == QT.Q8_0:
+        if qtype == QT.Q8_0 or qtype in _mulmat_q().SGEMM_TYPES:
             return "sgemm"
         if qtype in FLOAT_KIND:
             kn = 32 if (qtype == QT.BF16 and path == "avx512") else L
@@ -298,7 +301,15 @@ def kernel_for(qtype, path: str, T: int, N: int, K: int, repack: bool = False) -
 
 def mul_mat_emulated(qtype) -> bool:
     """Whether ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights in a plain CPU buffer is emulated (every path)."""
-    return _qt(qtype) in FLOAT_KIND or _qt(qtype) in (QT.Q8_0, QT.MXFP4) or _qt(qtype) in mulmat_k.KQUANT_TYPES
+    qtype = _qt(qtype)
+    return (qtype in FLOAT_KIND or qtype in (QT.Q8_0, QT.MXFP4) or qtype in mulmat_k.KQUANT_TYPES
+            or qtype in _mulmat_q().LEGACY_TYPES or qtype in mulmat_iq.IQ_TYPES)
+
+
+def _mulmat_q():
+    from kernels.ggml import mulmat_q  # Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (it imports this module's Q8_0 kernels)
+
+    return mulmat_q
 
 
 def _qt(qtype) -> QT:
@@ -386,6 +397,10 @@ def _compute(w_bytes, qtype, x, path, how):
         return out
     if qtype in mulmat_k.KQUANT_TYPES:
         return mulmat_k.mul_mat_k(w_bytes, qtype, x, path, how == "tiled")
+    if qtype in _mulmat_q().LEGACY_TYPES:
+        return _mulmat_q().mul_mat_q(w_bytes, qtype, x, path, how == "sgemm")
+    if qtype in mulmat_iq.IQ_TYPES:
+        return mulmat_iq.mul_mat_iq(w_bytes, qtype, x, path, how == "tiled")
     raise ValueError(f"mul_mat emulation: weight type {qtype.name} is not emulated")
 
 

@@ -1,4 +1,5 @@
-"""K-quant weights (Q4_K, Q5_K, Q6_K, IQ4_XS; activations as Q8_K) in ggml-cpu's ``mul_mat``, bit for bit.
+"""K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; activations as Q8_K) in ggml-cpu's ``mul_mat``, bit
+for bit.
 
 Two kernels, chosen by the number of activation rows (``tiled/tiled.cpp: ggml_tiled_min_batch``):
 
@@ -11,22 +12,28 @@ Two kernels, chosen by the number of activation rows (``tiled/tiled.cpp: ggml_ti
   2i, 2i+1 times their Q8 sums), reduced ``(m0+m2) + (m1+m3)`` and added last; Q5_K folds them into one
   scalar ``summs = fma(dmin, float(Σ mins·sums), summs)`` (``vfmadd231ss`` in both builds); Q6_K subtracts
   ``32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1])`` from lane ``l`` (``q8sclsub``); IQ4_XS multiplies
-  through the ``_mm256_sign_epi8`` trick (:func:`kernels.ggml.mulmat._sign_dot`).
+  through the ``_mm256_sign_epi8`` trick (:func:`kernels.ggml.mulmat._sign_dot`). Q2_K and Q3_K have a scale
+  per 16 values (as Q6_K: lane ``l`` of 32-value group ``g`` takes scale ``2g + l // 4``); Q3_K's value is
+  ``(low2 | hbit << 2) - 4`` (``maddubs(low) - maddubs(4·!hbit)``, exact), Q2_K's the 2-bit code, and Q2_K
+  puts its mins into the same ``acc`` first: ``acc[l] = fma(-y.d·fp16(x.dmin), float(mn[2l]·bsum[2l] +
+  mn[2l+1]·bsum[2l+1]), acc[l])`` (``madd_epi16(mins, bsums)``), then ``acc[l] = fma(d, float(sumi[l]), acc[l])``.
 * ``T >= 8``: the tiled kernel (``tiled_run_microtile``: AVX512-VNNI ``tiled_run_micro_vnni_8x16`` on
   avx512, ``tiled_run_microtile_avx2`` on avx2). Per super-block (a 256-K "slab") it forms the exact
-  integers ``s1 = Σ_s scale_s·(Σ w·q8)`` and (Q4_K, Q5_K) ``s2 = Σ_s min_s·Σ q8``, then
+  integers ``s1 = Σ_s scale_s·(Σ w·q8)`` and (Q2_K, Q4_K, Q5_K) ``s2 = Σ_s min_s·Σ q8``, then
   ``res = fp16(x.d)·float(s1)``; ``res = fma(-fp16(x.dmin), float(s2), res)``; ``acc = fma(res, y.d, acc)``
   — the last an explicit ``_mm256_fmadd_ps`` on avx2 and GCC's contraction of
   ``_mm512_add_ps(acc, _mm512_mul_ps(res, d1))`` on avx512 (disassembly: ``vfmadd213ps``). The slabs go
   in K order into one accumulator per element whatever the window (narrow ``num_k > 1`` or standard),
   chunking or thread count, so neither changes a bit. ``w`` is the signed weight value (``q - 32`` for
-  Q6_K, the ``kvalues_iq4nl`` entry for IQ4_XS); VNNI's ``dpbusd`` on ``w + BIAS`` minus ``BIAS·bsum`` is
-  exact, while avx2's IQ4_XS path uses the sign trick — the same integers, since ``quantize_row_q8_K_ref``
-  never produces a -128 (``nearest_int`` of a NaN is >= 0, finite values stay within ±127).
+  Q6_K, ``q - 4`` for Q3_K, the ``kvalues_iq4nl`` entry for IQ4_XS; tiled.cpp's instantiations
+  ``<16, true, 0>`` for Q2_K and ``<16, false, 4, ACTBIAS>`` for Q3_K); VNNI's ``dpbusd`` on ``w + BIAS``
+  minus ``BIAS·bsum`` is exact, while avx2's IQ4_XS path uses the sign trick — the same integers, since
+  ``quantize_row_q8_K_ref`` never produces a -128 (``nearest_int`` of a NaN is >= 0, finite values stay
+  within ±127).
 
 Weights are decoded one row at a time inside the kernels (:func:`decode_row`: per-value integers ``q`` —
-unsigned codes, IQ4_XS table values —, per-sub-block ``sc`` and ``mn``, the fp16 super-block scales as
-float32, converted like ``vcvtph2ps``).
+unsigned codes, IQ4_XS table values, Q3_K signed values —, per-sub-block ``sc`` and ``mn``, the fp16
+super-block scales as float32, converted like ``vcvtph2ps``).
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
 TILED_TYPES = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ2_XXS, QT.IQ2_XS,
                          QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M})  # tiled.cpp: ggml_tiled_supported
 TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
-KQUANT_TYPES = frozenset({QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS})  # emulated here
-KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3}
+KQUANT_TYPES = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS})  # emulated here
+KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
 IQ4NL = IQ4NL_VALUES.astype(np.int64)
 
 
@@ -54,8 +61,9 @@ IQ4NL = IQ4NL_VALUES.astype(np.int64)
 
 @jit()
 def decode_row(kind, w, q, sc, mn, d, dmin, table):
-    """One weight row's bytes ``w`` -> ``q`` (K,) integer values (unsigned codes; IQ4_XS: table values),
-    ``sc`` (K/32 or K/16) scales, ``mn`` (K/32) mins, ``d`` / ``dmin`` (K/256) fp16 scales as float32."""
+    """One weight row's bytes ``w`` -> ``q`` (K,) integer values (unsigned codes; IQ4_XS: table values; Q3_K:
+    signed ``code - 4``), ``sc`` (K/32 or K/16) scales, ``mn`` (as many) mins, ``d`` / ``dmin`` (K/256) fp16 scales
+    as float32."""
     for b in range(d.shape[0]):
         if kind == 0 or kind == 1:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
             o = (144 if kind == 0 else 176) * b
@@ -89,6 +97,32 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
                     q[base + 32] = (ql1 & 15) | (((qh >> 2) & 3) << 4)
                     q[base + 64] = (ql0 >> 4) | (((qh >> 4) & 3) << 4)
                     q[base + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4)
+        elif kind == 4:  # Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin
+            o = 84 * b
+            d[b] = fp16_at(w, o + 80, table)
+            dmin[b] = fp16_at(w, o + 82, table)
+            for s in range(16):
+                sc[16 * b + s] = np.int64(w[o + s]) & 15
+                mn[16 * b + s] = np.int64(w[o + s]) >> 4
+            for n in range(2):  # value 128n + 32j + l: bits 2j of qs[32n + l]
+                for j in range(4):
+                    for l in range(32):
+                        q[256 * b + 128 * n + 32 * j + l] = (np.int64(w[o + 16 + 32 * n + l]) >> (2 * j)) & 3
+        elif kind == 5:  # Q3_K: hmask[32], qs[64], scales[12] (6-bit, kmask decode), d
+            o = 110 * b
+            d[b] = fp16_at(w, o + 108, table)
+            for i in range(4):
+                a0, a1, a2 = np.int64(w[o + 96 + i]), np.int64(w[o + 100 + i]), np.int64(w[o + 104 + i])
+                sc[16 * b + i] = ((a0 & 15) | ((a2 & 3) << 4)) - 32
+                sc[16 * b + 4 + i] = ((a1 & 15) | (((a2 >> 2) & 3) << 4)) - 32
+                sc[16 * b + 8 + i] = ((a0 >> 4) | (((a2 >> 4) & 3) << 4)) - 32
+                sc[16 * b + 12 + i] = ((a1 >> 4) | (((a2 >> 6) & 3) << 4)) - 32
+            for n in range(2):  # value 128n + 32j + l: (bits 2j of qs[32n + l]) | (bit 4n + j of hmask[l]) << 2
+                for j in range(4):
+                    for l in range(32):
+                        low = (np.int64(w[o + 32 + 32 * n + l]) >> (2 * j)) & 3
+                        high = (np.int64(w[o + l]) >> (4 * n + j)) & 1
+                        q[256 * b + 128 * n + 32 * j + l] = (low | (high << 2)) - 4
         else:  # IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; block j: low nibbles 32j + l, high 32j + 16 + l
             o = 136 * b
             d[b] = fp16_at(w, o, table)
@@ -118,12 +152,12 @@ def _prod(w, y, sign_trick):
 
 @jit()
 def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
-    """``ggml_vec_dot_{q4_K,q5_K,q6_K,iq4_xs}_q8_K`` (x86 __AVX2__) for every element: ``w`` (N, row bytes);
+    """``ggml_vec_dot_{q2_K,q3_K,q4_K,q5_K,q6_K,iq4_xs}_q8_K`` (x86 __AVX2__) for every element: ``w`` (N, row bytes);
     ``yq`` (T, K) / ``yd`` (T, K/256) the Q8_K activations, ``ysum32`` (T, K/32) / ``ybs16`` (T, K/16) their sums."""
     K = yq.shape[1]
     nb = K // 256
-    sub = 16 if kind == 2 else 32
-    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // 32, np.int64)
+    sub = 32 if kind <= 1 or kind == 3 else 16
+    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // sub, np.int64)
     d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
     acc = np.empty(8, np.float32)
     acc_m = np.empty(4, np.float32)
@@ -139,10 +173,16 @@ def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
                     db = d[b] * yd[t, b]  # GGML_CPU_FP16_TO_FP32(x.d) * y.d
                 else:
                     db = yd[t, b] * d[b]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
+                if kind == 4:  # Q2_K: acc = fmadd(dmin, cvtepi32_ps(madd_epi16(mins, bsums)), acc), first
+                    dm = -yd[t, b] * dmin[b]
+                    for lane in range(8):
+                        g = 16 * b + 2 * lane
+                        p = mn[g] * np.int64(ybs16[t, g]) + mn[g + 1] * np.int64(ybs16[t, g + 1])
+                        acc[lane] = fma32(dm, np.float32(p), acc[lane])
                 sumi[:] = 0
                 for g in range(8 * b, 8 * b + 8):  # 32-value groups: lane l gets bytes 4l..4l+3 of the load
                     for lane in range(8):
-                        s = 2 * g + lane // 4 if kind == 2 else g  # Q6_K: a scale per 16 values
+                        s = 2 * g + lane // 4 if sub == 16 else g  # Q2_K, Q3_K, Q6_K: a scale per 16 values
                         p = np.int64(0)
                         for k in range(32 * g + 4 * lane, 32 * g + 4 * lane + 4):
                             p += _prod(q[k], np.int64(yq[t, k]), kind == 3)
@@ -178,14 +218,15 @@ def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
 
 
 @jit()
-def tiled_k_rows(kind, w, yq, yd, ysum32, sign_trick, out, table):
+def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
     """``tiled_run_microtile`` per element: per slab exact ``s1``, ``s2``, then
     ``acc = fma(fma(-dmin, s2, d·s1), y.d, acc)`` in slab order."""
     K = yq.shape[1]
     nb = K // 256
-    sub = 16 if kind == 2 else 32
-    bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS q already holds the signed table value
-    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // 32, np.int64)
+    sub = 32 if kind <= 1 or kind == 3 else 16
+    bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS and Q3_K q already hold the signed value
+    has_min = kind <= 1 or kind == 4
+    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // sub, np.int64)
     d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
     for r in range(w.shape[0]):
         decode_row(kind, w[r], q, sc, mn, d, dmin, table)
@@ -199,10 +240,10 @@ def tiled_k_rows(kind, w, yq, yd, ysum32, sign_trick, out, table):
                         raw += _prod(q[k] - bias, np.int64(yq[t, k]), sign_trick)
                     s1 += sc[s] * raw
                 res = d[b] * np.float32(s1)  # _mm*_mul_ps(cvtepi32_ps(s1), d0)
-                if kind <= 1:
+                if has_min:
                     s2 = np.int64(0)
-                    for s in range(8 * b, 8 * b + 8):
-                        s2 += mn[s] * ysum32[t, s]
+                    for s in range(256 * b // sub, 256 * (b + 1) // sub):
+                        s2 += mn[s] * (ysum32[t, s] if sub == 32 else np.int64(ybs16[t, s]))
                     res = fma32(-dmin[b], np.float32(s2), res)  # _mm*_fnmadd_ps(dmin, s2, res)
                 acc = fma32(res, yd[t, b], acc)  # buf += res * d1 (FMA)
             out[t, r] = acc
@@ -217,7 +258,7 @@ def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool)
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     if tiled:
-        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, qtype == QT.IQ4_XS and path == "avx2", out, F16_TO_F32)
+        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, qtype == QT.IQ4_XS and path == "avx2", out, F16_TO_F32)
     else:
         vec_dot_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, out, F16_TO_F32)
     return out

@@ -17,7 +17,8 @@ get_rows (``ops.cpp: ggml_compute_forward_get_rows_{q,f16,bf16,f32}``), per sele
   ``kernels.plain.dequant``'s decoders compute the same float32 operations in the same order, but
   convert the f16 scales with ``f16_at``, which turns every NaN into the canonical NaN; ggml keeps the
   payload and sign. So MXFP4 (E8M0 scale, never NaN) reuses ``_deq_mxfp4``, and the f16-scaled types
-  are transcribed below with ggml's conversion (a NaN or inf scale is rare but can be stored).
+  are transcribed below (Q2_K, Q3_K and the legacy Q4_0 … Q5_1, IQ4_NL in :mod:`kernels.ggml.rows_q`)
+  with ggml's conversion (a NaN or inf scale is rare but can be stored).
 
 argsort / top_k (``ops.cpp: ggml_compute_forward_argsort_f32``, ``_top_k_f32``): libstdc++'s (GCC 12,
 ``bits/stl_algo.h``) ``std::sort`` and ``std::partial_sort`` of the indices ``0..n-1`` with the comparator
@@ -35,6 +36,8 @@ import numpy as np
 from kernels.base.blocks import QT
 from kernels.base.flags import jit
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at  # ggml's half -> float (F16C = the table, NaNs quieted)
+from kernels.ggml import rows_iq  # IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S
+from kernels.ggml.rows_q import _deq_q2_k, _deq_q3_k, _legacy  # Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
 from kernels.plain.dequant import IQ4NL_F32, _deq_mxfp4, as_row_bytes, k_scale_min
 
 
@@ -139,8 +142,10 @@ def _deq_mxfp4_rows(src, y, tab):
         _deq_mxfp4(src[r], y[r])  # kernels.plain.dequant: d = E8M0_HALF[e]; x0*d, the same bits as ggml
 
 
-_DECODERS = {QT.Q8_0: _deq_q8_0, QT.Q4_K: _deq_q4_k, QT.Q5_K: _deq_q5_k, QT.Q6_K: _deq_q6_k,
-             QT.IQ4_XS: _deq_iq4_xs, QT.MXFP4: _deq_mxfp4_rows}
+_DECODERS = {QT.Q8_0: _deq_q8_0, QT.Q2_K: _deq_q2_k, QT.Q3_K: _deq_q3_k, QT.Q4_K: _deq_q4_k, QT.Q5_K: _deq_q5_k,
+             QT.Q6_K: _deq_q6_k, QT.IQ4_XS: _deq_iq4_xs, QT.MXFP4: _deq_mxfp4_rows, QT.Q4_0: _legacy(0),
+             QT.Q4_1: _legacy(1), QT.Q5_0: _legacy(2), QT.Q5_1: _legacy(3), QT.IQ4_NL: _legacy(4),
+             **{t: rows_iq.decoder(t) for t in sorted(rows_iq.IQ_TYPES)}}
 GET_ROWS_TYPES = (QT.F32, QT.F16, QT.BF16) + tuple(_DECODERS)
 
 

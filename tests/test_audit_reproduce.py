@@ -218,3 +218,23 @@ def test_schedule_from_an_ngram_telemetry_csv(tmp_path, capsys):
     assert main(["audit", str(TRAINED_PATH), str(csv), "--prompt", prompt, "--emulate=ggml", "--schedule",
                  f"{csv},{csv}"]) == 2  # two files, one stream
     assert "--schedule: one file for every stream or one per stream" in capsys.readouterr().err
+
+
+def test_prediction_on_the_avx2_build(tmp_path, capsys, monkeypatch):
+    """The same gate on the AVX2-only libggml (LLAMA_CPP_LIB_PATH): llama.cpp's draft-3 stream computed there is
+    identical to the prediction refimpl makes on that build's path, round for round."""
+    from ggml_graph import build_info
+    from llama_spec import llama_speculative
+    from refimpl.tokenizer import Tokenizer
+
+    info = build_info("avx2")
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(info.lib_dir))
+    ids = Tokenizer.from_gguf(TRAINED_PATH).encode(PROMPT)
+    run = llama_speculative(TRAINED_PATH, ids, N, n_draft=3, defaults=True, n_threads=1)
+    rounds = [{"accepted": len(r["ids"]) - 1, "drafted": len(r["drafts"]), "drafts": list(r["drafts"])} for r in run.rounds]
+    path = tmp_path / "d3-avx2.json"
+    path.write_text(json.dumps({"prompt_tokens": ids, "tokens": run.tokens, "rounds": rounds}))
+    code, out = audit(capsys, str(TRAINED_PATH), str(path), "--emulate=ggml", "--draft", "3", "--json")
+    pred = json.loads(out)["reproduce"]["predictions"]["A"]
+    assert code == 0 and pred["identical"], out
+    assert pred["rounds"][: len(rounds)] == rounds

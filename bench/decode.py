@@ -30,9 +30,9 @@ For every (model, mix), in one run:
 
 * **``--emulate=ggml``** adds a third refimpl row, ``ggml``: the same greedy decode with ``Ctx.ggml`` (every op as
   the loaded libggml-cpu computes it, bit for bit: ``emulation_ctx("ggml")`` with the llama.cpp child's settings —
-  F32 K/V, flash attention off —, ``n_threads`` = ``--threads``, ``repack=False``: the weights llama.cpp's default
-  CPU_REPACK would re-lay out are not emulated, so on a file holding them this is llama.cpp ``--no-repack``'s
-  arithmetic; on Q8_0, which is never repacked, its tokens must be llama.cpp's own), loaded as ``refimpl run --emulate=ggml``
+  F32 K/V, flash attention off —, ``n_threads`` = ``--threads``, ``repack=True``: the weights llama.cpp's default
+  CPU_REPACK re-lays out take the emulated repacked gemv, as in the llama.cpp child; its tokens must be llama.cpp's
+  own), loaded as ``refimpl run --emulate=ggml``
   loads (``pack=False``: it multiplies the stored rows). It runs in the same rounds, right after the plain
   variants, and its tok/s is also divided by each plain variant's of the same round (``ggml / plain``).
   Its prompt row is not measured. The plain rows keep ``--emulate``'s other meaning off (plain numerics).
@@ -287,7 +287,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     if args.emulate == "ggml":  # --emulate=ggml, loaded as `refimpl run --emulate=ggml` loads (no lane copies)
         from refimpl.model.ops import emulation_ctx
 
-        ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads, repack=False)  # the child's settings
+        ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads)  # the child's settings
         ggml_model = load_model(path, pack=False)
         touch_pages(ggml_model)
         refimpl_decode(ggml_model, [1, 2], 2, ggml_ctx)  # compile / warm

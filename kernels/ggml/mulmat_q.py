@@ -33,7 +33,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml import mulmat as _mm
+from kernels.ggml import mulmat_q8 as _mm
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32

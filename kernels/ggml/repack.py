@@ -56,7 +56,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.base.floats import E8M0_HALF
 from kernels.ggml.actquant import _q8_0_rows
-from kernels.ggml.mulmat import _bytes, _check, _qt
+from kernels.ggml.mulmat_q8 import _bytes, _check, _qt
 from kernels.ggml.simd import PATHS, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.block import QT
-from kernels.base.flags import jit
+from kernels.base.flags import jit, per_type
 from kernels.ggml.actquant import _q8_k_rows
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
@@ -151,66 +151,135 @@ def _prod(w, y, sign_trick):
 
 
 @jit()
+def _decode_q6_k_lanes(w, qsx, sc, d, table):
+    """One Q6_K row straight to :func:`_vec_dot_for`'s lane-major ``q·scale`` (int32; ``q`` the unsigned 6-bit
+    code, as :func:`decode_row`), ``sc`` (K/16) and ``d``. Value ``128h + 32rr + l`` is byte ``l`` of 32-value
+    group ``g = 4h + rr`` (lane ``l // 4``), scale ``2g + l // 16``."""
+    for b in range(d.shape[0]):
+        o = 210 * b
+        d[b] = table[np.int64(w[o + 208]) | (np.int64(w[o + 209]) << 8)]
+        for j in range(16):
+            sc[16 * b + j] = np.int32(np.int8(w[o + 192 + j]))
+        for h in range(2):
+            for l in range(32):
+                ql0 = np.int32(w[o + 64 * h + l])
+                ql1 = np.int32(w[o + 64 * h + 32 + l])
+                qh = np.int32(w[o + 128 + 32 * h + l])
+                dst = 256 * b + 32 * (l >> 2) + 16 * h + (l & 3)  # lane l // 4, position 4g + l % 4
+                s = 16 * b + 8 * h + (l >> 4)
+                qsx[dst] = ((ql0 & 15) | ((qh & 3) << 4)) * sc[s]
+                qsx[dst + 4] = ((ql1 & 15) | (((qh >> 2) & 3) << 4)) * sc[s + 2]
+                qsx[dst + 8] = ((ql0 >> 4) | (((qh >> 4) & 3) << 4)) * sc[s + 4]
+                qsx[dst + 12] = ((ql1 >> 4) | (((qh >> 6) & 3) << 4)) * sc[s + 6]
+
+
+@per_type
+def _vec_dot_for(qt):
+    """:func:`vec_dot_k_rows` compiled for one weight type (``kind`` a compile-time constant, so the per-type
+    branches fold and the integer loops vectorize)."""
+    kind = KIND[QT(qt)]
+
+    @jit(kind=qt)
+    def _vec_dot_k_rows(w, yq, yd, ysum32, ybs16, out, table):
+        K = yq.shape[1]
+        nb = K // 256
+        sub = 32 if kind <= 1 or kind == 3 else 16
+        # int32 buffers: every integer here is one of ggml's int32 lanes (exact, no wrap)
+        q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
+        d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+        y = np.empty((yq.shape[0], K), np.int32)
+        for t in range(yq.shape[0]):
+            for b in range(nb):
+                for lane in range(8):
+                    for g in range(8):
+                        for i in range(4):
+                            y[t, 256 * b + 32 * lane + 4 * g + i] = yq[t, 256 * b + 32 * g + 4 * lane + i]
+        scx, qsx = np.empty(K, np.int32), np.empty(K, np.int32)
+        acc = np.empty(8, np.float32)
+        acc_m = np.empty(4, np.float32)
+        sumi = np.empty(8, np.int64)
+        for r in range(w.shape[0]):
+            if kind == 2:
+                _decode_q6_k_lanes(w[r], qsx, sc, d, table)
+            else:
+                decode_row(kind, w[r], q, sc, mn, d, dmin, table)
+            # q·scale (IQ4_XS keeps them apart for the sign trick), lane-major (value 32g + 4l + i of a super-block at 32l + 4g + i); Q6_K's decoder does it
+            for b in range(nb if kind != 2 else 0):
+                for lane in range(8):
+                    for g in range(8):
+                        sg = sc[8 * b + g] if sub == 32 else sc[16 * b + 2 * g + (lane >> 2)]
+                        src = 256 * b + 32 * g + 4 * lane
+                        dst = 256 * b + 32 * lane + 4 * g
+                        for i in range(4):
+                            scx[dst + i] = sg
+                            qsx[dst + i] = q[src + i] if kind == 3 else np.int32(q[src + i] * sg)
+            for t in range(yq.shape[0]):
+                yt = y[t]
+                acc[:] = np.float32(0.0)
+                acc_m[:] = np.float32(0.0)
+                summs = np.float32(0.0)
+                for b in range(nb):
+                    if kind == 3:
+                        db = d[b] * yd[t, b]  # GGML_CPU_FP16_TO_FP32(x.d) * y.d
+                    else:
+                        db = yd[t, b] * d[b]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
+                    if kind == 4:  # Q2_K: acc = fmadd(dmin, cvtepi32_ps(madd_epi16(mins, bsums)), acc), first
+                        dm = -yd[t, b] * dmin[b]
+                        for lane in range(8):
+                            g = 16 * b + 2 * lane
+                            p = (np.int64(mn[g]) * np.int64(ybs16[t, g])
+                                 + np.int64(mn[g + 1]) * np.int64(ybs16[t, g + 1]))
+                            acc[lane] = fma32(dm, np.float32(p), acc[lane])
+                    # lane l: bytes 4l..4l+3 of each of the 8 32-byte loads, times the sub-block scale (Q2_K, Q3_K,
+                    # Q6_K: a scale per 16 values) — stored contiguously (lane-major) by the decode loop above
+                    for lane in range(8):
+                        o = 256 * b + 32 * lane
+                        qa = qsx[o:o + 32]
+                        ya = yt[o:o + 32]
+                        p = np.int32(0)
+                        if kind == 3:
+                            sa = scx[o:o + 32]
+                            for m in range(32):
+                                p = np.int32(p + np.int32(_prod(qa[m], ya[m], True) * sa[m]))
+                        else:
+                            for m in range(32):
+                                p = np.int32(p + np.int32(qa[m] * ya[m]))
+                        sumi[lane] = p
+                    if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
+                        for lane in range(8):
+                            g = 16 * b + 2 * lane
+                            sumi[lane] -= 32 * (np.int64(ybs16[t, g]) * sc[g] + np.int64(ybs16[t, g + 1]) * sc[g + 1])
+                    for lane in range(8):
+                        acc[lane] = fma32(db, np.float32(sumi[lane]), acc[lane])  # _mm256_fmadd_ps
+                    if kind <= 1:
+                        dm = -yd[t, b] * dmin[b]  # -y.d * GGML_CPU_FP16_TO_FP32(x.dmin)
+                        if kind == 0:  # acc_m = _mm_fmadd_ps(dmin, cvtepi32_ps(prod), acc_m)
+                            for i in range(4):
+                                s = 8 * b + 2 * i
+                                p = mn[s] * ysum32[t, s] + mn[s + 1] * ysum32[t, s + 1]
+                                acc_m[i] = fma32(dm, np.float32(p), acc_m[i])
+                        else:  # summs += dmin * hsum(prod), contracted to vfmadd231ss
+                            p = np.int64(0)
+                            for s in range(8 * b, 8 * b + 8):
+                                p += mn[s] * ysum32[t, s]
+                            summs = fma32(dm, np.float32(p), summs)
+                res = hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
+                if kind == 0:
+                    res = res + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+                elif kind == 1:
+                    res = res + summs
+                out[t, r] = res
+
+    return _vec_dot_k_rows
+
+
+_QT_OF_KIND = {k: int(q) for q, k in KIND.items()}
+
+
 def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
     """``ggml_vec_dot_{q2_K,q3_K,q4_K,q5_K,q6_K,iq4_xs}_q8_K`` (x86 __AVX2__) for every element: ``w`` (N, row bytes);
     ``yq`` (T, K) / ``yd`` (T, K/256) the Q8_K activations, ``ysum32`` (T, K/32) / ``ybs16`` (T, K/16) their sums."""
-    K = yq.shape[1]
-    nb = K // 256
-    sub = 32 if kind <= 1 or kind == 3 else 16
-    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // sub, np.int64)
-    d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
-    acc = np.empty(8, np.float32)
-    acc_m = np.empty(4, np.float32)
-    sumi = np.empty(8, np.int64)
-    for r in range(w.shape[0]):
-        decode_row(kind, w[r], q, sc, mn, d, dmin, table)
-        for t in range(yq.shape[0]):
-            acc[:] = np.float32(0.0)
-            acc_m[:] = np.float32(0.0)
-            summs = np.float32(0.0)
-            for b in range(nb):
-                if kind == 3:
-                    db = d[b] * yd[t, b]  # GGML_CPU_FP16_TO_FP32(x.d) * y.d
-                else:
-                    db = yd[t, b] * d[b]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
-                if kind == 4:  # Q2_K: acc = fmadd(dmin, cvtepi32_ps(madd_epi16(mins, bsums)), acc), first
-                    dm = -yd[t, b] * dmin[b]
-                    for lane in range(8):
-                        g = 16 * b + 2 * lane
-                        p = mn[g] * np.int64(ybs16[t, g]) + mn[g + 1] * np.int64(ybs16[t, g + 1])
-                        acc[lane] = fma32(dm, np.float32(p), acc[lane])
-                sumi[:] = 0
-                for g in range(8 * b, 8 * b + 8):  # 32-value groups: lane l gets bytes 4l..4l+3 of the load
-                    for lane in range(8):
-                        s = 2 * g + lane // 4 if sub == 16 else g  # Q2_K, Q3_K, Q6_K: a scale per 16 values
-                        p = np.int64(0)
-                        for k in range(32 * g + 4 * lane, 32 * g + 4 * lane + 4):
-                            p += _prod(q[k], np.int64(yq[t, k]), kind == 3)
-                        sumi[lane] += sc[s] * p
-                if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
-                    for lane in range(8):
-                        g = 16 * b + 2 * lane
-                        sumi[lane] -= 32 * (np.int64(ybs16[t, g]) * sc[g] + np.int64(ybs16[t, g + 1]) * sc[g + 1])
-                for lane in range(8):
-                    acc[lane] = fma32(db, np.float32(sumi[lane]), acc[lane])  # _mm256_fmadd_ps
-                if kind <= 1:
-                    dm = -yd[t, b] * dmin[b]  # -y.d * GGML_CPU_FP16_TO_FP32(x.dmin)
-                    if kind == 0:  # acc_m = _mm_fmadd_ps(dmin, cvtepi32_ps(prod), acc_m)
-                        for i in range(4):
-                            s = 8 * b + 2 * i
-                            p = mn[s] * ysum32[t, s] + mn[s + 1] * ysum32[t, s + 1]
-                            acc_m[i] = fma32(dm, np.float32(p), acc_m[i])
-                    else:  # summs += dmin * hsum(prod), contracted to vfmadd231ss
-                        p = np.int64(0)
-                        for s in range(8 * b, 8 * b + 8):
-                            p += mn[s] * ysum32[t, s]
-                        summs = fma32(dm, np.float32(p), summs)
-            res = hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
-            if kind == 0:
-                res = res + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-            elif kind == 1:
-                res = res + summs
-            out[t, r] = res
+    _vec_dot_for(_QT_OF_KIND[kind])(w, yq, yd, ysum32, ybs16, out, table)
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ to float32 by ``_mm*_mul_ps``; accumulators start at +0; super-blocks in K order
   AVX2-only build) compute this same formula, so neither the path, the tile an element lands in, nor the thread
   chunking (whole groups of 8 weight rows) changes a bit.
 
-:func:`kernels.ggml.mulmat_k.decode_row` decodes Q4_K rows. Not modelled: NaN payloads (which of two NaNs
+Q4_K rows are read straight from their bytes (:func:`_q4_k_rows_into`). Not modelled: NaN payloads (which of two NaNs
 survives a sum).
 """
 
@@ -53,7 +53,6 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.actquant import _maxps, _q8_k_rows
-from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -143,18 +142,121 @@ def quantize_q8_k_4x8(x: np.ndarray):
 
 
 @jit()
-def _decode_q2_k(w, q, sc, mn, d, dmin, table):
-    """One Q2_K row (per block: scales[16], qs[64], d, dmin) -> 2-bit codes ``q``, 4-bit ``sc`` / ``mn`` per
+def _decode_q2_k_i32(w, q, sc, mn, d, dmin, table):
+    """One Q2_K row (per block: scales[16], qs[64], d, dmin) -> 2-bit codes ``q`` (int32), 4-bit ``sc`` / ``mn`` per
     16 values, ``d`` / ``dmin``. Value ``128h + 32j + l`` is bits ``2j`` of ``qs[32h + l]`` (dequantize_row_q2_K)."""
     for b in range(d.shape[0]):
         o = 84 * b
         d[b] = table[np.int64(w[o + 80]) | (np.int64(w[o + 81]) << 8)]
         dmin[b] = table[np.int64(w[o + 82]) | (np.int64(w[o + 83]) << 8)]
         for s in range(16):
-            sc[16 * b + s] = np.int64(w[o + s]) & 15
-            mn[16 * b + s] = np.int64(w[o + s]) >> 4
-        for k in range(256):
-            q[256 * b + k] = (np.int64(w[o + 16 + 32 * (k // 128) + k % 32]) >> (2 * ((k % 128) // 32))) & 3
+            sc[16 * b + s] = np.int32(w[o + s]) & 15
+            mn[16 * b + s] = np.int32(w[o + s]) >> 4
+        for n in range(2):  # value 128n + 32j + l: bits 2j of qs[32n + l]
+            for j in range(4):
+                base = 256 * b + 128 * n + 32 * j
+                for l in range(32):
+                    q[base + l] = (np.int32(w[o + 16 + 32 * n + l]) >> (2 * j)) & 3
+
+
+@jit()
+def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
+    """:func:`_repacked_rows_into` for Q4_K, the nibbles multiplied straight from the row bytes (same integers,
+    same float steps)."""
+    K = y.shape[1]
+    nb = K // 256
+    for c in range(w.shape[0]):
+        wc = w[c]
+        for b in range(nb):  # scales and mins of the row (get_scale_min_k4), fp16 d / dmin
+            o = 144 * b
+            d[b] = table[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)]
+            dmin[b] = table[np.int64(wc[o + 2]) | (np.int64(wc[o + 3]) << 8)]
+            for j in range(4):
+                sc[8 * b + j] = np.int32(wc[o + 4 + j]) & 63
+                mn[8 * b + j] = np.int32(wc[o + 8 + j]) & 63
+            for j in range(4, 8):
+                sc[8 * b + j] = (np.int32(wc[o + 8 + j]) & 15) | ((np.int32(wc[o + j]) >> 6) << 4)
+                mn[8 * b + j] = (np.int32(wc[o + 8 + j]) >> 4) | ((np.int32(wc[o + 4 + j]) >> 6) << 4)
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            yr = y[r]
+            acc = F32(0.0)
+            accm = F32(0.0)
+            per_sb = gemm[r]  # gemm: an FMA per 64 values (two sub-blocks); gemv: per super-block
+            for b in range(nb):
+                ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
+                dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
+                ii = np.int64(0)
+                mi = np.int64(0)
+                for cc in range(4):  # 32 bytes: low nibbles = sub-block 2cc, high nibbles = sub-block 2cc + 1
+                    qo = 144 * b + 16 + 32 * cc
+                    yo = 256 * b + 64 * cc
+                    qs = wc[qo:qo + 32]
+                    ylo = yr[yo:yo + 32]
+                    yhi = yr[yo + 32:yo + 64]
+                    plo = np.int32(0)
+                    phi = np.int32(0)
+                    for l in range(32):
+                        v = np.int32(qs[l])
+                        plo = np.int32(plo + np.int32((v & 15) * ylo[l]))
+                        phi = np.int32(phi + np.int32((v >> 4) * yhi[l]))
+                    s = 8 * b + 2 * cc
+                    ii += np.int64(sc[s]) * plo + np.int64(sc[s + 1]) * phi
+                    mi += np.int64(mn[s]) * ysub[r, s] + np.int64(mn[s + 1]) * ysub[r, s + 1]
+                    if per_sb:
+                        acc = fma32(F32(ii), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
+                        accm = fma32(F32(mi), dm, accm)
+                        ii = np.int64(0)
+                        mi = np.int64(0)
+                if not per_sb:
+                    acc = fma32(F32(ii), ds, acc)
+                    accm = fma32(F32(mi), dm, accm)
+            out[orow[i], c] = acc - accm  # _mm*_sub_ps(acc_rows, acc_min_rows)
+
+
+@jit()
+def _repacked_rows_into(kind, w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
+    """The core of :func:`repacked_k_rows` for Q2_K (``kind`` 1; Q4_K takes :func:`_q4_k_rows_into`): weight rows
+    ``w`` (N, row bytes) against the activation rows ``rows`` of ``y`` (int32 (·, K)), ``yd``, ``ysub``, ``gemm``;
+    results to ``out[orow[i], c]``. Every integer is exact in int32 (a super-block's sum < 2^25)."""
+    K = y.shape[1]
+    nb = K // 256
+    sub = 32 if kind == 0 else 16
+    ns = 256 // sub  # sub-blocks per super-block
+    gstep = 2 if kind == 0 else 8  # gemm sb loop: 64 (Q4_K) / 128 (Q2_K) values per FMA
+    for c in range(w.shape[0]):
+        _decode_q2_k_i32(w[c], q, sc, mn, d, dmin, table)  # Q4_K takes _q4_k_rows_into
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            for s in range(K // sub):
+                p = np.int32(0)
+                k0 = sub * s
+                for k in range(k0, k0 + sub):
+                    p = np.int32(p + np.int32(q[k] * y[r, k]))
+                isum[s] = sc[s] * p
+            acc = F32(0.0)
+            accm = F32(0.0)
+            step = gstep if gemm[r] else ns
+            for b in range(nb):
+                ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
+                dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
+                for s0 in range(ns * b, ns * b + ns, step):
+                    ii = np.int64(0)
+                    mi = np.int64(0)
+                    for s in range(s0, s0 + step):
+                        ii += isum[s]
+                        mi += np.int64(mn[s]) * ysub[r, s]
+                    acc = fma32(F32(ii), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
+                    accm = fma32(F32(mi), dm, accm)
+            out[orow[i], c] = acc - accm  # _mm*_sub_ps(acc_rows, acc_min_rows)
+
+
+@jit()
+def _work_buffers(kind, K):
+    sub = 32 if kind == 0 else 16
+    nb = K // 256
+    return (np.empty(K, np.int32), np.empty(K // sub, np.int32), np.empty(K // sub, np.int32),
+            np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(K // sub, np.int64))
 
 
 @jit()
@@ -164,41 +266,40 @@ def repacked_k_rows(kind, w, yq, yd, ysub, gemm, out, table):
     values), ``gemm`` (R,) the rows that take the gemm (an FMA per ``sb`` step) rather than the gemv (per
     super-block); out (R, N)."""
     R, K = yq.shape
-    nb = K // 256
-    sub = 32 if kind == 0 else 16
-    ns = 256 // sub  # sub-blocks per super-block
-    gstep = 2 if kind == 0 else 8  # gemm sb loop: 64 (Q4_K) / 128 (Q2_K) values per FMA
-    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.empty(K // sub, np.int64)
-    d, dmin = np.empty(nb, np.float32), np.empty(nb, np.float32)
-    isum = np.empty(K // sub, np.int64)  # I_s = sc_s · dot_s
-    msum = np.empty(K // sub, np.int64)  # M_s = mn_s · Σ y over the sub-block
-    for c in range(w.shape[0]):
+    y = np.empty((R, K), np.int32)
+    for r in range(R):
+        for k in range(K):
+            y[r, k] = yq[r, k]
+    q, sc, mn, d, dmin, isum = _work_buffers(kind, K)
+    rows = np.arange(R)
+    if kind == 0:
+        _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
+    else:
+        _repacked_rows_into(kind, w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
+
+
+@jit()
+def repacked_k_id(kind, w, yq, yd, ysub, arow, order, bounds, experts, out, table):
+    """mul_mat_id's gemvs: ``w`` (E, N, row bytes); the output slots ``order[bounds[g]:bounds[g+1]]`` (rows of
+    ``out`` (slots, N)) go through expert ``experts[g]``, slot ``j`` with activation row ``arow[j]`` of ``yq`` /
+    ``yd`` / ``ysub``."""
+    R, K = yq.shape
+    y = np.empty((R, K), np.int32)
+    for r in range(R):
+        for k in range(K):
+            y[r, k] = yq[r, k]
+    q, sc, mn, d, dmin, isum = _work_buffers(kind, K)
+    gemm = np.zeros(R, np.bool_)
+    for g in range(experts.shape[0]):
+        orow = order[bounds[g]:bounds[g + 1]]
+        rows = np.empty(orow.shape[0], np.int64)
+        for i in range(orow.shape[0]):
+            rows[i] = arow[orow[i]]
         if kind == 0:
-            decode_row(0, w[c], q, sc, mn, d, dmin, table)
+            _q4_k_rows_into(w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table)
         else:
-            _decode_q2_k(w[c], q, sc, mn, d, dmin, table)
-        for r in range(R):
-            for s in range(K // sub):
-                p = np.int64(0)
-                for k in range(sub * s, sub * s + sub):
-                    p += q[k] * np.int64(yq[r, k])
-                isum[s] = sc[s] * p
-                msum[s] = mn[s] * ysub[r, s]
-            acc = F32(0.0)
-            accm = F32(0.0)
-            step = gstep if gemm[r] else ns
-            for b in range(nb):
-                ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
-                dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
-                for s0 in range(ns * b, ns * b + ns, step):
-                    i = np.int64(0)
-                    mi = np.int64(0)
-                    for s in range(s0, s0 + step):
-                        i += isum[s]
-                        mi += msum[s]
-                    acc = fma32(F32(i), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
-                    accm = fma32(F32(mi), dm, accm)
-            out[r, c] = acc - accm  # _mm*_sub_ps(acc_rows, acc_min_rows)
+            _repacked_rows_into(kind, w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum,
+                                table)
 
 
 def _check_path(qtype, path):
@@ -228,11 +329,15 @@ def mul_mat_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> 
     if w.ndim != 2 or w.shape[0] % 8 or K % 256 or w.shape[1] != rb:
         raise ValueError(f"weights must be (N % 8 == 0, {rb}) bytes, got {w.shape}")
     g = T - T % 4  # rows quantized by ggml_quantize_mat_q8_K_4x8 and run through the gemm
-    q4, d4, b4 = quantize_q8_k_4x8(x[:g])  # (g, K), (g, K/256), (g, K/16)
-    qr, dr, br = _q8_k_rows(np.ascontiguousarray(x[g:]))  # (T-g, ...): from_float = quantize_row_q8_K_ref
-    yq = np.concatenate([q4, qr])  # (T, K)
-    yd = np.concatenate([d4, dr])  # (T, K/256)
-    ys = _sub_sums(np.concatenate([b4, br]), qtype)  # (T, K/32 or K/16)
+    if g == 0:  # T < 4 (decode): every row through from_float and the gemv
+        yq, yd, bs = _q8_k_rows(x)
+        ys = _sub_sums(bs, qtype)
+    else:
+        q4, d4, b4 = quantize_q8_k_4x8(x[:g])  # (g, K), (g, K/256), (g, K/16)
+        qr, dr, br = _q8_k_rows(np.ascontiguousarray(x[g:]))  # (T-g, ...): from_float = quantize_row_q8_K_ref
+        yq = np.concatenate([q4, qr])  # (T, K)
+        yd = np.concatenate([d4, dr])  # (T, K/256)
+        ys = _sub_sums(np.concatenate([b4, br]), qtype)  # (T, K/32 or K/16)
     out = np.empty((T, w.shape[0]), np.float32)
     repacked_k_rows(KIND[qtype], w, yq, yd, ys, np.arange(T) < g, out, F16_TO_F32)
     return out
@@ -252,14 +357,16 @@ def mul_mat_id_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.nda
         raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}) and N % 8 == 0, got {ids.shape}, N={N}")
     yq, yd, bs = _q8_k_rows(x.reshape(T * n_x, K))  # (T·n_x, K): every row through from_float
     ys = _sub_sums(bs, qtype)  # (T·n_x, K/32 or K/16)
-    out = np.empty((T, ids.shape[1], N), np.float32)
-    for e in np.unique(ids).tolist():
-        t_idx, s_idx = np.nonzero(ids == e)
-        rows = t_idx * n_x + s_idx % n_x  # (cne1,) activation rows of this expert
-        part = np.empty((len(rows), N), np.float32)  # (cne1, N)
-        repacked_k_rows(KIND[qtype], np.ascontiguousarray(w[e]), yq[rows], yd[rows], ys[rows],
-                        np.zeros(len(rows), np.bool_), part, F16_TO_F32)
-        out[t_idx, s_idx] = part  # scattered back to (T, n_used, N)
+    n_used = ids.shape[1]
+    slots = ids.reshape(-1).astype(np.int64)  # slot j = t·n_used + s
+    order = np.argsort(slots, kind="stable")  # slots grouped by expert
+    experts, starts = np.unique(slots[order], return_index=True)
+    bounds = np.append(starts, len(order)).astype(np.int64)
+    j = np.arange(T * n_used)
+    arow = (j // n_used) * n_x + (j % n_used) % n_x  # activation row of each slot
+    out = np.empty((T, n_used, N), np.float32)
+    repacked_k_id(KIND[qtype], w, yq, yd, ys, arow, order, bounds, experts.astype(np.int64),
+                  out.reshape(T * n_used, N), F16_TO_F32)
     return out
 
 

@@ -11,59 +11,25 @@ kernels.plain.dequant's NaN-canonicalising fp16 scales).
 
 import numpy as np
 import pytest
-from ggml_graph import BUILDS, Graph, build_info, on_build, vp
+from ggml_graph import BUILDS, build_info, on_build
 from gguf import GGMLQuantizationType as QT
+from test_ggml_ops_mulmat import bits, g_mul_mat_id, g_mul_mats, weight_bytes
+from test_ggml_ops_rows import g_get_rows
 
 from kernels.ggml.actquant import _q8_k_rows
-from kernels.ggml.mulmat_iq import IQ_TYPES, KIND, decode_row, mul_mat_id_iq, mul_mat_iq
-from kernels.ggml.rows_iq import get_rows_iq
+from kernels.ggml.mulmat import mul_mat_id
+from kernels.ggml.mulmat_iq import IQ_TYPES, KIND, decode_row, mul_mat_iq
+from kernels.ggml.rows import get_rows
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import dequantize
-from kernels.testing import random_rows
 
 pytestmark = pytest.mark.oracle
 IQ = (QT.IQ3_S, QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M)
 T_SET = (1, 2, 7, 8, 9, 16)
 
 
-def bits(a):
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-# ---- graph functions (module level: they run in the other build's worker process too) -----------------
-
-
-def g_mul_mats(cases):
-    """[(w_bytes (N, row bytes), ggml type, K, x (T, K), n_threads)] -> [ggml_mul_mat(W, x) (T, N)]."""
-    out = []
-    for w, gtype, K, x, n_threads in cases:
-        with Graph(mem=w.nbytes + x.nbytes + 4 * w.shape[0] * x.shape[0] + (16 << 20)) as g:
-            y = g.op("ggml_mul_mat", [vp, vp], g.tensor(w, gtype, (K, w.shape[0])), g.tensor(x))
-            out.append(g.compute(y, (x.shape[0], w.shape[0]), n_threads=n_threads))
-    return out
-
-
-def g_mul_mat_id(w, gtype, K, x, ids, n_threads):
-    """w (E, N, row bytes), x (T, n_x, K), ids (T, n_used) -> ggml_mul_mat_id (T, n_used, N)."""
-    (E, N), (T, _, _), n_used = w.shape[:2], x.shape, ids.shape[1]
-    with Graph(mem=w.nbytes + x.nbytes + 4 * N * T * n_used + (16 << 20)) as g:
-        y = g.op("ggml_mul_mat_id", [vp, vp, vp], g.tensor(w, gtype, (K, N, E)), g.tensor(x), g.tensor(ids))
-        return g.compute(y, (T, n_used, N), n_threads=n_threads)
-
-
-def g_get_rows(table, gtype, n_cols, ids, n_threads=1):
-    with Graph() as g:
-        t = g.tensor(table, gtype=gtype, ne=(n_cols, table.shape[0]))
-        out = g.op("ggml_get_rows", [vp, vp], t, g.tensor(np.ascontiguousarray(ids, np.int32)))
-        return g.compute(out, (ids.size, n_cols), n_threads=n_threads)
-
-
 # ---- inputs ------------------------------------------------------------------------------------------
-
-
-def weight_bytes(qtype, n, k, rng, scales="normal"):
-    return np.ascontiguousarray(random_rows(qtype, n, k, rng, scales)).view(np.uint8).reshape(n, -1)
 
 
 def acts(rng, t, k):
@@ -172,7 +138,7 @@ def test_iq_mul_mat_id_bit_exact(build, qtype):
         x = acts(rng, T * n_x, K).reshape(T, n_x, K)
         for nth in (1, 2):
             got = on_build(build, g_mul_mat_id, w, int(qtype), K, x, ids, nth)
-            want = mul_mat_id_iq(w, qtype, x, ids, path)
+            want = mul_mat_id(w, qtype, x, ids, path)
             assert np.array_equal(bits(got), bits(want)), (qtype.name, n_x, nth)
     # wrong model: expert 0's 12 rows through vec_dot (the grouping decides the kernel)
     rows = x[ids == 0]
@@ -191,7 +157,7 @@ def test_iq_get_rows_bit_exact(build, qtype):
                             weight_bytes(qtype, 16, n_cols, rng, "extreme")])
     ids = rng.integers(0, table.shape[0], 200).astype(np.int32)
     got = on_build(build, g_get_rows, table, int(qtype), n_cols, ids, 2)
-    assert np.array_equal(bits(got), bits(get_rows_iq(table, qtype, ids)))
+    assert np.array_equal(bits(got), bits(get_rows(table, qtype, ids)))
     assert np.array_equal(bits(got), bits(on_build(other_build(build), g_get_rows, table, int(qtype), n_cols, ids)))
     # kernels.plain.dequant agrees except for NaN payloads (its f16 conversion canonicalises NaNs)
     plain = dequantize(table[ids], qtype)

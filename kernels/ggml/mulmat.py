@@ -99,12 +99,10 @@ def repack_emulated(qtype, path: str) -> bool:
     return QT(qtype) in REPACKED[path] and QT(qtype) in (repack.REPACK_Q4_B32 | repack_k.REPACK_K)
 
 
-def kernel_for(qtype, path: str, T: int, N: int, K: int, repack: bool = False) -> str:
-    """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape: "repack" (the weight sits in the CPU_REPACK
-    buffer: ``repack`` is llama.cpp's ``use_extra_bufts``), "tiled", "sgemm" or "vec_dot"."""
+def kernel_for(qtype, path: str, T: int, N: int, K: int) -> str:
+    """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape on a weight in a plain CPU buffer: "tiled",
+    "sgemm" or "vec_dot" (a repacked weight: :func:`mul_mat`'s ``repack``)."""
     qtype, L = _qt(qtype), lanes(path)
-    if repack and repacked(qtype, N, path):
-        return "repack"
     if qtype in mulmat_k.TILED_TYPES and T >= mulmat_k.TILED_MIN_ROWS:
         return "tiled"
     if T >= 2:
@@ -133,7 +131,7 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     path emulated here changes a bit with it."""
     qtype = _qt(qtype)
     w_bytes, x = _check(w_bytes, qtype, x)
-    if repack and repacked(qtype, w_bytes.shape[0] if tensor_rows is None else tensor_rows, path):
+    if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         return _repack_kernels(qtype, path)[0](w_bytes, qtype, x, path)
     return _compute(w_bytes, qtype, x, path, kernel_for(qtype, path, x.shape[0], w_bytes.shape[0], x.shape[1]))
 
@@ -200,7 +198,7 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got shape {ids.shape}")
     if w_bytes.ndim != 3 or w_bytes.shape[2] != _row_bytes(qtype, K):
         raise ValueError(f"weights must be (E, N, {row_bytes(qtype, K)}) bytes, got {w_bytes.shape}")
-    if repack and repacked(qtype, N if tensor_rows is None else tensor_rows, path):
+    if repack and repacked(qtype, tensor_rows or N, path):
         return _repack_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
     out = np.empty((T, n_used, N), np.float32)
     if qtype == QT.Q8_0:  # vec_dot per element, whatever the grouping: one compiled call

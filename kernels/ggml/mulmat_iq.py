@@ -28,7 +28,7 @@ value in {-1, 0, 1}) with a per-8 ``e = ±1`` (the value is ``d·sc·(g + e/8)``
   window (narrow or standard) nor the thread count changes a bit.
 
 ``mul_mat_id``: the (token, slot) rows are grouped per expert in token order; an expert with 8 or more rows
-runs the tiled kernel, others ``vec_dot`` (:func:`mul_mat_id_iq`).
+runs the tiled kernel, others ``vec_dot`` (``kernels.ggml.mulmat.mul_mat_id`` groups them, as for the K-quants).
 """
 
 from __future__ import annotations
@@ -227,18 +227,4 @@ def mul_mat_iq(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool
     yq, yd, _ = _q8_k_rows(x)  # quantize_row_q8_K_ref
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
     (tiled_iq_rows if tiled else vec_dot_iq_rows)(kind, w, yq, yd, out, F16_TO_F32)
-    return out
-
-
-def mul_mat_id_iq(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
-    """``mul_mat_id``: ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K), ``ids`` (T, n_used) -> (T, n_used, N);
-    per expert its rows in token order, tiled when there are >= 8 of them (``ggml_tiled_min_batch``)."""
-    x = np.ascontiguousarray(x, np.float32)
-    ids = np.asarray(ids, np.int32)
-    (T, n_x, _), n_used = x.shape, ids.shape[1]
-    out = np.empty((T, n_used, w_bytes.shape[1]), np.float32)
-    for ex in np.unique(ids).tolist():
-        t_idx, s_idx = np.nonzero(ids == ex)
-        rows = x[t_idx, s_idx % n_x]
-        out[t_idx, s_idx] = mul_mat_iq(w_bytes[ex], qtype, rows, path, len(t_idx) >= 8)
     return out

@@ -54,7 +54,8 @@ from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.actquant import _maxps, _q8_k_rows
 from kernels.ggml.simd import fma32, lanes
-from kernels.ggml.vecmath import F16_TO_F32
+from kernels.ggml.vecmath import F16_TO_F32, fp16_at
+from kernels.plain.dequant import k_scale_min
 
 #: Weight types emulated here, and the paths on which llama.cpp repacks them (``ne[1] % 8 == 0`` per expert).
 REPACK_K = frozenset({QT.Q4_K, QT.Q2_K})
@@ -161,22 +162,19 @@ def _decode_q2_k_i32(w, q, sc, mn, d, dmin, table):
 
 @jit()
 def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
-    """:func:`_repacked_rows_into` for Q4_K, the nibbles multiplied straight from the row bytes (same integers,
-    same float steps)."""
+    """The core of :func:`repacked_k_rows` for Q4_K: weight rows ``w`` (N, row bytes) against the activation rows
+    ``rows`` of ``y`` (int32 (·, K)), ``yd``, ``ysub``, ``gemm``; results to ``out[orow[i], c]``. The nibbles are
+    multiplied straight from the row bytes; every integer is exact in int32 (a super-block's sum < 2^25)."""
     K = y.shape[1]
     nb = K // 256
     for c in range(w.shape[0]):
         wc = w[c]
         for b in range(nb):  # scales and mins of the row (get_scale_min_k4), fp16 d / dmin
             o = 144 * b
-            d[b] = table[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)]
-            dmin[b] = table[np.int64(wc[o + 2]) | (np.int64(wc[o + 3]) << 8)]
-            for j in range(4):
-                sc[8 * b + j] = np.int32(wc[o + 4 + j]) & 63
-                mn[8 * b + j] = np.int32(wc[o + 8 + j]) & 63
-            for j in range(4, 8):
-                sc[8 * b + j] = (np.int32(wc[o + 8 + j]) & 15) | ((np.int32(wc[o + j]) >> 6) << 4)
-                mn[8 * b + j] = (np.int32(wc[o + 8 + j]) >> 4) | ((np.int32(wc[o + 4 + j]) >> 6) << 4)
+            d[b] = fp16_at(wc, o, table)
+            dmin[b] = fp16_at(wc, o + 2, table)
+            for j in range(8):
+                sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
         for i in range(rows.shape[0]):
             r = rows[i]
             yr = y[r]
@@ -215,32 +213,27 @@ def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, i
 
 
 @jit()
-def _repacked_rows_into(kind, w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
-    """The core of :func:`repacked_k_rows` for Q2_K (``kind`` 1; Q4_K takes :func:`_q4_k_rows_into`): weight rows
-    ``w`` (N, row bytes) against the activation rows ``rows`` of ``y`` (int32 (·, K)), ``yd``, ``ysub``, ``gemm``;
-    results to ``out[orow[i], c]``. Every integer is exact in int32 (a super-block's sum < 2^25)."""
+def _q2_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
+    """:func:`_q4_k_rows_into` for Q2_K: the rows decoded first (:func:`_decode_q2_k_i32`), sub-blocks of 16
+    values, the gemm's FMA per 128 values (8 sub-blocks), the gemv's per super-block."""
     K = y.shape[1]
     nb = K // 256
-    sub = 32 if kind == 0 else 16
-    ns = 256 // sub  # sub-blocks per super-block
-    gstep = 2 if kind == 0 else 8  # gemm sb loop: 64 (Q4_K) / 128 (Q2_K) values per FMA
     for c in range(w.shape[0]):
-        _decode_q2_k_i32(w[c], q, sc, mn, d, dmin, table)  # Q4_K takes _q4_k_rows_into
+        _decode_q2_k_i32(w[c], q, sc, mn, d, dmin, table)
         for i in range(rows.shape[0]):
             r = rows[i]
-            for s in range(K // sub):
+            for s in range(K // 16):
                 p = np.int32(0)
-                k0 = sub * s
-                for k in range(k0, k0 + sub):
+                for k in range(16 * s, 16 * s + 16):
                     p = np.int32(p + np.int32(q[k] * y[r, k]))
                 isum[s] = sc[s] * p
             acc = F32(0.0)
             accm = F32(0.0)
-            step = gstep if gemm[r] else ns
+            step = 8 if gemm[r] else 16
             for b in range(nb):
                 ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
                 dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
-                for s0 in range(ns * b, ns * b + ns, step):
+                for s0 in range(16 * b, 16 * b + 16, step):
                     ii = np.int64(0)
                     mi = np.int64(0)
                     for s in range(s0, s0 + step):
@@ -266,16 +259,13 @@ def repacked_k_rows(kind, w, yq, yd, ysub, gemm, out, table):
     values), ``gemm`` (R,) the rows that take the gemm (an FMA per ``sb`` step) rather than the gemv (per
     super-block); out (R, N)."""
     R, K = yq.shape
-    y = np.empty((R, K), np.int32)
-    for r in range(R):
-        for k in range(K):
-            y[r, k] = yq[r, k]
+    y = yq.astype(np.int32)  # (R, K): the Q8_K quants widened once for the int32 dots
     q, sc, mn, d, dmin, isum = _work_buffers(kind, K)
     rows = np.arange(R)
     if kind == 0:
         _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
     else:
-        _repacked_rows_into(kind, w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
+        _q2_k_rows_into(w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
 
 
 @jit()
@@ -284,10 +274,7 @@ def repacked_k_id(kind, w, yq, yd, ysub, arow, order, bounds, experts, out, tabl
     ``out`` (slots, N)) go through expert ``experts[g]``, slot ``j`` with activation row ``arow[j]`` of ``yq`` /
     ``yd`` / ``ysub``."""
     R, K = yq.shape
-    y = np.empty((R, K), np.int32)
-    for r in range(R):
-        for k in range(K):
-            y[r, k] = yq[r, k]
+    y = yq.astype(np.int32)  # (R, K): the Q8_K quants widened once for the int32 dots
     q, sc, mn, d, dmin, isum = _work_buffers(kind, K)
     gemm = np.zeros(R, np.bool_)
     for g in range(experts.shape[0]):
@@ -298,8 +285,7 @@ def repacked_k_id(kind, w, yq, yd, ysub, arow, order, bounds, experts, out, tabl
         if kind == 0:
             _q4_k_rows_into(w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table)
         else:
-            _repacked_rows_into(kind, w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum,
-                                table)
+            _q2_k_rows_into(w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table)
 
 
 def _check_path(qtype, path):

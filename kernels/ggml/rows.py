@@ -145,7 +145,7 @@ def _deq_mxfp4_rows(src, y, tab):
 _DECODERS = {QT.Q8_0: _deq_q8_0, QT.Q2_K: _deq_q2_k, QT.Q3_K: _deq_q3_k, QT.Q4_K: _deq_q4_k, QT.Q5_K: _deq_q5_k,
              QT.Q6_K: _deq_q6_k, QT.IQ4_XS: _deq_iq4_xs, QT.MXFP4: _deq_mxfp4_rows, QT.Q4_0: _legacy(0),
              QT.Q4_1: _legacy(1), QT.Q5_0: _legacy(2), QT.Q5_1: _legacy(3), QT.IQ4_NL: _legacy(4),
-             **{t: rows_iq.decoder(t) for t in sorted(rows_iq.IQ_TYPES)}}
+             **rows_iq.DECODERS}
 GET_ROWS_TYPES = (QT.F32, QT.F16, QT.BF16) + tuple(_DECODERS)
 
 

@@ -19,8 +19,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml.mulmat_iq import BLOCK_BYTES, IQ_TYPES, KIND, decode_row
-from kernels.ggml.vecmath import F16_TO_F32
+from kernels.ggml.mulmat_iq import IQ_TYPES, KIND, decode_row
 
 
 @jit()
@@ -54,14 +53,4 @@ def decoder(qtype):
     return lambda src, y, tab: _deq_rows(kind, src, y, tab)
 
 
-def get_rows_iq(w_bytes: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
-    """``ggml_get_rows``: rows ``ids`` of the IQ matrix ``w_bytes`` (n_rows, row bytes) dequantized -> (n, K)."""
-    qtype = QT(qtype)
-    if qtype not in IQ_TYPES:
-        raise ValueError(f"get_rows_iq: {qtype.name} is not an IQ1/2/3 type")
-    kind = KIND[qtype]
-    w = np.ascontiguousarray(w_bytes, np.uint8)
-    src = np.ascontiguousarray(w[np.asarray(ids, np.int64).ravel()])
-    y = np.empty((src.shape[0], w.shape[1] // BLOCK_BYTES[kind] * 256), np.float32)
-    _deq_rows(kind, src, y, F16_TO_F32)
-    return y
+DECODERS = {t: decoder(t) for t in sorted(IQ_TYPES)}  # what kernels.ggml.rows._DECODERS takes for these types

@@ -204,11 +204,16 @@ def _rope_ggml(q: np.ndarray, k: np.ndarray, positions: np.ndarray, n_rot: int, 
     return tuple(rope.rope_neox(x, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale) for x in (q, k))
 
 
+def kv_cache_cells(c, ctx: Ctx) -> int:
+    """The KV cache size of the emulated llama.cpp context: its n_ctx (``ctx.n_ctx``, or n_ctx_train as llama.cpp's
+    n_ctx = 0) padded to a multiple of 256 cells."""
+    return -(-(ctx.n_ctx or c.n_ctx_train) // KV_PAD) * KV_PAD
+
+
 def kv_view_cells(n_used: int, c, ctx: Ctx) -> int:
     """``llama_kv_cache::get_n_kv``: the cells of the KV view, the used ones padded to a multiple of 256
-    (at least 256), at most the cache size (the context padded to 256: ``ctx.n_ctx`` or n_ctx_train)."""
-    kv_size = -(-(ctx.n_ctx or c.n_ctx_train) // KV_PAD) * KV_PAD
-    return min(kv_size, max(KV_PAD, -(-n_used // KV_PAD) * KV_PAD))
+    (at least 256), at most the cache size (:func:`kv_cache_cells`)."""
+    return min(kv_cache_cells(c, ctx), max(KV_PAD, -(-n_used // KV_PAD) * KV_PAD))
 
 
 def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx) -> np.ndarray:

@@ -155,8 +155,7 @@ def _mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx: Ctx) -
     from kernels.ggml import mulmat
 
     w, qt, ids, stored_rows = _expert_stack(experts, which, sel)
-    repack = ctx.repack and mulmat.repacked(qt, stored_rows, ctx.ggml)
-    return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=repack, tensor_rows=stored_rows)
+    return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=ctx.repack, tensor_rows=stored_rows)
 
 
 def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:

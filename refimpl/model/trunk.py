@@ -37,7 +37,7 @@ import numpy as np
 
 import kernels
 from refimpl.errors import RefimplError
-from refimpl.model.attention import gated_attention
+from refimpl.model.attention import gated_attention, kv_cache_cells
 from refimpl.io.config import Config
 from refimpl.model.deltanet import gated_deltanet
 from refimpl.io.load import ModelFile, open_model
@@ -233,7 +233,7 @@ def forward(model: Model, state: SeqState, tokens, ctx: Ctx = Ctx(), *, phase: s
         from refimpl.model.ops import said_ggml
 
         check_ggml_weights(model.file.gguf, ctx.ggml, ctx.repack)
-        n_cells = -(-(ctx.n_ctx or c.n_ctx_train) // 256) * 256  # llama_context: n_ctx padded to 256 cells
+        n_cells = kv_cache_cells(c, ctx)
         if state.n_past + T > n_cells:
             raise RefimplError(f"--emulate=ggml: the emulated llama.cpp context holds {n_cells} cells (n_ctx "
                                f"{ctx.n_ctx or c.n_ctx_train}); {state.n_past + T} tokens do not fit, as in llama.cpp")

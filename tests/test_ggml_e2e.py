@@ -97,6 +97,39 @@ def assert_bits(name: str, got: np.ndarray, want: np.ndarray) -> None:
     assert not diff.any(), f"{name}: {diff.sum()} elements differ, at positions {rows[:10].tolist()}, max |Δ| {np.max(np.abs(got - want)):.3g}"
 
 
+def batch_bounds(n_tokens: int, n_batch: int, prompt_batch: int = 0) -> list[tuple[int, int]]:
+    """The token ranges of llama_trace's ``llama_decode`` calls: ``prompt_batch`` tokens first (when > 0), then
+    ``n_batch`` at a time."""
+    starts = ([0] if prompt_batch else []) + list(range(prompt_batch, n_tokens, n_batch))
+    return [(s, prompt_batch if s == 0 and prompt_batch else min(s + n_batch, n_tokens)) for s in starts]
+
+
+def refimpl_batches(m, tokens, ctx, n_batch: int, prompt_batch: int = 0) -> np.ndarray:
+    """refimpl's logits [T, V] for ``tokens`` forwarded in llama_trace's batches (:func:`batch_bounds`)."""
+    from refimpl.model.trunk import forward
+
+    state, logits = SeqState.fresh(m.config), []
+    for s, e in batch_bounds(len(tokens), n_batch, prompt_batch):
+        lg, _, state = forward(m, state, list(tokens[s:e]), ctx)
+        logits.append(lg)
+    return np.concatenate(logits)
+
+
+def assert_llama_defaults(model_path, path: str, batches, label: str, tokens=None, seed: int = 0) -> None:
+    """For each n_batch of ``batches``: refimpl ``--emulate=ggml`` (``path``) and llama.cpp with its defaults (F16 K/V,
+    flash attention on, repacking) on ``tokens`` (default: 18 ids drawn with ``seed``) in batches of n_batch —
+    logits equal as bits."""
+    from refimpl.model.trunk import load_model
+
+    m, ctx = load_model(model_path, pack=False), emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
+    if tokens is None:
+        tokens = [int(t) for t in np.random.default_rng(seed).integers(1, m.config.n_vocab, 18)]
+    for n_batch in batches:
+        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
+                          type_v="f16", flash_attn="on")
+        assert_bits(f"{label} n_batch {n_batch}", refimpl_batches(m, tokens, ctx, n_batch), ref["logits"])
+
+
 #: shape -> (tokens used, n_batch of both sides, llama.cpp's n_ubatch, llama_trace options, refimpl Ctx fields)
 SHAPES = {
     "decode": (24, 1, 512, {"type_k": "f16", "type_v": "f16", "flash_attn": "on"}, {}),
@@ -226,17 +259,8 @@ def test_weights_llama_cpp_repacks(build, make_fixture, tmp_path, on_build, caps
         assert_bits(f"{build} q4_k_m repack={repack} prompt logits", np.load(out), ref["logits"])
         runs[repack] = ref["logits"]
     assert not np.array_equal(runs[True].view(np.uint32), runs[False].view(np.uint32))  # the repacked kernels ran
-    from refimpl.model.trunk import forward, load_model
-
-    m, ctx = load_model(path, pack=False), emulation_ctx("ggml", ggml=build_info(build).path, n_threads=N_THREADS)
-    for n_batch in (5, 1):  # batches of 5, 5, 4 (gemm rows and a gemv row; a gemm-only batch), then decode (gemv)
-        state, logits = SeqState.fresh(m.config), []
-        for s in range(0, len(tokens), n_batch):
-            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
-            logits.append(lg)
-        ref = llama_trace(path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
-                          type_v="f16", flash_attn="on", repack=True)
-        assert_bits(f"{build} q4_k_m repacked, n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+    # batches of 5, 5, 4 (gemm rows and a gemv row; a gemm-only batch), then decode (gemv)
+    assert_llama_defaults(path, build_info(build).path, (5, 1), f"{build} q4_k_m repacked", tokens)
     assert main(["logits", "--no-repack", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(path)]) == 2
     assert "--no-repack describes the llama.cpp that --emulate=ggml emulates" in capsys.readouterr().err
 
@@ -256,21 +280,9 @@ def test_files_made_by_llama_cpps_own_tools(name, build, on_build):
     5-token batches (the repacked gemm's 4-row group and a gemv row). The mixes with repacked weights run on both
     builds."""
     from test_converted import CONVERTED
-    from refimpl.model.trunk import forward, load_model
 
-    path = on_build(build)
-    model_path = CONVERTED / name
-    m = load_model(model_path, pack=False)
     tokens = [1, 5, 9, 17, 33, 65, 129, 200, 7, 3, 11, 42]
-    for n_batch in (1, 5):
-        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
-                          type_v="f16", flash_attn="on")
-        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
-        state, logits = SeqState.fresh(m.config), []
-        for s in range(0, len(tokens), n_batch):
-            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
-            logits.append(lg)
-        assert_bits(f"{name} {build} n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+    assert_llama_defaults(CONVERTED / name, on_build(build), (1, 5), f"{name} {build}", tokens)
 
 
 MATRIX_FILES = ["qwen35moe-k-q4_k_m.gguf", "qwen3next-k-q4_k_m.gguf", "qwen35moe-k-mxfp4_moe.gguf", "qwen35-k-q4_k_m.gguf"]
@@ -286,20 +298,17 @@ def test_converted_files_in_every_configuration(name, config, n_ubatch, on_build
     """The converted files with repacked weights (and qwen35's dense FFN), in K/V F16/F32 × flash attention on/off ×
     n_ubatch 1 and 512: a 56-token prompt in one batch, then 12 tokens in 1+3-shaped batches, logits bit for bit."""
     from test_converted import CONVERTED
-    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.trunk import load_model
 
     options, fields = CONFIGS[config]
     path, model_path = on_build("native"), CONVERTED / name
     m = load_model(model_path, pack=False)
     tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 68)]
     ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=n_ubatch, **fields)
-    state, logits = SeqState.fresh(m.config), []
-    for s, e in [(0, 56)] + [(s, s + 4) for s in range(56, 68, 4)]:
-        lg, _, state = forward(m, state, tokens[s:e], ctx)
-        logits.append(lg)
+    logits = refimpl_batches(m, tokens, ctx, 4, prompt_batch=56)
     ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, prompt_batch=56, n_batch=4, n_ubatch=n_ubatch,
                       **options)
-    assert_bits(f"{name} {config} n_ubatch {n_ubatch}", np.concatenate(logits), ref["logits"])
+    assert_bits(f"{name} {config} n_ubatch {n_ubatch}", logits, ref["logits"])
 
 
 @pytest.mark.parametrize("name", MATRIX_FILES)
@@ -328,20 +337,17 @@ def test_split_kv_decode(n_threads, on_build):
     chunks follow the thread count — after a 300-token prompt (one ubatch: the tiled path), 4 decoded tokens equal
     llama.cpp's bit for bit with 1 and 2 threads (a converted Q4_K_M file: its context is long enough)."""
     from test_converted import CONVERTED
-    from refimpl.model.trunk import forward, load_model
+    from refimpl.model.trunk import load_model
 
     path, model_path = on_build("native"), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
     m = load_model(model_path, pack=False)
     tokens = [int(t) for t in np.random.default_rng(5).integers(1, m.config.n_vocab, 304)]
     n_ctx = len(tokens) + 8  # llama_trace's context: padded to 512 cells
-    ctx = emulation_ctx("ggml", ggml=path, n_threads=n_threads, n_ctx=n_ctx)
-    state, logits = SeqState.fresh(m.config), []
-    for s, e in [(0, 300)] + [(p, p + 1) for p in range(300, 304)]:
-        lg, _, state = forward(m, state, tokens[s:e], ctx)
-        logits.append(lg)
+    logits = refimpl_batches(m, tokens, emulation_ctx("ggml", ggml=path, n_threads=n_threads, n_ctx=n_ctx), 1,
+                             prompt_batch=300)
     ref = llama_trace(model_path, tokens, (), n_threads=n_threads, prompt_batch=300, n_batch=1, n_ubatch=512,
                       type_k="f16", type_v="f16", flash_attn="on")
-    assert_bits(f"split-KV decode, {n_threads} threads", np.concatenate(logits), ref["logits"])
+    assert_bits(f"split-KV decode, {n_threads} threads", logits, ref["logits"])
 
 
 #: LLAMA_FTYPE_MOSTLY_* of the mixes requantized by llama.cpp's own quantizer from the converted Q4_K_M file (their
@@ -373,37 +379,11 @@ def test_every_quant_mix(mix, build, requantized, on_build):
     """Every mix real Qwen3.5 files come in, made by llama.cpp's own quantizer: logits bit for bit with llama.cpp's
     defaults (CPU_REPACK for Q4_0 / IQ4_NL, and Q2_K on AVX-512), one token per call and in 9-token batches (the
     K-quant and IQ weights' tiled kernel, llamafile's sgemm for the legacy types, the repacked gemm)."""
-    from refimpl.model.trunk import forward, load_model
-
-    path, model_path = on_build(build), requantized(mix)
-    m = load_model(model_path, pack=False)
-    tokens = [int(t) for t in np.random.default_rng(3).integers(1, m.config.n_vocab, 18)]
-    for n_batch in (1, 9):
-        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
-                          type_v="f16", flash_attn="on")
-        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
-        state, logits = SeqState.fresh(m.config), []
-        for s in range(0, len(tokens), n_batch):
-            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
-            logits.append(lg)
-        assert_bits(f"{mix} {build} n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+    assert_llama_defaults(requantized(mix), on_build(build), (1, 9), f"{mix} {build}", seed=3)
 
 
 @pytest.mark.parametrize("mix", ["iq1_m", "iq2_xxs", "iq3_xxs"])
 def test_iq_fixture_mixes(mix, make_fixture, on_build):
     """The IQ1_M / IQ2_XXS / IQ3_XXS fixture mixes (quantized by libggml; llama_model_quantize wants an importance
     matrix for them): logits bit for bit, one token per call and in 9-token batches."""
-    from refimpl.model.trunk import forward, load_model
-
-    path, model_path = on_build("native"), make_fixture("tiny", mix)
-    m = load_model(model_path, pack=False)
-    tokens = [int(t) for t in np.random.default_rng(4).integers(1, m.config.n_vocab, 18)]
-    for n_batch in (1, 9):
-        ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, n_batch=n_batch, n_ubatch=512, type_k="f16",
-                          type_v="f16", flash_attn="on")
-        ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
-        state, logits = SeqState.fresh(m.config), []
-        for s in range(0, len(tokens), n_batch):
-            lg, _, state = forward(m, state, tokens[s : s + n_batch], ctx)
-            logits.append(lg)
-        assert_bits(f"{mix} n_batch {n_batch}", np.concatenate(logits), ref["logits"])
+    assert_llama_defaults(make_fixture("tiny", mix), on_build("native"), (1, 9), mix, seed=4)

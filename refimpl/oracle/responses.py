@@ -271,6 +271,10 @@ def read_response(text: str, where: str) -> tuple[list[int], list[int] | None, R
         if not (_is_response_object(o) or "tokens" in o):
             raise RefimplError(f"{where}: chunk {i} is not a /completion or OpenAI-style response (no 'tokens', "
                                "'completion_probabilities' or 'choices')")
+    bad = next((i for i, o in enumerate(objs) if "choices" not in o and o.get("index") is not None
+                and (not isinstance(o["index"], int) or isinstance(o["index"], bool))), None)
+    if bad is not None:
+        raise RefimplError(f"{where}: chunk {bad}: 'index' is {json.dumps(objs[bad]['index'])[:80]}, not a completion number")
     indexes = {o.get("index") for o in objs if "choices" not in o and o.get("index") is not None}
     if len(indexes) > 1:
         raise RefimplError(f"{where}: the response holds {len(indexes)} completions (index {sorted(indexes)}); audit one at a time")

@@ -43,7 +43,7 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.flags import jit, per_type
 from kernels.ggml.actquant import _q8_k_rows
-from kernels.ggml.simd import fma32, hsum_fold
+from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
 
@@ -150,29 +150,6 @@ def _prod(w, y, sign_trick):
     return w * y
 
 
-@jit()
-def _decode_q6_k_lanes(w, qsx, sc, d, table):
-    """One Q6_K row straight to :func:`_vec_dot_for`'s lane-major ``q·scale`` (int32; ``q`` the unsigned 6-bit
-    code, as :func:`decode_row`), ``sc`` (K/16) and ``d``. Value ``128h + 32rr + l`` is byte ``l`` of 32-value
-    group ``g = 4h + rr`` (lane ``l // 4``), scale ``2g + l // 16``."""
-    for b in range(d.shape[0]):
-        o = 210 * b
-        d[b] = table[np.int64(w[o + 208]) | (np.int64(w[o + 209]) << 8)]
-        for j in range(16):
-            sc[16 * b + j] = np.int32(np.int8(w[o + 192 + j]))
-        for h in range(2):
-            for l in range(32):
-                ql0 = np.int32(w[o + 64 * h + l])
-                ql1 = np.int32(w[o + 64 * h + 32 + l])
-                qh = np.int32(w[o + 128 + 32 * h + l])
-                dst = 256 * b + 32 * (l >> 2) + 16 * h + (l & 3)  # lane l // 4, position 4g + l % 4
-                s = 16 * b + 8 * h + (l >> 4)
-                qsx[dst] = ((ql0 & 15) | ((qh & 3) << 4)) * sc[s]
-                qsx[dst + 4] = ((ql1 & 15) | (((qh >> 2) & 3) << 4)) * sc[s + 2]
-                qsx[dst + 8] = ((ql0 >> 4) | (((qh >> 4) & 3) << 4)) * sc[s + 4]
-                qsx[dst + 12] = ((ql1 >> 4) | (((qh >> 6) & 3) << 4)) * sc[s + 6]
-
-
 @per_type
 def _vec_dot_for(qt):
     """:func:`vec_dot_k_rows` compiled for one weight type (``kind`` a compile-time constant, so the per-type
@@ -187,32 +164,13 @@ def _vec_dot_for(qt):
         # int32 buffers: every integer here is one of ggml's int32 lanes (exact, no wrap)
         q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
         d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
-        y = np.empty((yq.shape[0], K), np.int32)
-        for t in range(yq.shape[0]):
-            for b in range(nb):
-                for lane in range(8):
-                    for g in range(8):
-                        for i in range(4):
-                            y[t, 256 * b + 32 * lane + 4 * g + i] = yq[t, 256 * b + 32 * g + 4 * lane + i]
-        scx, qsx = np.empty(K, np.int32), np.empty(K, np.int32)
+        y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        v = np.empty(8, np.int32)  # the 8 int32 lanes of a super-block's integer dot
         acc = np.empty(8, np.float32)
         acc_m = np.empty(4, np.float32)
         sumi = np.empty(8, np.int64)
         for r in range(w.shape[0]):
-            if kind == 2:
-                _decode_q6_k_lanes(w[r], qsx, sc, d, table)
-            else:
-                decode_row(kind, w[r], q, sc, mn, d, dmin, table)
-            # q·scale (IQ4_XS keeps them apart for the sign trick), lane-major (value 32g + 4l + i of a super-block at 32l + 4g + i); Q6_K's decoder does it
-            for b in range(nb if kind != 2 else 0):
-                for lane in range(8):
-                    for g in range(8):
-                        sg = sc[8 * b + g] if sub == 32 else sc[16 * b + 2 * g + (lane >> 2)]
-                        src = 256 * b + 32 * g + 4 * lane
-                        dst = 256 * b + 32 * lane + 4 * g
-                        for i in range(4):
-                            scx[dst + i] = sg
-                            qsx[dst + i] = q[src + i] if kind == 3 else np.int32(q[src + i] * sg)
+            decode_row(kind, w[r], q, sc, mn, d, dmin, table)
             for t in range(yq.shape[0]):
                 yt = y[t]
                 acc[:] = np.float32(0.0)
@@ -230,21 +188,22 @@ def _vec_dot_for(qt):
                             p = (np.int64(mn[g]) * np.int64(ybs16[t, g])
                                  + np.int64(mn[g + 1]) * np.int64(ybs16[t, g + 1]))
                             acc[lane] = fma32(dm, np.float32(p), acc[lane])
-                    # lane l: bytes 4l..4l+3 of each of the 8 32-byte loads, times the sub-block scale (Q2_K, Q3_K,
-                    # Q6_K: a scale per 16 values) — stored contiguously (lane-major) by the decode loop above
-                    for lane in range(8):
-                        o = 256 * b + 32 * lane
-                        qa = qsx[o:o + 32]
-                        ya = yt[o:o + 32]
-                        p = np.int32(0)
+                    # lane l: bytes 4l..4l+3 of each of the 8 32-byte loads (value 32g + k of the super-block is byte
+                    # k of load g), times the sub-block scale (Q2_K, Q3_K, Q6_K: a scale per 16 values)
+                    v[:] = np.int32(0)
+                    for g in range(8):
+                        o = 256 * b + 32 * g
                         if kind == 3:
-                            sa = scx[o:o + 32]
-                            for m in range(32):
-                                p = np.int32(p + np.int32(_prod(qa[m], ya[m], True) * sa[m]))
+                            for lane in range(8):
+                                for i in range(4):
+                                    k = o + 4 * lane + i
+                                    v[lane] = np.int32(v[lane] + np.int32(_prod(q[k], yt[k], True) * sc[8 * b + g]))
+                        elif sub == 32:
+                            dot32_lanes(v, q, o, yt, o, sc[8 * b + g], sc[8 * b + g])
                         else:
-                            for m in range(32):
-                                p = np.int32(p + np.int32(qa[m] * ya[m]))
-                        sumi[lane] = p
+                            dot32_lanes(v, q, o, yt, o, sc[16 * b + 2 * g], sc[16 * b + 2 * g + 1])
+                    for lane in range(8):
+                        sumi[lane] = np.int64(v[lane])
                     if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
                         for lane in range(8):
                             g = 16 * b + 2 * lane

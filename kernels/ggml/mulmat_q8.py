@@ -228,6 +228,35 @@ def _bytes(w_bytes) -> np.ndarray:
     return np.ascontiguousarray(w_bytes)
 
 
+@jit()
+def slot_groups(ids, n_x):
+    """``ggml_mul_mat_id``'s grouping of the routed rows by expert, for a kernel that runs them in one call:
+    ``ids`` (T, n_used) int32 experts (>= 0) -> (order, bounds, experts, arow): the output slots
+    ``j = t·n_used + s`` sorted by expert (token order within one: a counting sort), group ``g``'s slots
+    ``order[bounds[g]:bounds[g+1]]`` going through expert ``experts[g]`` (increasing), and ``arow[j]`` the
+    activation row ``t·n_x + s % n_x`` of slot ``j`` (all int64)."""
+    T, n_used = ids.shape
+    n = T * n_used
+    count = np.zeros(ids.max() + 1 if n else 1, np.int64)  # (E',): slots per expert
+    for j in range(n):
+        count[ids[j // n_used, j % n_used]] += 1
+    experts = np.nonzero(count)[0].astype(np.int64)  # (groups,): the experts used, increasing
+    bounds = np.zeros(experts.shape[0] + 1, np.int64)  # (groups + 1,)
+    start = np.zeros(count.shape[0], np.int64)  # (E',): each used expert's first position in order
+    for g in range(experts.shape[0]):
+        start[experts[g]] = bounds[g]
+        bounds[g + 1] = bounds[g] + count[experts[g]]
+    order = np.empty(n, np.int64)  # (T·n_used,)
+    arow = np.empty(n, np.int64)  # (T·n_used,)
+    for j in range(n):
+        t, s = j // n_used, j % n_used
+        e = ids[t, s]
+        order[start[e]] = j
+        start[e] += 1
+        arow[j] = t * n_x + s % n_x
+    return order, bounds, experts, arow
+
+
 def _check(w_bytes, qtype, x):
     x = np.ascontiguousarray(x, np.float32)
     if x.ndim != 2:

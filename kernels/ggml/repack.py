@@ -53,16 +53,24 @@ import numpy as np
 from numba import prange
 
 from kernels.base.block import QT
-from kernels.base.flags import SERIAL_BELOW, jit
+from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.base.floats import E8M0_HALF
 from kernels.ggml.actquant import _q8_0_rows
-from kernels.ggml.mulmat_q8 import _bytes, _check, _qt
+from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
 from kernels.ggml.simd import PATHS, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
 #: The weight types whose repacked x86 kernels are ``gemv/gemm_q4_b32_8x8_q8_0_lut_avx`` (emulated here).
 REPACK_Q4_B32 = frozenset({QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
+
+
+def _lut_words(values) -> tuple[int, int]:
+    """The kernel's 16-entry int8 LUT as two little-endian 64-bit words (nibbles 0–7, 8–15): :func:`_nibble`
+    reads an entry with a shift instead of a memory lookup, so the decode loop vectorizes."""
+    lo, hi = np.ascontiguousarray(np.asarray(values, np.int8)).view(np.int64).tolist()
+    return lo, hi
+
 
 #: Per type: (the value of each plain nibble as the kernel's LUT reads it, bytes of the block's scale, scale table).
 #: Q4_0: repack xors nibble n with 8 and the LUT {0..7, -8..-1} reads n ^ 8 as a signed nibble: n - 8.
@@ -73,60 +81,96 @@ _TYPES = {
 }
 
 
-def _rows_py(w, lut, hdr, tab, xq, xd, m128, exact_rows, out):
-    """The repacked gemm/gemv for every element: ``w`` (N, K/32·(hdr+16)) uint8 plain weight rows (per block:
-    ``hdr`` scale bytes, 16 bytes of nibbles), ``lut`` (16,) int32 nibble values, ``tab`` the scale table (fp16
-    bits or E8M0 byte -> float32), ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; rows
-    ``t < exact_rows`` take the gemm (exact integer dot), the others the gemv (sign trick, which differs from
-    the exact dot only in a block with an activation byte of -128: ``m128`` (T, K/32) bool). out (T, N)."""
-    N = w.shape[0]
-    T, K = xq.shape
-    nb = K // 32
+@jit()
+def _nibble(n, lo, hi):
+    """LUT entry ``n`` (0–15) of the packed words ``lo``, ``hi`` (:func:`_lut_words`, as int64), sign-extended."""
+    word = hi if n & 8 else lo
+    byte = (word >> ((n & 7) << 3)) & 0xFF
+    return (byte ^ 0x80) - 0x80
+
+
+@jit()
+def _row_dot(w, hdr, lo, hi, tab, y, xd, m128, t, gemm):
+    """One output element: the repacked gemm (``gemm``) or gemv of plain weight row ``w`` (per 32-value block:
+    ``hdr`` scale bytes, then 16 bytes of nibbles, valued by the LUT words ``lo``, ``hi``) with Q8_0 activation
+    row ``t`` (``y`` (T, K) its quants as int32, ``xd`` (T, K/32) its fp16 d values): an exact integer dot per
+    block, then one float accumulator."""
+    acc = np.float32(0.0)  # one float accumulator per output element
+    yt = y[t]
     bs = hdr + 16
-    for r in prange(N):  # one weight row: its blocks decoded once, dotted with every activation row
-        wv = np.empty(32, np.int32)  # the block's 32 weight values
-        acc = np.zeros(T, np.float32)  # (T,): one float accumulator per output element
-        for b in range(nb):
-            o = bs * b
-            if hdr == 2:
-                dw = tab[int(w[r, o]) | (int(w[r, o + 1]) << 8)]  # GGML_CPU_FP16_TO_FP32(d) (F32Cx8 loads)
-            else:
-                dw = tab[int(w[r, o])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
-            for j in range(16):
-                q = int(w[r, o + hdr + j])
-                wv[j] = lut[q & 0x0F]  # value j: low nibble of byte j
-                wv[j + 16] = lut[q >> 4]  # value j + 16: high nibble
-            for t in range(T):
-                xo = 32 * b
-                s = np.int32(0)
-                if t < exact_rows or not m128[t, b]:  # gemm: |x| unsigned (128 for -128) times y·sign(x): exact
-                    for j in range(32):
-                        s += wv[j] * np.int32(xq[t, xo + j])
-                else:  # gemv: |w| times sign(x_act, w) in int8 -> -128 against w < 0 counts w·128
-                    for j in range(32):
-                        xv = np.int32(xq[t, xo + j])
-                        if xv == -128 and wv[j] < 0:
-                            xv = np.int32(128)
-                        s += wv[j] * xv
-                d = np.float32(np.float32(dw) * np.float32(xd[t, b]))  # _mm256_mul_ps(col_scale, row_scale)
-                acc[t] = fma32(np.float32(s), d, acc[t])  # _mm256_fmadd_ps(cvtepi32_ps(iacc), d, acc)
-        for t in range(T):
-            out[t, r] = acc[t]
+    for b in range(xd.shape[1]):
+        o, yo = bs * b + hdr, 32 * b
+        s = np.int64(0)  # the exact integer dot (|s| <= 32·128·127 < 2^24)
+        for j in range(16):  # value j: low nibble of byte j; value j + 16: its high nibble
+            q = np.int64(w[o + j])
+            s += _nibble(q & 15, lo, hi) * np.int64(yt[yo + j]) + _nibble(q >> 4, lo, hi) * np.int64(yt[yo + j + 16])
+        if not gemm and m128[t, b]:  # gemv: |w| times sign(x_act, w) in int8 -> -128 against w < 0 counts w·128
+            for j in range(32):
+                v = _nibble((np.int64(w[o + j % 16]) >> (4 * (j // 16))) & 15, lo, hi)
+                if yt[yo + j] == -128 and v < 0:
+                    s += 256 * v
+        if hdr == 2:
+            dw = tab[int(w[o - 2]) | (int(w[o - 1]) << 8)]  # GGML_CPU_FP16_TO_FP32(d) (F32Cx8 loads)
+        else:
+            dw = tab[int(w[o - 1])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
+        d = np.float32(np.float32(dw) * np.float32(xd[t, b]))  # _mm256_mul_ps(col_scale, row_scale)
+        acc = fma32(np.float32(s), d, acc)  # _mm256_fmadd_ps(cvtepi32_ps(iacc), d, acc)
+    return acc
 
 
-_rows = jit(parallel=True)(_rows_py)  # prange over weight rows: independent outputs
-_rows_serial = jit()(_rows_py)  # small products (flags.SERIAL_BELOW): prange is range
+@per_type
+def _rows_for(qt, parallel):
+    """The repacked gemm/gemv for every element, compiled for one type (its scale bytes and LUT constants, so
+    the decode loop vectorizes): ``w`` (N, K/32·(hdr+16)) uint8 plain weight rows, ``tab`` the scale table (fp16
+    bits or E8M0 byte -> float32), ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; rows
+    ``t < exact_rows`` take the gemm (exact integer dot), the others the gemv (sign trick, which differs from the
+    exact dot only in a block with an activation byte of -128: ``m128`` (T, K/32) bool). out (T, N)."""
+    lut, hdr, _ = _TYPES[QT(qt)]
+    lo, hi = _lut_words(lut)  # compile-time constants
+
+    @jit(parallel=parallel, kind=qt, variant="" if parallel else "serial")
+    def _rows(w, tab, xq, xd, m128, exact_rows, out):
+        y = xq.astype(np.int32)  # (T, K): the quants widened once
+        for r in prange(w.shape[0]):  # prange over weight rows: independent outputs (range when serial)
+            for t in range(xq.shape[0]):
+                out[t, r] = _row_dot(w[r], hdr, lo, hi, tab, y, xd, m128, t, t < exact_rows)
+
+    return _rows
+
+
+@per_type
+def _rows_id_for(qt):
+    """``forward_mul_mat_id``'s gemvs in one call, for one type: ``w`` (E, N, row bytes); the output slots
+    ``order[bounds[g]:bounds[g+1]]`` (rows of ``out`` (slots, N)) go through expert ``experts[g]``, slot ``j`` with
+    activation row ``arow[j]`` of ``xq`` / ``xd`` / ``m128``."""
+    lut, hdr, _ = _TYPES[QT(qt)]
+    lo, hi = _lut_words(lut)  # compile-time constants
+
+    @jit(kind=qt, variant="id")
+    def _rows_id(w, tab, xq, xd, m128, arow, order, bounds, experts, out):
+        y = xq.astype(np.int32)  # (R, K)
+        for g in range(experts.shape[0]):
+            we = w[experts[g]]
+            for r in range(we.shape[0]):
+                for i in range(bounds[g], bounds[g + 1]):
+                    out[order[i], r] = _row_dot(we[r], hdr, lo, hi, tab, y, xd, m128, arow[order[i]], False)
+
+    return _rows_id
+
+
+def _blocks_m128(xq) -> np.ndarray:
+    """(T, K/32) bool: the Q8_0 blocks holding an activation byte of -128, where the gemv's sign trick can wrap."""
+    T, K = xq.shape
+    return (xq.reshape(T, K // 32, 32) == -128).any(axis=2)
 
 
 def _run(w2d, qtype: QT, xq, xd, exact_rows: int) -> np.ndarray:
-    """:func:`_rows_py` on one weight matrix (N, row bytes) and Q8_0 activations (T, K) -> (T, N) float32."""
-    lut, hdr, tab = _TYPES[qtype]
+    """:func:`_rows_for` on one weight matrix (N, row bytes) and Q8_0 activations (T, K) -> (T, N) float32."""
     T, K = xq.shape
     out = np.empty((T, w2d.shape[0]), np.float32)
     if T and w2d.shape[0]:
-        rows = _rows_serial if T * w2d.shape[0] * K < SERIAL_BELOW else _rows
-        m128 = (xq.reshape(T, K // 32, 32) == -128).any(axis=2)  # (T, K/32): blocks where the gemv can wrap
-        rows(w2d, lut, hdr, tab, xq, xd, m128, exact_rows, out)
+        rows = _rows_for(qtype, T * w2d.shape[0] * K >= SERIAL_BELOW)  # small products on the calling thread
+        rows(w2d, _TYPES[qtype][2], xq, xd, _blocks_m128(xq), exact_rows, out)
     return out
 
 
@@ -167,11 +211,10 @@ def mul_mat_id_repacked(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarr
     if ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got shape {ids.shape}")
     xq, xd, _ = _q8_0_rows(x.reshape(T * n_x, K), False)  # (T·n_x, K): from_float on every row
+    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
     out = np.empty((T, n_used, N), np.float32)
-    for e in np.unique(ids).tolist():  # ggml groups the rows by expert; each (t, s) is one gemv
-        t_idx, s_idx = np.nonzero(ids == e)
-        rows = t_idx * n_x + s_idx % n_x  # (cne1,): activation row of each routed (t, s)
-        out[t_idx, s_idx] = _run(w_bytes[e], qtype, xq[rows], xd[rows], 0)  # (cne1, N)
+    _rows_id_for(qtype)(w_bytes, _TYPES[qtype][2], xq, xd, _blocks_m128(xq), arow, order, bounds, experts,
+             out.reshape(T * n_used, N))
     return out
 
 

@@ -53,6 +53,7 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.actquant import _maxps, _q8_k_rows
+from kernels.ggml.mulmat_q8 import slot_groups
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
@@ -344,14 +345,9 @@ def mul_mat_id_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.nda
     yq, yd, bs = _q8_k_rows(x.reshape(T * n_x, K))  # (T·n_x, K): every row through from_float
     ys = _sub_sums(bs, qtype)  # (T·n_x, K/32 or K/16)
     n_used = ids.shape[1]
-    slots = ids.reshape(-1).astype(np.int64)  # slot j = t·n_used + s
-    order = np.argsort(slots, kind="stable")  # slots grouped by expert
-    experts, starts = np.unique(slots[order], return_index=True)
-    bounds = np.append(starts, len(order)).astype(np.int64)
-    j = np.arange(T * n_used)
-    arow = (j // n_used) * n_x + (j % n_used) % n_x  # activation row of each slot
+    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
     out = np.empty((T, n_used, N), np.float32)
-    repacked_k_id(KIND[qtype], w, yq, yd, ys, arow, order, bounds, experts.astype(np.int64),
+    repacked_k_id(KIND[qtype], w, yq, yd, ys, arow, order, bounds, experts,
                   out.reshape(T * n_used, N), F16_TO_F32)
     return out
 

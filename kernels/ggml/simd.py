@@ -140,6 +140,61 @@ else:
     vfma = _vfma_def
 
 
+def _dot32_lanes_def(sumi, a, ao, b, bo, s0, s1):
+    """``sumi[l] += s·Σ_i a[ao+4l+i]·b[bo+4l+i]`` (i < 4) for the 8 int32 lanes, ``s`` = ``s0`` for lanes 0–3
+    (bytes 0–15), ``s1`` for lanes 4–7: the integer part of one 32-byte load of an ``arch/x86/quants.c`` K-quant
+    ``vec_dot`` (``maddubs``, then ``madd_epi16`` by the sub-block scale: lane ``l`` holds bytes ``4l … 4l+3``).
+    ``a``, ``b`` int32; exact (no product or sum leaves int32 for the values ggml's lanes hold). The definition
+    (and the interpreted path)."""
+    for lane in range(8):
+        s = 0
+        for i in range(4):
+            s += a[ao + 4 * lane + i] * b[bo + 4 * lane + i]
+        sumi[lane] = np.int32(sumi[lane] + (s0 if lane < 4 else s1) * s)
+
+
+if JIT_ENABLED:
+
+    @intrinsic
+    def _dot32_lanes_ir(typingctx, sumi, a, ao, b, bo, s0, s1):
+        """:func:`_dot32_lanes_def` as vector IR (target-independent): 32 i32 products times the scales, summed in
+        fours into the 8 lanes (integers: any order)."""
+        if not all(isinstance(x, types.Array) and x.dtype == types.int32 for x in (sumi, a, b)):
+            return None
+        sig = types.void(sumi, a, ao, b, bo, types.int32, types.int32)
+
+        def codegen(context, bld, signature, args):
+            i32 = ir.IntType(32)
+            v32, v8 = ir.VectorType(i32, 32), ir.VectorType(i32, 8)
+
+            def ptr(k, off, vt):
+                arr = context.make_array(signature.args[k])(context, bld, args[k])
+                return bld.bitcast(bld.gep(arr.data, [off]), vt.as_pointer())
+
+            def pick(v, idx):
+                return bld.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, len(idx)), idx))
+
+            scale = bld.shuffle_vector(bld.insert_element(bld.insert_element(ir.Constant(ir.VectorType(i32, 2), None), args[5],
+                                                                             ir.Constant(i32, 0)), args[6], ir.Constant(i32, 1)),
+                                       ir.Constant(ir.VectorType(i32, 2), None), ir.Constant(v32, [0] * 16 + [1] * 16))
+            prod = bld.mul(bld.mul(bld.load(ptr(1, args[2], v32), align=4), bld.load(ptr(3, args[4], v32), align=4)), scale)
+            pairs = bld.add(pick(prod, list(range(0, 32, 2))), pick(prod, list(range(1, 32, 2))))  # 16 lanes
+            fours = bld.add(pick(pairs, list(range(0, 16, 2))), pick(pairs, list(range(1, 16, 2))))  # 8 lanes
+            ps = ptr(0, ir.Constant(ir.IntType(64), 0), v8)
+            bld.store(bld.add(bld.load(ps, align=4), fours), ps, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def dot32_lanes(sumi, a, ao, b, bo, s0, s1):
+        """:func:`_dot32_lanes_def`: two vector multiplies and two pairwise adds (``sumi`` (8,), ``a``, ``b`` int32)."""
+        _dot32_lanes_ir(sumi, a, np.int64(ao), b, np.int64(bo), np.int32(s0), np.int32(s1))
+
+else:
+    dot32_lanes = _dot32_lanes_def
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bit casts (``_mm*_castps_si*`` / ``_castsi*_ps``): a float32 lane read as its uint32 bits and back.
 

@@ -300,10 +300,10 @@ def cast_f16(x) -> np.ndarray:
     return h.reshape(x.shape).view(np.float16)
 
 
-def cast_f16_to_f32(h) -> np.ndarray:
-    """ggml_cpy/ggml_cast F16 -> F32 (ggml_table_f32_f16, filled by ggml_compute_fp16_to_fp32): exact; a NaN
-    comes out of that function's multiply by 2**-112 quieted, its payload kept."""
-    h = np.ascontiguousarray(h, dtype=np.float16).view(np.uint16).astype(np.uint32)
+def _fp16_to_fp32_bits(h) -> np.ndarray:
+    """``ggml_compute_fp16_to_fp32`` of uint16 bits (any shape) -> uint32 float32 bits: exact; a NaN comes out of
+    that function's multiply by 2**-112 quieted, its payload kept."""
+    h = np.asarray(h, dtype=np.uint16).astype(np.uint32)
     sign, e, m = (h & 0x8000) << 16, (h >> 10) & 0x1F, h & 0x3FF
     normal = ((e + 112) << 23) | (m << 13)  # 112 = 127 - 15
     shift = np.zeros_like(m)  # subnormal m * 2**-24: normalize m to 1.xxx
@@ -311,14 +311,19 @@ def cast_f16_to_f32(h) -> np.ndarray:
         shift = np.where((m << shift) & 0x400, shift, shift + 1)
     sub = np.where(m == 0, 0, ((113 - shift) << 23) | (((m << shift) & 0x3FF) << 13))
     special = 0x7F800000 | (m << 13) | np.where(m != 0, 0x00400000, 0)  # inf; NaN quieted
-    bits = sign | np.where(e == 0, sub, np.where(e == 31, special, normal))
-    return bits.astype(np.uint32).view(np.float32)
+    return (sign | np.where(e == 0, sub, np.where(e == 31, special, normal))).astype(np.uint32)
 
 
-#: ``ggml_table_f32_f16``: cast_f16_to_f32 of all 65536 halves, indexed by the bits. F16C's ``vcvtph2ps``
-#: gives the same bits for every input (a signalling NaN quieted, payload kept), so this is also
+#: ``ggml_table_f32_f16``: ``ggml_compute_fp16_to_fp32`` of all 65536 halves, indexed by the bits. F16C's
+#: ``vcvtph2ps`` gives the same bits for every input (a signalling NaN quieted, payload kept), so this is also
 #: ``GGML_CPU_FP16_TO_FP32`` / ``ggml_cpu_fp16_to_fp32`` of every path (get_rows, mul_mat's F16 weights).
-F16_TO_F32 = cast_f16_to_f32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16))
+F16_TO_F32 = _fp16_to_fp32_bits(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)).view(np.float32)
+
+
+def cast_f16_to_f32(h) -> np.ndarray:
+    """ggml_cpy/ggml_cast F16 -> F32 (ggml_table_f32_f16, filled by ggml_compute_fp16_to_fp32): exact; a NaN
+    comes out quieted, its payload kept. A lookup in :data:`F16_TO_F32`."""
+    return F16_TO_F32[np.ascontiguousarray(h, dtype=np.float16).view(np.uint16)]
 
 
 @jit()

@@ -91,7 +91,7 @@ REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
 def repacked(qtype, n_rows: int, path: str) -> bool:
     """Whether llama.cpp with its default CPU_REPACK buffer repacks a weight of ``qtype`` with ``n_rows`` rows
     (ggml's ne[1], per expert for a 3-D tensor) on ``path``."""
-    return QT(qtype) in REPACKED[path] and n_rows % 8 == 0
+    return _qt(qtype) in REPACKED[path] and n_rows % 8 == 0
 
 
 def repack_emulated(qtype, path: str) -> bool:

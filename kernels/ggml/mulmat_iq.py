@@ -39,6 +39,7 @@ from kernels.base.block import QT
 from kernels.base.blocks_iq import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGNS
 from kernels.base.flags import jit
 from kernels.ggml.actquant import _q8_k_rows
+from kernels.ggml.mulmat_q8 import _qt
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -216,7 +217,7 @@ def tiled_iq_rows(kind, w, yq, yd, out, tab):
 def mul_mat_iq(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool) -> np.ndarray:
     """``mul_mat`` of IQ rows ``w_bytes`` (N, row bytes) with ``x`` (T, K) float32 -> (T, N): the tiled kernel
     (``tiled``: ggml takes it, T >= 8) or vec_dot. ``path`` ("avx512" / "avx2") changes no bit (see above)."""
-    qtype = QT(qtype)
+    qtype = _qt(qtype)
     if qtype not in IQ_TYPES:
         raise ValueError(f"mul_mat_iq: {qtype.name} is not an IQ1/2/3 type")
     x = np.ascontiguousarray(x, np.float32)

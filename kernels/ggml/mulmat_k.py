@@ -43,6 +43,7 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.flags import jit, per_type
 from kernels.ggml.actquant import _q8_k_rows
+from kernels.ggml.mulmat_q8 import _qt
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
@@ -279,7 +280,7 @@ def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
 
 def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool) -> np.ndarray:
     """``mul_mat`` of K-quant rows ``w_bytes`` (N, row bytes) with ``x`` (T, K): the tiled kernel or vec_dot."""
-    qtype = QT(qtype)
+    qtype = _qt(qtype)
     yq, yd, ybs = _q8_k_rows(np.ascontiguousarray(x, np.float32))  # quantize_row_q8_K_ref
     ybs = ybs.astype(np.int64)
     ysum32 = ybs[:, 0::2] + ybs[:, 1::2]  # (T, K/32): _mm_hadd_epi16 of the bsums

@@ -50,7 +50,7 @@ def decode(w_bytes: np.ndarray, qtype):
     """Weight rows (N, nb·block bytes) -> (values (N, K) int16, ``d`` bits (N, nb) uint16, ``m`` bits or None).
     Value ``j < 16`` of a block comes from the low nibble of ``qs[j]``, ``j >= 16`` from the high nibble of
     ``qs[j - 16]``; the fifth bit (Q5_0, Q5_1) is bit ``j`` of the little-endian ``qh``."""
-    qtype = QT(qtype)
+    qtype = _mm._qt(qtype)
     N = w_bytes.shape[0]
     blk = np.ascontiguousarray(w_bytes, np.uint8).reshape(N, -1, BLOCK_BYTES[qtype])  # (N, nb, block bytes)
     d = blk[:, :, 0:2].copy().view(np.uint16)[:, :, 0]
@@ -107,7 +107,7 @@ def q1_rows(wv, wd, wm, xq, xd, xs, out):
 def mul_mat_q(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, sgemm: bool) -> np.ndarray:
     """``mul_mat`` of legacy-type rows ``w_bytes`` (N, row bytes) with float32 ``x`` (T, K) -> (T, N): llamafile's
     ``tinyBLAS_Q0_AVX`` (``sgemm``: T >= 2, Q4_0 / Q5_0 / IQ4_NL) or ``vec_dot``."""
-    qtype = QT(qtype)
+    qtype = _mm._qt(qtype)
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     if qtype in Q8_1_ACT:

@@ -52,8 +52,8 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml.actquant import _maxps, _q8_k_rows
-from kernels.ggml.mulmat_q8 import slot_groups
+from kernels.ggml.actquant import _maxps, _q8_k_rows, _quantize_rows_q8_k
+from kernels.ggml.mulmat_q8 import _qt, slot_groups
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
@@ -289,9 +289,47 @@ def repacked_k_id(kind, w, yq, yd, ysub, arow, order, bounds, experts, out, tabl
             _q2_k_rows_into(w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table)
 
 
+@jit()
+def _sub_sums_into(bsums, kind, ys):
+    """Q8_K bsums (R, K/16) -> ``ys``: sums per weight sub-block, (R, K/32) for Q4_K (``_mm_hadd_epi16``), as is
+    for Q2_K (R, K/16)."""
+    for r in range(ys.shape[0]):
+        for s in range(ys.shape[1]):
+            ys[r, s] = np.int64(bsums[r, 2 * s]) + np.int64(bsums[r, 2 * s + 1]) if kind == 0 else np.int64(bsums[r, s])
+
+
+@jit()
+def _q8_k_gemv_inputs(kind, x):
+    """Every row of ``x`` (R, K) through ``from_float`` = ``quantize_row_q8_K_ref``: (yq, yd, ys) for the gemv."""
+    R, K = x.shape
+    yq, yd = np.empty((R, K), np.int8), np.empty((R, K // 256), np.float32)
+    bs = np.empty((R, K // 16), np.int16)
+    _quantize_rows_q8_k(x, yq, yd, bs)
+    ys = np.empty((R, K // 32 if kind == 0 else K // 16), np.int64)
+    _sub_sums_into(bs, kind, ys)
+    return yq, yd, ys
+
+
+@jit()
+def gemv_k(kind, w, x, out, table):
+    """``forward_mul_mat`` for T < 4 (decode), in one compiled call: every row of ``x`` (T, K) quantized by
+    ``from_float``, then the gemv of every element; out (T, N)."""
+    yq, yd, ys = _q8_k_gemv_inputs(kind, x)
+    repacked_k_rows(kind, w, yq, yd, ys, np.zeros(x.shape[0], np.bool_), out, table)
+
+
+@jit()
+def gemv_k_id(kind, w, x, ids, n_x, out, table):
+    """``forward_mul_mat_id`` in one compiled call: ``x`` (T·n_x, K) every row through ``from_float``, the slots
+    grouped by expert (:func:`slot_groups`), one gemv per routed (t, s); out (T·n_used, N)."""
+    yq, yd, ys = _q8_k_gemv_inputs(kind, x)
+    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
+    repacked_k_id(kind, w, yq, yd, ys, arow, order, bounds, experts, out, table)
+
+
 def _check_path(qtype, path):
     lanes(path)
-    qtype = QT(qtype)
+    qtype = _qt(qtype)
     if qtype not in REPACK_K:
         raise ValueError(f"repacked K-quant emulation: {qtype.name} is not emulated")
     if path not in REPACK_K_PATHS[qtype]:
@@ -316,17 +354,16 @@ def mul_mat_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> 
     if w.ndim != 2 or w.shape[0] % 8 or K % 256 or w.shape[1] != rb:
         raise ValueError(f"weights must be (N % 8 == 0, {rb}) bytes, got {w.shape}")
     g = T - T % 4  # rows quantized by ggml_quantize_mat_q8_K_4x8 and run through the gemm
+    out = np.empty((T, w.shape[0]), np.float32)
     if g == 0:  # T < 4 (decode): every row through from_float and the gemv
-        yq, yd, bs = _q8_k_rows(x)
-        ys = _sub_sums(bs, qtype)
+        gemv_k(KIND[qtype], w, x, out, F16_TO_F32)
     else:
         q4, d4, b4 = quantize_q8_k_4x8(x[:g])  # (g, K), (g, K/256), (g, K/16)
         qr, dr, br = _q8_k_rows(np.ascontiguousarray(x[g:]))  # (T-g, ...): from_float = quantize_row_q8_K_ref
         yq = np.concatenate([q4, qr])  # (T, K)
         yd = np.concatenate([d4, dr])  # (T, K/256)
         ys = _sub_sums(np.concatenate([b4, br]), qtype)  # (T, K/32 or K/16)
-    out = np.empty((T, w.shape[0]), np.float32)
-    repacked_k_rows(KIND[qtype], w, yq, yd, ys, np.arange(T) < g, out, F16_TO_F32)
+        repacked_k_rows(KIND[qtype], w, yq, yd, ys, np.arange(T) < g, out, F16_TO_F32)
     return out
 
 
@@ -342,13 +379,8 @@ def mul_mat_id_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.nda
     E, N = w.shape[:2]
     if ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 8:
         raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}) and N % 8 == 0, got {ids.shape}, N={N}")
-    yq, yd, bs = _q8_k_rows(x.reshape(T * n_x, K))  # (T·n_x, K): every row through from_float
-    ys = _sub_sums(bs, qtype)  # (T·n_x, K/32 or K/16)
-    n_used = ids.shape[1]
-    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
-    out = np.empty((T, n_used, N), np.float32)
-    repacked_k_id(KIND[qtype], w, yq, yd, ys, arow, order, bounds, experts,
-                  out.reshape(T * n_used, N), F16_TO_F32)
+    out = np.empty((T, ids.shape[1], N), np.float32)
+    gemv_k_id(KIND[qtype], w, x.reshape(T * n_x, K), ids, n_x, out.reshape(-1, N), F16_TO_F32)
     return out
 
 

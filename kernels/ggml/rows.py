@@ -35,6 +35,7 @@ import numpy as np
 
 from kernels.base.blocks import QT
 from kernels.base.flags import jit
+from kernels.ggml.mulmat_q8 import _qt
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at  # ggml's half -> float (F16C = the table, NaNs quieted)
 from kernels.ggml import rows_iq  # IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S
 from kernels.ggml.rows_q import _deq_q2_k, _deq_q3_k, _legacy  # Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
@@ -155,7 +156,7 @@ def get_rows(table: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
     ``ids`` int32 of any shape: returns ``ids.shape + (n_cols,)``. Batched (ggml's ``i11`` plane, e.g.
     build_moe_ffn's ``get_rows(probs [T, n_expert, 1], selected [T, k])``): ``table`` [B, R, ·] with
     ``ids`` [B, K] picks ``table[b, ids[b, j]]``."""
-    qtype = QT(qtype)
+    qtype = _qt(qtype)
     if qtype not in GET_ROWS_TYPES:
         raise ValueError(f"get_rows emulates {', '.join(t.name for t in GET_ROWS_TYPES)}, not {qtype.name}")
     rows, n_cols = as_row_bytes(table, qtype, "table")

@@ -245,6 +245,14 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
     qtype = QT.F16 if ctx.kv_f16 else QT.F32
     group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)
+    if not ctx.kv_f16:  # the ops below for every head in one compiled call: kernels.ggml.attn_heads
+        from kernels.ggml import attn_heads
+
+        vt = np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
+        sgemm = mulmat.kernel_for(QT.F32, ctx.ggml, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
+        attn_heads.attn_heads_f32(np.ascontiguousarray(q), k, vt, vecmath.cast_f16_to_f32(mask), scale,
+                                  mulmat.lanes(ctx.ggml), sgemm, o)
+        return o
     for h in range(H):
         j = h // group
         qh = np.ascontiguousarray(q[:, h])  # [T, D]

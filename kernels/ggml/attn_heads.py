@@ -1,0 +1,53 @@
+"""``build_attn_mha`` with flash attention off and an F32 K/V cache, every head in one compiled call, bit for bit.
+
+Per head ``h`` (KV head ``j = h // (H / Hkv)``, ``ggml_mul_mat``'s broadcast) the graph runs three ops, each
+computed here by the same kernels the one-op emulations use:
+
+* ``kq = ggml_mul_mat(k, q)``: the permuted Q view is not contiguous, so ``ggml_compute_forward_mul_mat``
+  skips llamafile_sgemm and takes ``ggml_vec_dot_f32`` per element (:func:`kernels.ggml.vec.vec_dot_f32`);
+* ``ggml_soft_max_ext(kq, mask, scale)`` (:func:`kernels.ggml.vecmath._soft_max_rows`);
+* ``kqv = ggml_mul_mat(v_trans, kq)``: ``vec_dot`` per element, or llamafile's ``tinyBLAS`` when
+  :func:`kernels.ggml.mulmat.kernel_for` says so (``sgemm``: T ≥ 2 rows, K and N aligned)
+  (:func:`kernels.ggml.mulmat_vec.tinyblas_rows`).
+
+``refimpl.model.attention._attend_ggml`` calls op by op for the other configurations (F16 K/V, flash attention).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.flags import jit
+from kernels.ggml.mulmat_vec import tinyblas_rows, vec_dot_float_rows
+from kernels.ggml.vec import vec_dot_f32
+from kernels.ggml.vecmath import _soft_max_rows
+
+
+@jit()
+def attn_heads_f32(q, k, vt, mask, scale, lanes, sgemm, out):
+    """``q`` [T, H, D], ``k`` [Hkv, n_kv, D], ``vt`` [Hkv, D, n_kv] (the transposed V cache), ``mask`` [T, n_kv]
+    float32, ``scale`` float32, ``lanes`` the path's float32 lanes, ``sgemm`` whether kqv takes tinyBLAS ->
+    ``out`` [T, H, D]."""
+    T, H, D = q.shape
+    Hkv, n_kv = k.shape[0], k.shape[1]
+    group = H // Hkv
+    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch: the accumulators of vec_dot_f32
+    kq = np.empty((1, T, n_kv), np.float32)  # [1, T, n_kv]: one head's scores
+    p = np.empty((1, T, n_kv), np.float32)  # [1, T, n_kv]: its probabilities
+    m = mask.reshape(1, T, n_kv)
+    mask_of = np.zeros(1, np.int64)
+    o = np.empty((T, D), np.float32)  # [T, D]: one head's output
+    for h in range(H):
+        j = h // group
+        for t in range(T):
+            for c in range(n_kv):
+                kq[0, t, c] = vec_dot_f32(D, k[j, c], q[t, h], lanes, acc)  # ggml_vec_dot_f32, one element
+        _soft_max_rows(kq, m, mask_of, True, scale, lanes, p)  # ggml_soft_max_ext(kq, mask, scale)
+        if sgemm:
+            tinyblas_rows(vt[j], p[0], o, lanes, lanes, False)
+        else:
+            vec_dot_float_rows(vt[j], p[0], o, 0, lanes)
+        out[:, h, :] = o
+
+
+__all__ = ["attn_heads_f32"]

@@ -1,0 +1,63 @@
+"""The compiled building blocks of the ``--emulate=ggml`` matmuls equal their definitions.
+
+The op tests (test_ggml_ops_*.py) hold every kernel to libggml's bits; these pin the pieces that exist only
+for speed to the plain code they replace, on inputs the op tests reach rarely (extreme integers, every
+nibble, empty and one-expert routings):
+
+* ``simd.dot32_lanes`` (vector IR) equals ``simd._dot32_lanes_def`` (the definition, also the interpreted path);
+* ``mulmat_q8.slot_groups`` (a counting sort) equals numpy's stable argsort / unique grouping;
+* ``repack._nibble`` reads each type's LUT words as the LUT itself.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from kernels.ggml import repack, simd
+from kernels.ggml.mulmat_q8 import slot_groups
+
+
+def test_dot32_lanes_equals_its_definition():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        a = rng.integers(-63 * 127, 63 * 127 + 1, 64, dtype=np.int32)  # q·scale range of Q6_K
+        b = rng.integers(-127, 128, 64, dtype=np.int32)
+        if trial % 3 == 0:
+            a[:32] = rng.integers(0, 64, 32)  # unsigned codes, as Q4_K / Q5_K / Q6_K decode them
+        s0, s1 = (int(v) for v in rng.integers(-128, 128, 2))
+        ao, bo = (int(v) for v in rng.integers(0, 33, 2))
+        start = rng.integers(-1000, 1000, 8, dtype=np.int32)
+        got, want = start.copy(), start.copy()
+        simd.dot32_lanes(got, a, ao, b, bo, s0, s1)
+        simd._dot32_lanes_def(want, a, ao, b, bo, s0, s1)
+        assert np.array_equal(got, want), (trial, got, want)
+
+
+def _grouping_reference(ids, n_x):
+    T, n_used = ids.shape
+    slots = ids.reshape(-1).astype(np.int64)
+    order = np.argsort(slots, kind="stable")
+    experts, starts = np.unique(slots[order], return_index=True)
+    j = np.arange(T * n_used)
+    return order, np.append(starts, len(order)), experts, (j // n_used) * n_x + (j % n_used) % n_x
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 4), (7, 2), (33, 8), (5, 3)])
+@pytest.mark.parametrize("n_x_is_one", [True, False])
+def test_slot_groups_is_ggmls_grouping(shape, n_x_is_one):
+    """Slots sorted by expert, token order within one (ggml's ``matrix_rows``), for routings with repeated,
+    missing and single experts."""
+    rng = np.random.default_rng(list(shape))
+    ids = rng.integers(0, 6, shape).astype(np.int32)
+    ids[0, 0] = 5
+    n_x = 1 if n_x_is_one else shape[1]
+    got = slot_groups(ids, n_x)
+    for g, w in zip(got, _grouping_reference(ids, n_x)):
+        assert g.dtype == np.int64 and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("qtype", sorted(repack.REPACK_Q4_B32), ids=lambda q: QT(q).name)
+def test_lut_words_read_every_nibble(qtype):
+    lut = repack._TYPES[qtype][0]
+    lo, hi = repack._lut_words(lut)
+    assert [repack._nibble(n, lo, hi) for n in range(16)] == lut.tolist()

@@ -55,7 +55,7 @@ from numba import prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.base.floats import E8M0_HALF
-from kernels.ggml.actquant import _q8_0_rows
+from kernels.ggml.actquant import _q8_0_rows, _quantize_rows_q8_0
 from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
 from kernels.ggml.simd import PATHS, fma32
 from kernels.ggml.vecmath import F16_TO_F32
@@ -138,16 +138,33 @@ def _rows_for(qt, parallel):
     return _rows
 
 
+@jit()
+def _q8_0_gemv_inputs(x):
+    """Every row of ``x`` (R, K) through ``from_float`` = x86 ``quantize_row_q8_0``: (xq (R, K) int8, xd (R, K/32)
+    float32, m128 (R, K/32) bool: the blocks holding a -128, where the gemv's sign trick can wrap)."""
+    R, K = x.shape
+    xq, xd = np.empty((R, K), np.int8), np.empty((R, K // 32), np.float32)
+    _quantize_rows_q8_0(x, xq, xd, np.empty((R, 0), np.float32))
+    m128 = np.zeros((R, K // 32), np.bool_)
+    for r in range(R):
+        for k in range(K):
+            if xq[r, k] == -128:
+                m128[r, k // 32] = True
+    return xq, xd, m128
+
+
 @per_type
 def _rows_id_for(qt):
-    """``forward_mul_mat_id``'s gemvs in one call, for one type: ``w`` (E, N, row bytes); the output slots
-    ``order[bounds[g]:bounds[g+1]]`` (rows of ``out`` (slots, N)) go through expert ``experts[g]``, slot ``j`` with
-    activation row ``arow[j]`` of ``xq`` / ``xd`` / ``m128``."""
+    """``forward_mul_mat_id`` in one compiled call, for one type: ``w`` (E, N, row bytes), ``x`` (T·n_x, K)
+    float32 every row quantized by ``from_float``, the slots of ``ids`` (T, n_used) grouped by expert
+    (:func:`slot_groups`), one gemv per routed (t, s) with activation row ``t·n_x + s % n_x``; out (T·n_used, N)."""
     lut, hdr, _ = _TYPES[QT(qt)]
     lo, hi = _lut_words(lut)  # compile-time constants
 
     @jit(kind=qt, variant="id")
-    def _rows_id(w, tab, xq, xd, m128, arow, order, bounds, experts, out):
+    def _rows_id(w, tab, x, ids, n_x, out):
+        xq, xd, m128 = _q8_0_gemv_inputs(x)
+        order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
         y = xq.astype(np.int32)  # (R, K)
         for g in range(experts.shape[0]):
             we = w[experts[g]]
@@ -210,11 +227,8 @@ def mul_mat_id_repacked(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarr
     _check(w_bytes[0], qtype, x[:0, 0])  # the row length
     if ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got shape {ids.shape}")
-    xq, xd, _ = _q8_0_rows(x.reshape(T * n_x, K), False)  # (T·n_x, K): from_float on every row
-    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
     out = np.empty((T, n_used, N), np.float32)
-    _rows_id_for(qtype)(w_bytes, _TYPES[qtype][2], xq, xd, _blocks_m128(xq), arow, order, bounds, experts,
-             out.reshape(T * n_used, N))
+    _rows_id_for(qtype)(w_bytes, _TYPES[qtype][2], x.reshape(T * n_x, K), ids, n_x, out.reshape(T * n_used, N))
     return out
 
 

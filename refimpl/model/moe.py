@@ -34,7 +34,7 @@ import numpy as np
 import kernels
 from kernels.base.blocks import QT
 from refimpl.model.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax, swiglu as swiglu_op
-from refimpl.io.weights import DenseFFNWeights, Matrix, PinnedExperts
+from refimpl.io.weights import DenseFFNWeights, PinnedExperts
 
 
 def swiglu(gate, up, down, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
@@ -190,8 +190,8 @@ def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> t
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 
     shexp = ctx.cb(prefix + "ffn_shexp", il, swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, il, ctx, prefix))  # [T, E]
-    gate_row = Matrix("ffn_gate_inp_shexp", QT.F32, (1, c.n_embd), np.asarray(w.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1))
-    shared_gate = mm(gate_row, x, ctx)[:, 0]  # [T]: ggml_mul_mat of the F32 [E] weight, one output row
+    gate_row = np.ascontiguousarray(w.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1).view(np.uint8)  # [1, 4E] bytes
+    shared_gate = mulmat.mul_mat(gate_row, QT.F32, x, ctx.ggml, ctx.n_threads)[:, 0]  # [T]: ggml_mul_mat of the F32 [E] weight, one output row
     shared_gate = ctx.cb("moe.shared_gate", il, sigmoid(shared_gate, ctx))
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]: ggml_mul (broadcast), ggml_add

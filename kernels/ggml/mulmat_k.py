@@ -73,15 +73,18 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
             for j in range(8):
                 sc[8 * b + j], mn[8 * b + j] = k_scale_min(w, o + 4, j)
             qo = o + (16 if kind == 0 else 48)
+            qh = w[o + 16:o + 48]  # Q5_K's fifth bits (views: the loops below vectorize)
             for c in range(4):  # 32 bytes: low nibbles = values 64c + l, high nibbles = 64c + 32 + l
+                qs = w[qo + 32 * c:qo + 32 * c + 32]
+                qd = q[256 * b + 64 * c:256 * b + 64 * c + 64]
                 for l in range(32):
-                    byte = np.int64(w[qo + 32 * c + l])
+                    byte = np.int32(qs[l])
                     lo, hi = byte & 15, byte >> 4
                     if kind == 1:  # fifth bit: bit 2c (low) / 2c+1 (high) of qh[l]
-                        lo |= ((np.int64(w[o + 16 + l]) >> (2 * c)) & 1) << 4
-                        hi |= ((np.int64(w[o + 16 + l]) >> (2 * c + 1)) & 1) << 4
-                    q[256 * b + 64 * c + l] = lo
-                    q[256 * b + 64 * c + 32 + l] = hi
+                        lo |= ((np.int32(qh[l]) >> (2 * c)) & 1) << 4
+                        hi |= ((np.int32(qh[l]) >> (2 * c + 1)) & 1) << 4
+                    qd[l] = lo
+                    qd[l + 32] = hi
         elif kind == 2:  # Q6_K: ql[128], qh[64], scales[16] int8, d; half h, value 128h + 32r + l
             o = 210 * b
             d[b] = fp16_at(w, o + 208, table)
@@ -89,15 +92,15 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
                 v = np.int64(w[o + 192 + j])
                 sc[16 * b + j] = v - 256 if v > 127 else v
             for h in range(2):
+                ql = w[o + 64 * h:o + 64 * h + 64]  # views: the loop below vectorizes
+                qh = w[o + 128 + 32 * h:o + 160 + 32 * h]
+                qd = q[256 * b + 128 * h:256 * b + 128 * h + 128]
                 for l in range(32):
-                    ql0 = np.int64(w[o + 64 * h + l])
-                    ql1 = np.int64(w[o + 64 * h + 32 + l])
-                    qh = np.int64(w[o + 128 + 32 * h + l])
-                    base = 256 * b + 128 * h + l
-                    q[base + 0] = (ql0 & 15) | ((qh & 3) << 4)
-                    q[base + 32] = (ql1 & 15) | (((qh >> 2) & 3) << 4)
-                    q[base + 64] = (ql0 >> 4) | (((qh >> 4) & 3) << 4)
-                    q[base + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4)
+                    ql0, ql1, qhl = np.int32(ql[l]), np.int32(ql[l + 32]), np.int32(qh[l])
+                    qd[l] = (ql0 & 15) | ((qhl & 3) << 4)
+                    qd[l + 32] = (ql1 & 15) | (((qhl >> 2) & 3) << 4)
+                    qd[l + 64] = (ql0 >> 4) | (((qhl >> 4) & 3) << 4)
+                    qd[l + 96] = (ql1 >> 4) | (((qhl >> 6) & 3) << 4)
         elif kind == 4:  # Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin
             o = 84 * b
             d[b] = fp16_at(w, o + 80, table)

@@ -106,19 +106,22 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
                 for i in range(S_v):
                     delta[i] = expf(g[iv3, t, iv1, i])
                 for j in range(S_v):  # ggml_vec_mul_f32(S_v, M[j], M[j], delta)
+                    Mj = M[j]  # a row view: the loop vectorizes
                     for i in range(S_v):
-                        M[j, i] = np.float32(M[j, i] * delta[i])
+                        Mj[i] = np.float32(Mj[i] * delta[i])
             else:
                 gexp = expf(g[iv3, t, iv1, 0])
                 for j in range(S_v):  # ggml_vec_scale_f32(S_v*S_v, M, expf(g)): y[i] *= v
+                    Mj = M[j]
                     for i in range(S_v):
-                        M[j, i] = np.float32(M[j, i] * gexp)
+                        Mj[i] = np.float32(Mj[i] * gexp)
             for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
                 s = vec_dot_f32(S_v, M[j], k_d, epr, acc)
                 delta[j] = np.float32(np.float32(v_d[j] - s) * beta_val)
             for j in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
+                Mj, dj = M[j], delta[j]
                 for i in range(S_v):
-                    M[j, i] = fma32(k_d[i], delta[j], M[j, i])
+                    Mj[i] = fma32(k_d[i], dj, Mj[i])
             for j in range(S_v):  # attn_out[j] = dot(M[j], q) * scale
                 s = vec_dot_f32(S_v, M[j], q_d, epr, acc)
                 out[iv3, t, iv1, j] = np.float32(s * scale)

@@ -258,24 +258,40 @@ def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
     sub = 32 if kind <= 1 or kind == 3 else 16
     bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS and Q3_K q already hold the signed value
     has_min = kind <= 1 or kind == 4
-    q, sc, mn = np.empty(K, np.int64), np.empty(K // sub, np.int64), np.zeros(K // sub, np.int64)
+    q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
     d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+    y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+    v = np.empty(8, np.int32)
     for r in range(w.shape[0]):
         decode_row(kind, w[r], q, sc, mn, d, dmin, table)
+        for k in range(K):
+            q[k] -= bias  # the signed weight value w
         for t in range(yq.shape[0]):
             acc = np.float32(0.0)
+            yt = y[t]
             for b in range(nb):
-                s1 = np.int64(0)
-                for s in range(256 * b // sub, 256 * (b + 1) // sub):
-                    raw = np.int64(0)
-                    for k in range(sub * s, sub * s + sub):
-                        raw += _prod(q[k] - bias, np.int64(yq[t, k]), sign_trick)
-                    s1 += sc[s] * raw
+                s1 = np.int64(0)  # Σ_s scale_s·(Σ w·q8): exact integers, so summed in any order
+                if sign_trick:
+                    for s in range(256 * b // sub, 256 * (b + 1) // sub):
+                        raw = np.int64(0)
+                        for k in range(sub * s, sub * s + sub):
+                            raw += _prod(np.int64(q[k]), np.int64(yt[k]), True)
+                        s1 += np.int64(sc[s]) * raw
+                else:
+                    v[:] = np.int32(0)
+                    for g in range(8):  # 32 values at a time, their sub-block scales applied (one vector op)
+                        o = 256 * b + 32 * g
+                        if sub == 32:
+                            dot32_lanes(v, q, o, yt, o, sc[8 * b + g], sc[8 * b + g])
+                        else:
+                            dot32_lanes(v, q, o, yt, o, sc[16 * b + 2 * g], sc[16 * b + 2 * g + 1])
+                    for lane in range(8):
+                        s1 += np.int64(v[lane])
                 res = d[b] * np.float32(s1)  # _mm*_mul_ps(cvtepi32_ps(s1), d0)
                 if has_min:
                     s2 = np.int64(0)
                     for s in range(256 * b // sub, 256 * (b + 1) // sub):
-                        s2 += mn[s] * (ysum32[t, s] if sub == 32 else np.int64(ybs16[t, s]))
+                        s2 += np.int64(mn[s]) * (ysum32[t, s] if sub == 32 else np.int64(ybs16[t, s]))
                     res = fma32(-dmin[b], np.float32(s2), res)  # _mm*_fnmadd_ps(dmin, s2, res)
                 acc = fma32(res, yd[t, b], acc)  # buf += res * d1 (FMA)
             out[t, r] = acc

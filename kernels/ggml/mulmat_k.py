@@ -42,7 +42,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit, per_type
-from kernels.ggml.actquant import _q8_k_rows
+from kernels.ggml.actquant import _quantize_rows_q8_k
 from kernels.ggml.mulmat_q8 import _qt
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
@@ -297,12 +297,26 @@ def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
             out[t, r] = acc
 
 
+@jit()
+def _q8_k_inputs(x):
+    """``quantize_row_q8_K_ref`` of every row of ``x`` (T, K), in one compiled call: (yq (T, K) int8, yd (T, K/256),
+    ysum32 (T, K/32) int64 the sums per 32 values (``_mm_hadd_epi16`` of the bsums), ybs (T, K/16) int64)."""
+    T, K = x.shape
+    yq, yd = np.empty((T, K), np.int8), np.empty((T, K // 256), np.float32)
+    bs = np.empty((T, K // 16), np.int16)
+    _quantize_rows_q8_k(x, yq, yd, bs)
+    ybs = bs.astype(np.int64)
+    ysum32 = np.empty((T, K // 32), np.int64)
+    for t in range(T):
+        for s in range(K // 32):
+            ysum32[t, s] = ybs[t, 2 * s] + ybs[t, 2 * s + 1]
+    return yq, yd, ysum32, ybs
+
+
 def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool) -> np.ndarray:
     """``mul_mat`` of K-quant rows ``w_bytes`` (N, row bytes) with ``x`` (T, K): the tiled kernel or vec_dot."""
     qtype = _qt(qtype)
-    yq, yd, ybs = _q8_k_rows(np.ascontiguousarray(x, np.float32))  # quantize_row_q8_K_ref
-    ybs = ybs.astype(np.int64)
-    ysum32 = ybs[:, 0::2] + ybs[:, 1::2]  # (T, K/32): _mm_hadd_epi16 of the bsums
+    yq, yd, ysum32, ybs = _q8_k_inputs(np.ascontiguousarray(x, np.float32))
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     if tiled:

@@ -178,12 +178,15 @@ K_QUANT_GAPS = {QT.Q4_K: (range(-2, 7), (-3, 7, -4, 8), (-4, 8)), QT.Q5_K: (rang
 
 
 @pytest.mark.parametrize("qtype", list(K_QUANTS), ids=lambda q: q.name)
-def test_k_quant_float64_route(qtype):
+def test_k_quant_float64_route(qtype, monkeypatch):
     """Q4_K and Q5_K form their weights in float64 (``lanes_exact64._k_quant_chunk64``) where
     ``_k_quant_exact`` admits a block in all 16 lanes — exponent gaps E(dmin) − E(d) from −2 (Q5_K: −1) to
     6, zero d or dmin — and in float32 otherwise: the same bits as the row decoder either way, at every
     level, raw and packed, narrow and wide. The groups at gaps −4 and 8 (and one lane of a group otherwise
-    admitted) make the float32 decoder round: the sums would differ if those blocks took the float64 route."""
+    admitted) make the float32 decoder round: the sums would differ if those blocks took the float64 route.
+    Every product here runs on the serial kernels (whose block code the parallel ones share; serial equals
+    parallel: tests/test_perf_invariants.py), so each level compiles the narrow and wide kernels once."""
+    monkeypatch.setattr(lanes, "SERIAL_BELOW", 1 << 62)  # T = 4 and 9 would otherwise take the prange kernels
     size = K_QUANTS[qtype][0]
     admitted_gaps, outside, rounding = K_QUANT_GAPS[qtype]
     rng = np.random.default_rng([int(qtype), 14])

@@ -112,7 +112,12 @@ def test_batch_rows_equal_single_rows_bit_for_bit(qtype, path):
 @pytest.mark.parametrize("act_quant", [False, True], ids=["plain", "act_quant"])
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.BF16, QT.F32], ids=lambda q: q.name)
 def test_thread_count_does_not_change_results(qtype, act_quant):
-    w, x = problem(qtype, 3, n_rows=67, T=5)
+    """1 and 2 numba threads give the same bits, on a product big enough for the parallel kernels (at least
+    flags.SERIAL_BELOW multiply-adds; below it every kernel runs on the calling thread whatever the count)."""
+    from kernels.base.flags import SERIAL_BELOW
+
+    w, x = problem(qtype, 3, n_rows=131, T=5)  # 8 groups of 16 rows and a tail of 3
+    assert 131 * x.shape[0] * x.shape[1] >= SERIAL_BELOW
     saved = numba.get_num_threads()
     try:
         numba.set_num_threads(1)

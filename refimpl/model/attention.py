@@ -20,8 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from kernels.base.blocks import QT
-from kernels.ggml import attn_heads, flashattn_exact, mulmat, rope, vecmath  # --emulate=ggml's ops
 from refimpl.model.ops import F32, Ctx, dot64, mm, rms_norm_w, sigmoid, softmax, to_f16
 from refimpl.model.state import KVCache
 
@@ -116,6 +114,8 @@ def gated_attention(w, c, a: np.ndarray, positions: np.ndarray, kv: KVCache, il:
 
     if ctx.ggml:  # ggml_set_rows into an F16 cache: F32 -> F16 (flash attention casts an F32 cache itself)
         if ctx.kv_f16:
+            from kernels.ggml import vecmath
+
             k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
     elif ctx.kv_f16 or ctx.flash_attn:  # an F16 cache (llama_context default), or flash attention's F16 cast
         k, v = to_f16(k), to_f16(v)
@@ -194,6 +194,8 @@ GGML_ROPE_TYPE_IMROPE = 40  # ggml.h: GGML_ROPE_TYPE_IMROPE (qwen35moe / qwen35'
 def _rope_ggml(q: np.ndarray, k: np.ndarray, positions: np.ndarray, n_rot: int, c, ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
     """``--emulate=ggml``'s RoPE of q [T, H, D] and k [T, Hkv, D]: ``ggml_rope_multi`` IMROPE (qwen35moe /
     qwen35) or ``ggml_rope_ext`` NEOX (qwen3next), :mod:`kernels.ggml.rope` (glibc sin/cos, the fused rotation)."""
+    from kernels.ggml import rope
+
     pos = np.asarray(positions, dtype=np.int32)  # [T]
     if c.rope_sections:  # text tokens: the four position streams are (p, p, p, 0) (llm_graph_input_pos)
         pos4 = np.stack([pos, pos, pos, np.zeros_like(pos)])  # [4, T]
@@ -223,6 +225,9 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
       split-KV path, which it picks from the shape and ``n_threads``).
     * off: ``kq = ggml_mul_mat(k, q)`` per head (K's type is the cache's), ``ggml_soft_max_ext(kq, mask,
       scale)``, ``kqv = ggml_mul_mat(v_trans, kq)`` (the V cache stored transposed)."""
+    from kernels.base.blocks import QT
+    from kernels.ggml import flashattn_exact, mulmat, vecmath
+
     T, H, D = q.shape
     Hkv = kv.k.shape[1]
     n_used = len(kv.pos)
@@ -241,6 +246,8 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
     group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)
     if not ctx.kv_f16:  # the ops below for every head in one compiled call: kernels.ggml.attn_heads
+        from kernels.ggml import attn_heads
+
         vt = np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
         sgemm = mulmat.kernel_for(QT.F32, ctx.ggml, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
         attn_heads.attn_heads_f32(np.ascontiguousarray(q), k, vt, vecmath.cast_f16_to_f32(mask), scale,

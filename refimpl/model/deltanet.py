@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from kernels.ggml import ssm  # --emulate=ggml's ops
 from refimpl.model.ops import F32, Ctx, dot64, l2_norm, mm, rms_norm_w, sigmoid, silu, softplus
 from refimpl.model.state import DeltaNetState
 
@@ -132,6 +131,8 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
 
     window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: the conv state, then the new inputs
     if ctx.ggml:  # ggml_concat(conv_states, qkv_mixedᵀ, 0) then ggml_ssm_conv: sx [C, Kc−1+T] -> [T, C]
+        from kernels.ggml import ssm
+
         conv_out = ssm.ssm_conv(np.ascontiguousarray(window.T), w.ssm_conv1d, ctx.ggml)
     else:
         conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
@@ -179,6 +180,8 @@ def _recurrence_ggml(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
     """``--emulate=ggml``: the fused ``ggml_gated_delta_net`` over the whole ubatch (``build_delta_net_fused``;
     with ``keep`` the last ``keep`` states are its snapshot slots, as ``build_recurrent_attn`` with n_rs_seq > 0
     asks for), :func:`kernels.ggml.ssm.gated_delta_net`. Returns (o [T, Hv, S], states: None outside the slots)."""
+    from kernels.ggml import ssm
+
     T, Hv, S = v.shape
     Hk = q.shape[1]
     if not np.array_equal(head, np.arange(Hv) % Hk):  # the fused op reads head j % Hk: other orders are expanded

@@ -33,7 +33,6 @@ import numpy as np
 
 import kernels
 from kernels.base.blocks import QT
-from kernels.ggml import mulmat, rows, vecmath  # --emulate=ggml's ops
 from refimpl.model.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax, swiglu as swiglu_op
 from refimpl.io.weights import DenseFFNWeights, PinnedExperts
 
@@ -140,8 +139,8 @@ def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, obj
     decide whether llama.cpp repacks the tensor (``kernels.ggml.mulmat.repacked``)."""
     if isinstance(experts, PinnedExperts):
         m, (start, stop) = experts.stacked(which)
-        stack = m.row_bytes if (start, stop) == (0, m.shape[1]) else m.row_bytes[:, start:stop]
-        return stack, m.qtype, sel.astype(np.int32), m.shape[1]
+        rows = m.row_bytes if (start, stop) == (0, m.shape[1]) else m.row_bytes[:, start:stop]
+        return rows, m.qtype, sel.astype(np.int32), m.shape[1]
     union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
     renumber = {e: i for i, e in enumerate(union)}
     ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
@@ -153,6 +152,8 @@ def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, obj
 def _mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     """``ggml_mul_mat_id`` of ``ffn_{which}_exps`` on ``x`` [T, 1 or K, in] -> [T, K, out], repacked when llama.cpp
     loads that tensor into its CPU_REPACK buffer (``ctx.repack``: its default)."""
+    from kernels.ggml import mulmat
+
     w, qt, ids, stored_rows = _expert_stack(experts, which, sel)
     return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=ctx.repack, tensor_rows=stored_rows)
 
@@ -164,6 +165,8 @@ def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> t
     ``ggml_swiglu_split`` → ``ggml_mul_mat_id`` down → ``ggml_mul`` by the weights → the experts' views added
     in slot order (``ggml_add``); shared expert ``build_ffn`` (swiglu_split), its gate ``ggml_mul_mat`` with the
     F32 [E] weight (one output row) → ``ggml_sigmoid`` → ``ggml_mul``; ``ggml_add``."""
+    from kernels.ggml import mulmat, rows, vecmath
+
     K = c.n_expert_used
     logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
     probs = softmax(logits, ctx)  # [T, X]

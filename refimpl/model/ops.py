@@ -20,7 +20,6 @@ from typing import Callable
 import numpy as np
 
 import kernels
-from kernels.ggml import mulmat, norm, vecmath  # --emulate=ggml's ops, imported once (an import per op call cost ~1 µs)
 
 F32 = np.float32
 
@@ -202,6 +201,8 @@ def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     ``ctx.ggml``: ``kernels.ggml.mulmat.mul_mat`` — the kernel ggml-cpu picks for T rows of that type, or the
     CPU_REPACK buffer's gemm/gemv for a weight llama.cpp repacks (``ctx.repack``, its default)."""
     if ctx.ggml:
+        from kernels.ggml import mulmat
+
         return mulmat.mul_mat(W.row_bytes, W.qtype, x, ctx.ggml, ctx.n_threads,  # Matrix.row_bytes: worked out once
                               repack=ctx.repack, tensor_rows=W.stored_rows)
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
@@ -269,6 +270,8 @@ def rms_norm_w(x: np.ndarray, w: np.ndarray, eps: float, ctx: Ctx | None = None)
     """``build_norm(x, w, LLM_NORM_RMS)``: RMSNorm then multiply by the stored weight (already 1+w).
     With ``ctx.ggml``: ggml-cpu's fused RMS_NORM+MUL (``kernels.ggml.norm.rms_norm``)."""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import norm
+
         return norm.rms_norm(np.ascontiguousarray(x, dtype=F32), eps, ctx.ggml, w)
     return rms_norm(x, eps) * w
 
@@ -277,6 +280,8 @@ def l2_norm(x: np.ndarray, eps: float, ctx: Ctx | None = None) -> np.ndarray:
     """``build_gdn_l2_norm`` (src/models/models.h): ``rms_norm(x, eps/n) * (1/sqrtf(n))``
     = x / sqrt(Σx² + eps).  [..., n] -> [..., n]"""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import norm
+
         return norm.gdn_l2_norm(np.ascontiguousarray(x, dtype=F32), eps, ctx.ggml)
     n = x.shape[-1]
     return rms_norm(x, eps / n) * (F32(1.0) / np.sqrt(F32(n)))
@@ -286,6 +291,8 @@ def sigmoid(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
     """``op_sigmoid``: 1 / (1 + expf(-x)). (expf overflows to inf for x < −88.7: the result is then
     0, as in C; numpy's overflow warning is silenced.) With ``ctx.ggml``: glibc's ``expf``."""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
         return vecmath.sigmoid(np.ascontiguousarray(x, dtype=F32), ctx.ggml)
     with np.errstate(over="ignore"):
         return F32(1.0) / (F32(1.0) + np.exp(-x))
@@ -295,6 +302,8 @@ def silu(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
     """``ggml_vec_silu_f32``: x / (1 + exp(-x)) (−0 for x < −88.7, where expf overflows to inf).
     With ``ctx.ggml``: its SIMD ``ggml_v_silu`` over rows of the last axis (ggml's ne0)."""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
         return vecmath.silu(np.ascontiguousarray(x, dtype=F32), ctx.ggml)
     with np.errstate(over="ignore"):
         return x / (F32(1.0) + np.exp(-x))
@@ -304,6 +313,8 @@ def swiglu(gate: np.ndarray, up: np.ndarray, ctx: Ctx | None = None) -> np.ndarr
     """``ggml_swiglu_split(gate, up)`` = silu(gate) ⊙ up (plain: :func:`silu` then a float32 multiply;
     ``ctx.ggml``: ``ggml_vec_swiglu_f32`` over rows of the last axis)."""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
         return vecmath.swiglu(np.ascontiguousarray(gate, dtype=F32), np.ascontiguousarray(up, dtype=F32), ctx.ggml)
     return silu(gate) * up
 
@@ -311,6 +322,8 @@ def swiglu(gate: np.ndarray, up: np.ndarray, ctx: Ctx | None = None) -> np.ndarr
 def softplus(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
     """``op_softplus``: x > 20 ? x : logf(1 + expf(x)). With ``ctx.ggml``: glibc's ``expf``/``logf``."""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
         return vecmath.softplus(np.ascontiguousarray(x, dtype=F32), ctx.ggml)
     with np.errstate(over="ignore"):
         return np.where(x > F32(20.0), x, np.log(F32(1.0) + np.exp(x))).astype(F32)
@@ -320,6 +333,8 @@ def softmax(x: np.ndarray, ctx: Ctx | None = None) -> np.ndarray:
     """``ggml_compute_forward_soft_max_f32``: e = exp(x - max), Σ in double, p = e * (float)(1/Σ).
     With ``ctx.ggml``: ``ggml_soft_max`` (no mask, scale 1) with its SIMD ``expf`` (``kernels.ggml.vecmath``)."""
     if ctx is not None and ctx.ggml:
+        from kernels.ggml import vecmath
+
         return vecmath.soft_max(np.ascontiguousarray(x, dtype=F32), None, 1.0, ctx.ggml)
     m = np.max(x, axis=-1, keepdims=True)
     e = np.exp(x - m)

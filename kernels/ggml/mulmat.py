@@ -67,6 +67,7 @@ from kernels.ggml.mulmat_q8 import (  # Q8_0 and MXFP4 kernels, the argument che
     mxfp4_rows,
     q8_0_mul_mat,
     q8_0_mul_mat_id,
+    slot_groups,
 )
 from kernels.ggml.simd import PATHS, lanes
 from kernels.ggml.vecmath import F16_TO_F32
@@ -204,11 +205,12 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
     if qtype == QT.Q8_0:  # vec_dot per element, whatever the grouping: one compiled call
         q8_0_mul_mat_id(w_bytes.view(np.int8), ids, x, out, F16_TO_F32)
         return out
-    for e in np.unique(ids).tolist():  # ggml groups the rows by expert: matrix_rows[e] = (slot, token) in token order
-        t_idx, s_idx = np.nonzero(ids == e)
-        rows = np.ascontiguousarray(x[t_idx, s_idx % n_x])  # (cne1, K): this expert's rows, token order
-        tiled = qtype in mulmat_k.TILED_TYPES and len(t_idx) >= mulmat_k.TILED_MIN_ROWS
-        out[t_idx, s_idx] = _compute(w_bytes[e], qtype, rows, path, "tiled" if tiled else "vec_dot")
+    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the rows by expert, token order within one
+    x2, out2 = x.reshape(T * n_x, K), out.reshape(T * n_used, N)
+    for g, e in enumerate(experts.tolist()):
+        slots = order[bounds[g]:bounds[g + 1]]  # (cne1,): this expert's (token, slot)s
+        tiled = qtype in mulmat_k.TILED_TYPES and len(slots) >= mulmat_k.TILED_MIN_ROWS
+        out2[slots] = _compute(w_bytes[e], qtype, x2[arow[slots]], path, "tiled" if tiled else "vec_dot")  # (cne1, N)
     return out
 
 

@@ -154,6 +154,21 @@ def _prod(w, y, sign_trick):
     return w * y
 
 
+@jit()
+def _superblock_lanes(v, q, y, sc, b, sub):
+    """``v`` (8,) int32 := super-block ``b``'s integer dot in ggml's 8 lanes: lane ``l`` sums bytes 4l … 4l+3 of
+    each of the 8 32-byte loads (value 32g + k of the super-block is byte k of load g) times the sub-block scale
+    ``sc`` (a scale per ``sub`` = 32 or 16 values), one :func:`kernels.ggml.simd.dot32_lanes` per load; ``q``, ``y``
+    int32 (K,). Integers, exact: any order."""
+    v[:] = np.int32(0)
+    for g in range(8):
+        o = 256 * b + 32 * g
+        if sub == 32:
+            dot32_lanes(v, q, o, y, o, sc[8 * b + g], sc[8 * b + g])
+        else:
+            dot32_lanes(v, q, o, y, o, sc[16 * b + 2 * g], sc[16 * b + 2 * g + 1])
+
+
 @per_type
 def _vec_dot_for(qt):
     """:func:`vec_dot_k_rows` compiled for one weight type (``kind`` a compile-time constant, so the per-type
@@ -192,20 +207,17 @@ def _vec_dot_for(qt):
                             p = (np.int64(mn[g]) * np.int64(ybs16[t, g])
                                  + np.int64(mn[g + 1]) * np.int64(ybs16[t, g + 1]))
                             acc[lane] = fma32(dm, np.float32(p), acc[lane])
-                    # lane l: bytes 4l..4l+3 of each of the 8 32-byte loads (value 32g + k of the super-block is byte
-                    # k of load g), times the sub-block scale (Q2_K, Q3_K, Q6_K: a scale per 16 values)
-                    v[:] = np.int32(0)
-                    for g in range(8):
-                        o = 256 * b + 32 * g
-                        if kind == 3:
+                    # the 8 int32 lanes (_superblock_lanes); IQ4_XS through the _mm256_sign_epi8 trick, lane by lane
+                    if kind == 3:
+                        v[:] = np.int32(0)
+                        for g in range(8):
+                            o = 256 * b + 32 * g
                             for lane in range(8):
                                 for i in range(4):
                                     k = o + 4 * lane + i
                                     v[lane] = np.int32(v[lane] + np.int32(_prod(q[k], yt[k], True) * sc[8 * b + g]))
-                        elif sub == 32:
-                            dot32_lanes(v, q, o, yt, o, sc[8 * b + g], sc[8 * b + g])
-                        else:
-                            dot32_lanes(v, q, o, yt, o, sc[16 * b + 2 * g], sc[16 * b + 2 * g + 1])
+                    else:
+                        _superblock_lanes(v, q, yt, sc, b, sub)
                     for lane in range(8):
                         sumi[lane] = np.int64(v[lane])
                     if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
@@ -278,13 +290,7 @@ def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
                             raw += _prod(np.int64(q[k]), np.int64(yt[k]), True)
                         s1 += np.int64(sc[s]) * raw
                 else:
-                    v[:] = np.int32(0)
-                    for g in range(8):  # 32 values at a time, their sub-block scales applied (one vector op)
-                        o = 256 * b + 32 * g
-                        if sub == 32:
-                            dot32_lanes(v, q, o, yt, o, sc[8 * b + g], sc[8 * b + g])
-                        else:
-                            dot32_lanes(v, q, o, yt, o, sc[16 * b + 2 * g], sc[16 * b + 2 * g + 1])
+                    _superblock_lanes(v, q, yt, sc, b, sub)
                     for lane in range(8):
                         s1 += np.int64(v[lane])
                 res = d[b] * np.float32(s1)  # _mm*_mul_ps(cvtepi32_ps(s1), d0)
@@ -298,25 +304,30 @@ def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
 
 
 @jit()
-def _q8_k_inputs(x):
+def pair_sums(ybs):
+    """Q8_K bsums (T, K/16) -> (T, K/32) int64: the sums per 32 values (``_mm_hadd_epi16`` of neighbours)."""
+    out = np.empty((ybs.shape[0], ybs.shape[1] // 2), np.int64)
+    for t in range(out.shape[0]):
+        for s in range(out.shape[1]):
+            out[t, s] = np.int64(ybs[t, 2 * s]) + np.int64(ybs[t, 2 * s + 1])
+    return out
+
+
+@jit()
+def q8_k_inputs(x):
     """``quantize_row_q8_K_ref`` of every row of ``x`` (T, K), in one compiled call: (yq (T, K) int8, yd (T, K/256),
-    ysum32 (T, K/32) int64 the sums per 32 values (``_mm_hadd_epi16`` of the bsums), ybs (T, K/16) int64)."""
+    ysum32 (T, K/32) int64 the sums per 32 values (:func:`pair_sums`), ybs (T, K/16) int64 the bsums)."""
     T, K = x.shape
     yq, yd = np.empty((T, K), np.int8), np.empty((T, K // 256), np.float32)
     bs = np.empty((T, K // 16), np.int16)
     _quantize_rows_q8_k(x, yq, yd, bs)
-    ybs = bs.astype(np.int64)
-    ysum32 = np.empty((T, K // 32), np.int64)
-    for t in range(T):
-        for s in range(K // 32):
-            ysum32[t, s] = ybs[t, 2 * s] + ybs[t, 2 * s + 1]
-    return yq, yd, ysum32, ybs
+    return yq, yd, pair_sums(bs), bs.astype(np.int64)
 
 
 def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool) -> np.ndarray:
     """``mul_mat`` of K-quant rows ``w_bytes`` (N, row bytes) with ``x`` (T, K): the tiled kernel or vec_dot."""
     qtype = _qt(qtype)
-    yq, yd, ysum32, ybs = _q8_k_inputs(np.ascontiguousarray(x, np.float32))
+    yq, yd, ysum32, ybs = q8_k_inputs(np.ascontiguousarray(x, np.float32))
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     if tiled:

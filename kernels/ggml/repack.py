@@ -118,6 +118,12 @@ def _row_dot(w, hdr, lo, hi, tab, y, xd, m128, t, gemm):
     return acc
 
 
+def _constants(qt) -> tuple[int, int, int]:
+    """What a type's kernels compile in as constants: its scale bytes and LUT words (:func:`_lut_words`)."""
+    lut, hdr, _ = _TYPES[QT(qt)]
+    return (hdr, *_lut_words(lut))
+
+
 @per_type
 def _rows_for(qt, parallel):
     """The repacked gemm/gemv for every element, compiled for one type (its scale bytes and LUT constants, so
@@ -125,8 +131,7 @@ def _rows_for(qt, parallel):
     bits or E8M0 byte -> float32), ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; rows
     ``t < exact_rows`` take the gemm (exact integer dot), the others the gemv (sign trick, which differs from the
     exact dot only in a block with an activation byte of -128: ``m128`` (T, K/32) bool). out (T, N)."""
-    lut, hdr, _ = _TYPES[QT(qt)]
-    lo, hi = _lut_words(lut)  # compile-time constants
+    hdr, lo, hi = _constants(qt)
 
     @jit(parallel=parallel, kind=qt, variant="" if parallel else "serial")
     def _rows(w, tab, xq, xd, m128, exact_rows, out):
@@ -139,18 +144,25 @@ def _rows_for(qt, parallel):
 
 
 @jit()
+def _blocks_m128(xq):
+    """(R, K/32) bool: the Q8_0 blocks holding an activation byte of -128, where the gemv's sign trick can wrap."""
+    R, K = xq.shape
+    m128 = np.zeros((R, K // 32), np.bool_)
+    for r in range(R):
+        for k in range(K):
+            if xq[r, k] == -128:
+                m128[r, k // 32] = True
+    return m128
+
+
+@jit()
 def _q8_0_gemv_inputs(x):
     """Every row of ``x`` (R, K) through ``from_float`` = x86 ``quantize_row_q8_0``: (xq (R, K) int8, xd (R, K/32)
     float32, m128 (R, K/32) bool: the blocks holding a -128, where the gemv's sign trick can wrap)."""
     R, K = x.shape
     xq, xd = np.empty((R, K), np.int8), np.empty((R, K // 32), np.float32)
     _quantize_rows_q8_0(x, xq, xd, np.empty((R, 0), np.float32))
-    m128 = np.zeros((R, K // 32), np.bool_)
-    for r in range(R):
-        for k in range(K):
-            if xq[r, k] == -128:
-                m128[r, k // 32] = True
-    return xq, xd, m128
+    return xq, xd, _blocks_m128(xq)
 
 
 @per_type
@@ -158,8 +170,7 @@ def _rows_id_for(qt):
     """``forward_mul_mat_id`` in one compiled call, for one type: ``w`` (E, N, row bytes), ``x`` (T·n_x, K)
     float32 every row quantized by ``from_float``, the slots of ``ids`` (T, n_used) grouped by expert
     (:func:`slot_groups`), one gemv per routed (t, s) with activation row ``t·n_x + s % n_x``; out (T·n_used, N)."""
-    lut, hdr, _ = _TYPES[QT(qt)]
-    lo, hi = _lut_words(lut)  # compile-time constants
+    hdr, lo, hi = _constants(qt)
 
     @jit(kind=qt, variant="id")
     def _rows_id(w, tab, x, ids, n_x, out):
@@ -173,12 +184,6 @@ def _rows_id_for(qt):
                     out[order[i], r] = _row_dot(we[r], hdr, lo, hi, tab, y, xd, m128, arow[order[i]], False)
 
     return _rows_id
-
-
-def _blocks_m128(xq) -> np.ndarray:
-    """(T, K/32) bool: the Q8_0 blocks holding an activation byte of -128, where the gemv's sign trick can wrap."""
-    T, K = xq.shape
-    return (xq.reshape(T, K // 32, 32) == -128).any(axis=2)
 
 
 def _run(w2d, qtype: QT, xq, xd, exact_rows: int) -> np.ndarray:

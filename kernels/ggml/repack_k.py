@@ -52,7 +52,8 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml.actquant import _maxps, _q8_k_rows, _quantize_rows_q8_k
+from kernels.ggml.actquant import _maxps, _q8_k_rows
+from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
@@ -290,24 +291,11 @@ def repacked_k_id(kind, w, yq, yd, ysub, arow, order, bounds, experts, out, tabl
 
 
 @jit()
-def _sub_sums_into(bsums, kind, ys):
-    """Q8_K bsums (R, K/16) -> ``ys``: sums per weight sub-block, (R, K/32) for Q4_K (``_mm_hadd_epi16``), as is
-    for Q2_K (R, K/16)."""
-    for r in range(ys.shape[0]):
-        for s in range(ys.shape[1]):
-            ys[r, s] = np.int64(bsums[r, 2 * s]) + np.int64(bsums[r, 2 * s + 1]) if kind == 0 else np.int64(bsums[r, s])
-
-
-@jit()
 def _q8_k_gemv_inputs(kind, x):
-    """Every row of ``x`` (R, K) through ``from_float`` = ``quantize_row_q8_K_ref``: (yq, yd, ys) for the gemv."""
-    R, K = x.shape
-    yq, yd = np.empty((R, K), np.int8), np.empty((R, K // 256), np.float32)
-    bs = np.empty((R, K // 16), np.int16)
-    _quantize_rows_q8_k(x, yq, yd, bs)
-    ys = np.empty((R, K // 32 if kind == 0 else K // 16), np.int64)
-    _sub_sums_into(bs, kind, ys)
-    return yq, yd, ys
+    """Every row of ``x`` (R, K) through ``from_float`` = ``quantize_row_q8_K_ref``: (yq, yd, ys) for the gemv,
+    ``ys`` the sums per weight sub-block (:func:`_sub_sums`)."""
+    yq, yd, ysum32, ybs = q8_k_inputs(x)
+    return yq, yd, (ysum32 if kind == 0 else ybs)
 
 
 @jit()
@@ -339,8 +327,7 @@ def _check_path(qtype, path):
 
 def _sub_sums(bsums, qtype):
     """Q8_K bsums (R, K/16) -> sums per weight sub-block: (R, K/32) for Q4_K (``_mm_hadd_epi16``), as is for Q2_K."""
-    b = bsums.astype(np.int64)
-    return np.ascontiguousarray(b[:, 0::2] + b[:, 1::2] if qtype == QT.Q4_K else b)  # (R, K/32) or (R, K/16)
+    return pair_sums(bsums) if qtype == QT.Q4_K else bsums.astype(np.int64)  # (R, K/32) or (R, K/16)
 
 
 def mul_mat_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:

@@ -242,27 +242,25 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
     if ctx.flash_attn:
         k16, v16 = vecmath.cast_f16(k), vecmath.cast_f16(v)  # exact for an F16 cache; ggml_cast for an F32 one
         return flashattn_exact.flash_attn_ext(q.transpose(1, 0, 2), k16, v16, mask, scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
-    qtype = QT.F16 if ctx.kv_f16 else QT.F32
-    group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
-    o = np.empty((T, H, D), dtype=F32)
-    if not ctx.kv_f16:  # the ops below for every head in one compiled call: kernels.ggml.attn_heads
+    if not ctx.kv_f16:  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
+        # the permuted Q view is not contiguous and needs no conversion to F32, so ggml_compute_forward_mul_mat skips
+        # llamafile_sgemm (it needs src1_cont) and takes vec_dot per element
         from kernels.ggml import attn_heads
 
+        o = np.empty((T, H, D), dtype=F32)
         vt = np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
         sgemm = mulmat.kernel_for(QT.F32, ctx.ggml, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
         attn_heads.attn_heads_f32(np.ascontiguousarray(q), k, vt, vecmath.cast_f16_to_f32(mask), scale,
                                   mulmat.lanes(ctx.ggml), sgemm, o)
         return o
-    for h in range(H):
+    group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
+    o = np.empty((T, H, D), dtype=F32)
+    for h in range(H):  # F16 cache
         j = h // group
         qh = np.ascontiguousarray(q[:, h])  # [T, D]
-        if ctx.kv_f16:  # Q converted to F16 (contiguous wdata): the F16 kernel for T rows (llamafile_sgemm for T ≥ 2)
-            kq = mulmat.mul_mat(vecmath.cast_f16(k[j]).view(np.uint8), qtype, qh, ctx.ggml, ctx.n_threads)  # [T, n_kv]
-        else:  # src1 = the permuted Q view is not contiguous and needs no conversion to F32: ggml_compute_forward_mul_mat
-            # skips llamafile_sgemm (it needs src1_cont) and takes vec_dot per element — a row at a time gives its bits
-            kq = np.concatenate([mulmat.mul_mat(k[j].view(np.uint8), qtype, qh[t : t + 1], ctx.ggml, ctx.n_threads) for t in range(T)])
+        # Q converted to F16 (contiguous wdata): the F16 kernel for T rows (llamafile_sgemm for T ≥ 2)
+        kq = mulmat.mul_mat(vecmath.cast_f16(k[j]).view(np.uint8), QT.F16, qh, ctx.ggml, ctx.n_threads)  # [T, n_kv]
         p = vecmath.soft_max(kq, mask, scale, ctx.ggml)  # [T, n_kv]
         vt = np.ascontiguousarray(v[j].T)  # [D, n_kv]: the transposed V cache
-        vb = vecmath.cast_f16(vt).view(np.uint8) if ctx.kv_f16 else vt.view(np.uint8)
-        o[:, h] = mulmat.mul_mat(vb, qtype, p, ctx.ggml, ctx.n_threads)  # [T, D]
+        o[:, h] = mulmat.mul_mat(vecmath.cast_f16(vt).view(np.uint8), QT.F16, p, ctx.ggml, ctx.n_threads)  # [T, D]
     return o

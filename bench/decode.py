@@ -33,7 +33,8 @@ For every (model, mix), in one run:
   F32 K/V, flash attention off —, ``n_threads`` = ``--threads``, ``repack=True``: the weights llama.cpp's default
   CPU_REPACK re-lays out take the emulated repacked gemv, as in the llama.cpp child; its tokens must be llama.cpp's
   own), loaded as ``refimpl run --emulate=ggml``
-  loads (``pack=False``: it multiplies the stored rows). It runs in the same rounds, right after the plain
+  loads (``pack="auto"`` with ``ggml``: the weights also in the column layout of its kernels,
+  ``refimpl.model.trunk.ggml_layout``, when that fits in RAM). It runs in the same rounds, right after the plain
   variants, and its tok/s is also divided by each plain variant's of the same round (``ggml / plain``).
   Its prompt row is not measured. The plain rows keep ``--emulate``'s other meaning off (plain numerics).
   ``kjv`` (the built-in trained model, Q8_0: ``--quants q8_0``) is a model name here too.
@@ -284,11 +285,11 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     path = model_path(preset, quant)
     variants = {v: load_model(path, pack=(v == "packed")) for v in args.variants}  # mapped: pack=False
     ggml_ctx = ggml_model = None
-    if args.emulate == "ggml":  # --emulate=ggml, loaded as `refimpl run --emulate=ggml` loads (no lane copies)
+    if args.emulate == "ggml":  # --emulate=ggml, loaded as `refimpl run --emulate=ggml` loads (its column layout)
         from refimpl.model.ops import emulation_ctx
 
         ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads)  # the child's settings
-        ggml_model = load_model(path, pack=False)
+        ggml_model = load_model(path, pack="auto", ggml=(ggml_ctx.ggml, ggml_ctx.repack))  # the column layout when it fits
         touch_pages(ggml_model)
         refimpl_decode(ggml_model, [1, 2], 2, ggml_ctx)  # compile / warm
     for model in variants.values():

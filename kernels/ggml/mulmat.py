@@ -48,7 +48,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
-from kernels.ggml import mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
+from kernels.ggml import columns, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -124,17 +124,32 @@ def mul_mat_emulated(qtype) -> bool:
 
 
 def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int = 1, repack: bool = False,
-            tensor_rows: int | None = None) -> np.ndarray:
+            tensor_rows: int | None = None, cols=None) -> np.ndarray:
     """``ggml_mul_mat(W, x)`` as ggml-cpu's ``path`` computes it: ``w_bytes`` (N, row bytes) uint8 rows of
     ``qtype``, ``x`` (T, K) float32 -> (T, N) float32. ``repack``: W was loaded into the CPU_REPACK buffer when
     that buffer takes it (llama.cpp's default; :func:`repacked` of the stored tensor's rows: ``tensor_rows`` when
-    ``w_bytes`` is a row block of a fused tensor, default N). ``n_threads`` is accepted for the record: no
-    path emulated here changes a bit with it."""
+    ``w_bytes`` is a row block of a fused tensor, default N). ``cols``: the same weights in the column layout
+    (:mod:`kernels.ggml.columns`), or None; taken where its kernel is the one ggml runs (Q8_0 always; Q4_0,
+    IQ4_NL, MXFP4 and Q4_K when repacked), the same bits as the stored rows'. ``n_threads`` is accepted for the
+    record: no path emulated here changes a bit with it."""
     qtype = _qt(qtype)
     w_bytes, x = _check(w_bytes, qtype, x)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
+        if _columns_apply(cols, qtype, w_bytes.shape[0]):
+            return columns.mul_mat_cols(cols, x)
         return _repack_kernels(qtype, path)[0](w_bytes, qtype, x, path)
+    if qtype == QT.Q8_0 and _columns_apply(cols, qtype, w_bytes.shape[0]):
+        return columns.mul_mat_cols(cols, x)
     return _compute(w_bytes, qtype, x, path, kernel_for(qtype, path, x.shape[0], w_bytes.shape[0], x.shape[1]))
+
+
+def _columns_apply(cols, qtype: QT, n: int) -> bool:
+    """Whether ``cols`` is a column layout of these weights (type and rows; None: there is none)."""
+    if cols is None:
+        return False
+    if cols.qtype != qtype or cols.n_cols != n:
+        raise ValueError(f"column layout of {cols.qtype.name} × {cols.n_cols} rows given for {qtype.name} × {n} rows")
+    return True
 
 
 def _repack_kernels(qtype: QT, path: str):
@@ -182,12 +197,12 @@ def _compute(w_bytes, qtype, x, path, how):
 
 
 def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str, n_threads: int = 1,
-               repack: bool = False, tensor_rows: int | None = None):
+               repack: bool = False, tensor_rows: int | None = None, cols=None):
     """``ggml_mul_mat_id(W, x, ids)``: ``w_bytes`` (E, N, row bytes) expert weights, ``x`` (T, n_x, K) float32
     with ``n_x`` = 1 (shared by all slots) or ``n_used``, ``ids`` (T, n_used) int32 expert of each slot ->
     (T, n_used, N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``. ``repack`` as in
     :func:`mul_mat`; the stored tensor's rows per expert decide (``tensor_rows``: 2N when ``w_bytes`` is the gate
-    or up half of a fused gate_up tensor; default N)."""
+    or up half of a fused gate_up tensor; default N); ``cols`` as in :func:`mul_mat` (the stack's, (E, ...))."""
     qtype = _qt(qtype)
     x = np.ascontiguousarray(x, np.float32)
     w_bytes = _bytes(w_bytes)  # (E, N, row bytes): rows contiguous, the stack may be a strided view
@@ -200,7 +215,11 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
     if w_bytes.ndim != 3 or w_bytes.shape[2] != _row_bytes(qtype, K):
         raise ValueError(f"weights must be (E, N, {row_bytes(qtype, K)}) bytes, got {w_bytes.shape}")
     if repack and repacked(qtype, tensor_rows or N, path):
+        if _columns_apply(cols, qtype, N):
+            return columns.mul_mat_id_checked(cols, x, ids)
         return _repack_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
+    if qtype == QT.Q8_0 and _columns_apply(cols, qtype, N):
+        return columns.mul_mat_id_checked(cols, x, ids)
     out = np.empty((T, n_used, N), np.float32)
     if qtype == QT.Q8_0:  # vec_dot per element, whatever the grouping: one compiled call
         q8_0_mul_mat_id(w_bytes.view(np.int8), ids, x, out, F16_TO_F32)

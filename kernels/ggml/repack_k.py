@@ -52,7 +52,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml.actquant import _maxps, _q8_k_rows
+from kernels.ggml.actquant import _maxps, _quantize_rows_q8_k
 from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
 from kernels.ggml.simd import fma32, lanes
@@ -127,6 +127,18 @@ def quantize_rows_q8_k_4x8(x, qs, d, bsums):
                 for k in range(16 * g, 16 * g + 16):
                     s += np.int64(qs[r, k])
                 bsums[r, g] = s
+
+
+@jit()
+def q8_k_mat_inputs(x, g):
+    """The Q8_K activations of ``forward_mul_mat``: rows ``t < g`` of ``x`` (T, K) by ``ggml_quantize_mat_q8_K_4x8``
+    (the gemm's), the rest by ``from_float`` = ``quantize_row_q8_K_ref``: (yq (T, K) int8, yd (T, K/256) float32,
+    bsums (T, K/16) int16)."""
+    T, K = x.shape
+    yq, yd, bs = np.empty((T, K), np.int8), np.empty((T, K // 256), np.float32), np.empty((T, K // 16), np.int16)
+    quantize_rows_q8_k_4x8(x[:g], yq[:g], yd[:g], bs[:g])
+    _quantize_rows_q8_k(x[g:], yq[g:], yd[g:], bs[g:])
+    return yq, yd, bs
 
 
 def quantize_q8_k_4x8(x: np.ndarray):
@@ -345,12 +357,8 @@ def mul_mat_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> 
     if g == 0:  # T < 4 (decode): every row through from_float and the gemv
         gemv_k(KIND[qtype], w, x, out, F16_TO_F32)
     else:
-        q4, d4, b4 = quantize_q8_k_4x8(x[:g])  # (g, K), (g, K/256), (g, K/16)
-        qr, dr, br = _q8_k_rows(np.ascontiguousarray(x[g:]))  # (T-g, ...): from_float = quantize_row_q8_K_ref
-        yq = np.concatenate([q4, qr])  # (T, K)
-        yd = np.concatenate([d4, dr])  # (T, K/256)
-        ys = _sub_sums(np.concatenate([b4, br]), qtype)  # (T, K/32 or K/16)
-        repacked_k_rows(KIND[qtype], w, yq, yd, ys, np.arange(T) < g, out, F16_TO_F32)
+        yq, yd, bs = q8_k_mat_inputs(x, g)
+        repacked_k_rows(KIND[qtype], w, yq, yd, _sub_sums(bs, qtype), np.arange(T) < g, out, F16_TO_F32)
     return out
 
 

@@ -195,6 +195,67 @@ else:
     dot32_lanes = _dot32_lanes_def
 
 
+def _cols_dot16_def(out, oj, q, k0, c, y, yo):
+    """``out[oj + j] = Σ_{l < 32} w(k0 + l, c + j) · y[yo + l]`` for the 16 columns ``j``: the exact integer dots of
+    a block of 32 weight values with 32 activation values (int16), for 16 outputs at once. ``q`` (K/2, 2N) int8
+    holds value ``w(k, c)`` at ``q[k // 2, 2c + k % 2]`` (pairs of neighbouring values side by side, so that one
+    ``pmaddwd`` / ``vpdpwssd`` takes a pair for 16 outputs); ``k0`` even. No product or sum leaves int32 for int8
+    weights and Q8 activations. The definition (and the interpreted path); used by :mod:`kernels.ggml.columns`."""
+    for j in range(16):
+        s = 0
+        for l in range(32):
+            k = k0 + l
+            s += np.int64(q[k // 2, 2 * (c + j) + k % 2]) * np.int64(y[yo + l])
+        out[oj + j] = s
+
+
+if JIT_ENABLED:
+
+    @intrinsic
+    def _cols_dot16_ir(typingctx, out, oj, q, k0, c, y, yo):
+        """:func:`_cols_dot16_def` as vector IR (target-independent; the sign extensions from 8 and 16 bits let LLVM
+        pick ``pmaddwd``, or AVX-512 VNNI's ``vpdpwssd``): per pair of values, 32 weights sign-extended times the
+        pair of activations repeated, neighbours added; two chains of additions, joined at the end."""
+        if not (isinstance(out, types.Array) and out.dtype == types.int32 and out.ndim == 1 and out.layout == "C"
+                and isinstance(q, types.Array) and q.dtype == types.int8 and q.ndim == 2 and q.layout == "C"
+                and isinstance(y, types.Array) and y.dtype == types.int16 and y.ndim == 1 and y.layout == "C"):
+            return None
+        sig = types.void(out, types.int64, q, types.int64, types.int64, y, types.int64)
+
+        def codegen(context, b, signature, args):
+            i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
+            v16, v32 = ir.VectorType(i32, 16), ir.VectorType(i32, 32)
+            out_t, _, q_t, _, _, y_t, _ = signature.args
+            o_a, q_a, y_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 2, 5))
+            even, odd = ir.Constant(v16, list(range(0, 32, 2))), ir.Constant(v16, list(range(1, 32, 2)))
+            kp0 = b.ashr(args[3], ir.Constant(i64, 1))
+            c2 = b.mul(args[4], ir.Constant(i64, 2))
+            acc = [None, None]
+            for lp in range(16):  # values 2lp, 2lp + 1 of the block
+                pq = cgutils.get_item_pointer(context, b, q_t, q_a, [b.add(kp0, ir.Constant(i64, lp)), c2])
+                wv = b.sext(b.load(b.bitcast(pq, ir.VectorType(ir.IntType(8), 32).as_pointer()), align=1), v32)
+                py = cgutils.get_item_pointer(context, b, y_t, y_a, [b.add(args[6], ir.Constant(i64, 2 * lp))])
+                pair = b.load(b.bitcast(py, i32.as_pointer()), align=2)  # two int16 activations
+                yb = b.shuffle_vector(b.insert_element(ir.Constant(v16, None), pair, ir.Constant(i32, 0)),
+                                      ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
+                p = b.mul(wv, b.sext(b.bitcast(yb, ir.VectorType(i16, 32)), v32))
+                p2 = b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))  # (16 x i32)
+                acc[lp % 2] = p2 if acc[lp % 2] is None else b.add(acc[lp % 2], p2)
+            po = cgutils.get_item_pointer(context, b, out_t, o_a, [args[1]])
+            b.store(b.add(acc[0], acc[1]), b.bitcast(po, v16.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def cols_dot16(out, oj, q, k0, c, y, yo):
+        """:func:`_cols_dot16_def` (``out`` int32 1-D, ``q`` int8 (K/2, 2N), ``y`` int16, all C-contiguous)."""
+        _cols_dot16_ir(out, np.int64(oj), q, np.int64(k0), np.int64(c), y, np.int64(yo))
+
+else:
+    cols_dot16 = _cols_dot16_def
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bit casts (``_mm*_castps_si*`` / ``_castsi*_ps``): a float32 lane read as its uint32 bits and back.
 

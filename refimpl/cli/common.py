@@ -74,17 +74,19 @@ def default_model(arg: str | None) -> str:
     return TRAINED_SPEC
 
 
-def load(args, cache_mb=None, pack="auto", defer_pack=False):
+def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
-    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights),
-    after the first token with ``defer_pack`` (refimpl.model.trunk.Model.packed)."""
+    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights) or, with
+    ``ggml`` = (path, repack) of an ``--emulate=ggml`` run, in the column layout of its kernels
+    (refimpl.model.trunk.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.trunk.Model.packed)."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
-    return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack)
+    return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack,
+                      ggml=ggml)
 
 
-def load_named(spec, cache_mb=None, pack="auto", defer_pack=False):
+def load_named(spec, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     """The model ``spec`` names (a GGUF path or ``builtin:NAME``, built on demand), opened once; the
     other arguments as :func:`load`'s."""
     from refimpl.cli.compile_report import name_types
@@ -94,7 +96,7 @@ def load_named(spec, cache_mb=None, pack="auto", defer_pack=False):
 
     gf = GGUFFile(resolve_model(str(spec)))  # the one read of the file's header in this process
     name_types(gf)  # for the first run's "compiling kernels for …" line
-    return load_model(gf, cache_mb, pack=pack, defer_pack=defer_pack)
+    return load_model(gf, cache_mb, pack=pack, defer_pack=defer_pack, ggml=ggml)
 
 
 def add_threshold(p) -> None:

@@ -25,8 +25,9 @@ def add_parser(sub) -> None:
                         "decode; default auto = half of MemAvailable); docs/streamer.md")
     p.add_argument("--route-trace", metavar="FILE", help="write every MoE routing (position, layer, experts, weights) as CSV")
     p.add_argument("--pack", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),  # refimpl.model.trunk.PACK_FLAGS
-                   help="also hold the matrices in the fast kernels' layout: same numbers, faster decoding, "
-                        "+their size in RAM; default auto = when that fits in a quarter of MemAvailable; "
+                   help="also hold the matrices in the fast kernels' layout (with --emulate=ggml: the column layout "
+                        "of its kernels): same numbers, faster decoding, +their size in RAM; default auto = when "
+                        "that fits in a quarter of MemAvailable; "
                         "--pack alone = on (docs/performance.md)")
     add_numerics(p)
     _add_speculative(p)
@@ -63,8 +64,8 @@ def cmd_run(args) -> int:
     args.faults = _injected(args)
     ctx = ctx_from_args(args)  # before loading: --emulate=ggml names (or refuses) the libggml it follows first
     plain = not (args.mtp or args.ngram or args.csv)  # plain greedy: the matrices are packed after the first token
-    pack = False if ctx.ggml else PACK_FLAGS[args.pack]  # --emulate=ggml multiplies the stored rows: no lane copies
-    model = load(args, cache_mb=args.cache_mb, pack=pack, defer_pack=plain)
+    ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:

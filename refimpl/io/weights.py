@@ -38,6 +38,8 @@ class Matrix:
     raw: np.ndarray
     stored_rows: int | None = None  # a row block of a fused tensor (attn_qkv): that tensor's rows, which decide
     # whether llama.cpp repacks it (kernels.ggml.mulmat.repacked); None: the matrix is the whole tensor
+    cols: object = None  # --emulate=ggml: the same weights in kernels.ggml.columns' layout (refimpl.model.trunk.
+    # ggml_layout), or None: its kernels read the stored rows (the same bits either way)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Dequantized rows (``ggml_get_rows``): [n] -> [n, in] float32."""

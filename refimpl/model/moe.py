@@ -130,23 +130,26 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
 # --- --emulate=ggml: build_moe_ffn and the shared expert as ggml-cpu computes them (Ctx.ggml) ---------------
 
 
-def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray, int]:
+def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray, int, object]:
     """The rows of ``ffn_{which}_exps`` that ``ggml_mul_mat_id`` reads, as (bytes [X, out, row bytes], type,
     ids [T, K] into them, rows per expert of the stored tensor): pinned experts give the whole stack (a view of
     the map, the fused gate_up tensor's gate or up rows as a strided view) and ``sel`` itself; streamed ones the
     batch's experts ``union`` of ``sel`` stacked in first-use order, and ``sel`` renumbered into it (the grouping
     of rows by expert, which is all the op depends on, is kept). The stored rows (2F for a fused gate_up tensor)
-    decide whether llama.cpp repacks the tensor (``kernels.ggml.mulmat.repacked``)."""
+    decide whether llama.cpp repacks the tensor (``kernels.ggml.mulmat.repacked``). Last, the stack's column layout
+    (``kernels.ggml.columns``) for those rows when the model was loaded with one, else None."""
     if isinstance(experts, PinnedExperts):
         m, (start, stop) = experts.stacked(which)
-        rows = m.row_bytes if (start, stop) == (0, m.shape[1]) else m.row_bytes[:, start:stop]
-        return rows, m.qtype, sel.astype(np.int32), m.shape[1]
+        whole = (start, stop) == (0, m.shape[1])
+        rows = m.row_bytes if whole else m.row_bytes[:, start:stop]
+        cols = m.cols if m.cols is None or whole else m.cols.columns(start, stop)  # its column layout, if built
+        return rows, m.qtype, sel.astype(np.int32), m.shape[1], cols
     union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
     renumber = {e: i for i, e in enumerate(union)}
     ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
     mats = [getattr(experts, which)(int(e)) for e in union]
     stored_rows = experts.layer.layout(which)[0].shape[1]  # ExpertTensor.shape = (X, rows, cols)
-    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids, stored_rows
+    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids, stored_rows, None
 
 
 def _mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx: Ctx) -> np.ndarray:
@@ -154,8 +157,9 @@ def _mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx: Ctx) -
     loads that tensor into its CPU_REPACK buffer (``ctx.repack``: its default)."""
     from kernels.ggml import mulmat
 
-    w, qt, ids, stored_rows = _expert_stack(experts, which, sel)
-    return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=ctx.repack, tensor_rows=stored_rows)
+    w, qt, ids, stored_rows, cols = _expert_stack(experts, which, sel)
+    return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=ctx.repack, tensor_rows=stored_rows,
+                             cols=cols)
 
 
 def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -199,12 +199,13 @@ def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None,
 def mm(W, x: np.ndarray, ctx: Ctx) -> np.ndarray:
     """``ggml_mul_mat(W, x)``: [T, in] -> [T, out] for a weight W of numpy shape (out, in). With
     ``ctx.ggml``: ``kernels.ggml.mulmat.mul_mat`` — the kernel ggml-cpu picks for T rows of that type, or the
-    CPU_REPACK buffer's gemm/gemv for a weight llama.cpp repacks (``ctx.repack``, its default)."""
+    CPU_REPACK buffer's gemm/gemv for a weight llama.cpp repacks (``ctx.repack``, its default); through the
+    weight's column layout when the model was loaded with one (``W.cols``: the same bits)."""
     if ctx.ggml:
         from kernels.ggml import mulmat
 
         return mulmat.mul_mat(W.row_bytes, W.qtype, x, ctx.ggml, ctx.n_threads,  # Matrix.row_bytes: worked out once
-                              repack=ctx.repack, tensor_rows=W.stored_rows)
+                              repack=ctx.repack, tensor_rows=W.stored_rows, cols=W.cols)  # cols: its column layout, if built
     return kernels.matmul(W.raw, W.qtype, x, path=ctx.kernel, act_quant=ctx.act_quant)
 
 

@@ -52,15 +52,16 @@ from refimpl.io.weights import Matrix, PinnedExperts, Weights, load_weights
 class Model:
     file: ModelFile
     weights: Weights
-    packed_bytes: int = 0  # bytes of the lane kernels' packed copies (0: not packed; load_model's pack)
+    packed_bytes: int = 0  # bytes of the packed copies: the lane kernels' or, with ``ggml``, the column layout's
     pack_pending: bool = False  # load_model(defer_pack=True) decided to pack: :meth:`packed` does it
+    ggml: tuple[str, bool] | None = None  # load_model's ggml: (path, repack) that packing lays the weights out for
 
     def packed(self) -> "Model":
         """This model with its matrices also in the lane kernels' layout (:func:`pack_weights`), when
         :func:`load_model` deferred the packing; else the model itself. Never changes a number."""
         if not self.pack_pending:
             return self
-        weights = pack_weights(self.weights)
+        weights = _pack(self.weights, self.ggml)
         return dataclasses.replace(self, weights=weights, packed_bytes=_packed_nbytes(weights), pack_pending=False)
 
     @property
@@ -83,7 +84,7 @@ _PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes
 
 
 def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
-               pack: bool | str = "auto", defer_pack: bool = False) -> Model:
+               pack: bool | str = "auto", defer_pack: bool = False, ggml: tuple[str, bool] | None = None) -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
     a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
     (``--cache-mb``; refimpl.io.streamer.cache_budget), dense weights pinned now (a progress bar on
@@ -92,7 +93,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`pack_weights`; never changes a number.
     ``defer_pack``: decide now, pack later — the model comes back unpacked with ``pack_pending`` set,
     and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token: the copy
-    pays off only over many tokens, and the first token need not wait for it)."""
+    pays off only over many tokens, and the first token need not wait for it). ``ggml``: (path, repack) of an
+    ``--emulate=ggml`` run — packing then builds the column layout of :func:`ggml_layout` instead of the lane copies."""
     if pack not in (True, False, "auto"):
         raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
     m = open_model(path)
@@ -107,11 +109,16 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         weights = load_weights(m, streamer)
     if pack == "auto":
         avail = mem_available()
-        pack = avail is not None and packable_bytes(weights) * _PACK_GROWTH <= PACK_AUTO_FRACTION * avail
+        need = packable_bytes(weights) * _PACK_GROWTH if ggml is None else layout_bytes(weights, *ggml)
+        pack = avail is not None and need <= PACK_AUTO_FRACTION * avail
     if not pack or defer_pack:
-        return Model(file=m, weights=weights, pack_pending=bool(pack))
-    packed = pack_weights(weights)
-    return Model(file=m, weights=packed, packed_bytes=_packed_nbytes(packed))
+        return Model(file=m, weights=weights, pack_pending=bool(pack), ggml=ggml)
+    packed = _pack(weights, ggml)
+    return Model(file=m, weights=packed, packed_bytes=_packed_nbytes(packed), ggml=ggml)
+
+
+def _pack(weights, ggml):
+    return pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml)
 
 
 def _pack_targets(obj):
@@ -140,7 +147,8 @@ def packable_bytes(weights) -> int:
 
 
 def _packed_nbytes(weights) -> int:
-    return sum(int(w.raw.words.nbytes) for w in _pack_targets(weights) if isinstance(w.raw, kernels.PackedRows))
+    return sum(int(w.raw.words.nbytes) if isinstance(w.raw, kernels.PackedRows) else w.cols.nbytes if w.cols is not None
+               else 0 for w in _pack_targets(weights))
 
 
 def pack_weights(obj):
@@ -155,6 +163,39 @@ def pack_weights(obj):
         return tuple(pack_weights(o) for o in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.replace(obj, **{name: pack_weights(getattr(obj, name)) for name in _packed_fields(obj)})
+    return obj
+
+
+def _layout_target(w: Matrix, path: str, repack: bool) -> bool:
+    """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns):
+    Q8_0 always, Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor."""
+    from kernels.base.block import QT
+    from kernels.ggml.columns import KIND
+    from kernels.ggml.mulmat import repacked
+
+    if w.qtype not in KIND:
+        return False
+    return w.qtype == QT.Q8_0 or (repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path))
+
+
+def layout_bytes(weights, path: str, repack: bool) -> int:
+    """Bytes :func:`ggml_layout` would add (~1.8 × a 4-bit matrix, ~1.06 × a Q8_0 one, rounded up to 2 ×)."""
+    return sum(2 * int(np.asarray(w.raw).nbytes) for w in _pack_targets(weights) if _layout_target(w, path, repack))
+
+
+def ggml_layout(obj, path: str, repack: bool):
+    """``--emulate=ggml``'s packing: ``obj`` (the :class:`Weights`, or any part of them) with every matrix that
+    ggml-cpu's ``path`` multiplies by a kernel of :mod:`kernels.ggml.columns` also held in that column layout
+    (``Matrix.cols``: routed experts included when pinned, as a stack; the embedding table left alone). Every product
+    gives the same bits; a decoded token runs the exact integer dots of many outputs at once."""
+    from kernels.ggml.columns import layout
+
+    if isinstance(obj, Matrix):
+        return dataclasses.replace(obj, cols=layout(obj.row_bytes, obj.qtype)) if _layout_target(obj, path, repack) else obj
+    if isinstance(obj, tuple):
+        return tuple(ggml_layout(o, path, repack) for o in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{name: ggml_layout(getattr(obj, name), path, repack) for name in _packed_fields(obj)})
     return obj
 
 

@@ -1,0 +1,353 @@
+"""The column layout of ``--emulate=ggml``: a weight matrix re-laid out once, at load, with the output rows
+innermost, so that the exact integer dots of many output elements run as one vector operation — the same bits
+as the kernels that read the stored rows (:mod:`kernels.ggml.mulmat_q8`, :mod:`kernels.ggml.repack`,
+:mod:`kernels.ggml.repack_k`), faster on a decode step, whose one activation row meets every weight once.
+
+llama.cpp re-lays out these weights at load too (its CPU_REPACK buffer interleaves 8 rows' blocks: ``repack.cpp``);
+which register lane holds what is not part of the numerics. What is: per output element, each block's exact
+integer dot and the float operations on it, in ggml's order, which the kernels here keep element by element:
+
+* **Q4_0, IQ4_NL, MXFP4 repacked** (``gemv/gemm_q4_b32_8x8_q8_0_lut_avx``, :mod:`kernels.ggml.repack`): one
+  accumulator, ``acc = fma(float(dot_b), float32(d_w · d_x), acc)``; the gemv rows (``t >= exact_rows``) with the
+  same -128 sign trick, the gemm rows exact. The nibbles are stored decoded through the kernel's LUT.
+* **Q4_K repacked** (``gemv/gemm_q4_K_8x8_q8_K``, :mod:`kernels.ggml.repack_k`): the 32-value sub-block dots
+  times the 6-bit scales and the mins times the Q8_K sums, summed in integers, then ``acc = fma(float(ΣI),
+  float32(d · y.d), acc)`` and ``accm = fma(float(ΣM), float32(dmin · y.d), accm)`` per super-block (gemv) or
+  per 64 values (gemm rows), ``out = acc - accm``. The nibbles are stored as int8 values, the scales and mins
+  decoded.
+
+A :class:`Columns` holds, for ``E`` matrices of ``N`` rows of ``K`` values (``E`` = 1 for a dense weight, the
+experts of a stacked tensor), the values ``q`` (E, K/2, 2N) int8 — value ``k`` of output ``c`` at ``[k // 2, 2c +
+k % 2]``, two neighbouring values side by side (:func:`kernels.ggml.simd.cols_dot16`) —, the per-block floats (E,
+K/32 or K/256, N) float32 (Q4_K's scales and mins (E, K/32, N) uint8), and the column range ``[c0, c1)`` a product
+reads (a fused gate_up tensor's gate or up rows), stored tile by tile (:data:`TILE` outputs in one piece, so a
+tile's weights are read in one stream). Bytes: ~1.8 × the stored matrix.
+
+Q8_0 has no column layout: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
+in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numba import prange
+
+from kernels.base.block import QT
+from kernels.base.flags import SERIAL_BELOW, jit
+from kernels.ggml.mulmat_k import pair_sums
+from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
+from kernels.ggml.repack import _blocks_m128
+from kernels.ggml.repack_k import q8_k_mat_inputs
+from kernels.ggml.simd import cols_dot16, fma32
+from kernels.ggml.vecmath import F16_TO_F32, fp16_at
+from kernels.plain.dequant import k_scale_min
+
+F32 = np.float32
+KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the two formulas above
+TILE = 64  # output columns per work item (a multiple of 16; prange splits the tiles)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A weight (or a stack of expert weights) in the column layout (module docstring)."""
+
+    qtype: QT
+    q: np.ndarray  # (E, N/TILE, K/2, 2·TILE) int8: the values, neighbouring pairs side by side
+    d: np.ndarray  # (E, N/TILE, K/32 or K/256, TILE) float32: d (Q4_0, IQ4_NL), E8M0_HALF[e] (MXFP4), Q4_K's d
+    dmin: np.ndarray  # (E, N/TILE, K/256, TILE) float32: Q4_K's dmin; (…, 0, TILE) otherwise
+    sc: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: Q4_K's 6-bit sub-block scales; (…, 0, TILE) otherwise
+    mn: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: Q4_K's 6-bit sub-block mins; (…, 0, TILE) otherwise
+    n: int  # N: the matrix's rows (the tiles pad them to a multiple of TILE)
+    c0: int = 0
+    c1: int | None = None  # None: every column
+
+    @property
+    def n_cols(self) -> int:
+        return (self.n if self.c1 is None else self.c1) - self.c0
+
+    @property
+    def K(self) -> int:
+        return 2 * self.q.shape[2]
+
+    def columns(self, start: int, stop: int) -> "Columns":
+        """Outputs ``start … stop-1`` of this layout (the gate or up rows of a fused gate_up stack)."""
+        return replace(self, c0=self.c0 + start, c1=self.c0 + stop)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.q, self.d, self.dmin, self.sc, self.mn))
+
+
+# --------------------------------------------------------------------------------------------
+# The layout, built from the stored rows
+
+
+@jit()
+def _lay_q4_b32(w, hdr, lut, tab, q, d):
+    """Q4_0 / IQ4_NL / MXFP4 rows (per block: ``hdr`` scale bytes, 16 nibble bytes) -> ``q`` (K/2, 2N) the LUT
+    values (value ``j``: low nibble of byte ``j``, value ``j + 16``: its high nibble), ``d`` (K/32, N) the scale
+    through ``tab`` (fp16 bits, or the E8M0 byte)."""
+    bs = hdr + 16
+    for c in range(w.shape[0]):
+        wc = w[c]
+        for b in range(d.shape[0]):
+            o = bs * b
+            d[b, c] = tab[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)] if hdr == 2 else tab[np.int64(wc[o])]
+            for j in range(16):
+                v = np.int64(wc[o + hdr + j])
+                q[16 * b + j // 2, 2 * c + j % 2] = lut[v & 15]  # value 32b + j
+                q[16 * b + 8 + j // 2, 2 * c + j % 2] = lut[v >> 4]  # value 32b + j + 16
+
+
+@jit()
+def _lay_q4_k(w, q, d, dmin, sc, mn, tab):
+    """Q4_K rows (N, K/256·144) -> ``q`` (K/2, 2N) the nibbles (value ``256b + 64cc + l``: low nibble of byte
+    ``qs[32cc + l]``, ``+ 32``: its high nibble), ``d`` / ``dmin`` (K/256, N), ``sc`` / ``mn`` (K/32, N)
+    (``get_scale_min_k4``)."""
+    for c in range(w.shape[0]):
+        wc = w[c]
+        for b in range(d.shape[0]):
+            o = 144 * b
+            d[b, c] = fp16_at(wc, o, tab)
+            dmin[b, c] = fp16_at(wc, o + 2, tab)
+            for j in range(8):
+                sc[8 * b + j, c], mn[8 * b + j, c] = k_scale_min(wc, o + 4, j)
+            for cc in range(4):
+                for l in range(32):
+                    v = np.int64(wc[o + 16 + 32 * cc + l])
+                    q[128 * b + 32 * cc + l // 2, 2 * c + l % 2] = v & 15  # value 256b + 64cc + l
+                    q[128 * b + 32 * cc + 16 + l // 2, 2 * c + l % 2] = v >> 4  # value 256b + 64cc + 32 + l
+
+
+def layout(w_bytes: np.ndarray, qtype) -> Columns:
+    """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
+    expert matrices, of a type in :data:`KIND`."""
+    from kernels.ggml.repack import _TYPES
+
+    qtype = QT(qtype)
+    if qtype not in KIND:
+        raise ValueError(f"column layout: {qtype.name} has none (types: {', '.join(t.name for t in KIND)})")
+    w = np.asarray(w_bytes, np.uint8)
+    w3 = w[None] if w.ndim == 2 else w  # (E, N, row bytes)
+    E, N, rb = w3.shape
+    per_block = {QT.Q4_0: 18, QT.IQ4_NL: 18, QT.MXFP4: 17, QT.Q4_K: 144}[qtype]
+    K = rb // per_block * (256 if qtype == QT.Q4_K else 32)
+    if rb % per_block:
+        raise ValueError(f"column layout: rows of {rb} bytes are not whole {qtype.name} blocks")
+    q = np.empty((E, K // 2, 2 * N), np.int8)
+    if qtype == QT.Q4_K:
+        d, dmin = np.empty((E, K // 256, N), F32), np.empty((E, K // 256, N), F32)
+        sc, mn = np.empty((E, K // 32, N), np.uint8), np.empty((E, K // 32, N), np.uint8)
+    else:
+        d, dmin = np.empty((E, K // 32, N), F32), np.empty((E, 0, N), F32)
+        sc, mn = np.empty((E, 0, N), np.uint8), np.empty((E, 0, N), np.uint8)
+    for e in range(E):
+        we = np.ascontiguousarray(w3[e])
+        if qtype == QT.Q4_K:
+            _lay_q4_k(we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
+        else:
+            lut, hdr, tab = _TYPES[qtype]
+            _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, q[e], d[e])
+    nt = -(-N // TILE)  # tiles of TILE outputs, each stored in one piece (the last padded with zeros)
+
+    def tiled(a, per):  # (E, rows, per·N) -> (E, nt, rows, per·TILE)
+        a = np.pad(a, ((0, 0), (0, 0), (0, per * (nt * TILE - N))))
+        return np.ascontiguousarray(a.reshape(E, a.shape[1], nt, per * TILE).transpose(0, 2, 1, 3))
+
+    return Columns(qtype, tiled(q, 2), tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N)
+
+
+# --------------------------------------------------------------------------------------------
+# The products, one tile of output columns at a time
+
+
+@jit()
+def _dots(q, k0, c, nc, y, yo, out):
+    """``out[j]`` = the integer dot of values ``k0 … k0 + 31`` of column ``c + j`` of ``q`` with ``y[yo …]``, for
+    ``j < nc`` (:func:`kernels.ggml.simd.cols_dot16`, 16 columns at a time)."""
+    j = 0
+    while j + 16 <= nc:
+        cols_dot16(out, j, q, k0, c + j, y, yo)
+        j += 16
+    for jj in range(j, nc):
+        s = np.int64(0)
+        for l in range(32):
+            k = k0 + l
+            s += np.int64(q[k // 2, 2 * (c + jj) + k % 2]) * np.int64(y[yo + l])
+        out[jj] = s
+
+
+@jit()
+def _wrap128(q, k0, c, nc, y, yo, out):
+    """The ``maddubs`` sign trick of a block whose activations hold a -128: against a negative weight ``w`` that
+    byte counts ``+128·w``, not the exact ``-128·w`` (:func:`kernels.ggml.mulmat_q8._sign_dot`)."""
+    for l in range(32):
+        if y[yo + l] == -128:
+            k = k0 + l
+            for j in range(nc):
+                v = np.int64(q[k // 2, 2 * (c + j) + k % 2])
+                if v < 0:
+                    out[j] += 256 * v
+
+
+@jit()
+def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc, dots, acc, accm, ii, mi):
+    """Columns ``c … c + nc - 1`` of one tile (``q`` (K/2, 2·TILE), ``d`` (…, TILE) …) against activation rows ``rows`` (``y`` (R, K)
+    int16, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R, K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks
+    holding a -128, ``gemm`` (R,) the rows taking the gemm) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND`;
+    scratch ``dots`` (≥ nc) int32, ``acc`` / ``accm`` (≥ nc) float32, ``ii`` / ``mi`` (≥ nc) int64."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        yr = y[r]
+        o = orow[i]
+        if kind == 1:  # Q4_0 / IQ4_NL / MXFP4 repacked: one accumulator
+            acc[:nc] = 0
+            for b in range(yd.shape[1]):
+                _dots(q, 32 * b, c, nc, yr, 32 * b, dots)
+                if not gemm[r] and m128[r, b]:  # the gemv's sign trick; the gemm's dot is exact
+                    _wrap128(q, 32 * b, c, nc, yr, 32 * b, dots)
+                for j in range(nc):  # acc = _mm256_fmadd_ps(cvtepi32_ps(iacc), _mm256_mul_ps(col_scale, row_scale), acc)
+                    acc[j] = fma32(F32(dots[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
+            for j in range(nc):
+                out[o, oc + j] = acc[j]
+        else:  # Q4_K repacked
+            acc[:nc] = 0
+            accm[:nc] = 0
+            for b in range(yd.shape[1]):
+                ii[:nc] = 0
+                mi[:nc] = 0
+                for s in range(8 * b, 8 * b + 8):
+                    _dots(q, 32 * s, c, nc, yr, 32 * s, dots)
+                    ysum = np.int64(ys[r, s])
+                    for j in range(nc):  # exact integers: I_s = sc_s · Σ q·y, M_s = mn_s · Σ y
+                        ii[j] += np.int64(sc[s, c + j]) * np.int64(dots[j])
+                        mi[j] += np.int64(mn[s, c + j]) * ysum
+                    if (gemm[r] and s % 2 == 1) or s == 8 * b + 7:  # gemm: an FMA per 64 values; gemv: per super-block
+                        for j in range(nc):
+                            acc[j] = fma32(F32(ii[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
+                            accm[j] = fma32(F32(mi[j]), F32(dmin[b, c + j] * yd[r, b]), accm[j])
+                        ii[:nc] = 0
+                        mi[:nc] = 0
+            for j in range(nc):
+                out[o, oc + j] = acc[j] - accm[j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
+
+
+@jit()
+def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc, accm, ii, mi):
+    """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
+    c = max(c0, TILE * t)
+    nc = min(c1, TILE * t + TILE) - c
+    _tile(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out, c - c0,
+          dots, acc, accm, ii, mi)
+
+
+@jit()
+def _scratch():
+    return (np.empty(TILE, np.int32), np.empty(TILE, F32), np.empty(TILE, F32),
+            np.empty(TILE, np.int64), np.empty(TILE, np.int64))
+
+
+@jit(parallel=True)
+def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out):
+    """Every tile of ``[c0, c1)``, split between threads (each output is one thread's, computed in one order)."""
+    t0 = c0 // TILE
+    for i in prange((c1 - 1) // TILE - t0 + 1):
+        dots, acc, accm, ii, mi = _scratch()
+        _chunk(kind, q, d, dmin, sc, mn, c0, c1, t0 + i, y, yd, ys, m128, gemm, rows, orow, out, dots, acc, accm, ii, mi)
+
+
+@jit()
+def _run(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out, parallel):
+    """Outputs ``[c0, c1)`` of one matrix (``q`` (N/TILE, K/2, 2·TILE) …) for activation rows ``rows`` into
+    ``out[orow[i], c - c0]``: tile by tile, on the calling thread or split between threads."""
+    if parallel:
+        _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out)
+    else:
+        dots, acc, accm, ii, mi = _scratch()
+        for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
+            _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc, accm, ii, mi)
+
+
+@jit()
+def _inputs(kind, x, g):
+    """The activations ``x`` (T, K) as ggml's kernel for ``kind`` takes them: (y (T, K) int16, yd, ys (T, K/32) the
+    Q8_K sums per 32 values (Q4_K), m128 (T, K/32) the Q8_0 blocks holding a -128, gemm (T,)). Q4_0 / IQ4_NL
+    / MXFP4: x86 ``quantize_row_q8_0`` (= ``ggml_quantize_mat_q8_0_4x8``, bit for bit); Q4_K: rows ``t < g`` by
+    ``ggml_quantize_mat_q8_K_4x8`` (the gemm's), the rest by ``from_float`` = ``quantize_row_q8_K_ref``."""
+    T, K = x.shape
+    gemm = np.zeros(T, np.bool_)
+    gemm[:g] = True
+    if kind == 2:
+        yq, yd, bs = q8_k_mat_inputs(x, g)
+        return yq.astype(np.int16), yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
+    xq, xd = _q8_0_quantize(x)
+    return xq.astype(np.int16), xd, np.zeros((T, 0), np.int64), _blocks_m128(xq), gemm
+
+
+@jit()
+def cols_mul_mat(kind, q, d, dmin, sc, mn, c0, c1, x, g, out):
+    """``mul_mat`` in one compiled call: ``x`` (T, K) float32 quantized (:func:`_inputs`, rows ``t < g`` the gemm's),
+    then columns ``[c0, c1)`` of one matrix; out (T, c1 - c0)."""
+    y, yd, ys, m128, gemm = _inputs(kind, x, g)
+    rows = np.arange(x.shape[0])
+    _run(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, out,
+         x.shape[0] * (c1 - c0) * x.shape[1] >= SERIAL_BELOW)
+
+
+@jit()
+def cols_mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
+    """``mul_mat_id`` in one compiled call: ``x`` (T·n_x, K) every row through ``from_float``, the slots of ``ids``
+    (T, n_used) grouped by expert (:func:`slot_groups`, as ggml groups them), each group's rows against its
+    expert's columns — a gemv per row (``forward_mul_mat_id``); out (T·n_used, c1 - c0)."""
+    y, yd, ys, m128, gemm = _inputs(kind, x, 0)
+    order, bounds, experts, arow = slot_groups(ids, n_x)
+    for g in range(experts.shape[0]):
+        e = experts[g]
+        orow = order[bounds[g]:bounds[g + 1]]
+        rows = np.empty(orow.shape[0], np.int64)
+        for i in range(orow.shape[0]):
+            rows[i] = arow[orow[i]]
+        _run(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, y, yd, ys, m128, gemm, rows, orow, out,
+             rows.shape[0] * (c1 - c0) * x.shape[1] >= SERIAL_BELOW)
+
+
+def mul_mat_cols(cols: Columns, x: np.ndarray) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` for a dense weight in the column layout (``cols.q`` (1, K/2, 2N)): ``x`` (T, K)
+    float32 -> (T, n_cols) float32, the bits of ggml's kernel for that type and ``T`` (module docstring)."""
+    kind = KIND[cols.qtype]
+    x = np.ascontiguousarray(x, F32)
+    T, K = x.shape
+    if cols.q.shape[0] != 1 or cols.K != K:
+        raise ValueError(f"column layout of (E={cols.q.shape[0]}, K={cols.K}): not one matrix of K={K}")
+    out = np.empty((T, cols.n_cols), F32)
+    cols_mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
+                 T - T % 4, out)
+    return out
+
+
+def mul_mat_id_cols(cols: Columns, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``ggml_mul_mat_id(W, x, ids)`` for a stack of experts in the column layout: ``x`` (T, n_x, K) float32,
+    ``ids`` (T, n_used) in ``[0, E)`` -> (T, n_used, n_cols): slot ``s`` of token ``t`` is expert ``ids[t, s]``
+    times ``x[t, s % n_x]``, every row converted by ``from_float`` (the gemv)."""
+    x = np.ascontiguousarray(x, F32)
+    ids = np.asarray(ids, np.int32)
+    T, n_x, K = x.shape
+    E = cols.q.shape[0]
+    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or cols.K != K:
+        raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}) and K = {cols.K}, got {ids.shape}, K={K}")
+    return mul_mat_id_checked(cols, x, ids)
+
+
+def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """:func:`mul_mat_id_cols` on arguments already checked (``kernels.ggml.mulmat.mul_mat_id`` has): ``x`` (T, n_x,
+    K) C-contiguous float32, ``ids`` (T, n_used) int32 in range."""
+    T, n_x, K = x.shape
+    out = np.empty((T, ids.shape[1], cols.n_cols), F32)
+    cols_mul_mat_id(KIND[cols.qtype], cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
+                    x.reshape(T * n_x, K), ids, n_x, out.reshape(T * ids.shape[1], -1))
+    return out
+
+
+__all__ = ["Columns", "KIND", "layout", "mul_mat_cols", "mul_mat_id_cols"]

@@ -1,0 +1,112 @@
+"""kernels.ggml.columns (``--emulate=ggml``'s column layout) gives the bits of the stored-row kernels it stands in for.
+
+The stored-row kernels (kernels.ggml.repack, kernels.ggml.repack_k) are proven against libggml on both builds by
+test_ggml_ops_repack / test_ggml_ops_repack_k; here the column layout must equal them bit for bit on the same kinds
+of inputs (rounding ties, zeros, a NaN that quantizes to -128 — the gemv's sign trick —, inf), for decode (gemv) and
+batch (gemm) row counts, column ranges that start and end inside a tile, and mul_mat_id's grouping; and a model
+loaded with the layout must give the logits of one without it.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from test_ggml_ops_repack import acts
+
+from kernels.ggml import columns, mulmat
+from kernels.ggml.simd import _cols_dot16_def, cols_dot16
+from kernels.testing import random_rows
+
+TYPES = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4, QT.Q4_K)
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def weight_bytes(qtype, n, k, rng):
+    return np.ascontiguousarray(random_rows(qtype, n, k, rng, "normal")).view(np.uint8).reshape(n, -1)
+
+
+def test_cols_dot16_is_its_definition():
+    """The vector IR (pmaddwd / vpdpwssd pairs, two chains) against the definition, extremes included."""
+    rng = np.random.default_rng(0)
+    q = rng.integers(-128, 128, (48, 80), dtype=np.int8)  # K = 96 values, 40 columns
+    q[0, :8] = -128
+    y = rng.integers(-128, 128, 96).astype(np.int16)
+    y[:4] = -128
+    for k0, c, yo in ((0, 0, 0), (32, 24, 64), (64, 8, 32)):
+        got, want = np.zeros(20, np.int32), np.zeros(20, np.int32)
+        cols_dot16(got, 3, q, k0, c, y, yo)
+        _cols_dot16_def(want, 3, q, k0, c, y, yo)
+        assert np.array_equal(got, want)
+        assert got[3] == sum(int(q[(k0 + l) // 2, 2 * c + (k0 + l) % 2]) * int(y[yo + l]) for l in range(32))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def test_mul_mat_equals_stored_rows(qtype):
+    rng = np.random.default_rng(int(qtype))
+    for N, K in ((64, 256), (136, 512)):  # 136: a tile of 8, and 16-column steps with a scalar tail
+        w = weight_bytes(qtype, N, K, rng)
+        cols = columns.layout(w, qtype)
+        assert cols.n_cols == N and cols.K == K
+        for T in (1, 2, 3, 4, 5, 9):  # gemv only; gemm rows + gemv rows; the special activation rows at 9
+            x = acts(rng, T, K)
+            want = mulmat.mul_mat(w, qtype, x, "avx512", repack=True)  # the repacked kernels on the stored rows
+            assert np.array_equal(bits(columns.mul_mat_cols(cols, x)), bits(want)), (N, K, T)
+            assert np.array_equal(bits(mulmat.mul_mat(w, qtype, x, "avx512", repack=True, cols=cols)), bits(want))
+            for start, stop in ((8, 24), (60, 136 if N == 136 else 64)):  # inside a tile; across a tile's end
+                got = columns.mul_mat_cols(cols.columns(start, stop), x)
+                assert np.array_equal(bits(got), bits(want[:, start:stop])), (start, stop, T)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def test_mul_mat_id_equals_stored_rows(qtype):
+    rng = np.random.default_rng(100 + int(qtype))
+    E, N, K = 6, 80, 256
+    w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
+    cols = columns.layout(w, qtype)
+    for T, n_x, n_used in ((1, 1, 2), (3, 2, 2), (9, 1, 3)):
+        x = acts(rng, T * n_x, K).reshape(T, n_x, K)
+        ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
+        want = mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=True)
+        assert np.array_equal(bits(columns.mul_mat_id_cols(cols, x, ids)), bits(want)), (T, n_x)
+        assert np.array_equal(bits(mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=True, cols=cols)), bits(want))
+        half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids)  # the up half of a fused gate_up stack
+        assert np.array_equal(bits(half), bits(want[..., 40:80]))
+
+
+def test_layout_is_refused_where_it_does_not_apply():
+    rng = np.random.default_rng(5)
+    w = weight_bytes(QT.Q4_K, 32, 256, rng)
+    cols = columns.layout(w, QT.Q4_K)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match="column layout of Q4_K × 32 rows given for Q4_K × 16 rows"):
+        mulmat.mul_mat(w[:16], QT.Q4_K, x, "avx512", repack=True, cols=cols)
+    with pytest.raises(ValueError, match="has none"):
+        columns.layout(weight_bytes(QT.Q8_0, 8, 64, rng), QT.Q8_0)
+    # not repacked (--no-repack): the plain buffer's vec_dot runs, whatever layout is given
+    want = mulmat.mul_mat(w, QT.Q4_K, x, "avx512", repack=False)
+    assert np.array_equal(bits(mulmat.mul_mat(w, QT.Q4_K, x, "avx512", repack=False, cols=cols)), bits(want))
+
+
+@pytest.mark.parametrize("quant", ["q4_k_m", "mxfp4"])
+def test_model_with_the_layout_gives_the_same_logits(quant):
+    from refimpl.fixtures.builtin import fixture_path
+    from refimpl.model.ops import emulation_ctx
+    from refimpl.model.state import SeqState
+    from refimpl.model.trunk import forward, load_model
+
+    path = fixture_path("tiny", quant)
+    ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=2, ggml="avx512")
+    rows = load_model(path, pack=False)
+    laid = load_model(path, pack=True, ggml=(ctx.ggml, ctx.repack))
+    assert laid.packed_bytes > 0 and laid.weights.layers[0].ffn.experts.down_exps.cols is not None
+    assert load_model(path, pack=True, ggml=(ctx.ggml, False)).packed_bytes == 0  # --no-repack: nothing to lay out
+    prompt = [5, 17, 3, 99, 42, 7]
+    a, _, sa = forward(rows, SeqState.fresh(rows.config), prompt, ctx, outputs="all")  # gemm rows (T = 6)
+    b, _, sb = forward(laid, SeqState.fresh(laid.config), prompt, ctx, outputs="all")
+    assert np.array_equal(bits(a), bits(b))
+    for tok in (11, 12):  # decode: the gemv
+        a, _, sa = forward(rows, sa, [tok], ctx)
+        b, _, sb = forward(laid, sb, [tok], ctx)
+        assert np.array_equal(bits(a), bits(b))

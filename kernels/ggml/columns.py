@@ -40,7 +40,7 @@ from kernels.ggml.mulmat_k import pair_sums
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
-from kernels.ggml.simd import cols_dot16, fma32
+from kernels.ggml.simd import cols_dot16, fma32, q4k_sub16
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
 
@@ -180,6 +180,21 @@ def _dots(q, k0, c, nc, y, yo, out):
 
 
 @jit()
+def _q4k_sub(ii, mi, q, s, c, nc, y, sc, mn, ysum, dots):
+    """Sub-block ``s`` of a Q4_K super-block for columns ``c … c + nc - 1``, in exact integers: ``ii[j] += sc_s · Σ
+    q·y``, ``mi[j] += mn_s · Σ y`` (:func:`kernels.ggml.simd.q4k_sub16`, 16 columns at a time; ``dots`` scratch)."""
+    j = 0
+    while j + 16 <= nc:
+        q4k_sub16(ii, mi, j, q, 32 * s, c + j, y, 32 * s, sc, mn, s, ysum)
+        j += 16
+    if j < nc:
+        _dots(q, 32 * s, c + j, nc - j, y, 32 * s, dots)
+        for jj in range(j, nc):
+            ii[jj] += np.int32(sc[s, c + jj]) * dots[jj - j]
+            mi[jj] += np.int32(mn[s, c + jj]) * ysum
+
+
+@jit()
 def _wrap128(q, k0, c, nc, y, yo, out):
     """The ``maddubs`` sign trick of a block whose activations hold a -128: against a negative weight ``w`` that
     byte counts ``+128·w``, not the exact ``-128·w`` (:func:`kernels.ggml.mulmat_q8._sign_dot`)."""
@@ -197,7 +212,8 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     """Columns ``c … c + nc - 1`` of one tile (``q`` (K/2, 2·TILE), ``d`` (…, TILE) …) against activation rows ``rows`` (``y`` (R, K)
     int16, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R, K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks
     holding a -128, ``gemm`` (R,) the rows taking the gemm) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND`;
-    scratch ``dots`` (≥ nc) int32, ``acc`` / ``accm`` (≥ nc) float32, ``ii`` / ``mi`` (≥ nc) int64."""
+    scratch ``dots`` (≥ nc) int32, ``acc`` / ``accm`` (≥ nc) float32, ``ii`` / ``mi`` (≥ nc) int32 (a super-block's
+    sums stay below 2^25)."""
     for i in range(rows.shape[0]):
         r = rows[i]
         yr = y[r]
@@ -219,11 +235,7 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
                 ii[:nc] = 0
                 mi[:nc] = 0
                 for s in range(8 * b, 8 * b + 8):
-                    _dots(q, 32 * s, c, nc, yr, 32 * s, dots)
-                    ysum = np.int64(ys[r, s])
-                    for j in range(nc):  # exact integers: I_s = sc_s · Σ q·y, M_s = mn_s · Σ y
-                        ii[j] += np.int64(sc[s, c + j]) * np.int64(dots[j])
-                        mi[j] += np.int64(mn[s, c + j]) * ysum
+                    _q4k_sub(ii, mi, q, s, c, nc, yr, sc, mn, np.int32(ys[r, s]), dots)
                     if (gemm[r] and s % 2 == 1) or s == 8 * b + 7:  # gemm: an FMA per 64 values; gemv: per super-block
                         for j in range(nc):
                             acc[j] = fma32(F32(ii[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
@@ -246,7 +258,7 @@ def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, oro
 @jit()
 def _scratch():
     return (np.empty(TILE, np.int32), np.empty(TILE, F32), np.empty(TILE, F32),
-            np.empty(TILE, np.int64), np.empty(TILE, np.int64))
+            np.empty(TILE, np.int32), np.empty(TILE, np.int32))
 
 
 @jit(parallel=True)

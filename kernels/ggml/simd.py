@@ -209,43 +209,99 @@ def _cols_dot16_def(out, oj, q, k0, c, y, yo):
         out[oj + j] = s
 
 
+def _q4k_sub16_def(ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
+    """One 32-value sub-block of a Q4_K super-block for 16 outputs: ``ii[oj + j] += sc[s, c + j] · dot_j`` and
+    ``mi[oj + j] += mn[s, c + j] · ysum``, ``dot_j`` as :func:`_cols_dot16_def` (``ii``, ``mi`` int32: the sums
+    of a super-block stay below 2^25). The definition (and the interpreted path)."""
+    dot = np.zeros(16, np.int64)
+    _cols_dot16_def(dot, 0, q, k0, c, y, yo)
+    for j in range(16):
+        ii[oj + j] += np.int64(sc[s, c + j]) * dot[j]
+        mi[oj + j] += np.int64(mn[s, c + j]) * np.int64(ysum)
+
+
 if JIT_ENABLED:
+
+    def _pair_dot16(context, b, q_t, q_a, k0, c, y_t, y_a, yo):
+        """The IR of :func:`_cols_dot16_def`'s 16 dots (a (16 x i32) value): per pair of values, 32 weights
+        sign-extended times the pair of activations repeated, neighbours added (the sign extensions from 8 and 16
+        bits let LLVM pick ``pmaddwd``, or AVX-512 VNNI's ``vpdpwssd``); two chains of additions, joined."""
+        i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
+        v16, v32 = ir.VectorType(i32, 16), ir.VectorType(i32, 32)
+        even, odd = ir.Constant(v16, list(range(0, 32, 2))), ir.Constant(v16, list(range(1, 32, 2)))
+        kp0 = b.ashr(k0, ir.Constant(i64, 1))
+        c2 = b.mul(c, ir.Constant(i64, 2))
+        acc = [None, None]
+        for lp in range(16):  # values 2lp, 2lp + 1 of the block
+            pq = cgutils.get_item_pointer(context, b, q_t, q_a, [b.add(kp0, ir.Constant(i64, lp)), c2])
+            wv = b.sext(b.load(b.bitcast(pq, ir.VectorType(ir.IntType(8), 32).as_pointer()), align=1), v32)
+            py = cgutils.get_item_pointer(context, b, y_t, y_a, [b.add(yo, ir.Constant(i64, 2 * lp))])
+            pair = b.load(b.bitcast(py, i32.as_pointer()), align=2)  # two int16 activations
+            yb = b.shuffle_vector(b.insert_element(ir.Constant(v16, None), pair, ir.Constant(i32, 0)),
+                                  ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
+            p = b.mul(wv, b.sext(b.bitcast(yb, ir.VectorType(i16, 32)), v32))
+            p2 = b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))  # (16 x i32)
+            acc[lp % 2] = p2 if acc[lp % 2] is None else b.add(acc[lp % 2], p2)
+        return b.add(acc[0], acc[1])
+
+    def _is(a, dtype, ndim):
+        return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == ndim and a.layout == "C"
 
     @intrinsic
     def _cols_dot16_ir(typingctx, out, oj, q, k0, c, y, yo):
-        """:func:`_cols_dot16_def` as vector IR (target-independent; the sign extensions from 8 and 16 bits let LLVM
-        pick ``pmaddwd``, or AVX-512 VNNI's ``vpdpwssd``): per pair of values, 32 weights sign-extended times the
-        pair of activations repeated, neighbours added; two chains of additions, joined at the end."""
-        if not (isinstance(out, types.Array) and out.dtype == types.int32 and out.ndim == 1 and out.layout == "C"
-                and isinstance(q, types.Array) and q.dtype == types.int8 and q.ndim == 2 and q.layout == "C"
-                and isinstance(y, types.Array) and y.dtype == types.int16 and y.ndim == 1 and y.layout == "C"):
+        """:func:`_cols_dot16_def` as vector IR (target-independent: :func:`_pair_dot16`)."""
+        if not (_is(out, types.int32, 1) and _is(q, types.int8, 2) and _is(y, types.int16, 1)):
             return None
         sig = types.void(out, types.int64, q, types.int64, types.int64, y, types.int64)
 
         def codegen(context, b, signature, args):
-            i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
-            v16, v32 = ir.VectorType(i32, 16), ir.VectorType(i32, 32)
             out_t, _, q_t, _, _, y_t, _ = signature.args
             o_a, q_a, y_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 2, 5))
-            even, odd = ir.Constant(v16, list(range(0, 32, 2))), ir.Constant(v16, list(range(1, 32, 2)))
-            kp0 = b.ashr(args[3], ir.Constant(i64, 1))
-            c2 = b.mul(args[4], ir.Constant(i64, 2))
-            acc = [None, None]
-            for lp in range(16):  # values 2lp, 2lp + 1 of the block
-                pq = cgutils.get_item_pointer(context, b, q_t, q_a, [b.add(kp0, ir.Constant(i64, lp)), c2])
-                wv = b.sext(b.load(b.bitcast(pq, ir.VectorType(ir.IntType(8), 32).as_pointer()), align=1), v32)
-                py = cgutils.get_item_pointer(context, b, y_t, y_a, [b.add(args[6], ir.Constant(i64, 2 * lp))])
-                pair = b.load(b.bitcast(py, i32.as_pointer()), align=2)  # two int16 activations
-                yb = b.shuffle_vector(b.insert_element(ir.Constant(v16, None), pair, ir.Constant(i32, 0)),
-                                      ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
-                p = b.mul(wv, b.sext(b.bitcast(yb, ir.VectorType(i16, 32)), v32))
-                p2 = b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))  # (16 x i32)
-                acc[lp % 2] = p2 if acc[lp % 2] is None else b.add(acc[lp % 2], p2)
+            dot = _pair_dot16(context, b, q_t, q_a, args[3], args[4], y_t, y_a, args[6])
             po = cgutils.get_item_pointer(context, b, out_t, o_a, [args[1]])
-            b.store(b.add(acc[0], acc[1]), b.bitcast(po, v16.as_pointer()), align=4)
+            b.store(dot, b.bitcast(po, ir.VectorType(ir.IntType(32), 16).as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
+
+    @intrinsic
+    def _q4k_sub16_ir(typingctx, ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
+        """:func:`_q4k_sub16_def` as vector IR: the 16 dots (:func:`_pair_dot16`), the scales and mins widened from
+        bytes, int32 multiply-adds into ``ii`` / ``mi``."""
+        if not (_is(ii, types.int32, 1) and _is(mi, types.int32, 1) and _is(q, types.int8, 2) and _is(y, types.int16, 1)
+                and _is(sc, types.uint8, 2) and _is(mn, types.uint8, 2)):
+            return None
+        sig = types.void(ii, mi, types.int64, q, types.int64, types.int64, y, types.int64, sc, mn, types.int64, types.int32)
+
+        def codegen(context, b, signature, args):
+            i32 = ir.IntType(32)
+            v16 = ir.VectorType(i32, 16)
+            ts = signature.args
+            ii_a, mi_a, q_a, y_a, sc_a, mn_a = (context.make_array(ts[i])(context, b, args[i]) for i in (0, 1, 3, 6, 8, 9))
+            dot = _pair_dot16(context, b, ts[3], q_a, args[4], args[5], ts[6], y_a, args[7])
+
+            def vec(t, a, idx, load_t, cast):
+                p = b.bitcast(cgutils.get_item_pointer(context, b, t, a, idx), load_t.as_pointer())
+                return (b.zext(b.load(p, align=1), v16) if cast else b.load(p, align=4)), p
+
+            scv, _ = vec(ts[8], sc_a, [args[10], args[5]], ir.VectorType(ir.IntType(8), 16), True)
+            mnv, _ = vec(ts[9], mn_a, [args[10], args[5]], ir.VectorType(ir.IntType(8), 16), True)
+            iiv, pii = vec(ts[0], ii_a, [args[2]], v16, False)
+            miv, pmi = vec(ts[1], mi_a, [args[2]], v16, False)
+            ysum = b.shuffle_vector(b.insert_element(ir.Constant(v16, None), args[11], ir.Constant(i32, 0)),
+                                    ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
+            b.store(b.add(iiv, b.mul(scv, dot)), pii, align=4)
+            b.store(b.add(miv, b.mul(mnv, ysum)), pmi, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def q4k_sub16(ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
+        """:func:`_q4k_sub16_def` (``ii``, ``mi`` int32; ``q`` int8 (K/2, 2N); ``y`` int16; ``sc``, ``mn`` uint8
+        (K/32, N); all C-contiguous)."""
+        _q4k_sub16_ir(ii, mi, np.int64(oj), q, np.int64(k0), np.int64(c), y, np.int64(yo), sc, mn, np.int64(s),
+                      np.int32(ysum))
 
     @jit()
     def cols_dot16(out, oj, q, k0, c, y, yo):
@@ -254,6 +310,7 @@ if JIT_ENABLED:
 
 else:
     cols_dot16 = _cols_dot16_def
+    q4k_sub16 = _q4k_sub16_def
 
 
 # ---------------------------------------------------------------------------------------------------

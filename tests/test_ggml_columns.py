@@ -110,3 +110,28 @@ def test_model_with_the_layout_gives_the_same_logits(quant):
         a, _, sa = forward(rows, sa, [tok], ctx)
         b, _, sb = forward(laid, sb, [tok], ctx)
         assert np.array_equal(bits(a), bits(b))
+
+
+def test_interpreted_kernels_give_the_same_bits(tmp_path):
+    """NUMBA_DISABLE_JIT=1 (every kernel as Python: coverage, pdb, the compiler ruled out): the layout and its
+    products — the dots by their definitions, tiles split between threads by ``range`` — give the compiled bits."""
+    import os
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(9)
+    cases = {}
+    for qtype in (QT.Q4_K, QT.MXFP4):
+        w = weight_bytes(qtype, 40, 256, rng)
+        x = acts(rng, 5, 256)
+        cases[qtype.name] = (w, x, columns.mul_mat_cols(columns.layout(w, qtype), x))
+    np.savez(tmp_path / "in.npz", **{f"{n}_{i}": a for n, c in cases.items() for i, a in enumerate(c)})
+    code = ("import numpy as np; from gguf import GGMLQuantizationType as QT; from kernels.ggml import columns; "
+            "z = np.load('in.npz'); np.savez('out.npz', **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
+            "z[n + '_1']) for n in ('Q4_K', 'MXFP4')})")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = np.load(tmp_path / "out.npz")
+    for name, (_, _, compiled) in cases.items():
+        assert np.array_equal(bits(out[name]), bits(compiled)), name

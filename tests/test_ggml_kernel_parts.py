@@ -6,14 +6,16 @@ nibble, empty and one-expert routings):
 
 * ``simd.dot32_lanes`` (vector IR) equals ``simd._dot32_lanes_def`` (the definition, also the interpreted path);
 * ``mulmat_q8.slot_groups`` (a counting sort) equals numpy's stable argsort / unique grouping;
-* ``repack._nibble`` reads each type's LUT words as the LUT itself.
+* ``repack._nibble`` reads each type's LUT words as the LUT itself;
+* ``vec.vec_dot_f32_cols`` (many ``ggml_vec_dot_f32`` at once, lane-wise across outputs: the attention heads and the
+  delta net) equals ``vec.vec_dot_f32`` per output on both paths' lane counts.
 """
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from kernels.ggml import repack, simd
+from kernels.ggml import repack, simd, vec
 from kernels.ggml.mulmat_q8 import slot_groups
 
 
@@ -61,3 +63,25 @@ def test_lut_words_read_every_nibble(qtype):
     lut = repack._TYPES[qtype][0]
     lo, hi = repack._lut_words(lut)
     assert [repack._nibble(n, lo, hi) for n in range(16)] == lut.tolist()
+
+
+@pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
+def test_vec_dot_f32_cols_equals_vec_dot_f32(lanes):
+    rng = np.random.default_rng(lanes)
+    for n, m in ((64, 37), (256, 64), (128, 5), (4 * lanes, 1)):
+        xt = (rng.standard_normal((n, m)) * 2.0 ** rng.integers(-30, 30, (n, m))).astype(np.float32)
+        y = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+        xt[:, 0] = -0.0  # a zero column (the KV view's empty cells), signed zeros
+        if m > 2:
+            xt[3, 1], xt[5, 2] = np.inf, np.nan
+        if m > 4:
+            xt[:, 3] = np.float32(3.4e38)  # overflow to inf inside the lanes
+            xt[:, 4] = np.float32(1e-45)  # subnormal products
+        acc, out = np.empty((4, 16, m), np.float32), np.empty(m, np.float32)
+        assert vec.cols_fit(n, lanes)
+        vec.vec_dot_f32_cols(n, xt, y, lanes, acc, out)
+        scratch = vec.dot_scratch()
+        want = np.array([vec.vec_dot_f32(n, np.ascontiguousarray(xt[:, c]), y, lanes, scratch) for c in range(m)],
+                        np.float32)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (n, m)
+    assert not vec.cols_fit(80, lanes)

@@ -36,7 +36,7 @@ import numpy as np
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf
 from kernels.ggml.simd import fma32, fold_left_unfused, lanes
-from kernels.ggml.vec import vec_dot_f32
+from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 
 
 # --- ggml_ssm_conv ---------------------------------------------------------------------------------------
@@ -89,6 +89,9 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
+    if cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
+        _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda)
+        return out
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
         iv3 = ir // H  # sequence
@@ -129,6 +132,58 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
             if slot < K:
                 snaps[slot, iv3, iv1] = M
     return out
+
+
+@jit()
+def _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda):
+    """:func:`_gated_delta_net` with each head's state held transposed, ``Mt[i, j] = M[j, i]`` (key index i, value
+    index j), so that a token's S_v dots ``dot(M[j], k)`` and ``dot(M[j], q)`` run together across j
+    (:func:`kernels.ggml.vec.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the per-column
+    KDA gate and ``ggml_vec_mad_f32`` are the same operation on each element in either layout. Same bits."""
+    n_seqs, n_tokens, H, S_v = v.shape
+    delta = np.empty(S_v, np.float32)
+    dots = np.empty(S_v, np.float32)
+    acc = np.empty((4, 16, S_v), np.float32)
+    gk = np.empty(S_v, np.float32)
+    for ir in range(n_seqs * H):
+        iv1 = ir % H  # head
+        iv3 = ir // H  # sequence
+        iq1 = iv1 % q.shape[2]  # value head iv1 reads q/k head iv1 % H_k (tiled broadcast)
+        ik1 = iv1 % k.shape[2]
+        iq3 = iv3 // rq3
+        ik3 = iv3 // rk3
+        Mt = np.ascontiguousarray(state[iv3, iv1].T)  # [S_v (key i), S_v (value j)]: memcpy(s_out, s_in, …), transposed
+        for t in range(n_tokens):
+            q_d = q[iq3, t, iq1]
+            k_d = k[ik3, t, ik1]
+            v_d = v[iv3, t, iv1]
+            beta_val = np.float32(beta[iv3, t, iv1])
+            if kda:
+                for i in range(S_v):
+                    gk[i] = expf(g[iv3, t, iv1, i])
+                for i in range(S_v):  # ggml_vec_mul_f32(S_v, M[j], M[j], exp(g)): M[j][i] *= exp(g[i])
+                    Mi, gi = Mt[i], gk[i]
+                    for j in range(S_v):
+                        Mi[j] = np.float32(Mi[j] * gi)
+            else:
+                gexp = expf(g[iv3, t, iv1, 0])
+                for i in range(S_v):  # ggml_vec_scale_f32(S_v*S_v, M, expf(g))
+                    Mi = Mt[i]
+                    for j in range(S_v):
+                        Mi[j] = np.float32(Mi[j] * gexp)
+            vec_dot_f32_cols(S_v, Mt, k_d, epr, acc, dots)  # dots[j] = dot(M[j], k)
+            for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
+                delta[j] = np.float32(np.float32(v_d[j] - dots[j]) * beta_val)
+            for i in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
+                Mi, ki = Mt[i], k_d[i]
+                for j in range(S_v):
+                    Mi[j] = fma32(ki, delta[j], Mi[j])
+            vec_dot_f32_cols(S_v, Mt, q_d, epr, acc, dots)  # attn_out[j] = dot(M[j], q) * scale
+            for j in range(S_v):
+                out[iv3, t, iv1, j] = np.float32(dots[j] * scale)
+            slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
+            if slot < K:
+                snaps[slot, iv3, iv1] = Mt.T
 
 
 def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):

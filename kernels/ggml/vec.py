@@ -73,6 +73,50 @@ def vec_dot_f32(n, x, y, lanes, acc):
 
 
 @jit()
+def vec_dot_f32_cols(n, xt, y, lanes, acc, out):
+    """``out[c] = vec_dot_f32(n, xt[:, c], y)`` for every column ``c`` of ``xt`` (n, m) at once, for ``n`` a multiple
+    of ``GGML_F32_STEP`` = 4·lanes (no leftovers; :func:`cols_fit`): the same 4 × ``lanes`` accumulators per column,
+    each fed the same products in the same order (``fma`` per value, steps in order), then
+    ``GGML_F32_VEC_REDUCE``'s tree (:func:`kernels.ggml.simd.vec_reduce`: ``x0 + x2``, ``x1 + x3``, their sum;
+    then the lanes as ``_mm512_reduce_add_ps`` or AVX2's two hadds) — every operation lane-wise across the columns,
+    so it vectorizes over them. ``acc`` (4, ≥ lanes, ≥ m) float32 scratch. Same bits as :func:`vec_dot_f32` per
+    column (tests/test_ggml_kernel_parts.py)."""
+    m = xt.shape[1]
+    for j in range(4):
+        for lane in range(lanes):
+            acc[j, lane, :m] = F32(0.0)
+    for i in range(0, n, 4 * lanes):  # i += GGML_F32_STEP
+        for j in range(4):
+            for lane in range(lanes):  # sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j]), lane `lane`
+                k = i + j * lanes + lane
+                yk, row, a = y[k], xt[k], acc[j, lane]
+                for c in range(m):
+                    a[c] = fma32(row[c], yk, a[c])
+    for lane in range(lanes):  # x[0] += x[2]; x[1] += x[3]; x[0] += x[1]
+        a0, a1, a2, a3 = acc[0, lane], acc[1, lane], acc[2, lane], acc[3, lane]
+        for c in range(m):
+            a0[c] = F32(F32(a0[c] + a2[c]) + F32(a1[c] + a3[c]))
+    r = acc[0]
+    for c in range(m):
+        if lanes == 16:  # hsum_fold: lane i + lane i + 8, then (s0 + s2) + (s1 + s3)
+            s0 = F32(F32(r[0, c] + r[8, c]) + F32(r[4, c] + r[12, c]))
+            s1 = F32(F32(r[1, c] + r[9, c]) + F32(r[5, c] + r[13, c]))
+            s2 = F32(F32(r[2, c] + r[10, c]) + F32(r[6, c] + r[14, c]))
+            s3 = F32(F32(r[3, c] + r[11, c]) + F32(r[7, c] + r[15, c]))
+            out[c] = F32(F32(s0 + s2) + F32(s1 + s3))
+        else:  # hsum_hadd8: (t0 + t1) + (t2 + t3), t_i = lane i + lane i + 4
+            t0, t1 = F32(r[0, c] + r[4, c]), F32(r[1, c] + r[5, c])
+            t2, t3 = F32(r[2, c] + r[6, c]), F32(r[3, c] + r[7, c])
+            out[c] = F32(F32(t0 + t1) + F32(t2 + t3))
+
+
+@jit()
+def cols_fit(n, lanes):
+    """Whether :func:`vec_dot_f32_cols` computes dots of length ``n`` (a whole number of ``GGML_F32_STEP``s)."""
+    return n % (4 * lanes) == 0
+
+
+@jit()
 def vec_dot_f16(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f16 of ``x[:n]``, ``y[:n]`` (F16 values as float32): float SIMD part, double tail;
     ``acc``: :func:`dot_scratch`."""
@@ -110,4 +154,4 @@ def vec_soft_max_f32(n, y, x, mx, lanes):
     return total
 
 
-__all__ = ["dot_scratch", "vec_dot_f32", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]
+__all__ = ["dot_scratch", "vec_dot_f32", "vec_dot_f32_cols", "cols_fit", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]

@@ -248,10 +248,16 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
         from kernels.ggml import attn_heads
 
         o = np.empty((T, H, D), dtype=F32)
-        vt = np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
+        L = mulmat.lanes(ctx.ggml)
         sgemm = mulmat.kernel_for(QT.F32, ctx.ggml, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
-        attn_heads.attn_heads_f32(np.ascontiguousarray(q), k, vt, vecmath.cast_f16_to_f32(mask), scale,
-                                  mulmat.lanes(ctx.ggml), sgemm, o)
+        kq_cols, pv_cols = attn_heads.layouts(D, n_kv, L, sgemm)  # the layouts its products read (the rest: empty)
+        none = np.zeros((Hkv, 0, 0), dtype=F32)
+        kt = np.zeros((Hkv, D, n_kv), dtype=F32) if kq_cols else none  # [Hkv, D, n_kv]: K transposed
+        if kq_cols:
+            kt[:, :, :n_used] = kv.k.transpose(1, 2, 0)
+        vt = none if pv_cols else np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
+        attn_heads.attn_heads_f32(np.ascontiguousarray(q), none if kq_cols else k, kt, v, vt,
+                                  vecmath.cast_f16_to_f32(mask), scale, L, sgemm, o)
         return o
     group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)

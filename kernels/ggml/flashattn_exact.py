@@ -67,6 +67,7 @@ from kernels.ggml.libm import expf, fmaxf
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
+from kernels.ggml.vecmath import cast_f16_to_f32
 
 F32 = np.float32
 NINF = np.float32(-np.inf)
@@ -214,12 +215,12 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     if has_mask:
         if mask.dtype != np.float16 or mask.shape[0] < n_q or mask.shape[1] != n_kv:
             raise ValueError(f"flash_attn_ext: mask must be float16 [>= n_q, n_kv], got {mask.dtype} {mask.shape}")
-        mask32 = np.ascontiguousarray(mask[:n_q], dtype=F32)  # GGML_CPU_FP16_TO_FP32: exact
+        mask32 = cast_f16_to_f32(mask[:n_q])  # GGML_CPU_FP16_TO_FP32: exact
     else:
         mask32 = np.zeros((n_q, n_kv), F32)
     k_f16, v_f16 = k.dtype == np.float16, v.dtype == np.float16
-    k32 = np.ascontiguousarray(k, dtype=F32)  # F16 -> F32 is exact
-    v32 = np.ascontiguousarray(v, dtype=F32)
+    k32 = cast_f16_to_f32(k) if k_f16 else np.ascontiguousarray(k, dtype=F32)  # F16 -> F32 is exact (a table look-up)
+    v32 = cast_f16_to_f32(v) if v_f16 else np.ascontiguousarray(v, dtype=F32)
     out = np.zeros((n_q, n_head, v.shape[2]), F32)
     if n_q == 0:
         return out

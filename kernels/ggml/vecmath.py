@@ -322,8 +322,18 @@ F16_TO_F32 = _fp16_to_fp32_bits(np.arange(1 << 16, dtype=np.uint32).astype(np.ui
 
 def cast_f16_to_f32(h) -> np.ndarray:
     """ggml_cpy/ggml_cast F16 -> F32 (ggml_table_f32_f16, filled by ggml_compute_fp16_to_fp32): exact; a NaN
-    comes out quieted, its payload kept. A lookup in :data:`F16_TO_F32`."""
-    return F16_TO_F32[np.ascontiguousarray(h, dtype=np.float16).view(np.uint16)]
+    comes out quieted, its payload kept. A lookup in :data:`F16_TO_F32` (compiled: numpy's fancy indexing took
+    ~1.4 ns a value)."""
+    u = np.ascontiguousarray(h, dtype=np.float16).view(np.uint16)
+    out = np.empty(u.shape, np.float32)
+    _f16_lookup(u.reshape(-1), F16_TO_F32, out.reshape(-1))
+    return out
+
+
+@jit()
+def _f16_lookup(u, tab, out):
+    for i in range(u.size):
+        out[i] = tab[u[i]]
 
 
 @jit()

@@ -203,7 +203,7 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias=0, logit_softcap=0)`` as ggml-cpu computes it on
     ``path`` ("avx512" | "avx2") with ``n_threads`` threads. Layouts in the module docstring; returns
     [n_q, n_head, DV] float32."""
-    L = lanes(path)
+    lanes(path)  # checks the path
     q = np.ascontiguousarray(q, dtype=F32)
     if k.dtype not in (np.float16, np.float32) or v.dtype not in (np.float16, np.float32):
         raise ValueError(f"flash_attn_ext: K/V must be float16 or float32, got {k.dtype}/{v.dtype}")
@@ -221,11 +221,23 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     k_f16, v_f16 = k.dtype == np.float16, v.dtype == np.float16
     k32 = cast_f16_to_f32(k) if k_f16 else np.ascontiguousarray(k, dtype=F32)  # F16 -> F32 is exact (a table look-up)
     v32 = cast_f16_to_f32(v) if v_f16 else np.ascontiguousarray(v, dtype=F32)
-    out = np.zeros((n_q, n_head, v.shape[2]), F32)
+    return flash_attn_values(q, k32, v32, k_f16, v_f16, mask32 if has_mask else None, scale, path, n_threads)
+
+
+def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: float, path: str, n_threads: int = 1):
+    """:func:`flash_attn_ext` on its inputs as float32 values: ``k32`` / ``v32`` hold F16 values when ``k_f16`` /
+    ``v_f16`` (K, V of type F16), ``mask32`` [n_q, n_kv] the F16 mask's values or None. For a caller that holds
+    them so already (refimpl.model.attention: the F16 view of the KV cache); the arguments are not checked again."""
+    n_head, n_q, DK = q.shape
+    out = np.zeros((n_q, n_head, v32.shape[2]), F32)
     if n_q == 0:
         return out
-    kind = fa_kernel(n_q, n_kv, k.dtype, v.dtype)
-    args = (q, k32, v32, mask32, has_mask, F32(scale))
+    has_mask = mask32 is not None
+    if not has_mask:
+        mask32 = np.zeros((n_q, k32.shape[1]), F32)
+    kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32)
+    args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
+    L = lanes(path)
     if kind == "split":
         split_kv_row(*args, k_f16, v_f16, L, int(n_threads), out)
     elif kind == "tiled":
@@ -235,4 +247,4 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     return out
 
 
-__all__ = ["flash_attn_ext", "fa_kernel", "one_chunk"]
+__all__ = ["flash_attn_ext", "flash_attn_values", "fa_kernel", "one_chunk"]

@@ -239,10 +239,12 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
     k = np.zeros((Hkv, n_kv, D), dtype=F32)
     v = np.zeros((Hkv, n_kv, D), dtype=F32)
     k[:, :n_used], v[:, :n_used] = kv.k.transpose(1, 0, 2), kv.v.transpose(1, 0, 2)  # [Hkv, n_kv, D]
-    if ctx.flash_attn:  # the F16 view: exact for an F16 cache, ggml_cast for an F32 one (the empty cells +0 either way)
-        k16, v16 = np.zeros((Hkv, n_kv, D), dtype=np.float16), np.zeros((Hkv, n_kv, D), dtype=np.float16)
-        k16[:, :n_used], v16[:, :n_used] = vecmath.cast_f16(k[:, :n_used]), vecmath.cast_f16(v[:, :n_used])
-        return flashattn_exact.flash_attn_ext(q.transpose(1, 0, 2), k16, v16, mask, scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
+    if ctx.flash_attn:  # K, V as F16 (exact for an F16 cache, ggml_cast for an F32 one; the empty cells +0 either way),
+        # held as their float32 values, as the kernel reads them (flash_attn_values: flash_attn_ext without the casts)
+        for x in (k, v):
+            x[:, :n_used] = vecmath.cast_f16_to_f32(vecmath.cast_f16(x[:, :n_used]))
+        return flashattn_exact.flash_attn_values(q.transpose(1, 0, 2), k, v, True, True, vecmath.cast_f16_to_f32(mask),
+                                                 scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
     if not ctx.kv_f16:  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
         # the permuted Q view is not contiguous and needs no conversion to F32, so ggml_compute_forward_mul_mat skips
         # llamafile_sgemm (it needs src1_cont) and takes vec_dot per element

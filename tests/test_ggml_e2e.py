@@ -296,13 +296,15 @@ CONFIGS = {"f16-flash": ({"type_k": "f16", "type_v": "f16", "flash_attn": "on"},
 @pytest.mark.parametrize("name", MATRIX_FILES)
 def test_converted_files_in_every_configuration(name, config, n_ubatch, on_build):
     """The converted files with repacked weights (and qwen35's dense FFN), in K/V F16/F32 × flash attention on/off ×
-    n_ubatch 1 and 512: a 56-token prompt in one batch, then 12 tokens in 1+3-shaped batches, logits bit for bit."""
+    n_ubatch 1 and 512: a 56-token prompt in one batch, then 12 tokens in 1+3-shaped batches, logits bit for bit —
+    loaded with the column layout (kernels.ggml.columns; the stored rows' kernels: assert_llama_defaults)."""
     from test_converted import CONVERTED
     from refimpl.model.trunk import load_model
 
     options, fields = CONFIGS[config]
     path, model_path = on_build("native"), CONVERTED / name
-    m = load_model(model_path, pack=False)
+    m = load_model(model_path, pack=True, ggml=(path, True))  # the column layout of the repacked weights (--pack)
+    assert m.packed_bytes > 0
     tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 68)]
     ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=n_ubatch, **fields)
     logits = refimpl_batches(m, tokens, ctx, 4, prompt_batch=56)
@@ -321,7 +323,7 @@ def test_converted_files_draft_mtp_loop(name, on_build):
     from refimpl.model.trunk import load_model
 
     path, model_path = on_build("native"), CONVERTED / name
-    m = load_model(model_path, pack=False)
+    m = load_model(model_path, pack=True, ggml=(path, True))  # the column layout of the repacked weights (--pack)
     start = [int(t) for t in np.random.default_rng(11).integers(1, m.config.n_vocab, 10)]
     theirs = llama_speculative(model_path, start, 16, n_draft=3, defaults=True, n_threads=N_THREADS)
     tokens, stats = speculative_generate(m, start, 16, emulation_ctx("ggml", ggml=path, n_threads=N_THREADS),

@@ -78,10 +78,13 @@ def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights) or, with
-    ``ggml`` = (path, repack) of an ``--emulate=ggml`` run, in the column layout of its kernels
+    ``ggml`` = (path, repack) of an ``--emulate=ggml`` run (worked out from ``args`` when not given), in the column
+    layout of its kernels
     (refimpl.model.trunk.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.trunk.Model.packed)."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
+    if ggml is None and getattr(args, "emulate", None) == "ggml":  # logits, trace: the layout of its kernels too
+        ggml = (ggml_path(), not getattr(args, "no_repack", False))
     return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack,
                       ggml=ggml)
 

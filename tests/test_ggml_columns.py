@@ -1,9 +1,10 @@
 """kernels.ggml.columns (``--emulate=ggml``'s column layout) gives the bits of the stored-row kernels it stands in for.
 
-The stored-row kernels (kernels.ggml.repack, kernels.ggml.repack_k) are proven against libggml on both builds by
-test_ggml_ops_repack / test_ggml_ops_repack_k; here the column layout must equal them bit for bit on the same kinds
-of inputs (rounding ties, zeros, a NaN that quantizes to -128 — the gemv's sign trick —, inf), for decode (gemv) and
-batch (gemm) row counts, column ranges that start and end inside a tile, and mul_mat_id's grouping. A model loaded
+The stored-row kernels (kernels.ggml.repack, kernels.ggml.repack_k, and for the K-quants in a plain buffer
+kernels.ggml.mulmat_k) are proven against libggml on both builds by test_ggml_ops_repack / test_ggml_ops_repack_k /
+test_ggml_ops_mulmat; here the column layout must equal them bit for bit on the same kinds of inputs (rounding ties,
+zeros, a NaN that quantizes to -128 — the gemv's sign trick —, inf), for decode (gemv, vec_dot) and batch (gemm,
+tiled) row counts, column ranges that start and end inside a tile, and mul_mat_id's grouping. A model loaded
 with the layout is compared with llama.cpp itself in tests/test_ggml_e2e.py.
 """
 
@@ -12,11 +13,12 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack import acts
 
-from kernels.ggml import columns, mulmat
+from kernels.ggml import columns, columns_k, mulmat
 from kernels.ggml.simd import _cols_dot16_def, cols_dot16
 from kernels.testing import random_rows
 
-TYPES = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4, QT.Q4_K)
+TYPES = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4, QT.Q4_K)  # repacked by llama.cpp (its default CPU_REPACK buffer)
+PLAIN = (QT.Q4_K, QT.Q5_K, QT.Q6_K)  # in a plain buffer: vec_dot below 8 rows, the tiled kernel from 8
 
 
 def bits(a):
@@ -59,6 +61,77 @@ def test_mul_mat_equals_stored_rows(qtype):
                 assert np.array_equal(bits(got), bits(want[:, start:stop])), (start, stop, T)
 
 
+@pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
+def test_klanes_is_its_definition(qtype):
+    """The 8 integer lanes of a super-block, 16 columns in vector IR, against the definition (extreme codes, scales
+    and activations: Q6_K's scale bytes -128 and 127, a -128 activation)."""
+    rng = np.random.default_rng(int(qtype))
+    w = weight_bytes(qtype, 40, 512, rng)
+    cols = columns.layout(w, qtype)
+    q, sc = cols.q[0, 0], cols.sc[0, 0].copy()  # tile 0: (K/2, 128), (K/32 or K/16, 64)
+    sc[0, :4] = (128, 127, 0, 255)
+    y = rng.integers(-128, 128, 512).astype(np.int16)
+    y[:3] = (-128, 127, -127)
+    kind = columns.KIND[qtype] if qtype != QT.Q4_K else columns.PLAIN_KIND[qtype]
+    for blk, c, nc in ((0, 0, 40), (1, 8, 32), (1, 37, 27)):  # whole steps of 16, a scalar tail, an offset start
+        got, want = np.zeros((8, 64), np.int32), np.zeros((8, 64), np.int32)
+        columns_k.klanes(got, q, blk, c, nc, y, sc, kind)
+        columns_k._klanes_def(want, 0, nc, q, blk, c, y, sc, kind)
+        assert np.array_equal(got[:, :nc], want[:, :nc]), (blk, c)
+    scale = int(sc[16, 0].view(np.int8)) if qtype == QT.Q6_K else int(sc[8, 0])  # block 1, group 0, lane 1
+    dot = sum(int(q[(256 + 4 + i) // 2, (256 + 4 + i) % 2]) * int(y[256 + 4 + i]) for i in range(4))  # lane 1, group 0
+    rest = sum((int(sc[16 + 2 * g, 0].view(np.int8)) if qtype == QT.Q6_K else int(sc[8 + g, 0]))
+               * sum(int(q[(256 + 32 * g + 4 + i) // 2, (256 + 32 * g + 4 + i) % 2]) * int(y[256 + 32 * g + 4 + i])
+                     for i in range(4)) for g in range(1, 8))
+    want = np.zeros((8, 64), np.int32)
+    columns_k._klanes_def(want, 0, 1, q, 1, 0, y, sc, kind)
+    assert want[1, 0] == scale * dot + rest
+
+
+@pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
+def test_plain_buffer_mul_mat_equals_stored_rows(qtype):
+    """Not repacked (Q5_K and Q6_K never are; Q4_K with --no-repack): vec_dot's 8 lanes for T < 8, the tiled
+    kernel's slabs from 8 rows, as kernels.ggml.mulmat_k computes them on the stored rows (a row with an inf and
+    one with a NaN scale among them)."""
+    rng = np.random.default_rng(200 + int(qtype))
+    d_at = 208 if qtype == QT.Q6_K else 0  # the fp16 super-block scale's offset in a block
+    for N, K in ((64, 256), (136, 512)):
+        w = weight_bytes(qtype, N, K, rng)
+        w[3, d_at:d_at + 2] = np.array([0x7C00], np.uint16).view(np.uint8)  # d = +inf: inf·0 lanes, ±inf
+        w[5, d_at:d_at + 2] = np.array([0x7E00], np.uint16).view(np.uint8)  # d = NaN
+        cols = columns.layout(w, qtype)
+        assert cols.n_cols == N and cols.K == K
+        for T in (1, 2, 7, 8, 9):  # vec_dot; the tiled kernel (the special activation rows at 9)
+            x = acts(rng, T, K)
+            want = mulmat.mul_mat(w, qtype, x, "avx512", repack=False)
+            assert mulmat.kernel_for(qtype, "avx512", T, N, K) == ("tiled" if T >= 8 else "vec_dot")
+            assert np.array_equal(bits(columns.mul_mat_cols(cols, x, repacked=False)), bits(want)), (N, K, T)
+            assert np.array_equal(bits(mulmat.mul_mat(w, qtype, x, "avx512", repack=False, cols=cols)), bits(want))
+            for start, stop in ((8, 24), (60, 136 if N == 136 else 64)):
+                got = columns.mul_mat_cols(cols.columns(start, stop), x, repacked=False)
+                assert np.array_equal(bits(got), bits(want[:, start:stop])), (start, stop, T)
+
+
+@pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
+def test_plain_buffer_mul_mat_id_equals_stored_rows(qtype):
+    """mul_mat_id groups the rows by expert: a group of 8 or more rows takes the tiled kernel, a smaller one vec_dot,
+    in the same call."""
+    rng = np.random.default_rng(300 + int(qtype))
+    E, N, K = 4, 80, 256
+    w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
+    cols = columns.layout(w, qtype)
+    for T, n_x, n_used in ((1, 1, 2), (3, 2, 2), (12, 1, 2)):
+        x = acts(rng, T * n_x, K).reshape(T, n_x, K)
+        ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
+        if T == 12:
+            ids[:, 0] = 0  # expert 0: 12 rows (tiled); the others fewer than 8 (vec_dot)
+            ids[:, 1] = 1 + np.arange(T) % 3
+        want = mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=False)
+        assert np.array_equal(bits(mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=False, cols=cols)), bits(want))
+        half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids, repacked=False)  # a fused gate_up's up rows
+        assert np.array_equal(bits(half), bits(want[..., 40:80])), T
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
 def test_mul_mat_id_equals_stored_rows(qtype):
     rng = np.random.default_rng(100 + int(qtype))
@@ -84,14 +157,19 @@ def test_layout_is_refused_where_it_does_not_apply():
         mulmat.mul_mat(w[:16], QT.Q4_K, x, "avx512", repack=True, cols=cols)
     with pytest.raises(ValueError, match="has none"):
         columns.layout(weight_bytes(QT.Q8_0, 8, 64, rng), QT.Q8_0)
-    # not repacked (--no-repack): the plain buffer's vec_dot runs, whatever layout is given
-    want = mulmat.mul_mat(w, QT.Q4_K, x, "avx512", repack=False)
-    assert np.array_equal(bits(mulmat.mul_mat(w, QT.Q4_K, x, "avx512", repack=False, cols=cols)), bits(want))
+    q4 = weight_bytes(QT.Q4_0, 32, 256, rng)
+    with pytest.raises(ValueError, match="Q4_0 in a plain buffer has no kernel here"):
+        columns.mul_mat_cols(columns.layout(q4, QT.Q4_0), x, repacked=False)
+    # not repacked (--no-repack): Q4_0's plain-buffer kernel reads the stored rows, whatever layout is given
+    want = mulmat.mul_mat(q4, QT.Q4_0, x, "avx512", repack=False)
+    got = mulmat.mul_mat(q4, QT.Q4_0, x, "avx512", repack=False, cols=columns.layout(q4, QT.Q4_0))
+    assert np.array_equal(bits(got), bits(want))
 
 
 def test_the_model_is_laid_out_where_the_kernels_are():
-    """``load_model(ggml=…)`` lays out the matrices llama.cpp repacks, experts included, and nothing with
-    ``--no-repack``. (The logits with the layout equal llama.cpp's: tests/test_ggml_e2e.py, the converted files.)"""
+    """``load_model(ggml=…)`` lays out the matrices llama.cpp repacks, experts included, and the K-quants of a plain
+    buffer (with ``--no-repack``: all of them). (The logits with the layout equal llama.cpp's: tests/test_ggml_e2e.py,
+    the converted files.)"""
     from refimpl.fixtures.builtin import fixture_path
     from refimpl.model.trunk import load_model
 
@@ -100,7 +178,9 @@ def test_the_model_is_laid_out_where_the_kernels_are():
     ffn = laid.weights.layers[0].ffn
     assert laid.packed_bytes > 0 and ffn.experts.down_exps.cols is not None and ffn.ffn_up_shexp.cols is not None
     assert laid.weights.layers[0].mixer.attn_qkv.cols is None  # Q8_0: its vec_dot reads the stored rows
-    assert load_model(path, pack=True, ggml=("avx512", False)).packed_bytes == 0
+    assert laid.weights.output.qtype == QT.Q6_K and laid.weights.output.cols is not None  # vec_dot, laid out
+    plain = load_model(path, pack=True, ggml=("avx512", False))
+    assert 0 < plain.packed_bytes and plain.weights.layers[0].ffn.experts.down_exps.cols.qtype == QT.Q4_K
 
 
 def test_interpreted_kernels_give_the_same_bits(tmp_path):
@@ -112,14 +192,14 @@ def test_interpreted_kernels_give_the_same_bits(tmp_path):
 
     rng = np.random.default_rng(9)
     cases = {}
-    for qtype in (QT.Q4_K, QT.MXFP4):
+    for qtype, repacked, T in ((QT.Q4_K, True, 5), (QT.MXFP4, True, 5), (QT.Q6_K, False, 3), (QT.Q5_K, False, 8)):
         w = weight_bytes(qtype, 40, 256, rng)
-        x = acts(rng, 5, 256)
-        cases[qtype.name] = (w, x, columns.mul_mat_cols(columns.layout(w, qtype), x))
+        x = acts(rng, T, 256)
+        cases[qtype.name] = (w, x, columns.mul_mat_cols(columns.layout(w, qtype), x, repacked))
     np.savez(tmp_path / "in.npz", **{f"{n}_{i}": a for n, c in cases.items() for i, a in enumerate(c)})
     code = ("import numpy as np; from gguf import GGMLQuantizationType as QT; from kernels.ggml import columns; "
             "z = np.load('in.npz'); np.savez('out.npz', **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
-            "z[n + '_1']) for n in ('Q4_K', 'MXFP4')})")
+            "z[n + '_1'], n in ('Q4_K', 'MXFP4')) for n in ('Q4_K', 'MXFP4', 'Q6_K', 'Q5_K')})")
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

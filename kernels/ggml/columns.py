@@ -15,11 +15,15 @@ integer dot and the float operations on it, in ggml's order, which the kernels h
   float32(d · y.d), acc)`` and ``accm = fma(float(ΣM), float32(dmin · y.d), accm)`` per super-block (gemv) or
   per 64 values (gemm rows), ``out = acc - accm``. The nibbles are stored as int8 values, the scales and mins
   decoded.
+* **Q4_K, Q5_K, Q6_K in a plain buffer** (``vec_dot`` per element, or the tiled kernel from 8 rows:
+  :mod:`kernels.ggml.mulmat_k`): :mod:`kernels.ggml.columns_k`. A Q4_K layout serves both its formulas: which one
+  a product takes is whether llama.cpp repacked the tensor (:func:`kind_for`).
 
 A :class:`Columns` holds, for ``E`` matrices of ``N`` rows of ``K`` values (``E`` = 1 for a dense weight, the
 experts of a stacked tensor), the values ``q`` (E, K/2, 2N) int8 — value ``k`` of output ``c`` at ``[k // 2, 2c +
 k % 2]``, two neighbouring values side by side (:func:`kernels.ggml.simd.cols_dot16`) —, the per-block floats (E,
-K/32 or K/256, N) float32 (Q4_K's scales and mins (E, K/32, N) uint8), and the column range ``[c0, c1)`` a product
+K/32 or K/256, N) float32 (the K-quants' scales and mins (E, K/32 or K/16, N) uint8: Q6_K's int8 scales as their
+bytes), and the column range ``[c0, c1)`` a product
 reads (a fused gate_up tensor's gate or up rows), stored tile by tile (:data:`TILE` outputs in one piece, so a
 tile's weights are read in one stream). Bytes: ~1.8 × the stored matrix.
 
@@ -36,7 +40,8 @@ from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit
-from kernels.ggml.mulmat_k import pair_sums
+from kernels.ggml.columns_k import KQ_KIND, tile_k
+from kernels.ggml.mulmat_k import TILED_MIN_ROWS, decode_row, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
@@ -45,7 +50,11 @@ from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
 
 F32 = np.float32
-KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the two formulas above
+REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repacked kernels' formulas (above)
+PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
+KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with a column layout
+_BLOCK = {QT.Q4_0: (18, 32), QT.IQ4_NL: (18, 32), QT.MXFP4: (17, 32), QT.Q4_K: (144, 256), QT.Q5_K: (176, 256),
+          QT.Q6_K: (210, 256)}  # bytes and values per block
 TILE = 64  # output columns per work item (a multiple of 16; prange splits the tiles)
 
 
@@ -55,10 +64,10 @@ class Columns:
 
     qtype: QT
     q: np.ndarray  # (E, N/TILE, K/2, 2·TILE) int8: the values, neighbouring pairs side by side
-    d: np.ndarray  # (E, N/TILE, K/32 or K/256, TILE) float32: d (Q4_0, IQ4_NL), E8M0_HALF[e] (MXFP4), Q4_K's d
-    dmin: np.ndarray  # (E, N/TILE, K/256, TILE) float32: Q4_K's dmin; (…, 0, TILE) otherwise
-    sc: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: Q4_K's 6-bit sub-block scales; (…, 0, TILE) otherwise
-    mn: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: Q4_K's 6-bit sub-block mins; (…, 0, TILE) otherwise
+    d: np.ndarray  # (E, N/TILE, K/32 or K/256, TILE) float32: d (Q4_0, IQ4_NL), E8M0_HALF[e] (MXFP4), the K-quants' d
+    dmin: np.ndarray  # (E, N/TILE, K/256, TILE) float32: Q4_K's / Q5_K's dmin; (…, 0, TILE) otherwise
+    sc: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: 6-bit sub-block scales (Q6_K: K/16 int8 scale bytes); (…, 0, TILE) otherwise
+    mn: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: Q4_K's / Q5_K's 6-bit sub-block mins; (…, 0, TILE) otherwise
     n: int  # N: the matrix's rows (the tiles pad them to a multiple of TILE)
     c0: int = 0
     c1: int | None = None  # None: every column
@@ -121,6 +130,27 @@ def _lay_q4_k(w, q, d, dmin, sc, mn, tab):
                     q[128 * b + 32 * cc + 16 + l // 2, 2 * c + l % 2] = v >> 4  # value 256b + 64cc + 32 + l
 
 
+@jit()
+def _lay_k(kind, w, q, d, dmin, sc, mn, tab):
+    """Q4_K / Q5_K / Q6_K rows (``kind`` as ``mulmat_k.KIND``) -> ``q`` (K/2, 2N) the codes, ``d`` / ``dmin``
+    (K/256, N), ``sc`` / ``mn`` (K/32 or K/16, N), through :func:`kernels.ggml.mulmat_k.decode_row`."""
+    K = 2 * q.shape[0]
+    qr, scr, mnr = np.empty(K, np.int32), np.empty(sc.shape[0], np.int32), np.zeros(sc.shape[0], np.int32)
+    dr, dminr = np.empty(d.shape[0], F32), np.zeros(d.shape[0], F32)
+    for c in range(w.shape[0]):
+        decode_row(kind, w[c], qr, scr, mnr, dr, dminr, tab)
+        for k in range(K):
+            q[k // 2, 2 * c + k % 2] = qr[k]
+        for s in range(sc.shape[0]):
+            sc[s, c] = np.uint8(scr[s] & 255)  # Q6_K: the int8 scale's byte
+        for s in range(mn.shape[0]):
+            mn[s, c] = mnr[s]
+        for b in range(d.shape[0]):
+            d[b, c] = dr[b]
+        for b in range(dmin.shape[0]):
+            dmin[b, c] = dminr[b]
+
+
 def layout(w_bytes: np.ndarray, qtype) -> Columns:
     """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
     expert matrices, of a type in :data:`KIND`."""
@@ -132,14 +162,15 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
     w = np.asarray(w_bytes, np.uint8)
     w3 = w[None] if w.ndim == 2 else w  # (E, N, row bytes)
     E, N, rb = w3.shape
-    per_block = {QT.Q4_0: 18, QT.IQ4_NL: 18, QT.MXFP4: 17, QT.Q4_K: 144}[qtype]
-    K = rb // per_block * (256 if qtype == QT.Q4_K else 32)
+    per_block, values = _BLOCK[qtype]
+    K = rb // per_block * values
     if rb % per_block:
         raise ValueError(f"column layout: rows of {rb} bytes are not whole {qtype.name} blocks")
     q = np.empty((E, K // 2, 2 * N), np.int8)
-    if qtype == QT.Q4_K:
-        d, dmin = np.empty((E, K // 256, N), F32), np.empty((E, K // 256, N), F32)
-        sc, mn = np.empty((E, K // 32, N), np.uint8), np.empty((E, K // 32, N), np.uint8)
+    if values == 256:
+        nsub, nmin = (K // 16, 0) if qtype == QT.Q6_K else (K // 32, K // 32)
+        d, dmin = np.empty((E, K // 256, N), F32), np.empty((E, K // 256 if nmin else 0, N), F32)
+        sc, mn = np.empty((E, nsub, N), np.uint8), np.empty((E, nmin, N), np.uint8)
     else:
         d, dmin = np.empty((E, K // 32, N), F32), np.empty((E, 0, N), F32)
         sc, mn = np.empty((E, 0, N), np.uint8), np.empty((E, 0, N), np.uint8)
@@ -147,6 +178,8 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
         we = np.ascontiguousarray(w3[e])
         if qtype == QT.Q4_K:
             _lay_q4_k(we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
+        elif values == 256:
+            _lay_k(KIND[qtype] - 3, we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
         else:
             lut, hdr, tab = _TYPES[qtype]
             _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, q[e], d[e])
@@ -211,9 +244,12 @@ def _wrap128(q, k0, c, nc, y, yo, out):
 def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc, dots, acc, accm, ii, mi):
     """Columns ``c … c + nc - 1`` of one tile (``q`` (K/2, 2·TILE), ``d`` (…, TILE) …) against activation rows ``rows`` (``y`` (R, K)
     int16, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R, K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks
-    holding a -128, ``gemm`` (R,) the rows taking the gemm) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND`;
-    scratch ``dots`` (≥ nc) int32, ``acc`` / ``accm`` (≥ nc) float32, ``ii`` / ``mi`` (≥ nc) int32 (a super-block's
-    sums stay below 2^25)."""
+    holding a -128, ``gemm`` (R,) the rows taking the gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc +
+    j]``; ``kind`` as :data:`KIND` (3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32,
+    ``acc`` / ``accm`` (≥ nc) float32, ``ii`` / ``mi`` (≥ nc) int32 (a super-block's sums stay below 2^25)."""
+    if kind >= 3:
+        tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
+        return
     for i in range(rows.shape[0]):
         r = rows[i]
         yr = y[r]
@@ -287,10 +323,15 @@ def _inputs(kind, x, g):
     """The activations ``x`` (T, K) as ggml's kernel for ``kind`` takes them: (y (T, K) int16, yd, ys (T, K/32) the
     Q8_K sums per 32 values (Q4_K), m128 (T, K/32) the Q8_0 blocks holding a -128, gemm (T,)). Q4_0 / IQ4_NL
     / MXFP4: x86 ``quantize_row_q8_0`` (= ``ggml_quantize_mat_q8_0_4x8``, bit for bit); Q4_K: rows ``t < g`` by
-    ``ggml_quantize_mat_q8_K_4x8`` (the gemm's), the rest by ``from_float`` = ``quantize_row_q8_K_ref``."""
+    ``ggml_quantize_mat_q8_K_4x8`` (the gemm's), the rest by ``from_float`` = ``quantize_row_q8_K_ref``; kinds 3-5
+    (a plain buffer's K-quants): every row by ``quantize_row_q8_K_ref``, ``ys`` the sums per 32 values (Q4_K, Q5_K)
+    or per 16 (Q6_K), rows ``t < g`` the tiled kernel's."""
     T, K = x.shape
     gemm = np.zeros(T, np.bool_)
     gemm[:g] = True
+    if kind >= 3:
+        yq, yd, ys32, ys16 = q8_k_inputs(x)
+        return yq.astype(np.int16), yd, ys16 if kind == 5 else ys32, np.zeros((T, 0), np.bool_), gemm
     if kind == 2:
         yq, yd, bs = q8_k_mat_inputs(x, g)
         return yq.astype(np.int16), yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
@@ -312,12 +353,15 @@ def cols_mul_mat(kind, q, d, dmin, sc, mn, c0, c1, x, g, out):
 def cols_mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
     """``mul_mat_id`` in one compiled call: ``x`` (T·n_x, K) every row through ``from_float``, the slots of ``ids``
     (T, n_used) grouped by expert (:func:`slot_groups`, as ggml groups them), each group's rows against its
-    expert's columns — a gemv per row (``forward_mul_mat_id``); out (T·n_used, c1 - c0)."""
+    expert's columns — a gemv per row (``forward_mul_mat_id``), or for kinds 3-5 vec_dot (the tiled kernel when
+    the group has :data:`TILED_MIN_ROWS` rows); out (T·n_used, c1 - c0)."""
     y, yd, ys, m128, gemm = _inputs(kind, x, 0)
     order, bounds, experts, arow = slot_groups(ids, n_x)
     for g in range(experts.shape[0]):
         e = experts[g]
         orow = order[bounds[g]:bounds[g + 1]]
+        if kind >= 3:
+            gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
         rows = np.empty(orow.shape[0], np.int64)
         for i in range(orow.shape[0]):
             rows[i] = arow[orow[i]]
@@ -325,41 +369,57 @@ def cols_mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
              rows.shape[0] * (c1 - c0) * x.shape[1] >= SERIAL_BELOW)
 
 
-def mul_mat_cols(cols: Columns, x: np.ndarray) -> np.ndarray:
+def kind_for(qtype, repacked: bool):
+    """The formula a product of ``qtype`` weights in the column layout takes (:data:`KIND`): the repacked kernels'
+    when llama.cpp repacked the tensor, else the plain buffer's; None: that kernel has no column layout."""
+    return (REPACKED_KIND if repacked else PLAIN_KIND).get(QT(qtype))
+
+
+def _kind(cols: Columns, repacked: bool) -> int:
+    kind = kind_for(cols.qtype, repacked)
+    if kind is None:
+        raise ValueError(f"column layout: {cols.qtype.name} {'repacked' if repacked else 'in a plain buffer'} has no kernel here")
+    return kind
+
+
+def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndarray:
     """``ggml_mul_mat(W, x)`` for a dense weight in the column layout (``cols.q`` (1, K/2, 2N)): ``x`` (T, K)
-    float32 -> (T, n_cols) float32, the bits of ggml's kernel for that type and ``T`` (module docstring)."""
-    kind = KIND[cols.qtype]
+    float32 -> (T, n_cols) float32, the bits of ggml's kernel for that type and ``T`` (module docstring), of the
+    repacked tensor or (``repacked`` False) of the plain buffer's."""
+    kind = _kind(cols, repacked)
     x = np.ascontiguousarray(x, F32)
     T, K = x.shape
     if cols.q.shape[0] != 1 or cols.K != K:
         raise ValueError(f"column layout of (E={cols.q.shape[0]}, K={cols.K}): not one matrix of K={K}")
     out = np.empty((T, cols.n_cols), F32)
+    g = (T if T >= TILED_MIN_ROWS else 0) if kind >= 3 else T - T % 4  # the rows taking the tiled kernel / the gemm
     cols_mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
-                 T - T % 4, out)
+                 g, out)
     return out
 
 
-def mul_mat_id_cols(cols: Columns, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def mul_mat_id_cols(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: bool = True) -> np.ndarray:
     """``ggml_mul_mat_id(W, x, ids)`` for a stack of experts in the column layout: ``x`` (T, n_x, K) float32,
     ``ids`` (T, n_used) in ``[0, E)`` -> (T, n_used, n_cols): slot ``s`` of token ``t`` is expert ``ids[t, s]``
-    times ``x[t, s % n_x]``, every row converted by ``from_float`` (the gemv)."""
+    times ``x[t, s % n_x]``, every row converted by ``from_float`` (the gemv); ``repacked`` as in
+    :func:`mul_mat_cols`."""
     x = np.ascontiguousarray(x, F32)
     ids = np.asarray(ids, np.int32)
     T, n_x, K = x.shape
     E = cols.q.shape[0]
     if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or cols.K != K:
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}) and K = {cols.K}, got {ids.shape}, K={K}")
-    return mul_mat_id_checked(cols, x, ids)
+    return mul_mat_id_checked(cols, x, ids, repacked)
 
 
-def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: bool = True) -> np.ndarray:
     """:func:`mul_mat_id_cols` on arguments already checked (``kernels.ggml.mulmat.mul_mat_id`` has): ``x`` (T, n_x,
     K) C-contiguous float32, ``ids`` (T, n_used) int32 in range."""
     T, n_x, K = x.shape
     out = np.empty((T, ids.shape[1], cols.n_cols), F32)
-    cols_mul_mat_id(KIND[cols.qtype], cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
+    cols_mul_mat_id(_kind(cols, repacked), cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
                     x.reshape(T * n_x, K), ids, n_x, out.reshape(T * ids.shape[1], -1))
     return out
 
 
-__all__ = ["Columns", "KIND", "layout", "mul_mat_cols", "mul_mat_id_cols"]
+__all__ = ["Columns", "KIND", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols"]

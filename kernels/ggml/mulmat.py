@@ -129,17 +129,17 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     ``qtype``, ``x`` (T, K) float32 -> (T, N) float32. ``repack``: W was loaded into the CPU_REPACK buffer when
     that buffer takes it (llama.cpp's default; :func:`repacked` of the stored tensor's rows: ``tensor_rows`` when
     ``w_bytes`` is a row block of a fused tensor, default N). ``cols``: the same weights in the column layout
-    (:mod:`kernels.ggml.columns`), or None; taken where its kernel is the one ggml runs (Q8_0 always; Q4_0,
-    IQ4_NL, MXFP4 and Q4_K when repacked), the same bits as the stored rows'. ``n_threads`` is accepted for the
-    record: no path emulated here changes a bit with it."""
+    (:mod:`kernels.ggml.columns`), or None; taken where that layout has the kernel ggml runs (Q4_0, IQ4_NL, MXFP4
+    and Q4_K repacked; Q4_K, Q5_K and Q6_K in a plain buffer), the same bits as the stored rows'. ``n_threads`` is
+    accepted for the record: no path emulated here changes a bit with it."""
     qtype = _qt(qtype)
     w_bytes, x = _check(w_bytes, qtype, x)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
             return columns.mul_mat_cols(cols, x)
         return _repack_kernels(qtype, path)[0](w_bytes, qtype, x, path)
-    if qtype == QT.Q8_0 and _columns_apply(cols, qtype, w_bytes.shape[0]):
-        return columns.mul_mat_cols(cols, x)
+    if qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, w_bytes.shape[0]):
+        return columns.mul_mat_cols(cols, x, repacked=False)
     return _compute(w_bytes, qtype, x, path, kernel_for(qtype, path, x.shape[0], w_bytes.shape[0], x.shape[1]))
 
 
@@ -218,8 +218,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         if _columns_apply(cols, qtype, N):
             return columns.mul_mat_id_checked(cols, x, ids)
         return _repack_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
-    if qtype == QT.Q8_0 and _columns_apply(cols, qtype, N):
-        return columns.mul_mat_id_checked(cols, x, ids)
+    if qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, N):
+        return columns.mul_mat_id_checked(cols, x, ids, repacked=False)
     out = np.empty((T, n_used, N), np.float32)
     if qtype == QT.Q8_0:  # vec_dot per element, whatever the grouping: one compiled call
         q8_0_mul_mat_id(w_bytes.view(np.int8), ids, x, out, F16_TO_F32)

@@ -222,17 +222,18 @@ def _q4k_sub16_def(ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
 
 if JIT_ENABLED:
 
-    def _pair_dot16(context, b, q_t, q_a, k0, c, y_t, y_a, yo):
-        """The IR of :func:`_cols_dot16_def`'s 16 dots (a (16 x i32) value): per pair of values, 32 weights
-        sign-extended times the pair of activations repeated, neighbours added (the sign extensions from 8 and 16
-        bits let LLVM pick ``pmaddwd``, or AVX-512 VNNI's ``vpdpwssd``); two chains of additions, joined."""
+    def _pair_dot16(context, b, q_t, q_a, k0, c, y_t, y_a, yo, npairs=16):
+        """The IR of :func:`_cols_dot16_def`'s 16 dots (a (16 x i32) value) over ``2·npairs`` values (32 by
+        default): per pair of values, 32 weights sign-extended times the pair of activations repeated, neighbours
+        added (the sign extensions from 8 and 16 bits let LLVM pick ``pmaddwd``, or AVX-512 VNNI's ``vpdpwssd``);
+        two chains of additions, joined."""
         i64, i32, i16 = ir.IntType(64), ir.IntType(32), ir.IntType(16)
         v16, v32 = ir.VectorType(i32, 16), ir.VectorType(i32, 32)
         even, odd = ir.Constant(v16, list(range(0, 32, 2))), ir.Constant(v16, list(range(1, 32, 2)))
         kp0 = b.ashr(k0, ir.Constant(i64, 1))
         c2 = b.mul(c, ir.Constant(i64, 2))
         acc = [None, None]
-        for lp in range(16):  # values 2lp, 2lp + 1 of the block
+        for lp in range(npairs):  # values 2lp, 2lp + 1 of the block
             pq = cgutils.get_item_pointer(context, b, q_t, q_a, [b.add(kp0, ir.Constant(i64, lp)), c2])
             wv = b.sext(b.load(b.bitcast(pq, ir.VectorType(ir.IntType(8), 32).as_pointer()), align=1), v32)
             py = cgutils.get_item_pointer(context, b, y_t, y_a, [b.add(yo, ir.Constant(i64, 2 * lp))])
@@ -242,7 +243,7 @@ if JIT_ENABLED:
             p = b.mul(wv, b.sext(b.bitcast(yb, ir.VectorType(i16, 32)), v32))
             p2 = b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))  # (16 x i32)
             acc[lp % 2] = p2 if acc[lp % 2] is None else b.add(acc[lp % 2], p2)
-        return b.add(acc[0], acc[1])
+        return acc[0] if acc[1] is None else b.add(acc[0], acc[1])
 
     def _is(a, dtype, ndim):
         return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == ndim and a.layout == "C"

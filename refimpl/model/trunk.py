@@ -168,18 +168,15 @@ def pack_weights(obj):
 
 def _layout_target(w: Matrix, path: str, repack: bool) -> bool:
     """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns):
-    Q8_0 always, Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor."""
-    from kernels.base.block import QT
-    from kernels.ggml.columns import KIND
+    Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not."""
+    from kernels.ggml.columns import kind_for
     from kernels.ggml.mulmat import repacked
 
-    if w.qtype not in KIND:
-        return False
-    return w.qtype == QT.Q8_0 or (repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path))
+    return kind_for(w.qtype, repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)) is not None
 
 
 def layout_bytes(weights, path: str, repack: bool) -> int:
-    """Bytes :func:`ggml_layout` would add (~1.8 × a 4-bit matrix, ~1.06 × a Q8_0 one, rounded up to 2 ×)."""
+    """Bytes :func:`ggml_layout` would add (~1.8 × a 4-bit matrix, 1.3–1.6 × a Q6_K or Q5_K one, rounded up to 2 ×)."""
     return sum(2 * int(np.asarray(w.raw).nbytes) for w in _pack_targets(weights) if _layout_target(w, path, repack))
 
 

@@ -40,14 +40,13 @@ from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit
-from kernels.ggml.columns_k import KQ_KIND, tile_k
-from kernels.ggml.mulmat_k import TILED_MIN_ROWS, decode_row, pair_sums, q8_k_inputs
+from kernels.ggml.columns_k import KQ_KIND, lay_k, tile_k
+from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
 from kernels.ggml.simd import cols_dot16, fma32, q4k_sub16
-from kernels.ggml.vecmath import F16_TO_F32, fp16_at
-from kernels.plain.dequant import k_scale_min
+from kernels.ggml.vecmath import F16_TO_F32
 
 F32 = np.float32
 REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repacked kernels' formulas (above)
@@ -110,47 +109,6 @@ def _lay_q4_b32(w, hdr, lut, tab, q, d):
                 q[16 * b + 8 + j // 2, 2 * c + j % 2] = lut[v >> 4]  # value 32b + j + 16
 
 
-@jit()
-def _lay_q4_k(w, q, d, dmin, sc, mn, tab):
-    """Q4_K rows (N, K/256·144) -> ``q`` (K/2, 2N) the nibbles (value ``256b + 64cc + l``: low nibble of byte
-    ``qs[32cc + l]``, ``+ 32``: its high nibble), ``d`` / ``dmin`` (K/256, N), ``sc`` / ``mn`` (K/32, N)
-    (``get_scale_min_k4``)."""
-    for c in range(w.shape[0]):
-        wc = w[c]
-        for b in range(d.shape[0]):
-            o = 144 * b
-            d[b, c] = fp16_at(wc, o, tab)
-            dmin[b, c] = fp16_at(wc, o + 2, tab)
-            for j in range(8):
-                sc[8 * b + j, c], mn[8 * b + j, c] = k_scale_min(wc, o + 4, j)
-            for cc in range(4):
-                for l in range(32):
-                    v = np.int64(wc[o + 16 + 32 * cc + l])
-                    q[128 * b + 32 * cc + l // 2, 2 * c + l % 2] = v & 15  # value 256b + 64cc + l
-                    q[128 * b + 32 * cc + 16 + l // 2, 2 * c + l % 2] = v >> 4  # value 256b + 64cc + 32 + l
-
-
-@jit()
-def _lay_k(kind, w, q, d, dmin, sc, mn, tab):
-    """Q4_K / Q5_K / Q6_K rows (``kind`` as ``mulmat_k.KIND``) -> ``q`` (K/2, 2N) the codes, ``d`` / ``dmin``
-    (K/256, N), ``sc`` / ``mn`` (K/32 or K/16, N), through :func:`kernels.ggml.mulmat_k.decode_row`."""
-    K = 2 * q.shape[0]
-    qr, scr, mnr = np.empty(K, np.int32), np.empty(sc.shape[0], np.int32), np.zeros(sc.shape[0], np.int32)
-    dr, dminr = np.empty(d.shape[0], F32), np.zeros(d.shape[0], F32)
-    for c in range(w.shape[0]):
-        decode_row(kind, w[c], qr, scr, mnr, dr, dminr, tab)
-        for k in range(K):
-            q[k // 2, 2 * c + k % 2] = qr[k]
-        for s in range(sc.shape[0]):
-            sc[s, c] = np.uint8(scr[s] & 255)  # Q6_K: the int8 scale's byte
-        for s in range(mn.shape[0]):
-            mn[s, c] = mnr[s]
-        for b in range(d.shape[0]):
-            d[b, c] = dr[b]
-        for b in range(dmin.shape[0]):
-            dmin[b, c] = dminr[b]
-
-
 def layout(w_bytes: np.ndarray, qtype) -> Columns:
     """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
     expert matrices, of a type in :data:`KIND`."""
@@ -176,10 +134,8 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
         sc, mn = np.empty((E, 0, N), np.uint8), np.empty((E, 0, N), np.uint8)
     for e in range(E):
         we = np.ascontiguousarray(w3[e])
-        if qtype == QT.Q4_K:
-            _lay_q4_k(we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
-        elif values == 256:
-            _lay_k(KIND[qtype] - 3, we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
+        if values == 256:
+            lay_k(PLAIN_KIND[qtype] - 3, we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
         else:
             lut, hdr, tab = _TYPES[qtype]
             _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, q[e], d[e])

@@ -22,11 +22,33 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
 #: :mod:`kernels.ggml.columns` kind of the K-quant formulas here (``kind - 3`` is ``mulmat_k.KIND``'s type code)
 KQ_KIND = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
+
+
+@jit()
+def lay_k(kind, w, q, d, dmin, sc, mn, tab):
+    """Q4_K / Q5_K / Q6_K rows (``kind`` as ``mulmat_k.KIND``) -> ``q`` (K/2, 2N) the codes, ``d`` / ``dmin``
+    (K/256, N), ``sc`` / ``mn`` (K/32 or K/16, N), through :func:`kernels.ggml.mulmat_k.decode_row`."""
+    K = 2 * q.shape[0]
+    qr, scr, mnr = np.empty(K, np.int32), np.empty(sc.shape[0], np.int32), np.zeros(sc.shape[0], np.int32)
+    dr, dminr = np.empty(d.shape[0], F32), np.zeros(d.shape[0], F32)
+    for c in range(w.shape[0]):
+        decode_row(kind, w[c], qr, scr, mnr, dr, dminr, tab)
+        for k in range(K):
+            q[k // 2, 2 * c + k % 2] = qr[k]
+        for s in range(sc.shape[0]):
+            sc[s, c] = np.uint8(scr[s] & 255)  # Q6_K: the int8 scale's byte
+        for s in range(mn.shape[0]):
+            mn[s, c] = mnr[s]
+        for b in range(d.shape[0]):
+            d[b, c] = dr[b]
+        for b in range(dmin.shape[0]):
+            dmin[b, c] = dminr[b]
 
 
 @jit()
@@ -197,4 +219,4 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
             out[orow[i], oc + j] = res
 
 
-__all__ = ["KQ_KIND", "klanes", "tile_k"]
+__all__ = ["KQ_KIND", "klanes", "lay_k", "tile_k"]

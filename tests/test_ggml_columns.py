@@ -64,12 +64,12 @@ def test_mul_mat_equals_stored_rows(qtype):
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
 def test_klanes_is_its_definition(qtype):
     """The 8 integer lanes of a super-block, 16 columns in vector IR, against the definition (extreme codes, scales
-    and activations: Q6_K's scale bytes -128 and 127, a -128 activation)."""
+    and activations: Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
     rng = np.random.default_rng(int(qtype))
     w = weight_bytes(qtype, 40, 512, rng)
     cols = columns.layout(w, qtype)
     q, sc = cols.q[0, 0], cols.sc[0, 0].copy()  # tile 0: (K/2, 128), (K/32 or K/16, 64)
-    sc[0, :4] = (128, 127, 0, 255)
+    sc[0, :4] = (128, 127, 0, 255) if qtype == QT.Q6_K else (63, 0, 63, 1)  # int8 bytes / 6-bit scales
     y = rng.integers(-128, 128, 512).astype(np.int16)
     y[:3] = (-128, 127, -127)
     kind = columns.KIND[qtype] if qtype != QT.Q4_K else columns.PLAIN_KIND[qtype]

@@ -62,7 +62,8 @@ def _s8(u):
 def _klanes_def(v, oj, nj, q, blk, c, y, sc, kind):
     """``v[l, oj + j]`` = lane ``l`` of super-block ``blk``'s integer dot for column ``c + j`` (``j < nj``): the sum over
     the 8 groups ``g`` of ``scale · Σ_{i<4} w(256·blk + 32g + 4l + i) · y[…]``; the scale is the sub-block's (a scale
-    per 32 values, per 16 for Q6_K, ``kind`` 5, whose scale bytes are int8). The definition; the vector path's tail."""
+    per 32 values, per 16 for Q6_K, ``kind`` 5), its byte read as an int8 (Q6_K's scales are; the 6-bit scales of
+    Q4_K and Q5_K are below 64, the same either way). The definition; the vector path's tail."""
     for j in range(nj):
         cj = c + j
         for lane in range(8):
@@ -73,10 +74,8 @@ def _klanes_def(v, oj, nj, q, blk, c, y, sc, kind):
                 for i in range(4):
                     k = k0 + i
                     dot += np.int64(q[k // 2, 2 * cj + k % 2]) * np.int64(y[k])
-                if kind == 5:
-                    s += np.int64(_s8(sc[16 * blk + 2 * g + lane // 4, cj])) * dot
-                else:
-                    s += np.int64(sc[8 * blk + g, cj]) * dot
+                srow = 16 * blk + 2 * g + lane // 4 if kind == 5 else 8 * blk + g
+                s += np.int64(_s8(sc[srow, cj])) * dot
             v[lane, oj + j] = s
 
 
@@ -88,57 +87,51 @@ if JIT_ENABLED:
 
     from kernels.ggml.simd import _is, _pair_dot16
 
-    def _klanes16_factory(per16: bool):
-        """:func:`_klanes_def` for 16 columns as vector IR: the 64 (group, lane) 4-value dots
-        (:func:`kernels.ggml.simd._pair_dot16` of two pairs), each times its 16 columns' scales (bytes widened: signed
-        for Q6_K, ``per16``), summed into 8 (16 x i32) lanes held in registers, stored into ``v[l, oj …]``."""
+    @intrinsic
+    def _klanes_group16(typingctx, v, oj, q, k0, c, y, sc, s_lo, s_hi):
+        """One 32-value group (values ``k0 … k0 + 31``) of :func:`_klanes_def` for 16 columns as vector IR:
+        ``v[l, oj + j] += scale · Σ_{i<4} w(k0 + 4l + i, c + j)·y[k0 + 4l + i]``, the 8 lanes' 4-value dots
+        (:func:`kernels.ggml.simd._pair_dot16` of two pairs) times the 16 columns' scale bytes of row ``s_lo`` (lanes
+        0–3) or ``s_hi`` (lanes 4–7), sign-extended (Q6_K's are int8; the 6-bit scales are below 128, the same
+        either way)."""
+        if not (_is(v, types.int32, 2) and _is(q, types.int8, 2) and _is(y, types.int16, 1) and _is(sc, types.uint8, 2)):
+            return None
+        sig = types.void(v, types.int64, q, types.int64, types.int64, y, sc, types.int64, types.int64)
 
-        @intrinsic
-        def _klanes16_ir(typingctx, v, oj, q, blk, c, y, sc):
-            if not (_is(v, types.int32, 2) and _is(q, types.int8, 2) and _is(y, types.int16, 1) and _is(sc, types.uint8, 2)):
-                return None
-            sig = types.void(v, types.int64, q, types.int64, types.int64, y, sc)
+        def codegen(context, bld, signature, args):
+            i64, v16 = ir.IntType(64), ir.VectorType(ir.IntType(32), 16)
+            ts = signature.args
+            v_a, q_a, y_a, sc_a = (context.make_array(ts[i])(context, bld, args[i]) for i in (0, 2, 5, 6))
+            oj, k0, c = args[1], args[3], args[4]
+            scales = []
+            for s in (args[7], args[8]):
+                ps = cgutils.get_item_pointer(context, bld, ts[6], sc_a, [s, c])
+                scales.append(bld.sext(bld.load(bld.bitcast(ps, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1), v16))
+            for lane in range(8):
+                kl = bld.add(k0, ir.Constant(i64, 4 * lane))
+                dot = _pair_dot16(context, bld, ts[2], q_a, kl, c, ts[5], y_a, kl, npairs=2)
+                pv = bld.bitcast(cgutils.get_item_pointer(context, bld, ts[0], v_a, [ir.Constant(i64, lane), oj]),
+                                 v16.as_pointer())
+                bld.store(bld.add(bld.load(pv, align=4), bld.mul(scales[lane // 4], dot)), pv, align=4)
+            return context.get_dummy_value()
 
-            def codegen(context, bld, signature, args):
-                i64, v16 = ir.IntType(64), ir.VectorType(ir.IntType(32), 16)
-                ts = signature.args
-                v_a, q_a, y_a, sc_a = (context.make_array(ts[i])(context, bld, args[i]) for i in (0, 2, 5, 6))
-                blk, c = args[3], args[4]
-                base = bld.mul(blk, ir.Constant(i64, 256))
-                sbase = bld.mul(blk, ir.Constant(i64, 16 if per16 else 8))
-                lanes = [None] * 8
-                for g in range(8):
-                    for lane in range(8):
-                        k0 = bld.add(base, ir.Constant(i64, 32 * g + 4 * lane))
-                        dot = _pair_dot16(context, bld, ts[2], q_a, k0, c, ts[5], y_a, k0, npairs=2)
-                        s = bld.add(sbase, ir.Constant(i64, 2 * g + lane // 4 if per16 else g))
-                        ps = cgutils.get_item_pointer(context, bld, ts[6], sc_a, [s, c])
-                        raw = bld.load(bld.bitcast(ps, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
-                        scv = bld.sext(raw, v16) if per16 else bld.zext(raw, v16)
-                        term = bld.mul(scv, dot)
-                        lanes[lane] = term if lanes[lane] is None else bld.add(lanes[lane], term)
-                for lane in range(8):
-                    pv = cgutils.get_item_pointer(context, bld, ts[0], v_a, [ir.Constant(i64, lane), args[1]])
-                    bld.store(lanes[lane], bld.bitcast(pv, v16.as_pointer()), align=4)
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        return _klanes16_ir
-
-    _klanes16_per32 = _klanes16_factory(False)
-    _klanes16_per16 = _klanes16_factory(True)
+        return sig, codegen
 
     @jit()
     def klanes(v, q, blk, c, nc, y, sc, kind):
         """:func:`_klanes_def` for columns ``c … c + nc - 1`` into ``v[:, :nc]``: 16 columns at a time as vector IR,
-        the rest by the definition (``v`` int32 (8, ≥ nc), ``q`` int8 (K/2, 2·TILE), ``y`` int16 (K,), ``sc`` uint8)."""
+        a group at a time (:func:`_klanes_group16`), the rest by the definition (``v`` int32 (8, ≥ nc), ``q`` int8
+        (K/2, 2·TILE), ``y`` int16 (K,), ``sc`` uint8)."""
         j = 0
         while j + 16 <= nc:
-            if kind == 5:
-                _klanes16_per16(v, np.int64(j), q, np.int64(blk), np.int64(c + j), y, sc)
-            else:
-                _klanes16_per32(v, np.int64(j), q, np.int64(blk), np.int64(c + j), y, sc)
+            v[:, j:j + 16] = 0
+            for g in range(8):
+                if kind == 5:  # Q6_K: a scale per 16 values
+                    s_lo, s_hi = 16 * blk + 2 * g, 16 * blk + 2 * g + 1
+                else:
+                    s_lo = s_hi = 8 * blk + g
+                _klanes_group16(v, np.int64(j), q, np.int64(256 * blk + 32 * g), np.int64(c + j), y, sc,
+                                np.int64(s_lo), np.int64(s_hi))
             j += 16
         if j < nc:
             _klanes_def(v, j, nc - j, q, blk, c + j, y, sc, kind)

@@ -83,9 +83,10 @@ def pytest_report_header(config):
     from ggml_graph import build_dir
     from ggml_lib import lib_dir, llama_cpp_isa
 
-    avx2 = build_dir("avx2")
+    avx2, generic = build_dir("avx2"), build_dir("generic")
     return lines + [f"llama.cpp: {lib_dir(llama_cpp)} ({llama_cpp_isa(llama_cpp)})",
-                    f"llama.cpp AVX2-only build (bit-exact op tests): {avx2 if (avx2 / 'libggml-cpu.so').is_file() else 'missing'}"]
+                    f"llama.cpp AVX2-only build (bit-exact op tests): {avx2 if (avx2 / 'libggml-cpu.so').is_file() else 'missing'}",
+                    f"llama.cpp generic (no SIMD) build: {generic if (generic / 'libggml-cpu.so').is_file() else 'missing'}"]
 
 
 @pytest.fixture(scope="session")

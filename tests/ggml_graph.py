@@ -38,7 +38,7 @@ def build_dir(build: str) -> Path | None:
     if build == "native":
         return None
     root = Path(os.environ.get("LLAMA_TOOLS_DIR") or Path(__file__).resolve().parent.parent / "build" / "llama-tools")
-    return root / "ggml-avx2" / "lib"
+    return root / f"ggml-{build}" / "lib"  # avx2, generic: .ci/build-llama-tools
 
 
 def require_build(build: str) -> None:
@@ -220,6 +220,8 @@ def _native_dir() -> Path:
 
 
 BUILDS = ["native", "avx2"]
+#: and ggml's generic x86 path (no SIMD: docs/ggml-generic-x86.md), for the ops emulated on it so far
+WITH_GENERIC = BUILDS + ["generic"]
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from ggml_graph import BUILDS, Graph, build_info, on_build, vp
+from ggml_graph import WITH_GENERIC, Graph, build_info, on_build, vp
 from gguf import GGMLQuantizationType as QT
 
 from kernels.ggml.norm import gdn_l2_norm, l2_norm, rms_norm
@@ -106,9 +106,9 @@ def hard_rows(rng, n_rows, n):
     return x
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_rms_norm_bit_exact(build):
-    path = build_info(build).path
+    path = build_info(build).isa
     rng = np.random.default_rng(2701)
     for n in (1, 7, 37, 64, 261):  # tails of every length beyond 8/16 lanes
         x = hard_rows(rng, 16, n)
@@ -124,9 +124,9 @@ def test_rms_norm_bit_exact(build):
     assert not np.array_equal(rms_norm(big, 1e-6, path), big / np.sqrt((big.astype(np.float64) ** 2).mean()))
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_l2_norm_and_gdn_l2_norm_bit_exact(build):
-    path = build_info(build).path
+    path = build_info(build).isa
     rng = np.random.default_rng(2702)
     for n in (1, 9, 128, 133):
         x = hard_rows(rng, 12, n)
@@ -140,7 +140,7 @@ def test_l2_norm_and_gdn_l2_norm_bit_exact(build):
 
 
 @pytest.mark.parametrize("qtype", GET_ROWS_TYPES, ids=[t.name for t in GET_ROWS_TYPES])
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_get_rows_bit_exact(build, qtype):
     rng = np.random.default_rng([2703, int(qtype)])
     n_cols = 512
@@ -170,7 +170,7 @@ def test_get_rows_bit_exact(build, qtype):
         assert differ.any() and np.isnan(got[differ]).all()
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_get_rows_q4_1_q5_1_mul_then_add(build):
     """Q4_1 / Q5_1 ``x0*d + m`` with ``d`` and ``m`` both NaN: the add keeps the product's NaN (its first source),
     not ``m``'s (what a commuted ``fadd`` gives). (The product itself is exact: 5 bits times an fp16.)"""
@@ -194,7 +194,7 @@ def tie_rows(rng, n):
     return np.array(rows, np.float32)
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_argsort_and_top_k_bit_exact(build):
     rng = np.random.default_rng(2704)
     any_stable_differs = False
@@ -209,7 +209,7 @@ def test_argsort_and_top_k_bit_exact(build):
     assert any_stable_differs
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_concat_bit_exact(build):
     rng = np.random.default_rng(2705)
     a = rng.standard_normal((3, 4, 5)).astype(np.float32)
@@ -228,7 +228,7 @@ def g_get_rows_batched(probs, ids):
         return g.compute(out, ids.shape + (1,))
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_get_rows_batched_expert_weights(build):
     rng = np.random.default_rng(2706)
     probs = rng.random((5, 64)).astype(np.float32)

@@ -14,7 +14,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from ggml_graph import BUILDS, Graph, both_paths, build_info, on_build, require_both_paths, vp
+from ggml_graph import BUILDS, WITH_GENERIC, Graph, both_paths, build_info, on_build, require_both_paths, vp
 
 from kernels.ggml import vecmath as vm
 
@@ -197,10 +197,10 @@ def test_thread_count_does_not_matter():
 # Scalar / exact ops (the same on both builds: IEEE operations, or glibc's expf/logf called per element)
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 @pytest.mark.parametrize("op", ["exp", "sigmoid", "softplus", "neg"])
 def test_libm_unary(build, op):
-    path = build_info(build).path
+    path = build_info(build).isa
     x = rows_of(hard_values(np.random.default_rng(4), 2000), 37)
     got = on_build(build, g_unary, f"ggml_{op}", x)
     assert_same(getattr(vm, op)(x, path) if op != "neg" else vm.neg(x), got, op)
@@ -208,7 +208,7 @@ def test_libm_unary(build, op):
         assert same(got, on_build("native", g_unary, f"ggml_{op}", x))
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
 def test_binary_broadcast(build, op):
     rng = np.random.default_rng(5)
@@ -229,18 +229,23 @@ def test_binary_two_nan_payloads(build):
     assert_same(vm.add(a, b), on_build(build, g_binary, "ggml_add", a, b), "NaN + NaN")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_scale_and_scale_bias(build):
+    isa = build_info(build).isa
     rng = np.random.default_rng(6)
     for width in (37, 100):  # GGML_F32_STEP is 64 (AVX-512) / 32 (AVX2): SIMD part and scalar tail
         x = rows_of(hard_values(rng, 2000), width)
         for s, b in [(0.125, None), (-3.7, None), (1.7, 0.3), (0.9999999, -1.0000001), (1e-20, 5e-21)]:
             got = on_build(build, g_scale, x, s, b)
-            assert_same(vm.scale(x, s, 0.0 if b is None else b), got, f"scale s={s} b={b} width {width}")
-    # ggml_vec_mad1_f32: FMA on the SIMD part, and GCC contracts the tail's x[i]*s + b into vfmadd132ss too
+            assert_same(vm.scale(x, s, 0.0 if b is None else b, isa), got, f"scale s={s} b={b} width {width}")
+    # ggml_vec_mad1_f32: FMA on the SIMD part, and GCC contracts the tail's x[i]*s + b into vfmadd132ss too;
+    # the generic build (no FMA) rounds x*s and + b apart, everywhere
     x, s, b = rng.uniform(-2, 2, (8, 100)).astype(np.float32), np.float32(0.9999999), np.float32(-1.0000001)
     got = on_build(build, g_scale, x, float(s), float(b))
-    step = 64 if build_info(build).path == "avx512" else 32  # GGML_F32_STEP
+    if isa == "generic":
+        assert same(got, x * s + b) and not same(got, vm.scale(x, s, b))
+        return
+    step = 64 if isa == "avx512" else 32  # GGML_F32_STEP
     tail = slice(100 // step * step, None)
     assert not same(got[:, tail], (x * s + b)[:, tail])  # one rounding, not two, in the tail too
     if build == "avx2":  # hence the same bits on both builds
@@ -252,7 +257,7 @@ def g_clamp(x, lo, hi):
         return g.compute(g.op("ggml_clamp", [vp, ctypes.c_float, ctypes.c_float], g.tensor(x), lo, hi), x.shape)
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_clamp(build):
     x = rows_of(hard_values(np.random.default_rng(10), 500), 37)
     for lo, hi in [(6.103515625e-5, np.inf), (-1.0, 1.0)]:  # the MoE weight-sum clamp; a finite box
@@ -263,7 +268,7 @@ def test_clamp(build):
 # Casts and reductions
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_cast_f32_to_f16(build):
     rng = np.random.default_rng(7)
     h = np.arange(0, 1 << 16, 7, dtype=np.uint32)
@@ -275,21 +280,21 @@ def test_cast_f32_to_f16(build):
     assert_same(vm.cast_f16(x), got, "F32 -> F16")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_cast_f16_to_f32_all_patterns(build):
     h = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)
     got = on_build(build, g_cast_bits_to_f32, h, F16)
     assert_same(vm.cast_f16_to_f32(h.view(np.float16)), got, "F16 -> F32")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_cast_f32_to_bf16(build):
     x = rows_of(hard_values(np.random.default_rng(8), 3000), 41)
     got = on_build(build, g_cast, x, BF16, np.uint16)
     assert_same(vm.cast_bf16(x), got, "F32 -> BF16")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_sum_rows_and_cumsum(build):
     rng = np.random.default_rng(9)
     x = (rng.standard_normal((8, 300)) * np.exp(rng.uniform(-20, 20, (8, 300)))).astype(np.float32)

@@ -9,7 +9,9 @@ variable), else the package's ``lib/`` folder.
 
 :class:`GgmlBuild` names the path (``path``: ``"avx512"``, ``"avx2"``) and refuses, in one line, a library
 whose kernels are not emulated — ARM NEON/SVE, AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, or a GPU
-backend beside the CPU one — rather than approximating it.
+backend beside the CPU one — rather than approximating it. ``isa`` also names ggml's generic x86 path (a build
+without any SIMD, docs/ggml-generic-x86.md), which is emulated op by op so far (the ops that take ``"generic"``),
+not yet for whole models: ``path`` refuses it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class GgmlBuild:
     lib_dir: Path
     features: frozenset[str]
     gpu_backends: tuple[str, ...] = ()
+    x86: bool = True  # the library is x86-64 code (its ELF header's e_machine)
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -62,6 +65,17 @@ class GgmlBuild:
     def path(self) -> str:
         """The emulated path — ``"avx512"`` (``__AVX512F__``: 16 float lanes) or ``"avx2"`` (``__AVX2__`` with
         FMA and F16C: 8 lanes) — or :class:`UnsupportedBuild` naming what this library runs instead."""
+        isa = self.isa
+        if isa == "generic":
+            raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} takes ggml's generic x86 path (built without "
+                                   "SIMD), which --emulate=ggml follows op by op but not yet for whole models "
+                                   "(docs/ggml-generic-x86.md); it follows builds with AVX2+FMA+F16C or AVX-512")
+        return isa
+
+    @property
+    def isa(self) -> str:
+        """The library's code path: ``"avx512"``, ``"avx2"``, or ``"generic"`` (x86-64 without any of
+        :data:`X86_FEATURES`: no ``GGML_SIMD``, scalar loops, no FMA) — or :class:`UnsupportedBuild`."""
         if self.gpu_backends:
             raise UnsupportedBuild(f"{self.lib_dir} also holds the {', '.join(self.gpu_backends)} backend of ggml; "
                                    "--emulate=ggml follows ggml-cpu only")
@@ -76,7 +90,9 @@ class GgmlBuild:
             return "avx512"
         if self.has("avx2") and self.has("fma") and self.has("f16c"):
             return "avx2"
-        have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD"
+        if self.x86 and not any(f in self.features for f in X86_FEATURES):
+            return "generic"
+        have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD on a CPU other than x86-64"
         raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} is built for {have}; --emulate=ggml follows "
                                "builds with AVX2+FMA+F16C or AVX-512")
 
@@ -106,4 +122,7 @@ def detect(directory: Path | None = None) -> GgmlBuild:
     features = frozenset(f for f in X86_FEATURES + OTHER_FEATURES
                          if hasattr(cpu, f"ggml_cpu_has_{f}") and getattr(cpu, f"ggml_cpu_has_{f}")())
     gpus = tuple(b for b in GPU_BACKENDS if any(directory.glob(f"libggml-{b}*")))
-    return GgmlBuild(directory, features, gpus)
+    with open(so, "rb") as f:
+        elf = f.read(20)
+    x86 = elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 62  # EM_X86_64
+    return GgmlBuild(directory, features, gpus, x86)

@@ -15,14 +15,17 @@ GCC (``-O3``, no ``-ffast-math``) keeps the double sum sequential (a float reduc
 vectorized on x86: the disassembly of both builds shows ``vmulss; vcvtss2sd; vaddsd`` one element at a
 time), cannot contract anything into an FMA (the square is rounded to float before the widening), and
 the SIMD part, ``ggml_vec_scale_f32``, multiplies element by element. So **the result does not depend
-on the ISA path** (AVX-512 and AVX2 agree bit for bit, tested), nor on the thread count (rows are split
-between threads, each row computed whole by one). ``path`` is accepted and checked for uniformity.
+on the ISA path** (AVX-512, AVX2 and ggml's generic build agree bit for bit, tested — but for which NaN a row of
+two NaN payloads shows, below), nor on the thread count (rows are split between threads, each row computed whole by
+one). ``path`` is accepted and checked.
 
 Non-finite inputs, as the instructions order their operands (``vmulps`` has the broadcast ``scale`` as
 its first source, and x86 returns the first NaN source, quieted):
 
 * a NaN anywhere in a row makes ``sum`` that NaN (the first one, quieted: ``vaddsd`` keeps ``sum``'s
-  NaN), so ``scale`` is it too, and rms_norm's whole row (fused or not) is ``quiet(first NaN of x)``;
+  NaN), so ``scale`` is it too, and rms_norm's whole row (fused or not) is ``quiet(first NaN of x)`` — on ggml's
+  generic path (no SIMD: GCC vectorizes the scale loop 4 wide, SSE2 ``mulps y, scale`` with ``y`` the first source)
+  except where ``x`` itself is a NaN outside the ``n % 4`` tail, which stays itself, quieted;
   l2_norm's ``fmaxf(NaN, eps)`` is ``eps``: the row is ``x/eps``-scaled and NaNs stay in place;
 * ``|x| > ~1.8e19`` squares to ``inf`` *in float32* (before the widening the C casts after), so
   ``scale = 0``: the row becomes ±0 (and ``inf*0`` = the default NaN 0xFFC00000 where ``x`` is ±inf) —
@@ -35,14 +38,14 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import fmaxf
-from kernels.ggml.simd import lanes
+from kernels.ggml.simd import check_path
 
 F32 = np.float32
 QUIET = np.uint32(0x00400000)  # the quiet bit x86 sets on a NaN that passes through arithmetic
 
 
 def _check(x: np.ndarray, path: str) -> np.ndarray:
-    lanes(path)  # checked only: the same on both paths
+    check_path(path)  # checked only: the same on every path, ggml's generic one included
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise ValueError("a norm needs at least one axis")
@@ -68,14 +71,17 @@ def _first_nan(xb):
 
 
 @jit()
-def _rms_norm_rows(x, xb, eps, w, fused, y, yb):
-    """ops.cpp: ggml_compute_forward_rms_norm_f32 over rows x [R, n] -> y [R, n] (yb: y's bits)."""
+def _rms_norm_rows(x, xb, eps, w, fused, own_nan, y, yb):
+    """ops.cpp: ggml_compute_forward_rms_norm_f32 over rows x [R, n] -> y [R, n] (yb: y's bits); ``own_nan``: the
+    generic build, whose loop GCC vectorized 4 wide with ``mulps y, scale`` (``y[i]``'s NaN the first source) and
+    a scalar tail of ``n % 4`` with ``scale`` first."""
     R, n = x.shape
     for r in range(R):
         j = _first_nan(xb[r])
         if j >= 0:  # sum, mean, scale are quiet(x[j]); vmulps(scale, ·) returns it for every element
             for i in range(n):
-                yb[r, i] = xb[r, j] | QUIET
+                own = own_nan and i < n - n % 4 and (xb[r, i] & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+                yb[r, i] = (xb[r, i] if own else xb[r, j]) | QUIET
             continue
         s = _sum_squares(x[r])
         mean = np.float32(s / np.float64(n))  # const float mean = sum/ne00;
@@ -116,7 +122,7 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     if w.shape != (n,):
         raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
     y = np.empty_like(x2)
-    _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, y, y.view(np.uint32))
+    _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, path == "generic", y, y.view(np.uint32))
     return y.reshape(x.shape)
 
 

@@ -37,6 +37,18 @@ LANES = {"avx512": 16, "avx2": 8}  # simd-mappings.h: GGML_F32_EPR (= GGML_F16_E
 PATHS = tuple(LANES)
 
 
+#: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which only the ops that
+#: emulate it accept (:func:`check_path`); :func:`lanes` refuses it (no ``GGML_F32_VEC`` there).
+ALL_PATHS = PATHS + ("generic",)
+
+
+def check_path(path: str) -> str:
+    """``path`` if it is one of :data:`ALL_PATHS` (an op that computes the same on every path, generic included)."""
+    if path not in ALL_PATHS:
+        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {ALL_PATHS})")
+    return path
+
+
 def lanes(path: str) -> int:
     """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``); checks the path."""
     if path not in LANES:

@@ -1,4 +1,5 @@
-"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per x86 path (``"avx512"``, ``"avx2"``).
+"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per x86 path (``"avx512"``, ``"avx2"``; the
+path-independent ops, and ``scale``, on ggml's generic x86 path too: ``"generic"``).
 
 What each op computes in the vendored llama.cpp of llama-cpp-python 0.3.36, checked against both libggml
 builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly (GCC, ``-O3``,
@@ -10,7 +11,8 @@ builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly 
   build and position; not emulated: the model's NaNs all carry the default payload).
 * ``scale`` (ops.cpp: ``ggml_compute_forward_scale_f32``): ``x*s`` when ``b == 0`` (``ggml_vec_scale_f32``),
   else ``fma(x, s, b)`` (``ggml_vec_mad1_f32``: ``_mm*_fmadd_ps`` on the SIMD part, and GCC contracts the
-  scalar tail ``x[i]*s + b`` into ``vfmadd132ss`` too) — one rounding everywhere, path-independent.
+  scalar tail ``x[i]*s + b`` into ``vfmadd132ss`` too) — one rounding on both SIMD paths; two on ggml's generic
+  path (a build without FMA: docs/ggml-generic-x86.md).
 * ``neg`` (unary-ops.cpp: ``op_neg``): sign flip (NaN signs included). ``clamp``: ``MAX(MIN(x, max), min)``.
 * ``exp``, ``sigmoid``, ``softplus`` (unary-ops.cpp: ``op_exp``, ``op_sigmoid``, ``op_softplus``): scalar loops
   calling glibc's ``expf`` / ``logf`` (``expf@GLIBC_2.27``, ``logf@GLIBC_2.27`` in both .so); not vectorized.
@@ -43,7 +45,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, logf
-from kernels.ggml.simd import fma32, lanes, v_expf
+from kernels.ggml.simd import check_path, fma32, lanes, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -121,14 +123,15 @@ def _mad1_rows(x, s, b, y):
             y[r, i] = fma32(x[r, i], s, b)  # ggml_vec_mad1_f32: GGML_F32_VEC_FMA(vb, x, vs); tail contracted
 
 
-def scale(x, s: float, b: float = 0.0) -> np.ndarray:
+def scale(x, s: float, b: float = 0.0, path: str = "avx512") -> np.ndarray:
     """ggml_scale (b = 0: ``x*s``, ggml_vec_scale_f32) and ggml_scale_bias (``fma(x, s, b)``,
-    ggml_vec_mad1_f32). ops.cpp: ggml_compute_forward_scale_f32 tests ``b == 0.0f`` (so -0.0 scales too)."""
+    ggml_vec_mad1_f32; on ggml's generic path, built without FMA, ``x*s`` and ``+ b`` rounded apart). ops.cpp:
+    ggml_compute_forward_scale_f32 tests ``b == 0.0f`` (so -0.0 scales too)."""
     x = np.asarray(x, dtype=np.float32)
     s, b = np.float32(s), np.float32(b)
-    if b == 0:
+    if b == 0 or check_path(path) == "generic":
         with np.errstate(all="ignore"):
-            return x * s
+            return x * s if b == 0 else x * s + b  # generic: vec.h's scalar ggml_vec_mad1_f32, two roundings
     return _on_rows(_mad1_rows, x, s, b)
 
 

@@ -23,7 +23,8 @@ M-RoPE, ``GGML_ROPE_TYPE_IMROPE``; also plain ``GGML_ROPE_TYPE_MROPE``) and ``gg
 
    GCC contracts each line into one FMA the same way in both builds (the NEOX/M-RoPE loop is scalar in
    both; only GGML_ROPE_TYPE_NORMAL is vectorized), so **RoPE does not depend on the ISA path**
-   (tested bit for bit against both). Dims ``n_dims .. ne0`` are copied unchanged (bits kept).
+   (tested bit for bit against both). ggml's generic build (no FMA: docs/ggml-generic-x86.md) rounds each
+   product: ``fl(fl(x0*cos) - fl(x1*sin))``, ``fl(fl(x0*sin) + fl(x1*cos))`` (tested against it too). Dims ``n_dims .. ne0`` are copied unchanged (bits kept).
    Thread count: rows (heads) are split between threads; each thread rebuilds the same cache.
 
 NaN payloads follow x86's FMA rule (observed on Zen 4; QEMU models x86 the same way,
@@ -39,7 +40,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import cosf, powf, sinf
-from kernels.ggml.simd import fma32, lanes
+from kernels.ggml.simd import check_path, fma32
 
 F32 = np.float32
 ROPE_TYPE_NEOX, ROPE_TYPE_MROPE, ROPE_TYPE_IMROPE = 2, 8, 40  # ggml.h: GGML_ROPE_TYPE_*
@@ -91,9 +92,9 @@ def _rope_cache(pos, kind, sections, half, theta_scale, freq_scale, mscale, cos,
 
 
 @jit()
-def _rotate_rows(x, cos, sin, half, y):
+def _rotate_rows(x, cos, sin, half, fused, y):
     """``rotate_pairs<float>(n_dims, n_dims/2, cache, src, dst)`` for x, y [T, H, ne0] (y pre-filled
-    with x: the unrotated dims are copies)."""
+    with x: the unrotated dims are copies); ``fused`` False: ggml's generic build (no FMA), each product rounded."""
     T, H = x.shape[0], x.shape[1]
     for i2 in range(T):
         for i1 in range(H):
@@ -104,12 +105,18 @@ def _rotate_rows(x, cos, sin, half, y):
                 x1 = x[i2, i1, k + half]
                 t = np.float32(s * x1)  # vmulss
                 u = np.float32(c * x1)
-                y[i2, i1, k] = fma32(x0, c, -t)  # vfmsub231ss: c*x0 - t, rounded once
-                y[i2, i1, k + half] = fma32(x0, s, u)  # vfmadd132ss: s*x0 + u
+                if fused:
+                    y[i2, i1, k] = fma32(x0, c, -t)  # vfmsub231ss: c*x0 - t, rounded once
+                    y[i2, i1, k + half] = fma32(x0, s, u)  # vfmadd132ss: s*x0 + u
+                else:
+                    y[i2, i1, k] = np.float32(np.float32(x0 * c) - t)  # mulss, mulss, subss
+                    y[i2, i1, k + half] = np.float32(np.float32(x0 * s) + u)
 
 
-def _nan_fixup(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np.ndarray) -> None:
-    """The NaN payloads of x86's FMA operand order (module docstring), for rows holding inf or NaN."""
+def _nan_fixup(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np.ndarray, fused: bool = True) -> None:
+    """The NaN payloads of x86's FMA operand order (module docstring), for rows holding inf or NaN; ``fused``
+    False (the generic build): of ``x0·a ∓ x1·b`` the first NaN source of SSE's ``mulss`` / ``subss`` — ``x0``'s,
+    or ``x0·a``'s default NaN (inf·0), then the second product's."""
     xb, yb = x.view(np.uint32), y.view(np.uint32)
     x0, x1 = x[..., :half], x[..., half:2 * half]  # [T, H, half]
     c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, half]
@@ -117,14 +124,17 @@ def _nan_fixup(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np
     q0 = xb[..., :half] | QUIET
     q1 = xb[..., half:2 * half] | QUIET
     # dst[0] adds t = s*x1, dst[n_offset] adds u = c*x1
-    for out, factor in ((yb[..., :half], s), (yb[..., half:2 * half], c)):
+    for out, factor, factor0 in ((yb[..., :half], s, c), (yb[..., half:2 * half], c, s)):
         prod_nan = nan1 | (np.isinf(x1) & (factor == 0))  # t (or u) is a NaN: quiet(x1), or inf*0's default NaN
         prod_bits = np.where(nan1, q1, DEFAULT_NAN)
+        if not fused:  # x0·factor0 first: its inf·0 is the default NaN
+            prod_nan = (np.isinf(x0) & (factor0 == 0)) | prod_nan
+            prod_bits = np.where(np.isinf(x0) & (factor0 == 0), DEFAULT_NAN, prod_bits)
         out[...] = np.where(nan0, q0, np.where(prod_nan, prod_bits, out))  # fma(a=cos|sin, b=x0, c=t|u)
 
 
 def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ext_factor, path):
-    lanes(path)  # checked only: the same on both paths
+    fused = check_path(path) != "generic"  # the same on both SIMD paths; ggml's generic build has no FMA
     if ext_factor != 0.0:
         raise NotImplementedError("rope with ext_factor != 0 (YaRN) is not emulated")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -143,9 +153,9 @@ def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ex
     sections = np.asarray(sections, np.int64)
     _rope_cache(pos, kind, sections, half, theta_scale, F32(freq_scale), F32(attn_factor), cos, sin)  # [T, half] each
     y = x.copy()  # [T, H, ne0]; dims >= n_dims: copied unchanged
-    _rotate_rows(x, cos, sin, half, y)
+    _rotate_rows(x, cos, sin, half, fused, y)
     if not np.isfinite(x[..., :n_dims]).all():
-        _nan_fixup(x, cos, sin, half, y)
+        _nan_fixup(x, cos, sin, half, y, fused)
     return y
 
 

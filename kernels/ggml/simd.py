@@ -464,11 +464,48 @@ def v_expf_avx2(x):
 
 
 @jit()
+def v_expf_sse2(x):
+    """One lane of ggml-cpu/vec.h: ggml_v_expf (the ``__SSE2__`` branch, ``__m128``, which ggml's generic x86 build
+    takes for silu, swiglu and soft_max): :func:`v_expf_avx2`'s formula with every ``MADD128`` / ``NMADD128`` a
+    product and a sum rounded apart (``_mm_add_ps(_mm_mul_ps(x, y), z)``: no FMA in that build)."""
+    x = np.float32(x)
+    if x != x:
+        return bits_f32(f32_bits(x) | 0x00400000)
+    z = np.float32(np.float32(x * EXP_LOG2E) + EXP_R)
+    n = np.float32(z - EXP_R)
+    b = np.float32(np.float32(x - np.float32(n * EXP_LN2_HI)) - np.float32(n * EXP_LN2_LO))
+    e = (f32_bits(z) << 23) & 0xFFFFFFFF
+    k = bits_f32(e + 0x3F800000)
+    c = abs(n) > np.float32(126)
+    u = np.float32(b * b)
+    p5 = np.float32(np.float32(EXP_C5 * b) + EXP_C4)
+    p3 = np.float32(np.float32(EXP_C3 * b) + EXP_C2)
+    j = np.float32(np.float32(np.float32(np.float32(p5 * u) + p3) * u) + np.float32(EXP_C1 * b))
+    if not c:
+        return np.float32(np.float32(j * k) + k)  # MADD128(j, k, k)
+    g = 0x82000000 if n <= np.float32(0) else 0
+    s1 = bits_f32(g + 0x7F000000)
+    s2 = bits_f32(e - g)
+    if abs(n) > np.float32(192):
+        return np.float32(s1 * s1)
+    return np.float32(np.float32(np.float32(s2 * j) + s2) * s1)  # MADD128(s2, j, s2) * s1
+
+
+@jit()
 def v_expf(x, lanes):
-    """ggml_v_expf of the build with ``lanes`` float lanes (16: AVX-512, 8: AVX2), one lane."""
+    """ggml_v_expf of the build with ``lanes`` float lanes (16: AVX-512, 8: AVX2, 4: the generic build's SSE2),
+    one lane."""
     if lanes == 16:
         return v_expf_avx512(x)
+    if lanes == 4:
+        return v_expf_sse2(x)
     return v_expf_avx2(x)
+
+
+def expf_lanes(path: str) -> int:
+    """The block width of vec.cpp's silu / swiglu / soft_max loops on ``path``: :func:`lanes`, and 4 on ggml's
+    generic x86 path, whose ``__SSE2__`` branch (:func:`v_expf_sse2`) remains where ``GGML_SIMD`` is off."""
+    return 4 if check_path(path) == "generic" else lanes(path)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -138,13 +138,17 @@ def vec_max_f32(n, x):
 
 @jit()
 def vec_soft_max_f32(n, y, x, mx, lanes):
-    """vec.cpp: ggml_vec_soft_max_f32: ``y[i] = exp(x[i] - max)`` (``y`` may be ``x``); returns the double sum."""
+    """vec.cpp: ggml_vec_soft_max_f32: ``y[i] = exp(x[i] - max)`` (``y`` may be ``x``); returns the double sum.
+    ``lanes``: 16, 8, or 4 for ggml's generic x86 build (its ``__SSE2__`` branch)."""
     total = np.float64(0.0)  # ggml_float sum
     i = 0
-    while i + lanes - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8
+    while i + lanes - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2 (generic): 4
         for lane in range(lanes):  # ggml_v_expf(_mm*_sub_ps(x, max)), stored
             y[i + lane] = v_expf(F32(x[i + lane] - mx), lanes)
-        total += np.float64(hsum_fold(y, i, lanes))  # sum += (ggml_float)<the block's lane sum>
+        if lanes == 4:  # SSE2: shuffle(2,3,0,1) + add, movehl + add_ss: (v0 + v1) + (v2 + v3)
+            total += np.float64(F32(F32(y[i] + y[i + 1]) + F32(y[i + 2] + y[i + 3])))
+        else:
+            total += np.float64(hsum_fold(y, i, lanes))  # sum += (ggml_float)<the block's lane sum>
         i += lanes
     while i < n:  # tail: float val = expf(x[i] - max); sum += (ggml_float)val
         v = expf(F32(x[i] - mx))

@@ -1,5 +1,5 @@
-"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per x86 path (``"avx512"``, ``"avx2"``; the
-path-independent ops, and ``scale``, on ggml's generic x86 path too: ``"generic"``).
+"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per x86 path (``"avx512"``, ``"avx2"``, and ggml's
+generic x86 path ``"generic"``: docs/ggml-generic-x86.md).
 
 What each op computes in the vendored llama.cpp of llama-cpp-python 0.3.36, checked against both libggml
 builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly (GCC, ``-O3``,
@@ -19,7 +19,7 @@ builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly 
   We call the same libm (:mod:`kernels.ggml.libm`). Path-independent, but as exact as the host's libm is the
   same one.
 * ``silu`` (vec.cpp: ``ggml_vec_silu_f32``) and ``swiglu`` (``ggml_vec_swiglu_f32``): SIMD blocks of 16
-  (AVX-512) or 8 (AVX2) lanes with ``x / (1 + ggml_v_expf(0 - x))`` (``* g``) — the two paths have
+  (AVX-512), 8 (AVX2) or 4 (ggml's generic x86 build: its ``__SSE2__`` branch, no FMA) lanes with ``x / (1 + ggml_v_expf(0 - x))`` (``* g``) — the two paths have
   *different* expf polynomials (kernels/ggml/simd.py) — and a scalar tail ``x/(1.0f + expf(-x))`` with libm.
 * ``soft_max`` (ops.cpp: ``ggml_compute_forward_soft_max_f32``, max_bias 0): ``w = x*scale`` (+ mask, F32 or
   F16), ``max`` by the scalar ``MAX`` loop (``ggml_vec_max_f32``), then ``ggml_vec_soft_max_f32``
@@ -45,7 +45,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, logf
-from kernels.ggml.simd import check_path, fma32, lanes, v_expf
+from kernels.ggml.simd import check_path, expf_lanes, fma32, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -193,7 +193,7 @@ def _silu_rows(x, g, has_g, lanes, y):
 
 def silu(x, path: str) -> np.ndarray:
     """ggml_silu (ops.cpp ggml_compute_forward_silu_f32 → vec.cpp ggml_vec_silu_f32) on ``path``."""
-    return _on_rows(_silu_rows, x, _rows(x), False, lanes(path))
+    return _on_rows(_silu_rows, x, _rows(x), False, expf_lanes(path))
 
 
 def swiglu(a, b, path: str) -> np.ndarray:
@@ -206,7 +206,7 @@ def swiglu(a, b, path: str) -> np.ndarray:
     b = np.asarray(b, dtype=np.float32)
     if a.shape != b.shape:
         raise ValueError(f"swiglu: {a.shape} and {b.shape} differ")
-    return _on_rows(_silu_rows, a, _rows(b), True, lanes(path))
+    return _on_rows(_silu_rows, a, _rows(b), True, expf_lanes(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndar
         i3, i2 = np.divmod(np.arange(ne03 * ne02), ne02)
         mask_of = ((i3 % ne13) * ne12 + (i2 % ne12)).astype(np.int64)  # i13*ne12 + i12
     y = np.empty_like(xb)
-    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), lanes(path), y)
+    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), expf_lanes(path), y)
     return y.reshape(x.shape)
 
 

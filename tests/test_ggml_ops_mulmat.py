@@ -311,3 +311,67 @@ def test_mul_mat_id_bit_exact(build, qtype):
     if qtype == QT.F32:
         rows = x[ids == 0]  # (12, K): n_x == n_used here
         assert (bits(mul_mat(w[0], qtype, rows, path)) != bits(got[ids == 0])).any()
+
+
+# ---- ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md) -------------------------
+
+GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0)
+
+
+@pytest.mark.parametrize("qtype", GENERIC_TYPES, ids=[q.name for q in GENERIC_TYPES])
+def test_generic_build_bit_exact(qtype):
+    """The generic build runs vec_dot for every shape (no sgemm, no repack): F32/F16/BF16 a double sum of rounded
+    products, Q8_0 a float sum per block with the activations by quantize_row_q8_0_ref (roundf: ties away from
+    zero) — against that library, and different from the AVX2 build's bits on the same inputs."""
+    rng = np.random.default_rng([2720, int(qtype)])
+    cases = []
+    if qtype == QT.Q8_0:
+        for n, k in ((16, 256), (13, 96)):
+            w = weight_bytes(qtype, n, k, rng)
+            w.reshape(n, -1, 34)[0, :, 2:] = np.uint8(0x80)  # weight bytes of -128
+            for t in (1, 4, 9, 33):
+                cases.append((w, int(qtype), k, acts(rng, t, k), 1 + t % 2))
+        k, n = 128, 16
+        x = acts(rng, 9, k)
+        x[0, 3] = np.nan  # not the last of its block: MAX forgets it (NaN > v is false)
+        x[0, 63] = np.nan  # the last of its block: amax, d, id are NaN; every quant of the block 0
+        x[3, :32] = np.arange(32, dtype=np.float32) - np.float32(15.5)  # .5 ties: roundf goes away from zero
+        x[3, 31] = 127.0
+        x[4, 40] = np.inf
+        x[5, 70:90] = np.float32(1e-42)
+        cases += [(weight_bytes(qtype, n, k, rng, "extreme"), int(qtype), k, x, 1),
+                  (weight_bytes(qtype, n, k, rng, "raw"), int(qtype), k, x, 2)]
+    else:
+        for n, k in ((12, 7), (16, 64), (13, 100), (8, 296)):
+            w = float_weights(qtype, hard_floats(rng, (n, k)))
+            for t in (1, 2, 5, 9):
+                x = hard_floats(rng, (t, k))
+                if t >= 2:
+                    x[1, 3] = np.inf
+                cases.append((w, int(qtype), k, x, 1 + t % 2))
+        x = acts(rng, 3, 64)
+        x[0, 5] = np.array([0x7FC0BEEF], np.uint32).view(np.float32)[0]  # one NaN source (F16: its payload dropped)
+        cases.append((float_weights(qtype, acts(rng, 16, 64)), int(qtype), 64, x, 1))
+    got = check("generic", cases, lambda w, q, x: mul_mat(w, q, x, "generic"))
+    assert kernel_for(qtype, "generic", 9, 16, 256) == "vec_dot"
+    avx2 = [mul_mat(w, q, x, "avx2") for w, q, _, x, _ in cases]
+    assert any((bits(a) != bits(b)).any() for a, b in zip(got, avx2))
+
+
+@pytest.mark.parametrize("qtype", (QT.Q8_0, QT.F32), ids=["Q8_0", "F32"])
+def test_generic_build_mul_mat_id_bit_exact(qtype):
+    rng = np.random.default_rng([2721, int(qtype)])
+    E, N, K, T, n_used = 4, 16, 256, 12, 3
+    w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
+    ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
+    for n_x in (1, n_used):
+        x = acts(rng, T * n_x, K).reshape(T, n_x, K)
+        got = on_build("generic", g_mul_mat_id, w, int(qtype), K, x, ids, 2)
+        assert np.array_equal(bits(got), bits(mul_mat_id(w, qtype, x, ids, "generic"))), n_x
+
+
+def test_generic_build_refuses_types_not_emulated_yet():
+    rng = np.random.default_rng(2722)
+    w = weight_bytes(QT.Q4_K, 8, 256, rng)
+    with pytest.raises(ValueError, match="Q4_K weights on ggml's generic x86 path are not emulated yet"):
+        mul_mat(w, QT.Q4_K, acts(rng, 1, 256), "generic")

@@ -1,5 +1,6 @@
 """``ggml_mul_mat`` and ``ggml_mul_mat_id`` as ggml-cpu computes them, bit for bit, on the ``avx512`` and
-``avx2`` paths (weights ``W`` of a ggml type, F32 activations, F32 out).
+``avx2`` paths (weights ``W`` of a ggml type, F32 activations, F32 out) — and on ggml's generic x86 path
+(``"generic"``) for the types :mod:`kernels.ggml.mulmat_generic` emulates so far.
 
 A weight llama.cpp loads into its CPU_REPACK buffer (``repack=True``, its default, and a type and row count that
 buffer takes: :func:`repacked`) runs that buffer's gemm/gemv instead (:mod:`kernels.ggml.repack`,
@@ -48,7 +49,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
-from kernels.ggml import columns, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
+from kernels.ggml import columns, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -69,7 +70,7 @@ from kernels.ggml.mulmat_q8 import (  # Q8_0 and MXFP4 kernels, the argument che
     q8_0_mul_mat_id,
     slot_groups,
 )
-from kernels.ggml.simd import PATHS, lanes
+from kernels.ggml.simd import PATHS, check_path, lanes
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits  # ggml-impl.h: ggml_compute_fp32_to_bf16
 
@@ -86,7 +87,8 @@ FLOAT_KIND = {QT.F32: 0, QT.F16: 1, QT.BF16: 2}
 #: ``forward_mul_mat_id``): :mod:`kernels.ggml.repack` (Q4_0, IQ4_NL, MXFP4) and :mod:`kernels.ggml.repack_k` (Q4_K,
 #: and Q2_K, repacked by AVX-512 builds only).
 REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
-            "avx512": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4, QT.Q2_K})}
+            "avx512": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4, QT.Q2_K}),
+            "generic": frozenset()}  # without AVX2 the repack chooser picks nothing
 
 
 def repacked(qtype, n_rows: int, path: str) -> bool:
@@ -103,6 +105,8 @@ def repack_emulated(qtype, path: str) -> bool:
 def kernel_for(qtype, path: str, T: int, N: int, K: int) -> str:
     """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape on a weight in a plain CPU buffer: "tiled",
     "sgemm" or "vec_dot" (a repacked weight: :func:`mul_mat`'s ``repack``)."""
+    if check_path(path) == "generic":  # no sgemm, no tiled kernel: docs/ggml-generic-x86.md §2
+        return "vec_dot"
     qtype, L = _qt(qtype), lanes(path)
     if qtype in mulmat_k.TILED_TYPES and T >= mulmat_k.TILED_MIN_ROWS:
         return "tiled"
@@ -134,6 +138,8 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     accepted for the record: no path emulated here changes a bit with it."""
     qtype = _qt(qtype)
     w_bytes, x = _check(w_bytes, qtype, x)
+    if check_path(path) == "generic":
+        return mulmat_generic.mul_mat(w_bytes, qtype, x)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
             return columns.mul_mat_cols(cols, x)
@@ -214,6 +220,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got shape {ids.shape}")
     if w_bytes.ndim != 3 or w_bytes.shape[2] != _row_bytes(qtype, K):
         raise ValueError(f"weights must be (E, N, {row_bytes(qtype, K)}) bytes, got {w_bytes.shape}")
+    if check_path(path) == "generic":
+        return mulmat_generic.mul_mat_id(w_bytes, qtype, x, ids)
     if repack and repacked(qtype, tensor_rows or N, path):
         if _columns_apply(cols, qtype, N):
             return columns.mul_mat_id_checked(cols, x, ids)

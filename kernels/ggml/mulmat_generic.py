@@ -1,0 +1,134 @@
+"""``ggml_mul_mat`` / ``ggml_mul_mat_id`` on ggml's generic x86 path (a libggml-cpu built without SIMD:
+docs/ggml-generic-x86.md §2–3), bit for bit, for the weight types emulated there so far: F32, F16, BF16, Q8_0.
+
+On that path nothing but ``vec_dot`` runs: llamafile's sgemm declines every type without ``__AVX__``, the tiled
+K-quant kernel is a stub, and the CPU_REPACK buffer takes nothing. So every element, whatever the row count, is one
+``vec_dot`` of its weight row with the activation row converted to the type's ``vec_dot_type`` (``from_float``),
+and no product is fused (the target has no FMA):
+
+* F32 (``vec.cpp: ggml_vec_dot_f32``, the scalar branch): ``ggml_float sumf += (ggml_float)(x[i]*y[i])`` — each
+  product rounded to float, summed in double in order, rounded once at the end.
+* F16 / BF16 (``ggml_vec_dot_f16`` / ``_bf16``): the activations converted by ``ggml_cpu_fp32_to_fp16`` (ggml-impl.h's
+  portable conversion: round to nearest even, a NaN -> sign | 0x7E00) / ``ggml_cpu_fp32_to_bf16``, then the same
+  double sum of the (exact, barring over/underflow) float products.
+* Q8_0 (``arch/x86/quants.c: ggml_vec_dot_q8_0_q8_0``'s scalar loop): ``sumf += (float)sumi*(d_w*d_x)`` per block in
+  float32, ``sumi`` the exact integer dot; the activations by ``quantize_row_q8_0_ref`` (ggml-quants.c):
+  ``amax = MAX(amax, fabsf(v))`` in order (a NaN is kept only if no later value replaces it: ``NaN > v`` is false),
+  ``d = amax/127``, ``id = d ? 1.0f/d : 0``, ``qs = (int8_t)roundf(x*id)`` — half away from zero, the float
+  truncated to int32 (NaN and out-of-range: INT_MIN) and then to its low byte —, ``y.d = fp16(d)`` (portable).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.block import QT
+from kernels.base.flags import jit
+from kernels.ggml.simd import f32_bits
+from kernels.ggml.vecmath import F16_TO_F32, _f32_to_f16_bits, cast_bf16, cast_f16
+
+F32 = np.float32
+TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0})  # emulated on the generic path
+
+
+@jit()
+def _float_rows(w, x, out):
+    """``out[t, n] = (float) Σ_k (double) fl(w[n, k] · x[t, k])`` (float32 values of the weights and activations)."""
+    for t in range(x.shape[0]):
+        for n in range(w.shape[0]):
+            s = np.float64(0.0)
+            for k in range(x.shape[1]):
+                s += np.float64(np.float32(w[n, k] * x[t, k]))
+            out[t, n] = np.float32(s)
+
+
+@jit()
+def _roundf_to_i8(v):
+    """``(int8_t)roundf(v)`` as GCC compiles it on x86: roundf (half away from zero), ``cvttss2si`` (NaN and values
+    outside int32: INT_MIN), the low byte."""
+    if v != v or not (np.float64(-2147483648.0) <= np.float64(v) < np.float64(2147483648.0)):
+        return np.int8(0)  # INT_MIN's low byte
+    a = np.floor(np.abs(np.float64(v)) + 0.5)  # exact in double for |v| < 2^31
+    i = np.int64(a) if v >= 0 else -np.int64(a)
+    return np.int8(((i + 128) & 255) - 128)
+
+
+@jit()
+def _quantize_rows_q8_0_ref(x, qs, d):
+    """ggml-quants.c ``quantize_row_q8_0_ref`` of every row: qs (T, K) int8, d (T, K/32) the fp16 d as float32."""
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            o = 32 * b
+            amax = F32(0.0)
+            for j in range(32):
+                a = np.abs(x[r, o + j])
+                amax = amax if amax > a else a  # MAX(amax, fabsf(v))
+            dd = F32(amax / F32(127.0))
+            inv = F32(F32(1.0) / dd) if dd != 0 else F32(0.0)  # a NaN d is "true": 1/NaN
+            d[r, b] = F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(dd)))]  # GGML_FP32_TO_FP16(d), portable
+            for j in range(32):
+                qs[r, o + j] = _roundf_to_i8(F32(x[r, o + j] * inv))
+
+
+@jit()
+def _q8_0_dot(w, xq, xd, tab):
+    """One element: ``sumf = fl(sumf + fl((float)sumi · fl(d_w · d_x)))`` over the blocks of one Q8_0 weight row
+    (``w`` int8 bytes: per block the fp16 d, 32 quants) and one quantized activation row."""
+    sumf = F32(0.0)
+    for b in range(xd.shape[0]):
+        o = 34 * b
+        dw = tab[(np.int64(w[o]) & 255) | ((np.int64(w[o + 1]) & 255) << 8)]
+        sumi = np.int64(0)
+        for j in range(32):
+            sumi += np.int64(w[o + 2 + j]) * np.int64(xq[32 * b + j])
+        sumf = F32(sumf + F32(F32(sumi) * F32(dw * xd[b])))
+    return sumf
+
+
+@jit()
+def _q8_0_rows(w, x, out, tab):
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    _quantize_rows_q8_0_ref(x, xq, xd)
+    for t in range(x.shape[0]):
+        for n in range(w.shape[0]):
+            out[t, n] = _q8_0_dot(w[n], xq[t], xd[t], tab)
+
+
+def _float_values(w_bytes: np.ndarray, qtype: QT, x: np.ndarray):
+    """(weights, activations) as float32 values, the activations converted to ``vec_dot_type`` (``from_float``)."""
+    if qtype == QT.F32:
+        return w_bytes.view(np.float32), x
+    if qtype == QT.F16:
+        return F16_TO_F32[w_bytes.view(np.uint16)], F16_TO_F32[cast_f16(x).view(np.uint16)]
+    w = (w_bytes.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return w, (cast_bf16(x).astype(np.uint32) << 16).view(np.float32)
+
+
+def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` on the generic path: ``w_bytes`` (N, row bytes), ``x`` (T, K) float32 -> (T, N)."""
+    qtype = QT(qtype)
+    out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
+    if qtype == QT.Q8_0:
+        _q8_0_rows(w_bytes.view(np.int8), x, out, F16_TO_F32)
+    elif qtype in TYPES:
+        w, xv = _float_values(w_bytes, qtype, x)
+        _float_rows(np.ascontiguousarray(w), np.ascontiguousarray(xv), out)
+    else:
+        raise ValueError(f"mul_mat emulation: {qtype.name} weights on ggml's generic x86 path are not emulated yet "
+                         f"(emulated there: {', '.join(t.name for t in sorted(TYPES))})")
+    return out
+
+
+def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``ggml_mul_mat_id`` on the generic path: ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K), ``ids`` (T,
+    n_used) -> (T, n_used, N); every slot one ``vec_dot`` per element (its activation row converted once)."""
+    T, n_x, K = x.shape
+    out = np.empty((T, ids.shape[1], w_bytes.shape[1]), np.float32)
+    for t in range(T):
+        for s in range(ids.shape[1]):
+            out[t, s] = mul_mat(w_bytes[ids[t, s]], qtype, x[t, s % n_x][None])[0]
+    return out
+
+
+__all__ = ["TYPES", "mul_mat", "mul_mat_id"]

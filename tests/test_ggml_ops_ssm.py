@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from ggml_graph import BUILDS, Graph, build_info, i64, on_build, require_both_paths, vp
+from ggml_graph import BUILDS, WITH_GENERIC, Graph, build_info, i64, on_build, require_both_paths, vp
 
 from kernels.ggml.ssm import expf, gated_delta_net, ssm_conv
 
@@ -74,10 +74,10 @@ def hard_floats(rng, shape, scale=1.0) -> np.ndarray:
 
 
 # --- ssm_conv ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 @pytest.mark.parametrize("nc", [4, 3, 5, 8, 12, 17])
 def test_ssm_conv_bit_exact(build, nc):
-    path = build_info(build).path
+    path = build_info(build).isa
     rng = np.random.default_rng([nc, 27])
     for n_s, n_t, d_inner in [(1, 1, 37), (2, 5, 70)]:  # a decode step, a prompt ubatch of 2 sequences
         sx = hard_floats(rng, (n_s, d_inner, nc - 1 + n_t))
@@ -86,10 +86,10 @@ def test_ssm_conv_bit_exact(build, nc):
         assert_bits(ssm_conv(sx, c, path), ref, f"ssm_conv nc={nc} {n_s}x{n_t}x{d_inner} on {path}")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_ssm_conv_nonfinite(build):
     """inf in one tap (inf·0 and inf−inf make the x86 default NaN) and a NaN tap in other channels."""
-    path = build_info(build).path
+    path = build_info(build).isa
     rng = np.random.default_rng(5)
     sx = rng.standard_normal((1, 24, 3 + 4)).astype(F32)
     c = rng.standard_normal((24, 4)).astype(F32)
@@ -165,11 +165,11 @@ CASES = [  # (n_seqs, T, H, H_k, S, K): decode, prompt ubatch, tails of the dot,
 ]
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 @pytest.mark.parametrize("case", CASES, ids=[f"s{c[0]}t{c[1]}h{c[2]}k{c[3]}S{c[4]}K{c[5]}" for c in CASES])
 @pytest.mark.parametrize("hard", [False, True], ids=["random", "hard"])
 def test_gated_delta_net_bit_exact(build, case, hard):
-    path = build_info(build).path
+    path = build_info(build).isa
     n_seqs, T, H, H_k, S, K = case
     rng = np.random.default_rng([n_seqs, T, H, S, K, hard])
     args = gdn_inputs(rng, n_seqs, T, H, H_k, S, hard)
@@ -182,10 +182,10 @@ def test_gated_delta_net_bit_exact(build, case, hard):
     assert_bits(st[:written], states_ref[:written], f"gdn state {case} on {path}")
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_gated_delta_net_nonfinite(build):
     """A NaN in v (its row of the state and every later output of the head turn NaN) and an inf in q."""
-    path = build_info(build).path
+    path = build_info(build).isa
     rng = np.random.default_rng(3)
     q, k, v, g, beta, state = gdn_inputs(rng, 1, 3, 2, 2, 24)
     v[0, 1, 0, 5] = np.nan
@@ -206,6 +206,20 @@ def test_gated_delta_net_builds_differ():
     outs = {b: split_gdn(on_build(b, gdn_graph, *args, 1, 1), args[2].shape, 1)[0] for b in BUILDS}
     assert (bits(outs["native"]) != bits(outs["avx2"])).any()
     assert (bits(gated_delta_net(*args, "avx512")[0]) != bits(gated_delta_net(*args, "avx2")[0])).any()
+
+
+def test_generic_build_differs_from_avx2():
+    """ggml's generic build (no FMA, double-sum dots) is a third set of bits for both ops: the generic tests above
+    compare with a computation the AVX2 emulation would fail."""
+    rng = np.random.default_rng(12)
+    args = gdn_inputs(rng, 1, 2, 4, 2, 128)
+    out = split_gdn(on_build("generic", gdn_graph, *args, 1, 1), args[2].shape, 1)[0]
+    assert (bits(out) != bits(gated_delta_net(*args, "avx2")[0])).any()
+    sx = rng.standard_normal((1, 512, 3 + 4)).astype(F32)
+    c = rng.standard_normal((512, 4)).astype(F32)
+    sx6, c6 = rng.standard_normal((1, 256, 5 + 6)).astype(F32), rng.standard_normal((256, 6)).astype(F32)
+    assert (bits(ssm_conv(sx6, c6, "generic")) != bits(ssm_conv(sx6, c6, "avx2"))).any()  # AVX2: taps 5, 6 fused
+    assert np.array_equal(bits(ssm_conv(sx, c, "generic")), bits(ssm_conv(sx, c, "avx2")))  # 4 taps: both unfused
 
 
 def test_gated_delta_net_seqless_shapes():

@@ -1,5 +1,7 @@
 """Bit-exact emulation of ggml-cpu's two recurrent ops of qwen35moe: ``ggml_ssm_conv`` and the fused
-``ggml_gated_delta_net`` (``GGML_OP_GATED_DELTA_NET``), for the ``"avx512"`` and ``"avx2"`` builds.
+``ggml_gated_delta_net`` (``GGML_OP_GATED_DELTA_NET``), for the ``"avx512"`` and ``"avx2"`` builds and ggml's
+generic x86 build (``"generic"``: no SIMD, no FMA — the conv's products all rounded, the delta net's dots
+``ggml_vec_dot_f32``'s double sum and its ``vec_mad`` unfused; docs/ggml-generic-x86.md §6).
 
 Which code the library runs (vendored llama.cpp of llama-cpp-python 0.3.36, GCC -O3, -ffp-contract=fast;
 read from ``objdump -d`` of both ``libggml-cpu.so``):
@@ -35,7 +37,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf
-from kernels.ggml.simd import fma32, fold_left_unfused, lanes
+from kernels.ggml.simd import check_path, fma32, fold_left_unfused, lanes
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 
 
@@ -71,17 +73,29 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     n_t = sx3.shape[2] - nc + 1
     assert sx3.shape[1] == c.shape[0] and n_t >= 0, (sx3.shape, c.shape)
     # GCC's blocks: AVX-512 zmm/ymm (16, 8) → nc & ~7 taps unfused; AVX2 ymm/xmm (8, 4) → nc & ~3
-    unfused = fold_left_unfused(nc, lanes(path))
+    # generic (no SIMD, no FMA: docs/ggml-generic-x86.md §6): every product rounded, added in tap order
+    unfused = nc if check_path(path) == "generic" else fold_left_unfused(nc, lanes(path))
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]
 
 
 # --- ggml_gated_delta_net --------------------------------------------------------------------------------
 @jit()
+def _dot_generic(n, x, y):
+    """vec.cpp: ggml_vec_dot_f32 without ``GGML_SIMD`` (ggml's generic build): ``ggml_float sumf += (ggml_float)(x[i]*y[i])``
+    in order, rounded to float at the end."""
+    s = np.float64(0.0)
+    for i in range(n):
+        s += np.float64(np.float32(x[i] * y[i]))
+    return np.float32(s)
+
+
+@jit()
 def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head).
     q [nq3, T, Hq, S], k [nk3, T, Hk, S], v [n_seqs, T, H, S], g [n_seqs, T, H, 1 or S], beta [n_seqs, T, H],
-    state [n_seqs, H, S, S] (row j = value index); out [n_seqs, T, H, S], snaps [K, n_seqs, H, S, S]."""
+    state [n_seqs, H, S, S] (row j = value index); out [n_seqs, T, H, S], snaps [K, n_seqs, H, S, S]. ``epr`` 0:
+    ggml's generic build (the dots :func:`_dot_generic`, ``ggml_vec_mad_f32`` a rounded product and sum)."""
     n_seqs, n_tokens, H, S_v = v.shape
     kda = g.shape[3] == S_v
     rq3 = n_seqs // q.shape[0]
@@ -89,7 +103,8 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
-    if cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
+    generic = epr == 0
+    if not generic and cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
         _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda)
         return out
     for ir in range(n_seqs * H):
@@ -119,14 +134,18 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
                     for i in range(S_v):
                         Mj[i] = np.float32(Mj[i] * gexp)
             for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
-                s = vec_dot_f32(S_v, M[j], k_d, epr, acc)
+                s = _dot_generic(S_v, M[j], k_d) if generic else vec_dot_f32(S_v, M[j], k_d, epr, acc)
                 delta[j] = np.float32(np.float32(v_d[j] - s) * beta_val)
             for j in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
                 Mj, dj = M[j], delta[j]
-                for i in range(S_v):
-                    Mj[i] = fma32(k_d[i], dj, Mj[i])
+                if generic:  # y[i] += x[i]*v: no FMA in that build
+                    for i in range(S_v):
+                        Mj[i] = np.float32(Mj[i] + np.float32(k_d[i] * dj))
+                else:
+                    for i in range(S_v):
+                        Mj[i] = fma32(k_d[i], dj, Mj[i])
             for j in range(S_v):  # attn_out[j] = dot(M[j], q) * scale
-                s = vec_dot_f32(S_v, M[j], q_d, epr, acc)
+                s = _dot_generic(S_v, M[j], q_d) if generic else vec_dot_f32(S_v, M[j], q_d, epr, acc)
                 out[iv3, t, iv1, j] = np.float32(s * scale)
             slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
             if slot < K:
@@ -208,7 +227,7 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     assert q.shape[1:] == k.shape[1:] and q.shape[3] == S and H % q.shape[2] == 0 and state.shape == (n_seqs, H, S, S)
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
-    _gated_delta_net(q, k, v, g, beta, state, K, lanes(path), out, snaps)
+    _gated_delta_net(q, k, v, g, beta, state, K, 0 if check_path(path) == "generic" else lanes(path), out, snaps)
     st = snaps[0] if K == 1 else snaps
     if seqless:
         return out[0], (st[0] if K == 1 else st[:, 0])

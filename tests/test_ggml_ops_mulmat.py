@@ -315,7 +315,7 @@ def test_mul_mat_id_bit_exact(build, qtype):
 
 # ---- ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md) -------------------------
 
-GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0)
+GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
 @pytest.mark.parametrize("qtype", GENERIC_TYPES, ids=[q.name for q in GENERIC_TYPES])
@@ -325,7 +325,13 @@ def test_generic_build_bit_exact(qtype):
     zero) — against that library, and different from the AVX2 build's bits on the same inputs."""
     rng = np.random.default_rng([2720, int(qtype)])
     cases = []
-    if qtype == QT.Q8_0:
+    if qtype in (QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        for n, k in ((16, 256), (12, 512)):
+            for scales in ("normal", "extreme"):
+                w = weight_bytes(qtype, n, k, rng, scales)
+                for t in (1, 4, 9):
+                    cases.append((w, int(qtype), k, acts(rng, t, k), 1 + t % 2))
+    elif qtype == QT.Q8_0:
         for n, k in ((16, 256), (13, 96)):
             w = weight_bytes(qtype, n, k, rng)
             w.reshape(n, -1, 34)[0, :, 2:] = np.uint8(0x80)  # weight bytes of -128
@@ -358,7 +364,7 @@ def test_generic_build_bit_exact(qtype):
     assert any((bits(a) != bits(b)).any() for a, b in zip(got, avx2))
 
 
-@pytest.mark.parametrize("qtype", (QT.Q8_0, QT.F32), ids=["Q8_0", "F32"])
+@pytest.mark.parametrize("qtype", (QT.Q8_0, QT.F32, QT.Q4_K), ids=["Q8_0", "F32", "Q4_K"])
 def test_generic_build_mul_mat_id_bit_exact(qtype):
     rng = np.random.default_rng([2721, int(qtype)])
     E, N, K, T, n_used = 4, 16, 256, 12, 3
@@ -372,6 +378,6 @@ def test_generic_build_mul_mat_id_bit_exact(qtype):
 
 def test_generic_build_refuses_types_not_emulated_yet():
     rng = np.random.default_rng(2722)
-    w = weight_bytes(QT.Q4_K, 8, 256, rng)
-    with pytest.raises(ValueError, match="Q4_K weights on ggml's generic x86 path are not emulated yet"):
-        mul_mat(w, QT.Q4_K, acts(rng, 1, 256), "generic")
+    w = weight_bytes(QT.Q3_K, 8, 256, rng)
+    with pytest.raises(ValueError, match="Q3_K weights on ggml's generic x86 path are not emulated yet"):
+        mul_mat(w, QT.Q3_K, acts(rng, 1, 256), "generic")

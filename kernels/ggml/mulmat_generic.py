@@ -1,5 +1,6 @@
 """``ggml_mul_mat`` / ``ggml_mul_mat_id`` on ggml's generic x86 path (a libggml-cpu built without SIMD:
-docs/ggml-generic-x86.md §2–3), bit for bit, for the weight types emulated there so far: F32, F16, BF16, Q8_0.
+docs/ggml-generic-x86.md §2–3), bit for bit, for the weight types emulated there so far: F32, F16, BF16, Q8_0, MXFP4,
+Q4_K, Q5_K, Q6_K.
 
 On that path nothing but ``vec_dot`` runs: llamafile's sgemm declines every type without ``__AVX__``, the tiled
 K-quant kernel is a stub, and the CPU_REPACK buffer takes nothing. So every element, whatever the row count, is one
@@ -16,6 +17,13 @@ and no product is fused (the target has no FMA):
   ``amax = MAX(amax, fabsf(v))`` in order (a NaN is kept only if no later value replaces it: ``NaN > v`` is false),
   ``d = amax/127``, ``id = d ? 1.0f/d : 0``, ``qs = (int8_t)roundf(x*id)`` — half away from zero, the float
   truncated to int32 (NaN and out-of-range: INT_MIN) and then to its low byte —, ``y.d = fp16(d)`` (portable).
+* MXFP4 (the scalar loop of ``ggml_vec_dot_mxfp4_q8_0``): ``d = fl(y.d · e8m0_half(e))``, ``sumf += d·(float)(sumi1 +
+  sumi2)`` per block in float32; the activations as for Q8_0.
+* Q4_K, Q5_K, Q6_K (``quants.c: ggml_vec_dot_q{4,5,6}_K_q8_K_generic``): per super-block 8 int32 lanes, lane ``l``
+  summing ``scale · q8[k] · a[k]`` over the values ``k ≡ l (mod 8)`` (``a`` the code, Q6_K's less 32); then
+  ``sums[l] += fl(fl(d_w · y.d) · (float)aux32[l])`` into 8 float sums kept across super-blocks, and (Q4_K, Q5_K)
+  ``sumf -= fl(fl(dmin · y.d) · (float)Σ bsums·mins)`` per super-block; at the end ``sumf += sums[l]`` for ``l = 0…7``.
+  The activations by ``quantize_row_q8_K_ref`` (the same in every build).
 """
 
 from __future__ import annotations
@@ -24,11 +32,14 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
+from kernels.ggml.mulmat_k import decode_row, q8_k_inputs
+from kernels.ggml.mulmat_q8 import _mxfp4_weights
 from kernels.ggml.simd import f32_bits
 from kernels.ggml.vecmath import F16_TO_F32, _f32_to_f16_bits, cast_bf16, cast_f16
 
 F32 = np.float32
-TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0})  # emulated on the generic path
+KQ = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2}  # mulmat_k.KIND
+TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4} | set(KQ))  # emulated on the generic path
 
 
 @jit()
@@ -95,6 +106,57 @@ def _q8_0_rows(w, x, out, tab):
             out[t, n] = _q8_0_dot(w[n], xq[t], xd[t], tab)
 
 
+@jit()
+def _mxfp4_rows(wv, we, x, out):
+    """``wv`` (N, K) int8 the MXFP4 values, ``we`` (N, K/32) ``e8m0_half(e)``: the scalar loop per element."""
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    _quantize_rows_q8_0_ref(x, xq, xd)
+    for t in range(x.shape[0]):
+        for n in range(wv.shape[0]):
+            sumf = F32(0.0)
+            for b in range(xd.shape[1]):
+                d = F32(xd[t, b] * we[n, b])  # GGML_CPU_FP16_TO_FP32(y.d) * GGML_CPU_E8M0_TO_FP32_HALF(x.e)
+                sumi = np.int64(0)
+                for j in range(32):
+                    sumi += np.int64(xq[t, 32 * b + j]) * np.int64(wv[n, 32 * b + j])
+                sumf = F32(sumf + F32(d * F32(sumi)))
+            out[t, n] = sumf
+
+
+@jit()
+def _k_rows(kind, w, yq, yd, ybs, out, table):
+    """``ggml_vec_dot_q{4,5,6}_K_q8_K_generic`` for every element (module docstring); ``kind`` as mulmat_k.KIND."""
+    K = yq.shape[1]
+    nb = K // 256
+    sub = 16 if kind == 2 else 32
+    q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
+    d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+    aux32 = np.empty(8, np.int64)
+    sums = np.empty(8, np.float32)
+    for r in range(w.shape[0]):
+        decode_row(kind, w[r], q, sc, mn, d, dmin, table)
+        for t in range(yq.shape[0]):
+            sums[:] = F32(0.0)
+            sumf = F32(0.0)
+            for b in range(nb):
+                aux32[:] = 0
+                for k in range(256 * b, 256 * b + 256):
+                    a = np.int64(q[k]) - (32 if kind == 2 else 0)
+                    aux32[k % 8] += np.int64(sc[k // sub]) * (np.int64(yq[t, k]) * a)
+                dd = F32(d[b] * yd[t, b])  # GGML_CPU_FP16_TO_FP32(x[i].d) * y[i].d
+                for lane in range(8):
+                    sums[lane] = F32(sums[lane] + F32(dd * F32(aux32[lane])))
+                if kind <= 1:
+                    sumi = np.int64(0)
+                    for j in range(16):
+                        sumi += ybs[t, 16 * b + j] * np.int64(mn[8 * b + j // 2])
+                    sumf = F32(sumf - F32(F32(dmin[b] * yd[t, b]) * F32(sumi)))
+            for lane in range(8):
+                sumf = F32(sumf + sums[lane])
+            out[t, r] = sumf
+
+
 def _float_values(w_bytes: np.ndarray, qtype: QT, x: np.ndarray):
     """(weights, activations) as float32 values, the activations converted to ``vec_dot_type`` (``from_float``)."""
     if qtype == QT.F32:
@@ -111,6 +173,11 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     if qtype == QT.Q8_0:
         _q8_0_rows(w_bytes.view(np.int8), x, out, F16_TO_F32)
+    elif qtype == QT.MXFP4:
+        _mxfp4_rows(*_mxfp4_weights(w_bytes), np.ascontiguousarray(x, np.float32), out)
+    elif qtype in KQ:
+        yq, yd, _, ybs = q8_k_inputs(np.ascontiguousarray(x, np.float32))
+        _k_rows(KQ[qtype], np.ascontiguousarray(w_bytes, np.uint8), yq, yd, ybs, out, F16_TO_F32)
     elif qtype in TYPES:
         w, xv = _float_values(w_bytes, qtype, x)
         _float_rows(np.ascontiguousarray(w), np.ascontiguousarray(xv), out)

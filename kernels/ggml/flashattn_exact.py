@@ -1,4 +1,6 @@
-"""Bit-exact emulation of ggml-cpu's ``ggml_flash_attn_ext`` (F32 Q, F16 or F32 K/V) on the x86 paths.
+"""Bit-exact emulation of ggml-cpu's ``ggml_flash_attn_ext`` (F32 Q, F16 or F32 K/V) on the x86 paths (and ggml's
+generic x86 build: the dots a double sum of rounded products, no FMA anywhere, F16 conversions the portable ones,
+the tiled path's exps vec.h's SSE2 ``ggml_v_expf``; docs/ggml-generic-x86.md §5).
 
 ``ggml_compute_forward_flash_attn_ext_f16`` (ggml-cpu/ops.cpp) takes one of three code paths, chosen from the
 shapes alone (``use_ref`` is never set by llama.cpp); :func:`fa_kernel` names it:
@@ -65,9 +67,9 @@ from kernels.base.flags import jit
 from kernels.ggml.flashattn_exact_tiled import tiled_rows
 from kernels.ggml.libm import expf, fmaxf
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
-from kernels.ggml.simd import fma32, lanes
-from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
-from kernels.ggml.vecmath import cast_f16_to_f32
+from kernels.ggml.simd import check_path, expf_lanes, f32_bits, fma32
+from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
+from kernels.ggml.vecmath import F16_TO_F32, _f32_to_f16_bits, cast_f16_to_f32
 
 F32 = np.float32
 NINF = np.float32(-np.inf)
@@ -76,15 +78,25 @@ SPLIT_KV_MIN = 512  # ops.cpp use_split_kv_path: nek1 >= 512
 
 
 @jit()
-def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, q_q, vkq, acc):
+def _to_f16(x, fused):
+    """A float32 rounded to an F16 value: F16C's ``vcvtps2ph`` (the SIMD builds) or ggml-impl.h's portable
+    conversion (the generic build: a NaN becomes sign | 0x7E00)."""
+    if fused:
+        return round_to_f16(x)
+    return F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(x)))]
+
+
+@jit()
+def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, fused, q_q, vkq, acc):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one (query row, head) over cells
     ``ic_start … ic_end-1`` of ``k`` [n_kv, DK], ``v`` [n_kv, DV] (float32 holding F16 values when
     ``k_f16``/``v_f16``). Leaves the unnormalised VKQ in ``vkq`` (F16 values when ``v_f16``: the VKQ16
-    accumulator converted to float) and returns (M, S). ``acc``: the dot's scratch (:func:`kernels.ggml.vec.dot_scratch`)."""
+    accumulator converted to float) and returns (M, S). ``acc``: the dot's scratch (:func:`kernels.ggml.vec.dot_scratch`).
+    ``fused`` False: ggml's generic build — the dots :func:`kernels.ggml.vec.vec_dot_generic`, no FMA."""
     DK = q_row.size
     DV = vkq.size
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 / ggml_cpu_fp32_to_fp32
-        q_q[d] = round_to_f16(q_row[d]) if k_f16 else q_row[d]
+        q_q[d] = _to_f16(q_row[d], fused) if k_f16 else q_row[d]
     S = np.float32(0.0)
     M = NINF
     for d in range(DV):
@@ -93,7 +105,9 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
         mv = mask_row[ic] if has_mask else np.float32(0.0)  # slope*GGML_CPU_FP16_TO_FP32(mp[ic]), slope = 1
         if mv == NINF:
             continue
-        if k_f16:  # kq_vec_dot = type_traits_cpu[k->type].vec_dot
+        if not fused:  # kq_vec_dot = type_traits_cpu[k->type].vec_dot
+            s = vec_dot_generic(DK, k[ic], q_q)
+        elif k_f16:
             s = vec_dot_f16(DK, k[ic], q_q, lanes, acc)
         else:
             s = vec_dot_f32(DK, k[ic], q_q, lanes, acc)
@@ -107,18 +121,18 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
             ms = expf(np.float32(m_old - M))
             for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
                 t = np.float32(vkq[d] * ms)
-                vkq[d] = round_to_f16(t) if v_f16 else t
+                vkq[d] = _to_f16(t, fused) if v_f16 else t
         else:
             vs = expf(np.float32(s - M))
         for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
-            t = fma32(v[ic, d], vs, vkq[d])
-            vkq[d] = round_to_f16(t) if v_f16 else t
-        S = fma32(S, ms, vs)  # S = S*ms + vs, contracted
+            t = fma32(v[ic, d], vs, vkq[d]) if fused else np.float32(vkq[d] + np.float32(v[ic, d] * vs))
+            vkq[d] = _to_f16(t, fused) if v_f16 else t
+        S = fma32(S, ms, vs) if fused else np.float32(np.float32(S * ms) + vs)  # S = S*ms + vs, contracted
     return M, S
 
 
 @jit()
-def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, out):
+def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, out):
     """The non-split, non-tiled path: one_chunk over all cells for every (query row, head) — rows are
     independent — then ``out`` [n_q, n_head, DV] = VKQ * (S == 0 ? 0 : 1/S). Serial: a decode step or a short
     batch is far below flags.SERIAL_BELOW's break-even."""
@@ -131,14 +145,14 @@ def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, out):
     for h in range(n_head):
         for iq1 in range(n_q):
             M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
-                             k_f16, v_f16, lanes, q_q, vkq, acc)
+                             k_f16, v_f16, lanes, fused, q_q, vkq, acc)
             s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
             for d in range(DV):
                 out[iq1, h, d] = np.float32(vkq[d] * s_inv)
 
 
 @jit()
-def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads, out):
+def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_threads, out):
     """use_split_kv_path (one query row): thread ith runs one_chunk over cells [ith*cs, min((ith+1)*cs, n_kv))
     for every head (cs = ceil(n_kv/n_threads)), then ggml_flash_attn_ext_reduce_partials combines the chunks
     of each head in order."""
@@ -159,7 +173,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads,
         ic_end = min(ic_start + cs, n_kv)
         for h in range(n_head):
             M, S = one_chunk(q[h, 0], k[h // group], v[h // group], mask[0], has_mask, ic_start, ic_end, scale,
-                             k_f16, v_f16, lanes, q_q, part_v[ith, h], acc)
+                             k_f16, v_f16, lanes, fused, q_q, part_v[ith, h], acc)
             part_m[ith, h] = M
             part_s[ith, h] = S
     for h in range(n_head):  # ggml_flash_attn_ext_reduce_partials
@@ -178,8 +192,14 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, n_threads,
             scale_old = expf(np.float32(m_final - m_new))
             scale_new = expf(np.float32(m_chunk - m_new))
             for d in range(DV):  # VKQ_final*scale_old + VKQ_chunk*scale_new: fma(VKQ_final, so, VKQ_chunk*sn)
-                out[0, h, d] = fma32(out[0, h, d], scale_old, np.float32(part_v[c, h, d] * scale_new))
-            s_final = fma32(s_final, scale_old, np.float32(s_chunk * scale_new))
+                if fused:
+                    out[0, h, d] = fma32(out[0, h, d], scale_old, np.float32(part_v[c, h, d] * scale_new))
+                else:  # the generic build: both products rounded
+                    out[0, h, d] = np.float32(np.float32(out[0, h, d] * scale_old) + np.float32(part_v[c, h, d] * scale_new))
+            if fused:
+                s_final = fma32(s_final, scale_old, np.float32(s_chunk * scale_new))
+            else:
+                s_final = np.float32(np.float32(s_final * scale_old) + np.float32(s_chunk * scale_new))
             m_final = m_new
         if s_final != 0:
             s_inv = np.float32(np.float32(1.0) / s_final)
@@ -201,9 +221,9 @@ def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype) -> str:
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, path: str,
                    n_threads: int = 1) -> np.ndarray:
     """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias=0, logit_softcap=0)`` as ggml-cpu computes it on
-    ``path`` ("avx512" | "avx2") with ``n_threads`` threads. Layouts in the module docstring; returns
+    ``path`` ("avx512" | "avx2" | "generic") with ``n_threads`` threads. Layouts in the module docstring; returns
     [n_q, n_head, DV] float32."""
-    lanes(path)  # checks the path
+    check_path(path)
     q = np.ascontiguousarray(q, dtype=F32)
     if k.dtype not in (np.float16, np.float32) or v.dtype not in (np.float16, np.float32):
         raise ValueError(f"flash_attn_ext: K/V must be float16 or float32, got {k.dtype}/{v.dtype}")
@@ -237,13 +257,13 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
         mask32 = np.zeros((n_q, k32.shape[1]), F32)
     kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32)
     args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
-    L = lanes(path)
+    L, fused = expf_lanes(path), path != "generic"  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
     if kind == "split":
-        split_kv_row(*args, k_f16, v_f16, L, int(n_threads), out)
+        split_kv_row(*args, k_f16, v_f16, L, fused, int(n_threads), out)
     elif kind == "tiled":
-        tiled_rows(*args, L, int(n_threads), out)
+        tiled_rows(*args, L, fused, int(n_threads), out)
     else:
-        one_row_rows(*args, k_f16, v_f16, L, out)
+        one_row_rows(*args, k_f16, v_f16, L, fused, out)
     return out
 
 

@@ -48,10 +48,11 @@ KV_TILE_SZ = 64  # GGML_FA_TILE_KV
 
 
 @jit()
-def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, V32, KQ, VKQ, S, M):
+def _tile(q, k, v, mask, has_mask, scale, lanes, fused, h, kvh, iq1, rows, out, K_f32, V32, KQ, VKQ, S, M):
     """One Q tile: query rows iq1 … iq1+rows-1 of head h (KV head kvh). The buffers are ggml's per-thread
     scratch; K_f32 and V32 are zeroed once per Q tile, as in the C, so the last KV tile's padding reads the
-    previous tile's rows (multiplied by probability 0)."""
+    previous tile's rows (multiplied by probability 0). ``fused`` False: ggml's generic build, whose scalar
+    ``simd_gemm`` rounds each product before adding it."""
     DK = q.shape[2]
     DV = v.shape[2]
     n_kv = k.shape[1]
@@ -83,7 +84,10 @@ def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, 
                     continue
                 acc = np.float32(0.0)  # simd_gemm(KQ, Q, K_f32, …): KQ was memset to 0
                 for dk in range(DK):
-                    acc = fma32(q[h, iq1 + tq, dk], K_f32[dk, tk], acc)
+                    if fused:
+                        acc = fma32(q[h, iq1 + tq, dk], K_f32[dk, tk], acc)
+                    else:
+                        acc = np.float32(acc + np.float32(q[h, iq1 + tq, dk] * K_f32[dk, tk]))
                 acc = np.float32(acc * scale)  # ggml_vec_scale_f32(Q_TILE_SZ*KV_TILE_SZ, KQ, scale)
                 if has_mask:  # ggml_vec_add_f32(tile_rows*KV_TILE_SZ, KQ, KQ, mask32)
                     acc = np.float32(acc + mask[iq1 + tq, ic + tk])
@@ -109,7 +113,10 @@ def _tile(q, k, v, mask, has_mask, scale, lanes, h, kvh, iq1, rows, out, K_f32, 
             for d in range(DV):
                 acc = VKQ[tq, d]
                 for tk in range(KV_TILE_SZ):
-                    acc = fma32(KQ[tq, tk], V32[tk, d], acc)
+                    if fused:
+                        acc = fma32(KQ[tq, tk], V32[tk, d], acc)
+                    else:
+                        acc = np.float32(acc + np.float32(KQ[tq, tk] * V32[tk, d]))
                 VKQ[tq, d] = acc
     for tq in range(rows):
         s_inv = np.float32(0.0) if S[tq] == 0 else np.float32(np.float32(1.0) / S[tq])
@@ -145,7 +152,7 @@ def q_tiles(n_q, n_head, n_threads):
 
 
 @jit(parallel=True)
-def tiled_rows(q, k, v, mask, has_mask, scale, lanes, n_threads, out):
+def tiled_rows(q, k, v, mask, has_mask, scale, lanes, fused, n_threads, out):
     """All Q tiles (:func:`q_tiles`); each tile writes its own output rows with its own scratch (ggml's
     per-thread wdata), so the prange split never changes a result."""
     n_head, n_q, DK = q.shape
@@ -161,7 +168,7 @@ def tiled_rows(q, k, v, mask, has_mask, scale, lanes, n_threads, out):
         VKQ = np.empty((Q_TILE_SZ, DV), np.float32)
         S = np.empty(Q_TILE_SZ, np.float32)
         M = np.empty(Q_TILE_SZ, np.float32)
-        _tile(q, k, v, mask, has_mask, scale, lanes, h, h // group, iq1, count[t], out, K_f32, V32, KQ, VKQ, S, M)
+        _tile(q, k, v, mask, has_mask, scale, lanes, fused, h, h // group, iq1, count[t], out, K_f32, V32, KQ, VKQ, S, M)
 
 
 

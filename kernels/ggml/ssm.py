@@ -38,7 +38,7 @@ import numpy as np
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf
 from kernels.ggml.simd import check_path, fma32, fold_left_unfused, lanes
-from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
+from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
 # --- ggml_ssm_conv ---------------------------------------------------------------------------------------
@@ -81,21 +81,11 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 
 # --- ggml_gated_delta_net --------------------------------------------------------------------------------
 @jit()
-def _dot_generic(n, x, y):
-    """vec.cpp: ggml_vec_dot_f32 without ``GGML_SIMD`` (ggml's generic build): ``ggml_float sumf += (ggml_float)(x[i]*y[i])``
-    in order, rounded to float at the end."""
-    s = np.float64(0.0)
-    for i in range(n):
-        s += np.float64(np.float32(x[i] * y[i]))
-    return np.float32(s)
-
-
-@jit()
 def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head).
     q [nq3, T, Hq, S], k [nk3, T, Hk, S], v [n_seqs, T, H, S], g [n_seqs, T, H, 1 or S], beta [n_seqs, T, H],
     state [n_seqs, H, S, S] (row j = value index); out [n_seqs, T, H, S], snaps [K, n_seqs, H, S, S]. ``epr`` 0:
-    ggml's generic build (the dots :func:`_dot_generic`, ``ggml_vec_mad_f32`` a rounded product and sum)."""
+    ggml's generic build (the dots :func:`kernels.ggml.vec.vec_dot_generic`, ``ggml_vec_mad_f32`` a rounded product and sum)."""
     n_seqs, n_tokens, H, S_v = v.shape
     kda = g.shape[3] == S_v
     rq3 = n_seqs // q.shape[0]
@@ -134,7 +124,7 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
                     for i in range(S_v):
                         Mj[i] = np.float32(Mj[i] * gexp)
             for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
-                s = _dot_generic(S_v, M[j], k_d) if generic else vec_dot_f32(S_v, M[j], k_d, epr, acc)
+                s = vec_dot_generic(S_v, M[j], k_d) if generic else vec_dot_f32(S_v, M[j], k_d, epr, acc)
                 delta[j] = np.float32(np.float32(v_d[j] - s) * beta_val)
             for j in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
                 Mj, dj = M[j], delta[j]
@@ -145,7 +135,7 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
                     for i in range(S_v):
                         Mj[i] = fma32(k_d[i], dj, Mj[i])
             for j in range(S_v):  # attn_out[j] = dot(M[j], q) * scale
-                s = _dot_generic(S_v, M[j], q_d) if generic else vec_dot_f32(S_v, M[j], q_d, epr, acc)
+                s = vec_dot_generic(S_v, M[j], q_d) if generic else vec_dot_f32(S_v, M[j], q_d, epr, acc)
                 out[iv3, t, iv1, j] = np.float32(s * scale)
             slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
             if slot < K:

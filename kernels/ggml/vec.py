@@ -73,6 +73,17 @@ def vec_dot_f32(n, x, y, lanes, acc):
 
 
 @jit()
+def vec_dot_generic(n, x, y):
+    """vec.cpp: ggml_vec_dot_f32 / ggml_vec_dot_f16 without ``GGML_SIMD`` (ggml's generic x86 build): ``ggml_float
+    sumf += (ggml_float)(x[i]*y[i])`` in order — each float product rounded (exact for F16 values), summed in double
+    — rounded to float at the end. ``x``, ``y`` float32 (F16 values for the F16 dot)."""
+    s = np.float64(0.0)
+    for i in range(n):
+        s += np.float64(F32(x[i] * y[i]))
+    return F32(s)
+
+
+@jit()
 def vec_dot_f32_cols(n, xt, y, lanes, acc, out):
     """``out[c] = vec_dot_f32(n, xt[:, c], y)`` for every column ``c`` of ``xt`` (n, m) at once, for ``n`` a multiple
     of ``GGML_F32_STEP`` = 4·lanes (no leftovers; :func:`cols_fit`): the same 4 × ``lanes`` accumulators per column,
@@ -158,4 +169,4 @@ def vec_soft_max_f32(n, y, x, mx, lanes):
     return total
 
 
-__all__ = ["dot_scratch", "vec_dot_f32", "vec_dot_f32_cols", "cols_fit", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]
+__all__ = ["dot_scratch", "vec_dot_f32", "vec_dot_generic", "vec_dot_f32_cols", "cols_fit", "vec_dot_f16", "vec_max_f32", "vec_soft_max_f32"]

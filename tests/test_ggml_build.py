@@ -36,7 +36,6 @@ def test_the_native_build_reports_its_compile_time_flags():
     (X86_AVX2 | {"avx512", "amx_int8"}, (), "AMX"),
     ({"neon", "arm_fma", "dotprod"}, (), "NEON"),
     ({"sse3", "ssse3", "avx"}, (), "AVX2+FMA+F16C"),
-    (set(), (), "generic x86 path (built without SIMD), which --emulate=ggml follows op by op but not yet for whole"),
     (X86_AVX2, ("cuda",), "cuda backend"),
 ])
 def test_paths_not_emulated_are_refused_in_one_line(features, gpus, words):
@@ -47,19 +46,17 @@ def test_paths_not_emulated_are_refused_in_one_line(features, gpus, words):
 
 
 def test_a_build_without_simd_is_generic_on_x86_only():
-    assert GgmlBuild(Path("/x/lib"), frozenset()).isa == "generic"
+    assert GgmlBuild(Path("/x/lib"), frozenset()).path == "generic"
     with pytest.raises(UnsupportedBuild, match="no SIMD on a CPU other than x86-64"):
         GgmlBuild(Path("/x/lib"), frozenset(), (), x86=False).isa
 
 
 @pytest.mark.oracle
 def test_the_generic_build_is_detected_as_generic_whatever_the_host():
-    """The third CI build (.ci/build-llama-tools: every x86 extension off): ggml's generic path, followed op by op
-    (the op tests that take it) and refused for whole models in one line."""
+    """The third CI build (.ci/build-llama-tools: every x86 extension off): ggml's generic path."""
     b = build_info("generic")
-    assert b.isa == "generic" and b.x86 and not (b.features & {"sse3", "avx", "avx2", "fma", "f16c", "avx512"})
-    with pytest.raises(UnsupportedBuild, match="not yet for whole models"):
-        b.path
+    assert b.path == b.isa == "generic" and b.x86 and not (b.features & {"sse3", "avx", "avx2", "fma", "f16c", "avx512"})
+    assert b.describe().startswith("ggml-cpu generic x86 (no SIMD) from") and str(build_dir("generic")) in b.describe()
     assert build_info("avx2").isa == "avx2" and build_info("avx2").x86
 
 

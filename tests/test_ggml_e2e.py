@@ -24,7 +24,7 @@ import functools
 import numpy as np
 import pytest
 
-from ggml_graph import BUILDS, build_info
+from ggml_graph import BUILDS, WITH_GENERIC, build_info
 from llama_ref import llama_run
 from llama_trace import llama_trace
 from refimpl.fixtures.builtin import TRAINED_PATH
@@ -143,7 +143,7 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_logits_bit_identical(build, shape, on_build):
     n_tok, n_batch, n_ubatch, options, fields = SHAPES[shape]
     path = on_build(build)
@@ -156,7 +156,7 @@ def test_logits_bit_identical(build, shape, on_build):
         assert_bits(f"{build} {shape} {name}", traced[name], ref[name])
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_greedy_stream_and_mtp_head(build, on_build):
     """llama_ref's greedy loop with the draft-mtp catch-up (llama.cpp's defaults): the same stream, and the
     trunk's logits and h_nextn and the MTP head's logits and hiddens bit for bit at every position."""
@@ -183,16 +183,25 @@ def test_greedy_stream_and_mtp_head(build, on_build):
         assert_bits(f"{build} {name}", np.concatenate([r[i] for r in rows]), getattr(ref, name))
 
 
-def test_emulation_follows_the_build():
-    """The two paths compute different bits on the same tokens (so each test above could fail on the other
-    build): layer 0's ``ggml_ssm_conv`` sums its 4 taps as an FMA chain on AVX-512, as rounded products on AVX2."""
+def test_emulation_follows_the_build(on_build):
+    """The paths compute different bits on the same tokens (so each test above could fail on another build):
+    layer 0's ``ggml_ssm_conv`` sums its 4 taps as an FMA chain on AVX-512, as rounded products on AVX2; the generic
+    build's logits differ from both (double-sum dots, no FMA, its own quantizer), and llama.cpp's generic library is
+    the one its tests load (its logits are not the native build's)."""
     tokens = prompt()[:8]
-    _, a = refimpl_logits("avx512", tokens, 1)
-    _, b = refimpl_logits("avx2", tokens, 1)
+    la, a = refimpl_logits("avx512", tokens, 1)
+    lb, b = refimpl_logits("avx2", tokens, 1)
+    lg, _ = refimpl_logits("generic", tokens, 1)
     assert (a["conv_output_raw-0"].view(np.uint32) != b["conv_output_raw-0"].view(np.uint32)).any()
+    assert (lg.view(np.uint32) != la.view(np.uint32)).any() and (lg.view(np.uint32) != lb.view(np.uint32)).any()
+    on_build("generic")
+    generic = llama_trace(TRAINED_PATH, tokens, (), n_threads=N_THREADS, n_batch=1, n_ubatch=512)["logits"]
+    on_build("native")
+    native = llama_trace(TRAINED_PATH, tokens, (), n_threads=N_THREADS, n_batch=1, n_ubatch=512)["logits"]
+    assert (generic.view(np.uint32) != native.view(np.uint32)).any()
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_draft_mtp_loop_equals_llama_cpp(build, on_build):
     """``refimpl run --mtp --draft 3 --emulate=ggml``'s loop (refimpl.decode.speculative) against llama.cpp's own
     draft-mtp rounds (tests/llama_spec.py, llama.cpp's defaults): the same stream, drafts, accepts and decodes —
@@ -210,7 +219,7 @@ def test_draft_mtp_loop_equals_llama_cpp(build, on_build):
     assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", WITH_GENERIC)
 def test_cli_names_the_build_and_matches_llama_cpp(build, on_build, tmp_path, capsys):
     """``refimpl logits --emulate=ggml``: one stderr line naming the build it follows, and llama.cpp's logits
     of that build for the prompt as one batch (llama.cpp's defaults: n_batch 2048 ≥ T, one ubatch)."""
@@ -222,7 +231,8 @@ def test_cli_names_the_build_and_matches_llama_cpp(build, on_build, tmp_path, ca
     assert main(["logits", "--emulate=ggml", "--tokens", ",".join(map(str, tokens)), "--out", str(out), str(TRAINED_PATH)]) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("emulating ")]
     assert said == [f"emulating {build_info(build).describe()}"]
-    assert said[0].startswith({"avx512": "emulating ggml-cpu AVX-512 (", "avx2": "emulating ggml-cpu AVX2 ("}[path])
+    assert said[0].startswith({"avx512": "emulating ggml-cpu AVX-512 (", "avx2": "emulating ggml-cpu AVX2 (",
+                               "generic": "emulating ggml-cpu generic x86 (no SIMD) from"}[path])
     ref = llama_trace(TRAINED_PATH, tokens, (), n_threads=N_THREADS, n_batch=512, n_ubatch=512, type_k="f16",
                       type_v="f16", flash_attn="on")
     assert_bits(f"{build} refimpl logits --emulate=ggml", np.load(out), ref["logits"])
@@ -272,7 +282,8 @@ CONVERTED_FILES = ["qwen35moe-narrow-q8_0.gguf", "qwen35moe-narrow-bf16.gguf", "
 
 
 @pytest.mark.parametrize("name,build", [(n, "native") for n in CONVERTED_FILES]
-                         + [(n, "avx2") for n in CONVERTED_FILES if "mxfp4" in n or "q4_k" in n or "iq4" in n])
+                         + [(n, "avx2") for n in CONVERTED_FILES if "mxfp4" in n or "q4_k" in n or "iq4" in n]
+                         + [(n, "generic") for n in CONVERTED_FILES if "iq4" not in n])
 def test_files_made_by_llama_cpps_own_tools(name, build, on_build):
     """Files this project did not write — golden/converted: tiny Hugging Face checkpoints converted by the vendored
     convert_hf_to_gguf.py and quantized by llama-quantize (tests/test_converted.py), all three archs — bit for bit
@@ -293,18 +304,20 @@ CONFIGS = {"f16-flash": ({"type_k": "f16", "type_v": "f16", "flash_attn": "on"},
 
 @pytest.mark.parametrize("n_ubatch", [1, 512])
 @pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("name", MATRIX_FILES)
-def test_converted_files_in_every_configuration(name, config, n_ubatch, on_build):
+@pytest.mark.parametrize("name,build", [(n, "native") for n in MATRIX_FILES]
+                         + [(n, "generic") for n in ("qwen35moe-k-q4_k_m.gguf", "qwen35moe-k-mxfp4_moe.gguf")])
+def test_converted_files_in_every_configuration(name, build, config, n_ubatch, on_build):
     """The converted files with repacked weights (and qwen35's dense FFN), in K/V F16/F32 × flash attention on/off ×
     n_ubatch 1 and 512: a 56-token prompt in one batch, then 12 tokens in 1+3-shaped batches, logits bit for bit —
-    loaded with the column layout (kernels.ggml.columns; the stored rows' kernels: assert_llama_defaults)."""
+    loaded with the column layout (kernels.ggml.columns; the stored rows' kernels: assert_llama_defaults). On ggml's
+    generic build (no repack, no layout: every product its generic vec_dot) too."""
     from test_converted import CONVERTED
     from refimpl.model.trunk import load_model
 
     options, fields = CONFIGS[config]
-    path, model_path = on_build("native"), CONVERTED / name
+    path, model_path = on_build(build), CONVERTED / name
     m = load_model(model_path, pack=True, ggml=(path, True))  # the column layout of the repacked weights (--pack)
-    assert m.packed_bytes > 0
+    assert (m.packed_bytes > 0) == (build != "generic")
     tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 68)]
     ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=n_ubatch, **fields)
     logits = refimpl_batches(m, tokens, ctx, 4, prompt_batch=56)
@@ -313,8 +326,8 @@ def test_converted_files_in_every_configuration(name, config, n_ubatch, on_build
     assert_bits(f"{name} {config} n_ubatch {n_ubatch}", logits, ref["logits"])
 
 
-@pytest.mark.parametrize("name", MATRIX_FILES)
-def test_converted_files_draft_mtp_loop(name, on_build):
+@pytest.mark.parametrize("name,build", [(n, "native") for n in MATRIX_FILES] + [("qwen35moe-k-q4_k_m.gguf", "generic")])
+def test_converted_files_draft_mtp_loop(name, build, on_build):
     """llama.cpp's draft-mtp loop (n_max 3, its defaults, repacked weights) on the converted files: the same
     stream, drafts, accepts and decodes as refimpl's loop under --emulate=ggml."""
     from llama_spec import llama_speculative
@@ -322,7 +335,7 @@ def test_converted_files_draft_mtp_loop(name, on_build):
     from refimpl.decode.speculative import speculative_generate
     from refimpl.model.trunk import load_model
 
-    path, model_path = on_build("native"), CONVERTED / name
+    path, model_path = on_build(build), CONVERTED / name
     m = load_model(model_path, pack=True, ggml=(path, True))  # the column layout of the repacked weights (--pack)
     start = [int(t) for t in np.random.default_rng(11).integers(1, m.config.n_vocab, 10)]
     theirs = llama_speculative(model_path, start, 16, n_draft=3, defaults=True, n_threads=N_THREADS)
@@ -333,15 +346,15 @@ def test_converted_files_draft_mtp_loop(name, on_build):
     assert theirs.n_drafted > 0
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
-def test_split_kv_decode(n_threads, on_build):
+@pytest.mark.parametrize("n_threads,build", [(1, "native"), (2, "native"), (2, "generic")])
+def test_split_kv_decode(n_threads, build, on_build):
     """Decode past 256 cells of a 512-cell cache: flash attention's split-KV path (one query row, n_kv ≥ 512), whose
     chunks follow the thread count — after a 300-token prompt (one ubatch: the tiled path), 4 decoded tokens equal
     llama.cpp's bit for bit with 1 and 2 threads (a converted Q4_K_M file: its context is long enough)."""
     from test_converted import CONVERTED
     from refimpl.model.trunk import load_model
 
-    path, model_path = on_build("native"), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
+    path, model_path = on_build(build), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
     m = load_model(model_path, pack=False)
     tokens = [int(t) for t in np.random.default_rng(5).integers(1, m.config.n_vocab, 304)]
     n_ctx = len(tokens) + 8  # llama_trace's context: padded to 512 cells
@@ -389,3 +402,15 @@ def test_iq_fixture_mixes(mix, make_fixture, on_build):
     """The IQ1_M / IQ2_XXS / IQ3_XXS fixture mixes (quantized by libggml; llama_model_quantize wants an importance
     matrix for them): logits bit for bit, one token per call and in 9-token batches."""
     assert_llama_defaults(make_fixture("tiny", mix), on_build("native"), (1, 9), mix, seed=4)
+
+
+def test_generic_build_refuses_types_it_does_not_emulate(requantized, on_build, tmp_path, capsys):
+    """On ggml's generic build the weight types whose generic vec_dot is not emulated yet (here Q3_K) are refused in
+    one line naming the type and the path, exit 2 — not computed with another path's kernel."""
+    from refimpl.cli import main
+
+    on_build("generic")
+    path = requantized("q3_k_m")
+    assert main(["logits", "--emulate=ggml", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(path)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("emulating")]
+    assert len(err) == 1 and "Q3_K" in err[0] and "generic path is not emulated" in err[0], err

@@ -9,9 +9,8 @@ variable), else the package's ``lib/`` folder.
 
 :class:`GgmlBuild` names the path (``path``: ``"avx512"``, ``"avx2"``) and refuses, in one line, a library
 whose kernels are not emulated — ARM NEON/SVE, AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, or a GPU
-backend beside the CPU one — rather than approximating it. ``isa`` also names ggml's generic x86 path (a build
-without any SIMD, docs/ggml-generic-x86.md), which is emulated op by op so far (the ops that take ``"generic"``),
-not yet for whole models: ``path`` refuses it.
+backend beside the CPU one — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build
+without any SIMD (docs/ggml-generic-x86.md).
 """
 
 from __future__ import annotations
@@ -63,14 +62,10 @@ class GgmlBuild:
 
     @property
     def path(self) -> str:
-        """The emulated path — ``"avx512"`` (``__AVX512F__``: 16 float lanes) or ``"avx2"`` (``__AVX2__`` with
-        FMA and F16C: 8 lanes) — or :class:`UnsupportedBuild` naming what this library runs instead."""
-        isa = self.isa
-        if isa == "generic":
-            raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} takes ggml's generic x86 path (built without "
-                                   "SIMD), which --emulate=ggml follows op by op but not yet for whole models "
-                                   "(docs/ggml-generic-x86.md); it follows builds with AVX2+FMA+F16C or AVX-512")
-        return isa
+        """The emulated path — ``"avx512"`` (``__AVX512F__``: 16 float lanes), ``"avx2"`` (``__AVX2__`` with
+        FMA and F16C: 8 lanes) or ``"generic"`` (x86-64 without SIMD) — or :class:`UnsupportedBuild` naming what
+        this library runs instead (:attr:`isa`)."""
+        return self.isa
 
     @property
     def isa(self) -> str:
@@ -94,7 +89,7 @@ class GgmlBuild:
             return "generic"
         have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD on a CPU other than x86-64"
         raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} is built for {have}; --emulate=ggml follows "
-                               "builds with AVX2+FMA+F16C or AVX-512")
+                               "x86-64 builds with AVX2+FMA+F16C, AVX-512, or no SIMD at all")
 
     @property
     def lanes(self) -> int:
@@ -103,8 +98,8 @@ class GgmlBuild:
 
     def describe(self) -> str:
         """``ggml-cpu AVX-512 (avx avx2 fma f16c avx512 …) from DIR`` — what ``--emulate=ggml`` prints."""
-        name = {"avx512": "AVX-512", "avx2": "AVX2"}[self.path]
-        have = " ".join(f for f in X86_FEATURES if f in self.features)
+        name = {"avx512": "AVX-512", "avx2": "AVX2", "generic": "generic x86"}[self.path]
+        have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD"
         return f"ggml-cpu {name} ({have}) from {self.lib_dir}"
 
 

@@ -120,9 +120,12 @@ def kernel_for(qtype, path: str, T: int, N: int, K: int) -> str:
     return "vec_dot"
 
 
-def mul_mat_emulated(qtype) -> bool:
-    """Whether ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights in a plain CPU buffer is emulated (every path)."""
+def mul_mat_emulated(qtype, path: str | None = None) -> bool:
+    """Whether ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights in a plain CPU buffer is emulated (on both SIMD
+    paths; with ``path`` "generic", on ggml's generic x86 path: :data:`kernels.ggml.mulmat_generic.TYPES`)."""
     qtype = _qt(qtype)
+    if path == "generic":
+        return qtype in mulmat_generic.TYPES
     return (qtype in FLOAT_KIND or qtype in (QT.Q8_0, QT.MXFP4) or qtype in mulmat_k.KQUANT_TYPES
             or qtype in mulmat_q.LEGACY_TYPES or qtype in mulmat_iq.IQ_TYPES)
 

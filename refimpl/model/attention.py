@@ -245,7 +245,7 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
             x[:, :n_used] = vecmath.cast_f16_to_f32(vecmath.cast_f16(x[:, :n_used]))
         return flashattn_exact.flash_attn_values(q.transpose(1, 0, 2), k, v, True, True, vecmath.cast_f16_to_f32(mask),
                                                  scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
-    if not ctx.kv_f16:  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
+    if not ctx.kv_f16 and ctx.ggml != "generic":  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
         # the permuted Q view is not contiguous and needs no conversion to F32, so ggml_compute_forward_mul_mat skips
         # llamafile_sgemm (it needs src1_cont) and takes vec_dot per element
         from kernels.ggml import attn_heads
@@ -264,12 +264,14 @@ def _attend_ggml(q: np.ndarray, kv: KVCache, positions: np.ndarray, c, ctx: Ctx)
         return o
     group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)
-    for h in range(H):  # F16 cache
+    kv_type = QT.F16 if ctx.kv_f16 else QT.F32  # F32: ggml's generic path (vec_dot whatever the shape)
+    as_cache = (lambda x: vecmath.cast_f16(x).view(np.uint8)) if ctx.kv_f16 else (lambda x: x.view(np.uint8))
+    for h in range(H):  # the cache's type
         j = h // group
         qh = np.ascontiguousarray(q[:, h])  # [T, D]
         # Q converted to F16 (contiguous wdata): the F16 kernel for T rows (llamafile_sgemm for T ≥ 2)
-        kq = mulmat.mul_mat(vecmath.cast_f16(k[j]).view(np.uint8), QT.F16, qh, ctx.ggml, ctx.n_threads)  # [T, n_kv]
+        kq = mulmat.mul_mat(as_cache(k[j]), kv_type, qh, ctx.ggml, ctx.n_threads)  # [T, n_kv]
         p = vecmath.soft_max(kq, mask, scale, ctx.ggml)  # [T, n_kv]
         vt = np.ascontiguousarray(v[j].T)  # [D, n_kv]: the transposed V cache
-        o[:, h] = mulmat.mul_mat(vecmath.cast_f16(vt).view(np.uint8), QT.F16, p, ctx.ggml, ctx.n_threads)  # [T, D]
+        o[:, h] = mulmat.mul_mat(as_cache(vt), kv_type, p, ctx.ggml, ctx.n_threads)  # [T, D]
     return o

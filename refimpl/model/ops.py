@@ -61,7 +61,7 @@ class NoFaults:
 CLEAN = NoFaults()
 
 
-GGML_PATHS = (None, "avx512", "avx2")  # Ctx.ggml
+GGML_PATHS = (None, "avx512", "avx2", "generic")  # Ctx.ggml (generic: ggml's x86 build without SIMD)
 GGML_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
 
 
@@ -110,7 +110,7 @@ class Ctx:
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
     faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
-    ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" (kernels.ggml.build.GgmlBuild.path)
+    ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" | "generic" (kernels.ggml.build.GgmlBuild.path)
     repack: bool = True  # llama.cpp's use_extra_bufts (its default): with ggml, weights it repacks take the repacked kernels
 
     def __post_init__(self):

@@ -172,6 +172,8 @@ def _layout_target(w: Matrix, path: str, repack: bool) -> bool:
     from kernels.ggml.columns import kind_for
     from kernels.ggml.mulmat import repacked
 
+    if path == "generic":  # its vec_dot is the generic C's, which the layout's kernels are not
+        return False
     return kind_for(w.qtype, repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)) is not None
 
 
@@ -228,7 +230,7 @@ def check_ggml_weights(gguf, path: str, repack: bool) -> None:
                 raise RefimplError(f"--emulate=ggml: llama.cpp repacks {t.name} ({t.qtype.name}) into CPU_REPACK's "
                                    f"interleaved layout by default, whose {path} kernels are not emulated; run llama.cpp "
                                    "with --no-repack and give --no-repack here")
-        elif not mul_mat_emulated(t.qtype):
+        elif not mul_mat_emulated(t.qtype, path):
             refuse(t, "mul_mat")
     _GGML_CHECKED.setdefault(gguf, set()).add(key)
 

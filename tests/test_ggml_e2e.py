@@ -389,7 +389,8 @@ def requantized(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mix,build", [(m, "native") for m in REQUANTIZED] + [("q2_k", "avx2"), ("q4_0", "avx2"),
-                                                                           ("iq3_s", "avx2")])
+                                                                           ("iq3_s", "avx2")]
+                         + [(m, "generic") for m in ("q2_k", "q3_k_m", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")])
 def test_every_quant_mix(mix, build, requantized, on_build):
     """Every mix real Qwen3.5 files come in, made by llama.cpp's own quantizer: logits bit for bit with llama.cpp's
     defaults (CPU_REPACK for Q4_0 / IQ4_NL, and Q2_K on AVX-512), one token per call and in 9-token batches (the
@@ -405,12 +406,13 @@ def test_iq_fixture_mixes(mix, make_fixture, on_build):
 
 
 def test_generic_build_refuses_types_it_does_not_emulate(requantized, on_build, tmp_path, capsys):
-    """On ggml's generic build the weight types whose generic vec_dot is not emulated yet (here Q3_K) are refused in
-    one line naming the type and the path, exit 2 — not computed with another path's kernel."""
+    """On ggml's generic build the weight types whose generic vec_dot is not emulated (the IQ1/2/3 codebook types:
+    here IQ3_S) are refused in one line naming the type and the path, exit 2 — not computed with another path's
+    kernel."""
     from refimpl.cli import main
 
     on_build("generic")
-    path = requantized("q3_k_m")
+    path = requantized("iq3_s")
     assert main(["logits", "--emulate=ggml", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(path)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("emulating")]
-    assert len(err) == 1 and "Q3_K" in err[0] and "generic path is not emulated" in err[0], err
+    assert len(err) == 1 and "IQ3_S" in err[0] and "generic path is not emulated" in err[0], err

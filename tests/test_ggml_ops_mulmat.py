@@ -315,7 +315,8 @@ def test_mul_mat_id_bit_exact(build, qtype):
 
 # ---- ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md) -------------------------
 
-GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.IQ4_NL, QT.Q2_K,
+                 QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS)
 
 
 @pytest.mark.parametrize("qtype", GENERIC_TYPES, ids=[q.name for q in GENERIC_TYPES])
@@ -325,7 +326,7 @@ def test_generic_build_bit_exact(qtype):
     zero) — against that library, and different from the AVX2 build's bits on the same inputs."""
     rng = np.random.default_rng([2720, int(qtype)])
     cases = []
-    if qtype in (QT.MXFP4, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+    if qtype not in (QT.F32, QT.F16, QT.BF16, QT.Q8_0):
         for n, k in ((16, 256), (12, 512)):
             for scales in ("normal", "extreme"):
                 w = weight_bytes(qtype, n, k, rng, scales)
@@ -378,6 +379,6 @@ def test_generic_build_mul_mat_id_bit_exact(qtype):
 
 def test_generic_build_refuses_types_not_emulated_yet():
     rng = np.random.default_rng(2722)
-    w = weight_bytes(QT.Q3_K, 8, 256, rng)
-    with pytest.raises(ValueError, match="Q3_K weights on ggml's generic x86 path are not emulated yet"):
-        mul_mat(w, QT.Q3_K, acts(rng, 1, 256), "generic")
+    w = weight_bytes(QT.IQ3_S, 8, 256, rng)
+    with pytest.raises(ValueError, match="IQ3_S weights on ggml's generic x86 path are not emulated yet"):
+        mul_mat(w, QT.IQ3_S, acts(rng, 1, 256), "generic")

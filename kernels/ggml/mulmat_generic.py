@@ -1,6 +1,6 @@
 """``ggml_mul_mat`` / ``ggml_mul_mat_id`` on ggml's generic x86 path (a libggml-cpu built without SIMD:
-docs/ggml-generic-x86.md §2–3), bit for bit, for the weight types emulated there so far: F32, F16, BF16, Q8_0, MXFP4,
-Q4_K, Q5_K, Q6_K.
+docs/ggml-generic-x86.md §2–3), bit for bit, for the weight types emulated there: F32, F16, BF16, Q8_0, MXFP4, the legacy
+Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
 
 On that path nothing but ``vec_dot`` runs: llamafile's sgemm declines every type without ``__AVX__``, the tiled
 K-quant kernel is a stub, and the CPU_REPACK buffer takes nothing. So every element, whatever the row count, is one
@@ -23,7 +23,12 @@ and no product is fused (the target has no FMA):
   summing ``scale · q8[k] · a[k]`` over the values ``k ≡ l (mod 8)`` (``a`` the code, Q6_K's less 32); then
   ``sums[l] += fl(fl(d_w · y.d) · (float)aux32[l])`` into 8 float sums kept across super-blocks, and (Q4_K, Q5_K)
   ``sumf -= fl(fl(dmin · y.d) · (float)Σ bsums·mins)`` per super-block; at the end ``sumf += sums[l]`` for ``l = 0…7``.
-  The activations by ``quantize_row_q8_K_ref`` (the same in every build).
+  The activations by ``quantize_row_q8_K_ref`` (the same in every build). Q3_K the same scheme with its signed
+  values and scales (``scales[j] - 32``) and no mins; Q2_K per super-block ``sumf += fl(fl(dall·isum) - fl(dmin·summs))``;
+  IQ4_XS per 32 values ``sumf += fl(fl(d4d8·(ls - 32)) · (float)sumi)``.
+* Q4_0 (the scalar tail of x86's ``ggml_vec_dot_q4_0_q8_0``): ``sumf += fl(fl((float)sumi·d_w)·d_x)``; Q5_0
+  ``sumf += fl(fl(d_w·d_x)·sumi)``; IQ4_NL ``sumf += fl(fl(d_x·d_w)·sumi)``; Q4_1 / Q5_1 ``sumf += fl(fl(fl(d_w·d_x)·sumi)
+  + fl(m_w·s_x))`` with the activations by ``quantize_row_q8_1_ref`` (``s = fp16((float)Σqs · d)``).
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.mulmat_k import decode_row, q8_k_inputs
+from kernels.ggml.mulmat_q import decode as decode_legacy
 from kernels.ggml.mulmat_q8 import _mxfp4_weights
 from kernels.ggml.simd import f32_bits
 from kernels.ggml.vecmath import F16_TO_F32, _f32_to_f16_bits, cast_bf16, cast_f16
 
 F32 = np.float32
-KQ = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2}  # mulmat_k.KIND
-TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4} | set(KQ))  # emulated on the generic path
+KQ = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}  # mulmat_k.KIND
+LEGACY = {QT.Q4_0: 0, QT.Q5_0: 1, QT.IQ4_NL: 2, QT.Q4_1: 3, QT.Q5_1: 4}  # the formulas of the module docstring
+TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4} | set(KQ) | set(LEGACY))  # emulated on the generic path
 
 
 @jit()
@@ -65,8 +72,9 @@ def _roundf_to_i8(v):
 
 
 @jit()
-def _quantize_rows_q8_0_ref(x, qs, d):
-    """ggml-quants.c ``quantize_row_q8_0_ref`` of every row: qs (T, K) int8, d (T, K/32) the fp16 d as float32."""
+def _quantize_rows_q8_0_ref(x, qs, d, s=None):
+    """ggml-quants.c ``quantize_row_q8_0_ref`` of every row: qs (T, K) int8, d (T, K/32) the fp16 d as float32; with
+    ``s`` (T, K/32), ``quantize_row_q8_1_ref`` (the same quants, and ``s = fp16((float)Σ qs · d)``)."""
     for r in range(x.shape[0]):
         for b in range(x.shape[1] // 32):
             o = 32 * b
@@ -77,8 +85,12 @@ def _quantize_rows_q8_0_ref(x, qs, d):
             dd = F32(amax / F32(127.0))
             inv = F32(F32(1.0) / dd) if dd != 0 else F32(0.0)  # a NaN d is "true": 1/NaN
             d[r, b] = F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(dd)))]  # GGML_FP32_TO_FP16(d), portable
+            total = 0
             for j in range(32):
                 qs[r, o + j] = _roundf_to_i8(F32(x[r, o + j] * inv))
+                total += np.int64(qs[r, o + j])
+            if s is not None:  # y[i].s = GGML_FP32_TO_FP16(sum*d)
+                s[r, b] = F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(F32(F32(total) * dd))))]
 
 
 @jit()
@@ -125,11 +137,41 @@ def _mxfp4_rows(wv, we, x, out):
 
 
 @jit()
+def _legacy_rows(kind, wv, wd, wm, x, out):
+    """Q4_0 / Q5_0 / IQ4_NL (``kind`` 0-2, Q8_0 activations) and Q4_1 / Q5_1 (3-4, Q8_1) for every element: ``wv`` (N,
+    K) the values (Q4_1 / Q5_1: the unsigned codes), ``wd`` / ``wm`` (N, K/32) ``d`` / ``m`` as float32."""
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    if kind <= 2:
+        _quantize_rows_q8_0_ref(x, xq, xd)
+    else:
+        _quantize_rows_q8_0_ref(x, xq, xd, xs)
+    for t in range(x.shape[0]):
+        for n in range(wv.shape[0]):
+            sumf = F32(0.0)
+            for b in range(xd.shape[1]):
+                sumi = np.int64(0)
+                for j in range(32):
+                    sumi += np.int64(xq[t, 32 * b + j]) * np.int64(wv[n, 32 * b + j])
+                if kind == 0:  # sumi*GGML_CPU_FP16_TO_FP32(x.d)*GGML_CPU_FP16_TO_FP32(y.d)
+                    sumf = F32(sumf + F32(F32(F32(sumi) * wd[n, b]) * xd[t, b]))
+                elif kind == 1:  # (d_x*d_y) * sumi
+                    sumf = F32(sumf + F32(F32(wd[n, b] * xd[t, b]) * F32(sumi)))
+                elif kind == 2:  # d = y.d*x.d; d * (sumi1 + sumi2)
+                    sumf = F32(sumf + F32(F32(xd[t, b] * wd[n, b]) * F32(sumi)))
+                else:  # (d_x*d_y)*sumi + m_x*s_y
+                    sumf = F32(sumf + F32(F32(F32(wd[n, b] * xd[t, b]) * F32(sumi)) + F32(wm[n, b] * xs[t, b])))
+            out[t, n] = sumf
+
+
+@jit()
 def _k_rows(kind, w, yq, yd, ybs, out, table):
-    """``ggml_vec_dot_q{4,5,6}_K_q8_K_generic`` for every element (module docstring); ``kind`` as mulmat_k.KIND."""
+    """``ggml_vec_dot_{q2_K,q3_K,q4_K,q5_K,q6_K,iq4_xs}_q8_K_generic`` for every element (module docstring);
+    ``kind`` as mulmat_k.KIND (decode_row's values: Q3_K signed, IQ4_XS the table's)."""
     K = yq.shape[1]
     nb = K // 256
-    sub = 16 if kind == 2 else 32
+    sub = 32 if kind <= 1 or kind == 3 else 16
     q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
     d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
     aux32 = np.empty(8, np.int64)
@@ -140,6 +182,23 @@ def _k_rows(kind, w, yq, yd, ybs, out, table):
             sums[:] = F32(0.0)
             sumf = F32(0.0)
             for b in range(nb):
+                if kind == 4:  # Q2_K: sumf += dall*isum - dmin*summs
+                    summs, isum = np.int64(0), np.int64(0)
+                    for j in range(16):
+                        summs += ybs[t, 16 * b + j] * np.int64(mn[16 * b + j])
+                    for k in range(256 * b, 256 * b + 256):
+                        isum += np.int64(sc[k // 16]) * (np.int64(yq[t, k]) * np.int64(q[k]))
+                    dall, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
+                    sumf = F32(sumf + F32(F32(dall * F32(isum)) - F32(dm * F32(summs))))
+                    continue
+                if kind == 3:  # IQ4_XS: per 32 values sumf += (d4d8*(ls - 32)) * (sumi1 + sumi2)
+                    d4d8 = F32(d[b] * yd[t, b])
+                    for sb in range(8 * b, 8 * b + 8):
+                        sumi = np.int64(0)
+                        for k in range(32 * sb, 32 * sb + 32):
+                            sumi += np.int64(yq[t, k]) * np.int64(q[k])
+                        sumf = F32(sumf + F32(F32(d4d8 * F32(sc[sb])) * F32(sumi)))
+                    continue
                 aux32[:] = 0
                 for k in range(256 * b, 256 * b + 256):
                     a = np.int64(q[k]) - (32 if kind == 2 else 0)
@@ -175,6 +234,10 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
         _q8_0_rows(w_bytes.view(np.int8), x, out, F16_TO_F32)
     elif qtype == QT.MXFP4:
         _mxfp4_rows(*_mxfp4_weights(w_bytes), np.ascontiguousarray(x, np.float32), out)
+    elif qtype in LEGACY:
+        v, d, m = decode_legacy(w_bytes, qtype)
+        wm = F16_TO_F32[m] if m is not None else np.zeros(d.shape, np.float32)
+        _legacy_rows(LEGACY[qtype], np.ascontiguousarray(v), F16_TO_F32[d], wm, np.ascontiguousarray(x, np.float32), out)
     elif qtype in KQ:
         yq, yd, _, ybs = q8_k_inputs(np.ascontiguousarray(x, np.float32))
         _k_rows(KQ[qtype], np.ascontiguousarray(w_bytes, np.uint8), yq, yd, ybs, out, F16_TO_F32)

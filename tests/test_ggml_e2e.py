@@ -390,7 +390,7 @@ def requantized(tmp_path_factory):
 
 @pytest.mark.parametrize("mix,build", [(m, "native") for m in REQUANTIZED] + [("q2_k", "avx2"), ("q4_0", "avx2"),
                                                                            ("iq3_s", "avx2")]
-                         + [(m, "generic") for m in ("q2_k", "q3_k_m", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")])
+                         + [(m, "generic") for m in ("q2_k", "q3_k_m", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq3_s")])
 def test_every_quant_mix(mix, build, requantized, on_build):
     """Every mix real Qwen3.5 files come in, made by llama.cpp's own quantizer: logits bit for bit with llama.cpp's
     defaults (CPU_REPACK for Q4_0 / IQ4_NL, and Q2_K on AVX-512), one token per call and in 9-token batches (the
@@ -398,21 +398,21 @@ def test_every_quant_mix(mix, build, requantized, on_build):
     assert_llama_defaults(requantized(mix), on_build(build), (1, 9), f"{mix} {build}", seed=3)
 
 
-@pytest.mark.parametrize("mix", ["iq1_m", "iq2_xxs", "iq3_xxs"])
-def test_iq_fixture_mixes(mix, make_fixture, on_build):
+@pytest.mark.parametrize("mix,build", [(m, "native") for m in ("iq1_m", "iq2_xxs", "iq3_xxs")]
+                         + [(m, "generic") for m in ("iq1_m", "iq2_xxs", "iq3_xxs")])
+def test_iq_fixture_mixes(mix, build, make_fixture, on_build):
     """The IQ1_M / IQ2_XXS / IQ3_XXS fixture mixes (quantized by libggml; llama_model_quantize wants an importance
     matrix for them): logits bit for bit, one token per call and in 9-token batches."""
-    assert_llama_defaults(make_fixture("tiny", mix), on_build("native"), (1, 9), mix, seed=4)
+    assert_llama_defaults(make_fixture("tiny", mix), on_build(build), (1, 9), f"{mix} {build}", seed=4)
 
 
-def test_generic_build_refuses_types_it_does_not_emulate(requantized, on_build, tmp_path, capsys):
-    """On ggml's generic build the weight types whose generic vec_dot is not emulated (the IQ1/2/3 codebook types:
-    here IQ3_S) are refused in one line naming the type and the path, exit 2 — not computed with another path's
-    kernel."""
+def test_generic_build_refuses_types_it_does_not_emulate(make_fixture, on_build, tmp_path, capsys):
+    """On ggml's generic build, as on the others, the ternary types (TQ1_0, TQ2_0) are refused in one line naming
+    the type and the path, exit 2 — not computed with another kernel."""
     from refimpl.cli import main
 
     on_build("generic")
-    path = requantized("iq3_s")
+    path = make_fixture("tiny", "tq1_0")
     assert main(["logits", "--emulate=ggml", "--tokens", "1,2", "--out", str(tmp_path / "x.npy"), str(path)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("emulating")]
-    assert len(err) == 1 and "IQ3_S" in err[0] and "generic path is not emulated" in err[0], err
+    assert len(err) == 1 and "TQ1_0" in err[0] and "generic path is not emulated" in err[0], err

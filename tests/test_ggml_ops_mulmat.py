@@ -316,7 +316,8 @@ def test_mul_mat_id_bit_exact(build, qtype):
 # ---- ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md) -------------------------
 
 GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.IQ4_NL, QT.Q2_K,
-                 QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS)
+                 QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ1_S, QT.IQ1_M, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S,
+                 QT.IQ3_XXS, QT.IQ3_S)
 
 
 @pytest.mark.parametrize("qtype", GENERIC_TYPES, ids=[q.name for q in GENERIC_TYPES])
@@ -377,8 +378,8 @@ def test_generic_build_mul_mat_id_bit_exact(qtype):
         assert np.array_equal(bits(got), bits(mul_mat_id(w, qtype, x, ids, "generic"))), n_x
 
 
-def test_generic_build_refuses_types_not_emulated_yet():
+def test_generic_build_refuses_types_not_emulated():
     rng = np.random.default_rng(2722)
-    w = weight_bytes(QT.IQ3_S, 8, 256, rng)
-    with pytest.raises(ValueError, match="IQ3_S weights on ggml's generic x86 path are not emulated yet"):
-        mul_mat(w, QT.IQ3_S, acts(rng, 1, 256), "generic")
+    w = weight_bytes(QT.TQ1_0, 8, 256, rng)
+    with pytest.raises(ValueError, match="TQ1_0 weights on ggml's generic x86 path are not emulated"):
+        mul_mat(w, QT.TQ1_0, acts(rng, 1, 256), "generic")

@@ -3,7 +3,8 @@ the older approximate emulation of its activation quantization, integer dots and
 
 Modules in reading order:
 
-Bit-exact, per path (``"avx512"`` / ``"avx2"``, tested byte for byte against both libggml builds):
+Bit-exact, per path (``"avx512"`` / ``"avx2"`` / ``"generic"``, ggml's x86 build without SIMD; tested byte for byte
+against the three libggml builds):
 
 * ``build`` — which path the loaded libggml-cpu takes (its compile-time ``ggml_cpu_has_*``), or a refusal;
 * ``simd`` — ``fma32``, bit casts, ``lanes(path)``, ``ggml_v_expf`` of each path, horizontal sums,
@@ -20,12 +21,15 @@ Bit-exact, per path (``"avx512"`` / ``"avx2"``, tested byte for byte against bot
 * ``flashattn_exact_tiled``, ``flashattn_exact`` — ``ggml_flash_attn_ext``: the tiled path of ≥ 64 query
   rows, and the dispatch with the one-row and split-KV paths;
 * ``mulmat_vec``, ``mulmat_k``, ``mulmat`` — ``ggml_mul_mat``/``_id``: float vec_dots and llamafile's
-  tinyBLAS, the K-quant vec_dot and tiled kernels, and the dispatch (Q8_0, MXFP4 there).
+  tinyBLAS, the K-quant vec_dot and tiled kernels, and the dispatch (Q8_0, MXFP4 there); ``mulmat_generic`` — the
+  generic path's (the ``_ref`` activation quantizers, then ``actdots``' generic dots);
+* ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster).
 
 Approximate (llama.cpp to float-accumulation noise; path-independent):
 
 * ``actquant`` — activation quantizers Q8_0/Q8_1/Q8_K and F16/BF16 rounding (these are bit-exact);
-* ``actdots_iq``, ``actdots`` — activation-quantized integer dot products of every weight type;
+* ``actdots_iq``, ``actdots`` — activation-quantized integer dot products of every weight type (quants.c's generic
+  C: bit-exact on ggml's generic path, where ``mulmat_generic`` uses them);
 * ``flashattn`` — flash attention with the F16 accumulator (``flash_attn_f16``).
 
 May import: ``kernels.base``, ``kernels.plain``, ``kernels.lanes``.

@@ -67,9 +67,9 @@ from kernels.base.flags import jit
 from kernels.ggml.flashattn_exact_tiled import tiled_rows
 from kernels.ggml.libm import expf, fmaxf
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
-from kernels.ggml.simd import check_path, expf_lanes, f32_bits, fma32
+from kernels.ggml.simd import check_path, expf_lanes, fma32
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
-from kernels.ggml.vecmath import F16_TO_F32, _f32_to_f16_bits, cast_f16_to_f32
+from kernels.ggml.vecmath import cast_f16_to_f32, f16_value
 
 F32 = np.float32
 NINF = np.float32(-np.inf)
@@ -83,7 +83,7 @@ def _to_f16(x, fused):
     conversion (the generic build: a NaN becomes sign | 0x7E00)."""
     if fused:
         return round_to_f16(x)
-    return F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(x)))]
+    return f16_value(x)
 
 
 @jit()

@@ -27,8 +27,8 @@ from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.actdots import _matmul_float, _matmul_q8_0, _matmul_q8_1, _matmul_q8_k
 from kernels.ggml.actquant import _q8_k_rows
-from kernels.ggml.simd import f32_bits
-from kernels.ggml.vecmath import F16_TO_F32, _f32_to_f16_bits, cast_bf16, cast_f16
+from kernels.ggml.mulmat_q8 import slot_groups
+from kernels.ggml.vecmath import F16_TO_F32, cast_bf16, cast_f16, f16_value
 
 F32 = np.float32
 Q8_0_ACT = frozenset({QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.MXFP4, QT.IQ4_NL})  # vec_dot_type Q8_0
@@ -62,13 +62,13 @@ def _quantize_rows_q8_0_ref(x, qs, d, s=None):
                 amax = amax if amax > a else a  # MAX(amax, fabsf(v))
             dd = F32(amax / F32(127.0))
             inv = F32(F32(1.0) / dd) if dd != 0 else F32(0.0)  # a NaN d is "true": 1/NaN
-            d[r, b] = F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(dd)))]  # GGML_FP32_TO_FP16(d), portable
+            d[r, b] = f16_value(dd)  # GGML_FP32_TO_FP16(d), portable
             total = 0
             for j in range(32):
                 qs[r, o + j] = _roundf_to_i8(F32(x[r, o + j] * inv))
                 total += np.int64(qs[r, o + j])
             if s is not None:  # y[i].s = GGML_FP32_TO_FP16(sum*d)
-                s[r, b] = F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(F32(F32(total) * dd))))]
+                s[r, b] = f16_value(F32(F32(total) * dd))
 
 
 def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
@@ -103,13 +103,17 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
 
 def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """``ggml_mul_mat_id`` on the generic path: ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K), ``ids`` (T,
-    n_used) -> (T, n_used, N); every slot one ``vec_dot`` per element (its activation row converted once)."""
+    n_used) int32 -> (T, n_used, N): the slots grouped by expert as ggml groups them (:func:`slot_groups`), each
+    group's rows through :func:`mul_mat` in one call — ``vec_dot`` per element. ``from_float`` converts row by row,
+    so a row routed to several experts gets the same bits in each group as ggml's single conversion."""
     T, n_x, K = x.shape
-    out = np.empty((T, ids.shape[1], w_bytes.shape[1]), np.float32)
-    for t in range(T):
-        for s in range(ids.shape[1]):
-            out[t, s] = mul_mat(w_bytes[ids[t, s]], qtype, x[t, s % n_x][None])[0]
-    return out
+    out = np.empty((T * ids.shape[1], w_bytes.shape[1]), np.float32)  # (T·n_used, N)
+    order, bounds, experts, arow = slot_groups(np.ascontiguousarray(ids, np.int32), n_x)
+    x2 = np.ascontiguousarray(x, np.float32).reshape(T * n_x, K)  # (T·n_x, K)
+    for g, e in enumerate(experts.tolist()):
+        slots = order[bounds[g]:bounds[g + 1]]  # (cne1,): this expert's (token, slot)s
+        out[slots] = mul_mat(w_bytes[e], qtype, x2[arow[slots]])  # (cne1, N)
+    return out.reshape(T, ids.shape[1], -1)
 
 
 __all__ = ["TYPES", "mul_mat", "mul_mat_id"]

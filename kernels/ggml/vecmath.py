@@ -45,7 +45,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, logf
-from kernels.ggml.simd import check_path, expf_lanes, fma32, v_expf
+from kernels.ggml.simd import check_path, expf_lanes, f32_bits, fma32, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -292,6 +292,13 @@ def _f32_to_f16_bits(u):
 def _cast_f16_rows(u, h):
     for i in range(u.size):
         h[i] = _f32_to_f16_bits(np.int64(u[i]))
+
+
+@jit()
+def f16_value(x):
+    """One float32 through ``ggml_compute_fp32_to_fp16`` and back: its F16 value as float32 (round to nearest even; a
+    NaN becomes sign | 0x7E00) — ggml's portable conversion, as the generic build's scalar code calls it."""
+    return F16_TO_F32[_f32_to_f16_bits(np.uint32(f32_bits(x)))]
 
 
 def cast_f16(x) -> np.ndarray:

@@ -48,16 +48,16 @@ def test_paths_not_emulated_are_refused_in_one_line(features, gpus, words):
 def test_a_build_without_simd_is_generic_on_x86_only():
     assert GgmlBuild(Path("/x/lib"), frozenset()).path == "generic"
     with pytest.raises(UnsupportedBuild, match="no SIMD on a CPU other than x86-64"):
-        GgmlBuild(Path("/x/lib"), frozenset(), (), x86=False).isa
+        GgmlBuild(Path("/x/lib"), frozenset(), (), x86=False).path
 
 
 @pytest.mark.oracle
 def test_the_generic_build_is_detected_as_generic_whatever_the_host():
     """The third CI build (.ci/build-llama-tools: every x86 extension off): ggml's generic path."""
     b = build_info("generic")
-    assert b.path == b.isa == "generic" and b.x86 and not (b.features & {"sse3", "avx", "avx2", "fma", "f16c", "avx512"})
+    assert b.path == "generic" and b.x86 and not (b.features & {"sse3", "avx", "avx2", "fma", "f16c", "avx512"})
     assert b.describe().startswith("ggml-cpu generic x86 (no SIMD) from") and str(build_dir("generic")) in b.describe()
-    assert build_info("avx2").isa == "avx2" and build_info("avx2").x86
+    assert build_info("avx2").path == "avx2" and build_info("avx2").x86
 
 
 def test_a_folder_without_libggml_cpu_is_refused(tmp_path):

@@ -53,7 +53,7 @@ def make(rng, n_head, n_head_kv, n_q, n_kv, D, kv_dtype, amp=1.0, mask="causal",
 def check(build, q, k, v, m, scale, n_threads=1):
     """Byte comparison of ggml and the emulation; returns ggml's output."""
     want = on_build(build, fa_graph, q, k, v, m, float(scale), n_threads)
-    got = flash_attn_ext(q, k, v, m, scale, build_info(build).isa, n_threads=n_threads)
+    got = flash_attn_ext(q, k, v, m, scale, build_info(build).path, n_threads=n_threads)
     bad = want.view(np.uint32) != got.view(np.uint32)
     if bad.any():
         i = tuple(np.argwhere(bad)[0])

@@ -66,7 +66,7 @@ def text_positions(p):
 def test_rope_multi_imrope_bit_exact(build):
     """qwen35moe's attention: head_dim 256, n_rot 64, sections (11, 11, 10, 0), base 1e7; text and
     arbitrary 4-stream positions (large ones round in cvtsi2ss), other sections, MROPE, scales ≠ 1."""
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(2710)
     T = 24
     x = q_like(rng, T, 4, 256)
@@ -86,7 +86,7 @@ def test_rope_multi_imrope_bit_exact(build):
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_rope_neox_bit_exact(build):
     """qwen3next's attention: ``ggml_rope_ext`` NEOX over the first n_rot dims."""
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(2711)
     T = 20
     x = q_like(rng, T, 3, 128)

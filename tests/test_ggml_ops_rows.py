@@ -108,7 +108,7 @@ def hard_rows(rng, n_rows, n):
 
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_rms_norm_bit_exact(build):
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(2701)
     for n in (1, 7, 37, 64, 261):  # tails of every length beyond 8/16 lanes
         x = hard_rows(rng, 16, n)
@@ -126,7 +126,7 @@ def test_rms_norm_bit_exact(build):
 
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_l2_norm_and_gdn_l2_norm_bit_exact(build):
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(2702)
     for n in (1, 9, 128, 133):
         x = hard_rows(rng, 12, n)

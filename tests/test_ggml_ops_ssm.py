@@ -77,7 +77,7 @@ def hard_floats(rng, shape, scale=1.0) -> np.ndarray:
 @pytest.mark.parametrize("build", WITH_GENERIC)
 @pytest.mark.parametrize("nc", [4, 3, 5, 8, 12, 17])
 def test_ssm_conv_bit_exact(build, nc):
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng([nc, 27])
     for n_s, n_t, d_inner in [(1, 1, 37), (2, 5, 70)]:  # a decode step, a prompt ubatch of 2 sequences
         sx = hard_floats(rng, (n_s, d_inner, nc - 1 + n_t))
@@ -89,7 +89,7 @@ def test_ssm_conv_bit_exact(build, nc):
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_ssm_conv_nonfinite(build):
     """inf in one tap (inf·0 and inf−inf make the x86 default NaN) and a NaN tap in other channels."""
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(5)
     sx = rng.standard_normal((1, 24, 3 + 4)).astype(F32)
     c = rng.standard_normal((24, 4)).astype(F32)
@@ -169,7 +169,7 @@ CASES = [  # (n_seqs, T, H, H_k, S, K): decode, prompt ubatch, tails of the dot,
 @pytest.mark.parametrize("case", CASES, ids=[f"s{c[0]}t{c[1]}h{c[2]}k{c[3]}S{c[4]}K{c[5]}" for c in CASES])
 @pytest.mark.parametrize("hard", [False, True], ids=["random", "hard"])
 def test_gated_delta_net_bit_exact(build, case, hard):
-    path = build_info(build).isa
+    path = build_info(build).path
     n_seqs, T, H, H_k, S, K = case
     rng = np.random.default_rng([n_seqs, T, H, S, K, hard])
     args = gdn_inputs(rng, n_seqs, T, H, H_k, S, hard)
@@ -185,7 +185,7 @@ def test_gated_delta_net_bit_exact(build, case, hard):
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_gated_delta_net_nonfinite(build):
     """A NaN in v (its row of the state and every later output of the head turn NaN) and an inf in q."""
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(3)
     q, k, v, g, beta, state = gdn_inputs(rng, 1, 3, 2, 2, 24)
     v[0, 1, 0, 5] = np.nan

@@ -124,7 +124,7 @@ def g_reduce(name, x, shape):
 
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_silu(build):
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(1)
     for width in WIDTHS:
         x = rows_of(hard_values(rng, 400), width)
@@ -145,7 +145,7 @@ def test_silu_differs_between_builds():
 
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_swiglu(build):
-    path = build_info(build).isa
+    path = build_info(build).path
     rng = np.random.default_rng(2)
     for width in WIDTHS:
         a = rows_of(hard_values(rng, 400), width)
@@ -179,7 +179,7 @@ def soft_max_cases(rng):
 
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_soft_max(build):
-    path = build_info(build).isa
+    path = build_info(build).path
     for k, (x, mask, scale) in enumerate(soft_max_cases(np.random.default_rng(3))):
         got = on_build(build, g_soft_max, x, mask, scale)
         assert_same(vm.soft_max(x, mask, scale, path), got, f"soft_max case {k} {x.shape}")
@@ -203,7 +203,7 @@ def test_thread_count_does_not_matter():
 @pytest.mark.parametrize("build", WITH_GENERIC)
 @pytest.mark.parametrize("op", ["exp", "sigmoid", "softplus", "neg"])
 def test_libm_unary(build, op):
-    path = build_info(build).isa
+    path = build_info(build).path
     x = rows_of(hard_values(np.random.default_rng(4), 2000), 37)
     got = on_build(build, g_unary, f"ggml_{op}", x)
     assert_same(getattr(vm, op)(x, path) if op != "neg" else vm.neg(x), got, op)
@@ -234,7 +234,7 @@ def test_binary_two_nan_payloads(build):
 
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_scale_and_scale_bias(build):
-    isa = build_info(build).isa
+    isa = build_info(build).path
     rng = np.random.default_rng(6)
     for width in (37, 100):  # GGML_F32_STEP is 64 (AVX-512) / 32 (AVX2): SIMD part and scalar tail
         x = rows_of(hard_values(rng, 2000), width)

@@ -63,14 +63,8 @@ class GgmlBuild:
     @property
     def path(self) -> str:
         """The emulated path — ``"avx512"`` (``__AVX512F__``: 16 float lanes), ``"avx2"`` (``__AVX2__`` with
-        FMA and F16C: 8 lanes) or ``"generic"`` (x86-64 without SIMD) — or :class:`UnsupportedBuild` naming what
-        this library runs instead (:attr:`isa`)."""
-        return self.isa
-
-    @property
-    def isa(self) -> str:
-        """The library's code path: ``"avx512"``, ``"avx2"``, or ``"generic"`` (x86-64 without any of
-        :data:`X86_FEATURES`: no ``GGML_SIMD``, scalar loops, no FMA) — or :class:`UnsupportedBuild`."""
+        FMA and F16C: 8 lanes) or ``"generic"`` (x86-64 without any of :data:`X86_FEATURES`: no ``GGML_SIMD``,
+        scalar loops, no FMA) — or :class:`UnsupportedBuild` naming what this library runs instead."""
         if self.gpu_backends:
             raise UnsupportedBuild(f"{self.lib_dir} also holds the {', '.join(self.gpu_backends)} backend of ggml; "
                                    "--emulate=ggml follows ggml-cpu only")

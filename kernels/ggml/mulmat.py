@@ -1,6 +1,6 @@
 """``ggml_mul_mat`` and ``ggml_mul_mat_id`` as ggml-cpu computes them, bit for bit, on the ``avx512`` and
 ``avx2`` paths (weights ``W`` of a ggml type, F32 activations, F32 out) — and on ggml's generic x86 path
-(``"generic"``) for the types :mod:`kernels.ggml.mulmat_generic` emulates so far.
+(``"generic"``: :mod:`kernels.ggml.mulmat_generic`).
 
 A weight llama.cpp loads into its CPU_REPACK buffer (``repack=True``, its default, and a type and row count that
 buffer takes: :func:`repacked`) runs that buffer's gemm/gemv instead (:mod:`kernels.ggml.repack`,

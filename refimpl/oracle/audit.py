@@ -140,6 +140,8 @@ class Report:
     rounds_skipped: str | None = None  # why streams' rounds were not replayed
     probs: dict = field(default_factory=dict)  # label → ProbsReport (streams that carry log-probs)
     reproduce: object = None  # refimpl.oracle.reproduce.Reproduction (--emulate=ggml --draft): llama.cpp's predicted streams
+    margins: dict = field(default_factory=dict)  # label → {step: margin_step(…)}: every step the oracle saw (the HTML
+    # report's margin picture, refimpl.oracle.html_report; not in as_json)
 
     @property
     def events(self) -> list[Finding]:
@@ -255,9 +257,20 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     return rep
 
 
+def margin_step(row, tok: int) -> tuple[int, float, float, float]:
+    """(the oracle's argmax, its top-1 − top-2 margin, max|logit|, ``tok``'s deficit below the top-1) at one step:
+    what ``refimpl plot audit`` draws (refimpl.oracle.plot; the band is τ·max|logit|), by :func:`judge`'s
+    definitions, in O(V)."""
+    from refimpl.model.ops import argmax
+
+    second, first = (float(x) for x in np.partition(np.where(np.isnan(row), -np.inf, row), -2)[-2:])  # NaN passed over, as top_k
+    return argmax(row), first - second, float(np.max(np.abs(row))), first - float(row[tok])
+
+
 def _probs_probe(rep: Report):
     """``probe(stream, step, row)``: compare the stream's log-probs at ``step`` (if it carries them) with the
-    oracle's log-softmax of ``row``, into ``rep.probs`` (refimpl.oracle.probs)."""
+    oracle's log-softmax of ``row``, into ``rep.probs`` (refimpl.oracle.probs); every step's :func:`margin_step`
+    into ``rep.margins``."""
     from refimpl.oracle.probs import PROBS_BOUND, PROBS_BOUND_PLAIN, ProbsReport
 
     for s in rep.streams:
@@ -266,6 +279,7 @@ def _probs_probe(rep: Report):
             rep.probs[s.label] = ProbsReport(len(s.tokens), PROBS_BOUND if rep.emulate else PROBS_BOUND_PLAIN, info)
 
     def probe(stream: Stream, step: int, row) -> None:
+        rep.margins.setdefault(stream.label, {})[step] = margin_step(row, stream.tokens[step])
         pr = rep.probs.get(stream.label)
         if pr is not None and pr.info.probs is not None:
             pr.add(step, stream.tokens[step], row)

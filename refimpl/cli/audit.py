@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     src.add_argument("--prompt-tokens", metavar="IDS", help="the prompt as comma-separated token ids")
     add_threshold(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained web page: the verdict table, "
+                                                  "the continuations side by side at the divergence, the margins "
+                                                  "(docs/validating-an-engine.md)")
     p.add_argument("--kld-base", metavar="FILE",
                    help="instead of streams: a KL-divergence base file llama-perplexity wrote (--kl-divergence-base); "
                         "print llama-perplexity's --kl-divergence statistics with the oracle as the model, and the "
@@ -53,6 +56,8 @@ def cmd_audit(args) -> int:
     from refimpl.oracle.stream_file import prompt_of, read_stream
     from refimpl.tokenizer import Tokenizer
 
+    if args.html is not None:  # before any work (refimpl.io.output_path)
+        _check_html(args)
     if args.kld_base is not None:
         return _audit_kld(args)
     golden = _audit_inputs(args)
@@ -80,7 +85,7 @@ def cmd_audit(args) -> int:
         raise RefimplError("the prompt encodes to no tokens")
     differs = [s for s in streams if s.prompt is not None and list(s.prompt) != list(prompt)]
     if differs:  # bug class B20: judging the stream against a shifted prompt would judge nothing
-        return _prompt_differs(differs, prompt, tok, args.json)
+        return _prompt_differs(differs, prompt, tok, args.json, args.html)
     ctx = ctx_from_args(args)
     if ctx.ggml:  # parsed before the audit runs: a bad --draft fails fast
         from refimpl.oracle.reproduce import parse_schedules
@@ -94,7 +99,24 @@ def cmd_audit(args) -> int:
 
         reproduce(rep, model, ctx, schedules, frozenset(tok.eog_ids))
     print(json.dumps(rep.as_json()) if args.json else "\n".join(report_lines(rep, tok)))
+    if args.html is not None:  # the same report as a web page (refimpl.oracle.html_report)
+        from refimpl.oracle.html_page import write_page
+        from refimpl.oracle.html_report import audit_page
+
+        write_page(args.html, audit_page(rep, tok))
     return rep.exit_code
+
+
+def _check_html(args) -> None:
+    """--html FILE: a page of a stream audit (one or two STREAMs, or --streams DIR); FILE checked before any work."""
+    from refimpl.io.output_path import check_output
+
+    if args.kld_base is not None:
+        raise RefimplError("--html goes with STREAM files or --streams DIR, not --kld-base")
+    first = args.model if args.model is not None else (args.streams[0] if args.streams else None)
+    if first is not None and _audit_input_kind(first) == "golden":
+        raise RefimplError("--html goes with a MODEL's audit (STREAM files or --streams DIR), not audit GOLDEN STREAM")
+    check_output(args.html, "--html")
 
 
 def _logged_schedules(text: str, schedules: list, tok) -> list:
@@ -111,7 +133,7 @@ def _logged_schedules(text: str, schedules: list, tok) -> list:
             for f, sch in zip(files, schedules)]
 
 
-def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
+def _prompt_differs(streams, prompt: list[int], tok, as_json: bool, html: str | None = None) -> int:
     """audit: a stream's prompt_tokens are not the oracle's ids of --prompt / --prompt-tokens (a
     pre-tokenizer or template difference, docs/bug-classes.md B20): say where, exit 1, audit nothing."""
     import json
@@ -129,6 +151,11 @@ def _prompt_differs(streams, prompt: list[int], tok, as_json: bool) -> int:
         print(json.dumps({"verdict": "prompt differs", "exit": 1, "prompts": [{k: v for k, v in o.items() if k != "text"} for o in out]}))
     else:
         print("\n".join(["audit: verdict prompt differs"] + [o["text"] for o in out]))
+    if html is not None:
+        from refimpl.oracle.html_page import write_page
+        from refimpl.oracle.html_report import prompt_differs_page
+
+        write_page(html, prompt_differs_page(out))
     return 1
 
 
@@ -243,6 +270,11 @@ def _audit_dir(args) -> int:
         print(json.dumps(as_json(pairs, reports)))
     else:
         print("\n".join([pair_line(p, r) for p, r in zip(pairs, reports)] + summary_lines(reports)))
+    if args.html is not None:  # the same reports as a web page (refimpl.oracle.html_report)
+        from refimpl.oracle.html_page import write_page
+        from refimpl.oracle.html_report import streams_page
+
+        write_page(args.html, streams_page(pairs, reports, tok))
     return int(any(r.exit_code for r in reports))
 
 

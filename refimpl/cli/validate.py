@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--spec-draft-p-min", type=float, default=0.0, metavar="P",
                    help="likewise llama-server's --spec-draft-p-min (default 0, its default)")
     p.add_argument("--report", metavar="FILE", help="write every audit as one JSON object (atomically: a temporary file, renamed)")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained web page: the table, each "
+                                                  "answer's divergence and margins (docs/validating-an-engine.md)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds each request may take (default 120)")
     add_threshold(p)
     add_numerics(p)
@@ -71,6 +73,8 @@ def cmd_validate(args) -> int:
         raise RefimplError("--served-model: expected a model name, got an empty string")
     if args.report is not None:
         check_output(args.report, "--report")  # before any work (refimpl.io.output_path)
+    if args.html is not None:
+        check_output(args.html, "--html")
     model_name = default_model(args.model)
     model = load_named(model_name)
     tok = Tokenizer.from_gguf(model.file.gguf)
@@ -120,7 +124,7 @@ def cmd_validate(args) -> int:
     exit_code = max(rep.exit_code for row in results for rep, *_ in row)
     lines = _table(model_name, prompts, servers, labels, idents, col_name, results, rep_numerics=results[0][0][0], n=args.n_predict)
     lines.append(_summary(results, exit_code))
-    if args.report is not None:
+    if args.report is not None or args.html is not None:
         doc = {"model": str(model_name), "n_predict": args.n_predict, "n_probs": v.N_PROBS, "threshold": args.threshold,
                "servers": [{"label": lab, **ident.as_json()} for lab, ident in zip(labels, idents)],
                "results": [{"prompt": i + 1, "text": pr.text, "prompt_tokens": list(pr.ids), "column": name,
@@ -134,9 +138,16 @@ def cmd_validate(args) -> int:
                            for i, (pr, row) in enumerate(zip(prompts, results))
                            for (rep, info, oracle), name, (_, ident, d) in zip(row, col_name, columns)],
                "exit_code": exit_code}
+    if args.report is not None:
         with writing(args.report, "--report") as path:  # refimpl.io.output_path: checked, one-line errors
             replace_atomically(path, (json.dumps(doc) + "\n").encode())
     print("\n".join(lines))
+    if args.html is not None:  # the same report as a web page (refimpl.oracle.html_report), cells as in the table
+        from refimpl.oracle.html_page import write_page
+        from refimpl.oracle.html_report import validate_page
+
+        write_page(args.html, validate_page(doc, [rep for row in results for rep, *_ in row],
+                                            [_cell(*cell) for row in results for cell in row], tok))
     return exit_code
 
 

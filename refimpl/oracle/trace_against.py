@@ -333,14 +333,15 @@ def _describe(d: Diff) -> str:
 def format_report(r: Report) -> str:
     n_names = len(r.positions[0].diffs) if r.positions else 0
     lines = [f"trace against {r.dump.path} ({r.dump.format}): {n_names} intermediates compared; numerics: {r.numerics}"]
-    bound_keys = sorted({k for k in BOUNDS if k[0] == r.config and (("text" in k[1]) == (r.mode == "sums"))})
+    kinds = {"sums": ["text"], "end to end": ["array-end-to-end"], "layer-local": ["array", "array-f16-attention"]}
+    bound_keys = [(r.config, k) for k in kinds.get(r.mode, ["array"]) if (r.config, k) in BOUNDS] or [(r.config, "array")]
     lines.append("bounds: " + "; ".join(f"{k[1]} {BOUNDS[k].value:g} × {BOUNDS[k].scale}" for k in bound_keys))
     if r.mode == "layer-local":
         lines.append(f"layer-local: refimpl ran from the engine's own values at {len(r.patched)} intermediates "
                      "(quantized matmuls' inputs, router logits, layer outputs)")
     elif r.mode == "end to end":
         lines.append(f"end to end: the dump lacks {len(r.unpatched)} intermediates refimpl would run from "
-                     f"({', '.join(r.unpatched[:4])}{', …' if len(r.unpatched) > 4 else ''}); the end-to-end bound applies")
+                     f"({', '.join(r.unpatched[:4])}{', …' if len(r.unpatched) > 4 else ''}); refimpl ran on from its own values there")
     elif r.mode == "sums":
         lines.append(f"only sums (and the values llama-eval-callback printed) were compared, per tensor over positions "
                      f"{r.positions[0].label}; {len(r.skipped)} printed tensors are not compared by refimpl")

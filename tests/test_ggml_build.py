@@ -1,5 +1,7 @@
 """kernels.ggml.build: which ggml-cpu path a libggml takes, read from the library (never the host), and the
-one-line refusals of the paths --emulate=ggml does not follow; kernels.ggml.simd.fma32's single rounding."""
+one-line refusals of the paths --emulate=ggml does not follow; the one table of the emulated paths and every
+reader of it; the ggml version the library reports and the refusal of another one (tests/test_ggml_version.py runs
+the commands on a library of another version); kernels.ggml.simd.fma32's single rounding."""
 
 import re
 from pathlib import Path
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 from ggml_graph import build_dir, build_info, require_build
 
-from kernels.ggml.build import GgmlBuild, UnsupportedBuild, detect
+from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION, GgmlBuild, UnsupportedBuild, detect
 from kernels.ggml.simd import fma32, fma32_exact
 
 X86_AVX2 = {"sse3", "ssse3", "avx", "avx2", "bmi2", "f16c", "fma"}
@@ -58,6 +60,56 @@ def test_the_generic_build_is_detected_as_generic_whatever_the_host():
     assert b.path == "generic" and b.x86 and not (b.features & {"sse3", "avx", "avx2", "fma", "f16c", "avx512"})
     assert b.describe().startswith("ggml-cpu generic x86 (no SIMD) from") and str(build_dir("generic")) in b.describe()
     assert build_info("avx2").path == "avx2" and build_info("avx2").x86
+
+
+@pytest.mark.parametrize("key", [p.key for p in EMULATED_PATHS])
+def test_every_reader_of_the_path_table_knows_every_path(key):
+    """A path of kernels.ggml.build.EMULATED_PATHS is a Ctx.ggml, has a report line (Ctx.numerics: the KeyError of
+    issue 38 on the generic path), is an op path of kernels.ggml.simd with its lanes, and is what GgmlBuild.path
+    names a library with the features that select it."""
+    from kernels.ggml import simd
+    from refimpl.model.ops import GGML_NAMES, GGML_PATHS, Ctx
+
+    entry = next(p for p in EMULATED_PATHS if p.key == key)
+    assert key in GGML_PATHS and GGML_NAMES[key] == entry.name and simd.check_path(key) == key
+    line = Ctx(act_quant=True, kv_f16=True, flash_attn=True, ggml=key).numerics()
+    assert line.startswith(f"ggml-cpu {entry.name} bit for bit, ggml {GGML_VERSION}: F16 K/V, flash attention on"), line
+    if entry.lanes is None:
+        with pytest.raises(ValueError):
+            simd.lanes(key)
+    else:
+        assert simd.lanes(key) == entry.lanes
+    features = {"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "generic": set()}.get(key)
+    assert features is not None, f"a new path {key!r}: name the features that select it here"
+    b = GgmlBuild(Path("/x/lib"), frozenset(features))
+    assert b.path == key and b.lanes == entry.lanes and f"ggml-cpu {entry.name} (" in b.describe()
+
+
+def test_another_ggml_version_is_refused_in_one_line_unless_accepted():
+    b = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), version="0.26.1", commit="abc1234")
+    with pytest.raises(UnsupportedBuild) as e:
+        b.check_version()
+    msg = str(e.value)
+    assert "\n" not in msg and "/x/lib" in msg and "ggml 0.26.1" in msg and f"ggml {GGML_VERSION}" in msg
+    assert "--ggml-version-ok" in msg
+    assert b.check_version(accept_other=True) == "0.26.1"
+    assert b.describe().endswith(f"from /x/lib, ggml 0.26.1 (commit abc1234; the emulation follows ggml {GGML_VERSION}'s kernels)")
+    silent = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), version=None)  # a libggml-base without ggml_version()
+    with pytest.raises(UnsupportedBuild, match="does not report its version"):
+        silent.check_version()
+    same = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), version=GGML_VERSION, commit="unknown")
+    assert same.check_version() is None and same.describe().endswith(f"from /x/lib, ggml {GGML_VERSION} (commit unknown)")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("build", ["native", "avx2", "generic"])
+def test_the_suites_libraries_are_the_ggml_the_emulation_follows(build):
+    """Every library the suite builds from llama-cpp-python 0.3.36's source reports GGML_VERSION (ggml_version() of
+    its libggml-base), and a commit string (pip's build of the sdist: the vendored tree's git commit; a build of the
+    extracted tree alone: "unknown")."""
+    b = build_info(build)
+    assert b.version == GGML_VERSION and b.check_version() is None
+    assert b.commit and f", ggml {GGML_VERSION} (commit {b.commit})" in b.describe()
 
 
 def test_a_folder_without_libggml_cpu_is_refused(tmp_path):

@@ -13,7 +13,8 @@ reduction and coefficients, but AVX-512 rounds j ≈ e**b (the polynomial with i
 exponent field; a two-factor scale for |n| > 126): they round differently, so SiLU, SwiGLU and soft_max
 differ between the builds (the expf results in ~28 % of inputs, SiLU in ~13 %, by 1 ulp).
 
-``lanes(path)``: float32 lanes of one vector on an emulated path (``PATHS``: ``"avx512"`` 16, ``"avx2"`` 8).
+``lanes(path)``: float32 lanes of one vector on an emulated SIMD path (``PATHS``: ``"avx512"`` 16, ``"avx2"`` 8), as
+``kernels.ggml.build.EMULATED_PATHS`` — the one table of the emulated paths — says.
 
 Horizontal sums of one register — two genuinely different trees, so two functions: :func:`hsum_fold` (halves
 folded onto each other down to one lane: GCC's ``_mm512_reduce_add_ps``, ``arch/x86/quants.c:
@@ -31,15 +32,17 @@ import math
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.build import EMULATED_PATHS
 
 F32 = np.float32
-LANES = {"avx512": 16, "avx2": 8}  # simd-mappings.h: GGML_F32_EPR (= GGML_F16_EPR) of each emulated path
+#: simd-mappings.h: GGML_F32_EPR (= GGML_F16_EPR) of each emulated path that has GGML_F32_VEC
+LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes}
 PATHS = tuple(LANES)
 
 
-#: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which only the ops that
-#: emulate it accept (:func:`check_path`); :func:`lanes` refuses it (no ``GGML_F32_VEC`` there).
-ALL_PATHS = PATHS + ("generic",)
+#: Every emulated path: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which
+#: only the ops that emulate it accept (:func:`check_path`); :func:`lanes` refuses it (no ``GGML_F32_VEC`` there).
+ALL_PATHS = tuple(p.key for p in EMULATED_PATHS)
 
 
 def check_path(path: str) -> str:

@@ -84,7 +84,7 @@ def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
     if ggml is None and getattr(args, "emulate", None) == "ggml":  # logits, trace: the layout of its kernels too
-        ggml = (ggml_path(), not getattr(args, "no_repack", False))
+        ggml = (ggml_path(getattr(args, "ggml_version_ok", False))[0], not getattr(args, "no_repack", False))
     return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack,
                       ggml=ggml)
 
@@ -127,18 +127,22 @@ def check_tokens(model, tokens: list[int]) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# numerics: --emulate[=CONFIG], --flash-attn, --kv-type, --no-repack, --kernel
+# numerics: --emulate[=CONFIG], --flash-attn, --kv-type, --no-repack, --ggml-version-ok, --kernel
 
 
 def add_numerics(p) -> None:
+    from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION, VERSION_OK_FLAG
     from refimpl.model.ops import EMULATIONS
+
+    paths = " or ".join(x.name for x in EMULATED_PATHS)
 
     p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
                    help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
                         "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
                         "CLI and server run; the default) or plain (F32 K/V, no flash attention); ggml: every op as "
-                        "the libggml-cpu that llama-cpp-python loads computes it, bit for bit (its AVX-512 or AVX2 "
-                        "path, detected; llama.cpp's defaults: F16 K/V, flash attention, n_ubatch 512, 4 threads). "
+                        f"the libggml-cpu that llama-cpp-python loads computes it, bit for bit (its {paths} path, "
+                        f"detected; ggml {GGML_VERSION}'s kernels; llama.cpp's defaults: F16 K/V, flash attention, "
+                        "n_ubatch 512, 4 threads). "
                         "--emulate CONFIG and --emulate=CONFIG are the same; a next argument that is not a CONFIG "
                         "is not taken (run --emulate model.gguf: MODEL is model.gguf). Needs --kernel numba")
     p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
@@ -147,6 +151,10 @@ def add_numerics(p) -> None:
                    help="with --emulate=ggml: emulate llama.cpp run with --no-repack (no CPU_REPACK weight buffer: "
                         "Q4_0, Q4_K, IQ4_NL, MXFP4 and, on AVX-512, Q2_K matrices then take the plain kernels). "
                         "Default: llama.cpp's default, the repacked gemm/gemv")
+    p.add_argument(VERSION_OK_FLAG, action="store_true",
+                   help=f"with --emulate=ggml: go on with a libggml of another ggml version than {GGML_VERSION}, the one "
+                        "whose kernels are emulated (refused otherwise), when you know the kernels are unchanged; every "
+                        "report then records it (docs/numerics.md, 'When llama.cpp moves')")
     for flag, what, default in (("--threads", "llama.cpp's thread count (-t): the split-KV flash-attention path "
                                  "divides a long cache by it", 4),
                                 ("--ubatch-size", "llama.cpp's n_ubatch (-ub): a batch is computed in ubatches of "
@@ -168,33 +176,35 @@ def check_numerics(args) -> None:
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) == "ggml":
         raise RefimplError("--emulate=ggml computes every op with the kernels.ggml emulations of ggml-cpu (numba); "
                            "--kernel numpy, the plain definitions, does not apply to it")
-    for flag in ("no_repack", "threads", "ubatch_size", "ctx_size"):
+    for flag in ("no_repack", "ggml_version_ok", "threads", "ubatch_size", "ctx_size"):
         value = getattr(args, flag, None)
         if value not in (None, False) and getattr(args, "emulate", None) != "ggml":
             name = "--" + flag.replace("_", "-")
             raise RefimplError(f"{name} describes the llama.cpp that --emulate=ggml emulates; give it with --emulate=ggml")
-        if flag != "no_repack" and value is not None and (value < 0 or (value == 0 and flag != "ctx_size")):
+        if flag not in ("no_repack", "ggml_version_ok") and value is not None and (value < 0 or (value == 0 and flag != "ctx_size")):
             raise RefimplError(f"--{flag.replace('_', '-')} must be {'≥ 0' if flag == 'ctx_size' else 'positive'}, got {value}")
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
         raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
                            "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
 
 
-def ggml_path() -> str:
-    """``--emulate=ggml``: the ggml-cpu path of the libggml llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH``,
-    else its ``lib/``); a build whose kernels are not emulated is refused in one line. The build is named on
-    stderr (``emulating ggml-cpu AVX-512 (…) from DIR``) when the emulation first computes, after every
-    other flag has been checked (:func:`refimpl.model.ops.announce_ggml`)."""
-    from kernels.ggml.build import UnsupportedBuild, detect
+def ggml_path(version_ok: bool = False) -> tuple[str, str | None]:
+    """``--emulate=ggml``: (the ggml-cpu path of the libggml llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH``, else
+    its ``lib/``), None or the library's ggml version accepted with ``--ggml-version-ok`` = ``version_ok``). A build
+    whose kernels are not emulated, or of another ggml version without the flag, is refused in one line. The build is
+    named on stderr (``emulating ggml-cpu AVX-512 (…) from DIR, ggml 0.25.3 (commit …)``) when the emulation first computes,
+    after every other flag has been checked (:func:`refimpl.model.ops.announce_ggml`)."""
+    from kernels.ggml.build import VERSION_OK_FLAG, UnsupportedBuild, detect
     from refimpl.model.ops import announce_ggml
 
     try:
         build = detect()
         path = build.path
+        accepted = build.check_version(version_ok)
     except UnsupportedBuild as e:
         raise RefimplError(f"--emulate=ggml: {e}") from None
-    announce_ggml(f"emulating {build.describe()}")
-    return path
+    announce_ggml(f"emulating {build.describe()}" + (f"; accepted with {VERSION_OK_FLAG}" if accepted else ""))
+    return path, accepted
 
 
 def ctx_from_args(args, trace=None):
@@ -210,11 +220,11 @@ def ctx_from_args(args, trace=None):
     from refimpl.model.ops import announce_ggml
 
     announce_ggml(None)
-    ggml = ggml_path() if args.emulate == "ggml" else None
+    ggml, accepted = ggml_path(getattr(args, "ggml_version_ok", False)) if args.emulate == "ggml" else (None, None)
     llama = {k: v for k, v in (("n_threads", getattr(args, "threads", None)), ("n_ubatch", getattr(args, "ubatch_size", None)),
                                 ("n_ctx", getattr(args, "ctx_size", None) or None)) if v is not None}
     ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml,
-                        repack=not getattr(args, "no_repack", False), **llama)
+                        repack=not getattr(args, "no_repack", False), ggml_accepted=accepted, **llama)
     return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
 
 

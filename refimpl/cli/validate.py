@@ -126,6 +126,7 @@ def cmd_validate(args) -> int:
     lines.append(_summary(results, exit_code))
     if args.report is not None or args.html is not None:
         doc = {"model": str(model_name), "n_predict": args.n_predict, "n_probs": v.N_PROBS, "threshold": args.threshold,
+               "numerics": ctx.numerics(),  # the emulation (with --emulate=ggml: its path and ggml version)
                "servers": [{"label": lab, **ident.as_json()} for lab, ident in zip(labels, idents)],
                "results": [{"prompt": i + 1, "text": pr.text, "prompt_tokens": list(pr.ids), "column": name,
                             "server": ident.url, "api": ident.api, "draft": d, "verdict": v.verdict(rep),

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 import kernels
+from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION, VERSION_OK_FLAG
 
 F32 = np.float32
 
@@ -61,8 +62,9 @@ class NoFaults:
 CLEAN = NoFaults()
 
 
-GGML_PATHS = (None, "avx512", "avx2", "generic")  # Ctx.ggml (generic: ggml's x86 build without SIMD)
-GGML_NAMES = {"avx512": "AVX-512", "avx2": "AVX2"}
+#: Ctx.ggml: None or a key of kernels.ggml.build.EMULATED_PATHS, the one table of the emulated paths
+GGML_PATHS = (None,) + tuple(p.key for p in EMULATED_PATHS)
+GGML_NAMES = {p.key: p.name for p in EMULATED_PATHS}  # how Ctx.numerics() names each
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,9 @@ class Ctx:
       ``repack``: whether the emulated llama.cpp runs with its default CPU_REPACK weight buffer
       (``use_extra_bufts``; ``--no-repack`` turns it off): with ``ggml``, a matrix that buffer takes is multiplied
       by its gemm/gemv (``kernels.ggml.repack``, ``kernels.ggml.repack_k``); a file holding a repacked type whose
-      kernels are not emulated is refused (:func:`refimpl.model.trunk.check_ggml_weights`).
+      kernels are not emulated is refused (:func:`refimpl.model.trunk.check_ggml_weights`). The kernels are those of
+      ggml ``kernels.ggml.build.GGML_VERSION``; ``ggml_accepted``: the library's own version when it is another one and
+      the user accepted it (``--ggml-version-ok``), which :meth:`numerics` — every report's line — then records.
 
     Both reach the code through one method, :meth:`cb`, called at every named point.
     """
@@ -112,17 +116,22 @@ class Ctx:
     faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
     ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" | "generic" (kernels.ggml.build.GgmlBuild.path)
     repack: bool = True  # llama.cpp's use_extra_bufts (its default): with ggml, weights it repacks take the repacked kernels
+    ggml_accepted: str | None = None  # with ggml: the libggml's version, not GGML_VERSION, accepted with --ggml-version-ok
 
     def __post_init__(self):
         if self.ggml not in GGML_PATHS:
             raise ValueError(f"Ctx: ggml must be one of {GGML_PATHS}, got {self.ggml!r}")
+        if self.ggml_accepted is not None and not self.ggml:
+            raise ValueError("Ctx: ggml_accepted (a libggml version accepted with --ggml-version-ok) needs ggml")
         if self.n_ubatch < 1 or self.n_threads < 1 or (self.n_ctx is not None and self.n_ctx < 1):
             raise ValueError(f"Ctx: n_ubatch, n_threads and n_ctx must be positive, got {self.n_ubatch}, {self.n_threads}, {self.n_ctx}")
 
     def numerics(self) -> str:
         """One line for reports: ``off`` or which llama.cpp rounding points are emulated."""
         if self.ggml:
-            return (f"ggml-cpu {GGML_NAMES[self.ggml]} bit for bit: {'F16' if self.kv_f16 else 'F32'} K/V, flash attention "
+            version = f"ggml {GGML_VERSION}" if self.ggml_accepted is None else \
+                f"ggml {self.ggml_accepted} (not {GGML_VERSION}: accepted with {VERSION_OK_FLAG}; the kernels are {GGML_VERSION}'s)"
+            return (f"ggml-cpu {GGML_NAMES[self.ggml]} bit for bit, {version}: {'F16' if self.kv_f16 else 'F32'} K/V, flash attention "
                     f"{'on' if self.flash_attn else 'off'}, n_ubatch {self.n_ubatch}, n_threads {self.n_threads}")
         if not (self.act_quant or self.kv_f16 or self.flash_attn):
             return "off"
@@ -183,7 +192,7 @@ def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None,
     ``flash_attn`` / ``kv_f16`` override the preset when not None; ``fields`` (kernel, trace, n_ubatch,
     n_threads, n_ctx, ggml) pass through and override the preset. ``"ggml"`` without a ``ggml`` field
     emulates the path of the libggml llama-cpp-python loads (``kernels.ggml.build.detect()``; raises
-    ``UnsupportedBuild`` for a build that is not emulated)."""
+    ``UnsupportedBuild`` for a build that is not emulated, or of another ggml version than the one followed)."""
     if emulate is not None and emulate not in EMULATIONS:
         raise ValueError(f"unknown emulation '{emulate}' (valid: {', '.join(EMULATIONS)})")
     preset = dict(EMULATIONS.get(emulate, {"kv_f16": False, "flash_attn": False}))
@@ -191,7 +200,9 @@ def emulation_ctx(emulate: str | None = None, *, flash_attn: bool | None = None,
     if emulate == "ggml" and fields.get("ggml") is None:
         from kernels.ggml.build import detect
 
-        fields["ggml"] = detect().path
+        build = detect()
+        build.check_version()  # another ggml: refused (the CLI's --ggml-version-ok passes ggml and ggml_accepted)
+        fields["ggml"] = build.path
     return Ctx(act_quant=emulate is not None, kv_f16=kv if kv_f16 is None else kv_f16,
                flash_attn=fa if flash_attn is None else flash_attn, **{**preset, **fields})
 

@@ -183,6 +183,7 @@ class Report:
             return d
 
         out = {"model": self.model, "prompt_tokens": self.prompt, "threshold": self.tau, "emulate": self.emulate,
+                "numerics": self.numerics,  # Ctx.numerics(): with --emulate=ggml, the path and the ggml version
                 "streams": [{"label": s.label, "source": s.source, "kind": s.kind, "n_tokens": len(s.tokens)} for s in self.streams],
                 "common_prefix": self.common, "verdict": self.verdict,
                 "divergence": finding(self.divergence) if self.divergence else None,

@@ -107,6 +107,15 @@ class Settings:
     ngram_min_match: int = 3  # speculative_generate's n-gram gate (its default)
     kv_f16: bool | None = None  # F16 K/V cache; None: = emulate (what files from before --emulate=CONFIG mean)
     flash_attn: bool = False  # llama.cpp's flash attention
+    # --emulate=ggml: the emulated ggml-cpu path (Ctx.ggml, recorded: `golden check` recomputes that path whatever
+    # library it finds) and the llama.cpp settings that decide its bits; ggml_accepted: the libggml's own version when
+    # it was not the one the kernels follow and --ggml-version-ok accepted it
+    ggml: str | None = None
+    n_ubatch: int = 512
+    n_threads: int = 4
+    n_ctx: int | None = None
+    repack: bool = True
+    ggml_accepted: str | None = None
 
     def as_json(self) -> dict:
         draft = {"source": self.draft_source or "none", "n_draft": self.n_draft}
@@ -119,6 +128,14 @@ class Settings:
             out["kv_cache"] = "f16" if self.kv_f16 else "f32"  # only when it differs from the legacy meaning
         if self.flash_attn:
             out["flash_attn"] = True
+        if self.ggml:
+            from kernels.ggml.build import GGML_VERSION
+
+            out["ggml"] = {"path": self.ggml, "version": GGML_VERSION, "n_ubatch": self.n_ubatch, "n_threads": self.n_threads,
+                           "n_ctx": self.n_ctx, "repack": self.repack}
+            if self.ggml_accepted is not None:
+                out["ggml"]["library_version"] = self.ggml_accepted  # accepted with --ggml-version-ok
+            out["numerics"] = self.ctx().numerics()
         return out
 
     @classmethod
@@ -126,21 +143,32 @@ class Settings:
         d = obj["draft"]
         source = None if d["source"] == "none" else d["source"]
         kv = obj.get("kv_cache")
+        g = obj.get("ggml") or {}
+        ggml = {"ggml": g["path"], "n_ubatch": int(g["n_ubatch"]), "n_threads": int(g["n_threads"]),
+                "n_ctx": None if g.get("n_ctx") is None else int(g["n_ctx"]), "repack": bool(g.get("repack", True)),
+                "ggml_accepted": g.get("library_version")} if g else {}
         return cls(int(obj["n_predict"]), source, int(d["n_draft"]), bool(obj["emulate"]),
                    float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)),
-                   None if kv is None else kv == "f16", bool(obj.get("flash_attn", False)))
+                   None if kv is None else kv == "f16", bool(obj.get("flash_attn", False)), **ggml)
 
     def ctx(self, kernel: str = "numba"):
         from refimpl.model.ops import Ctx
 
         kv_f16 = self.emulate if self.kv_f16 is None else self.kv_f16
-        return Ctx(act_quant=self.emulate, kv_f16=kv_f16, flash_attn=self.flash_attn, kernel=kernel)
+        ggml = dict(ggml=self.ggml, n_ubatch=self.n_ubatch, n_threads=self.n_threads, n_ctx=self.n_ctx, repack=self.repack,
+                    ggml_accepted=self.ggml_accepted) if self.ggml else {}
+        return Ctx(act_quant=self.emulate, kv_f16=kv_f16, flash_attn=self.flash_attn, kernel=kernel, **ggml)
 
     def make_flags(self) -> list[str]:
         flags = ["-n", str(self.n_predict)]
         if self.draft_source:
             flags += [f"--{self.draft_source}", "--draft", str(self.n_draft)]
         ctx = self.ctx()
+        if self.ggml:  # the path is the library's: regenerated on a library that takes it
+            flags += ["--emulate=ggml", "--ubatch-size", str(self.n_ubatch), "--threads", str(self.n_threads)]
+            flags += (["--ctx-size", str(self.n_ctx)] if self.n_ctx else []) + ([] if self.repack else ["--no-repack"])
+            flags += ["--ggml-version-ok"] if self.ggml_accepted is not None else []
+            return flags + ["--kv-type", "f16" if ctx.kv_f16 else "f32", "--flash-attn", "on" if ctx.flash_attn else "off"]
         if self.emulate:
             flags += ["--emulate=plain"]
         if ctx.kv_f16:

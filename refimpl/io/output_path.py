@@ -1,7 +1,7 @@
 """Every file a command writes is handled one way (README, "Output files").
 
 The rule, for every option that names an output — ``logits --out`` / ``--mtp-out``, ``run --csv`` /
-``--route-trace``, ``trace --out`` (a directory), ``golden make --out``, ``fixture OUT``, ``logits --kld-base``, ``validate --report``,
+``--route-trace``, ``trace --out`` (a directory), ``golden make --out``, ``fixture OUT``, ``logits --kld-base``, ``validate --report``, ``audit --html``, ``validate --html``,
 ``plot … --out`` — and for the cache of ``builtin:`` fixtures (``$REFIMPL_CACHE``):
 
 * missing parent directories are created (for a directory output, the directory itself);

@@ -7,7 +7,8 @@ check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative ro
 response as a stream) → ``probs`` (its log-probs against the oracle's) → ``stream_file`` (every stream format
 read as one) → ``audit`` (judging a stream token by token) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)
 → ``kld`` (the oracle as its base or as its model) → ``kld_report`` (its statistics) → ``validate`` (a live
-llama-server) → ``validate_openai`` (an OpenAI-compatible server) → ``plot``.
+llama-server) → ``validate_openai`` (an OpenAI-compatible server) → ``plot`` → ``html_page`` → ``html_report`` (the
+report as one web page).
 
 May import: ``refimpl.errors``, ``refimpl.io``, ``refimpl.model``, ``refimpl.decode``,
 ``refimpl.tokenizer``, ``refimpl.fixtures``.

@@ -1,8 +1,9 @@
 """The oracle's verdicts: golden files and runs, audits of an engine's streams and rounds, the
 intermediate-tensor recorder, pictures, and the Dask cluster that runs goldens and audits in parallel.
 
-Reading order: ``trace`` (recording and patching named intermediates) → ``golden_run`` (one prompt's
-stream, the unit of work) → ``cluster`` → ``golden_file`` (the JSON-lines format) → ``golden`` (make and
+Reading order: ``trace`` (recording and patching named intermediates) → ``dumper`` (an engine's intermediates
+from llama.cpp's eval callback) → ``dump_read`` (the DUMP formats) → ``trace_against`` (where an engine departs)
+→ ``golden_run`` (one prompt's stream, the unit of work) → ``cluster`` → ``golden_file`` (the JSON-lines format) → ``golden`` (make and
 check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``responses`` (a server's
 response as a stream) → ``probs`` (its log-probs against the oracle's) → ``stream_file`` (every stream format
 read as one) → ``audit`` (judging a stream token by token) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)

@@ -104,7 +104,7 @@ def cmd_validate(args) -> int:
             row = []
             for (lab, ident, d), name in zip(columns, col_name):
                 text, endpoint = v.completion(ident, pr.ids, args.n_predict, d, timeout)
-                ids, info = v.read_answer(text, f"{endpoint} (prompt {i + 1})", ident.api)
+                ids, info = v.read_answer(text, f"{endpoint} (prompt {i + 1})", ident.api, tok)
                 stream = Stream(name, endpoint, "response", ids, list(pr.ids), response=info)
                 rep = audit(model, pr.ids, stream, ctx=ctx, tau=args.threshold, model_name=str(model_name))
                 schedule = v.schedule_of(info, d, args.spec_type, args.spec_draft_n_max) if ctx.ggml else None

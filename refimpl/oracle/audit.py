@@ -276,7 +276,7 @@ def _probs_probe(rep: Report):
 
     for s in rep.streams:
         info = s.response
-        if info is not None and (info.probs is not None or info.post_sampling):
+        if info is not None and (info.probs is not None or info.post_sampling or info.recovered or info.unread):
             rep.probs[s.label] = ProbsReport(len(s.tokens), PROBS_BOUND if rep.emulate else PROBS_BOUND_PLAIN, info)
 
     def probe(stream: Stream, step: int, row) -> None:

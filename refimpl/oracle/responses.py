@@ -18,6 +18,11 @@ file's content is one of
 
 Probabilities requested after sampling (llama-server's ``post_sampling_probs``: ``prob`` /
 ``top_probs``) are not the model's distribution: the ids are read, the probabilities are not compared.
+
+llama-server sends no entry — and, streamed or through ``/v1``, no id — for a token whose bytes end inside a
+UTF-8 character (it holds the token's text back): :mod:`refimpl.oracle.response_align` says where in its
+source and how the reader places the entries on the ids by position and id, recovers the ids held back from
+the bytes sent after them (with the oracle's tokenizer), and which answers it refuses.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 from refimpl.errors import RefimplError
+from refimpl.oracle.response_align import Pieces, Sent, align_entries, missing_reasons, recover
 
 LOWEST = -1e30  # llama-server writes FLT_LOWEST (-3.4e38) for a probability of 0 (logarithm(), server-task.cpp)
 
@@ -47,6 +53,9 @@ class ResponseInfo:
     draft_n: int | None = None  # timings.draft_n / draft_n_accepted (llama-server, when it drafted)
     draft_n_accepted: int | None = None
     prompt_text: str | None = None  # the prompt as the response echoes it (llama-server: detokenized)
+    missing: tuple = ()  # ((step, reason), …): the steps of probs without the chosen token's log-prob (response_align)
+    recovered: tuple = ()  # steps whose ids the answer does not name, recovered from the bytes sent after them
+    unread: int = 0  # tokens the server counts after the last one it sends anything for: not audited
 
 
 def looks_like_response(text: str) -> bool:
@@ -137,8 +146,17 @@ def _ids_list(value, where: str) -> list[int]:
     return list(value)
 
 
-def _entry(e, where: str, post: bool) -> tuple[int | None, float | None, tuple]:
-    """One ``completion_probabilities`` / ``logprobs.content`` entry → (id, logprob, top)."""
+def _raw(value, where: str) -> bytes | None:
+    """An entry's ``bytes`` (llama-server: the text sent with the token, held-back bytes included)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in value):
+        raise RefimplError(f"{where}: 'bytes' must be a list of byte values 0..255")
+    return bytes(value)
+
+
+def _entry(e, where: str, post: bool) -> tuple[int | None, StepProbs, bytes | None]:
+    """One ``completion_probabilities`` / ``logprobs.content`` entry → (id, StepProbs, bytes or None)."""
     if not isinstance(e, dict):
         raise RefimplError(f"{where}: a log-prob entry must be an object")
     tok = _int_id(e["id"], f"{where} 'id'") if "id" in e else _int_id(e.get("token"), f"{where} 'token'")
@@ -154,25 +172,25 @@ def _entry(e, where: str, post: bool) -> tuple[int | None, float | None, tuple]:
         tlp = None if post else _logprob(t.get("logprob"), f"{where} top_logprobs[{j}]")
         if tid is not None and tlp is not None:
             top.append((tid, tlp))
-    return tok, lp, tuple(top)
+    return tok, StepProbs(lp, tuple(top)), _raw(e.get("bytes"), f"{where} 'bytes'")
 
 
-def _legacy(lp: dict, where: str) -> tuple[list[int | None], list]:
-    """OpenAI legacy completion ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` dicts."""
+def _legacy(lp: dict, where: str) -> list:
+    """OpenAI legacy completion ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` dicts → entries."""
     toks, lps, tops = lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
     if not all(isinstance(x, list) for x in (toks, lps, tops)):
         raise RefimplError(f"{where}: logprobs.tokens / token_logprobs / top_logprobs must be lists")
-    ids = [_int_id(t, f"{where} logprobs.tokens[{i}]") for i, t in enumerate(toks)]
-    steps = []
-    for i in range(len(ids)):
+    entries = []
+    for i, t in enumerate(toks):
         top_d = tops[i] if i < len(tops) else None
         if top_d is not None and not isinstance(top_d, dict):
             raise RefimplError(f"{where}: logprobs.top_logprobs[{i}] must be an object or null")
         top = tuple((tid, v) for k, x in (top_d or {}).items()
                     if (tid := _int_id(k, f"{where} top_logprobs[{i}]")) is not None
                     and (v := _logprob(x, f"{where} top_logprobs[{i}]")) is not None)
-        steps.append(StepProbs(_logprob(lps[i] if i < len(lps) else None, f"{where} token_logprobs[{i}]"), top))
-    return ids, steps
+        lp_i = _logprob(lps[i] if i < len(lps) else None, f"{where} token_logprobs[{i}]")
+        entries.append((_int_id(t, f"{where} logprobs.tokens[{i}]"), StepProbs(lp_i, top), None))
+    return entries
 
 
 def _choice(obj: dict, where: str) -> dict | None:
@@ -188,63 +206,116 @@ def _choice(obj: dict, where: str) -> dict | None:
     return choices[0]
 
 
-def _one(obj: dict, where: str, post: bool) -> tuple[list[int], list, bool, str]:
-    """One response object or chunk → (ids, per-id StepProbs or None, has log-probs, kind)."""
+@dataclass
+class _Part:
+    """What one response object or chunk says."""
+
+    kind: str
+    ids: list | None  # every id it generated, named outright ('tokens', vLLM's token_ids); None: only its entries name ids
+    entries: list  # [(id, StepProbs, bytes or None)]: its log-prob entries, in order
+    has: bool = False  # it carries log-probs
+    text: str | None = None  # the text it sends (content, text, delta.content)
+    count: int | None = None  # llama-server's tokens_predicted: tokens sampled so far, sent or held back
+    total: int | None = None  # usage.completion_tokens
+
+
+def _count(value, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RefimplError(f"{where} must be a count ≥ 0, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _one(obj: dict, where: str, post: bool) -> _Part:
+    """One response object or chunk → :class:`_Part`."""
     if "choices" in obj:
+        usage = obj.get("usage")
+        total = _count(usage.get("completion_tokens"), f"{where}: usage.completion_tokens") if isinstance(usage, dict) else None
         c = _choice(obj, where)
         if c is None:
-            return [], [], False, "openai"
+            return _Part("openai", None, [], total=total)
         kind = "openai chat" if ("message" in c or "delta" in c) else "openai completion"
         lp = c.get("logprobs")
-        ids, steps, has = [], [], False
+        entries, has = [], False
         if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-            for i, e in enumerate(lp["content"]):
-                tok, v, top = _entry(e, f"{where} logprobs.content[{i}]", post)
-                ids.append(tok)
-                steps.append(StepProbs(v, top))
+            entries = [_entry(e, f"{where} logprobs.content[{i}]", post) for i, e in enumerate(lp["content"])]
             has = True
         elif isinstance(lp, dict) and "tokens" in lp:
-            ids, steps = _legacy(lp, where)
-            has = True
+            entries, has = _legacy(lp, where), True
         elif lp is not None and not isinstance(lp, dict):
             raise RefimplError(f"{where}: 'logprobs' must be an object or null")
+        ids = None
         if c.get("token_ids") is not None:  # vLLM return_token_ids
-            given = _ids_list(c["token_ids"], f"{where}: token_ids")
-            if ids and len(ids) == len(given) and any(a is not None and a != b for a, b in zip(ids, given)):
-                raise RefimplError(f"{where}: token_ids and the log-prob entries' ids disagree")
-            if ids and len(ids) != len(given):
-                steps, has = [], False
-            ids = given
-        if any(t is None for t in ids):
+            ids = _ids_list(c["token_ids"], f"{where}: token_ids")
+            if any(tok is None for tok, _, _ in entries):  # entries that name text: placed by position, or not at all
+                entries = [(t, sp, raw) for t, (_, sp, raw) in zip(ids, entries)] if len(entries) == len(ids) else []
+                has = has and bool(entries)
+        elif any(tok is None for tok, _, _ in entries):
             raise RefimplError(f"{where}: the log-prob tokens are text, not ids: request ids (vLLM: return_tokens_as_token_ids "
                                "or return_token_ids; llama-server's /v1 endpoints give 'id')")
         msg = c.get("delta") or c.get("message") or {}
         if not isinstance(msg, dict):
             raise RefimplError(f"{where}: choices[0].delta / message must be an object")
         text = c.get("text") if "text" in c else msg.get("content")
-        if text and not ids:
+        if text and not entries and not ids:
             raise RefimplError(f"{where}: the response has text but no token ids: request log-probs with ids "
                                "(logprobs; vLLM: return_tokens_as_token_ids or return_token_ids)")
-        return ids, steps if has else [None] * len(ids), has, kind
+        return _Part(kind, ids, entries, has, text if isinstance(text, str) else None, total=total)
     # llama-server /completion
     toks = obj.get("tokens") if obj.get("tokens") is not None else []
     toks = _ids_list(toks, f"{where}: 'tokens'")
+    count = _count(obj.get("tokens_predicted"), f"{where}: 'tokens_predicted'")
+    text = obj.get("content") if isinstance(obj.get("content"), str) else None
     cp = obj.get("completion_probabilities")
     if cp is None:
         if obj.get("content") and not toks:
             raise RefimplError(f"{where}: the response has content but no token ids: request \"return_tokens\": true or n_probs")
-        return toks, [None] * len(toks), False, "llama-server /completion"
+        return _Part("llama-server /completion", toks or None, [], False, text, count)
     if not isinstance(cp, list):
         raise RefimplError(f"{where}: 'completion_probabilities' must be a list")
     entries = [_entry(e, f"{where} completion_probabilities[{i}]", post) for i, e in enumerate(cp)]
     if any(tok is None for tok, _, _ in entries):
         raise RefimplError(f"{where}: a completion_probabilities entry has no integer 'id'")
-    if not toks:
-        toks = [tok for tok, _, _ in entries]
-    if [tok for tok, _, _ in entries] != toks[:len(entries)]:
-        raise RefimplError(f"{where}: 'tokens' and the ids of 'completion_probabilities' disagree")
-    steps = [StepProbs(v, top) for _, v, top in entries] + [None] * (len(toks) - len(entries))
-    return toks, steps, True, "llama-server /completion"
+    return _Part("llama-server /completion", toks or None, entries, True, text, count)
+
+
+def _placed(ids: list[int], entries: list, pieces, where: str) -> list:
+    """Each of ``ids``' StepProbs or None: the entries placed on them (response_align.align_entries)."""
+    return align_entries(ids, [(t, sp) for t, sp, _ in entries], pieces, where) if entries else [None] * len(ids)
+
+
+def _lossless(text: str | None) -> bytes | None:
+    """A chunk's text as the bytes the server sent, unless JSON replaced invalid bytes (U+FFFD)."""
+    return None if text is None or "\ufffd" in text else text.encode("utf-8")
+
+
+def _chunk_units(parts: list[_Part], pieces, where: str) -> tuple[list[Sent], int | None]:
+    """A streamed answer's tokens in order (:class:`Sent`) and the count the server gives, if any."""
+    units, before, total = [], 0, None
+    for i, p in enumerate(parts):
+        w = f"{where}: chunk {i}"
+        if p.total is not None:
+            total = p.total
+        if p.ids is None:  # OpenAI forms; a /completion chunk without 'tokens' (its entries name the ids)
+            units += [Sent(t, sp, raw) for t, sp, raw in p.entries]
+            if p.count is not None:
+                total = max(p.count, total or 0)
+            continue
+        steps = _placed(p.ids, p.entries, pieces, w)
+        raw = p.entries[0][2] if p.entries and p.entries[0][0] == p.ids[0] else None
+        raw = raw if raw is not None else _lossless(p.text)
+        held = None
+        if p.count is not None:
+            held = p.count - (before or 0) - len(p.ids) if before is not None else None
+            if held is not None and held < 0:
+                raise RefimplError(f"{w}: 'tokens_predicted' {p.count} counts fewer tokens than the chunks so far give")
+            total = max(p.count, total or 0)
+        before = p.count
+        if len(p.ids) > 1:  # one chunk, several tokens: its text covers them all
+            raw = None
+        units += [Sent(t, sp, raw if j == 0 else None, held if j == 0 else 0) for j, (t, sp) in enumerate(zip(p.ids, steps))]
+    return units, total
 
 
 def _prompt(obj: dict, where: str) -> tuple[list[int] | None, str | None]:
@@ -258,8 +329,11 @@ def _prompt(obj: dict, where: str) -> tuple[list[int] | None, str | None]:
     return None, p if isinstance(p, str) and p else None
 
 
-def read_response(text: str, where: str) -> tuple[list[int], list[int] | None, ResponseInfo]:
-    """A server response (module docstring) → (generated ids, prompt ids or None, :class:`ResponseInfo`)."""
+def read_response(text: str, where: str, tokenizer=None) -> tuple[list[int], list[int] | None, ResponseInfo]:
+    """A server response (module docstring) → (generated ids, prompt ids or None, :class:`ResponseInfo`).
+    ``tokenizer``: the oracle's (refimpl.tokenizer.Tokenizer), which places entries around the tokens llama-server
+    held back and recovers the ids it did not send (refimpl.oracle.response_align); None: an answer that leaves
+    ids out is refused in one line."""
     objs, chunked = _objects(text, where)
     if not objs:
         raise RefimplError(f"{where}: the response holds no JSON objects")
@@ -281,15 +355,11 @@ def read_response(text: str, where: str) -> tuple[list[int], list[int] | None, R
     post = any(o.get("generation_settings", {}).get("post_sampling_probs") is True for o in objs if isinstance(o.get("generation_settings"), dict))
     post = post or any(isinstance(e, dict) and "top_probs" in e for o in objs
                        if isinstance(o.get("completion_probabilities"), list) for e in o["completion_probabilities"])
-    ids, steps, has, kinds = [], [], False, []
+    parts = []
     prompt, prompt_text, draft_n, draft_acc = None, None, None, None
     for i, o in enumerate(objs):
         w = f"{where}: chunk {i}" if chunked else where
-        t, s, h, kind = _one(o, w, post)
-        ids += t
-        steps += s
-        has = has or h
-        kinds.append(kind)
+        parts.append(_one(o, w, post))
         p, ptext = _prompt(o, w)
         prompt, prompt_text = p if p is not None else prompt, ptext if ptext is not None else prompt_text
         timings = o.get("timings")
@@ -297,8 +367,19 @@ def read_response(text: str, where: str) -> tuple[list[int], list[int] | None, R
             draft_n, draft_acc = timings.get("draft_n"), timings.get("draft_n_accepted")
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in (draft_n, draft_acc)):
                 raise RefimplError(f"{w}: timings.draft_n / draft_n_accepted must be integers")
-    if not ids:
+    if not any(p.ids or p.entries for p in parts):
         raise RefimplError(f"{where}: the response holds no generated token ids")
-    kind = next((k for k in kinds if k != "openai"), "openai")
+    pieces = Pieces(tokenizer) if tokenizer is not None else None
+    recovered, unread = (), 0
+    if not chunked and parts[0].ids is not None:  # every id named: the entries placed on them
+        ids, steps = parts[0].ids, _placed(parts[0].ids, parts[0].entries, pieces, where)
+    else:
+        whole = None if chunked else parts[0]
+        units, total = _chunk_units(parts, pieces, where) if chunked else (
+            [Sent(t, sp, raw) for t, sp, raw in whole.entries], whole.count if whole.total is None else whole.total)
+        ids, steps, recovered, unread = recover(units, total, pieces, where, whole.text if whole is not None else None)
+    has = any(p.has for p in parts) and not post
+    kind = next((p.kind for p in parts if p.kind != "openai"), "openai")
     fmt = kind + (", streamed" if chunked else "")
-    return ids, prompt, ResponseInfo(fmt, tuple(steps) if has and not post else None, post, draft_n, draft_acc, prompt_text)
+    return ids, prompt, ResponseInfo(fmt, tuple(steps) if has else None, post, draft_n, draft_acc, prompt_text,
+                                     missing_reasons(ids, steps, pieces) if has else (), recovered, unread)

@@ -54,7 +54,7 @@ def read_stream(path: str | os.PathLike, label: str, tokenizer, any_source: bool
     from refimpl.oracle.responses import looks_like_response, read_response
 
     if looks_like_response(text):  # llama-server /completion, OpenAI-style (refimpl.oracle.responses)
-        ids, prompt, info = read_response(text, f"{path}: stream {label}")
+        ids, prompt, info = read_response(text, f"{path}: stream {label}", tokenizer)
         if prompt is None and info.prompt_text is not None and tokenizer is not None:
             prompt = tokenizer.encode(info.prompt_text, parse_special=True)
         return Stream(label, str(path), "response", ids, prompt, response=info)

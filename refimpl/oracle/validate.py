@@ -226,10 +226,11 @@ def completion(ident: Identity, prompt: list[int], n_predict: int, draft: int | 
         raise RefimplError(f"{url}/completion: malformed response, not UTF-8") from None
 
 
-def read_answer(text: str, where: str, api: str = "llama"):
-    """A completion answer → (ids, ResponseInfo) by :func:`refimpl.oracle.responses.read_response`; anything
-    else is a one-line "malformed response"; an OpenAI answer without token ids is refused in one line
-    (refimpl.oracle.validate_openai.check_ids)."""
+def read_answer(text: str, where: str, api: str = "llama", tokenizer=None):
+    """A completion answer → (ids, ResponseInfo) by :func:`refimpl.oracle.responses.read_response` (``tokenizer``:
+    MODEL's, which places the log-probs around the tokens llama-server held back and recovers the ids its
+    ``/v1`` answers leave out); anything else is a one-line "malformed response"; an OpenAI answer without
+    token ids is refused in one line (refimpl.oracle.validate_openai.check_ids)."""
     from refimpl.oracle.responses import looks_like_response, read_response
 
     if not looks_like_response(text):
@@ -238,7 +239,7 @@ def read_answer(text: str, where: str, api: str = "llama"):
         from refimpl.oracle.validate_openai import check_ids
 
         check_ids(text, where)
-    ids, _, info = read_response(text, where)
+    ids, _, info = read_response(text, where, tokenizer)
     return ids, info
 
 

@@ -102,7 +102,7 @@ def patch_names(recorded: list[str]) -> list[str]:
 class Diff:
     name: str
     max_abs: float
-    rel: float  # max |Δ| over the scale of the bound (bits: elements that differ)
+    rel: float  # max |Δ| / max |engine row| (a text dump: over the scale of its bound)
     bound: float
     departs: bool
     detail: str = ""  # e.g. "3 of 64 elements differ"
@@ -177,13 +177,13 @@ def _diff(name: str, mine: np.ndarray, eng: np.ndarray, bound: Bound) -> Diff:
     mine, eng = np.ascontiguousarray(mine, np.float32), np.ascontiguousarray(eng, np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         delta = np.abs(mine.astype(np.float64) - eng.astype(np.float64))
-    nan_apart = np.isnan(mine) != np.isnan(eng)
-    max_abs = float("inf") if nan_apart.any() else float(np.nanmax(delta)) if delta.size else 0.0
+    delta[(mine == eng) | (np.isnan(mine) & np.isnan(eng))] = 0.0  # equal infinities, NaN where both have one
+    max_abs = float(np.nan_to_num(delta, nan=np.inf).max(initial=0.0))  # NaN on one side only: departs
+    scale = float(np.abs(eng[np.isfinite(eng)]).max(initial=0.0))  # the finite values' scale
+    rel = max_abs / scale if scale > 0 and np.isfinite(max_abs) else (0.0 if max_abs == 0 else float("inf"))
     if bound.scale == "bits":
         n = int((mine.view(np.uint32) != eng.view(np.uint32)).sum())
-        return Diff(name, max_abs, float(n), 0.0, n > 0, f"{n} of {mine.size} values differ" if n else "")
-    scale = float(np.nanmax(np.abs(eng))) if eng.size else 0.0
-    rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+        return Diff(name, max_abs, rel, 0.0, n > 0, f"{n} of {mine.size} values differ" if n else "")
     return Diff(name, max_abs, rel, bound.value, not rel <= bound.value)
 
 
@@ -326,7 +326,7 @@ def _fmt(x: float) -> str:
 
 def _describe(d: Diff) -> str:
     if d.detail and d.bound == 0:
-        return f"{d.detail}, max |Δ| {_fmt(d.max_abs)}; bound 0 (bit for bit)"
+        return f"{d.detail}, max |Δ| {_fmt(d.max_abs)} = {_fmt(d.rel)} of max |row|; bound 0 (bit for bit)"
     return f"max |Δ| {_fmt(d.max_abs)} = {_fmt(d.rel)} of its scale; bound {d.bound:g}" + (f" ({d.detail})" if d.detail else "")
 
 

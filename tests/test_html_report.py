@@ -374,3 +374,16 @@ def test_html_is_refused_where_no_stream_audit_runs(runs, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
     assert not (tmp_path / "p.html").exists()
+
+
+def test_the_log_prob_verdict_is_on_the_page(tmp_path):
+    """A server response's ``probs`` result (llama-server's recorded /v1 answer, tests/data/responses) as the JSON
+    has it, in the table and in its own folded section."""
+    answer = str(Path(__file__).parent / "data" / "responses" / "llama-server-v1c.json")
+    argv = ["audit", MODEL, answer, "--prompt-tokens", ",".join(map(str, PROMPT))]
+    j = json.loads(_run(argv + ["--json"])[1])
+    assert _run(argv + ["--html", str(tmp_path / "p.html")])[0] == j["exit_code"]
+    tree = dom((tmp_path / "p.html").read_text(encoding="utf-8"))
+    verdict = j["probs"]["A"]["verdict"]
+    assert tree.find_all("table", "verdicts")[0].find_all("td")[6].text() == f"probs A: {verdict}"
+    assert f"Log-probs of A: {verdict}" in [s.text() for s in tree.find_all("summary")]

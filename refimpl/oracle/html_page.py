@@ -137,8 +137,7 @@ def facts(obj: dict, skip=()) -> str:
     for k, v in obj.items():
         if k in skip:
             continue
-        text = v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)
-        text = str(text)
+        text = v if isinstance(v, str) else format(v, ".6g") if isinstance(v, float) else json.dumps(v)
         rows.append([esc(k), esc(text if len(text) <= 300 else text[:299] + "…")])
     return table(["field", "value"], rows, "facts")
 

@@ -115,7 +115,9 @@ def _divergence(rep, j: dict, tok) -> list[str]:
     out.append(_oracle_table(tok, d))
     reproduced = "" if "reproduced" not in d else f"; llama.cpp's own batches {'compute' if d['reproduced'] else 'do not compute'} it"
     out.append(f"<p>Margin {num(o['margin'])} = {pct(o['margin'], o['max_abs'])} of max|logit| {num(o['max_abs'])}; "
-               f"near-tie threshold {num(o['threshold'])} (τ = {num(j['threshold'], 'g')}); "
+               f"near-tie threshold {num(o['threshold'])} (τ = {num(j['threshold'], 'g')}"
+               + ("; --threshold auto: the floor, each stream judged by its calibrated threshold below" if j.get("threshold_auto") else "")
+               + "); "
                f"verdict <b class=\"{verdict_class(d['kind'])}\">{esc(d['kind'])}</b>{esc(reproduced)}.</p>")
     return out
 
@@ -124,6 +126,7 @@ def _findings(j: dict, tok) -> list[str]:
     if not j["findings"]:
         return []
     who = {"A+B": "both (common prefix)"}
+    engine = any(f.get("engine") for f in j["findings"])
     rows = []
     for f in sorted(j["findings"], key=lambda f: f["step"]):
         lab, t = next(iter(f["tokens"].items()))
@@ -132,30 +135,46 @@ def _findings(j: dict, tok) -> list[str]:
                      f'<td class="num">{o["rank"][str(t)]}</td>', f'<td class="num">{num(f["deficit"][lab])}</td>',
                      pct(f["deficit"][lab], o["max_abs"]), token_label(tok, o["top_ids"][0]), token_label(tok, o["top_ids"][1]),
                      f"{num(o['margin'])} ({pct(o['margin'], o['max_abs'])})", verdict_cell(f["kind"])]
-                    + ([esc("reproduced" if f["reproduced"] else "not reproduced")] if "reproduced" in f else []))
+                    + ([esc("reproduced" if f["reproduced"] else "not reproduced")] if "reproduced" in f else [])
+                    + ([esc(_engine(f.get("engine")))] if engine else []))
     head = ["step", "stream", "token", "rank", "below the top-1", "of max|logit|", "oracle top-1", "oracle top-2",
-            "oracle margin", "verdict"] + (["llama.cpp"] if "reproduced" in j["findings"][0] else [])
+            "oracle margin", "verdict"] + (["llama.cpp"] if "reproduced" in j["findings"][0] else []) + (
+            ["the engine's own log-probs (--threshold auto)"] if engine else [])
     return ["<h3>Departures: tokens that are not the oracle's argmax (given each stream's own history)</h3>",
             table(head, rows, "findings")]
 
 
+def _engine(e: dict | None) -> str:
+    """--threshold auto: a finding's evidence from the engine's own log-probs, per stream (refimpl.oracle.calibrate)."""
+    return "; ".join(f"{lab}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items())
+                     for lab, d in (e or {}).items()) or "—"
+
+
 def _extras(j: dict) -> list[str]:
-    out = []
-    for lab, p in j["probs"].items():
-        out += [f"<h3>Log-probs of {esc(lab)}: {esc(p.get('verdict'))}</h3>", facts(p)]
-    for lab, r in j["rounds"].items():
-        out += [f"<h3>Rounds of {esc(lab)}: {esc(r.get('verdict'))}</h3>", facts(r)]
+    """The log-prob, round, prediction and calibration results, field by field; folded unless they fail."""
+    parts = [(f"Log-probs of {lab}: {p.get('verdict')}", p) for lab, p in j["probs"].items()]
+    parts += [(f"Rounds of {lab}: {r.get('verdict')}", r) for lab, r in j["rounds"].items()]
     if "reproduce" in j:
-        out += ["<h3>llama.cpp's predicted streams (--emulate=ggml)</h3>", facts(j["reproduce"])]
-    return out
+        parts.append(("llama.cpp's predicted streams (--emulate=ggml)", j["reproduce"]))
+    parts += [(f"Near-tie threshold of {lab} (--threshold auto): {100 * c['tau']:.3g}% of max|logit|"
+               if isinstance(c.get("tau"), float) else f"Near-tie threshold of {lab} (--threshold auto)", c)
+              for lab, c in (j.get("calibration") or {}).items()]  # refimpl.oracle.calibrate
+    return [f'<details{" open" if obj.get("exit_code") else ""}><summary>{esc(title)}</summary>{facts(obj)}</details>'
+            for title, obj in parts]
+
+
+def threshold_text(j: dict) -> str:
+    """The near-tie threshold as the text report states it: τ, or auto with τ the floor."""
+    tau = num(100 * j["threshold"], "g")
+    return f"auto per stream (floor {tau}%)" if j.get("threshold_auto") else f"{tau}% of max|logit|"
 
 
 def _pictures(rep, j: dict, tok, name: str) -> list[str]:
     out = ["<h3>Margins along each stream (refimpl plot audit)</h3>"]
     for s in rep.streams:
         title = f"{name}{s.label}: {s.source}; first divergence {j['verdict']}"
-        out.append(margin_picture(s.tokens, rep.margins.get(s.label, {}), j["threshold"], j["verdict"], title,
-                                  lambda t: tok.decode([t])))
+        tau = ((j.get("calibration") or {}).get(s.label) or {}).get("tau", j["threshold"])  # --threshold auto: its own
+        out.append(margin_picture(s.tokens, rep.margins.get(s.label, {}), tau, j["verdict"], title, lambda t: tok.decode([t])))
     return out
 
 
@@ -191,8 +210,7 @@ _ROW_HEAD = ["verdict", "common prefix", "divergence step", "near-ties", "wrong"
 
 def _meta(j: dict, tok) -> list[str]:
     emulate = "on" if j["emulate"] else "off"
-    return [f'<p class="meta">model {esc(j["model"])}; emulate {esc(emulate)}; near-tie threshold '
-            f"{num(100 * j['threshold'], 'g')}% of max|logit|</p>",
+    return [f'<p class="meta">model {esc(j["model"])}; emulate {esc(emulate)}; near-tie threshold {threshold_text(j)}</p>',
             f'<details><summary>prompt: {len(j["prompt_tokens"])} ids</summary><div class="toks">'
             + "".join(f'<span class="t" title="id {t}">{token_text(tok, t)}</span>' for t in j["prompt_tokens"]) + "</div></details>"]
 
@@ -253,8 +271,10 @@ def validate_page(doc: dict, reports: list, cells: list[str], tok) -> str:
     tally = Counter(r["verdict"] for r in doc["results"])
     body = ["<h1>refimpl validate</h1>",
             f'<p class="meta">model {esc(doc["model"])}; {len(by_prompt)} prompts, {doc["n_predict"]} tokens each, greedy with '
-            f'top-{doc["n_probs"]} log-probs; near-tie threshold {num(100 * doc["threshold"], "g")}% of max|logit|</p>',
+            f'top-{doc["n_probs"]} log-probs; near-tie threshold {threshold_text(doc).replace("per stream", "per server")}</p>',
             table(["server", "URL", "API", "model", "agrees with MODEL on"], servers, "servers"),
+            *[f"<h3>Near-tie threshold of server {esc(lab)} (--threshold auto)</h3>\n" + facts(c)
+              for lab, c in (doc.get("calibration") or {}).items()],
             table(["prompt"] + columns, rows, "verdicts"),
             "<p>result: " + esc(", ".join(f"{v} {tally[v]}" for v in tally)) + f" → exit <span class=\"exit\">{doc['exit_code']}</span></p>",
             "<h2>Answers</h2>"]

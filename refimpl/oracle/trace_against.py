@@ -94,6 +94,14 @@ def our_name(name: str, ours) -> str:
     return name
 
 
+def other_kind(name: str, ours) -> bool:
+    """A per-layer name refimpl compares, of a layer the model has, that refimpl does not trace in that layer:
+    llama.cpp's name of another op there (qwen3next's attention calls its output gate ``gate``, the delta net's
+    name), or a name of the other layer kind that a dumper asked for in every layer."""
+    base, _, il = name.rpartition("-")
+    return bool(base) and il.isdigit() and base in COMPARABLE and any(n.endswith(f"-{il}") for n in ours)
+
+
 def patch_names(recorded: list[str]) -> list[str]:
     return [n for n in recorded if base_name(n) in PATCHED]
 
@@ -145,9 +153,10 @@ def check_arrays(dump: Dump, n_tokens: int) -> dict[str, np.ndarray]:
 
 def compare_arrays(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], config: str, ctx, local: bool,
                    where) -> list[PositionResult]:
-    """Per position, every intermediate both hold, in refimpl's (graph) order."""
+    """Per position, every intermediate both hold, in refimpl's (graph) order; the dump's names of ops refimpl
+    does not trace in that layer (:func:`other_kind`) are left out (the caller lists them)."""
     theirs = {our_name(n, ours): a for n, a in theirs.items()}
-    unknown = [n for n in theirs if n not in ours]
+    unknown = [n for n in theirs if n not in ours and not other_kind(n, ours)]
     if unknown:
         raise RefimplError(f"--against {where}: unknown intermediate '{unknown[0]}' (this model computes no such tensor)")
     T = next(iter(theirs.values())).shape[0]
@@ -209,7 +218,7 @@ def compare_texts(ours: dict[str, np.ndarray], dump: Dump, config: str, n_tokens
         key = "text" if rows == n_tokens or n_tokens == 1 or config != "ggml" else None
         bound = BOUNDS[(config, "text")] if key else BOUNDS[("emulate", "text")]
         result.diffs.append(_text_diff(name, flat, t, bound))
-    skipped = sorted(n for n in texts if n not in ours or base_name(n) not in COMPARABLE)
+    skipped = sorted(n for n in texts if n not in ours or base_name(n) not in COMPARABLE)  # every other printed tensor
     return result, skipped
 
 
@@ -259,7 +268,7 @@ class Report:
     positions: list[PositionResult]
     patched: list[str] = field(default_factory=list)  # fed from the engine (layer-local)
     unpatched: list[str] = field(default_factory=list)  # sites the dump lacks (end to end)
-    skipped: list[str] = field(default_factory=list)  # text: names not compared
+    skipped: list[str] = field(default_factory=list)  # the dump's names not compared (ops refimpl does not trace there)
     ours: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # refimpl's values, [T, n] each
 
     @property
@@ -315,9 +324,10 @@ def trace_against(model, tokens: list[int], dump: Dump, ctx, batch: int | None =
     unpatched = [n for n in patch_names(list(ours)) if n not in theirs] if config != "ggml" else []
     local = config != "ggml" and not unpatched
     positions = compare_arrays(ours, theirs, config, ctx, local, dump.path)
+    skipped = sorted(n for n in (our_name(m, ours) for m in theirs) if n not in ours)
     mode = "bit for bit" if config == "ggml" else "layer-local" if local else "end to end"
     return Report(dump, config, ctx.numerics(), mode, positions, sorted(values, key=list(ours).index), unpatched,
-                  ours=ours)
+                  skipped, ours=ours)
 
 
 def _fmt(x: float) -> str:
@@ -345,6 +355,9 @@ def format_report(r: Report) -> str:
     elif r.mode == "sums":
         lines.append(f"only sums (and the values llama-eval-callback printed) were compared, per tensor over positions "
                      f"{r.positions[0].label}; {len(r.skipped)} printed tensors are not compared by refimpl")
+    if r.skipped and r.mode != "sums":
+        lines.append(f"not compared: {', '.join(r.skipped[:6])}{', …' if len(r.skipped) > 6 else ''} (llama.cpp's names of "
+                     "ops refimpl does not trace in those layers)")
     first_any = None
     for p in r.positions:
         dep = p.departing

@@ -387,3 +387,12 @@ def test_the_log_prob_verdict_is_on_the_page(tmp_path):
     verdict = j["probs"]["A"]["verdict"]
     assert tree.find_all("table", "verdicts")[0].find_all("td")[6].text() == f"probs A: {verdict}"
     assert f"Log-probs of A: {verdict}" in [s.text() for s in tree.find_all("summary")]
+
+
+def test_a_prompt_that_differs_gets_a_page_too(runs, tmp_path):
+    """The stream's prompt_tokens are not --prompt-tokens: nothing is audited, exit 1, and the page says why."""
+    argv = ["audit", MODEL, str(runs["root"] / "A.json"), "--prompt-tokens", "1063,356,473"]
+    assert _run(argv + ["--html", str(tmp_path / "p.html")]) == _run(argv)
+    j = json.loads(_run(argv + ["--json"])[1])
+    (cell,) = dom((tmp_path / "p.html").read_text(encoding="utf-8")).find_all("td", "verdict")
+    assert cell.attrs["data-verdict"] == j["verdict"] == "prompt differs" and j["exit"] == 1

@@ -263,7 +263,8 @@ def _audit_dir(args) -> int:
         prompt = tok.encode(args.prompt, parse_special=True)
     pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
     ctx = ctx_from_args(args)
-    numerics = {"act_quant": ctx.act_quant, "kv_f16": ctx.kv_f16, "flash_attn": ctx.flash_attn}
+    numerics = {k: getattr(ctx, k) for k in ("act_quant", "kv_f16", "flash_attn", "ggml", "n_ubatch", "n_threads", "n_ctx",
+                                             "repack", "ggml_accepted")}  # --emulate=ggml's fields too
     reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
                           model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache)
     if args.json:

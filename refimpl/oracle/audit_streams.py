@@ -86,7 +86,8 @@ def _pair_task(numerics: dict, tau: float, model_name: str, job, pair: Pair) -> 
 def audit_pairs(path: Path, pairs: list[Pair], *, numerics: dict | None = None, kernel: str = "numba", tau: float = TIE_THRESHOLD,
                 model_name: str = "", jobs: int = 1, cluster: str | None = None, cache_mb=None) -> list[Report]:
     """:func:`refimpl.oracle.audit.audit` of every pair, in order (here, in ``jobs`` processes or on a Dask ``cluster``);
-    ``numerics``: the Ctx fields of the emulation (``act_quant``, ``kv_f16``, ``flash_attn``; default none)."""
+    ``numerics``: the Ctx fields of the emulation (``act_quant``, ``kv_f16``, ``flash_attn``, and with --emulate=ggml
+    ``ggml``, ``n_ubatch``, ``n_threads``, ``n_ctx``, ``repack``, ``ggml_accepted``; default none)."""
     from refimpl.fixtures.builtin import sha256_file
     from refimpl.oracle.golden_run import ModelJob, run_tasks
 

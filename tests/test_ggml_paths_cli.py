@@ -1,0 +1,161 @@
+"""Every command on every emulated path: ``refimpl run``, ``logits``, ``audit``, ``golden make`` (and ``golden
+check``) and ``validate`` with ``--emulate=ggml``, once per entry of ``kernels.ggml.build.EMULATED_PATHS`` — the one
+table of the paths —, each on the library the suite builds that takes that path (tests/ggml_graph.py: the
+native one, llama-cpp-python's own ``lib/``; ``$LLAMA_TOOLS_DIR/ggml-avx2/lib``; ``…/ggml-generic/lib``), chosen with
+``LLAMA_CPP_LIB_PATH`` as a user would. A new entry in the table is a new case here: without a library that takes
+it, the case fails under ``CI=true`` (so does a missing library); without a command working on it, it fails.
+
+Each command exits 0 and names the path and the ggml version it follows on stderr, and what it computes is that
+library's: ``logits`` equals llama.cpp's logits on the same library bit for bit (tests/llama_trace.py), ``run``'s
+greedy stream equals llama.cpp's (tests/llama_ref.py), ``audit`` finds that stream clean and predicts it with the
+path in its report (so does ``audit --streams DIR``), the golden file records the path and holds the same stream, ``golden check`` recomputes it,
+and ``validate`` judges a real llama-server (tests/test_validate_server.py) with the path in its report.
+
+Cost: ~15 s per path on 2 shared vCPUs once the ggml kernels are compiled (the llama.cpp subprocesses and the
+llama-server's start dominate); the kernels' first compilation, shared with tests/test_ggml_e2e.py, is not counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import require_llama_tool
+from ggml_graph import WITH_GENERIC, both_paths, build_info
+from llama_ref import llama_run
+from llama_trace import llama_trace
+
+from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION
+from refimpl.cli import main
+from refimpl.fixtures.builtin import TRAINED_PATH
+
+pytestmark = pytest.mark.oracle
+
+TEXT = "In the beginning God created the heaven and the earth. And the earth was without form"
+N_PROMPT, N_PREDICT = 8, 6
+# llama_ref's context (one token per llama_decode, n_ubatch 8, 1 thread) as refimpl's flags: the same computation
+LLAMA_REF = ["--threads", "1", "--ubatch-size", "8"]
+
+
+@functools.cache
+def prompt() -> list[int]:
+    from refimpl.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(TRAINED_PATH).encode(TEXT)[:N_PROMPT]
+
+
+def library_for(path: str):
+    """The :class:`kernels.ggml.build.GgmlBuild` of the first library the suite builds that takes ``path``. Every
+    build is required (tests/ggml_graph.py's require_build: a failure under CI=true, a skip elsewhere); a path none
+    of them takes fails, except AVX-512 on a host that cannot run an AVX-512 library (the native build is then AVX2)."""
+    builds = [build_info(b) for b in WITH_GENERIC]
+    for b in builds:
+        if b.path == path:
+            return b
+    if path == "avx512" and not both_paths():  # pragma: no cover - depends on the host
+        pytest.skip("this host cannot run an AVX-512 libggml: the native build is an AVX2 one")
+    pytest.fail(f"no library the suite builds takes the {path!r} path of kernels.ggml.build.EMULATED_PATHS "  # pragma: no cover
+                f"(builds: {', '.join(f'{w} {b.path}' for w, b in zip(WITH_GENERIC, builds))}): add one to "
+                ".ci/build-llama-tools and tests/ggml_graph.py")
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    """A real llama-server (the native build of .ci/build-llama-tools) serving the built-in model."""
+    from test_validate_server import KJV, llama_servers
+
+    server = require_llama_tool("llama-server")
+    with llama_servers(server, [["-m", str(KJV)]]) as urls:
+        yield urls[0]
+
+
+def said(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("emulating ")]
+
+
+@pytest.mark.parametrize("key", [p.key for p in EMULATED_PATHS])
+def test_every_command_on_the_path(key, server_url, tmp_path, monkeypatch, capsys):
+    entry = next(p for p in EMULATED_PATHS if p.key == key)
+    build = library_for(key)
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(build.lib_dir))
+    line = f"emulating ggml-cpu {entry.name} ("
+    version = f"ggml {GGML_VERSION} (commit {build.commit})"
+    numerics = f"ggml-cpu {entry.name} bit for bit, ggml {GGML_VERSION}: "
+    ids = ",".join(map(str, prompt()))
+
+    def command(*argv) -> tuple[str, str]:
+        rc = main(list(argv))
+        out, err = capsys.readouterr()
+        assert rc == 0, f"refimpl {argv[0]} on the {key} path: exit {rc}\n{err[-2000:]}"
+        names = said(err)
+        assert len(names) == 1 and names[0].startswith(line) and names[0].endswith(f"from {build.lib_dir}, {version}"), err
+        return out, err
+
+    # logits: llama.cpp's own logits on this library (its defaults: F16 K/V, flash attention; the prompt as one batch)
+    logits = tmp_path / "logits.npy"
+    command("logits", str(TRAINED_PATH), "--emulate=ggml", "--threads", "1", "--tokens", ids, "--out", str(logits))
+    want = llama_trace(TRAINED_PATH, prompt(), (), n_threads=1, n_batch=512, n_ubatch=512, type_k="f16", type_v="f16",
+                       flash_attn="on")["logits"]
+    got = np.load(logits)
+    assert np.array_equal(got.view(np.uint32), np.ascontiguousarray(want, np.float32).reshape(got.shape).view(np.uint32))
+
+    # run: llama.cpp's greedy stream on this library
+    out, _ = command("run", str(TRAINED_PATH), "--emulate=ggml", *LLAMA_REF, "--tokens", ids, "-n", str(N_PREDICT), "--json")
+    stream, out_run = json.loads(out), out
+    theirs = llama_run(TRAINED_PATH, prompt(), n_generate=N_PREDICT, defaults=True, n_threads=1).tokens.tolist()
+    assert stream["prompt_tokens"] + stream["tokens"] == theirs
+    stream_file = tmp_path / "stream.json"
+    stream_file.write_text(out)
+
+    # audit: that stream, identical, and predicted (reproduced) by llama.cpp's own loop on this path
+    out, _ = command("audit", str(TRAINED_PATH), str(stream_file), "--emulate=ggml", *LLAMA_REF, "--json")
+    report = json.loads(out)
+    assert report["verdict"] == "clean" and report["exit_code"] == 0, report
+    assert report["numerics"].startswith(numerics) and "reproduce" in report
+    pairs = tmp_path / "pairs"  # audit --streams DIR: the same stream as a pair's A, audited in the same emulation
+    pairs.mkdir()
+    (pairs / "p.A.json").write_text(out_run)
+    out, _ = command("audit", str(TRAINED_PATH), "--streams", str(pairs), "--emulate=ggml", *LLAMA_REF, "--json")
+    (pair,) = json.loads(out)["pairs"]
+    assert pair["verdict"] == "clean" and pair["numerics"] == report["numerics"], pair
+
+    # golden make: the path and its llama.cpp settings in the header, the same stream; golden check recomputes it
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"tokens": prompt()}) + "\n")
+    golden = tmp_path / "g.golden.jsonl"
+    command("golden", "make", str(TRAINED_PATH), "--prompts", str(prompts), "--emulate=ggml", *LLAMA_REF, "-n",
+            str(N_PREDICT), "--out", str(golden))
+    header, record = (json.loads(x) for x in golden.read_text().splitlines()[:2])
+    assert header["settings"]["ggml"] == {"path": key, "version": GGML_VERSION, "n_ubatch": 8, "n_threads": 1,
+                                          "n_ctx": None, "repack": True}
+    assert header["settings"]["numerics"].startswith(numerics)
+    assert "--emulate=ggml" in header["regenerate"] and record["ids"] == stream["tokens"]
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH")  # golden check follows the recorded path, whatever library is here
+    assert main(["golden", "check", str(golden), str(TRAINED_PATH)]) == 0
+    out, err = capsys.readouterr()
+    assert f"emulate {numerics}" in out and not said(err), out
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(build.lib_dir))
+
+    # validate: a real llama-server (the native build) judged with this path's emulation
+    text_prompts = tmp_path / "prompts.txt"
+    text_prompts.write_text("In the beginning\n")
+    report_file = tmp_path / "validate.json"
+    out, _ = command("validate", "builtin:kjv", "--server", server_url, "--prompts", str(text_prompts), "-n", str(N_PREDICT),
+                     "--emulate=ggml", "--threads", "2", "--no-repack", "--ctx-size", "512", "--report", str(report_file),
+                     "--timeout", "60")
+    doc = json.loads(report_file.read_text())
+    assert f"emulate {numerics}" in out.splitlines()[0] and doc["numerics"].startswith(numerics)
+    assert [r["verdict"] for r in doc["results"]] == ["identical"] and doc["exit_code"] == 0, out
+
+
+def test_the_suite_builds_a_library_for_every_path_of_the_table():
+    """The libraries the suite builds take paths of the table, and every path of the table is taken by one (on a
+    host that runs AVX-512; elsewhere the native build is AVX2 and the AVX-512 path has no library here)."""
+    taken = {build_info(b).path for b in WITH_GENERIC}
+    keys = {p.key for p in EMULATED_PATHS}
+    assert taken <= keys
+    assert keys - taken == (set() if both_paths() else {"avx512"}), (
+        f"no library for {sorted(keys - taken)}" + (" (CI=true)" if os.environ.get("CI") == "true" else ""))

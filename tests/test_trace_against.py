@@ -229,3 +229,17 @@ def test_flags_without_against(capsys):
     assert "--json goes with --against DUMP" in capsys.readouterr().err
     assert main(["trace", "builtin:kjv", "--tokens", "1,2", "--against", "x", "--batch", "0"]) == 2
     assert "--batch must be positive" in capsys.readouterr().err
+
+
+def test_qwen3next_names(make_fixture, tmp_path, capsys):
+    """qwen3next.cpp names the token embedding model.embed_tokens and its attention's output gate 'gate' (the delta
+    net's name): the first is compared as refimpl's model.input_embed, the second listed as not compared."""
+    require_llama_cpp()
+    path = make_fixture(quant="q8_0", arch="qwen3next")
+    tokens = "11,42,7,300,5"
+    code = f"from refimpl.oracle.dumper import dump_llama; dump_llama({str(path)!r}, [{tokens}], {str(tmp_path / 'd')!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300)
+    assert (tmp_path / "d" / "model.embed_tokens.npy").is_file() and (tmp_path / "d" / "gate-3.npy").is_file()
+    rc = main(["trace", str(path), "--tokens", tokens, "--against", str(tmp_path / "d"), "--emulate=ggml", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["skipped"] == ["gate-3"] and report["positions"][0]["compared"] >= 80

@@ -52,9 +52,11 @@ def _marks(j: dict, label: str) -> dict[int, str]:
 
 
 def _closeness(d: dict, label: str) -> str:
-    """A token at the divergence: ok (the oracle's argmax), tie (within the near-tie threshold) or bad."""
-    deficit = d["deficit"][label]
-    return "ok" if deficit == 0 else "tie" if deficit <= d["oracle"]["threshold"] else "bad"
+    """A token at the divergence, by the divergence's verdict: bad (this stream is the wrong one), ok (the oracle's
+    argmax) or tie."""
+    if d["kind"] in (f"{label} wrong", "both wrong"):
+        return "bad"
+    return "ok" if d["deficit"][label] == 0 else "tie"
 
 
 def _continuation(tok, tokens: list[int], start: int, marks: dict[int, str], oracle: list[int] | None = None) -> str:
@@ -88,11 +90,15 @@ def _oracle_table(tok, d: dict) -> str:
 
 def _divergence(rep, j: dict, tok) -> list[str]:
     d = j["divergence"]
-    if d is None:
-        n = j["streams"][0]["n_tokens"]
-        if len(j["streams"]) == 1:
-            return [f"<p>No divergence: all {n} tokens of A are the oracle's argmax (A is the oracle's greedy stream).</p>"]
-        return [f"<p>No divergence: the streams agree on their common {j['common_prefix']} tokens.</p>"]
+    if d is None:  # as the text report says it (refimpl.oracle.audit.report_lines)
+        ns = [s["n_tokens"] for s in j["streams"]]
+        if len(ns) == 1:
+            return [f"<p>No divergence: all {ns[0]} tokens of A are the oracle's argmax (A is the oracle's greedy stream).</p>"]
+        if ns[0] == ns[1]:
+            return [f"<p>No divergence: the streams are identical ({ns[0]} tokens).</p>"]
+        longer = max(j["streams"], key=lambda s: s["n_tokens"])
+        return [f"<p>No divergence: {esc(longer['label'])} continues for {longer['n_tokens'] - j['common_prefix']} tokens "
+                "after the other ends.</p>"]
     k, o = d["step"], d["oracle"]
     (la, ta), (lb, tb) = d["tokens"].items()
     out = [f"<h3>First divergence at step {k} (position {len(j['prompt_tokens']) + k}): {esc(la)} has "

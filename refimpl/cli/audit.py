@@ -5,7 +5,7 @@ a stream has a wrong token (or its prompt ids differ from the oracle's)."""
 from __future__ import annotations
 
 from refimpl.cli.common import (add_numerics, add_scale_out, add_threshold, cache_mb, check_tokens, ctx_from_args,
-                                default_model, load_named, parse_tokens)
+                                default_model, load_named, parse_tokens, threshold_auto)
 from refimpl.errors import RefimplError
 
 
@@ -93,7 +93,7 @@ def cmd_audit(args) -> int:
         schedules = parse_schedules(args.draft if args.draft is not None else "0", len(streams))
         if args.schedule is not None:
             schedules = _logged_schedules(args.schedule, schedules, tok)
-    rep = audit(model, prompt, *streams, ctx=ctx, tau=args.threshold, model_name=str(args.model))
+    rep = audit(model, prompt, *streams, ctx=ctx, tau=float(args.threshold), model_name=str(args.model), auto=threshold_auto(args))
     if ctx.ggml:  # llama.cpp's own stream per schedule (refimpl.oracle.reproduce)
         from refimpl.oracle.reproduce import reproduce
 
@@ -226,6 +226,9 @@ def _audit_golden(args) -> int:
 
     if len(args.streams) != 1:
         raise RefimplError("audit GOLDEN takes one stream")
+    if threshold_auto(args):
+        raise RefimplError("--threshold auto calibrates on the engine's log-probs against the oracle's: it needs a MODEL, "
+                           "not a golden file (give the model, or a fixed --threshold)")
     for flag, value, default in (("--emulate", args.emulate, None), ("--flash-attn", args.flash_attn, None),
                                  ("--kv-type", args.kv_type, None), ("--kernel", args.kernel, "numba"),
                                  ("--jobs", args.jobs, 1), ("--cluster", args.cluster, None), ("--cache-mb", args.cache_mb, None)):
@@ -266,7 +269,8 @@ def _audit_dir(args) -> int:
     numerics = {k: getattr(ctx, k) for k in ("act_quant", "kv_f16", "flash_attn", "ggml", "n_ubatch", "n_threads", "n_ctx",
                                              "repack", "ggml_accepted")}  # --emulate=ggml's fields too
     reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
-                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache)
+                          model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache,
+                          auto=threshold_auto(args))
     if args.json:
         print(json.dumps(as_json(pairs, reports)))
     else:
@@ -303,6 +307,9 @@ def _audit_kld(args) -> int:
             raise RefimplError(f"{flag} does not go with --kld-base (the base file holds the corpus)")
     if args.jobs != 1:
         raise RefimplError("--jobs does not go with --kld-base")
+    if threshold_auto(args):
+        raise RefimplError("--threshold auto goes with STREAM files (server responses with log-probs): --kld-base "
+                           "judges its top-token disagreements with a fixed --threshold")
     model_name = default_model(given[0] if given else None)
     model = load_named(model_name)
     tok = Tokenizer.from_gguf(model.file.gguf)

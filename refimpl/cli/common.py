@@ -103,9 +103,30 @@ def load_named(spec, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
 
 
 def add_threshold(p) -> None:
-    """``--threshold TAU``: the near-tie rule's τ (refimpl.oracle.golden.TIE_THRESHOLD)."""
-    p.add_argument("--threshold", type=float, default=0.05, metavar="TAU",
-                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05)")
+    """``--threshold TAU|auto``: the near-tie rule's τ (refimpl.oracle.golden.TIE_THRESHOLD); ``auto`` gives the
+    default τ (the floor of refimpl.oracle.calibrate) marked, so that :func:`threshold_auto` tells it apart."""
+    p.add_argument("--threshold", type=_threshold, default=0.05, metavar="TAU|auto",
+                   help="near-tie when the tokens are within TAU·max|logit| of the oracle's best (default 0.05); auto: "
+                        "a threshold per engine calibrated on its answers' own log-probs, for engines whose rounding the "
+                        "oracle does not emulate (GPU backends, other engines; floor 0.05)")
+
+
+class _Auto(float):
+    """``--threshold auto``: the default τ as the floor, marked (threshold_auto, below)."""
+
+
+def _threshold(text: str) -> float:
+    if text == "auto":
+        return _Auto(0.05)
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1) or 'auto', got {text!r}") from None
+
+
+def threshold_auto(args) -> bool:
+    """Whether ``--threshold auto`` was given (add_threshold)."""
+    return isinstance(args.threshold, _Auto)
 
 
 def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:

@@ -6,7 +6,7 @@ stream for the server's draft setting (refimpl.oracle.reproduce, §3g): exit 1 w
 
 from __future__ import annotations
 
-from refimpl.cli.common import MODEL_HELP, add_numerics, add_threshold, ctx_from_args, default_model, load_named
+from refimpl.cli.common import MODEL_HELP, add_numerics, add_threshold, ctx_from_args, default_model, load_named, threshold_auto
 from refimpl.errors import RefimplError
 
 
@@ -61,6 +61,7 @@ def cmd_validate(args) -> int:
         raise RefimplError(f"-n must be ≥ 1, got {args.n_predict}")
     timeout = v.finite_positive(args.timeout, "--timeout")
     check_tau(args.threshold)
+    auto = threshold_auto(args)  # --threshold auto: a threshold per server, calibrated on all its answers (below)
     drafts = v.parse_drafts(args.draft) if args.draft is not None else [None]
     if not 1 <= args.spec_draft_n_max <= 8:
         raise RefimplError(f"--spec-draft-n-max must be between 1 and 8 (the oracle's MTP loop), got {args.spec_draft_n_max}")
@@ -106,7 +107,7 @@ def cmd_validate(args) -> int:
                 text, endpoint = v.completion(ident, pr.ids, args.n_predict, d, timeout)
                 ids, info = v.read_answer(text, f"{endpoint} (prompt {i + 1})", ident.api, tok)
                 stream = Stream(name, endpoint, "response", ids, list(pr.ids), response=info)
-                rep = audit(model, pr.ids, stream, ctx=ctx, tau=args.threshold, model_name=str(model_name))
+                rep = audit(model, pr.ids, stream, ctx=ctx, tau=float(args.threshold), model_name=str(model_name), auto=auto)
                 schedule = v.schedule_of(info, d, args.spec_type, args.spec_draft_n_max) if ctx.ggml else None
                 if schedule is not None and (schedule.draft == 0 or model.file.plan.mtp != "stripped"):
                     from refimpl.oracle.reproduce import reproduce  # llama.cpp's stream for the server's setting
@@ -121,11 +122,18 @@ def cmd_validate(args) -> int:
                 bar.update(1)
             results.append(row)
 
+    calibration = _calibrate_servers(results, columns, labels, float(args.threshold)) if auto else {}
     exit_code = max(rep.exit_code for row in results for rep, *_ in row)
     lines = _table(model_name, prompts, servers, labels, idents, col_name, results, rep_numerics=results[0][0][0], n=args.n_predict)
+    if auto:
+        from refimpl.oracle.calibrate import calibration_line
+
+        at = 1 + len(servers)  # after the server lines
+        lines[at:at] = ["  " + calibration_line(lab, cal) for lab, cal in calibration.items()]
     lines.append(_summary(results, exit_code))
     if args.report is not None or args.html is not None:
-        doc = {"model": str(model_name), "n_predict": args.n_predict, "n_probs": v.N_PROBS, "threshold": args.threshold,
+        doc = {"model": str(model_name), "n_predict": args.n_predict, "n_probs": v.N_PROBS, "threshold": float(args.threshold),
+               "threshold_auto": auto, "calibration": {lab: cal.as_json() for lab, cal in calibration.items()},
                "numerics": ctx.numerics(),  # the emulation (with --emulate=ggml: its path and ggml version)
                "servers": [{"label": lab, **ident.as_json()} for lab, ident in zip(labels, idents)],
                "results": [{"prompt": i + 1, "text": pr.text, "prompt_tokens": list(pr.ids), "column": name,
@@ -150,6 +158,29 @@ def cmd_validate(args) -> int:
         write_page(args.html, validate_page(doc, [rep for row in results for rep, *_ in row],
                                             [_cell(*cell) for row in results for cell in row], tok))
     return exit_code
+
+
+def _calibrate_servers(results, columns, labels, floor: float) -> dict:
+    """--threshold auto: each server's threshold from the log-prob spread of all its answers (every prompt and
+    draft column) whose log-probs pass the probs: verdict, those answers judged again with it (the others keep
+    their own, the fixed τ: refimpl.oracle.calibrate) → label → Calibration."""
+    from refimpl.oracle.calibrate import Samples, calibrate, rejudge
+
+    out = {}
+    for lab in labels:
+        reps = [rep for row in results for (rep, *_), (col_lab, _, _) in zip(row, columns) if col_lab == lab]
+        ok = [rep for rep in reps if not rep.samples[rep.streams[0].label].outside]
+        pooled = Samples(has_probs=any(rep.samples[rep.streams[0].label].has_probs for rep in reps))
+        for rep in ok:
+            pooled.extend(rep.samples[rep.streams[0].label])
+        n_out = len(reps) - len(ok)
+        scope = (f"the {len(ok)} answer{'s' * (len(ok) != 1)} of server {lab}"
+                 + (f" ({n_out} more outside the probs: bound, each judged with the fixed threshold)" if n_out else ""))
+        out[lab] = calibrate(pooled, floor, scope)
+        for rep in ok:
+            rep.calibration = {rep.streams[0].label: out[lab]}
+            rejudge(rep)
+    return out
 
 
 def _cell(rep, info, oracle) -> str:
@@ -184,7 +215,8 @@ def _prompt_label(pr) -> str:
 def _table(model_name, prompts, servers, labels, idents, col_name, results, rep_numerics, n) -> list[str]:
     numerics = rep_numerics.numerics or ("on" if rep_numerics.emulate else "off")
     lines = [f"validate: {model_name}, {len(prompts)} prompt{'s' * (len(prompts) != 1)}, {n} tokens each, greedy with "
-             f"top-5 log-probs; emulate {numerics}; near-tie threshold {100 * rep_numerics.tau:g}% of max|logit|"]
+             f"top-5 log-probs; emulate {numerics}; near-tie threshold "
+             + (f"auto per server (floor {100 * rep_numerics.tau:g}%)" if rep_numerics.auto else f"{100 * rep_numerics.tau:g}% of max|logit|")]
     for lab, url, ident in zip(labels, servers, idents):
         checked = ("agrees with MODEL on " + ", ".join(ident.checked) if ident.checked else
                    "identity not checked: it exposes nothing to compare with MODEL; its answers are judged all the same")

@@ -99,18 +99,21 @@ class Finding:
     kind: str  # near-tie | wrong | A wrong | B wrong | both wrong
     tokens: dict[str, int]  # stream label → its token here
     oracle: Position
+    engine: dict = field(default_factory=dict)  # --threshold auto: label → calibrate.EngineMargin (the engine's own evidence)
 
     @property
     def benign(self) -> bool:
         return self.kind == "near-tie"
 
 
-def _departure(step: int, where: str, tok: int, pos: Position, labels) -> Finding:
-    return Finding(step, where, "near-tie" if pos.close(tok) else "wrong", {lab: tok for lab in labels}, pos)
+def _departure(step: int, where: str, tok: int, pos: Position, labels, ok: bool | None = None) -> Finding:
+    """``ok``: the token's closeness when judged otherwise (--threshold auto, refimpl.oracle.calibrate); else pos.close."""
+    close = pos.close(tok) if ok is None else ok
+    return Finding(step, where, "near-tie" if close else "wrong", {lab: tok for lab in labels}, pos)
 
 
-def _divergence(step: int, a: int, b: int, pos: Position, labels=("A", "B")) -> Finding:
-    if pos.close(a) and pos.close(b):
+def _divergence(step: int, a: int, b: int, pos: Position, labels=("A", "B"), ok: tuple | None = None) -> Finding:
+    if (pos.close(a) and pos.close(b)) if ok is None else all(ok):
         kind = "near-tie"
     elif pos.top_ids[0] == b:
         kind = f"{labels[0]} wrong"
@@ -140,6 +143,9 @@ class Report:
     rounds_skipped: str | None = None  # why streams' rounds were not replayed
     probs: dict = field(default_factory=dict)  # label → ProbsReport (streams that carry log-probs)
     reproduce: object = None  # refimpl.oracle.reproduce.Reproduction (--emulate=ggml --draft): llama.cpp's predicted streams
+    auto: bool = False  # --threshold auto: each stream judged by its calibrated threshold (refimpl.oracle.calibrate)
+    samples: dict = field(default_factory=dict)  # --threshold auto: label → calibrate.Samples (the log-probs' spread)
+    calibration: dict = field(default_factory=dict)  # --threshold auto: label → calibrate.Calibration
     margins: dict = field(default_factory=dict)  # label → {step: margin_step(…)}: every step the oracle saw (the HTML
     # report's margin picture, refimpl.oracle.html_report; not in as_json)
 
@@ -176,6 +182,8 @@ class Report:
             d["oracle"]["logit"] = {str(k): v for k, v in f.oracle.logit.items()}
             d["oracle"]["rank"] = {str(k): v for k, v in f.oracle.rank.items()}
             d["deficit"] = {lab: f.oracle.deficit(t) for lab, t in f.tokens.items()}
+            for lab, e in f.engine.items():  # --threshold auto (refimpl.oracle.calibrate)
+                d["engine"][lab].update(moved=e.moved, close=e.close)
             if self.reproduce is not None:
                 from refimpl.oracle.reproduce import event_labels
 
@@ -192,13 +200,18 @@ class Report:
                 "probs": {lab: p.as_json() for lab, p in self.probs.items()}, "exit_code": self.exit_code}
         if self.reproduce is not None:  # --emulate=ggml: llama.cpp's predicted streams (refimpl.oracle.reproduce)
             out["reproduce"] = self.reproduce.as_json()
+        if self.auto:  # --threshold auto: "threshold" is the floor; each stream's own (refimpl.oracle.calibrate)
+            out["threshold_auto"] = True
+            out["calibration"] = {lab: c.as_json() for lab, c in self.calibration.items()}
         return out
 
 
 def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = None, *, ctx=None,
-          tau: float = TIE_THRESHOLD, model_name: str = "") -> Report:
+          tau: float = TIE_THRESHOLD, model_name: str = "", auto: bool = False) -> Report:
     """Audit one stream against the oracle's greedy stream, or two streams against each other (the
-    module docstring). ``ctx``: the oracle's numerics (``Ctx()``, or emulation for quantized files)."""
+    module docstring). ``ctx``: the oracle's numerics (``Ctx()``, or emulation for quantized files). ``auto``
+    (``--threshold auto``): each stream's departures judged by a threshold calibrated on its own log-probs,
+    ``tau`` the floor (refimpl.oracle.calibrate)."""
     from refimpl.oracle.golden import start, walk
     from refimpl.model.ops import Ctx, argmax  # argmax: the greedy choice (a NaN logit passed over, as llama.cpp does)
 
@@ -206,7 +219,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
     check_tau(tau)
     streams = [stream_a] + ([stream_b] if stream_b else [])
     check_streams(streams, model.config.n_vocab)
-    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics())
+    rep = Report(model_name, list(prompt), streams, tau, bool(ctx.act_quant), ctx.numerics(), auto=auto)
     _audit_rounds(rep, model, ctx)
     probe = _probs_probe(rep)
     cur = start(model, prompt, ctx)
@@ -229,7 +242,7 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
             rep.common = len(a)
         else:
             rep.tails["A"] = len(a) - rep.common - 1
-        return rep
+        return _calibrated(rep)
 
     a, b = stream_a.tokens, stream_b.tokens
     k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -255,6 +268,19 @@ def audit(model, prompt: list[int], stream_a: Stream, stream_b: Stream | None = 
                 rep.findings.append(_departure(k + i, s.label, tail[i], judge(row, (tail[i],), tau), s.label))
 
         walk(model, cur, tail, ctx, tail_row)
+    return _calibrated(rep)
+
+
+def _calibrated(rep: Report) -> Report:
+    """--threshold auto: each stream's threshold from its own samples, the findings judged again with it
+    (refimpl.oracle.calibrate; ``refimpl validate`` calibrates again per server over all its answers)."""
+    if rep.auto:
+        from refimpl.oracle.calibrate import calibrate, rejudge
+
+        for lab, smp in rep.samples.items():  # log-probs the probs: verdict rejects calibrate nothing
+            smp.outside = int(lab in rep.probs and rep.probs[lab].verdict == "outside bound")
+        rep.calibration = {lab: calibrate(smp, rep.tau) for lab, smp in rep.samples.items()}
+        rejudge(rep)
     return rep
 
 
@@ -279,8 +305,18 @@ def _probs_probe(rep: Report):
         if info is not None and (info.probs is not None or info.post_sampling or info.recovered or info.unread):
             rep.probs[s.label] = ProbsReport(len(s.tokens), PROBS_BOUND if rep.emulate else PROBS_BOUND_PLAIN, info)
 
+    if rep.auto:
+        from refimpl.oracle.calibrate import Samples
+
+        rep.samples = {s.label: Samples(has_probs=s.response is not None and s.response.probs is not None) for s in rep.streams}
+
     def probe(stream: Stream, step: int, row) -> None:
         rep.margins.setdefault(stream.label, {})[step] = margin_step(row, stream.tokens[step])
+        if rep.auto and rep.samples[stream.label].has_probs and rep.margins[stream.label][step][0] == stream.tokens[step]:
+            from refimpl.oracle.calibrate import add_samples  # the spread, at the steps not judged (the oracle's argmax)
+
+            probs = stream.response.probs
+            add_samples(rep.samples[stream.label], probs[step] if step < len(probs) else None, stream.tokens[step], row)
         pr = rep.probs.get(stream.label)
         if pr is not None and pr.info.probs is not None:
             pr.add(step, stream.tokens[step], row)
@@ -324,8 +360,12 @@ def _oracle_line(tokenizer, pos: Position) -> str:
 def _finding_line(tokenizer, f: Finding) -> str:
     label, tok = next(iter(f.tokens.items()))
     who = {"A+B": "both streams have", "A": "A has", "B": "B has"}[f.where]
+    engine = "".join(f"; {lab}'s own margin {'≥ ' * e.bound}{e.engine_margin:+.4g}, gap moved {'≥ ' * e.bound}"
+                     f"{percent(e.moved, f.oracle.max_abs)}; threshold {100 * e.tau:.2f}%"
+                     for lab, e in f.engine.items() if e.engine_margin is not None)  # --threshold auto
     return (f"step {f.step}: {who} {_tok(tokenizer, tok)} (rank {f.oracle.rank[tok]}, {f.oracle.deficit(tok):.4g} below the "
-            f"oracle's {_tok(tokenizer, f.oracle.top_ids[0])} = {percent(f.oracle.deficit(tok), f.oracle.max_abs)} of max|logit|): {f.kind}")
+            f"oracle's {_tok(tokenizer, f.oracle.top_ids[0])} = {percent(f.oracle.deficit(tok), f.oracle.max_abs)} of max|logit|"
+            f"{engine}): {f.kind}")
 
 
 def _reproduced(rep: Report, f: Finding) -> str:
@@ -340,9 +380,13 @@ def _reproduced(rep: Report, f: Finding) -> str:
 def report_lines(rep: Report, tokenizer) -> list[str]:
     s = rep.streams
     lines = [f"audit: {rep.model}, prompt {len(rep.prompt)} ids, emulate {rep.numerics or ('on' if rep.emulate else 'off')}, "
-             f"near-tie threshold {100 * rep.tau:g}% of max|logit|"]
+             f"near-tie threshold " + (f"auto (floor {100 * rep.tau:g}%)" if rep.auto else f"{100 * rep.tau:g}% of max|logit|")]
     lines.append("  " + "   ".join(f"{x.label}: {x.source} ({x.kind}, {len(x.tokens)} tokens)" for x in s)
                  + ("   B: the oracle's greedy stream" if len(s) == 1 else ""))
+    if rep.auto:  # each stream's calibrated threshold, or why the fixed one (refimpl.oracle.calibrate)
+        from refimpl.oracle.calibrate import calibration_line
+
+        lines += ["  " + calibration_line(lab, cal) for lab, cal in rep.calibration.items()]
     prefix = [f for f in rep.findings if f.where == "A+B"]
     if len(s) == 2:
         lines.append(f"common prefix: {rep.common} tokens" + ("" if prefix else ", each the oracle's argmax"))
@@ -361,6 +405,10 @@ def report_lines(rep: Report, tokenizer) -> list[str]:
         lines.append(f"first divergence at step {d.step} (position {len(rep.prompt) + d.step}): {la} {_tok(tokenizer, ta)}   "
                      f"{lb} {_tok(tokenizer, tb)}")
         lines.append("  " + _oracle_line(tokenizer, d.oracle))
+        if d.engine:  # --threshold auto: the engine's own margin (refimpl.oracle.calibrate)
+            from refimpl.oracle.calibrate import margin_text
+
+            lines += ["  " + margin_text(lab, e, d.oracle.max_abs) for lab, e in d.engine.items()]
         lines.append(f"  verdict: {d.kind}")
         if rep.reproduce is not None:
             from refimpl.oracle.reproduce import event_line

@@ -75,26 +75,27 @@ def read_pairs(directory: str, tokenizer, n_vocab: int, prompt: list[int] | None
     return pairs
 
 
-def _pair_task(numerics: dict, tau: float, model_name: str, job, pair: Pair) -> Report:
+def _pair_task(numerics: dict, tau: float, model_name: str, auto: bool, job, pair: Pair) -> Report:
     from refimpl.oracle.golden_run import loaded
     from refimpl.model.ops import Ctx
 
     ctx = Ctx(kernel=job.kernel, **numerics)
-    return audit(loaded(job).model, pair.prompt, pair.a, pair.b, ctx=ctx, tau=tau, model_name=model_name)
+    return audit(loaded(job).model, pair.prompt, pair.a, pair.b, ctx=ctx, tau=tau, model_name=model_name, auto=auto)
 
 
 def audit_pairs(path: Path, pairs: list[Pair], *, numerics: dict | None = None, kernel: str = "numba", tau: float = TIE_THRESHOLD,
-                model_name: str = "", jobs: int = 1, cluster: str | None = None, cache_mb=None) -> list[Report]:
+                model_name: str = "", jobs: int = 1, cluster: str | None = None, cache_mb=None, auto: bool = False) -> list[Report]:
     """:func:`refimpl.oracle.audit.audit` of every pair, in order (here, in ``jobs`` processes or on a Dask ``cluster``);
     ``numerics``: the Ctx fields of the emulation (``act_quant``, ``kv_f16``, ``flash_attn``, and with --emulate=ggml
-    ``ggml``, ``n_ubatch``, ``n_threads``, ``n_ctx``, ``repack``, ``ggml_accepted``; default none)."""
+    ``ggml``, ``n_ubatch``, ``n_threads``, ``n_ctx``, ``repack``, ``ggml_accepted``; default none); ``auto``:
+    --threshold auto (each pair's streams calibrated on their own log-probs, refimpl.oracle.calibrate)."""
     from refimpl.fixtures.builtin import sha256_file
     from refimpl.oracle.golden_run import ModelJob, run_tasks
 
     if not 0 < tau < 1:
         raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
     job = ModelJob(str(path), kernel, cache_mb, sha256_file(path) if cluster is not None else None)
-    return run_tasks(job, partial(_pair_task, numerics or {}, tau, model_name), pairs, jobs=jobs, cluster=cluster,
+    return run_tasks(job, partial(_pair_task, numerics or {}, float(tau), model_name, auto), pairs, jobs=jobs, cluster=cluster,
                      desc="audit", unit="pair")
 
 

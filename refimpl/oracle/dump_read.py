@@ -7,7 +7,7 @@ A DUMP is one of:
   refimpl.oracle.dumper / tools/refimpl_dump.h write from llama.cpp's ``cb_eval``);
 * a GGUF whose tensors are the intermediates (read with the ``gguf`` package; numpy shape [T, …], i.e.
   ggml ne = [n, T]: the token axis outermost, as llama.cpp's graph holds them);
-* the text llama.cpp's ``llama-eval-callback`` prints (common/debug.cpp ``common_debug_cb_eval``: per
+* the text llama.cpp's ``llama-eval-callback`` prints, as is or gzip-compressed (common/debug.cpp ``common_debug_cb_eval``: per
   tensor the line ``common_debug_cb_eval: NAME = (TYPE) OP(SRC0{ne}, SRC1{ne}}) = {ne0, ne1, ne2, ne3}``,
   then ``common_debug_print_tensor``'s values — ``%12.4f``, the first and last 3 indices of each dimension
   longer than 6 — and ``sum = %f`` per i3, a float32 sum in index order). Only sums and those printed
@@ -80,7 +80,7 @@ def read_dump(path) -> Dump:
         raise RefimplError(f"--against {p}: cannot read: {e.strerror or e}") from None
     if magic == b"GGUF":
         return _read_gguf(p)
-    return _read_text(p)
+    return _read_text(p, gz=magic[:2] == b"\x1f\x8b")
 
 
 def _rows(name: str, arr, where: str) -> np.ndarray:
@@ -146,10 +146,12 @@ def _float(token: str, where: str) -> float:
         raise RefimplError(f"--against {where}: '{token}' is not a printed value") from None
 
 
-def _read_text(p: Path) -> Dump:
+def _read_text(p: Path, gz: bool = False) -> Dump:
+    import gzip
+
     try:
-        lines = p.read_text(errors="strict").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = (gzip.decompress(p.read_bytes()) if gz else p.read_bytes()).decode().splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
         raise RefimplError(f"--against {p}: not a .npy directory, a GGUF, or llama-eval-callback's text "
                            f"({getattr(e, 'reason', None) or getattr(e, 'strerror', None) or e})") from None
     texts: dict[str, TextTensor] = {}

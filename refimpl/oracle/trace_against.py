@@ -114,9 +114,11 @@ class Diff:
     bound: float
     departs: bool
     detail: str = ""  # e.g. "3 of 64 elements differ"
+    scale: str = "max |row|"  # what ``rel`` is relative to
 
     def json(self) -> dict:
-        d = {"name": self.name, "max_abs": _num(self.max_abs), "relative": _num(self.rel), "bound": self.bound}
+        d = {"name": self.name, "max_abs": _num(self.max_abs), "relative": _num(self.rel), "scale": self.scale,
+             "bound": self.bound}
         return d | ({"detail": self.detail} if self.detail else {})
 
 
@@ -227,33 +229,44 @@ def printed_sum(flat: np.ndarray, ne3: int) -> np.ndarray:
     return np.array([np.cumsum(part, dtype=np.float32)[-1] for part in flat.reshape(ne3, -1)], np.float32)
 
 
+def _apart(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a − b|, 0 where both are equal (infinities) or both NaN, inf where only one is NaN."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a - b)
+    d[(a == b) | (np.isnan(a) & np.isnan(b))] = 0.0
+    return np.nan_to_num(d, nan=np.inf)
+
+
 def _text_diff(name: str, flat: np.ndarray, t: TextTensor, bound: Bound) -> Diff:
+    """A printed tensor against refimpl's values ``flat`` (its rows, in ggml's index order): the sums as the printer
+    sums (:func:`printed_sum`) and the printed values. Relative: |Δsum| over Σ|x| (less the printer's float32
+    rounding, n·2^-24·Σ|x|, and its 6 decimals), |Δvalue| over max|x| (less its 4 decimals); the larger counts."""
     sums = printed_sum(flat, t.ne[3])
     ne0, ne1, ne2 = t.ne[:3]
     idx = [i0 + ne0 * (i1 + ne1 * (i2 + ne2 * i3)) for (i0, i1, i2, i3) in t.values]
-    printed = np.array(list(t.values.values()), np.float64)
+    printed, theirs_sums = np.array(list(t.values.values()), np.float64), np.asarray(t.sums, np.float64)
     mine_vals = flat[idx].astype(np.float64)
-    if bound.scale == "bits":
-        bad_sums = sum(f"{float(a):f}" != f"{b:f}" and not (np.isnan(a) and np.isnan(b)) for a, b in zip(sums, t.sums))
-        bad_vals = sum(f"{a:.4f}" != f"{b:.4f}" and not (np.isnan(a) and np.isnan(b)) for a, b in zip(mine_vals, printed))
-        max_abs = float(np.max(np.abs(np.asarray(sums, np.float64) - np.asarray(t.sums))))
-        n = bad_sums + bad_vals
-        return Diff(name, max_abs, float(n), 0.0, n > 0,
-                    f"{bad_sums} of {len(sums)} sums, {bad_vals} of {len(printed)} printed values differ" if n else "")
     absx = np.abs(flat.astype(np.float64))
-    d_sum = np.abs(sums.astype(np.float64) - np.asarray(t.sums))
-    # the printer's own float32 running sum may round apart by n·2^-24·sum|x|; %f prints 6 decimals
+    absx[~np.isfinite(absx)] = 0.0
+    d_sum, d_val = _apart(sums.astype(np.float64), theirs_sums), _apart(mine_vals, printed)
     sum_scale = np.array([p.sum() for p in absx.reshape(t.ne[3], -1)])
     slack = flat.size / t.ne[3] * 2.0 ** -24 * sum_scale + 1e-6
-    rel_sum = np.where(sum_scale > 0, np.maximum(d_sum - slack, 0) / np.maximum(sum_scale, 1e-30), np.where(d_sum > slack, np.inf, 0))
-    d_val = np.abs(mine_vals - printed)
-    rel_val = np.maximum(d_val - 5e-5, 0) / max(float(absx.max()) if absx.size else 0.0, 1e-30)  # %12.4f: 4 decimals
+    rel_sum = np.maximum(d_sum - slack, 0) / np.maximum(sum_scale, 1e-30)
+    rel_val = np.maximum(d_val - 5e-5, 0) / max(float(absx.max(initial=0.0)), 1e-30)
     rel = float(max(rel_sum.max(initial=0.0), rel_val.max(initial=0.0)))
-    if np.isnan(d_sum).any() or np.isnan(d_val).any():
-        rel = float("inf")
     max_abs = float(d_sum.max(initial=0.0))
+    if bound.scale == "bits":  # the printed digits of the same float32 values, summed in the printer's order
+        bad_sums = sum(f"{float(a):f}" != f"{b:f}" and not (np.isnan(a) and np.isnan(b)) for a, b in zip(sums, t.sums))
+        bad_vals = sum(f"{a:.4f}" != f"{b:.4f}" and not (np.isnan(a) and np.isnan(b)) for a, b in zip(mine_vals, printed))
+        n = bad_sums + bad_vals
+        return Diff(name, max_abs, rel, 0.0, n > 0,
+                    f"{bad_sums} of {len(sums)} sums, {bad_vals} of {len(printed)} printed values differ" if n else "",
+                    TEXT_SCALE)
     return Diff(name, max_abs, rel, bound.value, not rel <= bound.value,
-                f"sum {float(sums[0]):.6f} here, {t.sums[0]:.6f} printed" if t.ne[3] == 1 else "")
+                f"sum {float(sums[0]):.6f} here, {t.sums[0]:.6f} printed" if t.ne[3] == 1 else "", TEXT_SCALE)
+
+
+TEXT_SCALE = "Σ|x| (sums) or max |x| (printed values)"
 
 
 # ---- the run and its report --------------------------------------------------------------------
@@ -336,8 +349,24 @@ def _fmt(x: float) -> str:
 
 def _describe(d: Diff) -> str:
     if d.detail and d.bound == 0:
-        return f"{d.detail}, max |Δ| {_fmt(d.max_abs)} = {_fmt(d.rel)} of max |row|; bound 0 (bit for bit)"
-    return f"max |Δ| {_fmt(d.max_abs)} = {_fmt(d.rel)} of its scale; bound {d.bound:g}" + (f" ({d.detail})" if d.detail else "")
+        return f"{d.detail}, max |Δ| {_fmt(d.max_abs)} = {_fmt(d.rel)} × {d.scale}; bound 0 (bit for bit)"
+    return f"max |Δ| {_fmt(d.max_abs)} = {_fmt(d.rel)} × {d.scale}; bound {d.bound:g}" + (f" ({d.detail})" if d.detail else "")
+
+
+ROUTED = ("ffn_moe_weights_norm", "ffn_moe_swiglu")  # the selected experts' values: another choice, other experts
+
+
+def routing_note(p: PositionResult, first: Diff) -> str:
+    """When the first departure is of the selected experts while the router logits of that layer are within bound:
+    the two sides chose different experts at a near-tie of the router (without emulation, end to end, likely noise)."""
+    base = base_name(first.name)
+    if base not in ROUTED:
+        return ""
+    logits = next((d for d in p.diffs if d.name == "ffn_moe_logits" + first.name[len(base):]), None)
+    if logits is None or logits.departs:
+        return ""
+    return (f"the experts chosen differ while {logits.name} is within its bound: a routing near-tie "
+            "(--emulate rounds the router's input as llama.cpp does; a layer-local array dump runs the engine's choice)")
 
 
 def format_report(r: Report) -> str:
@@ -366,7 +395,8 @@ def format_report(r: Report) -> str:
             continue
         first_any = first_any or dep[0].name
         down = [d.name for d in dep[1:]]
-        lines.append(f"position {p.label}: departs at {dep[0].name}: {_describe(dep[0])}"
+        note = routing_note(p, dep[0])
+        lines.append(f"position {p.label}: departs at {dep[0].name}: {_describe(dep[0])}" + (f" — {note}" if note else "")
                      + (f"; downstream: {len(down)} more ({', '.join(down[:6])}{', …' if len(down) > 6 else ''})" if down else ""))
     n_dep = sum(1 for p in r.positions if p.departing)
     lines.append(f"result: {len(r.positions)} position{'s' if len(r.positions) != 1 else ''}, {n_dep} departing"
@@ -380,7 +410,9 @@ def report_json(r: Report) -> dict:
         "dump": str(r.dump.path), "format": r.dump.format, "numerics": r.numerics, "configuration": r.config,
         "mode": r.mode, "bounds": bounds, "patched": r.patched, "unpatched": r.unpatched, "skipped": r.skipped,
         "positions": [{"position": p.label, "compared": len(p.diffs),
-                       "first": p.departing[0].json() if p.departing else None,
+                       "first": p.departing[0].json() | ({"note": routing_note(p, p.departing[0])}
+                                                          if routing_note(p, p.departing[0]) else {})
+                       if p.departing else None,
                        "downstream": [d.json() for d in p.departing[1:]]} for p in r.positions],
         "exit_code": r.exit_code,
     }

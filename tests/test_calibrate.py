@@ -55,7 +55,7 @@ def test_the_threshold_is_factor_times_the_quantile_with_a_floor():
     assert small.calibrated and small.tau == 0.05  # never tighter than the fixed rule
     assert "below the floor 5%" in C.calibration_line("A", small)
     line = C.calibration_line("A", cal)
-    assert line.startswith(f"threshold auto (A): {100 * cal.tau:.2f}% of max|logit| from 4 × the 99th percentile")
+    assert line.startswith(f"threshold auto (A): {100 * cal.tau:.2f}% of max|logit| from {C.FACTOR:g} × the 99th percentile")
     assert "of 500 log-prob gaps over 125 steps of the stream" in line
     assert cal.as_json()["quantile"] == 0.99 and cal.as_json()["n_samples"] == 500
 
@@ -64,7 +64,7 @@ def test_the_threshold_is_factor_times_the_quantile_with_a_floor():
     (C.Samples([], 0, False), "the stream carries no log-probs"),
     (C.Samples([0.01] * 39, 10, True), "39 log-prob gaps in the stream, fewer than the 40 needed"),
     (C.Samples([0.01] * 100, 25, True, outside=1), "outside the probs: bound"),
-    (C.Samples([0.06] * 100, 25, True), "is above the 20% ceiling"),
+    (C.Samples([0.06] * 100, 25, True), "is above the 25% ceiling"),
 ])
 def test_not_calibrated_is_the_fixed_threshold_and_says_why(samples, why):
     cal = C.calibrate(samples, 0.05)

@@ -175,7 +175,8 @@ def test_eval_callback_reader_pairs_printed_values_with_their_indices():
 
 
 def test_routing_near_tie_is_named():
-    from refimpl.oracle.trace_against import Diff, PositionResult, routing_note
+    from refimpl.oracle.trace_against import Diff, PositionResult
+    from refimpl.oracle.trace_report import routing_note
 
     p = PositionResult("0", [Diff("ffn_moe_logits-1", 0.01, 0.01, 0.05, False), Diff("ffn_moe_swiglu-1", 1.0, 0.5, 0.05, True)])
     assert "a routing near-tie" in routing_note(p, p.diffs[1])

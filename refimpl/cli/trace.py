@@ -69,7 +69,8 @@ def _write(out_dir, arrays, quiet: bool = False) -> None:
 
 def _against(args) -> int:
     from refimpl.oracle.dump_read import read_dump
-    from refimpl.oracle.trace_against import format_report, report_json, trace_against
+    from refimpl.oracle.trace_against import trace_against
+    from refimpl.oracle.trace_report import format_report, report_json
 
     if args.out is not None:
         check_output(args.out, "--out", directory=True)

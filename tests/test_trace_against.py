@@ -50,9 +50,9 @@ def perturbed_copy(path: Path, tensor: str, factor: float) -> Path:
     return path
 
 
-def dump(model: Path, out: Path) -> Path:
+def dump(model: Path, out: Path, **options) -> Path:
     """llama.cpp's intermediates of ``model`` on TOKENS, dumped by refimpl.oracle.dumper in a subprocess."""
-    code = f"from refimpl.oracle.dumper import dump_llama; dump_llama({str(model)!r}, {TOKENS}, {str(out)!r})"
+    code = f"from refimpl.oracle.dumper import dump_llama; dump_llama({str(model)!r}, {TOKENS}, {str(out)!r}, **{options!r})"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
@@ -109,6 +109,13 @@ def test_perturbed_router_departs_at_layer_2_moe(dumps, capsys, emulate):
 def test_perturbed_norm_departs_at_layer_0(dumps, capsys):
     rc, report = trace(capsys, dumps["norm-0"], "--emulate=ggml")
     assert rc == 1 and firsts(report) == {"attn_norm-0"}
+
+
+def test_one_token_per_decode(tmp_path, capsys):
+    """An engine that decoded one token per llama_decode: --batch 1 forwards the tokens as it did, bit for bit."""
+    require_llama_cpp()
+    rc, report = trace(capsys, dump(Path(TRAINED_PATH), tmp_path / "decode", n_batch=1), "--emulate=ggml", "--batch", "1")
+    assert rc == 0 and report["positions"][-1]["compared"] >= 80, report
 
 
 def test_end_to_end_when_the_dump_lacks_the_layer_outputs(dumps, tmp_path, capsys):

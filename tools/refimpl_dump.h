@@ -248,8 +248,15 @@ static bool refimpl_dump_cb_eval(struct ggml_tensor * t, bool ask, void * user_d
         return true;
     }
     const int64_t n = ggml_nelements(t);
-    if (n % d->n_tokens != 0) {
-        return true; /* not a per-token tensor */
+    int64_t outer = 1; /* the token axis is the outermost one of a per-token tensor ([n_embd, T], [head, n_head, T]) */
+    for (int k = GGML_MAX_DIMS - 1; k >= 1; k--) {
+        if (t->ne[k] > 1) {
+            outer = t->ne[k];
+            break;
+        }
+    }
+    if (n % d->n_tokens != 0 || (d->n_tokens > 1 && outer != d->n_tokens)) {
+        return true; /* not a per-token tensor, or a ubatch smaller than the decode (n_tokens > n_ubatch) */
     }
     struct refimpl_dump_file * f = refimpl_dump_file_of(d, t->name);
     if (f != NULL && !f->failed && refimpl_dump_values(d, t)) {

@@ -246,6 +246,12 @@ BAD = {
                                              "    [\n        [\n            [  0.1000,   0.2000],\n"), "a truncated text?"),
     "binary file": (lambda d: d.write_bytes(b"\x00\xff\xfe" * 10), "not a .npy directory, a GGUF, or llama-eval-callback's text"),
     "no such path": (lambda d: None, "no such file or directory"),
+    "text of another model": (lambda d: d.write_text("common_debug_cb_eval:   blk_out-0 = (f32)   ADD(a{4, 7, 1, 1}, "
+                                                    "b{4, 7, 1, 1}}) = {4, 7, 1, 1}\n    [\n        [\n" + "            "
+                                                    "[  0.1000,   0.2000,   0.3000,   0.4000],\n" * 6 + "        ],\n"
+                                                    "    ]\n    sum = 1.000000\n"), "none of its 1 printed tensors"),
+    "only names of other layer kinds": (lambda d: _write(d / "beta_sigmoid-3.npy", np.zeros((7, 16), np.float32)),
+                                        "none of its intermediates is one refimpl computes"),
 }
 
 

@@ -333,11 +333,17 @@ def trace_against(model, tokens: list[int], dump: Dump, ctx, batch: int | None =
     ours = hook.arrays()
     if dump.sums_only:
         result, skipped = compare_texts(ours, dump, config, T)
+        if not result.diffs:
+            raise RefimplError(f"--against {dump.path}: none of its {len(dump.texts)} printed tensors is an F32 "
+                               "intermediate refimpl compares (attn_norm-0, l_out-0, result_norm, …)")
         return Report(dump, config, ctx.numerics(), "sums", [result], skipped=skipped, ours=ours)
     unpatched = [n for n in patch_names(list(ours)) if n not in theirs] if config != "ggml" else []
     local = config != "ggml" and not unpatched
     positions = compare_arrays(ours, theirs, config, ctx, local, dump.path)
     skipped = sorted(n for n in (our_name(m, ours) for m in theirs) if n not in ours)
+    if not positions[0].diffs:
+        raise RefimplError(f"--against {dump.path}: none of its intermediates is one refimpl computes for this model "
+                           f"({', '.join(skipped[:4])}{', …' if len(skipped) > 4 else ''})")
     mode = "bit for bit" if config == "ggml" else "layer-local" if local else "end to end"
-    return Report(dump, config, ctx.numerics(), mode, positions, sorted(values, key=list(ours).index), unpatched,
-                  skipped, ours=ours)
+    return Report(dump, config, ctx.numerics(), mode, positions, [n for n in ours if n in values], unpatched, skipped,
+                  ours=ours)

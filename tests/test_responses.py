@@ -2,7 +2,10 @@
 (refimpl.oracle.probs): every format on real llama-server output (tests/data/responses/, recorded from
 this package's llama-server on builtin:kjv, prompt "And it came to pass" = ids 1063,356,473,289,600) and on
 small hand-made responses with the field names of vLLM's protocol; the CLI's verdicts; a fuzz that no
-malformed response gives a traceback."""
+malformed response gives a traceback. Answers with tokens llama-server holds back (their bytes end inside a
+UTF-8 character: refimpl.oracle.response_align): recorded from it on a converted file (narrow-*), every form
+read, placed and recovered, the steps without a log-prob listed; and every id sequence through a simulation of
+its process_token (tests/server_sim.py)."""
 
 from __future__ import annotations
 
@@ -190,6 +193,137 @@ def test_audit_response_bad_input_is_one_line(tmp_path, capsys):
     assert main(["audit", "builtin:kjv", str(tmp_path / "r.sse"), "--prompt-tokens", "1063,356"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("refimpl: error: ") and "99999" in err[0]
+
+
+# ---- llama-server's held-back tokens (refimpl.oracle.response_align), on its own source's rules --------
+
+NARROW = Path(__file__).resolve().parent.parent / "golden" / "converted" / "qwen35-narrow-q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    from refimpl.oracle.response_align import Pieces
+    from refimpl.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(NARROW)  # a real Qwen-style byte-level vocabulary (512 tokens: every byte, some merges)
+    pieces = Pieces(tok)
+    normal = [t for t in range(tok.n_vocab) if pieces.piece(t)]
+    partial = [t for t in normal if pieces.partial_steps([t])]  # alone, it ends inside a UTF-8 character
+    return tok, pieces, normal, partial
+
+
+def test_validate_utf8_is_the_servers():
+    from refimpl.oracle.response_align import validate_utf8
+
+    # server-common.cpp: a lead byte among the last four that announces more bytes than follow it
+    assert [validate_utf8(b) for b in (b"", b"ab", b"a\xe4", b"a\xe4\xb8", b"a\xe4\xb8\xad", b"\xe4 ", b"\xe4 a",
+                                       b"\xf0\x9f\x98", b"\xf0\x9f\x98\x80", b"\xc3", b"\xc3\xa9", b"\xb8")] == \
+        [0, 2, 1, 1, 4, 0, 3, 0, 4, 0, 2, 1]  # a lead byte + ASCII counts as cut off until 3 bytes
+
+
+@seed(20261204)
+@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_simulated_llama_server_answers_give_every_id(narrow, data):
+    """tests/server_sim.py sends what llama-server's process_token sends for an id sequence; the reader gives
+    back every id (whole and streamed /completion), or refuses in one line a /v1 answer whose held-back bytes
+    split more than one way."""
+    import server_sim as sim
+
+    tok, pieces, normal, partial = narrow
+    ids = data.draw(st.lists(st.one_of(st.sampled_from(partial), st.sampled_from(normal)), min_size=1, max_size=14))
+    held = pieces.partial_steps(ids)
+    tail = len(ids) - next((k + 1 for k in reversed(range(len(ids))) if k not in held), 0)  # held back at the end
+    lp = lambda i: -0.25 - i / 64  # noqa: E731 - each step's log-prob tells where an entry landed
+    for form, text in (("whole", sim.completion(ids, pieces.piece, lp)), ("stream", sim.completion_stream(ids, pieces.piece, lp)),
+                       ("v1", sim.v1(ids, pieces.piece, lp)), ("v1 stream", sim.v1(ids, pieces.piece, lp, stream=True))):
+        try:
+            got, _, info = read_response(text, form, tok)
+        except RefimplError as exc:
+            assert tail == len(ids) and form != "whole" or form.startswith("v1") and "more than one way" in str(exc), (form, ids, exc)
+            continue
+        n = len(ids) if form == "whole" else len(ids) - tail
+        assert got == ids[:n] and info.unread == len(ids) - n, (form, ids, got)
+        assert [s for s, sp in enumerate(info.probs) if sp is None] == sorted(s for s in held if s < n)
+        assert all(sp.logprob == lp(s) for s, sp in enumerate(info.probs) if sp is not None)
+        assert dict(info.missing) == {s: "partial UTF-8" for s in held if s < n}
+        assert set(info.recovered) == (set() if form == "whole" else {s for s in held if s < n})
+
+
+# recorded from this package's llama-server on golden/converted/qwen35-narrow-q8_0.gguf, greedy, 16 tokens,
+# n_probs / logprobs 2: "The cat" holds back steps 10 and 11 (no entry; streamed and /v1: no id either),
+# "Hello" holds back step 15, the last
+GAP_PROMPT, END_PROMPT = "51,258,288,264", "39,382,352"
+GAP = json.loads((DATA / "narrow-gap.json").read_text())["tokens"]
+
+
+@pytest.mark.parametrize("name, fmt", [("narrow-gap.json", "llama-server /completion"),
+                                       ("narrow-gap.sse", "llama-server /completion, streamed"),
+                                       ("narrow-gap-v1c.json", "openai completion"),
+                                       ("narrow-gap-v1c.sse", "openai completion, streamed")])
+def test_real_answers_with_held_back_tokens(narrow, name, fmt):
+    tok = narrow[0]
+    text = (DATA / name).read_text()
+    with pytest.raises(RefimplError, match="give MODEL" if name != "narrow-gap.json" else "never"):
+        if name != "narrow-gap.json":
+            read_response(text, name)  # the ids left out cannot be recovered without the tokenizer
+        raise RefimplError("never")
+    ids, _, info = read_response(text, name, tok)
+    assert info.format == fmt and ids == GAP and info.unread == 0
+    assert [s for s, sp in enumerate(info.probs) if sp is None] == [10, 11]
+    assert info.missing == ((10, "partial UTF-8"), (11, "partial UTF-8"))
+    assert info.recovered == (() if name == "narrow-gap.json" else (10, 11))
+    whole = json.loads((DATA / "narrow-gap.json").read_text())["completion_probabilities"]
+    assert [sp.logprob for sp in info.probs if sp is not None] == [e["logprob"] for e in whole]  # each entry on its id
+
+
+def test_real_answer_with_a_gap_at_the_end(narrow):
+    tok = narrow[0]
+    ids, _, info = read_response((DATA / "narrow-end.json").read_text(), "w", tok)
+    assert len(ids) == 16 and info.probs[15] is None and info.missing == ((15, "partial UTF-8"),)
+    streamed, _, info = read_response((DATA / "narrow-end.sse").read_text(), "s", tok)
+    assert streamed == ids[:15] and info.unread == 1  # the last token is counted (tokens_predicted) and never sent
+
+
+def test_audit_lists_the_held_back_steps(capsys):
+    model = str(NARROW)
+    assert main(["audit", model, str(DATA / "narrow-gap.json"), "--emulate", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)["probs"]["A"]
+    assert p["verdict"] == "within bound" and p["n_compared"] == 14 and p["missing_steps"] == [10, 11]
+    assert p["without_logprob"] == [{"step": 10, "reason": "partial UTF-8"}, {"step": 11, "reason": "partial UTF-8"}]
+    assert main(["audit", model, str(DATA / "narrow-gap-v1c.sse"), "--prompt-tokens", GAP_PROMPT, "--emulate"]) == 0
+    out = capsys.readouterr().out
+    assert "ids (A): step 10, 11: not named by the answer" in out
+    assert "log-prob missing at step 10, 11 (partial UTF-8: the token's bytes end inside a UTF-8 character" in out
+    assert "probs: within bound (2 of 16 steps without a log-prob to compare)" in out
+    assert main(["audit", model, str(DATA / "narrow-end.sse"), "--prompt-tokens", END_PROMPT, "--emulate", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["streams"][0]["n_tokens"] == 15 and rep["probs"]["A"]["unread_tokens"] == 1
+
+
+@pytest.mark.parametrize("name", ["narrow-gap.json", "narrow-gap.sse", "narrow-gap-v1c.json"])
+def test_an_entry_that_cannot_be_aligned_is_one_line(name, tmp_path, capsys):
+    text = (DATA / name).read_text()
+    if name == "narrow-gap.json":  # entry 10 (step 12's, after the gap) names an id no token from step 10 on has
+        obj = json.loads(text)
+        obj["completion_probabilities"][10]["id"] = 500
+        text = json.dumps(obj)
+    else:  # the bytes of the held-back tokens do not end with the next token's own piece
+        text = text.replace('"id":233,', '"id":234,', 1).replace('"tokens":[233]', '"tokens":[234]')
+    (tmp_path / name).write_text(text)
+    assert main(["audit", str(NARROW), str(tmp_path / name), "--prompt-tokens", GAP_PROMPT]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("refimpl: error: ") and "step 10 cannot be aligned" in err[0]
+
+
+def test_held_back_ids_need_the_tokenizer(narrow):
+    import server_sim as sim
+
+    tok, pieces, normal, partial = narrow
+    ids = [normal[40], partial[0], normal[41]]  # the middle token is held back
+    with pytest.raises(RefimplError, match="give MODEL"):
+        read_response(sim.completion_stream(ids, pieces.piece), "s")
+    assert read_response(sim.completion(ids, pieces.piece), "w")[0] == ids  # 'tokens' names them all
 
 
 # ---- fuzz: no malformed response gives a traceback -------------------------------------------------

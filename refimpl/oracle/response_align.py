@@ -165,9 +165,10 @@ def _show(b: bytes) -> str:
     return repr(b if len(b) <= 24 else b[:24] + b"...")
 
 
-def align_entries(ids: list[int], entries: list, pieces: Pieces | None, where: str) -> list:
+def align_entries(ids: list[int], entries: list, pieces: Pieces | None, where: str, first: int = 0) -> list:
     """Each step's StepProbs (None: no entry), the entries ``[(id, StepProbs)]`` placed on ``ids`` in order
-    and by id (module docstring); a placement that does not exist or is not unique is one line."""
+    and by id (module docstring); a placement that does not exist or is not unique is one line naming the
+    step (``first``: the step of ``ids[0]``)."""
     eids = [e[0] for e in entries]
     if eids == ids:
         return [e[1] for e in entries]
@@ -178,8 +179,8 @@ def align_entries(ids: list[int], entries: list, pieces: Pieces | None, where: s
         if j == len(ids):
             step = left[-1] + 1 if left else 0
             here = f"'tokens' has {ids[step]} there" if step < len(ids) else "'tokens' ends there"
-            raise RefimplError(f"{where}: 'tokens' and the ids of the log-prob entries disagree: step {step} cannot be aligned "
-                               f"(log-prob entry {k} names id {e}, which no token from step {step} on is; {here})")
+            raise RefimplError(f"{where}: 'tokens' and the ids of the log-prob entries disagree: step {first + step} cannot be "
+                               f"aligned (log-prob entry {k} names id {e}, which no token from step {first + step} on is; {here})")
         left.append(j)
         j += 1
     right, j = [], len(ids) - 1
@@ -196,7 +197,7 @@ def align_entries(ids: list[int], entries: list, pieces: Pieces | None, where: s
         if gaps is None or [ids[s] for s in kept] != eids:
             step = next(a for a, b in zip(left, right) if a != b)
             need = "; give MODEL: its tokenizer tells which tokens llama-server held back" if pieces is None else ""
-            raise RefimplError(f"{where}: the log-prob entries fit 'tokens' in more than one way from step {step} on "
+            raise RefimplError(f"{where}: the log-prob entries fit 'tokens' in more than one way from step {first + step} on "
                                f"(a token repeats around a step without an entry){need}")
         place = kept
     steps = [None] * len(ids)

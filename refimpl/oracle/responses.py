@@ -280,9 +280,10 @@ def _one(obj: dict, where: str, post: bool) -> _Part:
     return _Part("llama-server /completion", toks or None, entries, True, text, count)
 
 
-def _placed(ids: list[int], entries: list, pieces, where: str) -> list:
-    """Each of ``ids``' StepProbs or None: the entries placed on them (response_align.align_entries)."""
-    return align_entries(ids, [(t, sp) for t, sp, _ in entries], pieces, where) if entries else [None] * len(ids)
+def _placed(ids: list[int], entries: list, pieces, where: str, first: int = 0) -> list:
+    """Each of ``ids``' StepProbs or None: the entries placed on them (response_align.align_entries; ``first``:
+    the step of ``ids[0]``)."""
+    return align_entries(ids, [(t, sp) for t, sp, _ in entries], pieces, where, first) if entries else [None] * len(ids)
 
 
 def _lossless(text: str | None) -> bytes | None:
@@ -302,7 +303,8 @@ def _chunk_units(parts: list[_Part], pieces, where: str) -> tuple[list[Sent], in
             if p.count is not None:
                 total = max(p.count, total or 0)
             continue
-        steps = _placed(p.ids, p.entries, pieces, w)
+        first = p.count - len(p.ids) if p.count is not None and p.count >= len(p.ids) else len(units)
+        steps = _placed(p.ids, p.entries, pieces, w, first)
         raw = p.entries[0][2] if p.entries and p.entries[0][0] == p.ids[0] else None
         raw = raw if raw is not None else _lossless(p.text)
         held = None

@@ -209,7 +209,11 @@ def test_c_header_dumps_what_the_python_dumper_dumps(dumps, tmp_path, capsys):
     model_listed = [s.strip().strip('"') for s in header.split("REFIMPL_DUMP_MODEL_NAMES[] = {")[1].split("NULL")[0].split(",")
                     if s.strip().startswith('"')]
     assert listed == list(LAYER_NAMES) and model_listed == list(MODEL_NAMES)
+    bare = tmp_path / "bare.c"  # included and not used: no warning (static inline functions)
+    bare.write_text('#include "refimpl_dump.h"\nint main(void) { return 0; }\n')
     for compiler, std in (("gcc", ["-std=c99", "-x", "c"]), ("g++", ["-std=c++17", "-x", "c++"])):
+        subprocess.run([compiler, *std, "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'tools'}", f"-I{include}", "-c",
+                        str(bare), "-o", str(tmp_path / "bare.o")], check=True, timeout=120)
         exe = tmp_path / f"dump-{compiler}"
         subprocess.run([compiler, *std, "-O1", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'tools'}", f"-I{include}",
                         str(ROOT / "tools" / "refimpl_dump_example.c"), f"-L{lib}", "-lllama", "-lggml", "-lggml-base",

@@ -78,18 +78,18 @@ struct refimpl_dump {
     size_t  raw_size;
 };
 
-static void refimpl_dump_init(struct refimpl_dump * d, const char * dir) {
+static inline void refimpl_dump_init(struct refimpl_dump * d, const char * dir) {
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "%s", dir);
 }
 
 /* Call before each llama_decode with the number of tokens it computes. */
-static void refimpl_dump_tokens(struct refimpl_dump * d, int64_t n_tokens) {
+static inline void refimpl_dump_tokens(struct refimpl_dump * d, int64_t n_tokens) {
     d->n_tokens = n_tokens;
     d->call += 1;
 }
 
-static void refimpl_dump_free(struct refimpl_dump * d) {
+static inline void refimpl_dump_free(struct refimpl_dump * d) {
     free(d->buf);
     free(d->raw);
     d->buf = NULL;
@@ -98,7 +98,7 @@ static void refimpl_dump_free(struct refimpl_dump * d) {
 }
 
 /* "NAME-IL" with NAME in REFIMPL_DUMP_NAMES and IL digits, or a model-level name. */
-static bool refimpl_dump_wanted(const char * name) {
+static inline bool refimpl_dump_wanted(const char * name) {
     const char * dash = strrchr(name, '-');
     for (int i = 0; REFIMPL_DUMP_MODEL_NAMES[i]; i++) {
         if (strcmp(name, REFIMPL_DUMP_MODEL_NAMES[i]) == 0) {
@@ -125,7 +125,7 @@ static bool refimpl_dump_wanted(const char * name) {
 #define REFIMPL_DUMP_HEADER 128 /* magic, version, length, the dict padded with spaces to 128 bytes */
 
 /* The .npy v1.0 header of float32 [rows, row]; the row count in a fixed-width field, rewritten in place. */
-static void refimpl_dump_header(char * h, int64_t rows, int64_t row) {
+static inline void refimpl_dump_header(char * h, int64_t rows, int64_t row) {
     char dict[REFIMPL_DUMP_HEADER];
     int  n = snprintf(dict, sizeof(dict), "{'descr': '<f4', 'fortran_order': False, 'shape': (%20lld, %lld), }",
                       (long long) rows, (long long) row);
@@ -137,7 +137,7 @@ static void refimpl_dump_header(char * h, int64_t rows, int64_t row) {
     h[REFIMPL_DUMP_HEADER - 1] = '\n';
 }
 
-static struct refimpl_dump_file * refimpl_dump_file_of(struct refimpl_dump * d, const char * name) {
+static inline struct refimpl_dump_file * refimpl_dump_file_of(struct refimpl_dump * d, const char * name) {
     for (int i = 0; i < d->n_files; i++) {
         if (strcmp(d->files[i].name, name) == 0) {
             return &d->files[i];
@@ -154,7 +154,7 @@ static struct refimpl_dump_file * refimpl_dump_file_of(struct refimpl_dump * d, 
 }
 
 /* The tensor's values in index order (i0 fastest), as float, into d->buf; false for a type not dumped. */
-static bool refimpl_dump_values(struct refimpl_dump * d, const struct ggml_tensor * t) {
+static inline bool refimpl_dump_values(struct refimpl_dump * d, const struct ggml_tensor * t) {
     const int64_t n = ggml_nelements(t);
     const unsigned char * data = (const unsigned char *) t->data;
     if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16) {
@@ -201,7 +201,7 @@ static bool refimpl_dump_values(struct refimpl_dump * d, const struct ggml_tenso
     return true;
 }
 
-static void refimpl_dump_write(struct refimpl_dump * d, struct refimpl_dump_file * f, int64_t row) {
+static inline void refimpl_dump_write(struct refimpl_dump * d, struct refimpl_dump_file * f, int64_t row) {
     char path[1200];
     char header[REFIMPL_DUMP_HEADER];
     snprintf(path, sizeof(path), "%s/%s.npy", d->dir, f->name);
@@ -239,7 +239,7 @@ static void refimpl_dump_write(struct refimpl_dump * d, struct refimpl_dump_file
 }
 
 /* The ggml_backend_sched_eval_callback: user_data is the struct refimpl_dump. */
-static bool refimpl_dump_cb_eval(struct ggml_tensor * t, bool ask, void * user_data) {
+static inline bool refimpl_dump_cb_eval(struct ggml_tensor * t, bool ask, void * user_data) {
     struct refimpl_dump * d = (struct refimpl_dump *) user_data;
     if (ask) {
         return refimpl_dump_wanted(t->name);

@@ -151,3 +151,35 @@ def test_a_fault_is_still_wrong_with_auto(kjv, fault, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["threshold_auto"] is True and doc["calibration"]["A"]["tau"] == cal.tau
     assert doc["calibration"]["A"]["quantile"] == C.QUANTILE and doc["calibration"]["A"]["n_samples"] == cal.n_samples
+
+
+def test_a_stream_without_log_probs_keeps_the_fixed_threshold_and_says_so(tmp_path, capsys):
+    stream = tmp_path / "ids.json"
+    stream.write_text(json.dumps({"tokens": [7, 8, 9, 10], "prompt_tokens": [11, 42, 7]}))
+    code_fixed = main(["audit", "builtin:tiny", str(stream)])
+    fixed = capsys.readouterr().out
+    assert main(["audit", "builtin:tiny", str(stream), "--threshold", "auto"]) == code_fixed
+    out = capsys.readouterr().out
+    assert "  threshold auto (A): the fixed 5% of max|logit|: the stream carries no log-probs" in out.splitlines()
+    assert fixed.splitlines()[-1] == out.splitlines()[-1]  # the same verdicts
+
+
+def test_two_answers_each_judged_by_its_own_threshold(kjv, tmp_path, capsys):
+    from refimpl.inject import fault_table as T
+    from refimpl.inject.answer import faulty_answer
+    from refimpl.inject.faults import Faults
+
+    case = T.MODELS["kjv"]
+    paths = []
+    for name, faults in (("clean", Faults()), ("bad", Faults.of("no-restore"))):
+        ans = faulty_answer(lambda rec: T.run(kjv, case, rec), faults, case.prompt)
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(ans))
+    assert main(["audit", "builtin:kjv", *map(str, paths), "--threshold", "auto", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    cal = doc["calibration"]
+    # the clean loop's log-probs are the oracle's own: calibrated, at the floor; the faulty one's are not used
+    assert cal["A"]["calibrated"] and cal["A"]["tau"] == 0.05 and cal["A"]["spread"] == 0.0
+    assert not cal["B"]["calibrated"] and "outside the probs: bound" in cal["B"]["fixed_because"]
+    assert doc["verdict"] == "B wrong" and set(doc["divergence"]["engine"]) == {"B"}
+    assert any(f["kind"] == "wrong" and f["where"] == "B" for f in doc["findings"])

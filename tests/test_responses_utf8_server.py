@@ -115,11 +115,12 @@ def test_validate_on_held_back_tokens(served, tmp_path, capsys):
                      "--emulate", "--report", str(report)])
         out = capsys.readouterr().out
         assert code == 0, out
+        assert "identical, 2 without log-prob (partial UTF-8)" in out and ("1 unread" in out) == (api == "openai")
         doc = json.loads(report.read_text())
         for res, name in zip(doc["results"], PROMPTS):
             ids = json.loads(answers[name]["whole"])["tokens"]
             held = sorted(Pieces(tok).partial_steps(ids))
             n = N if api == "llama" else N - (N - next(k + 1 for k in reversed(range(N)) if k not in held))
-            p = res["audit"]["probs"][res["column"]]
+            p = res["audit"]["probs"][res["column"]]  # the report: every step without a log-prob, with its reason
             assert res["tokens"] == ids[:n] and res["verdict"] in ("identical", "near-tie")
             assert p["without_logprob"] == [{"step": s, "reason": "partial UTF-8"} for s in held if s < n]

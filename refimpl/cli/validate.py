@@ -197,6 +197,12 @@ def _cell(rep, info, oracle) -> str:
     probs = rep.probs.get(rep.streams[0].label)
     if probs is not None and probs.exit_code:
         word += ", probs outside bound"
+    if probs is not None and probs.missing:  # steps without a log-prob, by reason (refimpl.oracle.probs)
+        from collections import Counter
+
+        word += "".join(f", {n} without log-prob ({why})" for why, n in Counter(probs.why[s] for s in probs.missing).items())
+    if info.unread:  # tokens the server counts and never sent (refimpl.oracle.response_align)
+        word += f", {info.unread} unread"
     if info.draft_n is not None:
         word += f", drafts {info.draft_n_accepted}/{info.draft_n}"
         if isinstance(oracle, tuple):  # the oracle's own draft-MTP loop with the server's settings

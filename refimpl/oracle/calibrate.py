@@ -54,9 +54,11 @@ keeps τ; those without one (the accept-rule classes) have τ as the floor — a
 calls wrong keep every wrong token. :data:`QUANTILE` 0.99 rather than the maximum:
 pooled over a server's answers the maximum is one routing flip (17.95 % on qwen35moe-k). :data:`FACTOR` 5:
 the largest noise departure was 4.06 × its server's Q(x) with 4 prompts (3.7 × with 10). :data:`CEILING`
-0.25 lies between the noise (per answer, llama.cpp through llama-cpp-python on the same prompts,
-``FACTOR·Q(x)`` ≤ 17.4 %; one answer with a routing flip at 67 % keeps τ, its departures are ≤ 1 %) and
-the faults (≥ 47 %).
+0.25 lies between the noise pooled per server (13.4–14.8 %) and the faults (≥ 47 % where their log-probs
+pass the ``probs:`` verdict). One answer alone (about 250 samples for 64 tokens) is a rougher estimate:
+llama.cpp through llama-cpp-python on the same 30 prompts gave ``FACTOR·Q(x)`` ≤ 23.6 % on 26 answers and
+27–138 % on 4 (one or two routing flips among few samples), which keep τ — their departures were ≤ 1.3 %
+— so calibrate per server (``refimpl validate``) where there is a choice.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ For each server (one per draft setting: llama-server configures speculative deco
    with ``drafts``, also llama-server's per-request ``speculative.n_max`` (server-schema.cpp). An OpenAI
    server: ``POST /v1/completions`` (refimpl.oracle.validate_openai.request_body).
 3. The response is read by :func:`refimpl.oracle.responses.read_response` and audited against the oracle
-   (:func:`refimpl.oracle.audit.audit`: the ids, and the log-probs' ``probs:`` verdict).
+   (:func:`refimpl.oracle.audit.audit`: the ids, and the log-probs' ``probs:`` verdict). With ``--threshold auto``
+   the near-tie threshold is each server's own, calibrated on the log-probs of all its answers
+   (refimpl.oracle.calibrate; refimpl.cli.validate pools them after the last prompt and judges again).
 
 Network: HTTP to the URLs given, nothing else; every request is bounded by ``timeout`` seconds.
 """

@@ -28,7 +28,10 @@ broken accept/rollback path is not. ``refimpl audit`` tells them apart (docs/val
 Why τ = 5 % of max|ℓ| (docs/validating-an-engine.md): two correct implementations of the same
 quantized model differ by up to ~2 % of max|ℓ| per logit (docs/numerics.md, refimpl vs llama.cpp),
 so a margin (a difference of two logits) moves by up to ~4–5 %; the largest margin measured at a
-real refimpl/llama.cpp disagreement was 3.3 %, and argmaxes agreed wherever it exceeded 5 %.
+real refimpl/llama.cpp disagreement was 3.3 %, and argmaxes agreed wherever it exceeded 5 %. With
+``auto`` (``--threshold auto``, for engines whose rounding the oracle does not emulate) each stream's τ is
+calibrated on its own log-probs, τ the floor, and each departure also carries the engine's own margin
+(:mod:`refimpl.oracle.calibrate`).
 
 4. A stream that carries per-round information (a telemetry CSV's ``step``/``kind``/``drafts``, or
    JSON ``rounds``) also gets the round audit of :mod:`refimpl.oracle.rounds`: its MTP rounds replayed with

@@ -55,7 +55,6 @@ What the reader does with it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from refimpl.errors import RefimplError
 
@@ -96,13 +95,15 @@ class Pieces:
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
+        self._texts = None  # GGUF token text → id, built at the first reverse lookup
 
     def piece(self, tid: int) -> bytes:
         return self.tok.piece(tid, special=False)
 
     def own(self, tid: int, raw: bytes) -> bytes | None:
-        """The piece of ``tid`` that ``raw`` ends with (plain, else ``--special``'s rendering), or None."""
-        for special in (False, True):
+        """The piece of ``tid`` that ``raw`` ends with (``--special``'s rendering of a control token, else the
+        plain one, which is empty for it), or None."""
+        for special in (True, False):
             p = self.tok.piece(tid, special=special)
             if raw.endswith(p):
                 return p
@@ -113,7 +114,9 @@ class Pieces:
         user-defined token's its text."""
         from refimpl.tokenizer import bytes_to_unicode
 
-        texts = _text_ids(self.tok.tokens)
+        if self._texts is None:
+            self._texts = {text: i for i, text in enumerate(self.tok.tokens)}
+        texts = self._texts
         alphabet = bytes_to_unicode()
         cands = {texts.get("".join(alphabet[b] for b in piece))}
         try:
@@ -136,29 +139,27 @@ class Pieces:
         """Up to ``limit`` ways to cut ``held`` (sent after text ending in ``tail``) into the pieces of
         ``count`` tokens (any number: None), each leaving the text inside a UTF-8 character."""
         out: list[list[int]] = []
+        dead = set()  # (pos, tail, tokens so far when counted) from which no split ends: each tried once
 
         def walk(pos: int, tail: bytes, acc: list[int]) -> None:
-            if len(out) >= limit:
+            state = (pos, tail, len(acc) if count is not None else None)
+            if len(out) >= limit or state in dead:
                 return
+            before = len(out)
             if pos == len(held):
                 if count is None or len(acc) == count:
                     out.append(acc)
-                return
-            if count is not None and len(acc) >= count:
-                return
-            for end in range(pos + 1, len(held) + 1):
-                nxt = (tail + held[pos:end])[-4:]
-                if ends_inside_char(nxt):
-                    for t in self.ids_of(held[pos:end]):
-                        walk(end, nxt, acc + [t])
+            elif count is None or len(acc) < count:
+                for end in range(pos + 1, len(held) + 1):
+                    nxt = (tail + held[pos:end])[-4:]
+                    if ends_inside_char(nxt):
+                        for t in self.ids_of(held[pos:end]):
+                            walk(end, nxt, acc + [t])
+            if len(out) == before:
+                dead.add(state)
 
         walk(0, tail[-4:], [])
         return out
-
-
-@lru_cache(maxsize=4)
-def _text_ids(tokens: tuple) -> dict[str, int]:
-    return {text: i for i, text in enumerate(tokens)}
 
 
 def _show(b: bytes) -> str:

@@ -370,7 +370,10 @@ def read_response(text: str, where: str, tokenizer=None) -> tuple[list[int], lis
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in (draft_n, draft_acc)):
                 raise RefimplError(f"{w}: timings.draft_n / draft_n_accepted must be integers")
     if not any(p.ids or p.entries for p in parts):
-        raise RefimplError(f"{where}: the response holds no generated token ids")
+        counted = max((n for p in parts for n in (p.count, p.total) if n is not None), default=0)
+        raise RefimplError(f"{where}: the response holds no generated token ids" + (
+            f" (the server counts {counted}, all held back: llama-server sends no id for tokens whose bytes end inside a "
+            "UTF-8 character; ask for the whole /completion answer, whose 'tokens' names every id)" if counted else ""))
     pieces = Pieces(tokenizer) if tokenizer is not None else None
     recovered, unread = (), 0
     if not chunked and parts[0].ids is not None:  # every id named: the entries placed on them

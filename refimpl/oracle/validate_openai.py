@@ -15,7 +15,10 @@ request, the check that the answer names token ids, and how ``--api auto`` tells
   parameters and reads only the ones it knows (``oaicompat_completion_params_parse``, server-common.cpp;
   measured: the same answer with and without them). No per-request draft length exists in this API.
 * **Ids or nothing** (:func:`check_ids`): an answer whose tokens are text without ids cannot be audited
-  and is refused in one line, naming vLLM's ``--return-tokens-as-token-ids``.
+  and is refused in one line, naming vLLM's ``--return-tokens-as-token-ids``. llama-server's ``/v1`` answers
+  name no id for a token whose bytes end inside a UTF-8 character (it holds such tokens back): the reader
+  recovers them with MODEL's tokenizer from the bytes sent after them, or refuses in one line where they split
+  more than one way (refimpl.oracle.response_align); ``--api llama``'s whole ``/completion`` names every id.
 * **Identity** (:func:`tokenize_probe`): ``POST /tokenize`` with llama-server's fields (``content``,
   ``add_special``) and vLLM's (``prompt``, ``add_special_tokens``, ``model``) together; an answer that is
   not ``{"tokens": [ids]}`` (or an HTTP error) means the server does not expose its tokenizer here and

@@ -8,7 +8,7 @@ copy whose ``ggml_version()`` string reads ``0.99.0`` — the bytes of ``"0.25.3
 nothing else. It is a complete, loadable libggml (llama.cpp could run on it; the refusal is decided by the version it
 reports, not by its kernels, which here are still 0.25.3's — so what the override runs is checked against the
 unchanged library's results). ``detect`` reads it as a user's library would be read: ``ggml_version()`` and
-``ggml_commit()`` called through ctypes.
+``ggml_commit()`` called through ctypes. 15 s for the module (AMD EPYC, Zen 4 class, 2 shared vCPUs, 2026-12-04).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ A log-prob exactly 0.0 is listed and left out of the maximum: llama-server write
 computed the token's probability (its placeholder ``prob = 1.0``, server-context.cpp) — with
 ``--spec-type draft-mtp`` for every token after the first (tests/data/responses/llama-server-mtp.json).
 Missing and 0.0 log-probs are reported, not failed, each step with its reason (:data:`REASONS`):
-"partial UTF-8" — the token's bytes end inside a UTF-8 character, told from the oracle's tokenizer
+"partial UTF-8" — after the token the text ends inside a UTF-8 character, told from the oracle's tokenizer
 (refimpl.oracle.response_align.Pieces.partial_steps): llama-server held its text back and with it its
 entry —, "draft-accepted 0.0" (the placeholder above, no top-k), else "not given". The steps whose ids the
 answer does not name (recovered from the bytes sent after them) and the tokens it never sends are listed too.
@@ -36,7 +36,7 @@ PROBS_BOUND_PLAIN = 0.20  # the same without emulation
 DRAFT_ZERO = "draft-accepted 0.0"  # llama-server's placeholder prob = 1.0: no distribution computed (no top-k)
 #: why a step has no log-prob to compare, as the report says it
 REASONS = {
-    "partial UTF-8": "the token's bytes end inside a UTF-8 character: llama-server held its text back and sent no entry",
+    "partial UTF-8": "after this token the text ends inside a UTF-8 character: llama-server held it back and sent no entry",
     DRAFT_ZERO: "llama-server's placeholder for a token accepted from a draft: no distribution was computed",
     "exactly 0.0": "a log-prob of exactly 0.0 beside a top-k: not compared",
     "not given": "the answer has no log-prob for it",

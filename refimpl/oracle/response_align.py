@@ -47,9 +47,13 @@ What the reader does with it:
   (``validate_utf8`` as above) — in exactly as many tokens as ``tokens_predicted`` says, where it says. One
   split: its ids are the held-back tokens (no log-prob: "partial UTF-8"). No split, or several (e.g. the first
   three bytes of an emoji as 1+2 or 2+1 bytes when both are tokens), is refused in one line naming the step.
-  Tokens counted (``tokens_predicted``, ``usage.completion_tokens``) after the last one the answer sends bytes
-  for are *unread*: reported, not audited. Without the oracle's tokenizer, an answer that leaves ids out is
-  refused in one line.
+  Without a count per run (``/v1``), the one combination of splits whose token count makes up the server's
+  total is taken. A token that renders no bytes (a control or unused token: :attr:`Pieces.hidden`) can be held
+  back inside a run without a trace in the bytes, so wherever such tokens could make up a count (a count above
+  the pieces, a coarser split below it, a ``/v1`` answer with a run and a shortfall) the answer is refused too:
+  which tokens they were is not in it. Tokens counted (``tokens_predicted``, ``usage.completion_tokens``)
+  after the last one the answer sends bytes for are *unread*: reported, not audited. Without the oracle's
+  tokenizer, an answer that leaves ids out is refused in one line. tests/server_sim.py replays these rules.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ class Pieces:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self._texts = None  # GGUF token text → id, built at the first reverse lookup
+        self._hidden = None
 
     def piece(self, tid: int) -> bytes:
         return self.tok.piece(tid, special=False)
@@ -135,21 +140,29 @@ class Pieces:
                 out.add(step)
         return out
 
-    def splits(self, held: bytes, tail: bytes, count: int | None, limit: int = 2) -> list[list[int]]:
-        """Up to ``limit`` ways to cut ``held`` (sent after text ending in ``tail``) into the pieces of
-        ``count`` tokens (any number: None), each leaving the text inside a UTF-8 character."""
+    @property
+    def hidden(self) -> list[int]:
+        """The ids that render no bytes (control and unused tokens) and do not end generation: a run of held-back
+        tokens may hold them without a trace in the bytes."""
+        if self._hidden is None:
+            eog = set(getattr(self.tok, "eog_ids", ()))
+            self._hidden = [t for t in range(self.tok.n_vocab) if t not in eog and not self.piece(t)]
+        return self._hidden
+
+    def splits(self, held: bytes, tail: bytes, most: int | None, limit: int = 2) -> list[list[int]]:
+        """Up to ``limit`` ways to cut ``held`` (sent after text ending in ``tail``) into the pieces of at most
+        ``most`` tokens (any number: None), each leaving the text inside a UTF-8 character."""
         out: list[list[int]] = []
         dead = set()  # (pos, tail, tokens so far when counted) from which no split ends: each tried once
 
         def walk(pos: int, tail: bytes, acc: list[int]) -> None:
-            state = (pos, tail, len(acc) if count is not None else None)
+            state = (pos, tail, len(acc) if most is not None else None)
             if len(out) >= limit or state in dead:
                 return
             before = len(out)
             if pos == len(held):
-                if count is None or len(acc) == count:
-                    out.append(acc)
-            elif count is None or len(acc) < count:
+                out.append(acc)
+            elif most is None or len(acc) < most:
                 for end in range(pos + 1, len(held) + 1):
                     nxt = (tail + held[pos:end])[-4:]
                     if ends_inside_char(nxt):
@@ -211,12 +224,14 @@ WAYS = 8  # splits of one run of held-back bytes considered; more is refused as 
 COMBOS = 4096  # combinations of the ambiguous runs' splits tried against the server's count
 
 
-def _gap_error(where: str, step: int, tid: int, held: bytes, count: int | None, found: bool) -> RefimplError:
+def _gap_error(where: str, step: int, tid: int, held: bytes, count: int | None, why: str) -> RefimplError:
     n = f"{count} token(s)" if count is not None else "tokens"
-    return RefimplError(f"{where}: step {step} cannot be aligned: the bytes {_show(held)} sent before token {tid} split in "
-                        f"{'more than one way' if found else 'no way'} into the pieces of {n} that each end inside a UTF-8 "
-                        "character (llama-server's held-back tokens); ask for the whole /completion answer, whose 'tokens' "
-                        "names every id")
+    return RefimplError(f"{where}: step {step} cannot be aligned: the bytes {_show(held)} sent before token {tid} split {why} "
+                        f"into the pieces of {n} that each end inside a UTF-8 character (llama-server's held-back tokens); "
+                        "ask for the whole /completion answer, whose 'tokens' names every id")
+
+
+HIDDEN = "in more than one way: a token that renders no bytes may be held back among them"
 
 
 def recover(units: list[Sent], total: int | None, pieces: Pieces | None, where: str, text: str | None = None):
@@ -224,8 +239,11 @@ def recover(units: list[Sent], total: int | None, pieces: Pieces | None, where: 
     recovered from the bytes, the unread count); module docstring. ``total``: the tokens the server counts
     (``tokens_predicted``, ``usage.completion_tokens``), None when it does not say; ``text``: a whole answer's
     text (``content``, ``text``), which tells whether any token was held back at the end (it has bytes after
-    the last ones sent). Where several splits of held-back bytes fit, the one combination whose token count
-    makes up the server's count is taken."""
+    the last ones sent). A split must be the only one that fits: with a count per run of held-back bytes
+    (``tokens_predicted``), the only one with that many pieces; without, the only combination of splits whose
+    token count makes up the server's. A token that renders no bytes (:attr:`Pieces.hidden`) can be held back
+    inside a run without a trace, so a count that a coarser split plus such tokens would also make up is
+    ambiguous too."""
     if pieces is None:
         held = next((k for k, u in enumerate(units) if u.held), None)
         if held is not None:
@@ -235,30 +253,36 @@ def recover(units: list[Sent], total: int | None, pieces: Pieces | None, where: 
             raise RefimplError(f"{where}: the server counts {total} generated tokens and names {len(units)}; give MODEL: its "
                                "tokenizer recovers the ids held back from the bytes sent after them")
         return [u.id for u in units], [u.probs for u in units], (), 0
-    ways, helds, tail, blind, step = [], [], b"", False, 0  # per unit: the splits of the bytes held back before it
+    ways, free, helds, tail, blind, step = [], [], [], b"", False, 0  # per unit: the splits of the bytes held back before it
     for u in units:
+        held, found = b"", [[]]
         if u.raw is None:
             if u.held:
                 raise RefimplError(f"{where}: step {step} cannot be aligned: {u.held} token(s) before it were generated and not "
                                    "sent (tokens_predicted), and the answer gives no bytes to recover their ids from")
-            blind, own, found, held = True, pieces.piece(u.id), [[]], b""
+            blind, own = True, pieces.piece(u.id)
         else:
             own = pieces.own(u.id, u.raw)
             if own is None:
                 raise RefimplError(f"{where}: step {step} cannot be aligned: the bytes sent with token {u.id}, {_show(u.raw)}, "
                                    f"do not end with its piece {_show(pieces.piece(u.id))}")
             held = u.raw[:len(u.raw) - len(own)]
-            found = pieces.splits(held, tail, u.held, WAYS + 1) if held or u.held else [[]]
-            if not found or len(found) > WAYS:
-                raise _gap_error(where, step, u.id, held, u.held, bool(found))
-            tail = (tail + held)[-4:]
+        if held or u.held:
+            found = pieces.splits(held, tail, u.held, WAYS + 1)
+            if u.held is not None:  # the count says how many pieces
+                if pieces.hidden and any(len(f) < u.held for f in found):
+                    raise _gap_error(where, step, u.id, held, u.held, HIDDEN)
+                found = [f for f in found if len(f) == u.held]
+            if len(found) != 1 and (u.held is not None or not found or len(found) > WAYS):
+                raise _gap_error(where, step, u.id, held, u.held, "in more than one way" if found else "in no way")
         ways.append(found)
+        free.append(bool(held) and u.held is None)
         helds.append(held)
-        tail = (tail + own)[-4:]
+        tail = (tail + held + own)[-4:]
         step += len(found[0]) + 1
     sent = b"".join(u.raw for u in units) if not blind else None
     exact = text is not None and sent is not None and text == sent.decode("utf-8", "replace")  # nothing held at the end
-    choice = _choose(ways, helds, units, total, exact, where)
+    choice = _choose(ways, free, helds, units, total, exact, pieces, where)
     ids, steps, recovered = [], [], []
     for u, split in zip(units, choice):
         for t in split:
@@ -274,27 +298,31 @@ def recover(units: list[Sent], total: int | None, pieces: Pieces | None, where: 
     return ids, steps, tuple(recovered), unread
 
 
-def _choose(ways: list, helds: list, units: list[Sent], total: int | None, exact: bool, where: str) -> list:
-    """One split per unit: the only one, or the only combination of the ambiguous ones whose token count makes up
-    ``total`` (all of it when ``exact``: nothing was held back at the end; at most it otherwise)."""
-    open_ = [k for k, w in enumerate(ways) if len(w) > 1]
-    if not open_:
-        return [w[0] for w in ways]
+def _choose(ways: list, free: list, helds: list, units: list[Sent], total: int | None, exact: bool, pieces: Pieces,
+            where: str) -> list:
+    """One split per unit: the only combination whose token count makes up ``total`` (all of it when ``exact``:
+    nothing was held back at the end; at most it otherwise, the rest unread). Where runs without a count of
+    their own (``free``) might hold tokens that render no bytes, only a combination that makes up all of
+    ``total``, with none below it, is taken."""
     import itertools
     import math
 
-    fixed = len(units) + sum(len(w[0]) for k, w in enumerate(ways) if len(w) == 1)
-    fits = []
+    open_ = [k for k, w in enumerate(ways) if len(w) > 1]
+    hide = bool(pieces.hidden) and any(free)
+    if not open_ and not hide:
+        return [w[0] for w in ways]
+    fixed = len(units) + sum(len(w[0]) for w in ways if len(w) == 1)
+    fits, below = [], False
     if total is not None and math.prod(len(ways[k]) for k in open_) <= COMBOS:
         for combo in itertools.product(*(ways[k] for k in open_)):
             n = fixed + sum(map(len, combo))
-            if n == total or (n < total and not exact):
+            below = below or n < total
+            if n == total or (n < total and not exact and not hide):
                 fits.append(combo)
-                if len(fits) > 1:
-                    break
-    if len(fits) != 1:
-        k = open_[0]
-        raise _gap_error(where, k + sum(len(w[0]) for w in ways[:k]), units[k].id, helds[k], units[k].held, True)
+    if len(fits) != 1 or (hide and below):
+        k = open_[0] if open_ and len(fits) != 1 else free.index(True)  # the first run that is not decided
+        why = HIDDEN if hide and below else "in more than one way" if fits or total is None else "in no way that the count allows"
+        raise _gap_error(where, k + sum(len(w[0]) for w in ways[:k]), units[k].id, helds[k], units[k].held, why)
     choice = [w[0] for w in ways]
     for k, split in zip(open_, fits[0]):
         choice[k] = list(split)

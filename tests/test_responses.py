@@ -331,7 +331,7 @@ def test_tokens_that_render_nothing_held_back(narrow, tmp_path, capsys):
     assert sum(1 for t in ids[7:14] if t in narrow[1].hidden) == 4
     assert main(["audit", str(NARROW), str(DATA / "narrow-hidden.sse"), "--prompt-tokens", "162,251,109,160,118,105"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "step 7 cannot be aligned" in err[0] and "renders no bytes" in err[0]
+    assert len(err) == 1 and "step 7 cannot be aligned" in err[0] and "render no bytes" in err[0]
 
 
 def test_held_back_ids_need_the_tokenizer(narrow):

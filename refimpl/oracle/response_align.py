@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from refimpl.errors import RefimplError
 
-PARTIAL_UTF8 = "partial UTF-8"  # the token's bytes end inside a UTF-8 character: held back, no entry
+PARTIAL_UTF8 = "partial UTF-8"  # after the token the text ends inside a UTF-8 character: held back, no entry
 NOT_GIVEN = "not given"  # no log-prob for the token, cause unknown
 
 
@@ -72,7 +72,7 @@ def validate_utf8(text: bytes) -> int:
     n = len(text)
     for i in range(1, min(4, n) + 1):
         c = text[n - i]
-        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
+        if ((c & 0xE0) == 0xC0 and i < 2) or ((c & 0xF0) == 0xE0 and i < 3) or ((c & 0xF8) == 0xF0 and i < 4):
             return n - i
     return n
 
@@ -116,14 +116,14 @@ class Pieces:
 
     def ids_of(self, piece: bytes) -> list[int]:
         """Every id whose piece is ``piece``: a normal token's text is its bytes in GPT-2's alphabet, a
-        user-defined token's its text."""
+        user-defined token's its text, a byte-fallback token's ``<0xXX>``."""
         from refimpl.tokenizer import bytes_to_unicode
 
         if self._texts is None:
             self._texts = {text: i for i, text in enumerate(self.tok.tokens)}
         texts = self._texts
         alphabet = bytes_to_unicode()
-        cands = {texts.get("".join(alphabet[b] for b in piece))}
+        cands = {texts.get("".join(alphabet[b] for b in piece)), texts.get(f"<0x{piece[0]:02X}>") if len(piece) == 1 else None}
         try:
             cands.add(texts.get(piece.decode("utf-8")))
         except UnicodeDecodeError:
@@ -225,13 +225,14 @@ COMBOS = 4096  # combinations of the ambiguous runs' splits tried against the se
 
 
 def _gap_error(where: str, step: int, tid: int, held: bytes, count: int | None, why: str) -> RefimplError:
-    n = f"{count} token(s)" if count is not None else "tokens"
-    return RefimplError(f"{where}: step {step} cannot be aligned: the bytes {_show(held)} sent before token {tid} split {why} "
-                        f"into the pieces of {n} that each end inside a UTF-8 character (llama-server's held-back tokens); "
+    n = f"{count} held-back token(s)" if count is not None else "the held-back tokens"
+    return RefimplError(f"{where}: step {step} cannot be aligned: the bytes {_show(held)} sent before token {tid}, {n}, {why}; "
                         "ask for the whole /completion answer, whose 'tokens' names every id")
 
 
-HIDDEN = "in more than one way: a token that renders no bytes may be held back among them"
+NO_WAY = "split in no way into pieces that each leave the text inside a UTF-8 character"
+TWO_WAYS = "split in more than one way into pieces that each leave the text inside a UTF-8 character"
+HIDDEN = "may hold tokens that render no bytes (control or unused tokens), which the bytes do not name"
 
 
 def recover(units: list[Sent], total: int | None, pieces: Pieces | None, where: str, text: str | None = None):
@@ -274,7 +275,7 @@ def recover(units: list[Sent], total: int | None, pieces: Pieces | None, where: 
                     raise _gap_error(where, step, u.id, held, u.held, HIDDEN)
                 found = [f for f in found if len(f) == u.held]
             if len(found) != 1 and (u.held is not None or not found or len(found) > WAYS):
-                raise _gap_error(where, step, u.id, held, u.held, "in more than one way" if found else "in no way")
+                raise _gap_error(where, step, u.id, held, u.held, TWO_WAYS if found else NO_WAY)
         ways.append(found)
         free.append(bool(held) and u.held is None)
         helds.append(held)
@@ -321,7 +322,7 @@ def _choose(ways: list, free: list, helds: list, units: list[Sent], total: int |
                 fits.append(combo)
     if len(fits) != 1 or (hide and below):
         k = open_[0] if open_ and len(fits) != 1 else free.index(True)  # the first run that is not decided
-        why = HIDDEN if hide and below else "in more than one way" if fits or total is None else "in no way that the count allows"
+        why = HIDDEN if hide and below else TWO_WAYS if fits or total is None else NO_WAY + " that the count allows"
         raise _gap_error(where, k + sum(len(w[0]) for w in ways[:k]), units[k].id, helds[k], units[k].held, why)
     choice = [w[0] for w in ways]
     for k, split in zip(open_, fits[0]):

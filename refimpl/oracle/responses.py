@@ -309,7 +309,7 @@ def _chunk_units(parts: list[_Part], pieces, where: str) -> tuple[list[Sent], in
         raw = raw if raw is not None else _lossless(p.text)
         held = None
         if p.count is not None:
-            held = p.count - (before or 0) - len(p.ids) if before is not None else None
+            held = p.count - before - len(p.ids) if before is not None else None
             if held is not None and held < 0:
                 raise RefimplError(f"{w}: 'tokens_predicted' {p.count} counts fewer tokens than the chunks so far give")
             total = max(p.count, total or 0)

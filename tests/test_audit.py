@@ -8,7 +8,8 @@ import pytest
 
 from conftest import require_llama_cpp
 from refimpl.oracle import golden as G
-from refimpl.oracle.audit import TIE_THRESHOLD, Stream, audit, read_stream, report_lines
+from refimpl.oracle.audit import TIE_THRESHOLD, Stream, audit, read_stream
+from refimpl.oracle.audit_report import report_lines
 from refimpl.cli import main
 from refimpl.errors import RefimplError
 from refimpl.decode.greedy import greedy

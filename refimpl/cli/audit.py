@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
 def cmd_audit(args) -> int:
     import json
 
-    from refimpl.oracle.audit import audit, report_lines
+    from refimpl.oracle.audit import audit
+    from refimpl.oracle.audit_report import report_lines
     from refimpl.oracle.stream_file import prompt_of, read_stream
     from refimpl.tokenizer import Tokenizer
 

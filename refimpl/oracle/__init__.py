@@ -7,7 +7,7 @@ from llama.cpp's eval callback) → ``dump_read`` (the DUMP formats) → ``trace
 check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``responses`` (a server's
 response as a stream) → ``response_align`` (its log-prob entries placed on its ids, the ids it leaves out
 recovered) → ``probs`` (its log-probs against the oracle's) → ``stream_file`` (every stream format
-read as one) → ``audit`` (judging a stream token by token) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)
+read as one) → ``calibrate`` (--threshold auto's spread and threshold) → ``audit`` (judging a stream token by token) → ``audit_report`` (its text) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)
 → ``kld`` (the oracle as its base or as its model) → ``kld_report`` (its statistics) → ``validate`` (a live
 llama-server) → ``validate_openai`` (an OpenAI-compatible server) → ``plot`` → ``html_page`` → ``html_report`` (the
 report as one web page).

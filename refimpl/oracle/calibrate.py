@@ -208,41 +208,6 @@ def engine_margin(cal: Calibration, sp, token: int, pos) -> EngineMargin:
     return EngineMargin(cal.tau, m_o, named[token] - min(top), True, limit)
 
 
-def rejudge(rep) -> None:
-    """Re-classify ``rep``'s findings (audit.Report) with each stream's calibration ``rep.calibration``
-    (label → Calibration): each stream's token at a departure judged by step 3, the oracle's own token
-    (the argmax) always close. The findings are replaced in place, in order."""
-    import dataclasses
-
-    from refimpl.oracle.audit import _departure, _divergence
-
-    streams = {s.label: s for s in rep.streams}
-
-    def evidence(label: str, tok: int, f) -> EngineMargin | None:
-        if label == "oracle" or tok == f.oracle.top_ids[0]:
-            return None
-        s = streams[label]
-        probs = s.response.probs if s.response is not None else None
-        sp = probs[f.step] if probs is not None and f.step < len(probs) else None
-        return engine_margin(rep.calibration[label], sp, tok, f.oracle)
-
-    def again(f):
-        ev = {lab: evidence(lab, tok, f) for lab, tok in f.tokens.items()}
-        ok = {lab: e is None or e.close for lab, e in ev.items()}
-        taus = [rep.calibration[lab].tau for lab in f.tokens if lab in rep.calibration]
-        pos = dataclasses.replace(f.oracle, threshold=max(taus) * f.oracle.max_abs)
-        if f.where == "divergence":
-            (la, a), (lb, b) = f.tokens.items()
-            g = _divergence(f.step, a, b, pos, (la, lb), ok=(ok[la], ok[lb]))
-        else:
-            g = _departure(f.step, f.where, next(iter(f.tokens.values())), pos, list(f.tokens), ok=all(ok.values()))
-        return dataclasses.replace(g, engine={lab: e for lab, e in ev.items() if e is not None})
-
-    rep.findings = [again(f) for f in rep.findings]
-    if rep.divergence is not None:
-        rep.divergence = again(rep.divergence)
-
-
 # ---- the report ---------------------------------------------------------------------------------
 
 
@@ -254,16 +219,3 @@ def calibration_line(label: str, cal: Calibration) -> str:
            f"over {cal.n_steps} steps of {cal.scope} (largest {100 * cal.spread_max:.2f}%)")
     floor = f", below the floor {100 * cal.floor:g}%" if cal.tau == cal.floor else ""
     return f"threshold auto ({label}): {100 * cal.tau:.2f}% of max|logit| from {how}{floor}"
-
-
-def margin_text(label: str, e: EngineMargin, max_abs: float) -> str:
-    """A departure's engine evidence, for the report (``max_abs``: the oracle's max|logit| there)."""
-    from refimpl.oracle.audit import percent
-
-    judged = (f"the oracle's margin {e.oracle_margin:.4g} judged against {label}'s threshold {e.limit:.4g} "
-              f"({100 * e.tau:.2f}% of max|logit|)")
-    if e.engine_margin is None:
-        return f"{label}: its log-prob of its token not given; {judged}"
-    ge = "≥ " if e.bound else ""
-    return (f"{label}: its own log-probs put its token {ge}{e.engine_margin:+.4g} above the oracle's (engine margin), so the "
-            f"gap moved {ge}{e.moved:.4g} = {ge}{percent(e.moved, max_abs)} of max|logit|; {judged}")

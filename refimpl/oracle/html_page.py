@@ -114,7 +114,7 @@ def num(x, fmt: str = ".4g") -> str:
 
 
 def pct(part, whole) -> str:
-    """``part`` as a percentage of ``whole``, as the text report writes it (refimpl.oracle.audit.percent)."""
+    """``part`` as a percentage of ``whole``, as the text report writes it (refimpl.oracle.audit_report.percent)."""
     ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (part, whole))
     return f"{100 * part / whole:.2f}%" if ok and whole else "n/a %"
 

@@ -90,7 +90,7 @@ def _oracle_table(tok, d: dict) -> str:
 
 def _divergence(rep, j: dict, tok) -> list[str]:
     d = j["divergence"]
-    if d is None:  # as the text report says it (refimpl.oracle.audit.report_lines)
+    if d is None:  # as the text report says it (refimpl.oracle.audit_report.report_lines)
         ns = [s["n_tokens"] for s in j["streams"]]
         if len(ns) == 1:
             return [f"<p>No divergence: all {ns[0]} tokens of A are the oracle's argmax (A is the oracle's greedy stream).</p>"]
@@ -186,7 +186,7 @@ def _pictures(rep, j: dict, tok, name: str) -> list[str]:
 
 def audit_sections(rep, tok, name: str = "") -> list[str]:
     """Everything about one audit below its table row (the module docstring, 2.)."""
-    from refimpl.oracle.audit import report_lines
+    from refimpl.oracle.audit_report import report_lines
 
     j = rep.as_json()
     return (_divergence(rep, j, tok) + _findings(j, tok) + _extras(j) + _pictures(rep, j, tok, name)

@@ -342,3 +342,17 @@ def test_readme_commands_are_commands():
 def test_performance_doc_is_current_tables_only():
     lines = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= PERFORMANCE_MAX_LINES, f"docs/performance.md has {len(lines)} lines (at most {PERFORMANCE_MAX_LINES}: current figures only; history lives in git and CHANGELOG.md)"
+
+
+# -- package docstrings -------------------------------------------------------------------------------
+
+
+def test_every_package_docstring_names_its_modules():
+    """Each folder's ``__init__`` states its reading order: every module of the folder is in it."""
+    missing = []
+    for init in sorted([*ROOT.glob("refimpl/*/__init__.py"), *ROOT.glob("kernels/*/__init__.py"), ROOT / "kernels" / "__init__.py"]):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        for mod in sorted(p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"):
+            if not re.search(rf"\b{mod}\b", doc):
+                missing.append(f"{init.relative_to(ROOT)}: {mod}")
+    assert not missing, "modules their package's docstring leaves out:\n" + "\n".join(missing)

@@ -16,13 +16,21 @@ against the three libggml builds):
   F16/BF16 casts (and ggml's half → float table), sum_rows, cumsum;
 * ``norm`` — rms_norm (fused with the weight), l2_norm, qwen35moe's gdn l2 norm;
 * ``rope`` — IMRoPE/M-RoPE (``ggml_rope_multi``) and NEOX RoPE;
-* ``rows`` — get_rows of float and quantized tables, argsort/top_k (libstdc++'s sort), concat;
+* ``rows`` — get_rows of float and quantized tables, argsort/top_k (libstdc++'s sort), concat; ``rows_q``,
+  ``rows_iq`` — libggml-base's ``dequantize_row_*`` that get_rows calls (Q2_K, Q3_K and the legacy 32-value
+  types; the codebook types);
 * ``ssm`` — ssm_conv and the fused gated delta net;
 * ``flashattn_exact_tiled``, ``flashattn_exact`` — ``ggml_flash_attn_ext``: the tiled path of ≥ 64 query
   rows, and the dispatch with the one-row and split-KV paths;
-* ``mulmat_vec``, ``mulmat_k``, ``mulmat`` — ``ggml_mul_mat``/``_id``: float vec_dots and llamafile's
-  tinyBLAS, the K-quant vec_dot and tiled kernels, and the dispatch (Q8_0, MXFP4 there); ``mulmat_generic`` — the
-  generic path's (the ``_ref`` activation quantizers, then ``actdots``' generic dots);
+* ``attn_heads`` — ``build_attn_mha`` without flash attention (F32 K/V): kq, soft_max, kqv of every head in
+  one compiled call;
+* ``mulmat_vec`` — float vec_dots and llamafile's float tinyBLAS; ``mulmat_q8`` — the Q8_0-activation kernels
+  of Q8_0 and MXFP4 weights (vec_dot, ``tinyBLAS_Q0_AVX``) and the argument checks every ``mul_mat`` shares;
+  ``mulmat_q`` — the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL); ``mulmat_k`` — the K-quants'
+  vec_dot and tiled kernels; ``mulmat_iq`` — the codebook types; ``repack``, ``repack_k`` — weights in
+  llama.cpp's CPU_REPACK buffer (Q4_0, IQ4_NL, MXFP4; Q4_K, Q2_K); ``mulmat`` — ``ggml_mul_mat``/``_id``:
+  the dispatch among them, with the formulas; ``mulmat_generic`` — the generic path's (the ``_ref`` activation
+  quantizers, then ``actdots``' generic dots);
 * ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster).
 
 Approximate (llama.cpp to float-accumulation noise; path-independent):

@@ -4,7 +4,8 @@ intermediate-tensor recorder, pictures, and the Dask cluster that runs goldens a
 Reading order: ``trace`` (recording and patching named intermediates) → ``dumper`` (an engine's intermediates
 from llama.cpp's eval callback) → ``dump_read`` (the DUMP formats) → ``trace_against`` (where an engine departs)
 → ``trace_report`` → ``golden_run`` (one prompt's stream, the unit of work) → ``cluster`` → ``golden_file`` (the JSON-lines format) → ``golden`` (make and
-check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``responses`` (a server's
+check) → ``golden_audit`` → ``rounds`` (replaying an engine's speculative rounds) → ``reproduce`` (does llama.cpp's own
+batch schedule compute the stream?) → ``responses`` (a server's
 response as a stream) → ``response_align`` (its log-prob entries placed on its ids, the ids it leaves out
 recovered) → ``probs`` (its log-probs against the oracle's) → ``stream_file`` (every stream format
 read as one) → ``calibrate`` (--threshold auto's spread and threshold) → ``audit`` (judging a stream token by token) → ``audit_report`` (its text) → ``audit_streams`` → ``kld_file`` (llama-perplexity's KL-divergence base file)

@@ -22,7 +22,8 @@ Contract (what lives in this folder):
 
 May import everything below it: ``refimpl.errors``, ``refimpl.io``, ``refimpl.tokenizer``,
 ``refimpl.fixtures``, ``refimpl.model``, ``refimpl.decode``, ``refimpl.oracle``, ``refimpl.inject`` (and
-``kernels`` through them). Within refimpl, only ``refimpl.__main__`` imports this folder.
+``kernels`` through them). Within refimpl, only ``refimpl.__main__`` and the Python API (``refimpl.api``: ``common``'s
+loading and ``Ctx``) import this folder.
 """
 
 from __future__ import annotations

@@ -81,11 +81,9 @@ def fingerprint() -> str:
     from importlib.metadata import version
 
     import kernels
-    import refimpl
 
     h = hashlib.sha256()
-    for pkg in (refimpl, kernels):
-        root = Path(pkg.__file__).parent
+    for root in (Path(__file__).parents[1], Path(kernels.__file__).parent):  # refimpl/ (this file is refimpl/oracle/…), kernels/
         for f in sorted(root.rglob("*.py")):
             h.update(f.relative_to(root.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(" ".join(f"{p} {version(p)}" for p in ("numpy", "numba", "gguf")).encode())

@@ -85,9 +85,9 @@ def _dumps(obj) -> str:
 def producer() -> dict:
     from importlib.metadata import version
 
-    import refimpl
+    from refimpl.version import __version__
 
-    return {"name": "refimpl", "version": refimpl.__version__, "numpy": np.__version__, "gguf": version("gguf")}
+    return {"name": "refimpl", "version": __version__, "numpy": np.__version__, "gguf": version("gguf")}
 
 
 def write_golden(path: Path, header: dict, records: list[dict]) -> None:

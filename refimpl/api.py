@@ -100,10 +100,11 @@ def load(model: str | os.PathLike = "builtin:kjv", *, emulate: str | None = None
     ``builtin:PRESET[/QUANT]``, built on first use) with the numerics of the commands' flags:
 
     * ``emulate``: None (the definition), ``"default"`` / ``"plain"`` (llama.cpp's rounding points, float noise
-      apart) or ``"ggml"`` (bit for bit as the libggml-cpu llama-cpp-python loads: ``--emulate=ggml``);
+      apart), ``"ggml"`` (bit for bit as the libggml-cpu llama-cpp-python loads: ``--emulate=ggml``) or
+      ``"ggml:avx512"`` / ``"ggml:avx2"`` / ``"ggml:generic"`` (that path bit for bit, named: no library loaded);
       ``flash_attn`` (bool) and ``kv_type`` (``"f16"`` | ``"f32"``) override its configuration; ``kernel``:
       ``"numba"`` or ``"numpy"`` (the plain definitions, the same bits) — docs/numerics.md;
-    * with ``emulate="ggml"`` only: ``repack`` (False = llama.cpp's ``--no-repack``), ``n_threads``, ``n_ubatch``,
+    * with ``emulate="ggml[:PATH]"`` only: ``repack`` (False = llama.cpp's ``--no-repack``), ``n_threads``, ``n_ubatch``,
       ``n_ctx`` (llama.cpp's -t, -ub, -c) and ``ggml_version_ok`` (``--ggml-version-ok``);
     * ``cache_mb``: None (routed experts memory-mapped, the default) or a budget in MiB / ``"auto"``: streamed
       through an LRU cache (``run --cache-mb``, docs/streamer.md); ``pack``: True / False / ``"auto"``
@@ -111,13 +112,14 @@ def load(model: str | os.PathLike = "builtin:kjv", *, emulate: str | None = None
     """
     import argparse
 
+    from kernels.ggml.build import NAMED_PATHS
     from refimpl.cli.common import ctx_from_args, load_named
     from refimpl.model.ops import EMULATIONS
     from refimpl.tokenizer import Tokenizer
 
     if not isinstance(model, (str, os.PathLike)):
         raise RefimplError(f"load: model is a GGUF path or builtin:NAME, got {type(model).__name__}")
-    _choice("emulate", emulate, (None, *EMULATIONS))
+    _choice("emulate", emulate, (None, *EMULATIONS, *NAMED_PATHS))
     _choice("flash_attn", flash_attn, (None, True, False))
     _choice("kv_type", kv_type, (None, "f16", "f32"))
     _choice("kernel", kernel, ("numba", "numpy"))
@@ -125,8 +127,10 @@ def load(model: str | os.PathLike = "builtin:kjv", *, emulate: str | None = None
     ggml_only = {"repack": repack is not True, "n_threads": n_threads is not None, "n_ubatch": n_ubatch is not None,
                  "n_ctx": n_ctx is not None, "ggml_version_ok": ggml_version_ok is not False}
     for name, given in ggml_only.items():
-        if given and emulate != "ggml":
+        if given and not (emulate or "").startswith("ggml"):
             raise RefimplError(f"load: {name}= describes the llama.cpp that emulate='ggml' emulates; give it with emulate='ggml'")
+    if ggml_version_ok and (emulate or "").startswith("ggml:"):
+        raise RefimplError(f"load: ggml_version_ok= accepts a loaded libggml of another ggml version; emulate={emulate!r} loads none")
     for name, value in (("n_threads", n_threads), ("n_ubatch", n_ubatch), ("n_ctx", n_ctx)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "n_ctx" else 1)):
             raise RefimplError(f"load: {name} must be a {'whole number ≥ 0' if name == 'n_ctx' else 'positive whole number'}, got {value!r}")
@@ -135,6 +139,7 @@ def load(model: str | os.PathLike = "builtin:kjv", *, emulate: str | None = None
         kernel=kernel, no_repack=not repack, ggml_version_ok=ggml_version_ok, threads=n_threads, ubatch_size=n_ubatch,
         ctx_size=n_ctx)
     ctx = ctx_from_args(args)  # before loading, as the commands do: emulate="ggml" names (or refuses) its libggml first
+    # (the commands' messages name their flags: --no-repack is repack=False, --threads n_threads, --ggml-version-ok …)
     if cache_mb is not None:
         from refimpl.io.streamer import cache_budget
 

@@ -183,7 +183,8 @@ def test_trace_is_refimpl_trace(model, prompt, tmp_path, capsys):
 
 def test_emulate_ggml_is_refimpl_logits_emulate_ggml(prompt, tmp_path, capsys):
     """load(emulate="ggml") is ``--emulate=ggml``: the libggml llama-cpp-python loads, named and checked as the
-    command does, its column layout, and the same bits as ``refimpl logits --emulate=ggml``."""
+    command does, its column layout, and the same bits as ``refimpl logits --emulate=ggml``; naming that path
+    (``emulate="ggml:PATH"``, no library loaded) computes the same."""
     from conftest import require_llama_cpp
 
     require_llama_cpp()
@@ -193,6 +194,8 @@ def test_emulate_ggml_is_refimpl_logits_emulate_ggml(prompt, tmp_path, capsys):
     assert ggml.ctx.ggml and ggml.ctx.numerics().startswith("ggml-cpu")
     logits, _ = refimpl.forward(ggml, prompt)
     assert logits.tobytes() == np.load(out).tobytes()
+    named = refimpl.load("builtin:kjv", emulate=f"ggml:{ggml.ctx.ggml}")
+    assert named.ctx.ggml == ggml.ctx.ggml and refimpl.forward(named, prompt)[0].tobytes() == logits.tobytes()
 
 
 # ---- bad arguments: one line each ------------------------------------------------------------------------------
@@ -206,6 +209,8 @@ BAD = {
     "kv_type": (lambda m, p: refimpl.load(kv_type="f8"), "kv_type"),
     "flash_attn": (lambda m, p: refimpl.load(flash_attn="on"), "flash_attn"),
     "ggml-only flag": (lambda m, p: refimpl.load(n_threads=2), "emulate='ggml'"),
+    "unknown ggml path": (lambda m, p: refimpl.load(emulate="ggml:avx3"), "ggml:avx2"),
+    "version_ok with a named path": (lambda m, p: refimpl.load(emulate="ggml:avx2", ggml_version_ok=True), "loads none"),
     "kernel numpy with emulate": (lambda m, p: refimpl.load(emulate="plain", kernel="numpy"), "numba"),
     "cache_mb": (lambda m, p: refimpl.load(cache_mb="lots"), "lots"),
     "not a model": (lambda m, p: refimpl.forward("builtin:kjv", p), "refimpl.load"),

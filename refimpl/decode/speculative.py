@@ -22,9 +22,11 @@ the value goes on unchanged unless an engine bug is injected on purpose (:mod:`r
 docs/bug-classes.md) — where the loop starts, after the prompt, the state a round decodes from, the
 verify rows' argmax, the accepted ids, the rollback, the end.
 
-Because refimpl's ``forward`` gives bit-identical rows for a batch and for single tokens, the tokens
-generated here equal :func:`refimpl.decode.greedy.greedy`'s for every source and draft width
-(docs/speculative.md says why a batched C++ engine need not).
+Because refimpl's ``forward`` gives bit-identical rows for a batch and for single tokens in the definition
+(and with ``--emulate=plain``), the tokens generated here then equal :func:`refimpl.decode.greedy.greedy`'s for
+every source and draft width (docs/speculative.md says why a batched C++ engine need not). Under ``--emulate``
+with flash attention and under ``--emulate=ggml`` a 1+N verify batch rounds as llama.cpp's does, differently
+from single tokens, so the two loops may part at a near-tie, as llama.cpp's own do.
 """
 
 from __future__ import annotations

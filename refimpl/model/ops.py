@@ -6,7 +6,10 @@ All activations are float32 (as in llama.cpp). Reductions that llama.cpp accumul
 float64-accumulated and rounded once (closer to exact than ggml's float32 SIMD sums, whose order
 varies by kernel). Every function treats each row (last axis) independently and identically, so a
 batch of T rows gives bit-identical results to T single-row calls — the property that makes
-verify batches exact in this oracle.
+verify batches exact in this oracle. That holds for the definition (no ``--emulate``) and for
+``--emulate=plain``; not under ``--emulate`` with flash attention on (its default: one query row over a long
+cache takes the split-KV path, 64 or more rows the tiled path), nor under ``--emulate=ggml``, whose ggml-cpu
+kernels depend on the row count as llama.cpp's do (docs/numerics.md, "Batch invariance").
 
 Shapes use the legend of docs/architecture.md; ``...`` is any leading batch shape.
 """

@@ -24,7 +24,9 @@ import numpy as np
 from refimpl.errors import RefimplError
 
 TOP_K = 5
-#: Positions per teacher-forced forward call (batch invariance: any chunking gives the same bits). As the
+#: Positions per teacher-forced forward call (in the definition and with --emulate=plain, batch invariance: any
+#: chunking gives the same bits; under --emulate with flash attention and --emulate=ggml the chunk is a batch shape
+#: and the bits depend on it, as llama.cpp's do on its batch). As the
 #: CLI's LOGITS_CHUNK: a batch reads each routed expert it uses once, so with streamed experts fewer, longer
 #: chunks read less (the full fixture's audit of 256 + 256 tokens read 135 GiB in chunks of 32).
 CHUNK = 256
@@ -43,8 +45,9 @@ class Cursor:
 
 def _feed(model, state, tokens: list[int], ctx, on_rows, chunk: int = CHUNK, outputs: str = "all"):
     """Forward ``tokens`` after ``state``, ``chunk`` positions per call; ``on_rows(offset, logits)``
-    sees each chunk's rows (``outputs="last"``: its last row only). Batch invariance: any chunking
-    gives bit-identical rows."""
+    sees each chunk's rows (``outputs="last"``: its last row only). In the definition and with
+    ``--emulate=plain`` any chunking gives bit-identical rows (batch invariance); under ``--emulate`` with flash
+    attention and ``--emulate=ggml`` it does not (docs/numerics.md, "Batch invariance")."""
     from refimpl.model.trunk import forward
 
     for start in range(0, len(tokens), chunk):

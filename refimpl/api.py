@@ -215,7 +215,10 @@ def audit(model: Oracle, prompt, stream_a, stream_b=None, *, threshold: float | 
 
     ``prompt``: ids, text (encoded), or None (the ``prompt_tokens`` the stream files carry). A stream: a list
     of ids, a :class:`Generation`, or a file ``refimpl audit`` reads (JSON, telemetry CSV, text, a server's
-    response). ``threshold``: the near-tie rule's τ, or ``"auto"`` (``--threshold auto``)."""
+    response). ``threshold``: the near-tie rule's τ, or ``"auto"`` (``--threshold auto``). A stream file that
+    carries other ``prompt_tokens`` than ``prompt`` is refused in one line (the command's verdict "prompt
+    differs": a stream is not judged against another prompt). ``--emulate=ggml``'s prediction of llama.cpp's own
+    stream for a batch schedule (``audit --draft`` / ``--schedule``) is :mod:`refimpl.oracle.reproduce`'s."""
     import numpy as np
 
     from refimpl.oracle.audit import audit as oracle_audit
@@ -253,13 +256,15 @@ def trace(model: Oracle, tokens, state=None, *, names=None, patch: dict | None =
     (None: fresh), under llama.cpp's names (``attn_norm-0``, ``linear_attn_out-0``, …, ``result_output``):
     {name: float array [T, n]}, the arrays ``refimpl trace --tokens … --out DIR`` writes. ``names``: record
     only these. ``patch``: {name: rows [T, n]} fed in place of what the pass computes for those names, the
-    rest computed from them (activation patching: :class:`refimpl.oracle.trace.Patcher`)."""
+    rest computed from them (activation patching: :class:`refimpl.oracle.trace.Patcher`). A name in ``names`` or
+    ``patch`` that the pass never computes (a misspelling, a layer the model lacks) is refused, as are patch rows
+    that do not fit."""
     import dataclasses
 
     import numpy as np
 
     from refimpl.model.trunk import forward as trunk_forward
-    from refimpl.oracle.trace import Patcher, Recorder
+    from refimpl.oracle.trace import Patcher, Recorder, tensor_name
 
     _check_model(model, "trace")
     if patch is not None and not isinstance(patch, dict):
@@ -267,9 +272,21 @@ def trace(model: Oracle, tokens, state=None, *, names=None, patch: dict | None =
     names = None if names is None else {str(n) for n in ([names] if isinstance(names, str) else names)}
     rec = Recorder(names) if patch is None else Patcher({k: np.asarray(v) for k, v in patch.items()}, names)
     ids = _ids(model, tokens, "trace")
+
+    def hook(name: str, il: int, x):
+        try:
+            return rec(name, il, x)
+        except ValueError as e:  # patch rows of another count or size than the value they replace (Patcher)
+            raise RefimplError(f"trace: patch {tensor_name(name, il)} does not fit {list(np.shape(x))}: {e}") from None
+
     with np.errstate(all="ignore"):
-        trunk_forward(model.model, _state(model, state), ids, dataclasses.replace(model.ctx, trace=rec))
-    return rec.arrays()
+        trunk_forward(model.model, _state(model, state), ids, dataclasses.replace(model.ctx, trace=hook))
+    arrays = rec.arrays()
+    missing = sorted(((names or set()) | set(patch or ())) - set(arrays))
+    if missing:
+        raise RefimplError(f"trace: this pass computes no intermediate named {missing[0]!r} (the names: refimpl.trace(model, "
+                           f"tokens) lists them, e.g. {', '.join(list(arrays)[:3])})")
+    return arrays
 
 
 # ---- argument checks: one line each, as the commands' ------------------------------------------

@@ -229,6 +229,10 @@ BAD = {
     "audit stream file": (lambda m, p: refimpl.audit(m, p, "/nonexistent/engine.json"), "engine.json"),
     "audit empty stream": (lambda m, p: refimpl.audit(m, p, []), "no tokens"),
     "trace patch": (lambda m, p: refimpl.trace(m, p, patch=[1]), "patch"),
+    "trace unknown name": (lambda m, p: refimpl.trace(m, p, names=["attn_nrom-0"]), "attn_nrom-0"),
+    "trace unknown patch": (lambda m, p: refimpl.trace(m, p, patch={"attn_norm-99": np.zeros((len(p), 256))}), "attn_norm-99"),
+    "trace patch rows": (lambda m, p: refimpl.trace(m, p, patch={"attn_norm-0": np.zeros((1, 256))}), "attn_norm-0"),
+    "trace patch width": (lambda m, p: refimpl.trace(m, p, patch={"attn_norm-0": np.zeros((len(p), 3))}), "attn_norm-0"),
 }
 
 

@@ -63,6 +63,10 @@ class Oracle:
     ctx: Any
     tokenizer: Any
 
+    def __repr__(self) -> str:  # not the weights
+        c = self.config
+        return f"Oracle({self.name!r}: {c.arch.name}, {c.n_layer} layers, vocabulary {c.n_vocab}; numerics {self.ctx.numerics()})"
+
     @property
     def config(self):
         """The model's :class:`refimpl.io.config.Config` (``n_vocab``, ``n_layer``, ``arch``, …)."""

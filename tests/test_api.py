@@ -101,6 +101,7 @@ def test_load(model):
     assert model.name == "builtin:kjv" and model.ctx.numerics() == "off"
     assert model.config.arch.name == "qwen35moe" and model.config.n_vocab == model.tokenizer.n_vocab
     assert model.decode(model.encode(TEXT)) == TEXT and model.decode([]) == ""
+    assert repr(model) == "Oracle('builtin:kjv': qwen35moe, 4 layers, vocabulary 2048; numerics off)"  # not the weights
 
 
 def test_forward_is_refimpl_logits_bit_for_bit(model, prompt, tmp_path, capsys):

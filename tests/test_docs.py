@@ -377,3 +377,15 @@ def test_every_package_docstring_names_its_modules():
             if not re.search(rf"\b{mod}\b", doc):
                 missing.append(f"{init.relative_to(ROOT)}: {mod}")
     assert not missing, "modules their package's docstring leaves out:\n" + "\n".join(missing)
+
+
+def test_readme_layout_names_every_folder():
+    """README.md's layout tree lists every package folder of refimpl/ and kernels/."""
+    trees = [b.code for b in fenced_blocks(ROOT / "README.md") if b.code.startswith("refimpl/\n")]
+    assert len(trees) == 1, "README.md: the layout tree (a block starting 'refimpl/') is missing"
+    tree = trees[0].split("kernels/\n")
+    assert len(tree) == 2, "README.md: the layout tree has no 'kernels/' part"
+    missing = [f"{top}/{d.name}/" for top, part in zip(("refimpl", "kernels"), tree)
+               for d in sorted((ROOT / top).iterdir()) if (d / "__init__.py").is_file()
+               if not re.search(rf"^\s+{d.name}/", part, re.M)]
+    assert not missing, f"README.md's layout tree leaves out {', '.join(missing)}"

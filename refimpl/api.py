@@ -211,7 +211,7 @@ def generate(model: Oracle, prompt, n: int, *, draft: str | None = None, n_draft
     return Generation(out, model.tokenizer.decode(out), stats)
 
 
-def audit(model: Oracle, prompt, stream_a, stream_b=None, *, threshold: float | str = 0.05):
+def audit(model: Oracle, prompt, stream_a, stream_b=None, *, threshold: float | str = 0.05, schedule: int | str | None = None):
     """Judge an engine's stream against the oracle, or two streams against each other, as ``refimpl audit``
     does (docs/validating-an-engine.md); returns the :class:`refimpl.oracle.audit.Report` (``.verdict``:
     ``clean`` / ``identical`` / ``near-tie`` / ``A wrong`` …, ``.exit_code``: the command's, ``.as_json()``:
@@ -221,8 +221,10 @@ def audit(model: Oracle, prompt, stream_a, stream_b=None, *, threshold: float | 
     of ids, a :class:`Generation`, or a file ``refimpl audit`` reads (JSON, telemetry CSV, text, a server's
     response). ``threshold``: the near-tie rule's τ, or ``"auto"`` (``--threshold auto``). A stream file that
     carries other ``prompt_tokens`` than ``prompt`` is refused in one line (the command's verdict "prompt
-    differs": a stream is not judged against another prompt). ``--emulate=ggml``'s prediction of llama.cpp's own
-    stream for a batch schedule (``audit --draft`` / ``--schedule``) is :mod:`refimpl.oracle.reproduce`'s."""
+    differs": a stream is not judged against another prompt). With a model loaded with ``emulate="ggml[:PATH]"`` the
+    report also holds llama.cpp's own stream predicted for the engine's batch ``schedule`` (``audit --emulate=ggml
+    --draft``: 0 or ``"plain"``, the default; 1…8, the draft-mtp loop; ``"server:N"``; ``"N,M"`` one per stream), and
+    its exit code is byte identity with it (:mod:`refimpl.oracle.reproduce`)."""
     import numpy as np
 
     from refimpl.oracle.audit import audit as oracle_audit
@@ -250,9 +252,19 @@ def audit(model: Oracle, prompt, stream_a, stream_b=None, *, threshold: float | 
         if s.prompt is not None and list(s.prompt) != ids:
             raise RefimplError(f"audit: stream {s.label} ({s.source}) carries other prompt ids than the prompt given "
                                f"({len(s.prompt)} ids, the prompt {len(ids)}): the tokenization differs (docs/bug-classes.md B20)")
+    if schedule is not None and not model.ctx.ggml:
+        raise RefimplError("audit: schedule= predicts llama.cpp's own stream for the engine's batches: it needs a model "
+                           "loaded with emulate='ggml'")
+    if model.ctx.ggml:  # parsed before the audit runs, as the command does
+        from refimpl.oracle.reproduce import parse_schedules, reproduce
+
+        schedules = parse_schedules("0" if schedule is None else str(schedule), len(streams))
     with np.errstate(all="ignore"):
-        return oracle_audit(model.model, ids, *streams, ctx=model.ctx, tau=0.05 if auto else float(threshold),
-                            model_name=model.name, auto=auto)
+        rep = oracle_audit(model.model, ids, *streams, ctx=model.ctx, tau=0.05 if auto else float(threshold),
+                           model_name=model.name, auto=auto)
+        if model.ctx.ggml:  # llama.cpp's own stream per schedule, as refimpl audit --emulate=ggml
+            reproduce(rep, model.model, model.ctx, schedules, frozenset(model.tokenizer.eog_ids))
+    return rep
 
 
 def trace(model: Oracle, tokens, state=None, *, names=None, patch: dict | None = None) -> dict:

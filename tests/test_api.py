@@ -182,10 +182,11 @@ def test_trace_is_refimpl_trace(model, prompt, tmp_path, capsys):
     assert not np.array_equal(moved["result_output"], logits)
 
 
-def test_emulate_ggml_is_refimpl_logits_emulate_ggml(prompt, tmp_path, capsys):
+def test_emulate_ggml_is_refimpl_logits_emulate_ggml(prompt, plain, tmp_path, capsys):
     """load(emulate="ggml") is ``--emulate=ggml``: the libggml llama-cpp-python loads, named and checked as the
     command does, its column layout, and the same bits as ``refimpl logits --emulate=ggml``; naming that path
-    (``emulate="ggml:PATH"``, no library loaded) computes the same."""
+    (``emulate="ggml:PATH"``, no library loaded) computes the same. Its audit holds llama.cpp's predicted stream, as
+    ``refimpl audit --emulate=ggml [--draft N]`` does."""
     from conftest import require_llama_cpp
 
     require_llama_cpp()
@@ -197,6 +198,13 @@ def test_emulate_ggml_is_refimpl_logits_emulate_ggml(prompt, tmp_path, capsys):
     assert logits.tobytes() == np.load(out).tobytes()
     named = refimpl.load("builtin:kjv", emulate=f"ggml:{ggml.ctx.ggml}")
     assert named.ctx.ggml == ggml.ctx.ggml and refimpl.forward(named, prompt)[0].tobytes() == logits.tobytes()
+    stream = tmp_path / "engine.json"
+    stream.write_text(json.dumps(plain.tokens))
+    for schedule in (None, 2):
+        flags = [] if schedule is None else ["--draft", str(schedule)]
+        code, out = _cli(capsys, "audit", "builtin:kjv", str(stream), "--prompt", TEXT, "--emulate=ggml", "--json", *flags)
+        rep = refimpl.audit(ggml, TEXT, str(stream), schedule=schedule)
+        assert rep.reproduce is not None and rep.as_json() == json.loads(out) and rep.exit_code == code
 
 
 # ---- bad arguments: one line each ------------------------------------------------------------------------------
@@ -229,6 +237,7 @@ BAD = {
     "audit no prompt": (lambda m, p: refimpl.audit(m, None, [1, 2]), "prompt"),
     "audit stream file": (lambda m, p: refimpl.audit(m, p, "/nonexistent/engine.json"), "engine.json"),
     "audit empty stream": (lambda m, p: refimpl.audit(m, p, []), "no tokens"),
+    "audit schedule without ggml": (lambda m, p: refimpl.audit(m, p, [1, 2], schedule=3), "emulate='ggml'"),
     "trace patch": (lambda m, p: refimpl.trace(m, p, patch=[1]), "patch"),
     "trace unknown name": (lambda m, p: refimpl.trace(m, p, names=["attn_nrom-0"]), "attn_nrom-0"),
     "trace unknown patch": (lambda m, p: refimpl.trace(m, p, patch={"attn_norm-99": np.zeros((len(p), 256))}), "attn_norm-99"),

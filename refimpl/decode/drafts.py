@@ -27,6 +27,7 @@ import numpy as np
 
 from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
 from refimpl.model.ops import Ctx, argmax
+from refimpl.model.state import read_only
 
 F32 = np.float32
 DRAFT_TOP_K = 10  # the MTP draft sampler is top_k(10) (common_speculative_impl_draft_mtp ctor)
@@ -94,6 +95,8 @@ class MTPDraftState:
     mtp: MTPState
     pending_h: np.ndarray
     verify_h: np.ndarray
+
+    __post_init__ = read_only  # its arrays read-only, as every state record's (refimpl.model.state)
 
 
 class MTPSource(DraftSource):

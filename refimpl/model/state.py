@@ -9,15 +9,32 @@ Every record is immutable: a forward pass takes a state and returns a new one, n
 the arrays it was given. So a snapshot is just a kept reference and a rollback an assignment
 (docs/speculative.md, "llama.cpp's snapshot planes", describes the C++ planes these replace). A fresh sequence starts from zeros
 (``build_rs`` zeroes slot ``rs_z``).
+
+The immutability is enforced, not a convention: a record's arrays are made read-only
+(``writeable=False``, :func:`read_only`) when the record is built, without a copy. An in-place update
+(``st.ssm *= decay``, ``kv.k[i] = …``, ``np.copyto``, ``out=``) raises ``ValueError`` (read-only)
+instead of silently rewriting every snapshot that shares the array; new values go into new arrays
+and a new record (tests/test_state.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 F32 = np.float32
+
+
+def read_only(record) -> None:
+    """Make every array field of the dataclass ``record`` read-only, in place and without a copy (the
+    ``__post_init__`` of each state record). The arrays are the record's own from then on: whoever built
+    them must not write into them either. (A view made read-only leaves its base writable: the views a
+    record holds, as the conv window's rows, are of buffers no one keeps.)"""
+    for f in fields(record):
+        a = getattr(record, f.name)
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -27,6 +44,8 @@ class KVCache:
     k: np.ndarray
     v: np.ndarray
     pos: np.ndarray
+
+    __post_init__ = read_only
 
     @staticmethod
     def empty(n_head_kv: int, head_dim: int) -> "KVCache":
@@ -57,6 +76,8 @@ class DeltaNetState:
 
     conv: np.ndarray
     ssm: np.ndarray
+
+    __post_init__ = read_only
 
     @staticmethod
     def zeros(conv_channels: int, d_conv: int, n_v_heads: int, d_state: int) -> "DeltaNetState":

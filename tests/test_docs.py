@@ -4,8 +4,8 @@
   working directory a scratch folder that links the repository's top-level entries (so a block reads
   ``golden/…`` or ``refimpl/models/…`` as a user in a clone would, and the files it writes land in the
   scratch folder). The models are the built-in ones (``builtin:kjv``, ``builtin:tiny``). A block that
-  cannot run here (a 20 GB file, a live server) says so right above its fence, in the one visible
-  convention ``<!-- not run: REASON -->``; the reason must be given.
+  cannot run here (a 20 GB file, a live server) says so on the line right above its fence, in the one
+  visible convention ``<!-- not run: REASON -->``; the reason must be given (and the block still parses).
 * **Names exist.** Every backticked dotted name rooted at one of the repository's packages
   (``refimpl.model.trunk.forward``, ``kernels.ggml.simd.fma32``, ``train.run.consistency_loss``) resolves:
   the longest importable module prefix, then ``getattr`` for the rest. Every backticked repository path
@@ -39,7 +39,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-#: The marker for a block that is deliberately not run: ``<!-- not run: REASON -->`` on the line(s) above the fence.
+#: The marker for a block that is deliberately not run: ``<!-- not run: REASON -->``, the last line with text above the fence.
 NOT_RUN = re.compile(r"<!--\s*not run:(.*?)-->", re.S)
 
 #: The repository's importable top-level packages: a backticked dotted name starting with one of these is checked.
@@ -85,7 +85,7 @@ def fenced_blocks(doc: Path) -> list[Block]:
             body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
             i += 1
         i += 1  # the closing fence
-        above = "\n".join(lines[max(0, start - 3):start])
+        above = next((line for line in reversed(lines[:start]) if line.strip()), "")  # the nearest line with text
         marks = NOT_RUN.findall(above)
         blocks.append(Block(doc, start + 1, lang, "\n".join(body) + "\n", marks[-1].strip() if marks else None))
     return blocks
@@ -389,3 +389,15 @@ def test_readme_layout_names_every_folder():
                for d in sorted((ROOT / top).iterdir()) if (d / "__init__.py").is_file()
                if not re.search(rf"^\s+{d.name}/", part, re.M)]
     assert not missing, f"README.md's layout tree leaves out {', '.join(missing)}"
+
+
+def test_the_parser_reads_blocks_and_the_not_run_marker(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("text `refimpl.errors.RefimplError`\n\n<!-- not run: needs a 20 GB model file -->\n```python\nx = 1\n```\n\n"
+                   "<!-- not run: -->\n```python\ny = 2\n```\n\n```python\nz = 3\n```\n  ```bash\n  refimpl run -n 2\n  ```\n",
+                   encoding="utf-8")
+    blocks = fenced_blocks(doc)
+    assert [(b.lang, b.code, b.not_run) for b in blocks] == [
+        ("python", "x = 1\n", "needs a 20 GB model file"), ("python", "y = 2\n", ""), ("python", "z = 3\n", None),
+        ("bash", "refimpl run -n 2\n", None)]
+    assert inline_code(doc) == ["refimpl.errors.RefimplError"]

@@ -34,7 +34,7 @@ For every (model, mix), in one run:
   CPU_REPACK re-lays out take the emulated repacked gemv, as in the llama.cpp child; its tokens must be llama.cpp's
   own), loaded as ``refimpl run --emulate=ggml``
   loads (``pack="auto"`` with ``ggml``: the weights also in the column layout of its kernels,
-  ``refimpl.model.trunk.ggml_layout``, when that fits in RAM). It runs in the same rounds, right after the plain
+  ``refimpl.graph.layout.ggml_layout``, when that fits in RAM). It runs in the same rounds, right after the plain
   variants, and its tok/s is also divided by each plain variant's of the same round (``ggml / plain``).
   Its prompt row is not measured. The plain rows keep ``--emulate``'s other meaning off (plain numerics).
   ``kjv`` (the built-in trained model, Q8_0: ``--quants q8_0``) is a model name here too.

@@ -50,7 +50,7 @@ def _load(args):
     """(the model as ``args`` ask for it — its streamer's cache, ``--pack``, ``--threads`` —, seconds to load)."""
     import numba
 
-    from refimpl.model.trunk import PACK_FLAGS, load_model
+    from refimpl.model.load import PACK_FLAGS, load_model
 
     numba.set_num_threads(args.threads)
     t0 = time.perf_counter()

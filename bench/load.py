@@ -205,7 +205,8 @@ def _breakdown_child(path: str) -> int:
     from refimpl.decode.greedy import greedy
     from refimpl.io.gguf_file import GGUFFile
     from refimpl.io.load import open_model
-    from refimpl.model.trunk import Model, pack_weights
+    from refimpl.io.packing import pack_weights
+    from refimpl.model.load import Model
     from refimpl.tokenizer import Tokenizer
     from refimpl.io.weights import load_weights
 

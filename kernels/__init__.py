@@ -17,10 +17,11 @@ Contract (what may live in this package):
   tested bit-identical to the scalar row kernels;
   ``pack(w_raw, qtype)`` returns a layout ``matmul`` accepts in place of ``w_raw`` (same results,
   no gathers). docs/performance.md.
-* ``dot64`` and ``delta_rule_step`` (``kernels/plain/recurrent.py``): the trunk's float64 dot products
-  (numba and numpy paths, equal bit for bit) and the compiled Gated DeltaNet step, summed in increasing
-  index order; the step's definition is the numpy form in ``refimpl/model/deltanet.py``, whose bits it
-  gives (tests/test_kernels_recurrent.py).
+* ``dot64`` (``kernels/plain/dot.py``) and ``delta_rule_step`` (``kernels/plain/recurrent.py``): the
+  reference's float64 dot products — attention, the shared-expert gate, the delta rule — (numba and numpy
+  paths, equal bit for bit) and the compiled Gated DeltaNet step, summed in increasing index order; the
+  step's definition is the numpy form in ``refimpl/model/deltanet.py``, whose bits it gives
+  (tests/test_kernels_recurrent.py).
 * ``flash_attn_f16`` (``kernels/ggml/flashattn.py``): llama.cpp's CPU flash attention for a few query
   rows, with its F16 accumulator and the C library's ``expf``.
 * Numeric flags (fastmath, caching, threading layer) live in ``kernels/base/flags.py`` only.
@@ -49,7 +50,8 @@ from kernels.ggml.actquant import Q8_0Blocks, Q8_1Blocks, Q8_KBlocks, activation
 from kernels.base.blocks import WEIGHT_TYPES, layout, row_bytes
 from kernels.plain.dequant import dequantize
 from kernels.lanes.pack import PackedRows, pack
-from kernels.plain.recurrent import delta_rule_step, dot64
+from kernels.plain.dot import dot64
+from kernels.plain.recurrent import delta_rule_step
 from kernels.ggml.flashattn import flash_attn_f16
 from .matmul import matmul, matmul_experts
 

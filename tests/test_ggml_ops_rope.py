@@ -15,7 +15,7 @@ import pytest
 from ggml_graph import WITH_GENERIC, Graph, build_info, on_build, vp
 
 from kernels.ggml.rope import ROPE_TYPE_IMROPE, ROPE_TYPE_MROPE, ROPE_TYPE_NEOX, rope_multi, rope_neox
-from refimpl.model.attention import rope_cache, rope_imrope
+from refimpl.model.attention import rope_cache, rotate_pairs
 
 cf, ci = ctypes.c_float, ctypes.c_int
 pytestmark = pytest.mark.oracle
@@ -105,7 +105,7 @@ def test_rope_differs_from_numpy_sincos_and_unfused_rotation():
     x = rng.standard_normal((T, 2, D)).astype(np.float32)
     p = rng.integers(0, 100000, T)
     ours = rope_multi(x, text_positions(p), R, (11, 11, 10, 0), ROPE_TYPE_IMROPE, 1e7, "avx512")
-    theirs = np.stack([rope_imrope(x[t], *rope_cache(int(p[t]), R, (11, 11, 10, 0), 1e7, 1.0)) for t in range(T)])
+    theirs = np.stack([rotate_pairs(x[t], *rope_cache(int(p[t]), R, (11, 11, 10, 0), 1e7, 1.0)) for t in range(T)])
     assert np.allclose(ours, theirs, rtol=0, atol=1e-5)
     assert (bits(ours) != bits(theirs)).any()
     # ggml's generic build rounds each product of a rotation line: other bits than the fused SIMD builds'

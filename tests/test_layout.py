@@ -20,8 +20,10 @@ ORDER = {
     "kernels": ["kernels.base", "kernels.plain", "kernels.lanes", "kernels.ggml", "kernels"],
     # the version first; the Python API (refimpl.api) and the package top that exports it (refimpl/__init__.py)
     # above everything, python -m refimpl last
-    "refimpl": ["refimpl.version", "refimpl.errors", "refimpl.io", "refimpl.tokenizer", "refimpl.fixtures", "refimpl.model",
-                "refimpl.decode", "refimpl.oracle", "refimpl.inject", "refimpl.cli", "refimpl.api", "refimpl",
+    # refimpl.graph (llama.cpp's graph, --emulate=ggml) sits below refimpl.model (the reference), whose forward
+    # passes hand it a Ctx(ggml=…): the graph never imports the reference it is tested against
+    "refimpl": ["refimpl.version", "refimpl.errors", "refimpl.io", "refimpl.tokenizer", "refimpl.fixtures", "refimpl.graph",
+                "refimpl.model", "refimpl.decode", "refimpl.oracle", "refimpl.inject", "refimpl.cli", "refimpl.api", "refimpl",
                 "refimpl.__main__"],
 }
 

@@ -165,12 +165,13 @@ def test_serial_and_parallel_kernels_agree(quant, monkeypatch):
 def test_pack_auto_packs_what_fits_and_reports_it(monkeypatch):
     """load_model's default pack="auto": packed when the copies fit in PACK_AUTO_FRACTION of
     MemAvailable, not packed otherwise; same numbers either way (above)."""
-    import refimpl.model.trunk as M
+    import refimpl.model.load as M
+    from refimpl.io.packing import packable_bytes, packed_nbytes
 
     path = fixture_path("tiny", "q4_k_m")
     auto = load_model(path)
     assert isinstance(auto.weights.output.raw, kernels.PackedRows)
-    assert auto.packed_bytes == M._packed_nbytes(auto.weights) > M.packable_bytes(load_model(path, pack=False).weights) > 0
+    assert auto.packed_bytes == packed_nbytes(auto.weights) > packable_bytes(load_model(path, pack=False).weights) > 0
     assert load_model(path, pack=False).packed_bytes == 0
     monkeypatch.setattr(M, "PACK_AUTO_FRACTION", 0.0)
     tight = load_model(path)

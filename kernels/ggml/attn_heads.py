@@ -10,7 +10,7 @@ computed here by the same kernels the one-op emulations use:
   :func:`kernels.ggml.mulmat.kernel_for` says so (``sgemm``: T ≥ 2 rows, K and N aligned)
   (:func:`kernels.ggml.mulmat_vec.tinyblas_rows`).
 
-``refimpl.model.attention._attend_ggml`` calls op by op for the other configurations (F16 K/V, flash attention).
+``refimpl.graph.attention.attend`` calls op by op for the other configurations (F16 K/V, flash attention).
 """
 
 from __future__ import annotations

@@ -77,10 +77,10 @@ def default_model(arg: str | None) -> str:
 def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
-    --pack) also keeps its matrices in the lane kernels' layout (refimpl.model.trunk.pack_weights) or, with
+    --pack) also keeps its matrices in the lane kernels' layout (refimpl.io.packing.pack_weights) or, with
     ``ggml`` = (path, repack) of an ``--emulate=ggml`` run (worked out from ``args`` when not given), in the column
     layout of its kernels
-    (refimpl.model.trunk.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.trunk.Model.packed)."""
+    (refimpl.graph.layout.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.load.Model.packed)."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
     if ggml is None and getattr(args, "emulate", None) == "ggml":  # logits, trace: the layout of its kernels too
@@ -214,9 +214,9 @@ def ggml_path(version_ok: bool = False) -> tuple[str, str | None]:
     its ``lib/``), None or the library's ggml version accepted with ``--ggml-version-ok`` = ``version_ok``). A build
     whose kernels are not emulated, or of another ggml version without the flag, is refused in one line. The build is
     named on stderr (``emulating ggml-cpu AVX-512 (…) from DIR, ggml 0.25.3 (commit …)``) when the emulation first computes,
-    after every other flag has been checked (:func:`refimpl.model.ops.announce_ggml`)."""
+    after every other flag has been checked (:func:`refimpl.graph.trunk.announce_ggml`)."""
     from kernels.ggml.build import VERSION_OK_FLAG, UnsupportedBuild, detect
-    from refimpl.model.ops import announce_ggml
+    from refimpl.graph.trunk import announce_ggml
 
     try:
         build = detect()
@@ -238,7 +238,7 @@ def ctx_from_args(args, trace=None):
     check_numerics(args)
     flash = None if args.flash_attn is None else args.flash_attn == "on"
     kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
-    from refimpl.model.ops import announce_ggml
+    from refimpl.graph.trunk import announce_ggml
 
     announce_ggml(None)
     ggml, accepted = ggml_path(getattr(args, "ggml_version_ok", False)) if args.emulate == "ggml" else (None, None)

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                    help="routed experts are read from the file through an LRU cache of N MiB (0: read every "
                         "decode; default auto = half of MemAvailable); docs/streamer.md")
     p.add_argument("--route-trace", metavar="FILE", help="write every MoE routing (position, layer, experts, weights) as CSV")
-    p.add_argument("--pack", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),  # refimpl.model.trunk.PACK_FLAGS
+    p.add_argument("--pack", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),  # refimpl.model.load.PACK_FLAGS
                    help="also hold the matrices in the fast kernels' layout (with --emulate=ggml: the column layout "
                         "of its kernels): same numbers, faster decoding, +their size in RAM; default auto = when "
                         "that fits in a quarter of MemAvailable; "
@@ -53,7 +53,7 @@ def cmd_run(args) -> int:
     from tqdm import tqdm
 
     from refimpl.decode.greedy import greedy
-    from refimpl.model.trunk import PACK_FLAGS
+    from refimpl.model.load import PACK_FLAGS
     from refimpl.tokenizer import Tokenizer
 
     if args.n_predict < 0:

@@ -13,7 +13,8 @@ lists the keys, their defaults and the layer-counting rule.
 
 Symbols (docs/architecture.md has the full legend): E = n_embd, V = n_vocab, L = n_layer (trunk
 layers), H = n_head, Hkv = n_head_kv, D = head_dim, R = n_rot, Hk = ssm_n_group (delta-net key
-heads), Hv = ssm_dt_rank (value heads), S = ssm_d_state (delta-net head dim), Din = ssm_d_inner,
+heads, GGUF ssm.group_count), Hv = ssm_dt_rank (value heads, ssm.time_step_rank), S = ssm_d_state (delta-net
+head dim, ssm.state_size), Din = ssm_d_inner,
 C = conv channels = Din + 2·Hk·S, Kc = ssm_d_conv, X = n_expert, K = n_expert_used, F = n_ff_exp,
 Fs = n_ff_shexp, Ff = n_ff (the dense FFN's width, qwen35).
 """
@@ -68,11 +69,14 @@ class Config:
     n_ff: int  # feed_forward_length: the dense FFN's width (qwen35); MoE archs: only a fallback for F and Fs
     n_ff_exp: int  # F (0: dense)
     n_ff_shexp: int  # Fs (0: dense)
-    ssm_d_conv: int  # Kc
-    ssm_d_inner: int  # Din
-    ssm_d_state: int  # S
-    ssm_dt_rank: int  # Hv
-    ssm_n_group: int  # Hk
+    # The delta net's widths under the names llama.cpp's hparams give them: the GGUF keys ``{arch}.ssm.*`` were
+    # Mamba's, and qwen35moe / qwen3next reuse them for other meanings (src/models/qwen35moe.cpp: num_v_heads = ssm_dt_rank,
+    # num_k_heads = ssm_n_group, head_k_dim = ssm_d_state, head_v_dim = d_inner / num_v_heads = S). The letters are the code's.
+    ssm_d_conv: int  # Kc: ssm.conv_kernel, the causal conv's width
+    ssm_d_inner: int  # Din: ssm.inner_size = Hv·S
+    ssm_d_state: int  # S: ssm.state_size, the head dimension of q, k and v (not Mamba's state size; the state is M [Hv, S, S])
+    ssm_dt_rank: int  # Hv: ssm.time_step_rank, the number of value heads (not a rank)
+    ssm_n_group: int  # Hk: ssm.group_count, the number of key (and query) heads
     is_recurrent: tuple[bool, ...]  # per layer index 0 … n_layer_all-1
 
     @property

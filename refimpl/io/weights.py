@@ -38,7 +38,7 @@ class Matrix:
     raw: np.ndarray
     stored_rows: int | None = None  # a row block of a fused tensor (attn_qkv): that tensor's rows, which decide
     # whether llama.cpp repacks it (kernels.ggml.mulmat.repacked); None: the matrix is the whole tensor
-    cols: object = None  # --emulate=ggml: the same weights in kernels.ggml.columns' layout (refimpl.model.trunk.
+    cols: object = None  # --emulate=ggml: the same weights in kernels.ggml.columns' layout (refimpl.graph.layout.
     # ggml_layout), or None: its kernels read the stored rows (the same bits either way)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
@@ -48,7 +48,7 @@ class Matrix:
     @functools.cached_property
     def row_bytes(self) -> np.ndarray:
         """The stored rows as read-only uint8 bytes [..., row bytes] (a lane-packed matrix's original rows),
-        what ``--emulate=ggml``'s kernels read (``refimpl.model.ops.mm``, the ggml get_rows). Worked out on first use and
+        what ``--emulate=ggml``'s kernels read (``refimpl.graph.ops.mul_mat``, ``get_rows``). Worked out on first use and
         kept: a view of the memory map or of ``raw`` (no copy: ``raw`` is C-contiguous), so the cache holds
         no memory of its own, and a decode step does not validate every matrix again."""
         from kernels.plain.dequant import as_row_bytes

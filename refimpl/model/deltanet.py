@@ -2,13 +2,17 @@
 ``qwen35.cpp`` / ``qwen3next.cpp``, ``delta-net-base.cpp``).
 
 Gated DeltaNet (Yang, Kautz, Hatamizadeh, arXiv 2412.06464) keeps, per value head j, a matrix
-state M_j [S_v, S_k] updated by the gated delta rule. Per token, with the symbols of the paper:
+state M_j [S_v, S_k] updated by the gated delta rule. Letters (the legend of docs/architecture.md): Hk key
+heads (GGUF ``ssm.group_count``, ``Config.ssm_n_group``), Hv value heads (``ssm.time_step_rank``,
+``Config.ssm_dt_rank``), S the head dimension of q, k and v (``ssm.state_size``, ``Config.ssm_d_state``;
+S_k = S_v = S, the two subscripts say which axis of M), Kc the conv width; the state is always M (the paper
+writes it S). Per token, with the symbols of the paper:
 
 * α_j = exp(g_j) is the decay, g_j = softplus(alpha_j + dt_bias_j) · ssm_a_j ≤ 0 (log-space;
   ssm_a = −exp(A_log) is stored by the converter);
 * β_j = sigmoid(beta_j) ∈ (0, 1) is the write strength (the "learning rate" of the delta rule);
 * :func:`delta_rule_step` decays M_j by α_j, writes β_j (v_j − M_j k) kᵀ into it and reads o_j = (M_j q)
-  / sqrt(S) out of the *updated* state — i.e. S ← α S (I − β k kᵀ) + β v kᵀ (ops.cpp
+  / sqrt(S) out of the *updated* state — i.e. M ← α M (I − β k kᵀ) + β v kᵀ (ops.cpp
   ``ggml_compute_forward_gated_delta_net_one_chunk``; fla's ``naive_recurrent_gated_delta_rule`` is the
   same recurrence; docs/architecture.md, "The delta rule").
 
@@ -19,7 +23,8 @@ recurrence, q/k/v pass a depthwise causal conv over the last Kc inputs (window s
 carried between calls), SiLU, and L2 norm of q and k. After it, a gated RMSNorm with SiLU(z) and
 ``ssm_out``.
 
-Functions are pure: state in, (output, new state) out.
+Functions are pure: state in, (output, new state) out. ``--emulate=ggml`` computes this layer as
+llama.cpp's graph does (``ggml_ssm_conv``, the fused ``ggml_gated_delta_net``): :mod:`refimpl.graph.deltanet`.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ def delta_rule_step(M: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     u = dot64(M, k[:, None, :], "numpy")  # [Hv, S_v]: u[vi] = Σ_ki M[vi, ki] k[ki]
     delta = (v - u) * beta[:, None]  # [Hv, S_v]: δ = β_j (v_j − M_j k)
     M = M + delta[:, :, None] * k[:, None, :]  # [Hv, S_v, S_k]: M[vi, ki] += δ[vi] k[ki]
-    o = dot64(M, q[:, None, :], "numpy") * scale  # [Hv, S_v]: o_j = (M_j q) / sqrt(S), from the updated state
+    o = dot64(M, q[:, None, :], "numpy") * scale  # [Hv, S_v]: o_j = (M_j q) / sqrt(S_k), from the updated state
     return o, M
 
 
@@ -120,35 +125,27 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     new state; the others are the per-position snapshots a rollback restores). ``keep``: only the
     last ``keep`` states are kept, the earlier entries are None (a prompt longer than the snapshot
     ring need not hold a state per token: 2 MiB each at real widths).
-    With ``ctx.ggml`` every op is ggml-cpu's (``build_layer_attn_linear``, delta-net-base.cpp): the same steps
-    through ``ctx``, ``ggml_ssm_conv``, and the fused gated delta net (:func:`_recurrence_ggml`).
     """
     T = a.shape[0]
     Hk, Hv, S, Kc = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_conv
     qkv_mixed, z, b, alpha = input_projections(w, c, a, il, ctx)  # [T, C], [T, Din], [T, Hv], [T, Hv]
-    beta = ctx.cb("beta_sigmoid", il, sigmoid(b, ctx))  # [T, Hv]
-    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt, ctx) * w.ssm_a)  # [T, Hv], ≤ 0: ggml_add, ggml_softplus, ggml_mul
+    beta = ctx.cb("beta_sigmoid", il, sigmoid(b))  # [T, Hv]
+    g = ctx.cb("gate", il, softplus(alpha + w.ssm_dt) * w.ssm_a)  # [T, Hv], ≤ 0: ggml_add, ggml_softplus, ggml_mul
 
     window = np.concatenate([st.conv, qkv_mixed.astype(F32)])  # [Kc−1+T, C]: the conv state, then the new inputs
-    if ctx.ggml:  # ggml_concat(conv_states, qkv_mixedᵀ, 0) then ggml_ssm_conv: sx [C, Kc−1+T] -> [T, C]
-        from kernels.ggml import ssm
-
-        conv_out = ssm.ssm_conv(np.ascontiguousarray(window.T), w.ssm_conv1d, ctx.ggml)
-    else:
-        conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
+    conv_out = causal_conv(window, w.ssm_conv1d)  # [T, C]
     ctx.cb("conv_output_raw", il, conv_out)
-    y = ctx.cb("conv_output_silu", il, silu(conv_out, ctx))  # [T, C]: over rows of C
+    y = ctx.cb("conv_output_silu", il, silu(conv_out))  # [T, C]: over rows of C
 
-    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
-    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps, ctx)  # [T, Hk, S]
+    q = l2_norm(y[:, : Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
+    k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     v = np.ascontiguousarray(y[:, 2 * Hk * S :]).reshape(T, Hv, S)  # [T, Hv, S]
     head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
-    recurrence = _recurrence_ggml if ctx.ggml else _recurrence
-    o, states = recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc)  # [T, Hv, S], T states
+    o, states = _recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc)  # [T, Hv, S], T states
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
-    out = rms_norm_w(o, ctx.cb("deltanet.ssm_norm", il, w.ssm_norm), c.rms_eps, ctx) * silu(z.reshape(T, Hv, S), ctx)  # [T, Hv, S]
+    out = rms_norm_w(o, ctx.cb("deltanet.ssm_norm", il, w.ssm_norm), c.rms_eps) * silu(z.reshape(T, Hv, S))  # [T, Hv, S]
     final = ctx.cb("final_output", il, out.reshape(T, Hv * S))  # [T, Din]
     return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states
 
@@ -170,29 +167,4 @@ def _recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
         states.append(DeltaNetState(conv=window[t + 1 : t + Kc], ssm=M))  # after token t: the window's last Kc−1 rows
         if keep is not None and t >= keep:
             states[t - keep] = None  # outside the ring: freed now, its memory reused by the next steps
-    return o, states
-
-
-# --- --emulate=ggml: the fused gated delta net (Ctx.ggml) ------------------------------------------------------
-
-
-def _recurrence_ggml(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
-    """``--emulate=ggml``: the fused ``ggml_gated_delta_net`` over the whole ubatch (``build_delta_net_fused``;
-    with ``keep`` the last ``keep`` states are its snapshot slots, as ``build_recurrent_attn`` with n_rs_seq > 0
-    asks for), :func:`kernels.ggml.ssm.gated_delta_net`. Returns (o [T, Hv, S], states: None outside the slots)."""
-    from kernels.ggml import ssm
-
-    T, Hv, S = v.shape
-    Hk = q.shape[1]
-    if not np.array_equal(head, np.arange(Hv) % Hk):  # the fused op reads head j % Hk: other orders are expanded
-        q, k = q[:, head], k[:, head]  # [T, Hv, S] each (a copy: ggml_repeat / get_rows move bits only)
-    window = ctx.cb("deltanet.conv_rows", il, window, conv_silu=y)  # [Kc−1+T, C]
-    n_snap = 1 if keep is None else max(1, min(T, keep))
-    o, snaps = ssm.gated_delta_net(q, k, v, g, beta, st.ssm, ctx.ggml, K=n_snap)  # [T, Hv, S], state(s)
-    snaps = snaps[None] if n_snap == 1 else snaps  # [n_snap, Hv, S, S]: slot s = the state after token T−1−s
-    states: list[DeltaNetState | None] = [None] * T
-    for s_ in range(n_snap):
-        t = T - 1 - s_
-        M = ctx.cb("deltanet.state", il, snaps[s_], n_tokens=T)
-        states[t] = DeltaNetState(conv=window[t + 1 : t + Kc], ssm=M)  # after token t: the window's last Kc−1 rows
     return o, states

@@ -25,6 +25,8 @@ Routed experts are reached only through ``w.experts.routed(sel, weights)``, the 
 an object with ``gate(e)``, ``up(e)``, ``down(e)`` returning weight matrices: ``refimpl.io.weights``
 pins them from the memory map (``routed`` returns itself), and ``refimpl.io.streamer`` reads the union
 of the batch's selected experts from the file once, there (docs/streamer.md).
+
+``--emulate=ggml`` computes this block as llama.cpp's graph does: :mod:`refimpl.graph.moe`.
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ from __future__ import annotations
 import numpy as np
 
 import kernels
-from kernels.base.blocks import QT
+from refimpl.io.weights import DenseFFNWeights
 from refimpl.model.ops import F32, Ctx, dot64, mm, sigmoid, silu, softmax, swiglu as swiglu_op
-from refimpl.io.weights import DenseFFNWeights, PinnedExperts
+
+W_SUM_MIN = F32(6.103515625e-5)  # build_moe_ffn: the sum of the selected weights clamped at 2^-14
 
 
 def swiglu(gate, up, down, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> np.ndarray:
     """``build_ffn(x, up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR)``: down(silu(gate x) ⊙ up x).
-    x [T, E] -> [T, E]; the product before ``down`` is traced as ``ffn_swiglu`` (as build_ffn names it).
-    With ``ctx.ggml``: ``ggml_swiglu_split`` (``ggml_vec_swiglu_f32``), through :func:`refimpl.model.ops.swiglu`."""
-    act = ctx.cb(prefix + "ffn_swiglu", il, swiglu_op(mm(gate, x, ctx), mm(up, x, ctx), ctx))  # [T, F]
+    x [T, E] -> [T, E]; the product before ``down`` is traced as ``ffn_swiglu`` (as build_ffn names it)."""
+    act = ctx.cb(prefix + "ffn_swiglu", il, swiglu_op(mm(gate, x, ctx), mm(up, x, ctx)))  # [T, F]
     return mm(down, act, ctx)  # [T, F] -> [T, E]
 
 
@@ -60,7 +62,7 @@ def route(logits: np.ndarray, n_used: int, il: int = -1, ctx: Ctx = Ctx()) -> tu
     sel = np.argsort(-probs, axis=-1, kind="stable")[:, :n_used]  # [T, K], descending probability
     w = np.take_along_axis(probs, sel, axis=-1)  # [T, K]
     w_sum = np.sum(w, axis=-1, keepdims=True, dtype=F32)  # ggml_sum_rows (float)
-    w = w / np.maximum(w_sum, F32(6.103515625e-5))  # clamp at 2^-14, then divide
+    w = w / np.maximum(w_sum, W_SUM_MIN)  # clamp at 2^-14, then divide
     return sel, ctx.cb("moe.weights", il, w.astype(F32), probs=probs, sel=sel)
 
 
@@ -83,8 +85,6 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     """Routed experts + shared expert. x [T, E] -> (ffn_out [T, E], sel [T, K], weights [T, K]).
 
     ``prefix`` is prepended to traced names (``"mtp_"`` in the MTP block)."""
-    if ctx.ggml:
-        return _moe_ffn_ggml(w, c, x, il, ctx, prefix)
     T = x.shape[0]
     logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
     sel, weights = route(logits, c.n_expert_used, il, ctx)  # [T, K], [T, K]
@@ -124,79 +124,4 @@ def moe_ffn(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[n
     shared_gate = ctx.cb("moe.shared_gate", il, shared_gate)
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]
-    return ctx.cb(prefix + "ffn_out", il, out), sel, weights
-
-
-# --- --emulate=ggml: build_moe_ffn and the shared expert as ggml-cpu computes them (Ctx.ggml) ---------------
-
-
-def _expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray, int, object]:
-    """The rows of ``ffn_{which}_exps`` that ``ggml_mul_mat_id`` reads, as (bytes [X, out, row bytes], type,
-    ids [T, K] into them, rows per expert of the stored tensor): pinned experts give the whole stack (a view of
-    the map, the fused gate_up tensor's gate or up rows as a strided view) and ``sel`` itself; streamed ones the
-    batch's experts ``union`` of ``sel`` stacked in first-use order, and ``sel`` renumbered into it (the grouping
-    of rows by expert, which is all the op depends on, is kept). The stored rows (2F for a fused gate_up tensor)
-    decide whether llama.cpp repacks the tensor (``kernels.ggml.mulmat.repacked``). Last, the stack's column layout
-    (``kernels.ggml.columns``) for those rows when the model was loaded with one, else None."""
-    if isinstance(experts, PinnedExperts):
-        m, (start, stop) = experts.stacked(which)
-        whole = (start, stop) == (0, m.shape[1])
-        rows = m.row_bytes if whole else m.row_bytes[:, start:stop]
-        cols = m.cols if m.cols is None or whole else m.cols.columns(start, stop)  # its column layout, if built
-        return rows, m.qtype, sel.astype(np.int32), m.shape[1], cols
-    union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
-    renumber = {e: i for i, e in enumerate(union)}
-    ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
-    mats = [getattr(experts, which)(int(e)) for e in union]
-    stored_rows = experts.layer.layout(which)[0].shape[1]  # ExpertTensor.shape = (X, rows, cols)
-    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids, stored_rows, None
-
-
-def _mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx: Ctx) -> np.ndarray:
-    """``ggml_mul_mat_id`` of ``ffn_{which}_exps`` on ``x`` [T, 1 or K, in] -> [T, K, out], repacked when llama.cpp
-    loads that tensor into its CPU_REPACK buffer (``ctx.repack``: its default)."""
-    from kernels.ggml import mulmat
-
-    w, qt, ids, stored_rows, cols = _expert_stack(experts, which, sel)
-    return mulmat.mul_mat_id(w, qt, x, ids, ctx.ggml, ctx.n_threads, repack=ctx.repack, tensor_rows=stored_rows,
-                             cols=cols)
-
-
-def _moe_ffn_ggml(w, c, x: np.ndarray, il: int, ctx: Ctx, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``build_moe_ffn`` (llama-graph.cpp, SOFTMAX gating, norm_w) + qwen35moe's gated shared expert, op by op:
-    ``ggml_mul_mat`` (router) → ``ggml_soft_max`` → ``ggml_argsort_top_k`` → ``ggml_get_rows`` of the probs →
-    ``ggml_sum_rows`` → ``ggml_clamp(6.103515625e-5, INF)`` → ``ggml_div``; ``ggml_mul_mat_id`` up and gate →
-    ``ggml_swiglu_split`` → ``ggml_mul_mat_id`` down → ``ggml_mul`` by the weights → the experts' views added
-    in slot order (``ggml_add``); shared expert ``build_ffn`` (swiglu_split), its gate ``ggml_mul_mat`` with the
-    F32 [E] weight (one output row) → ``ggml_sigmoid`` → ``ggml_mul``; ``ggml_add``."""
-    from kernels.ggml import mulmat, rows, vecmath
-
-    K = c.n_expert_used
-    logits = ctx.cb(prefix + "ffn_moe_logits", il, mm(w.ffn_gate_inp, x, ctx))  # [T, X]
-    probs = softmax(logits, ctx)  # [T, X]
-    sel = rows.argsort_desc(probs)[:, :K].astype(np.int64)  # [T, K]: ggml_argsort_top_k, a view of the argsort
-    weights = np.take_along_axis(probs, sel, axis=-1)  # [T, K]: ggml_get_rows (a copy)
-    w_sum = vecmath.clamp(vecmath.sum_rows(weights), 6.103515625e-5, np.inf)  # [T, 1]
-    weights = ctx.cb("moe.weights", il, vecmath.div(weights, w_sum), probs=probs, sel=sel)  # [T, K]
-    ctx.cb(prefix + "ffn_moe_topk", il, sel)
-    ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
-
-    experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
-    x3 = np.ascontiguousarray(x, dtype=F32)[:, None, :]  # [T, 1, E]: ggml_reshape_3d(cur, n_embd, 1, n_tokens)
-    up = _mul_mat_id(experts, "up", sel, x3, ctx)  # [T, K, F]
-    gate = _mul_mat_id(experts, "gate", sel, x3, ctx)  # [T, K, F]
-    act = ctx.cb(prefix + "ffn_moe_swiglu", il, swiglu_op(gate, up, ctx))  # [T, K, F]
-    down = _mul_mat_id(experts, "down", sel, act, ctx)  # [T, K, E]
-    weighted = down * weights[:, :, None]  # [T, K, E]: ggml_mul, weights [1, K, T] broadcast over E
-    moe_out = weighted[:, 0]
-    for i in range(1, K):  # ggml_add of the views, slot by slot
-        moe_out = moe_out + weighted[:, i]  # [T, E]
-    ctx.cb(prefix + "ffn_moe_out", il, moe_out)
-
-    shexp = ctx.cb(prefix + "ffn_shexp", il, swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, il, ctx, prefix))  # [T, E]
-    gate_row = np.ascontiguousarray(w.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1).view(np.uint8)  # [1, 4E] bytes
-    shared_gate = mulmat.mul_mat(gate_row, QT.F32, x, ctx.ggml, ctx.n_threads)[:, 0]  # [T]: ggml_mul_mat of the F32 [E] weight, one output row
-    shared_gate = ctx.cb("moe.shared_gate", il, sigmoid(shared_gate, ctx))
-    ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
-    out = moe_out + shexp * shared_gate[:, None]  # [T, E]: ggml_mul (broadcast), ggml_add
     return ctx.cb(prefix + "ffn_out", il, out), sel, weights

@@ -19,6 +19,8 @@ position p−1 and predicts x_{p+1}::
 Which h is fed (``common/speculative.cpp``): while catching up on confirmed tokens, the target
 trunk's ``h_nextn`` of position p−1 (zeros at p = 0); while drafting step i ≥ 1, the head's own
 ``h'`` from step i−1. This module only computes the head; ``refimpl.decode.drafts.MTPSource`` feeds it (catch-up rows and drafts).
+Like :func:`refimpl.model.trunk.forward`, :func:`mtp_forward` hands a ``Ctx(ggml=PATH)`` to llama.cpp's graph
+(:func:`refimpl.graph.mtp.mtp_forward`); below that line it is the reference.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refimpl.model.attention import gated_attention
 from refimpl.errors import RefimplError
+from refimpl.graph import mtp as ggml_graph
 from refimpl.io.load import ModelFile
-from refimpl.model.moe import ffn
-from refimpl.model.ops import Ctx, by_ubatch, ieee, mm, output_rows, rms_norm_w
-from refimpl.model.state import KVCache
 from refimpl.io.weights import LayerWeights, Matrix, _matrix, _vector, layer_weights
+from refimpl.model.attention import gated_attention
+from refimpl.model.moe import ffn
+from refimpl.model.ops import OUTPUTS, Ctx, ieee, mm, output_rows, rms_norm_w
+from refimpl.model.state import KVCache
 
 
 @dataclass(frozen=True)
@@ -103,37 +106,30 @@ def mtp_forward(model, w: MTPWeights, state: MTPState, tokens, h: np.ndarray, ct
     il = c.n_layer
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [T]
     h = np.asarray(h, dtype=np.float32).reshape(tokens.size, c.n_embd)  # [T, E]
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs must be one of {OUTPUTS}, not {outputs!r}")
+    if ctx.ggml:  # --emulate=ggml: llama.cpp's graph as ggml-cpu computes it, ubatch by ubatch (refimpl/graph/)
+        return ggml_graph.mtp_forward(model, w, state, tokens, h, ctx, outputs)
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
 
-    if ctx.ggml and tokens.size > ctx.n_ubatch:  # llama.cpp's MTP context decodes a long catch-up in ubatches
-        return by_ubatch(lambda st, u0, u1, out: mtp_forward(model, w, st, tokens[u0:u1], h[u0:u1], ctx, out),
-                         int(tokens.size), ctx.n_ubatch, outputs, state)
-    if ctx.ggml:  # ggml_get_rows of the stored rows (kernels.ggml.rows)
-        from kernels.ggml import rows as ggml_rows
-        from refimpl.model.ops import said_ggml
-
-        said_ggml()
-
-        e = ctx.cb("mtp_tok_embd", il, ggml_rows.get_rows(w.embed_tokens.row_bytes, w.embed_tokens.qtype, tokens))
-    else:
-        e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
+    e = ctx.cb("mtp_tok_embd", il, w.embed_tokens.rows(tokens))  # [T, E]
     enorm, hnorm = ctx.cb("mtp.input_norms", il, (w.enorm, w.hnorm))
-    hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps, ctx))  # [T, E]
-    en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps, ctx))  # [T, E]
+    hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps))  # [T, E]
+    en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps))  # [T, E]
     concat = ctx.cb("mtp_concat", il, np.concatenate([en, hn], axis=-1))  # [T, 2E]: ggml_concat, a bit copy
     z = ctx.cb("mtp_eh_proj", il, mm(w.eh_proj, concat, ctx))  # [T, E]
 
     lw = w.layer
-    a = ctx.cb("mtp_attn_norm", il, rms_norm_w(z, lw.attn_norm, c.rms_eps, ctx))  # [T, E]
+    a = ctx.cb("mtp_attn_norm", il, rms_norm_w(z, lw.attn_norm, c.rms_eps))  # [T, E]
     attn, kv = gated_attention(lw.mixer, c, a, positions, state.kv, il, ctx, prefix="mtp_")  # [T, E]
     ctx.cb("mtp_attn_out", il, attn)
     r = ctx.cb("mtp_attn_residual", il, attn + z)  # [T, E]
-    x = ctx.cb("mtp_attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps, ctx))  # [T, E]
+    x = ctx.cb("mtp_attn_post_norm", il, rms_norm_w(r, lw.post_attention_norm, c.rms_eps))  # [T, E]
     with model.stream_phase("mtp", positions):  # the expert streamer counts these reads as the head's
         f = ffn(lw.ffn, c, x, il, ctx, prefix="mtp_")  # [T, E]
     out = ctx.cb("mtp_post_ffn", il, f + r)  # [T, E]
 
-    h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps, ctx))  # [T, E]
+    h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps))  # [T, E]
     logits = output_rows(w.shared_head_head, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
     return logits, h_nextn, MTPState(n_past=state.n_past + int(tokens.size), kv=kv)
 

@@ -1,0 +1,80 @@
+"""What ``--emulate=ggml`` can run, and the layout it runs it from fastest.
+
+* :func:`check_ggml_weights`: the refusal, in one line, of a file holding a weight whose ggml-cpu kernel on the
+  path is not emulated (llama.cpp's buffer choice included: ``CPU_REPACK`` takes some types by default);
+* :func:`ggml_layout`: the weights with their column layout (``kernels.ggml.columns``) beside the stored rows, for
+  the matrices whose kernel has one — ``load_model(ggml=(path, repack))`` builds it when ``--pack`` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import numpy as np
+
+from kernels.ggml.columns import kind_for, layout
+from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
+from kernels.ggml.rows import GET_ROWS_TYPES
+from refimpl.errors import RefimplError
+from refimpl.io.packing import map_matrices, pack_targets
+from refimpl.io.weights import Matrix
+
+
+def layout_target(w: Matrix, path: str, repack: bool) -> bool:
+    """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns):
+    Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not."""
+    if path == "generic":  # its vec_dot is the generic C's, which the layout's kernels are not
+        return False
+    return kind_for(w.qtype, repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)) is not None
+
+
+def layout_bytes(weights, path: str, repack: bool) -> int:
+    """Bytes :func:`ggml_layout` would add (~1.8 × a 4-bit matrix, 1.3–1.6 × a Q6_K or Q5_K one, rounded up to 2 ×)."""
+    return sum(2 * int(np.asarray(w.raw).nbytes) for w in pack_targets(weights) if layout_target(w, path, repack))
+
+
+def ggml_layout(obj, path: str, repack: bool):
+    """``--emulate=ggml``'s packing: ``obj`` (the :class:`refimpl.io.weights.Weights`, or any part of them) with every
+    matrix that ggml-cpu's ``path`` multiplies by a kernel of :mod:`kernels.ggml.columns` also held in that column
+    layout (``Matrix.cols``: routed experts included when pinned, as a stack; the embedding table left alone). Every
+    product gives the same bits; a decoded token runs the exact integer dots of many outputs at once."""
+    return map_matrices(obj, lambda m: dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype))
+                        if layout_target(m, path, repack) else m)
+
+
+def check_ggml_weights(gguf, path: str, repack: bool) -> None:
+    """Refuse, in one line, a file holding a weight whose ggml-cpu kernel on ``path`` is not emulated — a table read
+    by ``get_rows`` (``token_embd``, ``nextn.embed_tokens``: ``kernels.ggml.rows``), a matrix multiplied by
+    ``mul_mat`` / ``mul_mat_id`` (``kernels.ggml.mulmat.mul_mat_emulated``), or, with llama.cpp's default CPU_REPACK
+    buffer (``repack``), a matrix that buffer takes (``kernels.ggml.mulmat.repacked``) with repacked kernels not
+    emulated. A ``token_embd`` that is also the LM head (no ``output.weight``) is both: llama.cpp loads a duplicate
+    for the mul_mat. The conv kernels and norms are F32 (checked by the loader)."""
+    key = (path, repack)
+    if key in _CHECKED.get(gguf, ()):  # a file passes once per configuration: not on every decode step
+        return
+    tied = "output.weight" not in gguf.tensors
+
+    def refuse(t, what: str):
+        raise RefimplError(f"--emulate=ggml: {t.name} is {t.qtype.name}, whose {what} on ggml-cpu's {path} path is not "
+                           "emulated (docs/numerics.md lists what is)")
+
+    for t in gguf.tensors.values():
+        if len(t.shape) < 2 or t.name.endswith("ssm_conv1d.weight"):
+            continue
+        table = t.name == "token_embd.weight" or t.name.endswith("embed_tokens.weight")
+        if table and t.qtype not in GET_ROWS_TYPES:
+            refuse(t, "get_rows")
+        if table and not (t.name == "token_embd.weight" and tied):
+            continue
+        if repack and repacked(t.qtype, t.shape[-2], path):
+            if not repack_emulated(t.qtype, path):
+                raise RefimplError(f"--emulate=ggml: llama.cpp repacks {t.name} ({t.qtype.name}) into CPU_REPACK's "
+                                   f"interleaved layout by default, whose {path} kernels are not emulated; run llama.cpp "
+                                   "with --no-repack and give --no-repack here")
+        elif not mul_mat_emulated(t.qtype, path):
+            refuse(t, "mul_mat")
+    _CHECKED.setdefault(gguf, set()).add(key)
+
+
+_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # gguf file -> the configurations it passed

@@ -1,0 +1,97 @@
+"""Loading a model: :func:`load_model` opens and checks a GGUF, lays its weights out as
+:class:`refimpl.io.weights.Weights` (routed experts pinned as memory-map views, or streamed through
+:mod:`refimpl.io.streamer`) and decides whether to keep a packed second copy of the matrices —
+the lane kernels' (:func:`refimpl.io.packing.pack_weights`) or, for ``--emulate=ggml``, the column layout
+of ggml-cpu's kernels (:func:`refimpl.graph.layout.ggml_layout`). Never a number changed: only speed.
+
+:class:`Model` is what :func:`refimpl.model.trunk.forward` and the decoders take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from refimpl.graph.layout import ggml_layout, layout_bytes
+from refimpl.io.config import Config
+from refimpl.io.load import ModelFile, open_model
+from refimpl.io.packing import pack_weights, packable_bytes, packed_nbytes
+from refimpl.io.streamer import ExpertStreamer, cache_budget, dense_tensors, mem_available, pin_dense
+from refimpl.io.weights import Weights, load_weights
+
+
+@dataclass(frozen=True)
+class Model:
+    file: ModelFile
+    weights: Weights
+    packed_bytes: int = 0  # bytes of the packed copies: the lane kernels' or, with ``ggml``, the column layout's
+    pack_pending: bool = False  # load_model(defer_pack=True) decided to pack: :meth:`packed` does it
+    ggml: tuple[str, bool] | None = None  # load_model's ggml: (path, repack) that packing lays the weights out for
+
+    def packed(self) -> "Model":
+        """This model with its matrices also in the packed layout (:func:`refimpl.io.packing.pack_weights`, or
+        with ``ggml`` :func:`refimpl.graph.layout.ggml_layout`), when :func:`load_model` deferred the packing;
+        else the model itself. Never changes a number."""
+        if not self.pack_pending:
+            return self
+        weights = _pack(self.weights, self.ggml)
+        return dataclasses.replace(self, weights=weights, packed_bytes=packed_nbytes(weights), pack_pending=False)
+
+    @property
+    def config(self) -> Config:
+        return self.file.config
+
+    @property
+    def streamer(self) -> ExpertStreamer | None:
+        """The expert streamer, or None when the routed experts are pinned (memory-map views)."""
+        return self.weights.streamer
+
+    def stream_phase(self, name: str, positions):
+        """``streamer.phase(name, positions)`` (refimpl.io.streamer), or nothing when pinned."""
+        return self.streamer.phase(name, positions) if self.streamer is not None else contextlib.nullcontext()
+
+
+PACK_AUTO_FRACTION = 0.25  # pack="auto": pack when the packed copies fit in this fraction of MemAvailable
+PACK_FLAGS = {"auto": "auto", "on": True, "off": False}  # --pack auto|on|off (cli run, bench/full.py) -> load_model's pack
+_PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes: 276 / 210)
+
+
+def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
+               pack: bool | str = "auto", defer_pack: bool = False, ggml: tuple[str, bool] | None = None) -> Model:
+    """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
+    a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
+    (``--cache-mb``; refimpl.io.streamer.cache_budget), dense weights pinned now (a progress bar on
+    stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace).
+    ``pack``: True / False / ``"auto"`` (default: True when the packed copies fit in
+    ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`refimpl.io.packing.pack_weights`; never changes a number.
+    ``defer_pack``: decide now, pack later — the model comes back unpacked with ``pack_pending`` set,
+    and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token: the copy
+    pays off only over many tokens, and the first token need not wait for it). ``ggml``: (path, repack) of an
+    ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
+    instead of the lane copies."""
+    if pack not in (True, False, "auto"):
+        raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
+    m = open_model(path)
+    if cache_mb is None:
+        weights = load_weights(m)
+    else:
+        dense = sum(dense_tensors(m.gguf).values())
+        budget = cache_budget(cache_mb, file_bytes=os.path.getsize(m.gguf.path),
+                              resident_bytes=0 if pack is False else int(dense * _PACK_GROWTH))  # packed copies, at most
+        streamer = ExpertStreamer.open(m, budget, on_route=on_route)
+        streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
+        weights = load_weights(m, streamer)
+    if pack == "auto":
+        avail = mem_available()
+        need = packable_bytes(weights) * _PACK_GROWTH if ggml is None else layout_bytes(weights, *ggml)
+        pack = avail is not None and need <= PACK_AUTO_FRACTION * avail
+    if not pack or defer_pack:
+        return Model(file=m, weights=weights, pack_pending=bool(pack), ggml=ggml)
+    packed = _pack(weights, ggml)
+    return Model(file=m, weights=packed, packed_bytes=packed_nbytes(packed), ggml=ggml)
+
+
+def _pack(weights, ggml):
+    return pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml)

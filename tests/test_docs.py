@@ -268,6 +268,52 @@ def test_every_python_file_named_exists():
     assert not missing, "python files the docs name that are nowhere in the repository:\n" + "\n".join(missing)
 
 
+# -- links and section references ---------------------------------------------------------------------
+
+
+def sections(doc: Path, lead_ins: bool = True) -> list[str]:
+    """The names a reference can point to: every heading, and (``lead_ins``) every bold lead-in of a line or
+    bullet (``* **Batch invariance.** …``)."""
+    out = []
+    for line in prose(doc).splitlines():
+        if m := re.match(r"^#{1,6}\s+(.*)", line):
+            out.append(m.group(1).strip())
+        elif lead_ins and (m := re.match(r"^\s*(?:[*-]\s+|\d+\.\s+)?\*\*([^*]+)\*\*", line)):
+            out.append(m.group(1).strip().rstrip("."))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_and_section_reference_exists():
+    """Markdown links to files of the repository (and their ``#anchor``), and the docs' references to a section
+    by its name, ``docs/numerics.md, "Configurations"``, point at something that exists."""
+    bad = []
+    for doc in DOCS:
+        text = prose(doc)
+        for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+            target = m.group(1)
+            if re.match(r"^[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            f = (doc.parent / path).resolve() if path else doc
+            if not f.exists():
+                bad.append(f"{doc.relative_to(ROOT)}: ({target}): no such file")
+            elif anchor and f.suffix == ".md" and anchor not in {slug(h) for h in sections(f, lead_ins=False)}:
+                bad.append(f"{doc.relative_to(ROOT)}: ({target}): no such heading")
+        for m in re.finditer(r"(?:docs/)?([\w-]+\.md)[,:]? (?:§[\w.]+ )?\"([^\"]+)\"", text):
+            name, section = m.group(1), " ".join(m.group(2).split())
+            f = ROOT / "docs" / name if (ROOT / "docs" / name).exists() else ROOT / name
+            if not f.exists():
+                bad.append(f"{doc.relative_to(ROOT)}: {name}: no such file")
+            elif not any(section.lower() in " ".join(h.split()).lower() for h in sections(f)):
+                bad.append(f'{doc.relative_to(ROOT)}: {name}, "{section}": no such section')
+    assert not bad, "links and references to nothing:\n" + "\n".join(bad)
+
+
 # -- shell commands -----------------------------------------------------------------------------------
 
 

@@ -17,6 +17,8 @@
   :func:`refimpl.cli.common.check_numerics` — parsed only, never run. A placeholder written in capitals
   (``MODEL.gguf``, ``FILE``) is a value like any other. A usage line (``[-n N]``, ``[--jobs J | --cluster ADDRESS]``)
   is checked for its subcommand and every flag it names; README.md's shell blocks hold commands, not usage lines.
+* **Links and references.** Markdown links to repository files (and their ``#anchor``) and every section named by
+  its title (``docs/numerics.md, "Configurations"``) exist.
 * **Reading orders.** Each package folder's ``__init__`` docstring names every module of the folder, and
   README.md's layout tree every package folder of ``refimpl/`` and ``kernels/``.
 * **performance.md stays current**: at most 300 lines (history lives in git and CHANGELOG.md).

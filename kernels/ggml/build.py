@@ -15,6 +15,12 @@ kernels are not emulated — ARM NEON/SVE, AMX, RISC-V, POWER, s390x, a pre-AVX2
 beside the CPU one — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any
 SIMD (docs/ggml-generic-x86.md).
 
+A path can also be *named* instead of detected: ``--emulate=ggml:avx512``, ``ggml:avx2``, ``ggml:generic``
+(:data:`NAMED_PATHS`, :func:`named_path`). No library is then loaded or read — the kernels of :mod:`kernels.ggml` are
+numba and numpy and never call into libggml; the library only tells :func:`detect` which path to take — so an x86
+machine without llama-cpp-python recomputes, bit for bit, the streams of a build it does not run (an AVX2-only
+server, a generic build), and the version followed is :data:`GGML_VERSION`, the emulation's own.
+
 The emulation follows one ggml: :data:`GGML_VERSION`, the ggml of the llama.cpp vendored in llama-cpp-python
 0.3.36. :func:`detect` also reads the library's own ``ggml_version()`` and ``ggml_commit()`` (``ggml.c``, in
 ``libggml-base``), and :meth:`GgmlBuild.check_version` refuses a library of another version in one line unless the
@@ -71,6 +77,9 @@ EMULATED_PATHS = (
                  "x86-64 without any of X86_FEATURES: no GGML_SIMD, scalar loops, no FMA"),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
+#: ``--emulate=ggml:KEY``: each path of :data:`EMULATED_PATHS` by name, no library consulted (:func:`named_path`).
+NAMED_PREFIX = "ggml:"
+NAMED_PATHS = tuple(NAMED_PREFIX + p.key for p in EMULATED_PATHS)
 
 
 def emulated_path(key: str) -> EmulatedPath:
@@ -78,6 +87,23 @@ def emulated_path(key: str) -> EmulatedPath:
     if key not in PATHS_BY_KEY:
         raise ValueError(f"unknown ggml-cpu path {key!r} (expected one of {tuple(PATHS_BY_KEY)})")
     return PATHS_BY_KEY[key]
+
+
+def named_path(spec: str) -> str:
+    """The key of a named path: ``"ggml:avx2"`` → ``"avx2"`` (the ``ggml:`` may be left out). An unknown name is
+    :class:`UnsupportedBuild` in one line listing the valid ones."""
+    key = spec[len(NAMED_PREFIX):] if spec.startswith(NAMED_PREFIX) else spec
+    if key not in PATHS_BY_KEY:
+        valid = ", ".join(f"{NAMED_PREFIX}{p.key} ({p.name})" for p in EMULATED_PATHS)
+        raise UnsupportedBuild(f"unknown ggml-cpu path {key!r}: the named paths are {valid}; "
+                               "plain ggml follows the libggml llama-cpp-python loads")
+    return key
+
+
+def describe_named(key: str) -> str:
+    """``ggml-cpu AVX2 (named, not detected), ggml 0.25.3's kernels`` — what ``--emulate=ggml:KEY`` prints: no
+    library was read, so the version is the emulation's own."""
+    return f"ggml-cpu {emulated_path(key).name} (named, not detected), ggml {GGML_VERSION}'s kernels"
 
 
 def lib_dir() -> Path:
@@ -88,8 +114,9 @@ def lib_dir() -> Path:
     try:
         import llama_cpp
     except ImportError:
-        raise UnsupportedBuild("--emulate=ggml follows the libggml that llama-cpp-python loads, and llama-cpp-python "
-                               "is not installed (pip install 'refimpl[oracle]', or set LLAMA_CPP_LIB_PATH)") from None
+        raise UnsupportedBuild("no libggml to detect the path from: llama-cpp-python is not installed (pip install "
+                               "'refimpl[oracle]', or set LLAMA_CPP_LIB_PATH, or name the path: "
+                               f"{', '.join('--emulate=' + n for n in NAMED_PATHS)})") from None
     return Path(llama_cpp.__file__).parent / "lib"
 
 

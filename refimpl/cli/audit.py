@@ -5,7 +5,7 @@ a stream has a wrong token (or its prompt ids differ from the oracle's)."""
 from __future__ import annotations
 
 from refimpl.cli.common import (add_numerics, add_scale_out, add_threshold, cache_mb, check_tokens, ctx_from_args,
-                                default_model, load_named, parse_tokens, threshold_auto)
+                                default_model, emulate_family, load_named, parse_tokens, threshold_auto)
 from refimpl.errors import RefimplError
 
 
@@ -65,7 +65,7 @@ def cmd_audit(args) -> int:
     for flag, value in (("--draft", args.draft), ("--schedule", args.schedule)):
         if value is not None and (golden or args.stream_dir is not None):
             raise RefimplError(f"{flag} goes with MODEL STREAM [STREAM] (a prediction of each stream)")
-        if value is not None and args.emulate != "ggml":
+        if value is not None and emulate_family(args) != "ggml":
             raise RefimplError(f"{flag} predicts llama.cpp's own stream for the engine's batch schedule: it needs --emulate=ggml")
     if args.stream_dir is not None:
         return _audit_dir(args)
@@ -268,7 +268,7 @@ def _audit_dir(args) -> int:
     pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
     ctx = ctx_from_args(args)
     numerics = {k: getattr(ctx, k) for k in ("act_quant", "kv_f16", "flash_attn", "ggml", "n_ubatch", "n_threads", "n_ctx",
-                                             "repack", "ggml_accepted")}  # --emulate=ggml's fields too
+                                             "repack", "ggml_accepted", "ggml_named")}  # --emulate=ggml's fields too
     reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
                           model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache,
                           auto=threshold_auto(args))

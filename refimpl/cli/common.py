@@ -83,8 +83,8 @@ def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     (refimpl.graph.layout.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.load.Model.packed)."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
-    if ggml is None and getattr(args, "emulate", None) == "ggml":  # logits, trace: the layout of its kernels too
-        ggml = (ggml_path(getattr(args, "ggml_version_ok", False))[0], not getattr(args, "no_repack", False))
+    if ggml is None and emulate_family(args) == "ggml":  # logits, trace: the layout of its kernels too
+        ggml = (ggml_path(getattr(args, "ggml_version_ok", False), named_ggml(args))[0], not getattr(args, "no_repack", False))
     return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack,
                       ggml=ggml)
 
@@ -151,19 +151,57 @@ def check_tokens(model, tokens: list[int]) -> list[int]:
 # numerics: --emulate[=CONFIG], --flash-attn, --kv-type, --no-repack, --ggml-version-ok, --kernel
 
 
+class _EmulateChoices(tuple):
+    """--emulate's words: the :data:`refimpl.model.ops.EMULATIONS` and every ``ggml:NAME``; any ``ggml:…`` is taken as
+    the option's value (``--emulate ggml:avx3`` is then refused by :func:`_emulate_value`, naming the valid paths,
+    rather than read as MODEL)."""
+
+    def __contains__(self, word) -> bool:
+        return tuple.__contains__(self, word) or (isinstance(word, str) and word.startswith("ggml:"))
+
+
+def _emulate_value(text: str) -> str:
+    """``--emulate``'s value as given; a ``ggml:NAME`` whose NAME is not an emulated path is one line naming the valid ones."""
+    from kernels.ggml.build import NAMED_PREFIX, UnsupportedBuild, named_path
+
+    if text.startswith(NAMED_PREFIX):
+        try:
+            named_path(text)
+        except UnsupportedBuild as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def emulate_family(args) -> str | None:
+    """``args.emulate`` without a path name: ``"ggml"`` for ``ggml`` and ``ggml:NAME``, else as given (None: no --emulate)."""
+    emulate = getattr(args, "emulate", None)
+    return None if emulate is None else emulate.partition(":")[0]
+
+
+def named_ggml(args) -> str | None:
+    """The path key of ``--emulate=ggml:NAME`` (``"avx2"``), None for a detected path or no ``--emulate=ggml``."""
+    emulate = getattr(args, "emulate", None) or ""
+    return emulate.partition(":")[2] or None if emulate.startswith("ggml:") else None
+
+
 def add_numerics(p) -> None:
-    from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION, VERSION_OK_FLAG
+    from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION, NAMED_PATHS, VERSION_OK_FLAG
     from refimpl.model.ops import EMULATIONS
 
     paths = " or ".join(x.name for x in EMULATED_PATHS)
+    named = ", ".join(f"{n} ({x.name})" for n, x in zip(NAMED_PATHS, EMULATED_PATHS))
 
-    p.add_argument("--emulate", nargs="?", const="default", choices=tuple(EMULATIONS), metavar="CONFIG",
+    p.add_argument("--emulate", nargs="?", const="default", choices=_EmulateChoices((*EMULATIONS, *NAMED_PATHS)),
+                   type=_emulate_value, metavar="CONFIG",
                    help="round where llama.cpp rounds: activation quantization per matmul, and the K/V cache and "
                         "attention of llama.cpp's configuration CONFIG: default (F16 K/V, flash attention, as its "
-                        "CLI and server run; the default) or plain (F32 K/V, no flash attention); ggml: every op as "
+                        "CLI and server run; the default) or plain (F32 K/V, no flash attention) — llama.cpp's "
+                        "rounding points, float noise apart, for any build it runs (ARM, GPU, other ggml versions), "
+                        "no library needed (docs/numerics.md, 'Three numerics, and when to use which'); ggml: every op as "
                         f"the libggml-cpu that llama-cpp-python loads computes it, bit for bit (its {paths} path, "
                         f"detected; ggml {GGML_VERSION}'s kernels; llama.cpp's defaults: F16 K/V, flash attention, "
-                        "n_ubatch 512, 4 threads). "
+                        f"n_ubatch 512, 4 threads); {named}: that path bit for bit, named instead of detected: no "
+                        "library loaded, llama-cpp-python not needed (to recompute streams made on another machine). "
                         "--emulate CONFIG and --emulate=CONFIG are the same; a next argument that is not a CONFIG "
                         "is not taken (run --emulate model.gguf: MODEL is model.gguf). Needs --kernel numba")
     p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
@@ -194,30 +232,40 @@ def add_kernel(p) -> None:
 def check_numerics(args) -> None:
     """--kernel numpy is the plain numpy twin of the matmul: llama.cpp's activation quantization
     (--emulate) is implemented on the numba kernels only (kernels/matmul.py)."""
-    if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) == "ggml":
+    if getattr(args, "kernel", None) == "numpy" and emulate_family(args) == "ggml":
         raise RefimplError("--emulate=ggml computes every op with the kernels.ggml emulations of ggml-cpu (numba); "
                            "--kernel numpy, the plain definitions, does not apply to it")
     for flag in ("no_repack", "ggml_version_ok", "threads", "ubatch_size", "ctx_size"):
         value = getattr(args, flag, None)
-        if value not in (None, False) and getattr(args, "emulate", None) != "ggml":
+        if value not in (None, False) and emulate_family(args) != "ggml":
             name = "--" + flag.replace("_", "-")
             raise RefimplError(f"{name} describes the llama.cpp that --emulate=ggml emulates; give it with --emulate=ggml")
         if flag not in ("no_repack", "ggml_version_ok") and value is not None and (value < 0 or (value == 0 and flag != "ctx_size")):
             raise RefimplError(f"--{flag.replace('_', '-')} must be {'≥ 0' if flag == 'ctx_size' else 'positive'}, got {value}")
+    if named_ggml(args) and getattr(args, "ggml_version_ok", False):
+        from kernels.ggml.build import GGML_VERSION, VERSION_OK_FLAG
+
+        raise RefimplError(f"{VERSION_OK_FLAG} accepts a loaded libggml of another ggml version; --emulate={args.emulate} "
+                           f"loads none (it follows ggml {GGML_VERSION}'s kernels)")
     if getattr(args, "kernel", None) == "numpy" and getattr(args, "emulate", None) is not None:
         raise RefimplError(f"--emulate={args.emulate} needs --kernel numba: llama.cpp's activation quantization "
                            "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
 
 
-def ggml_path(version_ok: bool = False) -> tuple[str, str | None]:
+def ggml_path(version_ok: bool = False, named: str | None = None) -> tuple[str, str | None]:
     """``--emulate=ggml``: (the ggml-cpu path of the libggml llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH``, else
     its ``lib/``), None or the library's ggml version accepted with ``--ggml-version-ok`` = ``version_ok``). A build
     whose kernels are not emulated, or of another ggml version without the flag, is refused in one line. The build is
     named on stderr (``emulating ggml-cpu AVX-512 (…) from DIR, ggml 0.25.3 (commit …)``) when the emulation first computes,
-    after every other flag has been checked (:func:`refimpl.graph.trunk.announce_ggml`)."""
-    from kernels.ggml.build import VERSION_OK_FLAG, UnsupportedBuild, detect
+    after every other flag has been checked (:func:`refimpl.graph.trunk.announce_ggml`).
+    ``named`` (``--emulate=ggml:NAME``, :func:`named_ggml`): that path, (NAME, None), no library loaded or read; the
+    stderr line says so (``emulating ggml-cpu AVX2 (named, not detected), ggml 0.25.3's kernels``)."""
+    from kernels.ggml.build import VERSION_OK_FLAG, UnsupportedBuild, describe_named, detect
     from refimpl.graph.trunk import announce_ggml
 
+    if named is not None:
+        announce_ggml(f"emulating {describe_named(named)}")
+        return named, None
     try:
         build = detect()
         path = build.path
@@ -241,11 +289,13 @@ def ctx_from_args(args, trace=None):
     from refimpl.graph.trunk import announce_ggml
 
     announce_ggml(None)
-    ggml, accepted = ggml_path(getattr(args, "ggml_version_ok", False)) if args.emulate == "ggml" else (None, None)
+    family, named = emulate_family(args), named_ggml(args)
+    ggml, accepted = ggml_path(getattr(args, "ggml_version_ok", False), named) if family == "ggml" else (None, None)
     llama = {k: v for k, v in (("n_threads", getattr(args, "threads", None)), ("n_ubatch", getattr(args, "ubatch_size", None)),
                                 ("n_ctx", getattr(args, "ctx_size", None) or None)) if v is not None}
-    ctx = emulation_ctx(args.emulate, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml,
-                        repack=not getattr(args, "no_repack", False), ggml_accepted=accepted, **llama)
+    ctx = emulation_ctx(family, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml,
+                        repack=not getattr(args, "no_repack", False), ggml_accepted=accepted, **llama,
+                        **({"ggml_named": True} if named else {}))
     return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
 
 

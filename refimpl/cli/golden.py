@@ -44,7 +44,7 @@ def cmd_golden_make(args) -> int:
         raise RefimplError("--draft needs --mtp or --ngram")
     ctx = ctx_from_args(args)
     ggml = dict(ggml=ctx.ggml, n_ubatch=ctx.n_ubatch, n_threads=ctx.n_threads, n_ctx=ctx.n_ctx, repack=ctx.repack,
-                ggml_accepted=ctx.ggml_accepted) if ctx.ggml else {}  # --emulate=ggml: recorded in the header
+                ggml_accepted=ctx.ggml_accepted, ggml_named=ctx.ggml_named) if ctx.ggml else {}  # --emulate=ggml: in the header
     settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
                         kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn, **ggml)
     out = make_golden(default_model(args.model), args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,

@@ -119,6 +119,7 @@ class Settings:
     n_ctx: int | None = None
     repack: bool = True
     ggml_accepted: str | None = None
+    ggml_named: bool = False  # --emulate=ggml:PATH: the path named, not detected (regenerated on any machine)
 
     def as_json(self) -> dict:
         draft = {"source": self.draft_source or "none", "n_draft": self.n_draft}
@@ -138,6 +139,8 @@ class Settings:
                            "n_ctx": self.n_ctx, "repack": self.repack}
             if self.ggml_accepted is not None:
                 out["ggml"]["library_version"] = self.ggml_accepted  # accepted with --ggml-version-ok
+            if self.ggml_named:
+                out["ggml"]["named"] = True  # --emulate=ggml:PATH, no library read
             out["numerics"] = self.ctx().numerics()
         return out
 
@@ -149,7 +152,7 @@ class Settings:
         g = obj.get("ggml") or {}
         ggml = {"ggml": g["path"], "n_ubatch": int(g["n_ubatch"]), "n_threads": int(g["n_threads"]),
                 "n_ctx": None if g.get("n_ctx") is None else int(g["n_ctx"]), "repack": bool(g.get("repack", True)),
-                "ggml_accepted": g.get("library_version")} if g else {}
+                "ggml_accepted": g.get("library_version"), "ggml_named": bool(g.get("named", False))} if g else {}
         return cls(int(obj["n_predict"]), source, int(d["n_draft"]), bool(obj["emulate"]),
                    float(d.get("p_min", 0.0)), int(d.get("ngram_min_match", 3)),
                    None if kv is None else kv == "f16", bool(obj.get("flash_attn", False)), **ggml)
@@ -159,7 +162,7 @@ class Settings:
 
         kv_f16 = self.emulate if self.kv_f16 is None else self.kv_f16
         ggml = dict(ggml=self.ggml, n_ubatch=self.n_ubatch, n_threads=self.n_threads, n_ctx=self.n_ctx, repack=self.repack,
-                    ggml_accepted=self.ggml_accepted) if self.ggml else {}
+                    ggml_accepted=self.ggml_accepted, ggml_named=self.ggml_named) if self.ggml else {}
         return Ctx(act_quant=self.emulate, kv_f16=kv_f16, flash_attn=self.flash_attn, kernel=kernel, **ggml)
 
     def make_flags(self) -> list[str]:
@@ -168,7 +171,7 @@ class Settings:
             flags += [f"--{self.draft_source}", "--draft", str(self.n_draft)]
         ctx = self.ctx()
         if self.ggml:  # the path is the library's: regenerated on a library that takes it
-            flags += ["--emulate=ggml", "--ubatch-size", str(self.n_ubatch), "--threads", str(self.n_threads)]
+            flags += [f"--emulate=ggml:{self.ggml}" if self.ggml_named else "--emulate=ggml", "--ubatch-size", str(self.n_ubatch), "--threads", str(self.n_threads)]
             flags += (["--ctx-size", str(self.n_ctx)] if self.n_ctx else []) + ([] if self.repack else ["--no-repack"])
             flags += ["--ggml-version-ok"] if self.ggml_accepted is not None else []
             return flags + ["--kv-type", "f16" if ctx.kv_f16 else "f32", "--flash-attn", "on" if ctx.flash_attn else "off"]

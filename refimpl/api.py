@@ -53,8 +53,8 @@ class Oracle:
     functions take.
 
     * ``name``: the model as given to :func:`load` (a path or ``builtin:NAME``), as reports name it;
-    * ``model``: the :class:`refimpl.model.trunk.Model` (``model.config``, ``model.file``, ``model.weights``);
-    * ``ctx``: the :class:`refimpl.model.ops.Ctx` of the numerics chosen at load (``ctx.numerics()`` says which);
+    * ``model``: the :class:`refimpl.model.load.Model` (``model.config``, ``model.file``, ``model.weights``);
+    * ``ctx``: the :class:`refimpl.model.ctx.Ctx` of the numerics chosen at load (``ctx.numerics()`` says which);
     * ``tokenizer``: the GGUF's :class:`refimpl.tokenizer.Tokenizer`.
     """
 

@@ -276,6 +276,8 @@ DEEP_IMPORTS = [
     ("refimpl.tokenizer", "Tokenizer"),
     ("refimpl.model.state", "SeqState"),
     ("refimpl.model.ops", "Ctx"),
+    ("refimpl.model.load", "load_model"),
+    ("refimpl.model.trunk", "forward"),
     ("refimpl.model", "load_model"),  # before the layout change: refimpl/model.py
     ("refimpl.speculative", "speculative_generate"),
     ("refimpl.trace", "Patcher"),

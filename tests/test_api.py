@@ -5,8 +5,9 @@ computes what its command computes — ``refimpl.forward`` the rows of ``refimpl
 README's example runs as written; bad arguments are refused in one line; ``import refimpl`` stays cheap; the deep
 imports the docs showed work, or CHANGELOG.md names their replacement.
 
-Cost: ~20 s for the module (the commands run in-process, one model load each), ~5 s more with the ggml case
-(AMD EPYC, Zen 4 class, AVX-512, 2 shared vCPUs, 2026-12-04).
+Cost: 4–20 s for the module with the kernels compiled (the commands run in-process, one model load each; AMD EPYC,
+Zen 4 class, AVX-512, 2 vCPUs shared with other test runs, 2026-12-04); a cold numba cache adds the ggml kernels'
+compilation (~40 s, shared with tests/test_ggml_e2e.py).
 """
 
 from __future__ import annotations

@@ -91,7 +91,12 @@ def test_readme_example_runs(capsys):
     blocks = re.findall(r"```python\n(.*?)```", readme_section(), re.S)
     assert len(blocks) == 1, "the Python API section holds one runnable example"
     exec(compile(blocks[0], "README.md (Python API)", "exec"), {})
-    assert "Take thou" in capsys.readouterr().out  # its print: the first words of run's stream on builtin:kjv
+    printed = capsys.readouterr().out.splitlines()
+    # what its comments say the prints show: run's stream on builtin:kjv, the MTP counts, the verdict, the trace
+    assert printed[0].startswith(" Take thou, and eat the bread of the burnt offering,")
+    assert printed[1:] == ["19 of 37 drafts accepted", "clean 0", "91 (7, 2048)"]
+    for shown in ("# 19 of 37", "# clean 0", "# 91 (7, 2048)", '# " Take thou, and eat the bread of the burnt offering, …"'):
+        assert shown in blocks[0]
 
 
 # ---- each name computes what its command computes -------------------------------------------------------------

@@ -85,7 +85,8 @@ def build_qkvz(w, c, a: np.ndarray, il: int, ctx) -> tuple[np.ndarray, ...]:
 def key_heads(c) -> np.ndarray:
     """[Hv]: the key head value head j reads. qwen35moe / qwen35 (tiled): ``j % Hk``, the fused op's own broadcast
     (``ggml_gated_delta_net`` reads q/k head ``j % Hk``); qwen3next (grouped): ``j // (Hv/Hk)``, its
-    reshape–``ggml_repeat_4d``–reshape "repeat interleave" (qwen3next.cpp)."""
+    reshape–``ggml_repeat_4d``–reshape "repeat interleave" (qwen3next.cpp). The same map as
+    :func:`refimpl.model.deltanet.kv_heads`, deliberately parallel: here it is what the graph's ops broadcast."""
     j = np.arange(c.ssm_dt_rank)
     return j % c.ssm_n_group if c.arch.gdn_heads == "tiled" else j // (c.ssm_dt_rank // c.ssm_n_group)
 

@@ -16,7 +16,7 @@ from kernels.ggml import mulmat, rows, vecmath
 from refimpl.graph.ops import F32, mul_mat, sigmoid, soft_max, swiglu
 from refimpl.io.weights import DenseFFNWeights, PinnedExperts
 
-W_SUM_MIN = 6.103515625e-5  # build_moe_ffn: ggml_clamp(weights_sum, 6.103515625e-5, INFINITY) (2^-14)
+W_SUM_MIN = 6.103515625e-5  # build_moe_ffn: ggml_clamp(weights_sum, 6.103515625e-5, INFINITY) (2^-14; the reference's too)
 
 
 def build_layer_ffn(w, c, x: np.ndarray, il: int, ctx, prefix: str = "") -> np.ndarray:

@@ -6,7 +6,7 @@ Unlike the reference's ops (:mod:`refimpl.model.ops`), these are not batch invar
 with it its rounding, depends on the row count (``kernels.ggml.mulmat.kernel_for``), so a batch is computed
 ubatch by ubatch as llama.cpp does (:func:`by_ubatch`).
 
-``ctx`` is the model's ``Ctx`` (refimpl.model.ops), read by its fields: ``ggml``, ``n_threads``, ``repack``,
+``ctx`` is the model's ``Ctx`` (refimpl.model.ctx), read by its fields: ``ggml``, ``n_threads``, ``repack``,
 ``n_ubatch``, ``trace`` and its ``cb``. Shapes use the legend of docs/architecture.md.
 """
 

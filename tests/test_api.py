@@ -110,6 +110,21 @@ def test_load(model):
     assert repr(model) == "Oracle('builtin:kjv': qwen35moe, 4 layers, vocabulary 2048; numerics off)"  # not the weights
 
 
+@pytest.mark.parametrize("emulate", ["default", "plain", "ggml:avx2", "ggml:generic"])
+def test_load_numerics_are_the_flags(emulate):
+    """load(emulate=…) builds the Ctx ``--emulate`` builds (refimpl.cli.common.ctx_from_args); a named ggml path
+    loads no library (llama-cpp-python not needed)."""
+    import argparse
+
+    from refimpl.cli.common import ctx_from_args
+
+    flags = argparse.Namespace(emulate=emulate, flash_attn=None, kv_type=None, kernel="numba")
+    ctx = refimpl.load("builtin:kjv", emulate=emulate).ctx
+    assert ctx == ctx_from_args(flags) and ctx.act_quant and ctx.ggml == (emulate.partition(":")[2] or None)
+    assert refimpl.load("builtin:kjv", emulate=emulate, flash_attn=False, kv_type="f32").ctx == ctx_from_args(
+        argparse.Namespace(emulate=emulate, flash_attn="off", kv_type="f32", kernel="numba"))
+
+
 def test_forward_is_refimpl_logits_bit_for_bit(model, prompt, tmp_path, capsys):
     out = tmp_path / "L.npy"
     assert _cli(capsys, "logits", "builtin:kjv", "--tokens", _ids(prompt), "--out", str(out))[0] == 0

@@ -466,7 +466,7 @@ def test_auto_budget_leaves_the_page_cache_room_for_a_file_that_fits(monkeypatch
 
 def test_load_model_gives_auto_the_file_size(make_fixture, monkeypatch):
     """load_model passes the file's size and its packed copies' bound to the auto budget."""
-    import refimpl.model.trunk as M
+    import refimpl.model.load as M
 
     seen = {}
     monkeypatch.setattr(M, "cache_budget", lambda mb, **kw: seen.update(kw, mb=mb) or 0)

@@ -164,7 +164,8 @@ def _calibrate_servers(results, columns, labels, floor: float) -> dict:
     """--threshold auto: each server's threshold from the log-prob spread of all its answers (every prompt and
     draft column) whose log-probs pass the probs: verdict, those answers judged again with it (the others keep
     their own, the fixed τ: refimpl.oracle.calibrate) → label → Calibration."""
-    from refimpl.oracle.calibrate import Samples, calibrate, rejudge
+    from refimpl.oracle.audit import rejudge
+    from refimpl.oracle.calibrate import Samples, calibrate
 
     out = {}
     for lab in labels:

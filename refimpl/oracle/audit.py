@@ -283,11 +283,11 @@ def _calibrated(rep: Report) -> Report:
         for lab, smp in rep.samples.items():  # log-probs the probs: verdict rejects calibrate nothing
             smp.outside = int(lab in rep.probs and rep.probs[lab].verdict == "outside bound")
         rep.calibration = {lab: calibrate(smp, rep.tau) for lab, smp in rep.samples.items()}
-        _rejudge(rep)
+        rejudge(rep)
     return rep
 
 
-def _rejudge(rep: Report) -> None:
+def rejudge(rep: Report) -> None:
     """Re-classify ``rep``'s findings with each stream's calibration ``rep.calibration``
     (label → Calibration): each stream's token at a departure judged by step 3, the oracle's own token
     (the argmax) always close. The findings are replaced in place, in order."""

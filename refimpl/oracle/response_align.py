@@ -97,17 +97,24 @@ class Pieces:
     nothing, unless the server was started with ``--special``), and the reverse: the ids whose piece is a
     given byte string."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, where: str = "the response"):
         self.tok = tokenizer
+        self.where = where  # for the one-line refusal of an id outside the vocabulary
         self._texts = None  # GGUF token text → id, built at the first reverse lookup
         self._hidden = None
 
     def piece(self, tid: int) -> bytes:
+        self._check(tid)
         return self.tok.piece(tid, special=False)
+
+    def _check(self, tid: int) -> None:
+        if not 0 <= tid < self.tok.n_vocab:
+            raise RefimplError(f"{self.where}: token id {tid}, outside the vocabulary [0, {self.tok.n_vocab})")
 
     def own(self, tid: int, raw: bytes) -> bytes | None:
         """The piece of ``tid`` that ``raw`` ends with (``--special``'s rendering of a control token, else the
         plain one, which is empty for it), or None."""
+        self._check(tid)
         for special in (True, False):
             p = self.tok.piece(tid, special=special)
             if raw.endswith(p):

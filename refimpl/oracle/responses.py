@@ -374,7 +374,7 @@ def read_response(text: str, where: str, tokenizer=None) -> tuple[list[int], lis
         raise RefimplError(f"{where}: the response holds no generated token ids" + (
             f" (the server counts {counted}, all held back: llama-server sends no id for tokens whose bytes end inside a "
             "UTF-8 character; ask for the whole /completion answer, whose 'tokens' names every id)" if counted else ""))
-    pieces = Pieces(tokenizer) if tokenizer is not None else None
+    pieces = Pieces(tokenizer, where) if tokenizer is not None else None
     recovered, unread = (), 0
     if not chunked and parts[0].ids is not None:  # every id named: the entries placed on them
         ids, steps = parts[0].ids, _placed(parts[0].ids, parts[0].entries, pieces, where)

@@ -268,7 +268,8 @@ def _audit_dir(args) -> int:
     pairs = read_pairs(args.stream_dir, tok, m.config.n_vocab, prompt)
     ctx = ctx_from_args(args)
     numerics = {k: getattr(ctx, k) for k in ("act_quant", "kv_f16", "flash_attn", "ggml", "n_ubatch", "n_threads", "n_ctx",
-                                             "repack", "ggml_accepted", "ggml_named")}  # --emulate=ggml's fields too
+                                             "repack", "ggml_accepted", "ggml_named", "announce")}  # --emulate=ggml's fields too
+    # (announce: the "emulating ggml-cpu …" line, said by the first pair computed here; a worker process's copy is silent)
     reports = audit_pairs(path, pairs, numerics=numerics, kernel=args.kernel, tau=args.threshold,
                           model_name=str(args.model), jobs=args.jobs, cluster=args.cluster, cache_mb=cache,
                           auto=threshold_auto(args))

@@ -252,28 +252,24 @@ def check_numerics(args) -> None:
                            "is emulated by the numba kernels only (--kernel numpy runs the plain definitions)")
 
 
-def ggml_path(version_ok: bool = False, named: str | None = None) -> tuple[str, str | None]:
+def ggml_path(version_ok: bool = False, named: str | None = None) -> tuple[str, str | None, str]:
     """``--emulate=ggml``: (the ggml-cpu path of the libggml llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH``, else
     its ``lib/``), None or the library's ggml version accepted with ``--ggml-version-ok`` = ``version_ok``). A build
     whose kernels are not emulated, or of another ggml version without the flag, is refused in one line. The build is
     named on stderr (``emulating ggml-cpu AVX-512 (…) from DIR, ggml 0.25.3 (commit …)``) when the emulation first computes,
-    after every other flag has been checked (:func:`refimpl.graph.trunk.announce_ggml`).
+    after every other flag has been checked: the third value is that line (``Ctx.announce``).
     ``named`` (``--emulate=ggml:NAME``, :func:`named_ggml`): that path, (NAME, None), no library loaded or read; the
     stderr line says so (``emulating ggml-cpu AVX2 (named, not detected), ggml 0.25.3's kernels``)."""
     from kernels.ggml.build import VERSION_OK_FLAG, UnsupportedBuild, describe_named, detect
-    from refimpl.graph.trunk import announce_ggml
-
     if named is not None:
-        announce_ggml(f"emulating {describe_named(named)}")
-        return named, None
+        return named, None, f"emulating {describe_named(named)}"
     try:
         build = detect()
         path = build.path
         accepted = build.check_version(version_ok)
     except UnsupportedBuild as e:
         raise RefimplError(f"--emulate=ggml: {e}") from None
-    announce_ggml(f"emulating {build.describe()}" + (f"; accepted with {VERSION_OK_FLAG}" if accepted else ""))
-    return path, accepted
+    return path, accepted, f"emulating {build.describe()}" + (f"; accepted with {VERSION_OK_FLAG}" if accepted else "")
 
 
 def ctx_from_args(args, trace=None):
@@ -286,16 +282,15 @@ def ctx_from_args(args, trace=None):
     check_numerics(args)
     flash = None if args.flash_attn is None else args.flash_attn == "on"
     kv_f16 = None if args.kv_type is None else args.kv_type == "f16"
-    from refimpl.graph.trunk import announce_ggml
+    from refimpl.model.ctx import StderrOnce
 
-    announce_ggml(None)
     family, named = emulate_family(args), named_ggml(args)
-    ggml, accepted = ggml_path(getattr(args, "ggml_version_ok", False), named) if family == "ggml" else (None, None)
+    ggml, accepted, line = ggml_path(getattr(args, "ggml_version_ok", False), named) if family == "ggml" else (None, None, None)
     llama = {k: v for k, v in (("n_threads", getattr(args, "threads", None)), ("n_ubatch", getattr(args, "ubatch_size", None)),
                                 ("n_ctx", getattr(args, "ctx_size", None) or None)) if v is not None}
     ctx = emulation_ctx(family, flash_attn=flash, kv_f16=kv_f16, kernel=args.kernel, trace=trace, ggml=ggml,
                         repack=not getattr(args, "no_repack", False), ggml_accepted=accepted, **llama,
-                        **({"ggml_named": True} if named else {}))
+                        **({"ggml_named": True} if named else {}), announce=StderrOnce(line) if line else None)
     return dataclasses.replace(ctx, faults=getattr(args, "faults", NO_FAULTS))  # run --inject (refimpl.inject.faults)
 
 

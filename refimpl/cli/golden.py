@@ -48,7 +48,7 @@ def cmd_golden_make(args) -> int:
     settings = Settings(args.n_predict, source, (3 if args.draft is None else args.draft) if source else 0, ctx.act_quant,
                         kv_f16=ctx.kv_f16, flash_attn=ctx.flash_attn, **ggml)
     out = make_golden(default_model(args.model), args.prompts, settings, args.out, jobs=args.jobs, kernel=args.kernel,
-                      cluster=args.cluster, cache_mb=cache_mb(args))
+                      cluster=args.cluster, cache_mb=cache_mb(args), announce=ctx.announce)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

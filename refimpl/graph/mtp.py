@@ -20,7 +20,6 @@ import numpy as np
 from refimpl.graph.attention import build_layer_attn
 from refimpl.graph.moe import build_layer_ffn
 from refimpl.graph.ops import by_ubatch, get_rows, mul_mat, output_rows, rms_norm_w
-from refimpl.graph.trunk import said_ggml
 
 
 def mtp_forward(model, w, state, tokens: np.ndarray, h: np.ndarray, ctx, outputs: str):
@@ -39,7 +38,8 @@ def ubatch(model, w, state, tokens: np.ndarray, h: np.ndarray, ctx, outputs: str
     c = model.config
     il = c.n_layer
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
-    said_ggml()  # the CLI's "emulating ggml-cpu …" line, if the head computes first
+    if ctx.announce is not None:  # the CLI's "emulating ggml-cpu …" line, if the head computes first
+        ctx.announce()
 
     e = ctx.cb("mtp_tok_embd", il, get_rows(w.embed_tokens, tokens))  # [T, E]
     enorm, hnorm = ctx.cb("mtp.input_norms", il, (w.enorm, w.hnorm))

@@ -18,7 +18,6 @@ after checking the tokens and ``outputs``.
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
@@ -28,23 +27,6 @@ from refimpl.graph.deltanet import build_layer_attn_linear
 from refimpl.graph.layout import check_ggml_weights
 from refimpl.graph.moe import build_layer_ffn
 from refimpl.graph.ops import by_ubatch, get_rows, output_rows, rms_norm_w
-
-_PENDING: list[str] = []  # the stderr line of --emulate=ggml, said at its first computation (announce_ggml)
-
-
-def announce_ggml(line: str | None) -> None:
-    """Have the first ``--emulate=ggml`` forward pass print ``line`` on stderr (None: nothing pending). The
-    CLI names the libggml it follows (``emulating ggml-cpu AVX-512 … from DIR``) when the emulation starts,
-    not before its flags are all checked — nor before this graph has checked the file and the context size: a
-    refusal stays one line."""
-    _PENDING[:] = [line] if line else []
-
-
-def said_ggml() -> None:
-    """Print the pending :func:`announce_ggml` line, once (:func:`forward` and refimpl.graph.mtp call it)."""
-    if _PENDING:
-        print(_PENDING.pop(), file=sys.stderr, flush=True)
-
 
 def forward(model, state, tokens: np.ndarray, ctx, phase: str, outputs: str):
     """T checked tokens [T] at positions n_past … n_past+T−1, ubatch by ubatch (``ops.by_ubatch``). ``model``:
@@ -68,7 +50,8 @@ def ubatch(model, state, tokens: np.ndarray, ctx, phase: str, outputs: str):
     if state.n_past + T > n_cells:
         raise RefimplError(f"--emulate=ggml: the emulated llama.cpp context holds {n_cells} cells (n_ctx "
                            f"{ctx.n_ctx or c.n_ctx_train}); {state.n_past + T} tokens do not fit, as in llama.cpp")
-    said_ggml()  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
+    if ctx.announce is not None:  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
+        ctx.announce()
     positions = state.n_past + np.arange(T, dtype=np.int32)  # [T]
 
     h = ctx.cb("model.input_embed", -1, get_rows(w.token_embd, tokens))  # [T, E]

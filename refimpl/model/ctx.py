@@ -9,6 +9,7 @@ reference code in this folder; or ``--emulate=ggml`` (``ggml``: a ggml-cpu path)
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -59,6 +60,22 @@ GGML_PATHS = (None,) + tuple(p.key for p in EMULATED_PATHS)
 GGML_NAMES = {p.key: p.name for p in EMULATED_PATHS}  # how Ctx.numerics() names each
 
 
+class StderrOnce:
+    """A line printed on stderr the first time it is called, never again: ``Ctx.announce``. A copy sent to
+    another process (``pickle``: the golden and audit workers) says nothing — the command already said it."""
+
+    def __init__(self, line: str):
+        self._line = line
+
+    def __call__(self) -> None:
+        if self._line is not None:
+            line, self._line = self._line, None
+            print(line, file=sys.stderr, flush=True)
+
+    def __getstate__(self) -> dict:
+        return {"_line": None}
+
+
 @dataclass(frozen=True)
 class Ctx:
     """How to compute and what to record, passed to every layer function.
@@ -95,6 +112,10 @@ class Ctx:
       the user accepted it (``--ggml-version-ok``), which :meth:`numerics` — every report's line — then records;
       ``ggml_named``: the path was named (``--emulate=ggml:avx2`` …), no library read, which it records too.
 
+    * ``announce``: None, or a :class:`StderrOnce` the ggml graph calls when it first computes — the CLI's
+      ``emulating ggml-cpu …`` line, said after llama.cpp's own checks of the file and the context size
+      (:func:`refimpl.graph.trunk.ubatch`), so that a refusal stays one line.
+
     Both reach the code through one method, :meth:`cb`, called at every named point.
     """
 
@@ -111,6 +132,7 @@ class Ctx:
     repack: bool = True  # llama.cpp's use_extra_bufts (its default): with ggml, weights it repacks take the repacked kernels
     ggml_accepted: str | None = None  # with ggml: the libggml's version, not GGML_VERSION, accepted with --ggml-version-ok
     ggml_named: bool = False  # with ggml: the path was named (--emulate=ggml:avx2 …), not detected from a loaded libggml
+    announce: StderrOnce | None = field(default=None, compare=False)  # with ggml: the CLI's stderr line, said once
 
     def __post_init__(self):
         if self.ggml not in GGML_PATHS:

@@ -87,7 +87,7 @@ def audit_pairs(path: Path, pairs: list[Pair], *, numerics: dict | None = None, 
                 model_name: str = "", jobs: int = 1, cluster: str | None = None, cache_mb=None, auto: bool = False) -> list[Report]:
     """:func:`refimpl.oracle.audit.audit` of every pair, in order (here, in ``jobs`` processes or on a Dask ``cluster``);
     ``numerics``: the Ctx fields of the emulation (``act_quant``, ``kv_f16``, ``flash_attn``, and with --emulate=ggml
-    ``ggml``, ``n_ubatch``, ``n_threads``, ``n_ctx``, ``repack``, ``ggml_accepted``, ``ggml_named``; default none); ``auto``:
+    ``ggml``, ``n_ubatch``, ``n_threads``, ``n_ctx``, ``repack``, ``ggml_accepted``, ``ggml_named``, ``announce``; default none); ``auto``:
     --threshold auto (each pair's streams calibrated on their own log-probs, refimpl.oracle.calibrate)."""
     from refimpl.fixtures.builtin import sha256_file
     from refimpl.oracle.golden_run import ModelJob, run_tasks

@@ -84,10 +84,12 @@ LOGIT_RTOL = 1e-5  # `golden check`: allowed |Δ top-k logit| / max |top-k logit
 
 
 def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str | None = None, *,
-                jobs: int = 1, kernel: str = "numba", cluster: str | None = None, cache_mb: int | str | None = None) -> Path:
+                jobs: int = 1, kernel: str = "numba", cluster: str | None = None, cache_mb: int | str | None = None,
+                announce=None) -> Path:
     """``refimpl golden make``: decode and score every prompt, write the golden file; returns its path.
     ``jobs`` processes or a Dask ``cluster`` (scheduler address) share the prompts; ``cache_mb``
-    streams routed experts (``--cache-mb``); none of the three changes a byte of the file."""
+    streams routed experts (``--cache-mb``); none of the three changes a byte of the file. ``announce``:
+    ``Ctx.announce``, the command's stderr line of --emulate=ggml (:func:`refimpl.oracle.golden_run.run_all`)."""
     from refimpl.io.load import open_model
     from refimpl.tokenizer import Tokenizer
 
@@ -103,7 +105,7 @@ def make_golden(model_arg: str, prompts_path: str, settings: Settings, out: str 
     check_output(out, "--out")  # before decoding (refimpl.io.output_path)
     sha = sha256_file(path)
     results = run_all(path, [p.ids for p in prompts], settings, jobs=jobs, kernel=kernel, cluster=cluster,
-                      cache_mb=cache_mb, sha256=sha)
+                      cache_mb=cache_mb, sha256=sha, announce=announce)
     for i, r in enumerate(results):
         if r.departure is not None:  # cannot happen unless refimpl's decoding path is broken
             raise RuntimeError(f"refimpl bug: prompt {i}: the {settings.draft_source or 'greedy'} stream's step "

@@ -322,16 +322,18 @@ def run_tasks(job: ModelJob, fn, items: list, *, jobs: int = 1, cluster: str | N
     return results
 
 
-def _prompt_task(settings: Settings, job: ModelJob, prompt: list[int]) -> PromptResult:
+def _prompt_task(settings: Settings, announce, job: ModelJob, prompt: list[int]) -> PromptResult:
     m = loaded(job)
-    return run_prompt(m.model, prompt, settings, settings.ctx(job.kernel), m.eog)
+    ctx = replace(settings.ctx(job.kernel), announce=announce)  # Ctx.announce: not a setting, not in the file
+    return run_prompt(m.model, prompt, settings, ctx, m.eog)
 
 
 def run_all(path: Path, prompts: list[list[int]], settings: Settings, *, jobs: int = 1, kernel: str = "numba",
             desc: str = "golden", cluster: str | None = None, cache_mb: int | str | None = None,
-            sha256: str | None = None) -> list[PromptResult]:
+            sha256: str | None = None, announce=None) -> list[PromptResult]:
     """run_prompt for every prompt, in order (:func:`run_tasks`: here, in ``jobs`` processes, or on a
     Dask ``cluster``, whose workers check that their file has ``sha256``; local processes open the
-    very file the caller read)."""
+    very file the caller read). ``announce``: ``Ctx.announce`` (the CLI's stderr line of --emulate=ggml, said
+    by the first prompt computed here; a worker process's copy is silent)."""
     job = ModelJob(str(path), kernel, cache_mb, sha256 if cluster is not None else None)
-    return run_tasks(job, partial(_prompt_task, settings), prompts, jobs=jobs, cluster=cluster, desc=desc)
+    return run_tasks(job, partial(_prompt_task, settings, announce), prompts, jobs=jobs, cluster=cluster, desc=desc)

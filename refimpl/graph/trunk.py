@@ -18,7 +18,6 @@ after checking the tokens and ``outputs``.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from refimpl.errors import RefimplError

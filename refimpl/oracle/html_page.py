@@ -27,6 +27,7 @@ import math
 import re
 
 from refimpl.io.output_path import replace_atomically, writing
+from refimpl.oracle.audit_report import percent
 
 # C0 and C1 controls, DEL, the bidi embeddings / overrides / isolates and marks: never written raw
 _SPECIAL = re.compile("([\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029])")
@@ -114,9 +115,10 @@ def num(x, fmt: str = ".4g") -> str:
 
 
 def pct(part, whole) -> str:
-    """``part`` as a percentage of ``whole``, as the text report writes it (refimpl.oracle.audit_report.percent)."""
+    """``part`` as a percentage of ``whole``, as the text report writes it (:func:`refimpl.oracle.audit_report.percent`);
+    a value the JSON holds as a string (not finite) gives "n/a %"."""
     ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (part, whole))
-    return f"{100 * part / whole:.2f}%" if ok and whole else "n/a %"
+    return percent(part, whole) if ok else "n/a %"
 
 
 def table(head: list[str], rows: list[list[str]], cls: str = "") -> str:

@@ -23,7 +23,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 vp, i64 = ctypes.c_void_p, ctypes.c_int64
 F32, F16, I32 = 0, 1, 26  # ggml.h: enum ggml_type
@@ -37,13 +36,23 @@ def build_dir(build: str) -> Path | None:
     """The folder of ``build``'s libraries (None: the one llama-cpp-python loads by default)."""
     if build == "native":
         return None
+    if build.startswith("arm64-"):
+        import arm64
+
+        return arm64.lib_dir(build)
     root = Path(os.environ.get("LLAMA_TOOLS_DIR") or Path(__file__).resolve().parent.parent / "build" / "llama-tools")
     return root / f"ggml-{build}" / "lib"  # avx2, generic: .ci/build-llama-tools
 
 
 def require_build(build: str) -> None:
     """Skip (fail under ``CI=true``) when ``build``'s libraries are missing."""
+    import pytest
     from conftest import require_llama_cpp
+
+    if build.startswith("arm64-"):
+        import arm64
+
+        return arm64.require(build)
 
     require_llama_cpp()
     d = build_dir(build)
@@ -57,9 +66,7 @@ def require_build(build: str) -> None:
 @functools.cache
 def _libs():
     """(base, cpu) of the build this process loads: ``$LLAMA_CPP_LIB_PATH`` or llama-cpp-python's ``lib/``."""
-    from kernels.ggml.build import lib_dir
-
-    d = lib_dir()
+    d = Path(os.environ["LLAMA_CPP_LIB_PATH"]) if os.environ.get("LLAMA_CPP_LIB_PATH") else _native_dir()
     base = ctypes.CDLL(str(d / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(str(d / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     for lib, name, res, args in [
@@ -200,7 +207,12 @@ def _worker(directory: str) -> ProcessPoolExecutor:
 
 
 def on_build(build: str, fn, *args):
-    """``fn(*args)`` computed with ``build``'s libggml (``native`` or ``avx2``)."""
+    """``fn(*args)`` computed with ``build``'s libggml (``native``, ``avx2``, ``generic``, or an ARM build under
+    qemu: tests/arm64.py)."""
+    if build.startswith("arm64-"):
+        import arm64
+
+        return arm64.call(build, fn, *args)
     require_build(build)
     d = build_dir(build)
     if d is None:
@@ -245,4 +257,6 @@ def require_both_paths() -> None:
     """Skip a test that compares the AVX-512 library with the AVX2 one on a host without AVX-512 (no
     AVX-512 libggml can run there), naming the reason."""
     if not both_paths():  # pragma: no cover - depends on the machine
+        import pytest
+
         pytest.skip("this host's llama.cpp build is AVX2 (no AVX-512): only one ggml-cpu path can run here")

@@ -33,6 +33,7 @@ API: :func:`llama_logits` (logits of given tokens), :func:`llama_greedy` (greedy
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from arm64 import ARM_SLOWDOWN, command_for
 
 LOG_TAIL_LINES = 25
 
@@ -109,8 +111,9 @@ def run_child(script: str, request: dict, out_name: str, what: str, timeout: flo
     with tempfile.TemporaryDirectory(prefix="llama_ref-") as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / out_name
         req.write_text(json.dumps(request))
-        proc = subprocess.run([sys.executable, script, str(req), str(out)], capture_output=True, text=True,
-                              errors="replace", timeout=timeout)
+        python, env = command_for(os.environ.get("LLAMA_CPP_LIB_PATH"))  # an ARM build: qemu's aarch64 Python
+        proc = subprocess.run([*python, script, str(req), str(out)], capture_output=True, text=True,
+                              errors="replace", timeout=timeout * (ARM_SLOWDOWN if env else 1), env=env)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(log.strip().splitlines()[-LOG_TAIL_LINES:])

@@ -38,12 +38,14 @@ Run as a script it is the worker: ``python tests/llama_trace.py MODEL OUT.npz TO
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from arm64 import ARM_SLOWDOWN, command_for
 
 from refimpl.oracle.dumper import FLASH_ATTN, KV_TYPES, EvalCapture, capture_llama  # noqa: F401 (EvalCapture: llama_ref)
 
@@ -64,9 +66,11 @@ def llama_trace(model_path, tokens, names, *, n_threads: int = 2, timeout: float
                "n_ubatch": int(n_ubatch), "repack": bool(repack), "prompt_batch": int(prompt_batch)}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace.npz"
-        cmd = [sys.executable, __file__, str(model_path), str(out), ",".join(map(str, tokens)), ",".join(names), str(n_threads),
+        python, env = command_for(os.environ.get("LLAMA_CPP_LIB_PATH"))  # an ARM build: qemu's aarch64 Python
+        cmd = [*python, __file__, str(model_path), str(out), ",".join(map(str, tokens)), ",".join(names), str(n_threads),
                json.dumps(options)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * (ARM_SLOWDOWN if env else 1),
+                              env=env)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"llama.cpp trace worker failed (exit {proc.returncode}):\n{tail}")

@@ -75,6 +75,13 @@ EMULATED_PATHS = (
     EmulatedPath("avx2", "AVX2", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f, "__AVX2__ with FMA and F16C: 8 lanes"),
     EmulatedPath("generic", "generic x86", None, lambda f, x86: x86 and not f & set(X86_FEATURES),
                  "x86-64 without any of X86_FEATURES: no GGML_SIMD, scalar loops, no FMA"),
+    # AArch64 (the phone's CPU): NEON's float32x4_t, GGML_F32_EPR = 4 (simd-mappings.h), GCC builds
+    EmulatedPath("arm64-i8mm", "AArch64 NEON i8mm", 4,
+                 lambda f, x86: not x86 and {"neon", "dotprod", "fp16_va", "matmul_int8"} <= f and "sve" not in f,
+                 "__ARM_NEON with __ARM_FEATURE_DOTPROD, FP16 vector arithmetic and __ARM_FEATURE_MATMUL_INT8"),
+    EmulatedPath("arm64-dotprod", "AArch64 NEON dotprod", 4,
+                 lambda f, x86: not x86 and {"neon", "dotprod", "fp16_va"} <= f and not f & {"matmul_int8", "sve"},
+                 "__ARM_NEON with __ARM_FEATURE_DOTPROD and FP16 vector arithmetic, no i8mm"),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
 #: ``--emulate=ggml:KEY``: each path of :data:`EMULATED_PATHS` by name, no library consulted (:func:`named_path`).

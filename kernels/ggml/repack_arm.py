@@ -1,0 +1,273 @@
+"""``ggml_mul_mat`` / ``ggml_mul_mat_id`` of a weight in llama.cpp's ``CPU_REPACK`` buffer on the AArch64 GCC
+builds (paths ``arm64-dotprod``, ``arm64-i8mm``), bit for bit: Q8_0, Q4_0, IQ4_NL and MXFP4 (the 32-value
+block types, Q8_0 activations). The K-quants are :mod:`kernels.ggml.repack_arm_k`. The weights are taken in the
+plain GGUF layout: the interleaving changes no value, only where the bytes sit.
+
+Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
+
+* ``repack.cpp: ggml_repack_get_optimal_repack_type`` on ARM (:data:`REPACK_ARM`): with i8mm Q4_0 and Q8_0 take
+  ``4x8``, with dotprod only ``4x4``; IQ4_NL and MXFP4 ``4x4`` on both; Q4_K, Q5_K, Q6_K ``8x8`` (i8mm) /
+  ``8x4`` (dotprod). The 32-value types need ``ne[1] % 4 == 0`` rows, the K-quants ``% 8``. (Q1_0 too, not
+  emulated; Q2_K is repacked by AVX-512 only.)
+* ``repack.cpp: forward_mul_mat`` quantizes the activation rows in groups of four with
+  ``arch/arm/repack.cpp: ggml_quantize_mat_q8_0_4x4`` / ``_4x8`` and the last ``T % 4`` rows with ``from_float``
+  = ``arch/arm/quants.c: quantize_row_q8_0``. All three are one float recipe (:func:`quantize_rows_q8_0_arm`):
+  ``amax`` by ``vmaxq_f32`` / ``vmaxvq_f32`` (``fmax``: a NaN anywhere in the block makes amax NaN), ``d =
+  amax/127``, ``id = d ? 1/d : 0`` (NaN is true), ``q = (int8) vcvtnq_s32_f32(x·id)`` — round half to even,
+  saturated to int32 (NaN -> 0), then *truncated* to its low byte (``strb``): +inf -> -1, -inf -> 0 — and the
+  stored ``d`` by ``GGML_CPU_FP32_TO_FP16`` (the bit-trick conversion, round to nearest even; NaN -> 0x7e00).
+  It differs from x86's ``quantize_row_q8_0`` (``127/amax``, saturating packs, NaN -> -128, NaN skipped by
+  ``_mm256_max_ps``). ``forward_mul_mat_one_chunk`` then runs the gemm on the first ``T - T % 4`` rows when
+  ``T > 3`` and one gemv per remaining row; ``forward_mul_mat_id`` quantizes every row with ``from_float`` and
+  runs the gemv only. Columns are chunked in whole 4-column groups: who computes what, not how.
+
+Per output element ``(t, r)``: ``acc = +0``, then per 32-value block ``b`` in order, with ``dot_b`` the exact
+integer dot (``sdot`` / ``smmla`` on int8 x int8: no wrap, no sign trick; Q4_0's nibbles enter as ``16·(n-8)``
+and leave through ``vcvtq_n_f32_s32(·, 4)``, an exact /16) and ``d = float32(d_w[r, b] · d_x[t, b])``
+(``vmulq_f32`` / ``vmulq_laneq_f32``; ``d_w`` the fp16 ``d``, for MXFP4 ``GGML_CPU_E8M0_TO_FP32_HALF(e)``
+against ``kvalues_mxfp4``, the E2M1 values doubled)::
+
+    fused:    acc = fma(float(dot_b), d, acc)                (vfmaq_f32, and the fmla of the Q4_0 asm)
+    unfused:  acc = acc + float32(d · float(dot_b))          (vmlaq_f32: GCC 12 emits fmul + fadd)
+
+Which one (:data:`FUSED`, read off ``aarch64-linux-gnu-objdump -d libggml-cpu.so`` of both builds): Q4_0 gemv and
+gemm (4x4, 4x8) and Q8_0 gemv (4x4, 4x8) and Q8_0 gemm 4x8 (i8mm) fuse; Q8_0 gemm 4x4 (dotprod) and every IQ4_NL
+and MXFP4 kernel do not. So on ``arm64-dotprod`` a Q8_0 gemm row and a gemv row of the same activations differ,
+and Q8_0's bits differ between the two builds; the other types give the same bits on both. One float accumulator
+per output: no lanes, no horizontal sum, and the thread count changes no bit.
+
+NaNs: AArch64's default NaN (``0·inf``, ``inf - inf``) is +0x7fc00000, x86's -0x7fc00000 (0xffc00000), so every
+NaN of an output is made +0x7fc00000 (:func:`arm_nans`) — the bits ARM gives when the NaN is generated or comes
+from an activation (the quantizer's NaN ``d`` is fp16 0x7e00). Not modelled: the payload and sign of a NaN that
+comes from a weight's fp16 scale (ARM propagates the quieted operand).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.base.block import QT
+from kernels.base.flags import SERIAL_BELOW, jit, per_type
+from kernels.base.floats import round_to_f16
+from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
+from kernels.ggml.repack import _TYPES as _Q4_TYPES
+from kernels.ggml.repack import _lut_words, _nibble
+from kernels.ggml.simd import fma32
+from kernels.ggml.vecmath import F16_TO_F32
+
+F32 = np.float32
+#: The AArch64 path keys emulated here (GCC builds).
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm")
+#: ``ggml_repack_get_optimal_repack_type`` on the ARM paths: type -> (rows multiple, kernel name ``NB_COLSxINTER``).
+REPACK_ARM = {
+    "arm64-dotprod": {QT.Q4_0: (4, "4x4"), QT.Q8_0: (4, "4x4"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
+                      QT.Q4_K: (8, "8x4"), QT.Q5_K: (8, "8x4"), QT.Q6_K: (8, "8x4")},
+    "arm64-i8mm": {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
+                   QT.Q4_K: (8, "8x8"), QT.Q5_K: (8, "8x8"), QT.Q6_K: (8, "8x8")},
+}
+#: The 32-value block types emulated here.
+REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
+#: (type, path) -> (gemm fused, gemv fused): whether the kernel's float step is one FMA (module docstring).
+FUSED = {
+    (QT.Q8_0, "arm64-dotprod"): (False, True),  # gemm 4x4 vmlaq_f32 (fmul+fadd), gemv 4x4 vfmaq_f32
+    (QT.Q8_0, "arm64-i8mm"): (True, True),  # gemm 4x8 (smmla) vfmaq_f32, gemv 4x8 vfmaq_f32
+    **{(QT.Q4_0, p): (True, True) for p in ARM_PATHS},  # gemm asm fmla, gemv vfmaq_f32
+    **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4) for p in ARM_PATHS},  # vmlaq_f32 everywhere
+}
+
+
+def check_arm_path(path: str) -> str:
+    """``path`` if it is an emulated AArch64 path, else ValueError."""
+    if path not in ARM_PATHS:
+        raise ValueError(f"AArch64 repack kernels: path must be one of {ARM_PATHS}, got {path!r}")
+    return path
+
+
+def repacked_arm(qtype, n_rows: int, path: str) -> bool:
+    """Whether llama.cpp's CPU_REPACK buffer repacks a weight of ``qtype`` with ``n_rows`` rows (ne[1], per expert)
+    on the AArch64 ``path``."""
+    entry = REPACK_ARM[check_arm_path(path)].get(_qt(qtype))
+    return entry is not None and n_rows % entry[0] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# quantize_row_q8_0 / ggml_quantize_mat_q8_0_4x4 / _4x8 (arch/arm)
+
+
+@jit()
+def _fcvtns_i8(v):
+    """``(int8_t) vgetq_lane_s32(vcvtnq_s32_f32(v))``: round half to even, saturate to int32 (NaN -> 0), low byte."""
+    if v != v:
+        return 0
+    if v >= 2147483647.0:
+        i = np.int64(2147483647)
+    elif v <= -2147483648.0:
+        i = np.int64(-2147483648)
+    else:
+        i = np.int64(np.rint(v))
+    return ((i & 0xFF) ^ 0x80) - 0x80
+
+
+@jit()
+def quantize_rows_q8_0_arm(x, qs, d):
+    """The AArch64 Q8_0 activation quantizer (module docstring): x (R, K) float32 -> qs (R, K) int8, d (R, K/32)
+    float32 (the values of the fp16 ``d``)."""
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            o = 32 * b
+            amax = F32(0.0)
+            nan = False
+            for j in range(32):
+                a = abs(x[r, o + j])
+                if a != a:
+                    nan = True
+                elif a > amax:
+                    amax = a
+            if nan:
+                amax = F32(np.nan)  # fmax / fmaxv propagate a NaN
+            dd = amax / F32(127.0)
+            inv = F32(1.0) / dd if dd != 0 else F32(0.0)
+            d[r, b] = round_to_f16(dd)
+            for j in range(32):
+                qs[r, o + j] = _fcvtns_i8(x[r, o + j] * inv)  # vmulq_n_f32, vcvtnq_s32_f32, strb
+
+
+def quantize_q8_0_arm(x: np.ndarray):
+    """(qs (R, K) int8, d (R, K/32) float32) of the AArch64 Q8_0 quantizer for float32 rows x (R, K)."""
+    x = np.ascontiguousarray(x, np.float32)
+    qs, d = np.empty(x.shape, np.int8), np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    quantize_rows_q8_0_arm(x, qs, d)
+    return qs, d
+
+
+# --------------------------------------------------------------------------------------------
+# gemv / gemm: one accumulator per output element
+
+
+#: Per type: (bytes of the block's scale, 4-bit LUT as two words (Q8_0: none), scale table).
+def _constants(qt: QT):
+    if qt == QT.Q8_0:
+        return 2, 0, 0
+    lut, hdr, _ = _Q4_TYPES[qt]
+    return (hdr, *_lut_words(lut))
+
+
+def _table(qt: QT):
+    return F16_TO_F32 if qt == QT.Q8_0 else _Q4_TYPES[qt][2]
+
+
+@per_type
+def _rows_for(qt, parallel):
+    """The repacked gemm/gemv of every element, compiled for one type: ``w`` (N, row bytes) uint8 plain rows,
+    ``tab`` the scale table, ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations, ``fused`` (T,)
+    bool per activation row (module docstring); out (T, N)."""
+    qt = QT(qt)
+    hdr, lo, hi = _constants(qt)
+    q8 = qt == QT.Q8_0
+    bs = 34 if q8 else hdr + 16
+
+    @jit(parallel=parallel, kind=int(qt), variant="arm" if parallel else "arm-serial")
+    def _rows(w, tab, xq, xd, fused, out):
+        y = xq.astype(np.int32)  # (T, K)
+        nb = xd.shape[1]
+        for r in prange(w.shape[0]):  # independent outputs
+            wr = w[r]
+            for t in range(y.shape[0]):
+                yt = y[t]
+                acc = F32(0.0)
+                for b in range(nb):
+                    o, yo = bs * b + hdr, 32 * b
+                    s = np.int32(0)  # the exact integer dot (|s| <= 32·128·128)
+                    if q8:
+                        for j in range(32):
+                            s += np.int32(np.int8(wr[o + j])) * yt[yo + j]
+                    else:  # value j: low nibble of byte j; value j + 16: its high nibble
+                        for j in range(16):
+                            q = np.int64(wr[o + j])
+                            s += np.int32(_nibble(q & 15, lo, hi)) * yt[yo + j]
+                            s += np.int32(_nibble(q >> 4, lo, hi)) * yt[yo + j + 16]
+                    if hdr == 2:
+                        dw = tab[np.int64(wr[o - 2]) | (np.int64(wr[o - 1]) << 8)]  # vcvt_f32_f16
+                    else:
+                        dw = tab[np.int64(wr[o - 1])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
+                    d = F32(dw * xd[t, b])  # vmulq_f32
+                    if fused[t]:
+                        acc = fma32(F32(s), d, acc)  # vfmaq_f32 / fmla
+                    else:
+                        acc = acc + F32(d * F32(s))  # vmlaq_f32: fmul, fadd
+                out[t, r] = acc
+
+    return _rows
+
+
+#: AArch64's default NaN (``inf - inf``, ``0·inf``): positive quiet, where x86's is negative (0xffc00000).
+ARM_DEFAULT_NAN = 0x7FC00000
+
+
+def arm_nans(out: np.ndarray) -> np.ndarray:
+    """``out`` with every NaN made AArch64's default NaN (:data:`ARM_DEFAULT_NAN`), in place: the NaNs this
+    emulation computes on x86 carry x86's sign; on ARM a NaN made from non-NaN operands is +0x7fc00000, and so is
+    a Q8_0 activation block's NaN ``d`` (fp16 0x7e00)."""
+    np.copyto(out.view(np.uint32), np.uint32(ARM_DEFAULT_NAN), where=np.isnan(out))
+    return out
+
+
+def _run(w2d, qt: QT, xq, xd, fused) -> np.ndarray:
+    T, K = xq.shape
+    out = np.empty((T, w2d.shape[0]), np.float32)
+    if T and w2d.shape[0]:
+        _rows_for(qt, T * w2d.shape[0] * K >= SERIAL_BELOW)(w2d, _table(qt), xq, xd, fused, out)
+    return arm_nans(out)
+
+
+def _check_type(qtype, path: str) -> QT:
+    qt = _qt(qtype)
+    check_arm_path(path)
+    if qt not in REPACK_ARM_B32:
+        raise ValueError(f"AArch64 repacked kernels: {qt.name} is not Q8_0, Q4_0, IQ4_NL or MXFP4")
+    return qt
+
+
+def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path`` (``forward_mul_mat``): ``w_bytes`` (N, row
+    bytes) uint8 plain rows (N % 4 == 0 for ggml to repack), ``x`` (T, K) float32 -> (T, N) float32."""
+    qt = _check_type(qtype, path)
+    w_bytes, x = _check(w_bytes, qt, x)
+    if w_bytes.shape[0] % 4:
+        raise ValueError(f"{qt.name} is repacked on {path} only with a multiple of 4 rows, got {w_bytes.shape[0]}")
+    T = x.shape[0]
+    xq, xd = quantize_q8_0_arm(x)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
+    gemm_fused, gemv_fused = FUSED[(qt, path)]
+    fused = np.where(np.arange(T) < T - T % 4, gemm_fused, gemv_fused)  # gemm on T - T % 4 rows, gemv on the rest
+    return _run(w_bytes, qt, xq, xd, fused)
+
+
+def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat_id(W, x, ids)`` with ``W`` repacked on an AArch64 ``path`` (``forward_mul_mat_id``: a gemv per
+    routed row): ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K) float32, ``ids`` (T, n_used) int32 -> (T, n_used,
+    N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``."""
+    qt = _check_type(qtype, path)
+    x = np.ascontiguousarray(x, np.float32)
+    w_bytes = _bytes(w_bytes)
+    ids = np.asarray(ids, np.int32)
+    T, n_x, K = x.shape
+    if w_bytes.ndim != 3:
+        raise ValueError(f"weights must be (E, N, row bytes), got {w_bytes.shape}")
+    E, N = w_bytes.shape[:2]
+    _check(w_bytes[0], qt, x[:0, 0])  # the row length
+    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 4:
+        raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}) and N % 4 == 0, got {ids.shape}, N={N}")
+    xq, xd = quantize_q8_0_arm(x.reshape(T * n_x, K))
+    fused = np.full(T * n_x, FUSED[(qt, path)][1])
+    order, bounds, experts, arow = slot_groups(ids, n_x)
+    out = np.empty((T * ids.shape[1], N), np.float32)
+    for g, e in enumerate(experts.tolist()):  # every routed row of an expert: the gemv (exact per element)
+        slots = order[bounds[g]:bounds[g + 1]]
+        rows = arow[slots]
+        out[slots] = _run(w_bytes[e], qt, xq[rows], xd[rows], fused[rows])
+    return out.reshape(T, ids.shape[1], N)
+
+
+__all__ = ["ARM_PATHS", "REPACK_ARM", "REPACK_ARM_B32", "FUSED", "repacked_arm", "quantize_q8_0_arm",
+           "mul_mat_repacked_arm", "mul_mat_id_repacked_arm"]

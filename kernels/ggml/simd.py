@@ -13,8 +13,15 @@ reduction and coefficients, but AVX-512 rounds j ≈ e**b (the polynomial with i
 exponent field; a two-factor scale for |n| > 126): they round differently, so SiLU, SwiGLU and soft_max
 differ between the builds (the expf results in ~28 % of inputs, SiLU in ~13 %, by 1 ulp).
 
-``lanes(path)``: float32 lanes of one vector on an emulated SIMD path (``PATHS``: ``"avx512"`` 16, ``"avx2"`` 8), as
-``kernels.ggml.build.EMULATED_PATHS`` — the one table of the emulated paths — says.
+``lanes(path)``: float32 lanes of one vector on an emulated SIMD path (``PATHS``: ``"avx512"`` 16, ``"avx2"`` 8,
+``"arm64-dotprod"`` / ``"arm64-i8mm"`` 4), as ``kernels.ggml.build.EMULATED_PATHS`` — the one table of the emulated
+paths — says. That int is also the *code* the compiled vec functions take (``lanes`` argument of
+:mod:`kernels.ggml.vec`): on the paths emulated so far it names the SIMD code uniquely — 16 AVX-512, 8 AVX2, 4 AArch64
+NEON with FP16 vector arithmetic built by GCC (:data:`NEON`). :class:`Simd` (:func:`simd`) is the per-path record
+of what differs (lanes, the expf kernel, the accumulation of ``ggml_vec_dot_f16``, contraction of scalar C); a path
+it does not know (a future SVE or ARMv8.0 build with 4 lanes but other code) is refused by :func:`lanes` /
+:func:`simd`, never given another path's code. ``v_expf_neon`` is ``v_expf_avx2`` lane for lane (vec.h's NEON
+branch: the same FMAs, the same two-factor scale; tested against both AArch64 builds).
 
 Horizontal sums of one register — two genuinely different trees, so two functions: :func:`hsum_fold` (halves
 folded onto each other down to one lane: GCC's ``_mm512_reduce_add_ps``, ``arch/x86/quants.c:
@@ -28,6 +35,7 @@ and FMAs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,9 +43,49 @@ from kernels.base.flags import JIT_ENABLED, jit
 from kernels.ggml.build import EMULATED_PATHS
 
 F32 = np.float32
-#: simd-mappings.h: GGML_F32_EPR (= GGML_F16_EPR) of each emulated path that has GGML_F32_VEC
-LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes}
+
+#: The codes of the compiled vec / expf functions (their ``lanes`` argument): the float32 lanes of GGML_F32_VEC,
+#: which tell the SIMD code apart on the paths emulated so far, and ggml's generic x86 build's ``__SSE2__`` branch of
+#: vec.h (silu / swiglu / soft_max only: 4 lanes, no FMA), kept apart from NEON's 4 lanes.
+AVX512, AVX2, NEON = 16, 8, 4
+SSE2 = 0x104
+
+
+@dataclass(frozen=True)
+class Simd:
+    """How ggml-cpu's shared vector code (vec.h, vec.cpp, simd-mappings.h) is built on one path."""
+
+    key: str
+    lanes: int | None  # GGML_F32_EPR; None: no GGML_SIMD (ggml's generic x86 build)
+    code: int | None  # the ``lanes`` argument of kernels.ggml.vec (AVX512 / AVX2 / NEON); None without GGML_SIMD
+    expf: int  # the code of silu / swiglu / soft_max (ggml_v_expf's branch; SSE2 on the generic build)
+    fused: bool  # GCC contracts scalar ``a*b + c`` into one FMA (-ffp-contract=fast with FMA in the ISA)
+    f16_epr: int | None  # GGML_F16_EPR: 8 on NEON with FP16 arithmetic (float16x8_t: *half* accumulators)
+    f16_half: bool  # GGML_F16_VEC is float16x8_t (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): F16 FMAs round to half
+
+
+#: Every path whose vector code is emulated, by key (checked against EMULATED_PATHS' lanes at import).
+SIMD = {
+    "avx512": Simd("avx512", 16, AVX512, AVX512, True, 16, False),
+    "avx2": Simd("avx2", 8, AVX2, AVX2, True, 8, False),
+    "generic": Simd("generic", None, None, SSE2, False, None, False),
+    # GCC 12, -march=armv8.2-a+dotprod+fp16 / armv8.6-a+…+i8mm: the same NEON code for every op here (disassembly)
+    "arm64-dotprod": Simd("arm64-dotprod", 4, NEON, NEON, True, 8, True),
+    "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True),
+}
+for _p in EMULATED_PATHS:
+    assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
+#: simd-mappings.h: GGML_F32_EPR of each emulated path that has GGML_F32_VEC and whose vector code is emulated
+LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD}
 PATHS = tuple(LANES)
+
+
+def simd(path: str) -> Simd:
+    """The :class:`Simd` record of ``path``; ValueError for a path whose vector code is not emulated."""
+    check_path(path)
+    if path not in SIMD:
+        raise ValueError(f"ggml-cpu path {path!r}: its vector code (vec.h / vec.cpp) is not emulated")
+    return SIMD[path]
 
 
 #: Every emulated path: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which
@@ -53,9 +101,10 @@ def check_path(path: str) -> str:
 
 
 def lanes(path: str) -> int:
-    """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``); checks the path."""
+    """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
+    the code of the compiled vec functions (:data:`NEON` …); checks the path."""
     if path not in LANES:
-        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {PATHS})")
+        raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")
     return LANES[path]
 
 
@@ -140,7 +189,7 @@ if JIT_ENABLED:
 
         return vfma
 
-    _vfma16, _vfma8 = _vfma_ir(16), _vfma_ir(8)
+    _vfma16, _vfma8, _vfma4 = _vfma_ir(16), _vfma_ir(8), _vfma_ir(4)
 
     @jit()
     def vfma(acc, j, x, y, k, lanes):
@@ -148,8 +197,12 @@ if JIT_ENABLED:
         (``x``, ``y`` contiguous; ``acc`` (…, ≥ lanes) float32, rows contiguous)."""
         if lanes == 16:
             _vfma16(acc, np.int64(j), x, y, np.int64(k))
-        else:
+        elif lanes == 8:
             _vfma8(acc, np.int64(j), x, y, np.int64(k))
+        elif lanes == 4:
+            _vfma4(acc, np.int64(j), x, y, np.int64(k))
+        else:
+            raise ValueError("vfma: lanes must be 16, 8 or 4")
 
 else:
     vfma = _vfma_def
@@ -494,21 +547,36 @@ def v_expf_sse2(x):
     return np.float32(np.float32(np.float32(s2 * j) + s2) * s1)  # MADD128(s2, j, s2) * s1
 
 
+#: vec.h's ``__ARM_NEON && __aarch64__`` ggml_v_expf: ``vfmaq_f32`` / ``vfmsq_f32`` where AVX2 has
+#: ``_mm256_fmadd_ps`` / ``fnmadd``, j = fma(poly, u, c1·b), ``vfmaq_f32(k, j, k)``, the same two-factor scale
+#: (``vclezq_f32(n)`` for n <= 0) and ``|n| > 192`` blend — one lane is :func:`v_expf_avx2`, operation for operation.
+v_expf_neon = v_expf_avx2
+
+
 @jit()
-def v_expf(x, lanes):
-    """ggml_v_expf of the build with ``lanes`` float lanes (16: AVX-512, 8: AVX2, 4: the generic build's SSE2),
-    one lane."""
-    if lanes == 16:
+def v_expf(x, code):
+    """ggml_v_expf of the build whose expf code is ``code`` (:data:`AVX512`, :data:`AVX2`, :data:`NEON`, or
+    :data:`SSE2` for the generic x86 build), one lane."""
+    if code == AVX512:
         return v_expf_avx512(x)
-    if lanes == 4:
+    if code == AVX2 or code == NEON:
+        return v_expf_avx2(x)
+    if code == SSE2:
         return v_expf_sse2(x)
-    return v_expf_avx2(x)
+    raise ValueError("v_expf: unknown SIMD code")
+
+
+@jit()
+def expf_block(code):
+    """The block width of vec.cpp's silu / swiglu / soft_max loops for expf code ``code``."""
+    return 4 if code == SSE2 else code
 
 
 def expf_lanes(path: str) -> int:
-    """The block width of vec.cpp's silu / swiglu / soft_max loops on ``path``: :func:`lanes`, and 4 on ggml's
-    generic x86 path, whose ``__SSE2__`` branch (:func:`v_expf_sse2`) remains where ``GGML_SIMD`` is off."""
-    return 4 if check_path(path) == "generic" else lanes(path)
+    """The expf code of ``path`` (:attr:`Simd.expf`) that vec.cpp's silu / swiglu / soft_max loops and
+    :func:`v_expf` take: :func:`lanes` on the SIMD paths, :data:`SSE2` on ggml's generic x86 path, whose ``__SSE2__``
+    branch (:func:`v_expf_sse2`, 4 lanes) remains where ``GGML_SIMD`` is off."""
+    return simd(path).expf
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -546,21 +614,83 @@ def hsum_hadd8(a, o):
 
 
 @jit()
+def hsum_pairwise4(a, o):
+    """``vaddvq_f32`` of the 4 lanes ``a[o:o+4]``: GCC's two ``faddp`` — ``(a0 + a1) + (a2 + a3)``."""
+    return F32(F32(a[o] + a[o + 1]) + F32(a[o + 2] + a[o + 3]))
+
+
+@jit()
 def vec_reduce(acc, lanes):
     """``GGML_F32_VEC_REDUCE`` (= ``GGML_F16_VEC_REDUCE`` on x86) of the ``GGML_F32_ARR`` = 4 accumulators
     ``acc`` (4, lanes), overwritten: ``x[0] += x[2]; x[1] += x[3]; x[0] += x[1]`` lane-wise, then the
-    lanes — AVX-512 ``_mm512_reduce_add_ps`` (:func:`hsum_fold`), AVX2 two hadds (:func:`hsum_hadd8`)."""
+    lanes — AVX-512 ``_mm512_reduce_add_ps`` (:func:`hsum_fold`), AVX2 two hadds (:func:`hsum_hadd8`), NEON
+    ``vaddvq_f32`` (:func:`hsum_pairwise4`; GCC adds ``(x1 + x3) + (x0 + x2)``: the same sums)."""
     for i in range(lanes):
         acc[0, i] = F32(acc[0, i] + acc[2, i])
         acc[1, i] = F32(acc[1, i] + acc[3, i])
         acc[0, i] = F32(acc[0, i] + acc[1, i])
-    return hsum_fold(acc[0], 0, 16) if lanes == 16 else hsum_hadd8(acc[0], 0)
+    if lanes == AVX512:
+        return hsum_fold(acc[0], 0, 16)
+    if lanes == AVX2:
+        return hsum_hadd8(acc[0], 0)
+    if lanes == NEON:
+        return hsum_pairwise4(acc[0], 0)
+    raise ValueError("vec_reduce: unknown SIMD code")
 
 
 @jit()
 def fold_left_unfused(count, lanes):
     """How many of ``count`` in-order terms ``sum += a[i]*b[i]`` GCC -O3 (no -ffast-math) computes as
-    rounded products (``vmulps``) added one by one (``vaddss``): blocks of ``lanes``, then one of
-    ``lanes/2`` — ``count & ~7`` (AVX-512) / ``count & ~3`` (AVX2); the rest are ``vfmadd231ss``. Read from
-    the disassembly of both builds (vec.cpp ``ggml_vec_dot_f32``'s leftovers, ops.cpp ssm_conv)."""
-    return count & ~(lanes // 2 - 1)
+    rounded products (``vmulps`` / ``fmul v.4s``) added one by one (``vaddss`` / ``fadd s``): x86, blocks of
+    ``lanes`` then one of ``lanes/2`` — ``count & ~7`` (AVX-512) / ``count & ~3`` (AVX2); AArch64 NEON
+    (``count`` < 16 here), blocks of 4 when ``count`` >= 4 — ``count & ~3``; the rest are scalar FMAs
+    (``vfmadd231ss`` / ``fmadd``). Read from the disassembly of the builds (vec.cpp ``ggml_vec_dot_f32``'s
+    leftovers; on x86 also ops.cpp ssm_conv)."""
+    if lanes == NEON:
+        return count & ~3
+    if lanes == AVX512 or lanes == AVX2:
+        return count & ~(lanes // 2 - 1)
+    raise ValueError("fold_left_unfused: unknown SIMD code")
+
+
+@jit()
+def _f16_quantum(a):
+    """The spacing of the binary16 values around float64 ``a`` > 0 (2**-24 below 2**-14)."""
+    m, e = math.frexp(a)  # a = m·2**e, 0.5 <= m < 1: the binade [2**(e-1), 2**e) has 11-bit quantum 2**(e-11)
+    return math.ldexp(1.0, max(e - 11, -24))
+
+
+@jit()
+def f16_round64(s):
+    """float64 ``s`` rounded once to binary16 (ties to even), as float32; ±inf from 65520 up, inf and NaN kept."""
+    if not np.isfinite(s):
+        return F32(s)
+    if abs(s) >= 65520.0:
+        return F32(np.inf) if s > 0 else F32(-np.inf)
+    q = _f16_quantum(abs(s)) if s != 0 else 1.0
+    return F32(np.rint(s / q) * q)  # |s/q| < 2**12: exact; rint ties to even
+
+
+@jit()
+def fma16(a, b, c):
+    """``a·b + c`` of three binary16 values (held as float32) rounded *once* to binary16 — AArch64 ``fmla v.8h``
+    (``vfmaq_f16``; FPCR at its default: no flush to zero). The product is exact in float64 (22 bits); the
+    float64 sum's rounding error is carried (TwoSum), so that a sum landing exactly halfway between two halves in
+    float64 is rounded toward the true value."""
+    p = np.float64(a) * np.float64(b)
+    c64 = np.float64(c)
+    s = p + c64
+    if not np.isfinite(s):
+        return F32(s)
+    t = s - p
+    err = (p - (s - t)) + (c64 - t)  # s + err == p + c exactly
+    if err == 0.0 or s == 0.0:
+        return f16_round64(s)
+    q = _f16_quantum(abs(s))
+    k = np.floor(s / q)
+    if s / q - k != 0.5:  # not a midpoint: the true value rounds as s does
+        return f16_round64(s)
+    v = (k + 1.0) * q if err > 0 else k * q  # the neighbour on the true value's side
+    if abs(v) >= 65536.0:
+        return F32(np.inf) if v > 0 else F32(-np.inf)
+    return F32(v)

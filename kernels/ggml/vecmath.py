@@ -45,7 +45,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, logf
-from kernels.ggml.simd import check_path, expf_lanes, f32_bits, fma32, v_expf
+from kernels.ggml.simd import check_path, expf_block, expf_lanes, f32_bits, fma32, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -174,16 +174,17 @@ def softplus(x, path: str | None = None) -> np.ndarray:
 @jit()
 def _silu_rows(x, g, has_g, lanes, y):
     """ggml_vec_silu_f32 (has_g false) / ggml_vec_swiglu_f32 on each row of x (and g)."""
+    width = expf_block(lanes)
     for r in range(x.shape[0]):
         n = x.shape[1]
         i = 0
-        while i + lanes - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8
-            for lane in range(lanes):
+        while i + width - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2, NEON: 4
+            for lane in range(width):
                 v = x[r, i + lane]
                 # ggml_v_silu: neg_x = sub(zero, x); x / add(one, ggml_v_expf(neg_x))
                 s = np.float32(v / np.float32(np.float32(1.0) + v_expf(np.float32(np.float32(0.0) - v), lanes)))
                 y[r, i + lane] = np.float32(s * g[r, i + lane]) if has_g else s  # _mm*_mul_ps(silu, g)
-            i += lanes
+            i += width
         while i < n:  # the scalar tail: ggml_silu_f32(x) = x/(1.0f + expf(-x)), times g[i] for swiglu
             v = x[r, i]
             s = np.float32(v / np.float32(np.float32(1.0) + expf(-v)))

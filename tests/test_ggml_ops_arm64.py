@@ -1,0 +1,84 @@
+"""The AArch64 paths of kernels.ggml's vector functions against the real ARM libggml builds, bit for bit.
+
+``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py: cross-built with GCC 12, run under qemu-aarch64 on a
+CPU model with exactly their features) take the same NEON code for these functions (their disassembly agrees), so
+each test runs on both. The shared vec.cpp functions are reached through one-op graphs: ``ggml_mul_mat`` of F32
+(each output one ``ggml_vec_dot_f32``: no llamafile, no repack in these builds) and of F16 weights
+(``ggml_vec_dot_f16``, whose NEON accumulators are *half* precision). The element-wise ops of
+test_ggml_ops_unary.py / _rope / _rows run on the ARM builds there (their ``build`` parameters).
+"""
+
+import numpy as np
+import pytest
+from ggml_graph import Graph, on_build, vp
+
+from kernels.ggml import simd, vec
+
+pytestmark = pytest.mark.oracle
+
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+
+
+def path_of(build: str) -> str:
+    import arm64
+
+    return arm64.BUILDS[build][0]
+
+
+def g_mul_mat(a, b, n_threads=1):
+    """ggml_mul_mat(a, b): a (M, K) F32 or F16, b (N, K) F32 -> (N, M)."""
+    with Graph() as g:
+        out = g.op("ggml_mul_mat", [vp, vp], g.tensor(a), g.tensor(b))
+        return g.compute(out, (b.shape[0], a.shape[0]), n_threads=n_threads)
+
+
+def emulated_mul_mat(a32, b32, dot, lanes):
+    acc = vec.dot_scratch()
+    out = np.empty((b32.shape[0], a32.shape[0]), np.float32)
+    for j in range(b32.shape[0]):
+        for i in range(a32.shape[0]):
+            out[j, i] = dot(a32.shape[1], a32[i], b32[j], lanes, acc)
+    return out
+
+
+def spread(rng, shape, lo=-6, hi=6):
+    """float32 values of random sign over 2**lo … 2**hi: dots whose rounding depends on the order."""
+    return (rng.standard_normal(shape) * np.exp2(rng.uniform(lo, hi, shape))).astype(np.float32)
+
+
+def assert_bits(got, want, what):
+    bad = np.flatnonzero(got.view(np.uint32).ravel() != want.view(np.uint32).ravel())
+    assert bad.size == 0, f"{what}: {bad.size} of {got.size} differ, first {got.ravel()[bad[:3]]} vs {want.ravel()[bad[:3]]}"
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_vec_dot_f32(build):
+    """ggml_vec_dot_f32: 4 accumulators of 4 lanes, vaddvq_f32, the NEON leftovers (blocks of 4, then fmadd)."""
+    lanes = simd.lanes(path_of(build))
+    rng = np.random.default_rng(39)
+    for k in (1, 3, 4, 5, 7, 12, 15, 16, 17, 23, 31, 64, 100):
+        a, b = spread(rng, (5, k)), spread(rng, (3, k))
+        got = on_build(build, g_mul_mat, a, b)
+        assert_bits(emulated_mul_mat(a, b, vec.vec_dot_f32, lanes), got, f"vec_dot_f32 K={k}")
+    a, b = spread(rng, (8, 100)), spread(rng, (4, 100))
+    assert not np.array_equal(emulated_mul_mat(a, b, vec.vec_dot_f32, simd.AVX2), on_build(build, g_mul_mat, a, b))
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_vec_dot_f16_half_accumulators(build):
+    """ggml_vec_dot_f16: float16x8_t accumulators (every FMA rounded to half), half reduction, double tail."""
+    lanes = simd.lanes(path_of(build))
+    rng = np.random.default_rng(40)
+    for k in (8, 31, 32, 33, 64, 96 + 7, 256):
+        a = spread(rng, (6, k), -4, 4).astype(np.float16)
+        b = spread(rng, (3, k), -4, 4).astype(np.float16).astype(np.float32)  # F16 values: from_float exact
+        if k == 64:
+            a[0, :] = np.float16(0.0009765625)  # half subnormal products, sums across binades
+            b[0, : k // 2] = np.float32(6e-05)
+        got = on_build(build, g_mul_mat, a, b)
+        want = emulated_mul_mat(a.astype(np.float32), b, vec.vec_dot_f16, lanes)
+        assert_bits(want, got, f"vec_dot_f16 K={k}")
+    a = spread(rng, (8, 128), -2, 2).astype(np.float16)
+    b = spread(rng, (4, 128), -2, 2).astype(np.float16).astype(np.float32)
+    x86 = emulated_mul_mat(a.astype(np.float32), b, vec.vec_dot_f16, simd.AVX2)
+    assert not np.array_equal(x86, on_build(build, g_mul_mat, a, b))  # float accumulators would miss

@@ -221,3 +221,83 @@ def test_rejects():
         mul_mat_repacked_arm(w[:4], QT.Q8_0, x, "avx2")  # an x86 path
     with pytest.raises(ValueError):
         mul_mat_repacked_arm(w[:4], QT.Q4_K, x, "arm64-i8mm")  # not a 32-value type
+
+
+# ---- K-quants (kernels.ggml.repack_arm_k) ---------------------------------------------------------------
+
+
+def acts_k(rng, t, k):
+    """acts() for 256-value blocks: the ARM Q8_K quantizer's hard rows (ties of the fused x·iscale, -amax
+    first, NaN / inf, zeros, tiny) where there is room."""
+    x = (rng.standard_normal((t, k)) * np.float32(2.0) ** rng.integers(-6, 6, (t, k))).astype(np.float32)
+    hard = []
+    ties = (rng.integers(-127, 127, k) + np.float32(0.5)).astype(np.float32)
+    ties[100::256] = -127.0  # max = -127: iscale = 1, every x·iscale a .5 tie
+    hard.append(ties)
+    near = ties * np.float32(1.0 + 2.0**-22)  # products just off the ties: fused vs rounded first differ
+    hard.append(near.astype(np.float32))
+    hard.append(np.zeros(k, np.float32))
+    nan = x[0].copy()
+    nan[7], nan[300 % k] = np.nan, np.inf
+    hard.append(nan)
+    hard.append((x[-1] * np.float32(2.0**-135)).astype(np.float32))
+    for i, h in enumerate(hard[: t - 1]):
+        x[(2 * i + 1) % t] = h
+    return x
+
+
+def wrong_recipe(w, x, path, recipe):
+    """A wrong model: every row through one float recipe (0, 1, 2 of repack_arm_k.GEMM_GEMV)."""
+    from kernels.ggml import repack_arm_k as rk
+
+    y, yd, ys = rk._q8_k(np.ascontiguousarray(x, np.float32))
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    rows = np.arange(x.shape[0])
+    rk._run(w, QT.Q4_K, y, yd, ys, np.full(x.shape[0], recipe, np.int64), rows, out, rows)
+    return repack_arm.arm_nans(out)
+
+
+@pytest.mark.parametrize("build", list(ARM))
+def test_q4_k_mul_mat_bit_exact(build):
+    from kernels.ggml.repack_arm_k import GEMM_GEMV, mul_mat_repacked_arm_k
+
+    _require(build)
+    path = ARM[build]
+    rng = np.random.default_rng(3903)
+    cases = []
+    for n, k, ts, scales in ((8, 256, (1, 2, 3, 4, 5, 9), "normal"), (24, 512, (2, 4, 7, 8), "normal"),
+                             (16, 256, (3, 6, 8), "extreme")):
+        w = weight_bytes(QT.Q4_K, n, k, rng, scales)
+        for t in ts:
+            cases.append((w, int(QT.Q4_K), k, acts_k(rng, t, k), 1 + (t % 2)))
+    got = on_build(build, g_mul_mats, cases)
+    for (w, gt, K, x, nth), y in zip(cases, got):
+        want = mul_mat_repacked_arm_k(w, QT.Q4_K, x, path)
+        bad = bits(y) != bits(want)
+        assert not bad.any(), (w.shape, x.shape, nth, np.argwhere(bad)[:4], y[bad][:4], want[bad][:4])
+    gemm, gemv = GEMM_GEMV[path]
+    for rec in {0, 1, 2} - {gemm, gemv}:  # the other builds' recipes give other bits
+        assert any((bits(wrong_recipe(c[0], c[3], path, rec)) != bits(y)).any() for c, y in zip(cases, got))
+    if gemm != gemv:  # i8mm: the gemm rows are not the gemv's
+        assert any((bits(wrong_recipe(c[0], c[3], path, gemv)) != bits(y)).any()
+                   for c, y in zip(cases, got) if len(c[3]) >= 4)
+
+
+@pytest.mark.parametrize("build", list(ARM))
+def test_q4_k_mul_mat_id_bit_exact(build):
+    from kernels.ggml.repack_arm_k import mul_mat_id_repacked_arm_k
+
+    _require(build)
+    path = ARM[build]
+    rng = np.random.default_rng(3904)
+    E, n_used = 4, 2
+    cases = []
+    for N, K, T in ((8, 256, 1), (16, 256, 6)):
+        w = np.stack([weight_bytes(QT.Q4_K, N, K, rng) for _ in range(E)])
+        ids = np.stack([np.r_[0, 1 + rng.permutation(E - 1)[:n_used - 1]] for _ in range(T)]).astype(np.int32)
+        for n_x in (1, n_used):
+            cases.append((w, int(QT.Q4_K), K, acts_k(rng, T * n_x, K).reshape(T, n_x, K), ids, n_x))
+    got = on_build(build, g_mul_mat_ids, cases)
+    for (w, gt, K, x, ids, nth), y in zip(cases, got):
+        want = mul_mat_id_repacked_arm_k(w, QT.Q4_K, x, ids, path)
+        assert np.array_equal(bits(y), bits(want)), (w.shape, x.shape, np.argwhere(bits(y) != bits(want))[:4])

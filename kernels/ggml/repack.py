@@ -57,10 +57,12 @@ from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.base.floats import E8M0_HALF
 from kernels.ggml.actquant import _q8_0_rows, _quantize_rows_q8_0
 from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
-from kernels.ggml.simd import PATHS, fma32
+from kernels.ggml.simd import fma32
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
+#: The paths whose repacked kernels are these (x86 AVX2 / AVX-512; AArch64: :mod:`kernels.ggml.repack_arm`).
+X86_PATHS = ("avx512", "avx2")
 #: The weight types whose repacked x86 kernels are ``gemv/gemm_q4_b32_8x8_q8_0_lut_avx`` (emulated here).
 REPACK_Q4_B32 = frozenset({QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
 
@@ -200,8 +202,9 @@ def _check_type(qtype, path: str) -> QT:
     qtype = _qt(qtype)
     if qtype not in REPACK_Q4_B32:
         raise ValueError(f"repacked q4_b32 kernels: {qtype.name} is not Q4_0, IQ4_NL or MXFP4")
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path not in X86_PATHS:  # an ARM path has its own kernels (kernels.ggml.repack_arm): never these
+        raise ValueError(f"repacked q4_b32 kernels (x86 gemv/gemm_q4_b32_8x8_q8_0_lut_avx): path must be one of "
+                         f"{X86_PATHS}, got {path!r}")
     return qtype
 
 

@@ -332,6 +332,8 @@ def _check_path(qtype, path):
     qtype = _qt(qtype)
     if qtype not in REPACK_K:
         raise ValueError(f"repacked K-quant emulation: {qtype.name} is not emulated")
+    if path.startswith("arm64"):  # AArch64 has its own kernels (8x4 / 8x8): kernels.ggml.repack_arm_k
+        raise ValueError(f"repacked K-quant emulation: the x86 kernels of {qtype.name} are not those of {path}")
     if path not in REPACK_K_PATHS[qtype]:
         raise ValueError(f"llama.cpp does not repack {qtype.name} on the {path} path")
     return qtype

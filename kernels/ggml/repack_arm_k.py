@@ -1,0 +1,196 @@
+"""Q4_K weights in llama.cpp's CPU_REPACK buffer on the AArch64 GCC builds (``arm64-dotprod``: ``q4_K_8x4_q8_K``,
+``arm64-i8mm``: ``q4_K_8x8_q8_K``), bit for bit. (Q5_K and Q6_K are repacked on ARM too — 8x4 / 8x8 — and not
+emulated yet: :func:`mul_mat_repacked_arm_k` raises for them.)
+
+Source (vendored llama.cpp, ``ggml/src/ggml-cpu``): ``repack.cpp: forward_mul_mat`` (gemm on the first ``T - T % 4``
+rows, gemv on the rest; ``forward_mul_mat_id``: gemv only), the kernels in ``arch/arm/repack.cpp``.
+
+Activations (:func:`quantize_rows_q8_k_arm`): the gemm rows by ``ggml_quantize_mat_q8_K_4x4`` (8x4) / ``_4x8``
+(8x8) — on ARM the ``_generic`` C of ``repack.cpp`` —, the gemv rows by ``from_float`` = ``quantize_row_q8_K_ref``
+(``libggml-base``). Both are the reference recipe — ``amax`` the first largest ``|x|`` (a NaN is never it),
+``iscale = -127/max``, ``d = 1/iscale``, ``q = nearest_int(x·iscale)`` — and GCC contracts ``x·iscale + 1.5·2^23``
+of ``nearest_int`` into one ``fmadd``/``fmla`` in both (objdump), so ``q`` is the exact product rounded half to
+even, read from the low mantissa bits and stored as its low byte. (The mat version lacks ref's ``MIN(127, ·)`` and
+its ``amax == 0`` branch; neither changes a value: ``|x·iscale| <= 127·(1 + 2^-24)``.) bsums per 16 values.
+
+Integers per weight row and activation row, per 32-value sub-block ``s``: ``I_s = sc_s · Σ q·y`` (``sdot`` /
+``smmla``: exact), ``M = Σ_s mn_s · (bsum_{2s} + bsum_{2s+1})`` per super-block (``vpaddq_s16`` + ``vmlal_s16``).
+Floats: ``S = float32(fp16(d) · y.d)``, ``Dm = float32(fp16(dmin) · y.d)`` per super-block, ``acc = +0``::
+
+    8x4 gemv and gemm (dotprod):  per 64 values  acc = fma(S, float(I_2k + I_2k+1), acc);
+                                  then            acc = acc - float32(float(M) · Dm)      (vmlsq_f32: fmul, fsub)
+    8x8 gemv (i8mm build):        per 32 values  acc = fma(S, float(I_s), acc);  then the same subtraction
+    8x8 gemm (i8mm, smmla):       per super-block acc = acc - float32(float(M) · Dm);
+                                                  acc = acc + float32(float(Σ_s I_s) · S)  (vmlaq_f32: fmul, fadd)
+
+So on ``arm64-i8mm`` the gemm rows and gemv rows of one call differ; on ``arm64-dotprod`` they agree (except
+that both see the same activations anyway). One accumulator per output: no lanes; the thread count (whole
+8-column chunks) changes no bit. NaNs: every output NaN is made AArch64's default +0x7fc00000
+(:func:`kernels.ggml.repack_arm.arm_nans`); a NaN weight scale's payload is not modelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.base.block import QT
+from kernels.base.flags import jit
+from kernels.ggml.mulmat_q8 import _qt, slot_groups
+from kernels.ggml.repack_arm import REPACK_ARM, arm_nans, check_arm_path
+from kernels.ggml.simd import fma32
+from kernels.ggml.vecmath import F16_TO_F32, fp16_at
+from kernels.plain.dequant import k_scale_min
+
+F32 = np.float32
+#: The K-quant types emulated here.
+REPACK_ARM_K = frozenset({QT.Q4_K})
+#: Float recipe of a row (module docstring): 0 = 8x4 (per 64 values, fused), 1 = 8x8 gemv (per 32, fused),
+#: 2 = 8x8 gemm (per super-block, unfused).
+GEMM_GEMV = {"arm64-dotprod": (0, 0), "arm64-i8mm": (2, 1)}
+
+
+@jit()
+def quantize_rows_q8_k_arm(x, qs, d, bsums):
+    """The AArch64 GCC Q8_K quantizer (module docstring): x (R, K) float32 -> qs (R, K) int8, d (R, K/256)
+    float32, bsums (R, K/16) int16."""
+    shifted = np.empty(256, np.float32)
+    bits = shifted.view(np.int32)
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 256):
+            o = 256 * b
+            amax = F32(0.0)
+            vmax = F32(0.0)
+            for j in range(256):
+                ax = abs(x[r, o + j])
+                if amax < ax:
+                    amax = ax
+                    vmax = x[r, o + j]
+            iscale = F32(-127.0) / vmax if amax != 0 else F32(0.0)
+            d[r, b] = F32(1.0) / iscale if amax != 0 else F32(0.0)
+            for j in range(256):
+                shifted[j] = fma32(x[r, o + j], iscale, F32(12582912.0))  # fmadd: x·iscale + 1.5·2^23
+            for j in range(256):
+                v = (np.int64(bits[j]) & 0x007FFFFF) - 0x00400000  # nearest_int
+                qs[r, o + j] = ((v & 0xFF) ^ 0x80) - 0x80  # stored as int8: the low byte
+            for g in range(16):
+                s = 0
+                for j in range(16):
+                    s += np.int64(qs[r, o + 16 * g + j])
+                bsums[r, 16 * b + g] = s
+
+
+@jit(parallel=True)
+def _q4_k_rows(w, y, yd, ys, recipe, rows, out, orow, table):
+    """Every element: weight rows ``w`` (N, K/256·144) against activation rows ``rows`` of ``y`` (int32 (R, K)),
+    ``yd`` (R, K/256), ``ys`` (R, K/32) bsums per 32 values, ``recipe`` (R,) the float recipe of each row (0, 1,
+    2: :data:`GEMM_GEMV`); result of row ``rows[i]`` to ``out[orow[i], c]``."""
+    nb = y.shape[1] // 256
+    for c in prange(w.shape[0]):
+        wc = w[c]
+        sc = np.empty(8, np.int64)
+        mn = np.empty(8, np.int64)
+        isub = np.empty(8, np.int64)
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            yr = y[r]
+            rec = recipe[r]
+            acc = F32(0.0)
+            for b in range(nb):
+                o = 144 * b
+                for j in range(8):
+                    sc[j], mn[j] = k_scale_min(wc, o + 4, j)
+                S = F32(fp16_at(wc, o, table) * yd[r, b])  # vmulq_f32(q4_d, q8_d)
+                Dm = F32(fp16_at(wc, o + 2, table) * yd[r, b])  # vmulq_f32(q4_dmin, q8_d)
+                M = np.int64(0)
+                for cc in range(4):  # 32 bytes: low nibbles = sub-block 2cc, high nibbles = sub-block 2cc + 1
+                    qo, yo = o + 16 + 32 * cc, 256 * b + 64 * cc
+                    plo = np.int64(0)
+                    phi = np.int64(0)
+                    for l in range(32):
+                        v = np.int64(wc[qo + l])
+                        plo += (v & 15) * yr[yo + l]
+                        phi += (v >> 4) * yr[yo + 32 + l]
+                    isub[2 * cc] = sc[2 * cc] * plo
+                    isub[2 * cc + 1] = sc[2 * cc + 1] * phi
+                    M += mn[2 * cc] * ys[r, 8 * b + 2 * cc] + mn[2 * cc + 1] * ys[r, 8 * b + 2 * cc + 1]
+                if rec == 0:
+                    for k in range(4):
+                        acc = fma32(S, F32(isub[2 * k] + isub[2 * k + 1]), acc)
+                    acc = acc - F32(F32(M) * Dm)
+                elif rec == 1:
+                    for k in range(8):
+                        acc = fma32(S, F32(isub[k]), acc)
+                    acc = acc - F32(F32(M) * Dm)
+                else:
+                    acc = acc - F32(F32(M) * Dm)
+                    acc = acc + F32(F32(isub.sum()) * S)
+            out[orow[i], c] = acc
+
+
+def _q8_k(x):
+    """(y int32 (R, K), yd (R, K/256), ys (R, K/32) int64 bsums per 32 values) of float32 rows x (R, K)."""
+    R, K = x.shape
+    qs, d, bs = np.empty((R, K), np.int8), np.empty((R, K // 256), np.float32), np.empty((R, K // 16), np.int16)
+    quantize_rows_q8_k_arm(x, qs, d, bs)
+    ys = bs.astype(np.int64).reshape(R, -1, 2).sum(axis=2)  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
+    return qs.astype(np.int32), d, ys
+
+
+def _check(qtype, path: str) -> QT:
+    qt = _qt(qtype)
+    check_arm_path(path)
+    if qt not in REPACK_ARM[path] or qt in (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4):
+        raise ValueError(f"AArch64 repacked K-quant kernels: {path} does not repack {qt.name} as a K-quant")
+    if qt not in REPACK_ARM_K:
+        raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} "
+                         f"({qt.name.lower()}_{REPACK_ARM[path][qt][1]}_q8_K) are not emulated")
+    return qt
+
+
+def _run(w, qt, y, yd, ys, recipe, rows, out, orow):
+    _q4_k_rows(w, y, yd, ys, recipe, rows, out, orow, F16_TO_F32)
+
+
+def mul_mat_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path``: ``w_bytes`` (N, row bytes) plain Q4_K rows
+    (N % 8 == 0), ``x`` (T, K) float32 -> (T, N) float32."""
+    qt = _check(qtype, path)
+    x = np.ascontiguousarray(x, np.float32)
+    w = np.ascontiguousarray(w_bytes, np.uint8)
+    T, K = x.shape
+    rb = K // 256 * 144
+    if w.ndim != 2 or w.shape[0] % 8 or K % 256 or w.shape[1] != rb:
+        raise ValueError(f"weights must be (N % 8 == 0, {rb}) bytes, got {w.shape}")
+    y, yd, ys = _q8_k(x)
+    gemm, gemv = GEMM_GEMV[path]
+    recipe = np.where(np.arange(T) < T - T % 4, gemm, gemv).astype(np.int64)
+    out = np.empty((T, w.shape[0]), np.float32)
+    rows = np.arange(T)
+    _run(w, qt, y, yd, ys, recipe, rows, out, rows)
+    return arm_nans(out)
+
+
+def mul_mat_id_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat_id(W, x, ids)`` with ``W`` (E, N, row bytes) repacked on an AArch64 ``path`` (the gemv for
+    every routed row): ``x`` (T, n_x, K) float32, ``ids`` (T, n_used) -> (T, n_used, N)."""
+    qt = _check(qtype, path)
+    x = np.ascontiguousarray(x, np.float32)
+    w = np.asarray(w_bytes, np.uint8)
+    ids = np.asarray(ids, np.int32)
+    T, n_x, K = x.shape
+    E, N = w.shape[:2]
+    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 8 or K % 256:
+        raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}), N % 8 == 0, got {ids.shape}, N={N}")
+    y, yd, ys = _q8_k(x.reshape(T * n_x, K))
+    recipe = np.full(T * n_x, GEMM_GEMV[path][1], np.int64)
+    order, bounds, experts, arow = slot_groups(ids, n_x)
+    out = np.empty((T * ids.shape[1], N), np.float32)
+    for g, e in enumerate(experts.tolist()):
+        slots = order[bounds[g]:bounds[g + 1]]
+        _run(np.ascontiguousarray(w[e]), qt, y, yd, ys, recipe, arow[slots].astype(np.int64), out,
+             slots.astype(np.int64))
+    return arm_nans(out).reshape(T, ids.shape[1], N)
+
+
+__all__ = ["REPACK_ARM_K", "mul_mat_repacked_arm_k", "mul_mat_id_repacked_arm_k", "quantize_rows_q8_k_arm"]

@@ -55,6 +55,7 @@ import numpy as np
 from kernels.base.blocks import QT, layout
 from kernels.base.flags import jit
 from kernels.base.floats import round_to_bf16, round_to_f16
+from kernels.ggml.simd import fma32
 
 # --------------------------------------------------------------------------------------------
 # Activation quantizers: x (R, K) float32 -> block fields, one activation row at a time
@@ -131,8 +132,60 @@ def _quantize_rows_q8_0(x, qs, d, s):
 
 
 @jit()
-def _quantize_rows_q8_k(x, qs, d, bsums):
-    """``quantize_row_q8_K_ref``: fill qs (R, K) int8, d (R, K/256) float32, bsums (R, K/16) int16."""
+def _fcvtns(v):
+    """AArch64 ``FCVTNS`` (``vcvtnq_s32_f32``): round to nearest, ties to even, saturated to int32; NaN -> 0."""
+    if v != v:
+        return 0
+    if v >= np.float32(2147483648.0):
+        return 2147483647
+    if v < np.float32(-2147483648.0):
+        return -2147483648
+    return int(np.rint(v))
+
+
+@jit()
+def _quantize_rows_q8_0_arm(x, qs, d, s):
+    """AArch64 ``arch/arm/quants.c: quantize_row_q8_0`` (and ``_q8_1`` when ``s`` has columns): fill qs (R, K)
+    int8, d (R, K/32) (and s) with the values of their f16 fields, as float32.
+
+    Per 32 values: ``amax`` = ``vmaxvq_f32`` of the ``vmaxq_f32`` tree of ``|x|`` — ``FMAX`` propagates a NaN, so
+    any NaN in the block makes ``amax`` (then ``d`` and ``id``) NaN, and every ``q`` 0; ``d = amax / 127``;
+    ``id = d ? 1.0f/d : 0.0f`` (the reciprocal of the *rounded-to-float* d, not x86's ``127/amax``);
+    ``q = vcvtnq_s32_f32(x * id)`` (:func:`_fcvtns`) stored into an int8 by C's conversion: the low byte (a
+    subnormal ``d`` whose reciprocal is inf sends ``x·id`` to ±inf: INT32_MAX → -1, INT32_MIN → 0). Q8_1's ``s``
+    is ``fp16(d * (float) vaddvq_s32(Σ int32 q))``, the int32 sums wrapping."""
+    with_s = s.shape[1] > 0
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            o = 32 * b
+            amax = np.float32(0.0)
+            nan = False
+            for j in range(32):
+                v = abs(x[r, o + j])
+                if v != v:
+                    nan = True
+                elif v > amax:
+                    amax = v
+            if nan:
+                amax = np.float32(np.nan)
+            dd = amax / np.float32(127.0)
+            d[r, b] = round_to_f16(dd)
+            inv = np.float32(1.0) / dd if dd != 0 else np.float32(0.0)  # NaN != 0: inv is NaN
+            total = 0
+            for j in range(32):
+                i32 = _fcvtns(x[r, o + j] * inv)
+                qs[r, o + j] = ((i32 + 128) & 0xFF) - 128  # int32 -> int8: the low byte
+                total += i32
+            if with_s:
+                total = (total + 2**31) % 2**32 - 2**31
+                s[r, b] = round_to_f16(dd * np.float32(total))
+
+
+@jit()
+def _quantize_rows_q8_k(x, qs, d, bsums, fused=False):
+    """``quantize_row_q8_K_ref``: fill qs (R, K) int8, d (R, K/256) float32, bsums (R, K/16) int16. ``fused``: the
+    AArch64 GCC build of ``ggml-quants.c`` contracts ``nearest_int(iscale*x[j])`` into one ``fmla`` (the x86
+    builds round the product first)."""
     shifted = np.empty(256, dtype=np.float32)
     shifted_bits = shifted.view(np.int32)
     for r in range(x.shape[0]):
@@ -154,7 +207,10 @@ def _quantize_rows_q8_k(x, qs, d, bsums):
                 continue
             iscale = np.float32(-127.0) / vmax
             for j in range(256):  # nearest_int(): add 1.5*2**23 in float32, read the low mantissa bits
-                shifted[j] = iscale * x[r, o + j] + np.float32(12582912.0)
+                if fused:
+                    shifted[j] = fma32(iscale, x[r, o + j], np.float32(12582912.0))
+                else:
+                    shifted[j] = iscale * x[r, o + j] + np.float32(12582912.0)
             for j in range(256):
                 qs[r, o + j] = min(127, (int(shifted_bits[j]) & 0x007FFFFF) - 0x00400000)
             for g in range(16):
@@ -214,13 +270,23 @@ def _q8_0_rows(x2d, with_s: bool):
     return qs, d, s
 
 
-def _q8_k_rows(x2d):
+def _q8_k_rows(x2d, fused: bool = False):
     R, K = x2d.shape
     qs = np.empty((R, K), np.int8)
     d = np.empty((R, K // 256), np.float32)
     bsums = np.empty((R, K // 16), np.int16)
-    _quantize_rows_q8_k(x2d, qs, d, bsums)
+    _quantize_rows_q8_k(x2d, qs, d, bsums, fused)
     return qs, d, bsums
+
+
+def _q8_0_rows_arm(x2d, with_s: bool):
+    """AArch64 ``quantize_row_q8_0`` / ``_q8_1`` of (R, K) float32 rows: (qs, d, s) as :func:`_q8_0_rows`."""
+    R, K = x2d.shape
+    qs = np.empty((R, K), np.int8)
+    d = np.empty((R, K // 32), np.float32)
+    s = np.empty((R, K // 32 if with_s else 0), np.float32)
+    _quantize_rows_q8_0_arm(x2d, qs, d, s)
+    return qs, d, s
 
 
 def quantize_q8_0(x: np.ndarray) -> Q8_0Blocks:

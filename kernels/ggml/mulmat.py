@@ -49,7 +49,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
-from kernels.ggml import columns, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
+from kernels.ggml import columns, mulmat_arm, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -93,20 +93,24 @@ REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
 
 def repacked(qtype, n_rows: int, path: str) -> bool:
     """Whether llama.cpp with its default CPU_REPACK buffer repacks a weight of ``qtype`` with ``n_rows`` rows
-    (ggml's ne[1], per expert for a 3-D tensor) on ``path``."""
+    (ggml's ne[1], per expert for a 3-D tensor) on ``path`` (the ARM paths: :data:`mulmat_arm.REPACK_ROWS`)."""
+    if mulmat_arm.is_arm(path):
+        return mulmat_arm.repacked(_qt(qtype), n_rows)
     return _qt(qtype) in REPACKED[path] and n_rows % 8 == 0
 
 
 def repack_emulated(qtype, path: str) -> bool:
     """Whether the repacked kernels of ``qtype`` on ``path`` are emulated (:data:`REPACKED` minus what is not)."""
+    if mulmat_arm.is_arm(path):
+        return False
     return QT(qtype) in REPACKED[path] and QT(qtype) in (repack.REPACK_Q4_B32 | repack_k.REPACK_K)
 
 
 def kernel_for(qtype, path: str, T: int, N: int, K: int) -> str:
     """Which ggml-cpu kernel computes ``ggml_mul_mat`` of this shape on a weight in a plain CPU buffer: "tiled",
     "sgemm" or "vec_dot" (a repacked weight: :func:`mul_mat`'s ``repack``)."""
-    if check_path(path) == "generic":  # no sgemm, no tiled kernel: docs/ggml-generic-x86.md §2
-        return "vec_dot"
+    if check_path(path) == "generic" or mulmat_arm.is_arm(path):  # no sgemm, no tiled kernel: docs/ggml-generic-x86.md
+        return "vec_dot"  # §2; the ARM builds: no llamafile, tiled.cpp needs __AVX__ (kernels.ggml.mulmat_arm)
     qtype, L = _qt(qtype), lanes(path)
     if qtype in mulmat_k.TILED_TYPES and T >= mulmat_k.TILED_MIN_ROWS:
         return "tiled"
@@ -126,6 +130,8 @@ def mul_mat_emulated(qtype, path: str | None = None) -> bool:
     qtype = _qt(qtype)
     if path == "generic":
         return qtype in mulmat_generic.TYPES
+    if path is not None and mulmat_arm.is_arm(path):
+        return mulmat_arm.emulated(qtype)
     return (qtype in FLOAT_KIND or qtype in (QT.Q8_0, QT.MXFP4) or qtype in mulmat_k.KQUANT_TYPES
             or qtype in mulmat_q.LEGACY_TYPES or qtype in mulmat_iq.IQ_TYPES)
 
@@ -143,6 +149,10 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     w_bytes, x = _check(w_bytes, qtype, x)
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat(w_bytes, qtype, x)
+    if mulmat_arm.is_arm(path):
+        if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
+            raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qtype.name} are not emulated")
+        return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
             return columns.mul_mat_cols(cols, x)
@@ -225,6 +235,10 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         raise ValueError(f"weights must be (E, N, {row_bytes(qtype, K)}) bytes, got {w_bytes.shape}")
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat_id(w_bytes, qtype, x, ids)
+    if mulmat_arm.is_arm(path):
+        if repack and repacked(qtype, tensor_rows or N, path):
+            raise ValueError(f"mul_mat_id emulation: the repacked {path} kernels of {qtype.name} are not emulated")
+        return mulmat_arm.mul_mat_id(w_bytes, qtype, x, ids, path, slot_groups)
     if repack and repacked(qtype, tensor_rows or N, path):
         if _columns_apply(cols, qtype, N):
             return columns.mul_mat_id_checked(cols, x, ids)

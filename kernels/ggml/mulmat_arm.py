@@ -1,0 +1,319 @@
+"""``ggml_mul_mat`` / ``ggml_mul_mat_id`` with the weights in a plain CPU buffer on ggml-cpu's AArch64 GCC paths
+(``arm64-dotprod``: ``-march=armv8.2-a+dotprod+fp16``; ``arm64-i8mm``: ``armv8.6-a+dotprod+fp16+i8mm``), bit for bit:
+llama.cpp's ``--no-repack``, and every type and shape the CPU_REPACK buffer does not take (:data:`REPACK_ROWS`).
+
+Dispatch (``ggml-cpu.c: ggml_compute_forward_mul_mat``): the ARM builds have no llamafile (the Android guide's
+``GGML_LLAMAFILE=OFF``) and ``tiled/tiled.cpp``'s ``ggml_tiled_supported`` is false without ``__AVX__`` — so every
+element is one ``vec_dot`` (``type_traits_cpu[type].vec_dot``) on the activations converted by ``from_float``:
+
+* ``nrows``: with ``__ARM_FEATURE_MATMUL_INT8`` the ``vec_dot`` of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K takes 2 weight rows
+  × 2 activation rows at a time (``smmla``; :data:`MMLA_TYPES`), a different float formula from the 1-row kernel —
+  but only in a chunk where ``nr0`` (N), ``ne11`` (T) and the chunk's extents are all even; the chunks come from
+  the thread count (:func:`mmla_mask`), so on ``arm64-i8mm`` the thread count changes bits. ``mul_mat_id`` always
+  runs 1 row.
+* F32 (``vec.cpp: ggml_vec_dot_f32``, NEON): 4 accumulators of 4 lanes over steps of 16 (``fmla``),
+  ``GGML_F32x4_REDUCE`` (``(s0+s2)+(s1+s3)`` lane-wise, then ``vaddvq_f32`` = ``faddp`` twice:
+  ``(l0+l1)+(l2+l3)``) into a float; the leftovers as GCC emitted them: blocks of 4 as a vector ``fmul`` added
+  one by one, the last ``rem % 4`` as ``fmadd`` (:func:`vec_dot_f32_arm`).
+* F16 (``ggml_vec_dot_f16`` with ``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): **half precision** — 4 accumulators of
+  8 *half* lanes fed by ``vfmaq_f16`` (one fp16 rounding per step), reduced with half ``fadd``s, widened to float
+  (``fcvtl``/``fcvtl2``), added (float) and ``faddp``'d twice, then a double; the leftovers add float products to
+  the double (:func:`vec_dot_f16_arm`). A sum beyond 65504 overflows to inf, as on the phone.
+* BF16: no ``__ARM_FEATURE_BF16`` branch in ``ggml_vec_dot_bf16``: the scalar loop, float products summed in a
+  double (:func:`kernels.ggml.vec.vec_dot_generic`).
+* Q8_0: activations by AArch64 ``quantize_row_q8_0`` (:func:`kernels.ggml.actquant._quantize_rows_q8_0_arm`);
+  ``arch/arm/quants.c: ggml_vec_dot_q8_0_q8_0`` 1 row: blocks in pairs, even blocks into ``sumv0``, odd into
+  ``sumv1``, lane ``l`` the exact ``sdot`` of bytes ``4l…4l+3`` and ``16+4l…`` of the block; ``vmlaq_n_f32`` is
+  compiled *unfused* (``fmul`` by ``d_w·d_x`` rounded, then ``fadd``); ``sumf = vaddvq(sumv0) + vaddvq(sumv1)``;
+  an odd last block ``sumf = fma(float(sumi), d_w·d_x, sumf)`` (``fmadd``). 2 rows (i8mm): each element its own
+  lane, ``acc += float(dot32) · (d_w·d_x)`` unfused per block, in block order (:func:`_q8_0_dot2`).
+
+NaN: a NaN made from non-NaN operands is ARM's default NaN, +0x7FC00000 (:func:`arm_default_nan`; x86's is
+0xFFC00000); which NaN survives when two NaNs of different bits meet in one sum is not modelled (as on x86).
+
+Other weight types on an ARM path raise ValueError naming the type and the path (no x86 kernel stands in).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels.base.block import QT
+from kernels.base.flags import jit
+from kernels.ggml.actquant import _q8_0_rows_arm
+from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
+from kernels.ggml.simd import fma32
+from kernels.ggml.vec import vec_dot_generic
+from kernels.ggml.vecmath import F16_TO_F32
+from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
+
+F32 = np.float32
+#: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS)
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm")
+#: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
+MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
+#: the weight types emulated here
+TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0})
+#: ``repack.cpp: ggml_repack_get_optimal_repack_type`` on NEON with dotprod (and i8mm): the types CPU_REPACK takes,
+#: and the row multiple it needs (ne[1] % m == 0)
+REPACK_ROWS = {QT.Q4_0: 4, QT.Q8_0: 4, QT.IQ4_NL: 4, QT.MXFP4: 4, QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}
+
+
+def is_arm(path: str) -> bool:
+    return path in ARM_PATHS
+
+
+def repacked(qtype: QT, n_rows: int) -> bool:
+    """Whether CPU_REPACK re-lays out a weight of ``qtype`` with ``n_rows`` rows on the ARM paths."""
+    m = REPACK_ROWS.get(qtype)
+    return m is not None and n_rows % m == 0
+
+
+def emulated(qtype: QT) -> bool:
+    return qtype in TYPES
+
+
+def not_emulated(what: str, qtype: QT, path: str) -> ValueError:
+    return ValueError(f"{what} emulation: {qtype.name} weights are not emulated on the {path} path")
+
+
+# --------------------------------------------------------------------------------------------
+# Which elements the i8mm 2-row kernels compute
+
+
+def mmla_mask(T: int, N: int, n_threads: int, qtype: QT, path: str):
+    """(T, N) bool: the elements of ``mul_mat`` that ``ggml_compute_forward_mul_mat`` hands to a 2-row ``vec_dot``
+    (None: none). Mirrors its chunking: ``chunk_size`` 16 (64 when N or T is 1), re-chunked by thread when there
+    are fewer than ``4·nth`` chunks (``nchunk0 = nth`` along the longer side), and a chunk takes 2 rows only when
+    N, T and both of its extents are even."""
+    if path != "arm64-i8mm" or qtype not in MMLA_TYPES or N % 2 or T % 2:
+        return None
+    nth = max(1, int(n_threads))
+    chunk = 64 if (N == 1 or T == 1) else 16
+    nchunk0, nchunk1 = -(-N // chunk), -(-T // chunk)
+    if nchunk0 * nchunk1 < nth * 4:
+        nchunk0, nchunk1 = (nth, 1) if N > T else (1, nth)
+    dr0, dr1 = -(-N // nchunk0), -(-T // nchunk1)
+    mask = np.zeros((T, N), np.bool_)
+    for c in range(nchunk0 * nchunk1):
+        r0s, r1s = dr0 * (c % nchunk0), dr1 * (c // nchunk0)
+        r0e, r1e = min(r0s + dr0, N), min(r1s + dr1, T)
+        if (r0e - r0s) % 2 == 0 and (r1e - r1s) % 2 == 0:
+            mask[r1s:r1e, r0s:r0e] = True
+    return mask if mask.any() else None
+
+
+# --------------------------------------------------------------------------------------------
+# Float weights
+
+
+@jit()
+def vec_dot_f32_arm(n, x, y):
+    """vec.cpp: ggml_vec_dot_f32, the NEON ``GGML_SIMD`` branch as GCC 12 compiled it (see the module docstring)."""
+    np_ = n & ~15  # GGML_F32_STEP
+    acc = np.zeros((4, 4), np.float32)
+    for i in range(0, np_, 16):
+        for j in range(4):
+            for lane in range(4):
+                k = i + 4 * j + lane
+                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
+    r = np.empty(4, np.float32)
+    for lane in range(4):
+        r[lane] = F32(F32(acc[0, lane] + acc[2, lane]) + F32(acc[1, lane] + acc[3, lane]))
+    sumf = F32(F32(r[0] + r[1]) + F32(r[2] + r[3]))  # faddp, faddp
+    unfused = np_ + ((n - np_) & ~3)
+    for i in range(np_, unfused):  # fmul v.4s, then fadd s lane by lane
+        sumf = F32(sumf + F32(x[i] * y[i]))
+    for i in range(unfused, n):  # fmadd
+        sumf = fma32(x[i], y[i], sumf)
+    return sumf
+
+
+@jit()
+def _f16_nearest(s, err):
+    """The binary16 nearest ``s + err`` (ties to even; ``s`` a float64, ``err`` the exact rest below its last bit),
+    as a float64; ±inf beyond the largest half."""
+    if s != s or s == 0.0 or abs(s) == np.inf:
+        return s
+    _, e = math.frexp(s)  # s = m·2**e, 0.5 <= |m| < 1
+    q = math.ldexp(1.0, max(e - 1, -14) - 10)  # the half quantum of s's binade (2**-24 below 2**-14)
+    t = s / q  # exact
+    f = math.floor(t)
+    if t - f == 0.5 and err != 0.0:  # a tie in s, not in s + err
+        r = f + 1.0 if err > 0.0 else f
+    else:
+        r = np.rint(t)
+    v = r * q
+    if abs(v) > 65504.0:
+        return np.inf if v > 0 else -np.inf
+    return v
+
+
+@jit()
+def _hfma(a, b, c):
+    """``vfmaq_f16`` on one lane: ``a·b + c`` rounded once to binary16 (float64 in, float64 out; halves)."""
+    p = a * b  # exact: 11 + 11 significant bits
+    s = p + c
+    if s != s or abs(s) == np.inf:
+        return s
+    t = s - p
+    err = (p - (s - t)) + (c - t)  # TwoSum: s + err == p + c
+    return _f16_nearest(s, err)
+
+
+@jit()
+def vec_dot_f16_arm(n, x, y):
+    """vec.cpp: ggml_vec_dot_f16 with FP16 vector arithmetic (``GGML_F16_STEP`` 32, ``GGML_F16_EPR`` 8): ``x``,
+    ``y`` F16 values as float32."""
+    np_ = n & ~31
+    acc = np.zeros((4, 8), np.float64)  # half values
+    for i in range(0, np_, 32):
+        for j in range(4):
+            for lane in range(8):
+                k = i + 8 * j + lane
+                acc[j, lane] = _hfma(np.float64(x[k]), np.float64(y[k]), acc[j, lane])
+    h = np.empty(8, np.float64)
+    for lane in range(8):  # GGML_F16x8_REDUCE: x0 += x2, x1 += x3, x0 += x1 in half precision
+        h[lane] = _f16_nearest(_f16_nearest(acc[0, lane] + acc[2, lane], 0.0)
+                               + _f16_nearest(acc[1, lane] + acc[3, lane], 0.0), 0.0)
+    u = np.empty(4, np.float32)
+    for lane in range(4):  # vaddq_f32(fcvtl(lo), fcvtl2(hi))
+        u[lane] = F32(F32(h[lane]) + F32(h[lane + 4]))
+    sumf = np.float64(F32(F32(u[0] + u[1]) + F32(u[2] + u[3])))
+    for i in range(np_, n):
+        sumf += np.float64(F32(x[i] * y[i]))
+    return F32(sumf)
+
+
+@jit()
+def float_rows_arm(w, x, out, kind):
+    """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32)."""
+    K = w.shape[1]
+    for t in range(x.shape[0]):
+        for r in range(w.shape[0]):
+            if kind == 0:
+                out[t, r] = vec_dot_f32_arm(K, w[r], x[t])
+            elif kind == 1:
+                out[t, r] = vec_dot_f16_arm(K, w[r], x[t])
+            else:
+                out[t, r] = vec_dot_generic(K, w[r], x[t])
+
+
+# --------------------------------------------------------------------------------------------
+# Q8_0 weights
+
+
+@jit()
+def _q8_0_dot1(w8, w, r, xq, xd, t, nb, tab):
+    """arch/arm/quants.c: ggml_vec_dot_q8_0_q8_0, 1 row (NEON + dotprod): weight row ``r`` (bytes ``w``, as int8
+    ``w8``), activation row ``t``."""
+    s0 = np.zeros(4, np.float32)  # sumv0: even blocks
+    s1 = np.zeros(4, np.float32)  # sumv1: odd blocks
+    ib = 0
+    while ib + 1 < nb:
+        for h in range(2):
+            b = ib + h
+            o = 34 * b
+            d = F32(tab[w[r, o] | (np.int64(w[r, o + 1]) << 8)] * xd[t, b])
+            for lane in range(4):
+                dot = 0
+                for e in range(4):
+                    dot += np.int64(w8[r, o + 2 + 4 * lane + e]) * xq[t, 32 * b + 4 * lane + e]
+                    dot += np.int64(w8[r, o + 18 + 4 * lane + e]) * xq[t, 32 * b + 16 + 4 * lane + e]
+                if h == 0:
+                    s0[lane] = F32(s0[lane] + F32(F32(dot) * d))
+                else:
+                    s1[lane] = F32(s1[lane] + F32(F32(dot) * d))
+        ib += 2
+    sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
+    for b in range(ib, nb):
+        o = 34 * b
+        dot = 0
+        for j in range(32):
+            dot += np.int64(w8[r, o + 2 + j]) * xq[t, 32 * b + j]
+        sumf = fma32(F32(dot), F32(tab[w[r, o] | (np.int64(w[r, o + 1]) << 8)] * xd[t, b]), sumf)
+    return sumf
+
+
+@jit()
+def _q8_0_dot2(w8, w, r, xq, xd, t, nb, tab):
+    """The i8mm 2-row ``ggml_vec_dot_q8_0_q8_0`` (``vmmlaq_s32``) for one of its four elements: per block in order,
+    ``acc = acc + float(dot32) · (d_w·d_x)``, the product and the sum each rounded (``fmul``, ``fadd``)."""
+    acc = F32(0.0)
+    for b in range(nb):
+        o = 34 * b
+        dot = 0
+        for j in range(32):
+            dot += np.int64(w8[r, o + 2 + j]) * xq[t, 32 * b + j]
+        d = F32(tab[w[r, o] | (np.int64(w[r, o + 1]) << 8)] * xd[t, b])
+        acc = F32(acc + F32(F32(dot) * d))
+    return acc
+
+
+@jit()
+def q8_0_rows_arm(w, xq, xd, out, two, tab):
+    """``out[t, r]`` for Q8_0 rows ``w`` (N, nb·34) uint8 and quantized activations ``xq`` (T, K) int8, ``xd``
+    (T, nb); ``two`` (T, N) bool: computed by the 2-row kernel (or (0, 0): none)."""
+    w8 = w.view(np.int8)
+    nb = xd.shape[1]
+    has_two = two.shape[0] > 0
+    for t in range(xq.shape[0]):
+        for r in range(w.shape[0]):
+            if has_two and two[t, r]:
+                out[t, r] = _q8_0_dot2(w8, w, r, xq, xd, t, nb, tab)
+            else:
+                out[t, r] = _q8_0_dot1(w8, w, r, xq, xd, t, nb, tab)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points (called by kernels.ggml.mulmat for an ARM path)
+
+
+def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads: int = 1, nrows: int = 0):
+    """``ggml_mul_mat(W, x)`` on an ARM path, weights in a plain buffer: ``w_bytes`` (N, row bytes) uint8, ``x``
+    (T, K) float32 -> (T, N). ``nrows`` = 1 forces the 1-row kernels (``mul_mat_id``); 0: as ``mul_mat`` chunks."""
+    if qtype not in TYPES:
+        raise not_emulated("mul_mat", qtype, path)
+    T, N = x.shape[0], w_bytes.shape[0]
+    out = np.empty((T, N), np.float32)
+    if qtype in (QT.F32, QT.F16, QT.BF16):
+        if qtype == QT.F32:
+            w, xv, kind = w_bytes.view(np.float32), x, 0
+        elif qtype == QT.F16:  # ggml_cpu_fp32_to_fp16: fcvt, nearest even
+            w, xv, kind = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x), 1
+        else:  # ggml_cpu_fp32_to_bf16: GGML_FP32_TO_BF16
+            w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
+        float_rows_arm(w, xv, out, kind)
+        return arm_default_nan(out)
+    two = None if nrows == 1 else mmla_mask(T, N, n_threads, qtype, path)
+    two = np.zeros((0, 0), np.bool_) if two is None else two
+    xq, xd, _ = _q8_0_rows_arm(x, False)
+    q8_0_rows_arm(w_bytes, xq, xd, out, two, F16_TO_F32)
+    return arm_default_nan(out)
+
+
+def arm_default_nan(out: np.ndarray) -> np.ndarray:
+    """AArch64's default NaN is +0x7FC00000 (FPCR.DN off: an operation on non-NaN operands that has no value —
+    ``0·inf``, ``inf - inf`` — makes it); x86's, which the float32 arithmetic here makes, is 0xFFC00000. Every
+    such NaN in ``out`` becomes ARM's (in place). A NaN propagated from an input keeps its payload on both."""
+    u = out.view(np.uint32)
+    u[u == np.uint32(0xFFC00000)] = np.uint32(0x7FC00000)
+    return out
+
+
+def mul_mat_id(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, ids: np.ndarray, path: str, slot_groups):
+    """``ggml_mul_mat_id`` on an ARM path (checked arguments, as :func:`kernels.ggml.mulmat.mul_mat_id`): every
+    routed row through the 1-row ``vec_dot`` (``ggml_compute_forward_mul_mat_id_one_chunk`` passes nrc = 1)."""
+    if qtype not in TYPES:
+        raise not_emulated("mul_mat_id", qtype, path)
+    T, n_x, K = x.shape
+    n_used, N = ids.shape[1], w_bytes.shape[1]
+    out = np.empty((T, n_used, N), np.float32)
+    order, bounds, experts, arow = slot_groups(ids, n_x)
+    x2, out2 = x.reshape(T * n_x, K), out.reshape(T * n_used, N)
+    for g, e in enumerate(experts.tolist()):
+        slots = order[bounds[g]:bounds[g + 1]]
+        out2[slots] = compute(w_bytes[e], qtype, x2[arow[slots]], path, nrows=1)
+    return out

@@ -1,0 +1,138 @@
+"""kernels.ggml.mulmat on the AArch64 GCC paths (kernels/ggml/mulmat_arm.py), weights in a plain buffer, bit for bit
+against ``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py: qemu-aarch64, a CPU model with exactly the
+build's features).
+
+A one-op graph's weight tensor sits in the context's plain memory (:class:`ggml_graph.Graph.tensor`): llama.cpp's
+``--no-repack``, and what CPU_REPACK leaves alone (N % 4 / % 8 != 0, other types). On ``arm64-i8mm`` Q8_0's
+``vec_dot`` runs 2 rows × 2 columns (``smmla``) in every chunk whose extents are even, 1 row elsewhere — so the
+shapes cover T = 1, 2, 3, 4, 5, 8, 9 and odd N, and 1 and 2 threads (the thread count decides the chunks there:
+``test_i8mm_thread_count_matters``). Hard inputs: .5 ties of the quantizer, zeros, subnormal and huge values,
+NaN, ±inf, extreme fp16 scales.
+"""
+
+import numpy as np
+import pytest
+from ggml_graph import on_build
+from gguf import GGMLQuantizationType as QT
+from test_ggml_ops_mulmat import acts, bits, float_weights, g_mul_mat_id, g_mul_mats, hard_floats, weight_bytes
+
+from kernels.ggml import mulmat_arm
+from kernels.ggml.mulmat import kernel_for, mul_mat, mul_mat_id
+
+pytestmark = pytest.mark.oracle
+
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm"}
+T_ARM = (1, 2, 3, 4, 5, 8, 9)
+
+
+def check(build, cases):
+    """Every case (w, gtype, K, x, n_threads) on ``build`` against the emulation of its path, bit for bit."""
+    path = PATH[build]
+    got = on_build(build, g_mul_mats, cases)
+    for (w, gtype, K, x, nth), y in zip(cases, got):
+        want = mul_mat(w, QT(gtype), x, path, n_threads=nth)
+        bad = bits(y) != bits(want)
+        assert not bad.any(), (QT(gtype).name, w.shape, x.shape, nth, np.argwhere(bad)[:4])
+    return got
+
+
+def hard_acts(rng, t, k):
+    """Activations with a .5-tie block (amax 127: x·id lands on .5), zeros, subnormals, huge values, ±inf, NaN."""
+    x = acts(rng, max(t, 9), k)
+    x[3, :32] = np.arange(32, dtype=np.float32) - np.float32(15.5)
+    x[3, 31] = 127.0
+    x[4, 33] = np.inf
+    x[5, 40:60] = np.float32(1e-42)  # a subnormal block: d = 0 or subnormal
+    x[6, 64 % k:64 % k + 8] = np.float32(3e38)
+    x[7, 5] = np.nan
+    x[8, :] = np.float32(-1e-39)
+    return x[:t] if t < 9 else x
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_q8_0_bit_exact(build):
+    rng = np.random.default_rng(3901)
+    cases = []
+    for n, k in ((16, 256), (13, 96), (6, 32), (34, 64)):  # even and odd N; odd nb (the fmadd tail), nb = 1
+        w = weight_bytes(QT.Q8_0, n, k, rng)
+        w.reshape(n, -1, 34)[0, :, 2:] = np.uint8(0x80)  # weight bytes of -128
+        for t in T_ARM:
+            for nth in (1, 2):
+                cases.append((w, int(QT.Q8_0), k, acts(rng, t, k), nth))
+    k = 128
+    for scales in ("extreme", "raw"):  # fp16 scales: subnormal, huge, ±inf, NaN (raw bytes)
+        w = weight_bytes(QT.Q8_0, 10, k, rng, scales)
+        for t in (2, 9):
+            cases.append((w, int(QT.Q8_0), k, hard_acts(rng, t, k), 1))
+    check(build, cases)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_float_bit_exact(build):
+    """F32 (4×4 lanes, NEON leftovers), F16 (half-precision accumulators: hard values overflow them), BF16
+    (scalar, double sum)."""
+    rng = np.random.default_rng(3902)
+    cases = []
+    for qtype in (QT.F32, QT.F16, QT.BF16):
+        for n, k in ((5, 7), (6, 20), (3, 64), (4, 100), (7, 171)):  # < a step, a step, leftovers of every kind
+            w = float_weights(qtype, hard_floats(rng, (n, k)) if qtype != QT.F16 else acts(rng, n, k))
+            for t in (1, 2, 5):
+                x = hard_floats(rng, (t, k)) if qtype != QT.F16 else acts(rng, t, k)
+                cases.append((w, int(qtype), k, x, 1 if t != 2 else 2))
+        # F16: near 65504 the half accumulators overflow to inf; sub-half-ulp addends (the single-rounding fma)
+        k = 64
+        w16 = np.full((2, k), 250.0, np.float32)
+        w16[1, ::3] = np.float32(2.0**-14)
+        x16 = np.full((2, k), 255.0, np.float32)
+        x16[1, 1::2] = np.float32(1.0 + 2.0**-10)
+        cases.append((float_weights(QT.F16, w16), int(QT.F16), k, x16, 1))
+    check(build, cases)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_mul_mat_id_bit_exact(build):
+    """mul_mat_id: every routed row through the 1-row vec_dot (also on i8mm), experts in token order."""
+    path = PATH[build]
+    rng = np.random.default_rng(3903)
+    E, N, K, T, n_used = 4, 6, 96, 5, 3
+    ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
+    for qtype in (QT.Q8_0, QT.F32, QT.F16):
+        w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
+        for n_x in (1, n_used):
+            x = acts(rng, T * n_x, K).reshape(T, n_x, K)
+            got = on_build(build, g_mul_mat_id, w, int(qtype), K, x, ids, 2)
+            want = mul_mat_id(w, qtype, x, ids, path)
+            assert np.array_equal(bits(got), bits(want)), (qtype.name, n_x)
+
+
+def test_i8mm_thread_count_matters():
+    """On arm64-i8mm the chunks (so the thread count) decide which Q8_0 elements take the 2-row smmla kernel: the
+    emulation differs between 1 and 3 threads where a chunk turns odd, and from the dotprod path; the library
+    agrees with each."""
+    rng = np.random.default_rng(3904)
+    k, n = 160, 6  # one chunk (6 × 4) for 1 thread; chunked by thread (N > T) for 2: 3 rows each, 1-row kernel
+    w = weight_bytes(QT.Q8_0, n, k, rng)
+    x = acts(rng, 4, k)
+    assert mulmat_arm.mmla_mask(4, 6, 1, QT.Q8_0, "arm64-i8mm").all()
+    assert mulmat_arm.mmla_mask(4, 6, 2, QT.Q8_0, "arm64-i8mm") is None
+    assert mulmat_arm.mmla_mask(4, 6, 3, QT.Q8_0, "arm64-i8mm").all()  # 2 rows each
+    assert mulmat_arm.mmla_mask(4, 6, 1, QT.Q8_0, "arm64-dotprod") is None
+    cases = [(w, int(QT.Q8_0), k, x, nth) for nth in (1, 2)]
+    got = check("arm64-i8mm-gcc", cases)
+    assert not np.array_equal(bits(got[0]), bits(got[1]))
+    assert np.array_equal(bits(got[1]), bits(mul_mat(w, QT.Q8_0, x, "arm64-dotprod")))
+
+
+def test_arm_dispatch_refuses_what_is_not_emulated():
+    """A weight type without an ARM emulation, or a repacked ARM weight, is a one-line ValueError naming the type
+    and the path (no x86 kernel stands in)."""
+    rng = np.random.default_rng(3905)
+    x = acts(rng, 2, 256)
+    assert kernel_for(QT.Q4_K, "arm64-i8mm", 16, 16, 256) == "vec_dot"  # no tiled kernel, no llamafile on ARM
+    for path in ("arm64-dotprod", "arm64-i8mm"):
+        with pytest.raises(ValueError, match=f"IQ2_XXS weights are not emulated on the {path} path"):
+            mul_mat(weight_bytes(QT.IQ2_XXS, 4, 256, rng), QT.IQ2_XXS, x, path)
+        with pytest.raises(ValueError, match=f"repacked {path} kernels of Q8_0"):
+            mul_mat(weight_bytes(QT.Q8_0, 8, 256, rng), QT.Q8_0, x, path, repack=True)
+    mul_mat(weight_bytes(QT.Q8_0, 6, 256, rng), QT.Q8_0, x, "arm64-i8mm", repack=True)  # 6 % 4: plain buffer

@@ -1,6 +1,5 @@
-"""Q4_K weights in llama.cpp's CPU_REPACK buffer on the AArch64 GCC builds (``arm64-dotprod``: ``q4_K_8x4_q8_K``,
-``arm64-i8mm``: ``q4_K_8x8_q8_K``), bit for bit. (Q5_K and Q6_K are repacked on ARM too — 8x4 / 8x8 — and not
-emulated yet: :func:`mul_mat_repacked_arm_k` raises for them.)
+"""Q4_K, Q5_K and Q6_K weights in llama.cpp's CPU_REPACK buffer on the AArch64 GCC builds (``arm64-dotprod``:
+``q{4,5,6}_K_8x4_q8_K``, ``arm64-i8mm``: ``q{4,5,6}_K_8x8_q8_K``; ``ne[1] % 8 == 0``), bit for bit.
 
 Source (vendored llama.cpp, ``ggml/src/ggml-cpu``): ``repack.cpp: forward_mul_mat`` (gemm on the first ``T - T % 4``
 rows, gemv on the rest; ``forward_mul_mat_id``: gemv only), the kernels in ``arch/arm/repack.cpp``.
@@ -13,18 +12,25 @@ of ``nearest_int`` into one ``fmadd``/``fmla`` in both (objdump), so ``q`` is th
 even, read from the low mantissa bits and stored as its low byte. (The mat version lacks ref's ``MIN(127, ·)`` and
 its ``amax == 0`` branch; neither changes a value: ``|x·iscale| <= 127·(1 + 2^-24)``.) bsums per 16 values.
 
-Integers per weight row and activation row, per 32-value sub-block ``s``: ``I_s = sc_s · Σ q·y`` (``sdot`` /
-``smmla``: exact), ``M = Σ_s mn_s · (bsum_{2s} + bsum_{2s+1})`` per super-block (``vpaddq_s16`` + ``vmlal_s16``).
-Floats: ``S = float32(fp16(d) · y.d)``, ``Dm = float32(fp16(dmin) · y.d)`` per super-block, ``acc = +0``::
+Integers per weight row and activation row, exact in int32 (``sdot`` / ``smmla``, ``vmlaq_s32``): Q4_K / Q5_K per
+32-value sub-block ``s`` ``I_s = sc_s · Σ q·y`` and ``m_s = mn_s · (bsum_{2s} + bsum_{2s+1})`` (``vpaddq_s16``,
+``vmlal_s16``), ``M = Σ m_s`` per super-block; Q6_K per super-block ``I = Σ_g sc_g · Σ (q - 32)·y`` over its 16-value
+groups (the -32 through the bsums: the same integer). Floats: ``S = float32(fp16(d) · y.d)``, ``Dm =
+float32(fp16(dmin) · y.d)`` per super-block, ``acc = +0``; GCC 12 emits ``vfmaq_f32`` as ``fmla`` but
+``vmlaq_f32`` / ``vmlsq_f32`` as ``fmul`` + ``fadd`` / ``fsub`` (objdump), so (:data:`GEMM_GEMV`)::
 
-    8x4 gemv and gemm (dotprod):  per 64 values  acc = fma(S, float(I_2k + I_2k+1), acc);
-                                  then            acc = acc - float32(float(M) · Dm)      (vmlsq_f32: fmul, fsub)
-    8x8 gemv (i8mm build):        per 32 values  acc = fma(S, float(I_s), acc);  then the same subtraction
-    8x8 gemm (i8mm, smmla):       per super-block acc = acc - float32(float(M) · Dm);
-                                                  acc = acc + float32(float(Σ_s I_s) · S)  (vmlaq_f32: fmul, fadd)
+    Q4_K, Q5_K 8x4 gemv and gemm (dotprod): per 64 values acc = fma(S, float(I_2k + I_2k+1), acc);
+                                            then             acc = acc - float32(float(M) · Dm)
+    Q4_K 8x8 gemv (i8mm build):             per 32 values    acc = fma(S, float(I_s), acc);  then the same
+    Q5_K 8x8 gemv:                          per 32 values the FMA, and after each 64 values
+                                                             acc = acc - float32(Dm · float(m_2k + m_2k+1))
+    Q4_K, Q5_K 8x8 gemm (i8mm, smmla):      per super-block  acc = acc - float32(float(M) · Dm);
+                                                             acc = acc + float32(float(Σ_s I_s) · S)
+    Q6_K 8x4 gemv (dotprod):                per super-block  acc = fma(float(I), S, acc)   (vmulq + vaddq contracted)
+    Q6_K 8x4 gemm, 8x8 gemv and gemm:       per super-block  acc = acc + float32(float(I) · S)
 
-So on ``arm64-i8mm`` the gemm rows and gemv rows of one call differ; on ``arm64-dotprod`` they agree (except
-that both see the same activations anyway). One accumulator per output: no lanes; the thread count (whole
+So the gemm rows and the gemv rows of one call differ on ``arm64-i8mm`` (Q4_K, Q5_K) and for Q6_K on
+``arm64-dotprod``. One accumulator per output: no lanes; the thread count (whole
 8-column chunks) changes no bit. NaNs: every output NaN is made AArch64's default +0x7fc00000
 (:func:`kernels.ggml.repack_arm.arm_nans`); a NaN weight scale's payload is not modelled.
 """
@@ -43,11 +49,16 @@ from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
 
 F32 = np.float32
-#: The K-quant types emulated here.
-REPACK_ARM_K = frozenset({QT.Q4_K})
-#: Float recipe of a row (module docstring): 0 = 8x4 (per 64 values, fused), 1 = 8x8 gemv (per 32, fused),
-#: 2 = 8x8 gemm (per super-block, unfused).
-GEMM_GEMV = {"arm64-dotprod": (0, 0), "arm64-i8mm": (2, 1)}
+#: The K-quant types emulated here, and their kernel's ``kind``.
+KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2}
+REPACK_ARM_K = frozenset(KIND)
+ROW_BYTES = {QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}  # per 256 values
+#: (type, path) -> float recipe of the (gemm, gemv) rows (module docstring): 0 per 64 values fused, mins per
+#: super-block; 1 per 32 values fused, mins per super-block; 2 per super-block mins then values, unfused; 3 per
+#: 32 values fused, mins per 64 values; 4 Q6_K per super-block fused; 5 Q6_K per super-block unfused.
+GEMM_GEMV = {(QT.Q4_K, "arm64-dotprod"): (0, 0), (QT.Q4_K, "arm64-i8mm"): (2, 1),
+             (QT.Q5_K, "arm64-dotprod"): (0, 0), (QT.Q5_K, "arm64-i8mm"): (2, 3),
+             (QT.Q6_K, "arm64-dotprod"): (5, 4), (QT.Q6_K, "arm64-i8mm"): (5, 5)}
 
 
 @jit()
@@ -80,49 +91,94 @@ def quantize_rows_q8_k_arm(x, qs, d, bsums):
                 bsums[r, 16 * b + g] = s
 
 
+@jit()
+def _decode(kind, wc, q, sc, mn, d, dmin, table):
+    """One plain row ``wc`` -> quants ``q`` (K,) (Q6_K: minus 32), per sub-block ``sc`` / ``mn`` (Q4_K, Q5_K: 32
+    values, ``get_scale_min_k4``; Q6_K: 16 values, int8 scales, no mins), per super-block ``d`` / ``dmin``."""
+    for b in range(d.shape[0]):
+        if kind == 2:  # Q6_K: ql[128], qh[64], scales[16], d
+            o = 210 * b
+            d[b] = fp16_at(wc, o + 208, table)
+            dmin[b] = 0.0
+            for g in range(16):
+                sc[16 * b + g] = ((np.int64(wc[o + 192 + g]) ^ 0x80) - 0x80)
+            for n in range(2):
+                ql, qh, v = o + 64 * n, o + 128 + 32 * n, 256 * b + 128 * n
+                for l in range(32):
+                    a, c, h = np.int64(wc[ql + l]), np.int64(wc[ql + l + 32]), np.int64(wc[qh + l])
+                    q[v + l] = ((a & 15) | ((h & 3) << 4)) - 32
+                    q[v + l + 32] = ((c & 15) | (((h >> 2) & 3) << 4)) - 32
+                    q[v + l + 64] = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
+                    q[v + l + 96] = ((c >> 4) | (((h >> 6) & 3) << 4)) - 32
+            continue
+        bb = 144 if kind == 0 else 176  # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: ..., qh[32], qs[128]
+        o = bb * b
+        d[b] = fp16_at(wc, o, table)
+        dmin[b] = fp16_at(wc, o + 2, table)
+        for j in range(8):
+            sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
+        qs = o + 16 if kind == 0 else o + 48
+        for j in range(4):  # 32 bytes: low nibbles = sub-block 2j, high nibbles = sub-block 2j + 1
+            for l in range(32):
+                v = np.int64(wc[qs + 32 * j + l])
+                lo, hi = v & 15, v >> 4
+                if kind == 1:  # Q5_K: bit 2j / 2j + 1 of qh[l] is the fifth bit
+                    h = np.int64(wc[o + 16 + l])
+                    lo += 16 * ((h >> (2 * j)) & 1)
+                    hi += 16 * ((h >> (2 * j + 1)) & 1)
+                q[256 * b + 64 * j + l] = lo
+                q[256 * b + 64 * j + 32 + l] = hi
+
+
 @jit(parallel=True)
-def _q4_k_rows(w, y, yd, ys, recipe, rows, out, orow, table):
-    """Every element: weight rows ``w`` (N, K/256·144) against activation rows ``rows`` of ``y`` (int32 (R, K)),
-    ``yd`` (R, K/256), ``ys`` (R, K/32) bsums per 32 values, ``recipe`` (R,) the float recipe of each row (0, 1,
-    2: :data:`GEMM_GEMV`); result of row ``rows[i]`` to ``out[orow[i], c]``."""
-    nb = y.shape[1] // 256
+def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
+    """Every element: weight rows ``w`` (N, row bytes) of ``kind`` (0 Q4_K, 1 Q5_K, 2 Q6_K) against activation
+    rows ``rows`` of ``y`` (int32 (R, K)), ``yd`` (R, K/256), ``ys`` (R, K/32) bsums per 32 values, ``recipe``
+    (R,) each row's float recipe (:data:`GEMM_GEMV`); the result of row ``rows[i]`` to ``out[orow[i], c]``."""
+    K = y.shape[1]
+    nb = K // 256
+    sub = 16 if kind == 2 else 32
     for c in prange(w.shape[0]):
-        wc = w[c]
-        sc = np.empty(8, np.int64)
-        mn = np.empty(8, np.int64)
-        isub = np.empty(8, np.int64)
+        q = np.empty(K, np.int64)
+        sc = np.empty(K // sub, np.int64)
+        mn = np.empty(K // sub, np.int64)
+        d = np.empty(nb, np.float32)
+        dmin = np.empty(nb, np.float32)
+        _decode(kind, w[c], q, sc, mn, d, dmin, table)
+        isub = np.empty(256 // sub, np.int64)
         for i in range(rows.shape[0]):
             r = rows[i]
             yr = y[r]
             rec = recipe[r]
             acc = F32(0.0)
             for b in range(nb):
-                o = 144 * b
-                for j in range(8):
-                    sc[j], mn[j] = k_scale_min(wc, o + 4, j)
-                S = F32(fp16_at(wc, o, table) * yd[r, b])  # vmulq_f32(q4_d, q8_d)
-                Dm = F32(fp16_at(wc, o + 2, table) * yd[r, b])  # vmulq_f32(q4_dmin, q8_d)
+                S = F32(d[b] * yd[r, b])  # vmulq_f32(d, q8_d)
+                Dm = F32(dmin[b] * yd[r, b])  # vmulq_f32(dmin, q8_d)
+                for s in range(256 // sub):
+                    p = np.int64(0)
+                    for k in range(256 * b + sub * s, 256 * b + sub * s + sub):
+                        p += q[k] * yr[k]
+                    isub[s] = sc[(256 // sub) * b + s] * p
+                if kind == 2:  # Q6_K: the super-block's integer, then one float step
+                    if rec == 4:
+                        acc = fma32(F32(isub.sum()), S, acc)  # vmulq_f32 + vaddq_f32 contracted: fmla
+                    else:
+                        acc = acc + F32(F32(isub.sum()) * S)  # vmlaq_f32 / vcombine'd halves: fmul, fadd
+                    continue
                 M = np.int64(0)
-                for cc in range(4):  # 32 bytes: low nibbles = sub-block 2cc, high nibbles = sub-block 2cc + 1
-                    qo, yo = o + 16 + 32 * cc, 256 * b + 64 * cc
-                    plo = np.int64(0)
-                    phi = np.int64(0)
-                    for l in range(32):
-                        v = np.int64(wc[qo + l])
-                        plo += (v & 15) * yr[yo + l]
-                        phi += (v >> 4) * yr[yo + 32 + l]
-                    isub[2 * cc] = sc[2 * cc] * plo
-                    isub[2 * cc + 1] = sc[2 * cc + 1] * phi
-                    M += mn[2 * cc] * ys[r, 8 * b + 2 * cc] + mn[2 * cc + 1] * ys[r, 8 * b + 2 * cc + 1]
-                if rec == 0:
-                    for k in range(4):
+                for k in range(4):
+                    mk = mn[8 * b + 2 * k] * ys[r, 8 * b + 2 * k] + mn[8 * b + 2 * k + 1] * ys[r, 8 * b + 2 * k + 1]
+                    M += mk
+                    if rec == 0:  # 8x4: an FMA per 64 values
                         acc = fma32(S, F32(isub[2 * k] + isub[2 * k + 1]), acc)
-                    acc = acc - F32(F32(M) * Dm)
-                elif rec == 1:
-                    for k in range(8):
-                        acc = fma32(S, F32(isub[k]), acc)
-                    acc = acc - F32(F32(M) * Dm)
-                else:
+                    elif rec == 1 or rec == 3:  # 8x8 gemv: an FMA per 32 values
+                        acc = fma32(S, F32(isub[2 * k]), acc)
+                        acc = fma32(S, F32(isub[2 * k + 1]), acc)
+                        if rec == 3:  # Q5_K: the mins of these 64 values at once (vmlsq_f32: fmul, fsub)
+                            acc = acc - F32(Dm * F32(mk))
+                if rec == 0 or rec == 1:
+                    acc = acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
+                elif rec == 2:  # 8x8 gemm: mins, then the super-block's integer (vmlsq_f32, vmlaq_f32)
                     acc = acc - F32(F32(M) * Dm)
                     acc = acc + F32(F32(isub.sum()) * S)
             out[orow[i], c] = acc
@@ -149,21 +205,21 @@ def _check(qtype, path: str) -> QT:
 
 
 def _run(w, qt, y, yd, ys, recipe, rows, out, orow):
-    _q4_k_rows(w, y, yd, ys, recipe, rows, out, orow, F16_TO_F32)
+    _k_rows(KIND[qt], w, y, yd, ys, recipe, rows, out, orow, F16_TO_F32)
 
 
 def mul_mat_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
-    """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path``: ``w_bytes`` (N, row bytes) plain Q4_K rows
+    """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path``: ``w_bytes`` (N, row bytes) plain rows
     (N % 8 == 0), ``x`` (T, K) float32 -> (T, N) float32."""
     qt = _check(qtype, path)
     x = np.ascontiguousarray(x, np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     T, K = x.shape
-    rb = K // 256 * 144
+    rb = K // 256 * ROW_BYTES[qt]
     if w.ndim != 2 or w.shape[0] % 8 or K % 256 or w.shape[1] != rb:
         raise ValueError(f"weights must be (N % 8 == 0, {rb}) bytes, got {w.shape}")
     y, yd, ys = _q8_k(x)
-    gemm, gemv = GEMM_GEMV[path]
+    gemm, gemv = GEMM_GEMV[(qt, path)]
     recipe = np.where(np.arange(T) < T - T % 4, gemm, gemv).astype(np.int64)
     out = np.empty((T, w.shape[0]), np.float32)
     rows = np.arange(T)
@@ -183,7 +239,7 @@ def mul_mat_id_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np
     if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 8 or K % 256:
         raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}), N % 8 == 0, got {ids.shape}, N={N}")
     y, yd, ys = _q8_k(x.reshape(T * n_x, K))
-    recipe = np.full(T * n_x, GEMM_GEMV[path][1], np.int64)
+    recipe = np.full(T * n_x, GEMM_GEMV[(qt, path)][1], np.int64)
     order, bounds, experts, arow = slot_groups(ids, n_x)
     out = np.empty((T * ids.shape[1], N), np.float32)
     for g, e in enumerate(experts.tolist()):

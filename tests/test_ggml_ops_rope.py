@@ -20,6 +20,18 @@ from refimpl.model.attention import rope_cache, rotate_pairs
 cf, ci = ctypes.c_float, ctypes.c_int
 pytestmark = pytest.mark.oracle
 
+#: and the AArch64 GCC builds (tests/arm64.py, under qemu): the same C on NEON
+WITH_ARM = WITH_GENERIC + ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+
+
+def path_of(build: str) -> str:
+    """The emulated path ``build``'s library takes (an ARM build's from tests/arm64.py: it cannot be loaded here)."""
+    if build.startswith("arm64-"):
+        import arm64
+
+        return arm64.BUILDS[build][0]
+    return build_info(build).path
+
 
 def bits(a):
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
@@ -62,11 +74,11 @@ def text_positions(p):
     return np.stack([p, p, p, np.zeros_like(p)]).astype(np.int32)  # llm_graph_input_pos: (p, p, p, 0)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_rope_multi_imrope_bit_exact(build):
     """qwen35moe's attention: head_dim 256, n_rot 64, sections (11, 11, 10, 0), base 1e7; text and
     arbitrary 4-stream positions (large ones round in cvtsi2ss), other sections, MROPE, scales ≠ 1."""
-    path = build_info(build).path
+    path = path_of(build)
     rng = np.random.default_rng(2710)
     T = 24
     x = q_like(rng, T, 4, 256)
@@ -83,10 +95,10 @@ def test_rope_multi_imrope_bit_exact(build):
         assert np.array_equal(bits(got), bits(want)), (n_dims, sections, mode)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_rope_neox_bit_exact(build):
     """qwen3next's attention: ``ggml_rope_ext`` NEOX over the first n_rot dims."""
-    path = build_info(build).path
+    path = path_of(build)
     rng = np.random.default_rng(2711)
     T = 20
     x = q_like(rng, T, 3, 128)

@@ -29,6 +29,18 @@ from kernels.testing import random_rows
 cf, ci = ctypes.c_float, ctypes.c_int
 pytestmark = pytest.mark.oracle
 
+#: and the AArch64 GCC builds (tests/arm64.py, under qemu): the same C on NEON
+WITH_ARM = WITH_GENERIC + ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+
+
+def path_of(build: str) -> str:
+    """The emulated path ``build``'s library takes (an ARM build's from tests/arm64.py: it cannot be loaded here)."""
+    if build.startswith("arm64-"):
+        import arm64
+
+        return arm64.BUILDS[build][0]
+    return build_info(build).path
+
 
 def bits(a):
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
@@ -106,9 +118,9 @@ def hard_rows(rng, n_rows, n):
     return x
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_rms_norm_bit_exact(build):
-    path = build_info(build).path
+    path = path_of(build)
     rng = np.random.default_rng(2701)
     for n in (1, 7, 37, 64, 261):  # tails of every length beyond 8/16 lanes
         x = hard_rows(rng, 16, n)
@@ -124,9 +136,9 @@ def test_rms_norm_bit_exact(build):
     assert not np.array_equal(rms_norm(big, 1e-6, path), big / np.sqrt((big.astype(np.float64) ** 2).mean()))
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_l2_norm_and_gdn_l2_norm_bit_exact(build):
-    path = build_info(build).path
+    path = path_of(build)
     rng = np.random.default_rng(2702)
     for n in (1, 9, 128, 133):
         x = hard_rows(rng, 12, n)
@@ -140,7 +152,7 @@ def test_l2_norm_and_gdn_l2_norm_bit_exact(build):
 
 
 @pytest.mark.parametrize("qtype", GET_ROWS_TYPES, ids=[t.name for t in GET_ROWS_TYPES])
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_get_rows_bit_exact(build, qtype):
     rng = np.random.default_rng([2703, int(qtype)])
     n_cols = 512
@@ -170,7 +182,7 @@ def test_get_rows_bit_exact(build, qtype):
         assert differ.any() and np.isnan(got[differ]).all()
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_get_rows_q4_1_q5_1_mul_then_add(build):
     """Q4_1 / Q5_1 ``x0*d + m`` with ``d`` and ``m`` both NaN: the add keeps the product's NaN (its first source),
     not ``m``'s (what a commuted ``fadd`` gives). (The product itself is exact: 5 bits times an fp16.)"""
@@ -194,7 +206,7 @@ def tie_rows(rng, n):
     return np.array(rows, np.float32)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_argsort_and_top_k_bit_exact(build):
     rng = np.random.default_rng(2704)
     any_stable_differs = False
@@ -209,7 +221,7 @@ def test_argsort_and_top_k_bit_exact(build):
     assert any_stable_differs
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_concat_bit_exact(build):
     rng = np.random.default_rng(2705)
     a = rng.standard_normal((3, 4, 5)).astype(np.float32)
@@ -228,7 +240,7 @@ def g_get_rows_batched(probs, ids):
         return g.compute(out, ids.shape + (1,))
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_get_rows_batched_expert_weights(build):
     rng = np.random.default_rng(2706)
     probs = rng.random((5, 64)).astype(np.float32)

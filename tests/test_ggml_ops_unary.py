@@ -20,6 +20,18 @@ from kernels.ggml import vecmath as vm
 
 pytestmark = pytest.mark.oracle
 
+#: and the AArch64 GCC builds (tests/arm64.py, under qemu): the same C on NEON
+WITH_ARM = WITH_GENERIC + ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+
+
+def path_of(build: str) -> str:
+    """The emulated path ``build``'s library takes (an ARM build's from tests/arm64.py: it cannot be loaded here)."""
+    if build.startswith("arm64-"):
+        import arm64
+
+        return arm64.BUILDS[build][0]
+    return build_info(build).path
+
 F16, BF16 = 1, 30  # ggml.h: enum ggml_type
 WIDTHS = (1, 5, 8, 16, 23, 37, 64 + 13)  # shorter than, equal to, and between multiples of 8 and 16 lanes
 
@@ -122,9 +134,9 @@ def g_reduce(name, x, shape):
 # SIMD ops: SiLU, SwiGLU, soft_max (path-dependent)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_silu(build):
-    path = build_info(build).path
+    path = path_of(build)
     rng = np.random.default_rng(1)
     for width in WIDTHS:
         x = rows_of(hard_values(rng, 400), width)
@@ -143,9 +155,9 @@ def test_silu_differs_between_builds():
     assert not same(generic, vm.silu(x, "avx2")) and not same(generic, vm.silu(x, "avx512"))
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_swiglu(build):
-    path = build_info(build).path
+    path = path_of(build)
     rng = np.random.default_rng(2)
     for width in WIDTHS:
         a = rows_of(hard_values(rng, 400), width)
@@ -177,9 +189,9 @@ def soft_max_cases(rng):
     yield x, np.full((2, 37), -np.inf, np.float32), 1.0  # a fully masked row: NaN (-inf - -inf)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_soft_max(build):
-    path = build_info(build).path
+    path = path_of(build)
     for k, (x, mask, scale) in enumerate(soft_max_cases(np.random.default_rng(3))):
         got = on_build(build, g_soft_max, x, mask, scale)
         assert_same(vm.soft_max(x, mask, scale, path), got, f"soft_max case {k} {x.shape}")
@@ -200,10 +212,10 @@ def test_thread_count_does_not_matter():
 # Scalar / exact ops (the same on both builds: IEEE operations, or glibc's expf/logf called per element)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 @pytest.mark.parametrize("op", ["exp", "sigmoid", "softplus", "neg"])
 def test_libm_unary(build, op):
-    path = build_info(build).path
+    path = path_of(build)
     x = rows_of(hard_values(np.random.default_rng(4), 2000), 37)
     got = on_build(build, g_unary, f"ggml_{op}", x)
     assert_same(getattr(vm, op)(x, path) if op != "neg" else vm.neg(x), got, op)
@@ -211,7 +223,7 @@ def test_libm_unary(build, op):
         assert same(got, on_build("native", g_unary, f"ggml_{op}", x))
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
 def test_binary_broadcast(build, op):
     rng = np.random.default_rng(5)
@@ -219,7 +231,7 @@ def test_binary_broadcast(build, op):
     for b_shape in [(4, 6, 10), (10,), (1, 6, 10), (2, 1, 10), (2, 3, 5)]:  # ne10 = 5: tiled along rows too
         b = hard_values(rng, int(np.prod(b_shape)), nan=False).reshape(b_shape)
         got = on_build(build, g_binary, f"ggml_{op}", a, b)
-        assert_same(getattr(vm, op)(a, b), got, f"{op} {b_shape}")
+        assert_same(getattr(vm, op)(a, b, path_of(build)), got, f"{op} {b_shape}")
 
 
 @pytest.mark.xfail(strict=True, reason="NaN in both operands, different payloads: which one ggml returns depends on "
@@ -232,9 +244,9 @@ def test_binary_two_nan_payloads(build):
     assert_same(vm.add(a, b), on_build(build, g_binary, "ggml_add", a, b), "NaN + NaN")
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_scale_and_scale_bias(build):
-    isa = build_info(build).path
+    isa = path_of(build)
     rng = np.random.default_rng(6)
     for width in (37, 100):  # GGML_F32_STEP is 64 (AVX-512) / 32 (AVX2): SIMD part and scalar tail
         x = rows_of(hard_values(rng, 2000), width)
@@ -248,7 +260,7 @@ def test_scale_and_scale_bias(build):
     if isa == "generic":
         assert same(got, x * s + b) and not same(got, vm.scale(x, s, b))
         return
-    step = 64 if isa == "avx512" else 32  # GGML_F32_STEP
+    step = {"avx512": 64, "avx2": 32}.get(isa, 16)  # GGML_F32_STEP (16 on NEON)
     tail = slice(100 // step * step, None)
     assert not same(got[:, tail], (x * s + b)[:, tail])  # one rounding, not two, in the tail too
     if build == "avx2":  # hence the same bits on both builds
@@ -260,7 +272,7 @@ def g_clamp(x, lo, hi):
         return g.compute(g.op("ggml_clamp", [vp, ctypes.c_float, ctypes.c_float], g.tensor(x), lo, hi), x.shape)
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_clamp(build):
     x = rows_of(hard_values(np.random.default_rng(10), 500), 37)
     for lo, hi in [(6.103515625e-5, np.inf), (-1.0, 1.0)]:  # the MoE weight-sum clamp; a finite box
@@ -271,7 +283,7 @@ def test_clamp(build):
 # Casts and reductions
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_cast_f32_to_f16(build):
     rng = np.random.default_rng(7)
     h = np.arange(0, 1 << 16, 7, dtype=np.uint32)
@@ -283,26 +295,27 @@ def test_cast_f32_to_f16(build):
     assert_same(vm.cast_f16(x), got, "F32 -> F16")
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_cast_f16_to_f32_all_patterns(build):
     h = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)
     got = on_build(build, g_cast_bits_to_f32, h, F16)
     assert_same(vm.cast_f16_to_f32(h.view(np.float16)), got, "F16 -> F32")
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_cast_f32_to_bf16(build):
     x = rows_of(hard_values(np.random.default_rng(8), 3000), 41)
     got = on_build(build, g_cast, x, BF16, np.uint16)
     assert_same(vm.cast_bf16(x), got, "F32 -> BF16")
 
 
-@pytest.mark.parametrize("build", WITH_GENERIC)
+@pytest.mark.parametrize("build", WITH_ARM)
 def test_sum_rows_and_cumsum(build):
     rng = np.random.default_rng(9)
     x = (rng.standard_normal((8, 300)) * np.exp(rng.uniform(-20, 20, (8, 300)))).astype(np.float32)
     x[1, 5], x[2, 7], x[3, 0] = np.inf, np.nan, 3e38
     x[3, 1] = 3e38  # overflows float32 cumsum, not the double sum
-    assert_same(vm.sum_rows(x), on_build(build, g_reduce, "ggml_sum_rows", x, (8, 1)), "sum_rows")
+    path = path_of(build)
+    assert_same(vm.sum_rows(x, path), on_build(build, g_reduce, "ggml_sum_rows", x, (8, 1)), "sum_rows")
     assert not same(vm.sum_rows(x[4:]), np.sum(x[4:], axis=1, keepdims=True))  # order matters: pairwise differs
-    assert_same(vm.cumsum(x), on_build(build, g_reduce, "ggml_cumsum", x, x.shape), "cumsum")
+    assert_same(vm.cumsum(x, path), on_build(build, g_reduce, "ggml_cumsum", x, x.shape), "cumsum")

@@ -34,6 +34,8 @@ and FMAs.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -51,6 +53,11 @@ AVX512, AVX2, NEON = 16, 8, 4
 SSE2 = 0x104
 
 
+#: The NaN an invalid operation (inf - inf, 0·inf, 0/0, sqrt(-1), logf(-1) …) returns: x86's "real indefinite"
+#: (sign set) and AArch64's default NaN (FPCR.DN = 0: a NaN *operand* still propagates, quieted, on both).
+X86_NAN, ARM_NAN = 0xFFC00000, 0x7FC00000
+
+
 @dataclass(frozen=True)
 class Simd:
     """How ggml-cpu's shared vector code (vec.h, vec.cpp, simd-mappings.h) is built on one path."""
@@ -62,6 +69,7 @@ class Simd:
     fused: bool  # GCC contracts scalar ``a*b + c`` into one FMA (-ffp-contract=fast with FMA in the ISA)
     f16_epr: int | None  # GGML_F16_EPR: 8 on NEON with FP16 arithmetic (float16x8_t: *half* accumulators)
     f16_half: bool  # GGML_F16_VEC is float16x8_t (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): F16 FMAs round to half
+    nan: int = 0xFFC00000  # the float32 NaN an invalid operation returns (x86's "real indefinite"; ARM_NAN on AArch64)
 
 
 #: Every path whose vector code is emulated, by key (checked against EMULATED_PATHS' lanes at import).
@@ -70,8 +78,8 @@ SIMD = {
     "avx2": Simd("avx2", 8, AVX2, AVX2, True, 8, False),
     "generic": Simd("generic", None, None, SSE2, False, None, False),
     # GCC 12, -march=armv8.2-a+dotprod+fp16 / armv8.6-a+…+i8mm: the same NEON code for every op here (disassembly)
-    "arm64-dotprod": Simd("arm64-dotprod", 4, NEON, NEON, True, 8, True),
-    "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True),
+    "arm64-dotprod": Simd("arm64-dotprod", 4, NEON, NEON, True, 8, True, ARM_NAN),
+    "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True, ARM_NAN),
 }
 for _p in EMULATED_PATHS:
     assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
@@ -91,6 +99,51 @@ def simd(path: str) -> Simd:
 #: Every emulated path: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which
 #: only the ops that emulate it accept (:func:`check_path`); :func:`lanes` refuses it (no ``GGML_F32_VEC`` there).
 ALL_PATHS = tuple(p.key for p in EMULATED_PATHS)
+
+
+def nan_swap(path: str, a):
+    """``a`` (float32 or float16) with x86's default NaN and ``path``'s swapped, bit pattern for bit pattern — the
+    identity on x86. The kernels run on this (x86) host, whose invalid operations return ``X86_NAN``; on AArch64
+    they return ``ARM_NAN``, and a NaN operand propagates alike on both. So an op that only adds, multiplies,
+    compares and propagates NaNs computes on AArch64 ``nan_swap(op(nan_swap(inputs)))`` of what it computes
+    here: a generated NaN comes out as ARM's, an input NaN of either pattern as itself (an op that drops NaN
+    payloads or takes ``fabs`` of a NaN does not commute with the swap: it is not wrapped)."""
+    nan = simd(path).nan
+    if nan == X86_NAN:
+        return a
+    a = np.asarray(a)
+    if a.dtype == np.float32:
+        u, p, q = a.view(np.uint32), X86_NAN, nan
+    elif a.dtype == np.float16:
+        u, p, q = a.view(np.uint16), X86_NAN >> 16, nan >> 16
+    else:
+        raise TypeError(f"nan_swap: {a.dtype} array")
+    is_p, is_q = u == p, u == q
+    if not (is_p.any() or is_q.any()):
+        return a
+    u = u.copy()
+    u[is_p], u[is_q] = q, p
+    return u.view(a.dtype)
+
+
+def follows_nans(fn):
+    """Decorator: ``fn`` computed with :func:`nan_swap` around it on its ``path`` argument (its float32 / float16
+    array arguments swapped, then its result); ``path`` None or an x86 path: ``fn`` itself."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        path = bound.arguments.get("path")
+        if path is None or simd(path).nan == X86_NAN:
+            return fn(*args, **kwargs)
+        for name, v in bound.arguments.items():
+            if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16):
+                bound.arguments[name] = nan_swap(path, v)
+        out = fn(*bound.args, **bound.kwargs)
+        return tuple(nan_swap(path, o) for o in out) if isinstance(out, tuple) else nan_swap(path, out)
+
+    return wrapper
 
 
 def check_path(path: str) -> str:

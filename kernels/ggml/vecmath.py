@@ -45,7 +45,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, logf
-from kernels.ggml.simd import check_path, expf_block, expf_lanes, f32_bits, fma32, v_expf
+from kernels.ggml.simd import check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -77,30 +77,32 @@ def _tile(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.tile(b, tuple(s // t for s, t in zip(shape, b.shape)))  # shape
 
 
-def _binary(ufunc, a, b) -> np.ndarray:
+@follows_nans
+def _binary(ufunc, a, b, path) -> np.ndarray:
     a = np.asarray(a, dtype=np.float32)
     with np.errstate(all="ignore"):
         return ufunc(a, _tile(b, a.shape))
 
 
-def add(a, b) -> np.ndarray:
-    """ggml_add: binary-ops.cpp op_add, ``a[i] + b[i % ne10 …]`` in float32 (likewise sub, mul, div)."""
-    return _binary(np.add, a, b)
+def add(a, b, path: str | None = None) -> np.ndarray:
+    """ggml_add: binary-ops.cpp op_add, ``a[i] + b[i % ne10 …]`` in float32 (likewise sub, mul, div). The same
+    numbers on every path; ``path`` decides only the NaN an invalid operation returns (None: x86's)."""
+    return _binary(np.add, a, b, path)
 
 
-def sub(a, b) -> np.ndarray:
+def sub(a, b, path: str | None = None) -> np.ndarray:
     """ggml_sub: binary-ops.cpp op_sub."""
-    return _binary(np.subtract, a, b)
+    return _binary(np.subtract, a, b, path)
 
 
-def mul(a, b) -> np.ndarray:
+def mul(a, b, path: str | None = None) -> np.ndarray:
     """ggml_mul: binary-ops.cpp op_mul."""
-    return _binary(np.multiply, a, b)
+    return _binary(np.multiply, a, b, path)
 
 
-def div(a, b) -> np.ndarray:
+def div(a, b, path: str | None = None) -> np.ndarray:
     """ggml_div: binary-ops.cpp op_div."""
-    return _binary(np.divide, a, b)
+    return _binary(np.divide, a, b, path)
 
 
 def neg(x) -> np.ndarray:
@@ -123,6 +125,7 @@ def _mad1_rows(x, s, b, y):
             y[r, i] = fma32(x[r, i], s, b)  # ggml_vec_mad1_f32: GGML_F32_VEC_FMA(vb, x, vs); tail contracted
 
 
+@follows_nans
 def scale(x, s: float, b: float = 0.0, path: str = "avx512") -> np.ndarray:
     """ggml_scale (b = 0: ``x*s``, ggml_vec_scale_f32) and ggml_scale_bias (``fma(x, s, b)``,
     ggml_vec_mad1_f32; on ggml's generic path, built without FMA, ``x*s`` and ``+ b`` rounded apart). ops.cpp:
@@ -152,16 +155,19 @@ def _unary_rows(x, op, y):
                 y[r, i] = v if v > np.float32(20.0) else logf(np.float32(np.float32(1.0) + expf(v)))
 
 
+@follows_nans
 def exp(x, path: str | None = None) -> np.ndarray:
     """ggml_exp: libm ``expf`` per element (``path`` is accepted for symmetry; the op has no SIMD code)."""
     return _on_rows(_unary_rows, x, 0)
 
 
+@follows_nans
 def sigmoid(x, path: str | None = None) -> np.ndarray:
     """ggml_sigmoid: ``1/(1 + expf(-x))`` with libm (no SIMD code)."""
     return _on_rows(_unary_rows, x, 1)
 
 
+@follows_nans
 def softplus(x, path: str | None = None) -> np.ndarray:
     """ggml_softplus: ``x > 20 ? x : logf(1 + expf(x))`` with libm (no SIMD code)."""
     return _on_rows(_unary_rows, x, 2)
@@ -192,11 +198,13 @@ def _silu_rows(x, g, has_g, lanes, y):
             i += 1
 
 
+@follows_nans
 def silu(x, path: str) -> np.ndarray:
     """ggml_silu (ops.cpp ggml_compute_forward_silu_f32 → vec.cpp ggml_vec_silu_f32) on ``path``."""
     return _on_rows(_silu_rows, x, _rows(x), False, expf_lanes(path))
 
 
+@follows_nans
 def swiglu(a, b, path: str) -> np.ndarray:
     """ggml_swiglu_split(a, b) = silu(a)·b (ops.cpp ggml_compute_forward_swiglu_f32 → ggml_vec_swiglu_f32).
     With ``b`` None, the fused ggml_swiglu(a): x = the first half of each row of ``a``, g = the second."""
@@ -234,6 +242,7 @@ def _soft_max_rows(x, mask, mask_of, has_mask, scale, lanes, y):
                 out[i] = np.float32(out[i] * inv)
 
 
+@follows_nans
 def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndarray:
     """ggml_soft_max_ext(x, mask, scale, 0) on ``path`` (ggml_soft_max: mask None, scale 1).
 
@@ -374,7 +383,8 @@ def _sum_rows(x, y):
         y[r] = np.float32(s)  # *s = (float)sum
 
 
-def sum_rows(x) -> np.ndarray:
+@follows_nans
+def sum_rows(x, path: str | None = None) -> np.ndarray:
     """ggml_sum_rows: each row summed in order in double, rounded to float32; shape (…, 1)."""
     x = np.asarray(x, dtype=np.float32)
     y = np.empty(_rows(x).shape[0], np.float32)
@@ -389,6 +399,7 @@ def _cumsum_rows(x, y):
             y[r, i] = x[r, i] if i == 0 else np.float32(y[r, i - 1] + x[r, i])
 
 
-def cumsum(x) -> np.ndarray:
+@follows_nans
+def cumsum(x, path: str | None = None) -> np.ndarray:
     """ggml_cumsum along rows (float32 running sum, in order)."""
     return _on_rows(_cumsum_rows, x)

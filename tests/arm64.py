@@ -23,6 +23,7 @@ import functools
 import io
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -48,10 +49,10 @@ QEMU_CPU = {
     "arm64-base-gcc": "cortex-a53",  # ARMv8.0: NEON only
     "arm64-sve128-gcc": "max,sve-default-vector-length=16,sme=off",
 }
-#: pure-Python packages of this venv the aarch64 Python imports (x86 extension modules in them are not matched by
-#: its import suffix and fall back to their Python code)
 #: how much longer a child under qemu may take than its x86 timeout allows
 ARM_SLOWDOWN = 10
+#: pure-Python packages of this venv the aarch64 Python imports (x86 extension modules in them are not matched by
+#: its import suffix and fall back to their Python code)
 PURE_PACKAGES = ("cloudpickle", "llama_cpp", "jinja2", "markupsafe", "diskcache", "typing_extensions")
 
 
@@ -65,6 +66,17 @@ def sysroot() -> Path:
 
 def lib_dir(build: str) -> Path:
     return tools_root() / build / "lib"
+
+
+def sve_bits(build: str) -> int | None:
+    """The SVE vector length ``build`` runs at here (its :data:`QEMU_CPU`'s ``sve-default-vector-length``, in bytes;
+    qemu-user's own default is 64 bytes), None for a CPU model without SVE: ``kernels.ggml.build.detect``'s
+    ``sve_bits``, since an SVE library reads its vector length from the CPU at run time."""
+    cpu = QEMU_CPU[build]
+    if "sve=off" in cpu or not cpu.startswith("max"):
+        return None
+    length = [o.partition("=")[2] for o in cpu.split(",") if o.startswith("sve-default-vector-length=")]
+    return 8 * int(length[0]) if length else 8 * 64
 
 
 def is_arm64(directory) -> bool:
@@ -132,9 +144,9 @@ def _pure_path() -> Path:
     return d
 
 
-def python_command(build: str) -> tuple[list[str], dict[str, str]]:
-    """(argv prefix, environment) of the aarch64 Python under qemu on ``build``'s CPU model, with
-    ``LLAMA_CPP_LIB_PATH`` set to its libraries."""
+def python_command(build: str, cpu: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv prefix, environment) of the aarch64 Python under qemu on ``build``'s CPU model (or on ``cpu``: a model
+    without some of its features, to see it die of SIGILL), with ``LLAMA_CPP_LIB_PATH`` set to its libraries."""
     root = sysroot()
     env = dict(os.environ)
     env.pop("PYTHONHOME", None)
@@ -142,7 +154,7 @@ def python_command(build: str) -> tuple[list[str], dict[str, str]]:
                                          str(root / "usr/lib/python3/dist-packages")])
     env["LLAMA_CPP_LIB_PATH"] = str(lib_dir(build))
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # the .pyc of 3.11.2 and of this venv's Python must not meet
-    argv = ["qemu-aarch64", "-L", str(root), "-cpu", QEMU_CPU[build], str(root / "usr/bin/python3.11")]
+    argv = ["qemu-aarch64", "-L", str(root), "-cpu", cpu or QEMU_CPU[build], str(root / "usr/bin/python3.11")]
     return argv, env
 
 
@@ -188,12 +200,19 @@ def receive(stream) -> bytes | None:
     return stream.read(n)
 
 
+def _no_core() -> None:
+    """No core file of a guest that dies (qemu-user writes ``qemu_*.core`` into the working directory)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 class _Worker:
-    def __init__(self, build: str):
-        argv, env = python_command(build)
-        self.build = build
+    def __init__(self, build: str, cpu: str | None = None):
+        argv, env = python_command(build, cpu)
+        self.build, self.cpu = build, cpu or QEMU_CPU[build]
         self.proc = subprocess.Popen(argv + [str(HERE / "arm64_worker.py")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+                                     stdout=subprocess.PIPE, env=env, preexec_fn=_no_core)
         atexit.register(self.close)
 
     def call(self, fn, *args):
@@ -212,9 +231,7 @@ class _Worker:
         send(self.proc.stdin, buf.getvalue())
         reply = receive(self.proc.stdout)
         if reply is None:
-            code = self.proc.wait()
-            raise RuntimeError(f"the aarch64 worker of {self.build} died (exit code {code}; SIGILL is -4: an "
-                               "instruction this CPU model does not have)")
+            raise RuntimeError(died(self.build, self.cpu, self.proc.wait()))
         ok, value = pickle.loads(reply)
         if not ok:
             raise RuntimeError(f"on {self.build} (aarch64, qemu): {value}")
@@ -229,12 +246,21 @@ class _Worker:
                 self.proc.kill()
 
 
+def died(build: str, cpu: str, code: int) -> str:
+    """Why an aarch64 process of ``build`` on qemu's ``-cpu cpu`` ended with ``code`` (one line)."""
+    if code == -signal.SIGILL:
+        return (f"the aarch64 process of {build} died of SIGILL on qemu -cpu {cpu}: the library ran an instruction "
+                f"this CPU model does not have (built for -march={BUILDS[build][2]})")
+    return f"the aarch64 process of {build} on qemu -cpu {cpu} died (exit code {code})"
+
+
 @functools.cache
-def _worker(build: str) -> _Worker:
-    return _Worker(build)
+def _worker(build: str, cpu: str | None = None) -> _Worker:
+    return _Worker(build, cpu)
 
 
-def call(build: str, fn, *args):
-    """``fn(*args)`` computed by the aarch64 Python of ``build`` (its libggml loaded), the result returned."""
+def call(build: str, fn, *args, cpu: str | None = None):
+    """``fn(*args)`` computed by the aarch64 Python of ``build`` (its libggml loaded), the result returned; ``cpu``:
+    on that qemu CPU model instead of :data:`QEMU_CPU`'s (a worker of its own)."""
     require(build)
-    return _worker(build).call(fn, *args)
+    return _worker(build, cpu).call(fn, *args)

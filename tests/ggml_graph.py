@@ -242,6 +242,10 @@ def build_info(build: str):
     from kernels.ggml.build import detect
 
     require_build(build)
+    if build.startswith("arm64-"):  # read, not loaded; an SVE build at the vector length qemu gives it here
+        import arm64
+
+        return detect(build_dir(build), sve_bits=arm64.sve_bits(build))
     return detect(build_dir(build) or _native_dir())
 
 

@@ -1,7 +1,9 @@
 """kernels.ggml.build: which ggml-cpu path a libggml takes, read from the library (never the host), and the
 one-line refusals of the paths --emulate=ggml does not follow; the one table of the emulated paths and every
 reader of it; the ggml version the library reports and the refusal of another one (tests/test_ggml_version.py runs
-the commands on a library of another version); kernels.ggml.simd.fma32's single rounding."""
+the commands on a library of another version); the AArch64 paths and their refusals (SME, KleidiAI, llamafile, clang,
+SVE vector lengths), the ELF reader checked on the x86 builds (tests/test_arm64_harness.py reads the ARM builds);
+kernels.ggml.simd.fma32's single rounding."""
 
 import re
 from pathlib import Path
@@ -10,10 +12,23 @@ import numpy as np
 import pytest
 from ggml_graph import build_dir, build_info, require_build
 
-from kernels.ggml.build import EMULATED_PATHS, GGML_VERSION, GgmlBuild, UnsupportedBuild, detect
+from kernels.ggml.build import (ARM64, ARM64_PATHS, EMULATED_PATHS, GGML_VERSION, X86_SIMD_PATHS, GgmlBuild,
+                                UnsupportedBuild, describe_named, detect, is_arm64, not_emulated, read_elf,
+                                read_features)
 from kernels.ggml.simd import fma32, fma32_exact
 
 X86_AVX2 = {"sse3", "ssse3", "avx", "avx2", "bmi2", "f16c", "fma"}
+NEON = {"neon", "arm_fma"}
+#: the AArch64 paths and the features (ggml_cpu_has_*) of a build that takes each (.ci/build-llama-arm64's -march)
+ARM = {"arm64-base": NEON, "arm64-dotprod": NEON | {"dotprod", "fp16_va"},
+       "arm64-i8mm": NEON | {"dotprod", "fp16_va", "matmul_int8"},
+       "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"}}
+
+
+def arm_build(features, compiler="GCC 12.2.0", sve_bits=128, gpus=()):
+    """An AArch64 GgmlBuild as detect() makes one (sve_bits only for an SVE build)."""
+    return GgmlBuild(Path("/x/lib"), frozenset(features), gpus, x86=False, machine=ARM64, compiler=compiler,
+                     sve_bits=sve_bits if "sve" in features else None)
 
 
 @pytest.mark.oracle
@@ -41,6 +56,7 @@ def test_the_native_build_reports_its_compile_time_flags():
     (X86_AVX2, ("cuda",), "cuda backend"),
 ])
 def test_paths_not_emulated_are_refused_in_one_line(features, gpus, words):
+    """x86-64 libraries (an ARM feature on an x86 library is refused too)."""
     b = GgmlBuild(Path("/x/lib"), frozenset(features), gpus)
     with pytest.raises(UnsupportedBuild, match=re.escape(words)) as e:
         b.path
@@ -74,15 +90,17 @@ def test_every_reader_of_the_path_table_knows_every_path(key):
     assert key in GGML_PATHS and GGML_NAMES[key] == entry.name and simd.check_path(key) == key
     line = Ctx(act_quant=True, kv_f16=True, flash_attn=True, ggml=key).numerics()
     assert line.startswith(f"ggml-cpu {entry.name} bit for bit, ggml {GGML_VERSION}: F16 K/V, flash attention on"), line
-    if entry.lanes is None:
-        with pytest.raises(ValueError):
+    if entry.lanes is None or key not in simd.SIMD:  # no GGML_F32_VEC, or its vector code not emulated (yet): refused
+        with pytest.raises(ValueError, match=re.escape(repr(key))):
             simd.lanes(key)
     else:
         assert simd.lanes(key) == entry.lanes
-    features = {"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "generic": set()}.get(key)
+    features = {**{"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "generic": set()}, **ARM}.get(key)
     assert features is not None, f"a new path {key!r}: name the features that select it here"
-    b = GgmlBuild(Path("/x/lib"), frozenset(features))
+    b = GgmlBuild(Path("/x/lib"), frozenset(features)) if key not in ARM else arm_build(features)
     assert b.path == key and b.lanes == entry.lanes and f"ggml-cpu {entry.name} (" in b.describe()
+    assert is_arm64(key) == (key in ARM) == (key in ARM64_PATHS) == (key not in X86_SIMD_PATHS + ("generic",))
+    assert describe_named(key).startswith(f"ggml-cpu {entry.name} (named, not detected")
 
 
 def test_another_ggml_version_is_refused_in_one_line_unless_accepted():
@@ -122,6 +140,68 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     require_build("avx2")
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(build_dir("avx2")))
     assert detect().path == "avx2"
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"add": {"kleidiai"}}, "KleidiAI"),
+    ({"add": {"sme"}}, "SME"),
+    ({"add": {"sme2"}}, "SME2"),
+    ({"add": {"llamafile"}}, "llamafile's sgemm"),
+    ({"compiler": "clang 14.0.6"}, "compiled by clang 14.0.6"),
+    ({"compiler": None}, "does not say which compiler built it"),
+    ({"add": {"sve"}, "sve_bits": None}, "read at run time"),
+    ({"add": {"sve"}, "sve_bits": 256}, "the 256-bit vector length"),
+    ({"remove": {"dotprod"}}, "is built for neon arm_fma fp16_va matmul_int8"),  # i8mm without dotprod
+    ({"gpus": ("vulkan",)}, "vulkan backend"),
+])
+def test_arm64_builds_not_emulated_are_refused_in_one_line(change, words):
+    """SME, KleidiAI, llamafile on ARM, a clang build (or one that does not say), an SVE vector length other than
+    128 bits (or unknown: the CPU's, at run time), a feature set of no path, a GPU backend: one line naming it."""
+    features = (ARM["arm64-i8mm"] | change.get("add", set())) - change.get("remove", set())
+    b = arm_build(features, change.get("compiler", "GCC 12.2.0"), change.get("sve_bits", 128), change.get("gpus", ()))
+    with pytest.raises(UnsupportedBuild, match=re.escape(words)) as e:
+        b.path
+    assert "\n" not in str(e.value) and "/x/lib" in str(e.value)
+
+
+def test_other_architectures_are_refused_in_one_line():
+    for machine, features, words in (("RISC-V", {"riscv_v"}, "RISCV_V kernels"), ("POWER", set(), "no SIMD on a CPU")):
+        b = GgmlBuild(Path("/x/lib"), frozenset(features), (), x86=False, machine=machine)
+        with pytest.raises(UnsupportedBuild, match=words) as e:
+            b.path
+        assert "\n" not in str(e.value)
+
+
+def test_an_arm64_build_is_described_with_its_compiler_and_vector_length():
+    b = arm_build(ARM["arm64-sve128"])
+    assert b.describe() == ("ggml-cpu AArch64 SVE-128 i8mm (neon arm_fma fp16_va dotprod matmul_int8 sve at 128 bits; "
+                            f"GCC 12.2.0) from /x/lib, ggml {GGML_VERSION} (commit not reported)")
+    assert not_emulated("ggml_rope", "arm64-base").args == ("ggml_rope on ggml-cpu's AArch64 NEON path (arm64-base) is "
+                                                            "not emulated",)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("build", ["native", "avx2", "generic"])
+def test_the_elf_reader_reads_what_the_x86_library_answers(build):
+    """kernels.ggml.elf reads the features without running the library (what detect does with an AArch64 one):
+    on the x86 builds, which this process can load and ask, it reads exactly their answers (and llamafile, which
+    the x86 detection does not ask: the x86 paths include its sgemm), and the compiler of the .comment."""
+    b = build_info(build)
+    elf = read_elf(b.lib_dir / "libggml-cpu.so")
+    assert elf.machine == "x86-64" and read_features(elf) == b.features | {"llamafile"}
+    assert elf.returned_int("ggml_cpu_get_sve_cnt") == 0 and elf.returned_int("no_such_function") is None
+    assert b.compiler.startswith("GCC 12.") and b.machine is None
+
+
+def test_a_library_that_is_not_an_elf_or_a_macos_build_is_refused(tmp_path):
+    (tmp_path / "libggml-cpu.so").write_bytes(b"\xcf\xfa\xed\xfe" + bytes(60))  # Mach-O
+    with pytest.raises(UnsupportedBuild, match="not a 64-bit little-endian ELF"):
+        detect(tmp_path)
+    mac = tmp_path / "mac"
+    mac.mkdir()
+    (mac / "libggml-cpu.dylib").write_bytes(b"")
+    with pytest.raises(UnsupportedBuild, match="macOS build of ggml .*Accelerate"):
+        detect(mac)
 
 
 def test_fma32_rounds_once():

@@ -7,6 +7,8 @@ Bit-exact, per path (``"avx512"`` / ``"avx2"`` / ``"generic"``, ggml's x86 build
 against the three libggml builds):
 
 * ``build`` — which path the loaded libggml-cpu takes (its compile-time ``ggml_cpu_has_*``), or a refusal;
+* ``elf`` — a shared library read, never run (an AArch64 libggml-cpu in an x86 process): the constants its
+  ``ggml_cpu_has_*`` return, the compiler of its ``.comment``;
 * ``simd`` — ``fma32``, bit casts, ``lanes(path)``, ``ggml_v_expf`` of each path, horizontal sums,
   ``GGML_F32_VEC_REDUCE``, GCC's split of an in-order dot loop;
 * ``libm`` — glibc's ``expf``/``logf``/``sinf``/``cosf``/``powf``/``fmaxf``, called as libggml calls them;

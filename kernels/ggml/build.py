@@ -1,25 +1,31 @@
 """Which libggml-cpu llama.cpp runs here, and which of its code paths the bit-exact emulation follows.
 
 ggml-cpu picks its SIMD code at *compile* time (``#if defined(__AVX512F__)`` … in ``simd-mappings.h``,
-``vec.h``, ``arch/x86/quants.c``), so the path of every op is a property of the library, not of the host:
-an AVX2-only build runs its AVX2 kernels on an AVX-512 machine. ``ggml_cpu_has_<feature>()`` reports exactly
-those compile-time flags (``ggml-cpu.c``), and :func:`detect` reads them from the library that
-llama-cpp-python loads: ``$LLAMA_CPP_LIB_PATH`` when set (``llama_cpp/llama_cpp.py`` reads the same
-variable), else the package's ``lib/`` folder.
+``vec.h``, ``arch/x86/quants.c``, ``arch/arm/quants.c``), so the path of every op is a property of the library, not
+of the host: an AVX2-only build runs its AVX2 kernels on an AVX-512 machine. ``ggml_cpu_has_<feature>()`` reports
+exactly those compile-time flags (``ggml-cpu.c``), and :func:`detect` reads them from the library that
+llama-cpp-python loads: ``$LLAMA_CPP_LIB_PATH`` when set (``llama_cpp/llama_cpp.py`` reads the same variable), else
+the package's ``lib/`` folder. An x86-64 library is asked (ctypes); any other — an AArch64 build, which this x86
+process cannot load — is *read*, never run (:func:`read_elf`): each ``ggml_cpu_has_*`` compiles to "return
+constant" (``mov w0, #imm; ret``), taken from its ``.dynsym`` address in ``.text``; the compiler is the ELF
+``.comment``'s (GCC's ``-ffp-contract=fast`` fuses products into adds where clang's ``on`` may not).
 
-:data:`EMULATED_PATHS` is the one table of the paths that are emulated — key, name, float32 lanes and the
-compile-time features that select it; ``GgmlBuild.path``, ``describe()``, ``refimpl.model.ops`` (``Ctx.ggml``,
+:data:`EMULATED_PATHS` is the one table of the paths that are emulated — key, name, float32 lanes, architecture and
+the compile-time features that select it; ``GgmlBuild.path``, ``describe()``, ``refimpl.model.ctx`` (``Ctx.ggml``,
 its report line) and ``kernels.ggml.simd`` (``lanes``, ``check_path``) all read it, and tests/test_ggml_paths_cli.py
 runs every command on each entry. :class:`GgmlBuild` names the path and refuses, in one line, a library whose
-kernels are not emulated — ARM NEON/SVE, AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, or a GPU backend
-beside the CPU one — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any
-SIMD (docs/ggml-generic-x86.md).
+kernels are not emulated — AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, a GPU backend beside the CPU one; on
+AArch64 SME, KleidiAI, llamafile's sgemm, a clang build, an SVE vector length other than 128 bits, a macOS build
+(Accelerate) — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any SIMD
+(docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds: NEON (``armv8-a``), +dotprod+fp16,
++i8mm, and SVE with i8mm at a 128-bit vector length; a kernel whose ARM C is not emulated yet raises, naming the op
+and the path.
 
-A path can also be *named* instead of detected: ``--emulate=ggml:avx512``, ``ggml:avx2``, ``ggml:generic``
+A path can also be *named* instead of detected: ``--emulate=ggml:avx512``, ``ggml:arm64-i8mm`` …
 (:data:`NAMED_PATHS`, :func:`named_path`). No library is then loaded or read — the kernels of :mod:`kernels.ggml` are
 numba and numpy and never call into libggml; the library only tells :func:`detect` which path to take — so an x86
 machine without llama-cpp-python recomputes, bit for bit, the streams of a build it does not run (an AVX2-only
-server, a generic build), and the version followed is :data:`GGML_VERSION`, the emulation's own.
+server, a generic build, a phone), and the version followed is :data:`GGML_VERSION`, the emulation's own.
 
 The emulation follows one ggml: :data:`GGML_VERSION`, the ggml of the llama.cpp vendored in llama-cpp-python
 0.3.36. :func:`detect` also reads the library's own ``ggml_version()`` and ``ggml_commit()`` (``ggml.c``, in
@@ -35,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kernels.ggml import elf as _elf
+from kernels.ggml.elf import ARM64, X86_64, Elf
+
 #: The ggml whose ggml-cpu kernels the emulation follows: ``ggml_version()`` of the llama.cpp vendored in
 #: llama-cpp-python 0.3.36 (its ggml/CMakeLists.txt: GGML_VERSION_MAJOR.MINOR.PATCH). Moved only after the checks
 #: of docs/numerics.md, "When llama.cpp moves".
@@ -48,8 +57,15 @@ X86_FEATURES = ("sse3", "ssse3", "avx", "avx_vnni", "avx2", "bmi2", "f16c", "fma
                 "avx512_vnni", "avx512_bf16", "amx_int8")
 OTHER_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve", "sme", "riscv_v", "vsx", "vxe",
                   "wasm_simd")
+#: what an AArch64 library reports (ggml-cpu.c: __ARM_NEON, __ARM_FEATURE_FMA, _FP16_VECTOR_ARITHMETIC, _DOTPROD,
+#: _MATMUL_INT8, _SVE, _SME, _SME2; GGML_USE_LLAMAFILE), and "kleidiai": GGML_USE_CPU_KLEIDIAI, whose only trace in
+#: the library is its feature string (ggml-cpu.cpp: ggml_backend_cpu_get_features)
+ARM64_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve", "sme", "sme2", "llamafile", "kleidiai")
 # a GPU or other accelerator backend in the library folder: its ops are not ggml-cpu's
 GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "musa", "kompute", "rpc", "webgpu")
+#: the GCC-compiled AArch64 paths' compiler (the one whose contraction, -ffp-contract=fast, the ARM kernels follow)
+ARM64_COMPILER = "GCC"
+SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 
 
 class UnsupportedBuild(ValueError):
@@ -66,6 +82,12 @@ class EmulatedPath:
     lanes: int | None  # float32 lanes of GGML_F32_VEC (simd-mappings.h: GGML_F32_EPR); None: no GGML_SIMD
     selected: Callable[[frozenset, bool], bool]  # (features, x86) -> whether a library with them takes this path
     when: str  # the compile-time condition, in words
+    arch: str = X86_64  # the library's ELF machine: X86_64 or ARM64
+
+
+def _arm64(need: set, without: set) -> Callable[[frozenset, bool], bool]:
+    """An AArch64 path: NEON with FMA (every AArch64 compiler defines both) and ``need``, none of ``without``."""
+    return lambda f, x86: not x86 and {"neon", "arm_fma"} | need <= f and not f & without
 
 
 #: Every emulated path, in the order :attr:`GgmlBuild.path` tries them (the first whose ``selected`` holds). A new
@@ -75,15 +97,23 @@ EMULATED_PATHS = (
     EmulatedPath("avx2", "AVX2", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f, "__AVX2__ with FMA and F16C: 8 lanes"),
     EmulatedPath("generic", "generic x86", None, lambda f, x86: x86 and not f & set(X86_FEATURES),
                  "x86-64 without any of X86_FEATURES: no GGML_SIMD, scalar loops, no FMA"),
-    # AArch64 (the phone's CPU): NEON's float32x4_t, GGML_F32_EPR = 4 (simd-mappings.h), GCC builds
+    # AArch64 (the phone's CPU), GCC builds: NEON's float32x4_t, GGML_F32_EPR = 4 (simd-mappings.h)
     EmulatedPath("arm64-i8mm", "AArch64 NEON i8mm", 4,
-                 lambda f, x86: not x86 and {"neon", "dotprod", "fp16_va", "matmul_int8"} <= f and "sve" not in f,
-                 "__ARM_NEON with __ARM_FEATURE_DOTPROD, FP16 vector arithmetic and __ARM_FEATURE_MATMUL_INT8"),
-    EmulatedPath("arm64-dotprod", "AArch64 NEON dotprod", 4,
-                 lambda f, x86: not x86 and {"neon", "dotprod", "fp16_va"} <= f and not f & {"matmul_int8", "sve"},
-                 "__ARM_NEON with __ARM_FEATURE_DOTPROD and FP16 vector arithmetic, no i8mm"),
+                 _arm64({"dotprod", "fp16_va", "matmul_int8"}, {"sve"}),
+                 "__ARM_NEON with __ARM_FEATURE_DOTPROD, FP16 vector arithmetic and __ARM_FEATURE_MATMUL_INT8", ARM64),
+    EmulatedPath("arm64-dotprod", "AArch64 NEON dotprod", 4, _arm64({"dotprod", "fp16_va"}, {"matmul_int8", "sve"}),
+                 "__ARM_NEON with __ARM_FEATURE_DOTPROD and FP16 vector arithmetic, no i8mm", ARM64),
+    EmulatedPath("arm64-base", "AArch64 NEON", 4, _arm64(set(), {"dotprod", "fp16_va", "matmul_int8", "sve"}),
+                 "armv8-a: __ARM_NEON only (no dotprod: emulated by the C; F16 converted, no FP16 arithmetic)", ARM64),
+    # SVE: the vector length is the CPU's (svcntb() at run time); simd-mappings.h's GGML_F32_EPR 8 is not what the
+    # SVE loops step by (vec.h: ggml_cpu_get_sve_cnt() * 8 / 32 = 4 lanes at 128 bits)
+    EmulatedPath("arm64-sve128", "AArch64 SVE-128 i8mm", 4, _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()),
+                 f"__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a {SVE_BITS}-bit vector length", ARM64),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
+#: the keys of the x86-64 SIMD paths and of the AArch64 ones: a kernel written for the one never takes the other
+X86_SIMD_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == X86_64 and p.lanes)
+ARM64_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == ARM64)
 #: ``--emulate=ggml:KEY``: each path of :data:`EMULATED_PATHS` by name, no library consulted (:func:`named_path`).
 NAMED_PREFIX = "ggml:"
 NAMED_PATHS = tuple(NAMED_PREFIX + p.key for p in EMULATED_PATHS)
@@ -94,6 +124,16 @@ def emulated_path(key: str) -> EmulatedPath:
     if key not in PATHS_BY_KEY:
         raise ValueError(f"unknown ggml-cpu path {key!r} (expected one of {tuple(PATHS_BY_KEY)})")
     return PATHS_BY_KEY[key]
+
+
+def is_arm64(key: str) -> bool:
+    """Whether ``key`` is an AArch64 path (ValueError for an unknown key)."""
+    return emulated_path(key).arch == ARM64
+
+
+def not_emulated(op: str, key: str) -> ValueError:
+    """The one-line error of an op whose ggml-cpu code on ``key`` is not emulated (``raise not_emulated(…)``)."""
+    return ValueError(f"{op} on ggml-cpu's {emulated_path(key).name} path ({key}) is not emulated")
 
 
 def named_path(spec: str) -> str:
@@ -109,8 +149,9 @@ def named_path(spec: str) -> str:
 
 def describe_named(key: str) -> str:
     """``ggml-cpu AVX2 (named, not detected), ggml 0.25.3's kernels`` — what ``--emulate=ggml:KEY`` prints: no
-    library was read, so the version is the emulation's own."""
-    return f"ggml-cpu {emulated_path(key).name} (named, not detected), ggml {GGML_VERSION}'s kernels"
+    library was read, so the version is the emulation's own (an AArch64 path: and a GCC build's bits)."""
+    gcc = f", a {ARM64_COMPILER} build's bits" if is_arm64(key) else ""
+    return f"ggml-cpu {emulated_path(key).name} (named, not detected{gcc}), ggml {GGML_VERSION}'s kernels"
 
 
 def lib_dir() -> Path:
@@ -137,21 +178,30 @@ class GgmlBuild:
     x86: bool = True  # the library is x86-64 code (its ELF header's e_machine)
     version: str | None = GGML_VERSION  # ggml_version() of its libggml-base (None: the library does not say)
     commit: str | None = None  # ggml_commit(): the git commit it was built from ("unknown" outside a git checkout)
+    machine: str | None = None  # not x86: the ELF e_machine in words (ARM64 "AArch64", "RISC-V", …)
+    compiler: str | None = None  # from the ELF .comment: "GCC 12.2.0", "clang 14.0.6" (None: not recorded)
+    sve_bits: int | None = None  # an SVE build: the vector length of the CPU that runs it (None: not known here)
 
     def has(self, feature: str) -> bool:
         return feature in self.features
 
     @property
+    def arm64(self) -> bool:
+        return not self.x86 and self.machine == ARM64
+
+    @property
     def path(self) -> str:
         """The key of the emulated path this library takes (:data:`EMULATED_PATHS`: ``"avx512"``, ``"avx2"``,
-        ``"generic"``), or :class:`UnsupportedBuild` naming what this library runs instead."""
+        ``"generic"``, ``"arm64-i8mm"`` …), or :class:`UnsupportedBuild` naming what this library runs instead."""
         if self.gpu_backends:
             raise UnsupportedBuild(f"{self.lib_dir} also holds the {', '.join(self.gpu_backends)} backend of ggml; "
                                    "--emulate=ggml follows ggml-cpu only")
+        if self.arm64:
+            return self._arm64_path()
         other = [f for f in OTHER_FEATURES if f in self.features]
         if other:
             raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} runs {'/'.join(other).upper()} kernels; "
-                                   "--emulate=ggml follows the x86 AVX2 and AVX-512 paths only")
+                                   "--emulate=ggml follows the x86-64 and AArch64 paths of its table only")
         if self.has("amx_int8"):
             raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} was built with AMX, whose tile kernels "
                                    "--emulate=ggml does not follow; build llama-cpp-python with -DGGML_AMX_INT8=OFF")
@@ -161,6 +211,33 @@ class GgmlBuild:
         have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD on a CPU other than x86-64"
         raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} is built for {have}; --emulate=ggml follows "
                                "x86-64 builds with AVX2+FMA+F16C, AVX-512, or no SIMD at all")
+
+    def _arm64_path(self) -> str:
+        """:attr:`path` of an AArch64 library: the one-line refusals first (what is not emulated, named), then the
+        features that select one of :data:`ARM64_PATHS`."""
+        lib = f"the AArch64 libggml-cpu in {self.lib_dir}"
+        for feature, what, flag in (("kleidiai", "KleidiAI's microkernels", "-DGGML_CPU_KLEIDIAI=OFF"),
+                                    ("sme", "SME", "a -march without +sme"), ("sme2", "SME2", "a -march without +sme2"),
+                                    ("llamafile", "llamafile's sgemm (tinyBLAS on NEON)", "-DGGML_LLAMAFILE=OFF")):
+            if self.has(feature):
+                raise UnsupportedBuild(f"{lib} was built with {what}, which --emulate=ggml does not emulate; build it "
+                                       f"with {flag}, as llama.cpp's Android guide does")
+        if self.compiler is None or not self.compiler.startswith(ARM64_COMPILER + " "):
+            who = f"was compiled by {self.compiler}" if self.compiler else "does not say which compiler built it (no .comment)"
+            raise UnsupportedBuild(f"{lib} {who}; the AArch64 paths are emulated for {ARM64_COMPILER} builds only "
+                                   "(GCC's -ffp-contract=fast fuses where clang's =on may not: not proven equal); "
+                                   "name a path (--emulate=ggml:arm64-…) if the build is GCC's")
+        if self.has("sve") and self.sve_bits != SVE_BITS:
+            vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
+                  "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
+            raise UnsupportedBuild(f"{lib} runs SVE at {vl}; --emulate=ggml follows SVE at {SVE_BITS} bits only: "
+                                   f"for a {SVE_BITS}-bit CPU name it, --emulate=ggml:arm64-sve128")
+        for p in EMULATED_PATHS:
+            if p.arch == ARM64 and p.selected(self.features, False):
+                return p.key
+        have = " ".join(f for f in ARM64_FEATURES if f in self.features) or "no NEON"
+        raise UnsupportedBuild(f"{lib} is built for {have}; --emulate=ggml follows AArch64 builds with NEON "
+                               "(armv8-a), +dotprod+fp16, +i8mm, or SVE+i8mm at 128 bits")
 
     @property
     def lanes(self) -> int | None:
@@ -181,9 +258,16 @@ class GgmlBuild:
 
     def describe(self) -> str:
         """``ggml-cpu AVX-512 (avx avx2 fma f16c avx512 …) from DIR, ggml 0.25.3 (commit C)`` — what ``--emulate=ggml``
-        prints; a library of another version also says which version the emulation follows."""
+        prints; a library of another version also says which version the emulation follows. An AArch64 library
+        also names its compiler (and an SVE one its vector length): ``ggml-cpu AArch64 NEON i8mm (neon … matmul_int8;
+        GCC 12.2.0) from DIR, …``."""
         name = emulated_path(self.path).name
-        have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD"
+        if self.arm64:
+            have = " ".join(f for f in ARM64_FEATURES if f in self.features)
+            have += f" at {self.sve_bits} bits" if self.has("sve") else ""
+            have += f"; {self.compiler}"
+        else:
+            have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD"
         version = f"ggml {self.version or '(version not reported)'} (commit {self.commit or 'not reported'}"
         version += ")" if self.version == GGML_VERSION else f"; the emulation follows ggml {GGML_VERSION}'s kernels)"
         return f"ggml-cpu {name} ({have}) from {self.lib_dir}, {version}"
@@ -193,10 +277,14 @@ def read_version(directory: Path) -> tuple[str | None, str | None]:
     """``(ggml_version(), ggml_commit())`` of the ``libggml-base.so`` in ``directory`` (ggml.c: the CMake project's
     GGML_VERSION, and ``git rev-parse --short HEAD`` of the source at configure time, ``"unknown"`` outside a git
     checkout); None for one the library does not export, or when it has no libggml-base.so. Opened by its path: a
-    libggml-base of another folder already loaded in this process is not the one read."""
+    libggml-base of another folder already loaded in this process is not the one read. A library of another
+    architecture is read instead (:func:`read_elf`): both functions return a string literal of its ``.rodata``."""
     so = directory / "libggml-base.so"
     if not so.is_file():
         return None, None
+    elf = read_elf(so)
+    if elf.machine != X86_64:
+        return elf.returned_string("ggml_version"), elf.returned_string("ggml_commit")
     try:
         base = ctypes.CDLL(str(so))
     except OSError as e:
@@ -213,23 +301,67 @@ def read_version(directory: Path) -> tuple[str | None, str | None]:
     return out[0], out[1]
 
 
-def detect(directory: Path | None = None) -> GgmlBuild:
+def read_elf(so: Path) -> Elf:
+    """:func:`kernels.ggml.elf.read_elf`, its refusal an :class:`UnsupportedBuild`."""
+    try:
+        return _elf.read_elf(so)
+    except ValueError as e:
+        raise UnsupportedBuild(f"{e}, which --emulate=ggml reads") from None
+
+
+def read_features(elf: Elf) -> frozenset[str]:
+    """The features a library of any architecture was compiled with, read without running it: every exported
+    ``ggml_cpu_has_<feature>()`` that returns a nonzero constant, and ``kleidiai`` when its feature string is there
+    (only ``#ifdef GGML_USE_CPU_KLEIDIAI`` compiles it in). A ``ggml_cpu_has_*`` that is not a constant is
+    :class:`UnsupportedBuild` (not a ggml-cpu this emulation knows)."""
+    features = set()
+    for name in elf.symbols:
+        if name.startswith("ggml_cpu_has_"):
+            value = elf.returned_int(name)
+            if value is None:
+                raise UnsupportedBuild(f"{elf.path}: {name}() is not a compile-time constant, which --emulate=ggml "
+                                       "reads the build's features from")
+            if value:
+                features.add(name[len("ggml_cpu_has_"):])
+    if b"KLEIDIAI\0" in elf.section(".rodata"):  # "KLEIDIAI", or the buffer type's "CPU_KLEIDIAI" it may share
+        features.add("kleidiai")
+    return frozenset(features)
+
+
+def host_sve_bits() -> int | None:
+    """The SVE vector length new processes get on this machine (Linux: /proc/sys/abi/sve_default_vector_length,
+    in bytes), None on a host without SVE (an x86-64 host cannot tell what CPU will run an AArch64 library)."""
+    try:
+        return 8 * int(Path("/proc/sys/abi/sve_default_vector_length").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def detect(directory: Path | None = None, sve_bits: int | None = None) -> GgmlBuild:
     """The build in ``directory`` (default :func:`lib_dir`), read from its ``libggml-cpu.so`` (features, ELF
-    machine) and ``libggml-base.so`` (:func:`read_version`)."""
+    machine, compiler) and ``libggml-base.so`` (:func:`read_version`). An x86-64 library is loaded and asked
+    (``ggml_cpu_has_*()``); any other is read without running it (:func:`read_features`). ``sve_bits``: the SVE
+    vector length of the CPU that runs an SVE library (default: this host's, :func:`host_sve_bits`)."""
     directory = Path(directory) if directory is not None else lib_dir()
     so = directory / "libggml-cpu.so"
     if not so.is_file():
+        if (directory / "libggml-cpu.dylib").is_file():
+            raise UnsupportedBuild(f"{directory} holds a macOS build of ggml (Mach-O, with Accelerate's vDSP and the "
+                                   "Metal backend), which --emulate=ggml does not follow")
         raise UnsupportedBuild(f"no libggml-cpu.so in {directory}: a libggml built without the CPU backend, "
                                "or a build that loads backends at run time, which --emulate=ggml does not follow")
-    try:
-        cpu = ctypes.CDLL(str(so))
-    except OSError as e:
-        raise UnsupportedBuild(f"cannot open {so}: {e}") from None
-    features = frozenset(f for f in X86_FEATURES + OTHER_FEATURES
-                         if hasattr(cpu, f"ggml_cpu_has_{f}") and getattr(cpu, f"ggml_cpu_has_{f}")())
+    elf = read_elf(so)
+    x86 = elf.machine == X86_64
+    if x86:
+        try:
+            cpu = ctypes.CDLL(str(so))
+        except OSError as e:
+            raise UnsupportedBuild(f"cannot open {so}: {e}") from None
+        features = frozenset(f for f in X86_FEATURES + OTHER_FEATURES
+                             if hasattr(cpu, f"ggml_cpu_has_{f}") and getattr(cpu, f"ggml_cpu_has_{f}")())
+    else:
+        features = read_features(elf)
     gpus = tuple(b for b in GPU_BACKENDS if any(directory.glob(f"libggml-{b}*")))
-    with open(so, "rb") as f:
-        elf = f.read(20)
-    x86 = elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 62  # EM_X86_64
     version, commit = read_version(directory)
-    return GgmlBuild(directory, features, gpus, x86, version, commit)
+    sve = (sve_bits or host_sve_bits()) if "sve" in features else None
+    return GgmlBuild(directory, features, gpus, x86, version, commit, None if x86 else elf.machine, elf.compiler(), sve)

@@ -194,7 +194,8 @@ def test_mul_mat_id_bit_exact(build):
     got = on_build(build, g_mul_mat_ids, cases)
     for (w, gt, K, x, ids, nth), y in zip(cases, got):
         want = mul_mat_id_repacked_arm(w, QT(gt), x, ids, path)
-        assert np.array_equal(bits(y), bits(want)), (QT(gt).name, w.shape, x.shape, np.argwhere(bits(y) != bits(want))[:4])
+        bad = bits(y) != bits(want)
+        assert not bad.any(), (QT(gt).name, w.shape, x.shape, np.argwhere(bad)[:4])
     if path == "arm64-dotprod":  # Q8_0: mul_mat_id is the (fused) gemv even for 9 rows of expert 0
         c, y = next((c, y) for c, y in zip(cases, got) if c[1] == int(QT.Q8_0) and c[3].shape[0] == 9)
         assert (bits(mul_mat_repacked_arm(c[0][0], QT.Q8_0, c[3][:, 0], path)[:8]) != bits(y[:8, 0])).any()
@@ -218,8 +219,9 @@ def test_quantizer_hard_values():
 def test_rejects():
     x = np.ones((2, 32), np.float32)
     w = weight_bytes(QT.Q8_0, 6, 32, np.random.default_rng(0))
+    assert not repacked_arm(QT.Q8_0, 6, "arm64-dotprod") and repacked_arm(QT.Q8_0, 4, "arm64-dotprod")
     with pytest.raises(ValueError):
-        mul_mat_repacked_arm(w, QT.Q8_0, x, "arm64-dotprod")  # 6 rows: not repacked
+        mul_mat_repacked_arm(w[:, :-1], QT.Q8_0, x, "arm64-dotprod")  # not Q8_0 rows of 32
     with pytest.raises(ValueError):
         mul_mat_repacked_arm(w[:4], QT.Q8_0, x, "avx2")  # an x86 path
     with pytest.raises(ValueError):
@@ -312,3 +314,30 @@ def test_k_mul_mat_id_bit_exact(build):
         want = mul_mat_id_repacked_arm_k(w, QT(gt), x, ids, path)
         assert np.array_equal(bits(y), bits(want)), (QT(gt).name, w.shape, x.shape,
                                                       np.argwhere(bits(y) != bits(want))[:4])
+
+
+def test_mulmat_dispatch():
+    """kernels.ggml.mulmat sends a repacked weight on an ARM path here (never to the x86 repack or column
+    kernels), and an ARM path meeting an x86 repack kernel raises."""
+    from kernels.ggml import repack, repack_k
+    from kernels.ggml.mulmat import mul_mat, mul_mat_id, repack_emulated
+    from kernels.ggml.repack_arm_k import mul_mat_id_repacked_arm_k, mul_mat_repacked_arm_k
+
+    rng = np.random.default_rng(3905)
+    for path in ARM.values():
+        for qt in (QT.Q8_0, QT.Q4_K):
+            k = 256
+            w = weight_bytes(qt, 8, k, rng)
+            x = acts(rng, 5, k)
+            direct = (mul_mat_repacked_arm if qt == QT.Q8_0 else mul_mat_repacked_arm_k)(w, qt, x, path)
+            assert np.array_equal(bits(mul_mat(w, qt, x, path, repack=True)), bits(direct))
+            ids = np.zeros((5, 1), np.int32)
+            direct = (mul_mat_id_repacked_arm if qt == QT.Q8_0 else mul_mat_id_repacked_arm_k)(w[None], qt, x[:, None],
+                                                                                                ids, path)
+            assert np.array_equal(bits(mul_mat_id(w[None], qt, x[:, None], ids, path, repack=True)), bits(direct))
+            assert repack_emulated(qt, path)
+        with pytest.raises(ValueError, match=path):
+            repack.mul_mat_repacked(weight_bytes(QT.Q4_0, 8, 32, rng), QT.Q4_0, np.ones((1, 32), np.float32), path)
+        with pytest.raises(ValueError, match=path):
+            repack_k.mul_mat_repacked_k(weight_bytes(QT.Q4_K, 8, 256, rng), QT.Q4_K, np.ones((1, 256), np.float32),
+                                        path)

@@ -231,11 +231,11 @@ def _check_type(qtype, path: str) -> QT:
 
 def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
     """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path`` (``forward_mul_mat``): ``w_bytes`` (N, row
-    bytes) uint8 plain rows (N % 4 == 0 for ggml to repack), ``x`` (T, K) float32 -> (T, N) float32."""
+    bytes) uint8 plain rows, ``x`` (T, K) float32 -> (T, N) float32. Whether ggml repacks the stored tensor (its rows
+    a multiple of 4) is the caller's question (:func:`repacked_arm`): every element is computed alone, so ``w_bytes``
+    may be a row block of a fused tensor."""
     qt = _check_type(qtype, path)
     w_bytes, x = _check(w_bytes, qt, x)
-    if w_bytes.shape[0] % 4:
-        raise ValueError(f"{qt.name} is repacked on {path} only with a multiple of 4 rows, got {w_bytes.shape[0]}")
     T = x.shape[0]
     xq, xd = quantize_q8_0_arm(x)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
     gemm_fused, gemv_fused = FUSED[(qt, path)]
@@ -256,8 +256,8 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
         raise ValueError(f"weights must be (E, N, row bytes), got {w_bytes.shape}")
     E, N = w_bytes.shape[:2]
     _check(w_bytes[0], qt, x[:0, 0])  # the row length
-    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 4:
-        raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}) and N % 4 == 0, got {ids.shape}, N={N}")
+    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
+        raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got {ids.shape}")
     xq, xd = quantize_q8_0_arm(x.reshape(T * n_x, K))
     fused = np.full(T * n_x, FUSED[(qt, path)][1])
     order, bounds, experts, arow = slot_groups(ids, n_x)
@@ -269,5 +269,33 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
     return out.reshape(T, ids.shape[1], N)
 
 
-__all__ = ["ARM_PATHS", "REPACK_ARM", "REPACK_ARM_B32", "FUSED", "repacked_arm", "quantize_q8_0_arm",
+def repack_arm_emulated(qtype, path: str) -> bool:
+    """Whether the repacked kernels of ``qtype`` on the AArch64 ``path`` are emulated (here or in
+    :mod:`kernels.ggml.repack_arm_k`)."""
+    from kernels.ggml import repack_arm_k
+
+    qt = _qt(qtype)
+    return path in ARM_PATHS and qt in REPACK_ARM[path] and qt in (REPACK_ARM_B32 | repack_arm_k.REPACK_ARM_K)
+
+
+def repack_arm_kernels(qtype, path: str):
+    """(mul_mat, mul_mat_id) of the emulated repacked kernels of ``qtype`` on the AArch64 ``path`` — for
+    :mod:`kernels.ggml.mulmat`'s dispatch of a weight :func:`repacked_arm` says is repacked; ValueError naming the
+    kernel where it is not emulated."""
+    from kernels.ggml import repack_arm_k
+
+    qt = _qt(qtype)
+    entry = REPACK_ARM.get(path, {}).get(qt)
+    if path not in ARM_PATHS or entry is None:
+        raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} are not emulated")
+    if qt in REPACK_ARM_B32:
+        return mul_mat_repacked_arm, mul_mat_id_repacked_arm
+    if qt in repack_arm_k.REPACK_ARM_K:
+        return repack_arm_k.mul_mat_repacked_arm_k, repack_arm_k.mul_mat_id_repacked_arm_k
+    raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} "  # pragma: no cover
+                     f"({qt.name.lower()}_{entry[1]}) are not emulated")
+
+
+__all__ = ["ARM_PATHS", "repack_arm_kernels", "repack_arm_emulated", "REPACK_ARM", "REPACK_ARM_B32", "FUSED",
+           "repacked_arm", "quantize_q8_0_arm",
            "mul_mat_repacked_arm", "mul_mat_id_repacked_arm"]

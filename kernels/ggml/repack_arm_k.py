@@ -14,8 +14,8 @@ its ``amax == 0`` branch; neither changes a value: ``|x·iscale| <= 127·(1 + 2^
 
 Integers per weight row and activation row, exact in int32 (``sdot`` / ``smmla``, ``vmlaq_s32``): Q4_K / Q5_K per
 32-value sub-block ``s`` ``I_s = sc_s · Σ q·y`` and ``m_s = mn_s · (bsum_{2s} + bsum_{2s+1})`` (``vpaddq_s16``,
-``vmlal_s16``), ``M = Σ m_s`` per super-block; Q6_K per super-block ``I = Σ_g sc_g · Σ (q - 32)·y`` over its 16-value
-groups (the -32 through the bsums: the same integer). Floats: ``S = float32(fp16(d) · y.d)``, ``Dm =
+``vmlal_s16``), ``M = Σ m_s`` per super-block; Q6_K per super-block ``I = Σ_g sc_g · Σ (q - 32)·y`` over its
+16-value groups (the -32 through the bsums: the same integer). Floats: ``S = float32(fp16(d) · y.d)``, ``Dm =
 float32(fp16(dmin) · y.d)`` per super-block, ``acc = +0``; GCC 12 emits ``vfmaq_f32`` as ``fmla`` but
 ``vmlaq_f32`` / ``vmlsq_f32`` as ``fmul`` + ``fadd`` / ``fsub`` (objdump), so (:data:`GEMM_GEMV`)::
 
@@ -209,15 +209,15 @@ def _run(w, qt, y, yd, ys, recipe, rows, out, orow):
 
 
 def mul_mat_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:
-    """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path``: ``w_bytes`` (N, row bytes) plain rows
-    (N % 8 == 0), ``x`` (T, K) float32 -> (T, N) float32."""
+    """``ggml_mul_mat(W, x)`` with ``W`` repacked on an AArch64 ``path``: ``w_bytes`` (N, row bytes) plain rows (of a
+    tensor whose rows are a multiple of 8: the caller's question), ``x`` (T, K) float32 -> (T, N) float32."""
     qt = _check(qtype, path)
     x = np.ascontiguousarray(x, np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     T, K = x.shape
     rb = K // 256 * ROW_BYTES[qt]
-    if w.ndim != 2 or w.shape[0] % 8 or K % 256 or w.shape[1] != rb:
-        raise ValueError(f"weights must be (N % 8 == 0, {rb}) bytes, got {w.shape}")
+    if w.ndim != 2 or K % 256 or w.shape[1] != rb:  # N % 8: the caller's question (repack_arm.repacked_arm)
+        raise ValueError(f"weights must be (N, {rb}) bytes of {qt.name} rows of {K}, got {w.shape}")
     y, yd, ys = _q8_k(x)
     gemm, gemv = GEMM_GEMV[(qt, path)]
     recipe = np.where(np.arange(T) < T - T % 4, gemm, gemv).astype(np.int64)
@@ -236,8 +236,10 @@ def mul_mat_id_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np
     ids = np.asarray(ids, np.int32)
     T, n_x, K = x.shape
     E, N = w.shape[:2]
-    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any() or N % 8 or K % 256:
-        raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}), N % 8 == 0, got {ids.shape}, N={N}")
+    if w.ndim != 3 or K % 256 or w.shape[2] != K // 256 * ROW_BYTES[qt]:
+        raise ValueError(f"weights must be (E, N, {K // 256 * ROW_BYTES[qt]}) bytes of {qt.name}, got {w.shape}")
+    if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
+        raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}), got {ids.shape}")
     y, yd, ys = _q8_k(x.reshape(T * n_x, K))
     recipe = np.full(T * n_x, GEMM_GEMV[(qt, path)][1], np.int64)
     order, bounds, experts, arow = slot_groups(ids, n_x)

@@ -95,9 +95,9 @@ def test_mul_mat_id_bit_exact(build):
     """mul_mat_id: every routed row through the 1-row vec_dot (also on i8mm), experts in token order."""
     path = PATH[build]
     rng = np.random.default_rng(3903)
-    E, N, K, T, n_used = 4, 6, 96, 5, 3
+    E, N, K, T, n_used = 4, 6, 256, 5, 3
     ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
-    for qtype in (QT.Q8_0, QT.F32, QT.F16):
+    for qtype in (QT.Q8_0, QT.F32, QT.F16, QT.Q4_0, QT.MXFP4, QT.Q4_K, QT.Q6_K, QT.IQ4_XS):
         w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
         for n_x in (1, n_used):
             x = acts(rng, T * n_x, K).reshape(T, n_x, K)
@@ -125,14 +125,65 @@ def test_i8mm_thread_count_matters():
 
 
 def test_arm_dispatch_refuses_what_is_not_emulated():
-    """A weight type without an ARM emulation, or a repacked ARM weight, is a one-line ValueError naming the type
-    and the path (no x86 kernel stands in)."""
+    """A weight type without an ARM emulation is a one-line ValueError naming the type and the path (no x86 kernel
+    stands in)."""
     rng = np.random.default_rng(3905)
     x = acts(rng, 2, 256)
     assert kernel_for(QT.Q4_K, "arm64-i8mm", 16, 16, 256) == "vec_dot"  # no tiled kernel, no llamafile on ARM
     for path in ("arm64-dotprod", "arm64-i8mm"):
         with pytest.raises(ValueError, match=f"IQ2_XXS weights are not emulated on the {path} path"):
             mul_mat(weight_bytes(QT.IQ2_XXS, 4, 256, rng), QT.IQ2_XXS, x, path)
-        with pytest.raises(ValueError, match=f"repacked {path} kernels of Q8_0"):
-            mul_mat(weight_bytes(QT.Q8_0, 8, 256, rng), QT.Q8_0, x, path, repack=True)
-    mul_mat(weight_bytes(QT.Q8_0, 6, 256, rng), QT.Q8_0, x, "arm64-i8mm", repack=True)  # 6 % 4: plain buffer
+        w = weight_bytes(QT.Q3_K, 4, 256, rng)
+        with pytest.raises(ValueError, match=f"Q3_K weights are not emulated on the {path} path"):
+            mul_mat_id(w[None], QT.Q3_K, x[:, None], np.zeros((2, 1), np.int32), path)
+    w = weight_bytes(QT.Q8_0, 6, 256, rng)  # 6 % 4: CPU_REPACK leaves it in a plain buffer
+    assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm")))
+
+
+def q8_k_ties(rng, k):
+    """A row whose Q8_K products iscale·x sit within an ulp of .5 (vmax = 100: iscale = -1.27 rounded): the
+    AArch64 build's contracted ``nearest_int(iscale*x)`` rounds them by the exact product, x86's by the rounded one."""
+    x = np.zeros(k, np.float32)
+    isc = np.float32(-127.0) / np.float32(100.0)
+    x[:] = ((rng.integers(-120, 120, k) + 0.5) / np.float64(isc)).astype(np.float32)
+    x[::256] = 100.0
+    return x
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_block32_types_bit_exact(build):
+    """Q4_0 (2-row on i8mm), MXFP4 and IQ4_NL (pairs of blocks, one product fused) with AArch64 Q8_0 activations."""
+    rng = np.random.default_rng(3906)
+    cases = []
+    for qtype in (QT.Q4_0, QT.MXFP4, QT.IQ4_NL):
+        for n, k in ((6, 96), (5, 64), (2, 32)):
+            w = weight_bytes(qtype, n, k, rng)
+            for t in T_ARM:
+                cases.append((w, int(qtype), k, acts(rng, t, k), 1 if t % 2 else 2))
+        w = weight_bytes(qtype, 4, 128, rng, "extreme")
+        cases.append((w, int(qtype), 128, hard_acts(rng, 9, 128), 1))
+    check(build, cases)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_kquant_bit_exact(build):
+    """Q4_K and Q6_K (2-row on i8mm), Q5_K, IQ4_XS with Q8_K activations (quantize_row_q8_K_ref, contracted)."""
+    rng = np.random.default_rng(3907)
+    cases = []
+    for qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS):
+        for n, k in ((6, 256), (3, 512)):
+            w = weight_bytes(qtype, n, k, rng)
+            for t in T_ARM:
+                x = acts(rng, t, k)
+                x[0] = q8_k_ties(rng, k)
+                cases.append((w, int(qtype), k, x, 1 if t % 2 else 2))
+        cases.append((weight_bytes(qtype, 4, 256, rng, "extreme"), int(qtype), 256, hard_acts(rng, 9, 256), 1))
+    check(build, cases)
+
+
+def test_q8_k_contraction_matters():
+    """The tie row above quantizes differently with and without the fused nearest_int (so the tests see it)."""
+    from kernels.ggml.actquant import _q8_k_rows
+
+    x = q8_k_ties(np.random.default_rng(3908), 256)[None]
+    assert (_q8_k_rows(x, fused=True)[0] != _q8_k_rows(x)[0]).any()

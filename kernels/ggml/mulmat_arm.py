@@ -21,15 +21,17 @@ element is one ``vec_dot`` (``type_traits_cpu[type].vec_dot``) on the activation
   the double (:func:`vec_dot_f16_arm`). A sum beyond 65504 overflows to inf, as on the phone.
 * BF16: no ``__ARM_FEATURE_BF16`` branch in ``ggml_vec_dot_bf16``: the scalar loop, float products summed in a
   double (:func:`kernels.ggml.vec.vec_dot_generic`).
-* Q8_0: activations by AArch64 ``quantize_row_q8_0`` (:func:`kernels.ggml.actquant._quantize_rows_q8_0_arm`);
-  ``arch/arm/quants.c: ggml_vec_dot_q8_0_q8_0`` 1 row: blocks in pairs, even blocks into ``sumv0``, odd into
-  ``sumv1``, lane ``l`` the exact ``sdot`` of bytes ``4l…4l+3`` and ``16+4l…`` of the block; ``vmlaq_n_f32`` is
-  compiled *unfused* (``fmul`` by ``d_w·d_x`` rounded, then ``fadd``); ``sumf = vaddvq(sumv0) + vaddvq(sumv1)``;
-  an odd last block ``sumf = fma(float(sumi), d_w·d_x, sumf)`` (``fmadd``). 2 rows (i8mm): each element its own
-  lane, ``acc += float(dot32) · (d_w·d_x)`` unfused per block, in block order (:func:`_q8_0_dot2`).
+* Q8_0 and the other quantized types: activations by AArch64 ``quantize_row_q8_0``
+  (:func:`kernels.ggml.actquant._quantize_rows_q8_0_arm`: ``FMAX`` propagates a NaN, ``id = 1/d``, ``vcvtnq``), then
+  the ``arch/arm/quants.c`` kernels of :mod:`kernels.ggml.mulmat_arm_q` (Q8_0: ``vmlaq_n_f32`` compiled *unfused*,
+  two accumulators of 4 lanes, ``fmadd`` for an odd last block; the i8mm 2-row kernel one float lane per element).
 
 NaN: a NaN made from non-NaN operands is ARM's default NaN, +0x7FC00000 (:func:`arm_default_nan`; x86's is
 0xFFC00000); which NaN survives when two NaNs of different bits meet in one sum is not modelled (as on x86).
+
+The quantized types (Q8_0, Q4_0, MXFP4, IQ4_NL with AArch64 Q8_0 activations; Q4_K, Q5_K, Q6_K, IQ4_XS with Q8_K
+activations — ``quantize_row_q8_K`` is ``quantize_row_q8_K_ref`` on ARM, whose ``nearest_int(iscale*x)`` the ARM GCC
+build contracts into one ``fmla``) are in :mod:`kernels.ggml.mulmat_arm_q`, with their float formulas.
 
 Other weight types on an ARM path raise ValueError naming the type and the path (no x86 kernel stands in).
 """
@@ -42,7 +44,8 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml.actquant import _q8_0_rows_arm
+from kernels.ggml import mulmat_arm_q
+from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
 from kernels.ggml.simd import fma32
 from kernels.ggml.vec import vec_dot_generic
@@ -55,7 +58,7 @@ ARM_PATHS = ("arm64-dotprod", "arm64-i8mm")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
-TYPES = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0})
+TYPES = frozenset({QT.F32, QT.F16, QT.BF16}) | frozenset(mulmat_arm_q.BLOCK32) | frozenset(mulmat_arm_q.KQUANTS)
 #: ``repack.cpp: ggml_repack_get_optimal_repack_type`` on NEON with dotprod (and i8mm): the types CPU_REPACK takes,
 #: and the row multiple it needs (ne[1] % m == 0)
 REPACK_ROWS = {QT.Q4_0: 4, QT.Q8_0: 4, QT.IQ4_NL: 4, QT.MXFP4: 4, QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}
@@ -202,72 +205,6 @@ def float_rows_arm(w, x, out, kind):
 
 
 # --------------------------------------------------------------------------------------------
-# Q8_0 weights
-
-
-@jit()
-def _q8_0_dot1(w8, w, r, xq, xd, t, nb, tab):
-    """arch/arm/quants.c: ggml_vec_dot_q8_0_q8_0, 1 row (NEON + dotprod): weight row ``r`` (bytes ``w``, as int8
-    ``w8``), activation row ``t``."""
-    s0 = np.zeros(4, np.float32)  # sumv0: even blocks
-    s1 = np.zeros(4, np.float32)  # sumv1: odd blocks
-    ib = 0
-    while ib + 1 < nb:
-        for h in range(2):
-            b = ib + h
-            o = 34 * b
-            d = F32(tab[w[r, o] | (np.int64(w[r, o + 1]) << 8)] * xd[t, b])
-            for lane in range(4):
-                dot = 0
-                for e in range(4):
-                    dot += np.int64(w8[r, o + 2 + 4 * lane + e]) * xq[t, 32 * b + 4 * lane + e]
-                    dot += np.int64(w8[r, o + 18 + 4 * lane + e]) * xq[t, 32 * b + 16 + 4 * lane + e]
-                if h == 0:
-                    s0[lane] = F32(s0[lane] + F32(F32(dot) * d))
-                else:
-                    s1[lane] = F32(s1[lane] + F32(F32(dot) * d))
-        ib += 2
-    sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
-    for b in range(ib, nb):
-        o = 34 * b
-        dot = 0
-        for j in range(32):
-            dot += np.int64(w8[r, o + 2 + j]) * xq[t, 32 * b + j]
-        sumf = fma32(F32(dot), F32(tab[w[r, o] | (np.int64(w[r, o + 1]) << 8)] * xd[t, b]), sumf)
-    return sumf
-
-
-@jit()
-def _q8_0_dot2(w8, w, r, xq, xd, t, nb, tab):
-    """The i8mm 2-row ``ggml_vec_dot_q8_0_q8_0`` (``vmmlaq_s32``) for one of its four elements: per block in order,
-    ``acc = acc + float(dot32) · (d_w·d_x)``, the product and the sum each rounded (``fmul``, ``fadd``)."""
-    acc = F32(0.0)
-    for b in range(nb):
-        o = 34 * b
-        dot = 0
-        for j in range(32):
-            dot += np.int64(w8[r, o + 2 + j]) * xq[t, 32 * b + j]
-        d = F32(tab[w[r, o] | (np.int64(w[r, o + 1]) << 8)] * xd[t, b])
-        acc = F32(acc + F32(F32(dot) * d))
-    return acc
-
-
-@jit()
-def q8_0_rows_arm(w, xq, xd, out, two, tab):
-    """``out[t, r]`` for Q8_0 rows ``w`` (N, nb·34) uint8 and quantized activations ``xq`` (T, K) int8, ``xd``
-    (T, nb); ``two`` (T, N) bool: computed by the 2-row kernel (or (0, 0): none)."""
-    w8 = w.view(np.int8)
-    nb = xd.shape[1]
-    has_two = two.shape[0] > 0
-    for t in range(xq.shape[0]):
-        for r in range(w.shape[0]):
-            if has_two and two[t, r]:
-                out[t, r] = _q8_0_dot2(w8, w, r, xq, xd, t, nb, tab)
-            else:
-                out[t, r] = _q8_0_dot1(w8, w, r, xq, xd, t, nb, tab)
-
-
-# --------------------------------------------------------------------------------------------
 # Entry points (called by kernels.ggml.mulmat for an ARM path)
 
 
@@ -289,8 +226,14 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         return arm_default_nan(out)
     two = None if nrows == 1 else mmla_mask(T, N, n_threads, qtype, path)
     two = np.zeros((0, 0), np.bool_) if two is None else two
-    xq, xd, _ = _q8_0_rows_arm(x, False)
-    q8_0_rows_arm(w_bytes, xq, xd, out, two, F16_TO_F32)
+    if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0
+        xq, xd, _ = _q8_0_rows_arm(x, False)
+        v, dw = mulmat_arm_q.decode_block32(w_bytes, qtype)
+        mulmat_arm_q.block32_rows(mulmat_arm_q.BLOCK32[qtype][1], v, dw, xq, xd, out, two)
+    else:  # K-quants: quantize_row_q8_K_ref, its nearest_int contracted by GCC
+        yq, yd, ybs = _q8_k_rows(x, fused=True)
+        mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
+                            out, two, F16_TO_F32)
     return arm_default_nan(out)
 
 

@@ -1,0 +1,200 @@
+"""The quantized ``vec_dot`` kernels of ``arch/arm/quants.c`` (NEON + dotprod, and the i8mm 2-row ones), as GCC 12
+compiled them for the ``arm64-dotprod`` / ``arm64-i8mm`` builds, bit for bit — called by :mod:`kernels.ggml.mulmat_arm`.
+
+Every integer below is exact (``sdot`` / ``smmla`` / ``vaddvq_s32`` sums of int8 products: no order changes them);
+the float steps are read from the disassembly of both builds (the 1-row kernels compile alike in the two):
+
+* 32-value blocks, Q8_0 activations (:func:`block32_rows`): weight values ``v`` (int8), scales ``dw`` (float32).
+
+  - ``Q8_0``, ``Q4_0`` 1 row: blocks in pairs, even blocks into ``sumv0``, odd into ``sumv1``; lane ``l`` of a
+    block is the dot of values ``4l…4l+3`` and ``16+4l…``; ``vmlaq_n_f32`` compiled *unfused*:
+    ``sumv[l] = sumv[l] + float(lane)·(dw·dx)``; ``sumf = vaddvq(sumv0) + vaddvq(sumv1)`` (``faddp`` twice:
+    ``(l0+l1)+(l2+l3)``); an odd last block ``sumf = fma(float(sumi), dw·dx, sumf)`` (Q8_0) or
+    ``fma(float(sumi)·dw, dx, sumf)`` (Q4_0: ``sumi*d_x*d_y``, left to right).
+  - ``Q8_0``, ``Q4_0`` 2 rows (i8mm ``vmmlaq_s32``): per element, per block in order,
+    ``acc = acc + float(dot32)·(dw·dx)``, each step rounded (``fmul``, ``fadd``).
+  - ``MXFP4``, ``IQ4_NL`` (1 row only): blocks in pairs, ``sumf += dA·sA + dB·sB`` (``d = dx·dw``) compiled as
+    ``sumf + fma(float(sB), dB, float(sA)·dA)`` for MXFP4 and ``sumf + fma(float(sA), dA, float(sB)·dB)`` for
+    IQ4_NL (GCC fused the other product: the same C, read in the disassembly); an odd last block
+    ``fma(float(sumi), d, sumf)``.
+* K-quants, Q8_K activations (:func:`k_rows`), per 256-value super-block ``b`` with ``d = y.d·fp16(x.d)``,
+  ``dmin = y.d·fp16(x.dmin)``, ``sumi`` = Σ sub-block scale × sub-block dot, ``bias`` = Σ min × Q8_K pair sum
+  (Q6_K: ``sumi`` with the values ``q - 32``):
+
+  - ``Q4_K`` 1 row: ``sumf = fma(-float(bias), dmin, sumf)`` (``fmsub``), ``sumf = fma(float(sumi), d, sumf)``;
+    2 rows: ``acc = (acc - float(bias)·dmin) + float(sumi)·d``, every step rounded.
+  - ``Q5_K``: ``sumf = sumf + fma(float(sumi), d, -(float(bias)·dmin))`` (``fnmsub`` then ``fadd``).
+  - ``Q6_K`` 1 row: ``sumf = fma(fp16(x.d)·y.d, float(sumi), sumf)``; 2 rows: ``acc = acc + float(sumi)·(fp16(x.d)·y.d)``
+    rounded twice.
+  - ``IQ4_XS``: ``sumf = fma(fp16(x.d)·y.d, float(sumi), sumf)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.block import QT
+from kernels.base.floats import E8M0_HALF
+from kernels.base.flags import jit
+from kernels.ggml.mulmat_k import decode_row
+from kernels.ggml.simd import fma32
+from kernels.ggml.vecmath import F16_TO_F32
+from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
+
+F32 = np.float32
+#: 32-value block types: (block bytes, kernel kind) — kind 0: Q8_0, 1: Q4_0, 2: MXFP4, 3: IQ4_NL
+BLOCK32 = {QT.Q8_0: (34, 0), QT.Q4_0: (18, 1), QT.MXFP4: (17, 2), QT.IQ4_NL: (18, 3)}
+#: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
+KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3}
+
+
+def decode_block32(w_bytes: np.ndarray, qtype: QT):
+    """(N, nb·bytes) uint8 rows -> (v (N, K) int8 values, dw (N, nb) float32 block scales) of a 32-value type."""
+    size = BLOCK32[qtype][0]
+    N = w_bytes.shape[0]
+    blk = np.ascontiguousarray(w_bytes).reshape(N, -1, size)
+    if qtype == QT.Q8_0:
+        return blk[:, :, 2:].view(np.int8).reshape(N, -1), F16_TO_F32[blk[:, :, 0] | (blk[:, :, 1].astype(np.int64) << 8)]
+    if qtype == QT.MXFP4:
+        dw, qs = E8M0_HALF[blk[:, :, 0]], blk[:, :, 1:]  # GGML_E8M0_TO_FP32_HALF
+        table = MXFP4_VALUES
+    else:
+        dw, qs = F16_TO_F32[blk[:, :, 0] | (blk[:, :, 1].astype(np.int64) << 8)], blk[:, :, 2:]
+        table = IQ4NL_VALUES.astype(np.int8) if qtype == QT.IQ4_NL else (np.arange(16) - 8).astype(np.int8)
+    v = np.concatenate([table[qs & 15], table[qs >> 4]], axis=2)  # value j: low nibble of byte j, 16 + j: high
+    return v.reshape(N, -1), dw.astype(np.float32)
+
+
+@jit()
+def _dot32(v, r, xq, t, o):
+    s = 0
+    for j in range(32):
+        s += np.int64(v[r, o + j]) * xq[t, o + j]
+    return s
+
+
+@jit()
+def _block32_1row(kind, v, dw, r, xq, xd, t):
+    """One element of the 1-row ``vec_dot`` (see the module docstring)."""
+    nb = dw.shape[1]
+    sumf = F32(0.0)
+    ib = 0
+    if kind >= 2:  # MXFP4 (the first block's product rounded, the second's fused), IQ4_NL (the other way round)
+        while ib + 1 < nb:
+            da, db = F32(xd[t, ib] * dw[r, ib]), F32(xd[t, ib + 1] * dw[r, ib + 1])
+            sa, sb = F32(_dot32(v, r, xq, t, 32 * ib)), F32(_dot32(v, r, xq, t, 32 * ib + 32))
+            if kind == 2:
+                sumf = F32(sumf + fma32(sb, db, F32(sa * da)))
+            else:
+                sumf = F32(sumf + fma32(sa, da, F32(sb * db)))
+            ib += 2
+        for b in range(ib, nb):
+            sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b)), F32(xd[t, b] * dw[r, b]), sumf)
+        return sumf
+    s0 = np.zeros(4, np.float32)
+    s1 = np.zeros(4, np.float32)
+    while ib + 1 < nb:
+        for h in range(2):
+            b = ib + h
+            d = F32(dw[r, b] * xd[t, b])
+            for lane in range(4):
+                dot = 0
+                for e in range(4):
+                    k = 32 * b + 4 * lane + e
+                    dot += np.int64(v[r, k]) * xq[t, k] + np.int64(v[r, k + 16]) * xq[t, k + 16]
+                if h == 0:
+                    s0[lane] = F32(s0[lane] + F32(F32(dot) * d))
+                else:
+                    s1[lane] = F32(s1[lane] + F32(F32(dot) * d))
+        ib += 2
+    sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
+    for b in range(ib, nb):
+        sumi = F32(_dot32(v, r, xq, t, 32 * b))
+        if kind == 0:
+            sumf = fma32(sumi, F32(dw[r, b] * xd[t, b]), sumf)
+        else:
+            sumf = fma32(F32(sumi * dw[r, b]), xd[t, b], sumf)
+    return sumf
+
+
+@jit()
+def _block32_2row(v, dw, r, xq, xd, t):
+    """One of the four elements of the i8mm 2-row Q8_0 / Q4_0 ``vec_dot``."""
+    acc = F32(0.0)
+    for b in range(dw.shape[1]):
+        acc = F32(acc + F32(F32(_dot32(v, r, xq, t, 32 * b)) * F32(dw[r, b] * xd[t, b])))
+    return acc
+
+
+@jit()
+def block32_rows(kind, v, dw, xq, xd, out, two):
+    """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 activations ``xq`` (T, K)
+    int8, ``xd`` (T, nb); ``two`` (T, N) bool: the elements of 2-row kernels (or (0, 0): none)."""
+    has_two = two.shape[0] > 0
+    for t in range(xq.shape[0]):
+        for r in range(v.shape[0]):
+            if has_two and two[t, r]:
+                out[t, r] = _block32_2row(v, dw, r, xq, xd, t)
+            else:
+                out[t, r] = _block32_1row(kind, v, dw, r, xq, xd, t)
+
+
+@jit()
+def _k_ints(kind, q, sc, mn, yq, ybs, t, b):
+    """(sumi, bias) of super-block ``b`` for decoded weights (``mulmat_k.decode_row``) and Q8_K row ``t``."""
+    sumi = 0
+    bias = 0
+    o = 256 * b
+    if kind == 2:  # Q6_K: 16 sub-blocks of 16, values q - 32
+        for j in range(16):
+            dot = 0
+            for l in range(16):
+                dot += (np.int64(q[o + 16 * j + l]) - 32) * yq[t, o + 16 * j + l]
+            sumi += np.int64(sc[16 * b + j]) * dot
+        return sumi, bias
+    for j in range(8):
+        dot = 0
+        for l in range(32):
+            dot += np.int64(q[o + 32 * j + l]) * yq[t, o + 32 * j + l]
+        sumi += np.int64(sc[8 * b + j]) * dot
+        if kind <= 1:
+            bias += np.int64(mn[8 * b + j]) * (ybs[t, 16 * b + 2 * j] + ybs[t, 16 * b + 2 * j + 1])
+    return sumi, bias
+
+
+@jit()
+def k_rows(kind, w, yq, yd, ybs, out, two, tab):
+    """``out[t, r]`` for K-quant rows ``w`` (N, row bytes) and Q8_K activations (``yq`` (T, K) int8, ``yd``
+    (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K)."""
+    K = yq.shape[1]
+    nsb = K // 256
+    q = np.empty(K, np.int32)
+    sc = np.empty(K // 16, np.int32)
+    mn = np.zeros(K // 16, np.int32)
+    d = np.empty(nsb, np.float32)
+    dmin = np.zeros(nsb, np.float32)
+    has_two = two.shape[0] > 0
+    for r in range(w.shape[0]):
+        decode_row(kind, w[r], q, sc, mn, d, dmin, tab)
+        for t in range(yq.shape[0]):
+            pair = has_two and two[t, r]
+            acc = F32(0.0)
+            for b in range(nsb):
+                sumi, bias = _k_ints(kind, q, sc, mn, yq, ybs, t, b)
+                if kind == 0:  # Q4_K
+                    db, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
+                    if pair:
+                        acc = F32(F32(acc - F32(F32(bias) * dm)) + F32(F32(sumi) * db))
+                    else:
+                        acc = fma32(-F32(bias), dm, acc)
+                        acc = fma32(F32(sumi), db, acc)
+                elif kind == 1:  # Q5_K
+                    db, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
+                    acc = F32(acc + fma32(F32(sumi), db, -F32(F32(bias) * dm)))
+                else:  # Q6_K, IQ4_XS
+                    db = F32(d[b] * yd[t, b])
+                    if pair:
+                        acc = F32(acc + F32(F32(sumi) * db))
+                    else:
+                        acc = fma32(db, F32(sumi), acc)
+            out[t, r] = acc

@@ -133,9 +133,9 @@ def test_arm_dispatch_refuses_what_is_not_emulated():
     for path in ("arm64-dotprod", "arm64-i8mm"):
         with pytest.raises(ValueError, match=f"IQ2_XXS weights are not emulated on the {path} path"):
             mul_mat(weight_bytes(QT.IQ2_XXS, 4, 256, rng), QT.IQ2_XXS, x, path)
-        w = weight_bytes(QT.Q3_K, 4, 256, rng)
-        with pytest.raises(ValueError, match=f"Q3_K weights are not emulated on the {path} path"):
-            mul_mat_id(w[None], QT.Q3_K, x[:, None], np.zeros((2, 1), np.int32), path)
+        w = weight_bytes(QT.IQ1_S, 4, 256, rng)
+        with pytest.raises(ValueError, match=f"IQ1_S weights are not emulated on the {path} path"):
+            mul_mat_id(w[None], QT.IQ1_S, x[:, None], np.zeros((2, 1), np.int32), path)
     w = weight_bytes(QT.Q8_0, 6, 256, rng)  # 6 % 4: CPU_REPACK leaves it in a plain buffer
     assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm")))
 
@@ -167,10 +167,10 @@ def test_block32_types_bit_exact(build):
 
 @pytest.mark.parametrize("build", ARM_BUILDS)
 def test_kquant_bit_exact(build):
-    """Q4_K and Q6_K (2-row on i8mm), Q5_K, IQ4_XS with Q8_K activations (quantize_row_q8_K_ref, contracted)."""
+    """Q4_K and Q6_K (2-row on i8mm), Q5_K, IQ4_XS, Q2_K, Q3_K with Q8_K activations (quantize_row_q8_K_ref, contracted)."""
     rng = np.random.default_rng(3907)
     cases = []
-    for qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS):
+    for qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.Q2_K, QT.Q3_K):
         for n, k in ((6, 256), (3, 512)):
             w = weight_bytes(qtype, n, k, rng)
             for t in T_ARM:

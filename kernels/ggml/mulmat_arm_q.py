@@ -27,6 +27,9 @@ the float steps are read from the disassembly of both builds (the 1-row kernels 
   - ``Q6_K`` 1 row: ``sumf = fma(fp16(x.d)·y.d, float(sumi), sumf)``; 2 rows: ``acc = acc + float(sumi)·(fp16(x.d)·y.d)``
     rounded twice.
   - ``IQ4_XS``: ``sumf = fma(fp16(x.d)·y.d, float(sumi), sumf)``.
+  - ``Q2_K`` (scale and min per 16): ``sumf = fma(float(bias), -(y.d·fp16(x.dmin)), sumf)``, then
+    ``fma(float(sumi), d, sumf)``; ``Q3_K`` (values ``(low2 | hbit << 2) - 4``, scales - 32):
+    ``sumf = fma(float(sumi), d, sumf)``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ F32 = np.float32
 #: 32-value block types: (block bytes, kernel kind) — kind 0: Q8_0, 1: Q4_0, 2: MXFP4, 3: IQ4_NL
 BLOCK32 = {QT.Q8_0: (34, 0), QT.Q4_0: (18, 1), QT.MXFP4: (17, 2), QT.IQ4_NL: (18, 3)}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
-KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3}
+KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
 
 
 def decode_block32(w_bytes: np.ndarray, qtype: QT):
@@ -145,12 +148,15 @@ def _k_ints(kind, q, sc, mn, yq, ybs, t, b):
     sumi = 0
     bias = 0
     o = 256 * b
-    if kind == 2:  # Q6_K: 16 sub-blocks of 16, values q - 32
+    if kind == 2 or kind >= 4:  # Q6_K (values q - 32), Q2_K, Q3_K: 16 sub-blocks of 16
+        off = 32 if kind == 2 else 0
         for j in range(16):
             dot = 0
             for l in range(16):
-                dot += (np.int64(q[o + 16 * j + l]) - 32) * yq[t, o + 16 * j + l]
+                dot += (np.int64(q[o + 16 * j + l]) - off) * yq[t, o + 16 * j + l]
             sumi += np.int64(sc[16 * b + j]) * dot
+            if kind == 4:
+                bias += np.int64(mn[16 * b + j]) * ybs[t, 16 * b + j]
         return sumi, bias
     for j in range(8):
         dot = 0
@@ -191,6 +197,11 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab):
                 elif kind == 1:  # Q5_K
                     db, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
                     acc = F32(acc + fma32(F32(sumi), db, -F32(F32(bias) * dm)))
+                elif kind == 4:  # Q2_K: dmin = -(y.d·fp16(x.dmin)) (fnmul)
+                    acc = fma32(F32(bias), -F32(yd[t, b] * dmin[b]), acc)
+                    acc = fma32(F32(sumi), F32(yd[t, b] * d[b]), acc)
+                elif kind == 5:  # Q3_K
+                    acc = fma32(F32(sumi), F32(yd[t, b] * d[b]), acc)
                 else:  # Q6_K, IQ4_XS
                     db = F32(d[b] * yd[t, b])
                     if pair:

@@ -131,9 +131,14 @@ def is_arm64(key: str) -> bool:
     return emulated_path(key).arch == ARM64
 
 
-def not_emulated(op: str, key: str) -> ValueError:
+class NotEmulated(UnsupportedBuild):
+    """An op whose ggml-cpu code on a path is not emulated (yet): ``refimpl.cli.main`` says it in one line, as it
+    says a refused library; raised by the kernels through :func:`not_emulated`."""
+
+
+def not_emulated(op: str, key: str) -> NotEmulated:
     """The one-line error of an op whose ggml-cpu code on ``key`` is not emulated (``raise not_emulated(…)``)."""
-    return ValueError(f"{op} on ggml-cpu's {emulated_path(key).name} path ({key}) is not emulated")
+    return NotEmulated(f"{op} on ggml-cpu's {emulated_path(key).name} path ({key}) is not emulated")
 
 
 def named_path(spec: str) -> str:

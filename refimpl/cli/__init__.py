@@ -74,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     except RefimplError as exc:
         print(f"refimpl: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ValueError as exc:  # --emulate=ggml: an op whose code on the path is not emulated, met while computing
+        from kernels.ggml.build import NotEmulated
+
+        if not isinstance(exc, NotEmulated):
+            raise
+        print(f"refimpl: error: --emulate=ggml: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `refimpl … | head`: stdout closed early; no traceback, as a C tool would die of SIGPIPE

@@ -201,14 +201,16 @@ def add_numerics(p) -> None:
                         f"the libggml-cpu that llama-cpp-python loads computes it, bit for bit (its {paths} path, "
                         f"detected; ggml {GGML_VERSION}'s kernels; llama.cpp's defaults: F16 K/V, flash attention, "
                         f"n_ubatch 512, 4 threads); {named}: that path bit for bit, named instead of detected: no "
-                        "library loaded, llama-cpp-python not needed (to recompute streams made on another machine). "
+                        "library loaded, llama-cpp-python not needed (to recompute streams made on another machine: "
+                        "a phone's, from its build's -march; the AArch64 paths are GCC builds'). "
                         "--emulate CONFIG and --emulate=CONFIG are the same; a next argument that is not a CONFIG "
                         "is not taken (run --emulate model.gguf: MODEL is model.gguf). Needs --kernel numba")
     p.add_argument("--flash-attn", choices=("on", "off"), help="emulate llama.cpp with flash attention on/off (overrides CONFIG)")
     p.add_argument("--kv-type", choices=("f16", "f32"), help="emulate llama.cpp's K/V cache type (overrides CONFIG)")
     p.add_argument("--no-repack", action="store_true",
                    help="with --emulate=ggml: emulate llama.cpp run with --no-repack (no CPU_REPACK weight buffer: "
-                        "Q4_0, Q4_K, IQ4_NL, MXFP4 and, on AVX-512, Q2_K matrices then take the plain kernels). "
+                        "Q4_0, Q4_K, IQ4_NL, MXFP4 and, on AVX-512, Q2_K matrices then take the plain kernels; on "
+                        "AArch64 with dotprod also Q5_K, Q6_K and Q8_0, none on armv8-a). "
                         "Default: llama.cpp's default, the repacked gemm/gemv")
     p.add_argument(VERSION_OK_FLAG, action="store_true",
                    help=f"with --emulate=ggml: go on with a libggml of another ggml version than {GGML_VERSION}, the one "

@@ -20,6 +20,7 @@ import numpy as np
 
 from kernels.base.blocks import QT
 from kernels.ggml import attn_heads, flashattn_exact, mulmat, rope as ggml_rope, vecmath
+from kernels.ggml.build import X86_SIMD_PATHS
 from refimpl.graph.ops import F32, mul_mat, rms_norm_w, sigmoid
 
 KV_PAD = 256  # llama_kv_cache::get_n_kv pads the KV view to a multiple of 256 cells
@@ -107,7 +108,7 @@ def attend(q: np.ndarray, kv, positions: np.ndarray, c, ctx) -> np.ndarray:
             x[:, :n_used] = vecmath.cast_f16_to_f32(vecmath.cast_f16(x[:, :n_used]))
         return flashattn_exact.flash_attn_values(q.transpose(1, 0, 2), k, v, True, True, vecmath.cast_f16_to_f32(mask),
                                                  scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
-    if not ctx.kv_f16 and ctx.ggml != "generic":  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
+    if not ctx.kv_f16 and ctx.ggml in X86_SIMD_PATHS:  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
         # the permuted Q view is not contiguous and needs no conversion to F32, so ggml_compute_forward_mul_mat skips
         # llamafile_sgemm (it needs src1_cont) and takes vec_dot per element
         o = np.empty((T, H, D), dtype=F32)

@@ -13,6 +13,7 @@ import weakref
 
 import numpy as np
 
+from kernels.ggml.build import X86_SIMD_PATHS
 from kernels.ggml.columns import kind_for, layout
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
 from kernels.ggml.rows import GET_ROWS_TYPES
@@ -24,8 +25,8 @@ from refimpl.io.weights import Matrix
 def layout_target(w: Matrix, path: str, repack: bool) -> bool:
     """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns):
     Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not."""
-    if path == "generic":  # its vec_dot is the generic C's, which the layout's kernels are not
-        return False
+    if path not in X86_SIMD_PATHS:  # generic: its vec_dot is the generic C's; AArch64: arch/arm's kernels. The
+        return False  # layout's kernels are x86's: the rows then go to the path's own kernels
     return kind_for(w.qtype, repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)) is not None
 
 

@@ -100,8 +100,9 @@ class Ctx:
       feeds a layer llama.cpp's own values, tests/conformance.py); returning None changes nothing.
     * ``faults``: engine bugs injected on purpose (:mod:`refimpl.inject.faults`, docs/bug-classes.md),
       consulted at the tap points (:data:`TAPS`); empty — the clean oracle — unless asked for.
-    * ``ggml``: None, or the ggml-cpu code path emulated bit for bit (``"avx512"`` | ``"avx2"``, from
-      ``kernels.ggml.build.detect().path``): every op is then computed as that libggml-cpu computes it
+    * ``ggml``: None, or the ggml-cpu code path emulated bit for bit (a key of ``kernels.ggml.build.EMULATED_PATHS``:
+      ``"avx512"`` | ``"avx2"`` | ``"generic"`` | ``"arm64-dotprod"`` …, from ``kernels.ggml.build.detect().path`` or
+      named): every op is then computed as that libggml-cpu computes it
       (:mod:`kernels.ggml`), batch by ubatch of ``n_ubatch`` rows, with ``n_threads`` llama.cpp's thread
       count (``--emulate=ggml``: :func:`refimpl.model.trunk.forward` then runs llama.cpp's graph, :mod:`refimpl.graph`).
       ``repack``: whether the emulated llama.cpp runs with its default CPU_REPACK weight buffer
@@ -128,7 +129,7 @@ class Ctx:
     kernel: str = "numba"
     trace: Callable[[str, int, np.ndarray], None] | None = field(default=None, compare=False)
     faults: NoFaults = CLEAN  # or a refimpl.inject.faults.Faults record
-    ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" | "generic" (kernels.ggml.build.GgmlBuild.path)
+    ggml: str | None = None  # the emulated ggml-cpu path: "avx512" | "avx2" | "generic" | "arm64-…" (EMULATED_PATHS)
     repack: bool = True  # llama.cpp's use_extra_bufts (its default): with ggml, weights it repacks take the repacked kernels
     ggml_accepted: str | None = None  # with ggml: the libggml's version, not GGML_VERSION, accepted with --ggml-version-ok
     ggml_named: bool = False  # with ggml: the path was named (--emulate=ggml:avx2 …), not detected from a loaded libggml

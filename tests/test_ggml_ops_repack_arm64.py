@@ -7,8 +7,9 @@ The weight goes into the ``CPU_REPACK`` buffer (``Graph.repacked`` raises unless
 ``forward_mul_mat_id`` (gemv). Every test can fail in a known way: fused <-> unfused float step (Q8_0's dotprod
 gemm is unfused, its gemv fused: the rows of one call differ), the x86 activation quantizer in place of ARM's
 (NaN and tie handling), and a plain buffer (the repack path really ran); for the K-quants every other float recipe
-of :data:`kernels.ggml.repack_arm_k.GEMM_GEMV`. Skipped without the ARM builds. Cost: ~80 s on 2 shared vCPUs
-(qemu; most of it the aarch64 side).
+of :data:`kernels.ggml.repack_arm_k.GEMM_GEMV`; ``arm64-base-gcc`` repacks nothing and ``arm64-sve128-gcc`` gives
+the i8mm bits. Skipped without the ARM builds. Cost: ~55 s on 2 shared vCPUs with warm numba caches, most of it
+starting the four qemu workers (one per build, ~7-14 s each, shared with other modules in one process).
 """
 
 import numpy as np
@@ -199,6 +200,26 @@ def test_mul_mat_id_bit_exact(build):
     if path == "arm64-dotprod":  # Q8_0: mul_mat_id is the (fused) gemv even for 9 rows of expert 0
         c, y = next((c, y) for c, y in zip(cases, got) if c[1] == int(QT.Q8_0) and c[3].shape[0] == 9)
         assert (bits(mul_mat_repacked_arm(c[0][0], QT.Q8_0, c[3][:, 0], path)[:8]) != bits(y[:8, 0])).any()
+
+
+def test_sve128_and_base():
+    """``arm64-base`` (NEON only) repacks nothing; ``arm64-sve128`` repacks as i8mm does and gives its bits."""
+    from kernels.ggml.repack_arm_k import mul_mat_repacked_arm_k
+
+    for build, path in (("arm64-base-gcc", "arm64-base"), ("arm64-sve128-gcc", "arm64-sve128")):
+        _require(build)
+        for qt in (QT.Q8_0, QT.Q4_0, QT.MXFP4, QT.Q4_K, QT.Q6_K):
+            rb = {QT.Q8_0: 272, QT.Q4_0: 144, QT.MXFP4: 136, QT.Q4_K: 144, QT.Q6_K: 210}[qt]
+            assert on_build(build, g_repacks, int(qt), [(256, 4), (256, 8)], rb) == [repacked_arm(qt, 4, path),
+                                                                                    repacked_arm(qt, 8, path)]
+    rng = np.random.default_rng(3906)
+    cases = []
+    for qt in (QT.Q8_0, QT.Q4_K):
+        w = weight_bytes(qt, 8, 256, rng)
+        cases += [(w, int(qt), 256, (acts if qt == QT.Q8_0 else acts_k)(rng, t, 256), 2) for t in (2, 5)]
+    for (w, gt, _, x, _), y in zip(cases, on_build("arm64-sve128-gcc", g_mul_mats, cases)):
+        f = mul_mat_repacked_arm if gt == int(QT.Q8_0) else mul_mat_repacked_arm_k
+        assert np.array_equal(bits(y), bits(f(w, QT(gt), x, "arm64-sve128")))
 
 
 def test_quantizer_hard_values():

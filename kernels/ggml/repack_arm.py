@@ -8,7 +8,8 @@ Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
 * ``repack.cpp: ggml_repack_get_optimal_repack_type`` on ARM (:data:`REPACK_ARM`): with i8mm Q4_0 and Q8_0 take
   ``4x8``, with dotprod only ``4x4``; IQ4_NL and MXFP4 ``4x4`` on both; Q4_K, Q5_K, Q6_K ``8x8`` (i8mm) /
   ``8x4`` (dotprod). The 32-value types need ``ne[1] % 4 == 0`` rows, the K-quants ``% 8``. (Q1_0 too, not
-  emulated; Q2_K is repacked by AVX-512 only.)
+  emulated; Q2_K is repacked by AVX-512 only.) ``arm64-base`` (NEON alone) repacks nothing; ``arm64-sve128`` takes
+  the i8mm choices and runs the i8mm NEON code (the SVE bodies are for 256-bit vectors): :data:`KERNELS_OF`.
 * ``repack.cpp: forward_mul_mat`` quantizes the activation rows in groups of four with
   ``arch/arm/repack.cpp: ggml_quantize_mat_q8_0_4x4`` / ``_4x8`` and the last ``T % 4`` rows with ``from_float``
   = ``arch/arm/quants.c: quantize_row_q8_0``. All three are one float recipe (:func:`quantize_rows_q8_0_arm`):
@@ -57,37 +58,46 @@ from kernels.ggml.simd import fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
 F32 = np.float32
-#: The AArch64 path keys emulated here (GCC builds).
-ARM_PATHS = ("arm64-dotprod", "arm64-i8mm")
-#: ``ggml_repack_get_optimal_repack_type`` on the ARM paths: type -> (rows multiple, kernel name ``NB_COLSxINTER``).
+_I8MM = {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
+         QT.Q4_K: (8, "8x8"), QT.Q5_K: (8, "8x8"), QT.Q6_K: (8, "8x8")}
+#: ``ggml_repack_get_optimal_repack_type`` on the ARM paths: type -> (rows multiple, kernel ``NB_COLSxINTER``). NEON
+#: alone (``arm64-base``) repacks nothing (every ARM choice needs dotprod or i8mm); SVE at 128 bits takes the i8mm
+#: choices (Q4_0's 8x8 needs ``svcntb() == 32``) and, its SVE kernel bodies being for 256 bits only, the NEON i8mm
+#: code: the same bits (checked against ``arm64-sve128-gcc``).
 REPACK_ARM = {
+    "arm64-base": {},
     "arm64-dotprod": {QT.Q4_0: (4, "4x4"), QT.Q8_0: (4, "4x4"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
                       QT.Q4_K: (8, "8x4"), QT.Q5_K: (8, "8x4"), QT.Q6_K: (8, "8x4")},
-    "arm64-i8mm": {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
-                   QT.Q4_K: (8, "8x8"), QT.Q5_K: (8, "8x8"), QT.Q6_K: (8, "8x8")},
+    "arm64-i8mm": _I8MM,
+    "arm64-sve128": _I8MM,
 }
+#: The AArch64 paths whose repacked kernels are emulated (GCC builds) -> the path whose kernels they run.
+KERNELS_OF = {"arm64-dotprod": "arm64-dotprod", "arm64-i8mm": "arm64-i8mm", "arm64-sve128": "arm64-i8mm"}
+ARM_PATHS = tuple(KERNELS_OF)
 #: The 32-value block types emulated here.
 REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
-#: (type, path) -> (gemm fused, gemv fused): whether the kernel's float step is one FMA (module docstring).
+#: (type, kernels' path) -> (gemm fused, gemv fused): whether the kernel's float step is one FMA (module docstring).
 FUSED = {
     (QT.Q8_0, "arm64-dotprod"): (False, True),  # gemm 4x4 vmlaq_f32 (fmul+fadd), gemv 4x4 vfmaq_f32
     (QT.Q8_0, "arm64-i8mm"): (True, True),  # gemm 4x8 (smmla) vfmaq_f32, gemv 4x8 vfmaq_f32
-    **{(QT.Q4_0, p): (True, True) for p in ARM_PATHS},  # gemm asm fmla, gemv vfmaq_f32
-    **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4) for p in ARM_PATHS},  # vmlaq_f32 everywhere
+    **{(QT.Q4_0, p): (True, True) for p in ("arm64-dotprod", "arm64-i8mm")},  # gemm asm fmla, gemv vfmaq_f32
+    **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4) for p in ("arm64-dotprod", "arm64-i8mm")},  # vmlaq_f32
 }
 
 
 def check_arm_path(path: str) -> str:
-    """``path`` if it is an emulated AArch64 path, else ValueError."""
-    if path not in ARM_PATHS:
-        raise ValueError(f"AArch64 repack kernels: path must be one of {ARM_PATHS}, got {path!r}")
-    return path
+    """The path whose repacked kernels ``path`` runs (:data:`KERNELS_OF`), else ValueError naming it."""
+    if path not in KERNELS_OF:
+        raise ValueError(f"AArch64 repacked kernels: path must be one of {ARM_PATHS}, got {path!r}")
+    return KERNELS_OF[path]
 
 
 def repacked_arm(qtype, n_rows: int, path: str) -> bool:
     """Whether llama.cpp's CPU_REPACK buffer repacks a weight of ``qtype`` with ``n_rows`` rows (ne[1], per expert)
-    on the AArch64 ``path``."""
-    entry = REPACK_ARM[check_arm_path(path)].get(_qt(qtype))
+    on the AArch64 ``path`` (a key of :data:`REPACK_ARM`)."""
+    if path not in REPACK_ARM:
+        raise ValueError(f"AArch64 repack choice: path must be one of {tuple(REPACK_ARM)}, got {path!r}")
+    entry = REPACK_ARM[path].get(_qt(qtype))
     return entry is not None and n_rows % entry[0] == 0
 
 
@@ -235,6 +245,7 @@ def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -
     a multiple of 4) is the caller's question (:func:`repacked_arm`): every element is computed alone, so ``w_bytes``
     may be a row block of a fused tensor."""
     qt = _check_type(qtype, path)
+    path = check_arm_path(path)
     w_bytes, x = _check(w_bytes, qt, x)
     T = x.shape[0]
     xq, xd = quantize_q8_0_arm(x)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
@@ -248,6 +259,7 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
     routed row): ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K) float32, ``ids`` (T, n_used) int32 -> (T, n_used,
     N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``."""
     qt = _check_type(qtype, path)
+    path = check_arm_path(path)
     x = np.ascontiguousarray(x, np.float32)
     w_bytes = _bytes(w_bytes)
     ids = np.asarray(ids, np.int32)

@@ -195,7 +195,7 @@ def _q8_k(x):
 
 def _check(qtype, path: str) -> QT:
     qt = _qt(qtype)
-    check_arm_path(path)
+    check_arm_path(path)  # (GEMM_GEMV is keyed by the kernels' path: repack_arm.KERNELS_OF)
     if qt not in REPACK_ARM[path] or qt in (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4):
         raise ValueError(f"AArch64 repacked K-quant kernels: {path} does not repack {qt.name} as a K-quant")
     if qt not in REPACK_ARM_K:
@@ -219,7 +219,7 @@ def mul_mat_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str)
     if w.ndim != 2 or K % 256 or w.shape[1] != rb:  # N % 8: the caller's question (repack_arm.repacked_arm)
         raise ValueError(f"weights must be (N, {rb}) bytes of {qt.name} rows of {K}, got {w.shape}")
     y, yd, ys = _q8_k(x)
-    gemm, gemv = GEMM_GEMV[(qt, path)]
+    gemm, gemv = GEMM_GEMV[(qt, check_arm_path(path))]
     recipe = np.where(np.arange(T) < T - T % 4, gemm, gemv).astype(np.int64)
     out = np.empty((T, w.shape[0]), np.float32)
     rows = np.arange(T)
@@ -241,7 +241,7 @@ def mul_mat_id_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np
     if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
         raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}), got {ids.shape}")
     y, yd, ys = _q8_k(x.reshape(T * n_x, K))
-    recipe = np.full(T * n_x, GEMM_GEMV[(qt, path)][1], np.int64)
+    recipe = np.full(T * n_x, GEMM_GEMV[(qt, check_arm_path(path))][1], np.int64)
     order, bounds, experts, arow = slot_groups(ids, n_x)
     out = np.empty((T * ids.shape[1], N), np.float32)
     for g, e in enumerate(experts.tolist()):

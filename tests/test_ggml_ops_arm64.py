@@ -82,3 +82,30 @@ def test_vec_dot_f16_half_accumulators(build):
     b = spread(rng, (4, 128), -2, 2).astype(np.float16).astype(np.float32)
     x86 = emulated_mul_mat(a.astype(np.float32), b, vec.vec_dot_f16, simd.AVX2)
     assert not np.array_equal(x86, on_build(build, g_mul_mat, a, b))  # float accumulators would miss
+
+
+def g_unary(name, x):
+    with Graph() as g:
+        return g.compute(g.op(name, [vp], g.tensor(x)), x.shape)
+
+
+#: the two float32s whose AArch64 glibc expf differs from x86-64's (all 2**32 compared: libm.expf_arm64)
+EXPF_DIFFER = np.array([0x4202422F, 0xC27C65D9], np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_glibc_expf_of_aarch64(build):
+    """ggml_exp, ggml_sigmoid and silu's scalar tail call the AArch64 glibc's expf, which differs from the host's
+    in two inputs (by 1 ulp): the emulation computes AArch64's (kernels.ggml.libm.expf_arm64)."""
+    from kernels.ggml import libm, vecmath
+
+    path = path_of(build)
+    x = np.concatenate([EXPF_DIFFER, np.nextafter(EXPF_DIFFER, np.float32(0)), [88.5, -100.0, -103.5, 1e-9]])
+    x = x.astype(np.float32).reshape(1, -1)
+    got = on_build(build, g_unary, "ggml_exp", x)
+    assert_bits(vecmath.exp(x, path), got, "exp")
+    host = np.array([libm.expf(v) for v in EXPF_DIFFER], np.float32)
+    assert not np.array_equal(host.view(np.uint32), got[0, :2].view(np.uint32))  # the host's glibc would miss
+    s = np.repeat(-EXPF_DIFFER, 3).astype(np.float32).reshape(2, 3)  # 3 < 4 lanes: all in the scalar tail
+    assert_bits(vecmath.silu(s, path), on_build(build, g_unary, "ggml_silu", s), "silu tail")
+    assert_bits(vecmath.sigmoid(s, path), on_build(build, g_unary, "ggml_sigmoid", s), "sigmoid")

@@ -6,7 +6,11 @@ Both libggml-cpu.so builds import ``expf``, ``logf``, ``powf`` (``@GLIBC_2.27``)
 kernel). So the emulation calls the same functions of the same glibc, in the same process — identical by
 construction, not a re-implementation. A portable formula would not do: numpy's own ``np.exp`` on float32
 differs from glibc's ``expf`` in over a third of inputs (``np.sin``/``np.cos`` in ~25 % of RoPE angles), by an ulp.
-The consequence: the emulation is exact on a host whose glibc is the one llama.cpp runs with, as ggml is.
+The consequence: the emulation is exact on a host whose glibc is the one llama.cpp runs with, as ggml is. For
+the AArch64 paths, whose llama.cpp runs with AArch64's glibc, :func:`expf_arm64` ports that build's ``expf``
+(:func:`expf_on` picks by :func:`glibc_of`); its ``logf``, ``sinf``, ``cosf``, ``powf`` give the host's bits on
+numbers (compared under qemu-aarch64), and its invalid operations return ARM's default NaN
+(:func:`kernels.ggml.simd.nan_swap`).
 
 Compiled, each function is a ``numba.types.ExternalFunction`` (a direct call of the symbol, resolved in this
 process like ``dlsym`` — the default version, the one ggml links); with ``NUMBA_DISABLE_JIT=1`` the same
@@ -29,6 +33,7 @@ import ctypes.util
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.simd import f32_bits as _f32_bits
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
 _ARITY = {"expf": 1, "logf": 1, "sinf": 1, "cosf": 1, "powf": 2, "fmaxf": 2}
@@ -91,4 +96,107 @@ def fmaxf(a, b):
     return _fmaxf(np.float32(a), np.float32(b))
 
 
-__all__ = ["expf", "logf", "sinf", "cosf", "powf", "fmaxf"]
+# ---------------------------------------------------------------------------------------------------
+# AArch64 glibc (Debian 12's 2.36, the libm an AArch64 llama.cpp runs with): its expf is sysdeps/ieee754/flt-32/
+# e_expf.c built with TOINT_INTRINSICS — ``roundtoint`` / ``converttoint`` are ``frinta`` / ``fcvtas``, round
+# half *away from zero*, where the x86-64 build adds and subtracts 0x1.8p52 — and GCC's contraction into
+# ``fmadd``: ``z = x·(32/ln 2)`` rounded by its own ``fmul``, then ``r = z - kd`` (disassembly of the sysroot's
+# libm.so.6, ``expf@@GLIBC_2.27``). The two glibcs differ in exactly two of all 2**32 float32 inputs:
+# 0x4202422f (32.56…) and 0xc27c65d9 (-63.10…), by 1 ulp (an exhaustive comparison of expf_arm64 with the host's;
+# expf_arm64 equals AArch64's on every input, compared under qemu-aarch64).
+
+#: glibc's ``__exp2f_data``: ``tab[32]`` (2**(i/32) with the index bits taken out), ``invln2_scaled`` = 32/ln 2,
+#: ``poly_scaled`` (read from the AArch64 libm.so.6's .rodata; the same table as glibc's e_exp2f_data.c)
+EXP2F_TAB = np.array([
+    0x3FF0000000000000, 0x3FEFD9B0D3158574, 0x3FEFB5586CF9890F, 0x3FEF9301D0125B51, 0x3FEF72B83C7D517B,
+    0x3FEF54873168B9AA, 0x3FEF387A6E756238, 0x3FEF1E9DF51FDEE1, 0x3FEF06FE0A31B715, 0x3FEEF1A7373AA9CB,
+    0x3FEEDEA64C123422, 0x3FEECE086061892D, 0x3FEEBFDAD5362A27, 0x3FEEB42B569D4F82, 0x3FEEAB07DD485429,
+    0x3FEEA47EB03A5585, 0x3FEEA09E667F3BCD, 0x3FEE9F75E8EC5F74, 0x3FEEA11473EB0187, 0x3FEEA589994CCE13,
+    0x3FEEACE5422AA0DB, 0x3FEEB737B0CDC5E5, 0x3FEEC49182A3F090, 0x3FEED503B23E255D, 0x3FEEE89F995AD3AD,
+    0x3FEEFF76F2FB5E47, 0x3FEF199BDD85529C, 0x3FEF3720DCEF9069, 0x3FEF5818DCFBA487, 0x3FEF7C97337B9B5F,
+    0x3FEFA4AFA2A490DA, 0x3FEFD0765B6E4540], dtype=np.uint64)
+EXPF_OFLOW, EXPF_MAY_UFLOW = np.float32(float.fromhex("0x1.62e42ep6")), np.float32(float.fromhex("-0x1.9d1d9ep6"))
+EXP2F_INVLN2N = float.fromhex("0x1.71547652b82fep+5")
+EXP2F_C0, EXP2F_C1, EXP2F_C2 = (float.fromhex(h) for h in ("0x1.c6af84b912394p-20", "0x1.ebfce50fac4f3p-13",
+                                                           "0x1.62e42ff0c52d6p-6"))
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _llvm_fma64(typingctx, a, b, c):
+        sig = types.float64(types.float64, types.float64, types.float64)
+
+        def codegen(context, builder, signature, args):
+            f64 = ir.DoubleType()
+            fn = builder.module.declare_intrinsic("llvm.fma", [f64], ir.FunctionType(f64, [f64, f64, f64]))
+            return builder.call(fn, args)
+
+        return sig, codegen
+
+    @intrinsic
+    def _bits_f64(typingctx, u):
+        sig = types.float64(types.uint64)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.DoubleType())
+
+        return sig, codegen
+
+    @jit()
+    def fma64(a, b, c):
+        """``a·b + c`` rounded once to double (AArch64 ``fmadd d``)."""
+        return _llvm_fma64(np.float64(a), np.float64(b), np.float64(c))
+
+else:
+    from fractions import Fraction
+
+    def fma64(a, b, c):
+        return np.float64(float(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))))
+
+    def _bits_f64(u):
+        return np.uint64(u).view(np.float64)
+
+
+@jit()
+def expf_arm64(x):
+    """AArch64 glibc ``expf`` (float32): e_expf.c as compiled there. Outside the core range (|x| ≥ 88 or so, inf,
+    NaN) both glibc builds take the same special cases, so this calls the host's (x86-64) ``expf`` there."""
+    x = np.float32(x)
+    u = np.uint32(np.int64(_f32_bits(x)))
+    if ((u >> 20) & 0x7FF) >= 0x42B:  # abstop >= top12(88.0f)
+        if not (x <= EXPF_OFLOW and x >= EXPF_MAY_UFLOW):  # -inf, inf/NaN, over- and underflow: the same code
+            return _expf(x)
+    z = np.float64(x) * EXP2F_INVLN2N  # fmul d1, d1, d3
+    kd = np.floor(abs(z) + 0.5)  # frinta: round half away from zero (|z| < 2**12: exact)
+    kd = kd if z >= 0 else -kd
+    ki = np.int64(kd)  # fcvtas
+    r = z - kd
+    t = EXP2F_TAB[ki & 31] + (np.uint64(ki) << np.uint64(47))
+    s = _bits_f64(t)
+    zz = fma64(EXP2F_C0, r, EXP2F_C1)  # z = C[0]*r + C[1]: fmadd
+    y = fma64(EXP2F_C2, r, 1.0)  # y = C[2]*r + 1: fmadd
+    y = fma64(zz, r * r, y)  # y = z*r2 + y: fmadd
+    return np.float32(y * s)
+
+
+#: Which glibc's float functions a path's libggml-cpu calls: the host's x86-64 one, or AArch64's.
+GLIBC_X86_64, GLIBC_AARCH64 = 0, 1
+
+
+def glibc_of(path: str) -> int:
+    """:data:`GLIBC_AARCH64` for the AArch64 paths, :data:`GLIBC_X86_64` for the x86 ones (ValueError otherwise)."""
+    from kernels.ggml.simd import check_path
+
+    return GLIBC_AARCH64 if check_path(path).startswith("arm64-") else GLIBC_X86_64
+
+
+@jit()
+def expf_on(x, glibc):
+    """``expf`` of the glibc :func:`glibc_of` names: the host's, or :func:`expf_arm64`."""
+    return expf_arm64(x) if glibc == GLIBC_AARCH64 else _expf(np.float32(x))
+
+
+__all__ = ["expf", "logf", "sinf", "cosf", "powf", "fmaxf", "expf_arm64", "expf_on", "glibc_of", "fma64",
+           "GLIBC_X86_64", "GLIBC_AARCH64"]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.ggml.libm import expf
+from kernels.ggml.libm import expf, expf_arm64
 from kernels.ggml.simd import (AVX2, AVX512, NEON, SSE2, f16_round, f16_round64, fma16, fma32, fold_left_unfused,
                                hsum_fold, hsum_pairwise4, v_expf, vec_reduce, vfma)
 
@@ -215,8 +215,8 @@ def vec_soft_max_f32(n, y, x, mx, lanes):
         else:
             total += np.float64(hsum_fold(y, i, lanes))  # sum += (ggml_float)<the block's lane sum>
         i += width
-    while i < n:  # tail: float val = expf(x[i] - max); sum += (ggml_float)val
-        v = expf(F32(x[i] - mx))
+    while i < n:  # tail: float val = expf(x[i] - max); sum += (ggml_float)val — AArch64's glibc on NEON
+        v = expf_arm64(F32(x[i] - mx)) if lanes == NEON else expf(F32(x[i] - mx))
         total += np.float64(v)
         y[i] = v
         i += 1

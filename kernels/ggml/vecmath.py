@@ -44,8 +44,8 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.ggml.libm import expf, logf
-from kernels.ggml.simd import check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
+from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on, glibc_of, logf
+from kernels.ggml.simd import NEON, check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -143,34 +143,38 @@ def scale(x, s: float, b: float = 0.0, path: str = "avx512") -> np.ndarray:
 
 
 @jit()
-def _unary_rows(x, op, y):
+def _unary_rows(x, op, glibc, y):
     for r in range(x.shape[0]):
         for i in range(x.shape[1]):
             v = x[r, i]
             if op == 0:  # op_exp
-                y[r, i] = expf(v)
+                y[r, i] = expf_on(v, glibc)
             elif op == 1:  # op_sigmoid: 1.f / (1.f + expf(-x))
-                y[r, i] = np.float32(np.float32(1.0) / np.float32(np.float32(1.0) + expf(-v)))
+                y[r, i] = np.float32(np.float32(1.0) / np.float32(np.float32(1.0) + expf_on(-v, glibc)))
             else:  # op_softplus: (x > 20.0f) ? x : logf(1.0f + expf(x))
-                y[r, i] = v if v > np.float32(20.0) else logf(np.float32(np.float32(1.0) + expf(v)))
+                y[r, i] = v if v > np.float32(20.0) else logf(np.float32(np.float32(1.0) + expf_on(v, glibc)))
+
+
+def _glibc(path):
+    return GLIBC_X86_64 if path is None else glibc_of(path)
 
 
 @follows_nans
 def exp(x, path: str | None = None) -> np.ndarray:
-    """ggml_exp: libm ``expf`` per element (``path`` is accepted for symmetry; the op has no SIMD code)."""
-    return _on_rows(_unary_rows, x, 0)
+    """ggml_exp: libm ``expf`` per element — the glibc of ``path`` (None: the host's); the op has no SIMD code."""
+    return _on_rows(_unary_rows, x, 0, _glibc(path))
 
 
 @follows_nans
 def sigmoid(x, path: str | None = None) -> np.ndarray:
     """ggml_sigmoid: ``1/(1 + expf(-x))`` with libm (no SIMD code)."""
-    return _on_rows(_unary_rows, x, 1)
+    return _on_rows(_unary_rows, x, 1, _glibc(path))
 
 
 @follows_nans
 def softplus(x, path: str | None = None) -> np.ndarray:
     """ggml_softplus: ``x > 20 ? x : logf(1 + expf(x))`` with libm (no SIMD code)."""
-    return _on_rows(_unary_rows, x, 2)
+    return _on_rows(_unary_rows, x, 2, _glibc(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -181,6 +185,7 @@ def softplus(x, path: str | None = None) -> np.ndarray:
 def _silu_rows(x, g, has_g, lanes, y):
     """ggml_vec_silu_f32 (has_g false) / ggml_vec_swiglu_f32 on each row of x (and g)."""
     width = expf_block(lanes)
+    glibc = GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64  # the scalar tail's libm expf
     for r in range(x.shape[0]):
         n = x.shape[1]
         i = 0
@@ -193,7 +198,7 @@ def _silu_rows(x, g, has_g, lanes, y):
             i += width
         while i < n:  # the scalar tail: ggml_silu_f32(x) = x/(1.0f + expf(-x)), times g[i] for swiglu
             v = x[r, i]
-            s = np.float32(v / np.float32(np.float32(1.0) + expf(-v)))
+            s = np.float32(v / np.float32(np.float32(1.0) + expf_on(-v, glibc)))
             y[r, i] = np.float32(s * g[r, i]) if has_g else s
             i += 1
 

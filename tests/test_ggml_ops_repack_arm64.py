@@ -21,6 +21,7 @@ from kernels.ggml import repack_arm
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.repack_arm import (
     FUSED,
+    REPACK_ARM_B32,
     mul_mat_id_repacked_arm,
     mul_mat_repacked_arm,
     quantize_q8_0_arm,
@@ -200,6 +201,46 @@ def test_mul_mat_id_bit_exact(build):
     if path == "arm64-dotprod":  # Q8_0: mul_mat_id is the (fused) gemv even for 9 rows of expert 0
         c, y = next((c, y) for c, y in zip(cases, got) if c[1] == int(QT.Q8_0) and c[3].shape[0] == 9)
         assert (bits(mul_mat_repacked_arm(c[0][0], QT.Q8_0, c[3][:, 0], path)[:8]) != bits(y[:8, 0])).any()
+
+
+def inf_scales(w, qt, rng):
+    """``w`` with some fp16 scales set to ±inf, ±0 and the smallest subnormal (MXFP4: E8M0 bytes 0, 254, 255)."""
+    w = w.copy()
+    if qt == QT.MXFP4:
+        blocks = w.reshape(w.shape[0], -1, 17)
+        blocks[:, :, 0].flat[rng.integers(0, blocks[:, :, 0].size, 6)] = rng.choice([0, 254, 255], 6)
+        return w
+    bb, off = {QT.Q8_0: (34, 0), QT.Q4_K: (144, 0), QT.Q6_K: (210, 208)}[qt]
+    blocks = w.reshape(w.shape[0], -1, bb)
+    for v in (0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001):
+        i, j = rng.integers(0, blocks.shape[0]), rng.integers(0, blocks.shape[1])
+        blocks[i, j, off], blocks[i, j, off + 1] = v & 0xFF, v >> 8
+    if qt == QT.Q4_K:  # and a dmin
+        blocks[0, 0, 2], blocks[0, 0, 3] = 0x00, 0x7C
+    return w
+
+
+@pytest.mark.parametrize("build", list(ARM))
+def test_inf_weight_scales(build):
+    """Infinite and zero weight scales: the NaNs they make (inf·0, inf - inf) are ARM's default +NaN."""
+    from kernels.ggml.repack_arm_k import mul_mat_repacked_arm_k
+
+    _require(build)
+    path = ARM[build]
+    rng = np.random.default_rng(3907)
+    cases = []
+    for qt in (QT.Q8_0, QT.MXFP4, QT.Q4_K, QT.Q6_K):
+        w = inf_scales(weight_bytes(qt, 8, 512, rng), qt, rng)
+        for t in (1, 5):
+            x = (acts if qt in REPACK_ARM_B32 else acts_k)(rng, t, 512)
+            x[0, :40] = 0.0  # a zero Q8 block (d = 0) against an infinite scale
+            cases.append((w, int(qt), 512, x, 1))
+    got = on_build(build, g_mul_mats, cases)
+    assert any(np.isnan(y).any() for y in got)
+    for (w, gt, _, x, _), y in zip(cases, got):
+        f = mul_mat_repacked_arm if gt in map(int, REPACK_ARM_B32) else mul_mat_repacked_arm_k
+        want = f(w, QT(gt), x, path)
+        assert np.array_equal(bits(y), bits(want)), (QT(gt).name, x.shape, np.argwhere(bits(y) != bits(want))[:4])
 
 
 def test_sve128_and_base():

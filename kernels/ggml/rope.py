@@ -32,6 +32,12 @@ NaN payloads follow x86's FMA rule (observed on Zen 4; QEMU models x86 the same 
 not negated by ``vfmsub``. ``a`` is ``cos``/``sin`` (never NaN), ``b`` is ``x0``, ``c`` is ``t``/``u``:
 an ``x0`` NaN wins over an ``x1`` NaN, and ``t``/``u`` = ``±inf·0`` gives the default NaN 0xFFC00000
 (:func:`_nan_fixup`; LLVM does not promise an operand order for the compiled ``fma32``).
+
+AArch64 (``arm64-dotprod`` / ``arm64-i8mm``, GCC 12): the same scalar loop, the same contraction —
+``fmul`` t = x1·sin, u = x1·cos, ``fnmsub`` x0·cos - t, ``fmadd`` x0·sin + u — and AArch64 glibc's ``powf`` /
+``sincosf`` give the host's bits on these angles (compared under qemu), so the numbers are the x86 ones; only the
+NaNs follow Arm's rules (:func:`_nan_fixup_arm64`: the addend's NaN first, signalling NaNs first, ``fnmsub``
+negates its addend's NaN, the default NaN is 0x7FC00000). Tested bit for bit against both AArch64 builds.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import cosf, powf, sinf
-from kernels.ggml.simd import check_path, fma32
+from kernels.ggml.simd import ARM_NAN, check_path, fma32, simd
 
 F32 = np.float32
 ROPE_TYPE_NEOX, ROPE_TYPE_MROPE, ROPE_TYPE_IMROPE = 2, 8, 40  # ggml.h: GGML_ROPE_TYPE_*
@@ -133,8 +139,33 @@ def _nan_fixup(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np
         out[...] = np.where(nan0, q0, np.where(prod_nan, prod_bits, out))  # fma(a=cos|sin, b=x0, c=t|u)
 
 
+def _nan_fixup_arm64(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int, y: np.ndarray) -> None:
+    """The NaNs of GCC's AArch64 rotation (module docstring): ``t = x1*sin``, ``u = x1*cos`` (``fmul``), then
+    ``dst[0] = fnmsub(x0, cos, t)`` = FPMulAdd(addend -t, x0, cos) and ``dst[n_offset] = fmadd(x0, sin, u)``.
+    Arm's FPMulAdd returns the first signalling NaN of (addend, op1, op2), else the first quiet one, in that order
+    — so a NaN ``t``/``u`` wins over a quiet-NaN ``x0``, a signalling ``x0`` over them — after ``FPNeg`` of the
+    addend (``-t``'s NaN has its sign flipped); a quiet-NaN addend with ``op1·op2 = inf·0`` and every NaN an
+    operation makes is the default NaN 0x7FC00000 (FPCR.DN = 0)."""
+    xb, yb = x.view(np.uint32), y.view(np.uint32)
+    x0, x1 = x[..., :half], x[..., half:2 * half]  # [T, H, half]
+    b0 = xb[..., :half]
+    c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, half]
+    snan0 = np.isnan(x0) & ((b0 & QUIET) == 0)
+    for out, ofs, factor, factor0, neg in ((yb[..., :half], 0, s, c, True), (yb[..., half:2 * half], half, c, s, False)):
+        prod_nan = np.isnan(x1) | (np.isinf(x1) & (factor == 0)) | ((x1 == 0) & np.isinf(factor))
+        prod_bits = np.where(np.isnan(x1), xb[..., half:2 * half] | QUIET, ARM_NAN).astype(np.uint32)
+        if neg:
+            prod_bits ^= np.uint32(0x80000000)  # fnmsub: FPNeg(addend) before the NaN checks
+        inf_zero = (np.isinf(x0) & (factor0 == 0)) | ((x0 == 0) & np.isinf(factor0))
+        result_nan = np.isnan(y[..., ofs:ofs + half])
+        out[...] = np.where(snan0, b0 | QUIET,
+                            np.where(prod_nan, np.where(inf_zero, ARM_NAN, prod_bits),
+                                     np.where(np.isnan(x0), b0, np.where(result_nan, ARM_NAN, out))))
+
+
 def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ext_factor, path):
     fused = check_path(path) != "generic"  # the same on both SIMD paths; ggml's generic build has no FMA
+    arm = simd(path).nan == ARM_NAN  # the AArch64 builds: the same numbers, Arm's NaN rules
     if ext_factor != 0.0:
         raise NotImplementedError("rope with ext_factor != 0 (YaRN) is not emulated")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -155,7 +186,10 @@ def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ex
     y = x.copy()  # [T, H, ne0]; dims >= n_dims: copied unchanged
     _rotate_rows(x, cos, sin, half, fused, y)
     if not np.isfinite(x[..., :n_dims]).all():
-        _nan_fixup(x, cos, sin, half, y, fused)
+        if arm:
+            _nan_fixup_arm64(x, cos, sin, half, y)
+        else:
+            _nan_fixup(x, cos, sin, half, y, fused)
     return y
 
 

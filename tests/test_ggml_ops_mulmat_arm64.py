@@ -152,10 +152,11 @@ def q8_k_ties(rng, k):
 
 @pytest.mark.parametrize("build", ARM_BUILDS)
 def test_block32_types_bit_exact(build):
-    """Q4_0 (2-row on i8mm), MXFP4 and IQ4_NL (pairs of blocks, one product fused) with AArch64 Q8_0 activations."""
+    """Q4_0 (2-row on i8mm), MXFP4 and IQ4_NL (pairs of blocks, one product fused), Q5_0 with AArch64 Q8_0
+    activations; Q4_1 (2-row on i8mm) and Q5_1 with AArch64 Q8_1."""
     rng = np.random.default_rng(3906)
     cases = []
-    for qtype in (QT.Q4_0, QT.MXFP4, QT.IQ4_NL):
+    for qtype in (QT.Q4_0, QT.MXFP4, QT.IQ4_NL, QT.Q5_0, QT.Q4_1, QT.Q5_1):
         for n, k in ((6, 96), (5, 64), (2, 32)):
             w = weight_bytes(qtype, n, k, rng)
             for t in T_ARM:
@@ -187,3 +188,14 @@ def test_q8_k_contraction_matters():
 
     x = q8_k_ties(np.random.default_rng(3908), 256)[None]
     assert (_q8_k_rows(x, fused=True)[0] != _q8_k_rows(x)[0]).any()
+
+
+def test_q5_0_i8mm_tail_reads_unsigned():
+    """GCC 12's i8mm build computes a Q5_0 row's odd last block with USDOT (values v - 16 as unsigned bytes):
+    the two ARM paths differ exactly there (test_block32_types_bit_exact matches each library)."""
+    rng = np.random.default_rng(3909)
+    x = acts(rng, 2, 96)
+    for k, differ in ((96, True), (64, False)):
+        w = weight_bytes(QT.Q5_0, 3, k, rng)
+        a, b = mul_mat(w, QT.Q5_0, x[:, :k], "arm64-dotprod"), mul_mat(w, QT.Q5_0, x[:, :k], "arm64-i8mm")
+        assert (not np.array_equal(bits(a), bits(b))) == differ

@@ -226,10 +226,11 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         return arm_default_nan(out)
     two = None if nrows == 1 else mmla_mask(T, N, n_threads, qtype, path)
     two = np.zeros((0, 0), np.bool_) if two is None else two
-    if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0
-        xq, xd, _ = _q8_0_rows_arm(x, False)
-        v, dw = mulmat_arm_q.decode_block32(w_bytes, qtype)
-        mulmat_arm_q.block32_rows(mulmat_arm_q.BLOCK32[qtype][1], v, dw, xq, xd, out, two)
+    if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0 / _q8_1
+        xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)
+        v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
+        kind = mulmat_arm_q.I8MM_KIND.get(qtype, 0) if path == "arm64-i8mm" else 0
+        mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two)
     else:  # K-quants: quantize_row_q8_K_ref, its nearest_int contracted by GCC
         yq, yd, ybs = _q8_k_rows(x, fused=True)
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),

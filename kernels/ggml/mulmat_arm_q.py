@@ -17,6 +17,12 @@ the float steps are read from the disassembly of both builds (the 1-row kernels 
     ``sumf + fma(float(sB), dB, float(sA)·dA)`` for MXFP4 and ``sumf + fma(float(sA), dA, float(sB)·dB)`` for
     IQ4_NL (GCC fused the other product: the same C, read in the disassembly); an odd last block
     ``fma(float(sumi), d, sumf)``.
+  - ``Q5_0``: as Q8_0 — except on ``arm64-i8mm``, where GCC's ``usdot`` tail reads the odd last block's values
+    ``v - 16`` as unsigned bytes (:data:`I8MM_KIND`). ``Q4_1``, ``Q5_1`` (Q8_1 activations, unsigned values, a min ``m`` per block): the lanes
+    as Q8_0, the mins per pair ``summs += fma(m0, s0, m1·s1)`` (Q4_1) or in two sums ``summsN = fma(mN, sN, summsN)``
+    (Q5_1), ``sumf = vaddvq(sumv0) + vaddvq(sumv1) + summs (+ summs1)``; an odd last block
+    ``sumf + fma(dw·dx, float(sumi), m·s)``. Q4_1's i8mm 2-row kernel: Q8_0's lane plus its own
+    ``summs = fma(m, s, summs)`` lane, added at the end.
 * K-quants, Q8_K activations (:func:`k_rows`), per 256-value super-block ``b`` with ``d = y.d·fp16(x.d)``,
   ``dmin = y.d·fp16(x.dmin)``, ``sumi`` = Σ sub-block scale × sub-block dot, ``bias`` = Σ min × Q8_K pair sum
   (Q6_K: ``sumi`` with the values ``q - 32``):
@@ -45,27 +51,49 @@ from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
 F32 = np.float32
-#: 32-value block types: (block bytes, kernel kind) — kind 0: Q8_0, 1: Q4_0, 2: MXFP4, 3: IQ4_NL
-BLOCK32 = {QT.Q8_0: (34, 0), QT.Q4_0: (18, 1), QT.MXFP4: (17, 2), QT.IQ4_NL: (18, 3)}
+#: 32-value block types: (block bytes, kernel kind) — kind 0: Q8_0 and Q5_0, 1: Q4_0, 2: MXFP4, 3: IQ4_NL, 4: Q4_1,
+#: 5: Q5_1 (4 and 5 take Q8_1 activations); 6: Q5_0 on arm64-i8mm (:data:`I8MM_KIND`)
+BLOCK32 = {QT.Q8_0: (34, 0), QT.Q4_0: (18, 1), QT.MXFP4: (17, 2), QT.IQ4_NL: (18, 3), QT.Q5_0: (22, 0),
+           QT.Q4_1: (20, 4), QT.Q5_1: (24, 5)}
+Q8_1_TYPES = frozenset({QT.Q4_1, QT.Q5_1})
+#: the kernel kinds that differ on arm64-i8mm: GCC 12 (-march=armv8.6-a+…+i8mm) vectorizes the scalar tail (odd last
+#: block) of ggml_vec_dot_q5_0_q8_0 with USDOT, whose first operand is *unsigned*: the int8 values v - 16 of that
+#: block count as (v - 16) mod 256 (a miscompile; qemu's USDOT follows the Arm ARM, checked with inline asm)
+I8MM_KIND = {QT.Q5_0: 6}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
 KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
 
 
+def _f16(blk, o):
+    return F16_TO_F32[blk[:, :, o] | (blk[:, :, o + 1].astype(np.int64) << 8)]
+
+
 def decode_block32(w_bytes: np.ndarray, qtype: QT):
-    """(N, nb·bytes) uint8 rows -> (v (N, K) int8 values, dw (N, nb) float32 block scales) of a 32-value type."""
+    """(N, nb·bytes) uint8 rows of a 32-value type -> (v (N, K) int8 values, dw (N, nb) float32 block scales, mw
+    (N, nb) float32 block mins: Q4_1 / Q5_1, else zeros). Value ``j < 16`` is the low nibble of byte ``j``,
+    ``16 + j`` its high nibble (with Q5's fifth bit ``j`` / ``16 + j`` of ``qh``)."""
     size = BLOCK32[qtype][0]
     N = w_bytes.shape[0]
     blk = np.ascontiguousarray(w_bytes).reshape(N, -1, size)
+    mw = np.zeros(blk.shape[:2], np.float32)
     if qtype == QT.Q8_0:
-        return blk[:, :, 2:].view(np.int8).reshape(N, -1), F16_TO_F32[blk[:, :, 0] | (blk[:, :, 1].astype(np.int64) << 8)]
+        return blk[:, :, 2:].view(np.int8).reshape(N, -1), _f16(blk, 0), mw
     if qtype == QT.MXFP4:
-        dw, qs = E8M0_HALF[blk[:, :, 0]], blk[:, :, 1:]  # GGML_E8M0_TO_FP32_HALF
-        table = MXFP4_VALUES
+        dw, qs, table = E8M0_HALF[blk[:, :, 0]], blk[:, :, 1:], MXFP4_VALUES  # GGML_E8M0_TO_FP32_HALF
+    elif qtype == QT.IQ4_NL:
+        dw, qs, table = _f16(blk, 0), blk[:, :, 2:], IQ4NL_VALUES.astype(np.int8)
     else:
-        dw, qs = F16_TO_F32[blk[:, :, 0] | (blk[:, :, 1].astype(np.int64) << 8)], blk[:, :, 2:]
-        table = IQ4NL_VALUES.astype(np.int8) if qtype == QT.IQ4_NL else (np.arange(16) - 8).astype(np.int8)
-    v = np.concatenate([table[qs & 15], table[qs >> 4]], axis=2)  # value j: low nibble of byte j, 16 + j: high
-    return v.reshape(N, -1), dw.astype(np.float32)
+        dw, qs, table = _f16(blk, 0), blk[:, :, size - 16:], np.arange(16, dtype=np.int8)
+    v = np.concatenate([table[qs & 15], table[qs >> 4]], axis=2)  # (N, nb, 32)
+    if qtype in (QT.Q5_0, QT.Q5_1):
+        o = 2 if qtype == QT.Q5_0 else 4
+        qh = blk[:, :, o:o + 4].copy().view("<u4")  # (N, nb, 1)
+        v = v | (((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int8) << 4)
+    if qtype in (QT.Q4_0, QT.Q5_0):
+        v = v - np.int8(8 if qtype == QT.Q4_0 else 16)
+    if qtype in Q8_1_TYPES:
+        mw = _f16(blk, 2)
+    return v.reshape(N, -1), dw.astype(np.float32), mw
 
 
 @jit()
@@ -77,12 +105,13 @@ def _dot32(v, r, xq, t, o):
 
 
 @jit()
-def _block32_1row(kind, v, dw, r, xq, xd, t):
+def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t):
     """One element of the 1-row ``vec_dot`` (see the module docstring)."""
     nb = dw.shape[1]
     sumf = F32(0.0)
+    summs, summs1 = F32(0.0), F32(0.0)
     ib = 0
-    if kind >= 2:  # MXFP4 (the first block's product rounded, the second's fused), IQ4_NL (the other way round)
+    if kind == 2 or kind == 3:  # MXFP4 (the first block's product rounded, the second's fused), IQ4_NL (the other way round)
         while ib + 1 < nb:
             da, db = F32(xd[t, ib] * dw[r, ib]), F32(xd[t, ib + 1] * dw[r, ib + 1])
             sa, sb = F32(_dot32(v, r, xq, t, 32 * ib)), F32(_dot32(v, r, xq, t, 32 * ib + 32))
@@ -97,6 +126,11 @@ def _block32_1row(kind, v, dw, r, xq, xd, t):
     s0 = np.zeros(4, np.float32)
     s1 = np.zeros(4, np.float32)
     while ib + 1 < nb:
+        if kind == 4:  # Q4_1: summs += m0·s0 + m1·s1, the first product fused
+            summs = F32(summs + fma32(mw[r, ib], xs[t, ib], F32(mw[r, ib + 1] * xs[t, ib + 1])))
+        elif kind == 5:  # Q5_1: summs0 += m0·s0, summs1 += m1·s1 (fused)
+            summs = fma32(mw[r, ib], xs[t, ib], summs)
+            summs1 = fma32(mw[r, ib + 1], xs[t, ib + 1], summs1)
         for h in range(2):
             b = ib + h
             d = F32(dw[r, b] * xd[t, b])
@@ -111,35 +145,51 @@ def _block32_1row(kind, v, dw, r, xq, xd, t):
                     s1[lane] = F32(s1[lane] + F32(F32(dot) * d))
         ib += 2
     sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
+    if kind >= 4:
+        sumf = F32(sumf + summs)
+        if kind == 5:
+            sumf = F32(sumf + summs1)
     for b in range(ib, nb):
         sumi = F32(_dot32(v, r, xq, t, 32 * b))
-        if kind == 0:
+        if kind == 6:  # Q5_0 on arm64-i8mm: GCC's USDOT reads the values v - 16 as unsigned bytes
+            dot = 0
+            for j in range(32):
+                dot += (np.int64(v[r, 32 * b + j]) & 255) * xq[t, 32 * b + j]
+            sumf = fma32(F32(dot), F32(dw[r, b] * xd[t, b]), sumf)
+        elif kind == 0:
             sumf = fma32(sumi, F32(dw[r, b] * xd[t, b]), sumf)
-        else:
+        elif kind == 1:
             sumf = fma32(F32(sumi * dw[r, b]), xd[t, b], sumf)
+        else:  # Q4_1, Q5_1: sumf += (d_w·d_x)·sumi + m·s, the first product fused
+            sumf = F32(sumf + fma32(F32(dw[r, b] * xd[t, b]), sumi, F32(mw[r, b] * xs[t, b])))
     return sumf
 
 
 @jit()
-def _block32_2row(v, dw, r, xq, xd, t):
-    """One of the four elements of the i8mm 2-row Q8_0 / Q4_0 ``vec_dot``."""
+def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t):
+    """One of the four elements of the i8mm 2-row Q8_0 / Q4_0 / Q4_1 ``vec_dot`` (Q4_1: the mins in their own lane,
+    ``summs = fma(m, s, summs)`` (``fmla``), added at the end)."""
     acc = F32(0.0)
+    summs = F32(0.0)
     for b in range(dw.shape[1]):
         acc = F32(acc + F32(F32(_dot32(v, r, xq, t, 32 * b)) * F32(dw[r, b] * xd[t, b])))
-    return acc
+        if kind == 4:
+            summs = fma32(mw[r, b], xs[t, b], summs)
+    return F32(acc + summs) if kind == 4 else acc
 
 
 @jit()
-def block32_rows(kind, v, dw, xq, xd, out, two):
-    """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 activations ``xq`` (T, K)
-    int8, ``xd`` (T, nb); ``two`` (T, N) bool: the elements of 2-row kernels (or (0, 0): none)."""
+def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two):
+    """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 / Q8_1 activations ``xq``
+    (T, K) int8, ``xd`` (T, nb), ``xs`` (T, nb) Q8_1's s (or anything: unused); ``two`` (T, N) bool: the elements of
+    2-row kernels (or (0, 0): none)."""
     has_two = two.shape[0] > 0
     for t in range(xq.shape[0]):
         for r in range(v.shape[0]):
             if has_two and two[t, r]:
-                out[t, r] = _block32_2row(v, dw, r, xq, xd, t)
+                out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t)
             else:
-                out[t, r] = _block32_1row(kind, v, dw, r, xq, xd, t)
+                out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t)
 
 
 @jit()

@@ -122,7 +122,7 @@ def hard_rows(rng, n_rows, n):
 def test_rms_norm_bit_exact(build):
     path = path_of(build)
     rng = np.random.default_rng(2701)
-    for n in (1, 7, 37, 64, 261):  # tails of every length beyond 8/16 lanes
+    for n in (1, 4, 5, 7, 37, 64, 261):  # tails of every length beyond 4/8/16 lanes; AArch64 fused: n <= 4 scalar
         x = hard_rows(rng, 16, n)
         w = rng.standard_normal(n).astype(np.float32)
         w[rng.integers(0, n)] = nan_bits(0x7FC00ABC)[0]

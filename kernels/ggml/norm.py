@@ -30,6 +30,11 @@ its first source, and x86 returns the first NaN source, quieted):
 * ``|x| > ~1.8e19`` squares to ``inf`` *in float32* (before the widening the C casts after), so
   ``scale = 0``: the row becomes ±0 (and ``inf*0`` = the default NaN 0xFFC00000 where ``x`` is ±inf) —
   unlike the float64 math ``x/sqrt(mean(x²)+eps)``, which is finite there.
+
+AArch64 (``arm64-dotprod`` / ``arm64-i8mm``, GCC 12, both builds' disassembly): the same scalar sum, mean and
+scale, so the same numbers; the products follow Arm's NaN rules (a signalling NaN first, then the *first*
+operand's, default NaN 0x7FC00000) in GCC's operand orders (:func:`_rms_norm_rows_arm64`): a NaN ``x`` keeps its
+own NaN everywhere (``fmul y, scale``); l2_norm's ``fmaxnm`` ignores the NaN as glibc's ``fmaxf`` does.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import fmaxf
-from kernels.ggml.simd import check_path
+from kernels.ggml.simd import ARM_NAN, bits_f32, check_path, f32_bits, nan_swap, simd
 
 F32 = np.float32
 QUIET = np.uint32(0x00400000)  # the quiet bit x86 sets on a NaN that passes through arithmetic
@@ -107,6 +112,70 @@ def _l2_norm_rows(x, eps, y):
             y[r, i] = np.float32(scale * x[r, i])  # scale is never NaN: a NaN x stays itself, quieted
 
 
+@jit()
+def _is_nan(b):
+    return (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+
+
+@jit()
+def _arm_mul(a, ab, b, bb):
+    """``fmul a, b`` on AArch64 as bits (FPCR.DN = 0): a signalling NaN first (quieted), then the first operand's
+    quiet NaN, then the second's; an invalid product (inf·0) is the default NaN 0x7FC00000."""
+    ab, bb = np.uint32(ab), np.uint32(bb)
+    if _is_nan(ab) and (ab & QUIET) == 0:
+        return np.uint32(ab | QUIET)
+    if _is_nan(bb) and (bb & QUIET) == 0:
+        return np.uint32(bb | QUIET)
+    if _is_nan(ab):
+        return ab
+    if _is_nan(bb):
+        return bb
+    p = np.float32(a * b)
+    return np.uint32(ARM_NAN) if p != p else np.uint32(f32_bits(p))
+
+
+@jit()
+def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb):
+    """ops.cpp: ggml_compute_forward_rms_norm_f32 / _mul_fused as GCC 12 built it for AArch64 (both builds'
+    disassembly): the same sum, mean and scale as x86 (``fmul s; fcvt d; fadd d`` in order, ``fdiv d``, ``fadd s``,
+    ``fsqrt``, ``fdiv s``), so the same numbers; the products with Arm's NaN rules (:func:`_arm_mul`) in the
+    operand orders GCC chose — plain: ``fmul y, scale`` everywhere (vec_scale_f32); fused ``(x*scale)*w``: with
+    ``n`` ≤ 4 one scalar loop ``fmul scale, x`` then ``fmul w, t``; else ``fmul x, scale`` / ``fmul t, w`` on the
+    4-wide part, and on the ``n % 4`` tail ``fmul scale, x`` then ``fmul t, w``, ``fmul t, w``, ``fmul w, t``."""
+    R, n = x.shape
+    vec_end = (n & ~3) if n > 4 else 0
+    for r in range(R):
+        s = np.float64(0.0)
+        sb = np.uint32(0)
+        nan_sum = False
+        for i in range(n):  # sum += (ggml_float)(x*x): a NaN sum keeps itself (op1, both quiet)
+            if nan_sum:
+                continue
+            if _is_nan(xb[r, i]):
+                nan_sum, sb = True, xb[r, i] | QUIET
+            else:
+                s += np.float64(np.float32(x[r, i] * x[r, i]))
+        if nan_sum:
+            scale = bits_f32(sb)
+        else:
+            mean = np.float32(s / np.float64(n))
+            scale = np.float32(1.0) / np.sqrt(np.float32(mean + np.float32(eps)))
+        scb = np.uint32(f32_bits(scale)) if scale == scale else (sb if nan_sum else np.uint32(ARM_NAN))
+        for i in range(n):
+            if not fused:
+                yb[r, i] = _arm_mul(x[r, i], xb[r, i], scale, scb)
+                continue
+            if i < vec_end:
+                tb = _arm_mul(x[r, i], xb[r, i], scale, scb)
+            else:
+                tb = _arm_mul(scale, scb, x[r, i], xb[r, i])
+            t = bits_f32(tb)
+            if vec_end == 0 or i - vec_end == 2:
+                yb[r, i] = _arm_mul(w[i], wb[i], t, tb)
+            else:
+                yb[r, i] = _arm_mul(t, tb, w[i], wb[i])
+
+
 def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) -> np.ndarray:
     """``ggml_rms_norm(x, eps)`` over the last axis; with ``w`` [n], the RMS_NORM+MUL fusion
     ``ggml_compute_forward_rms_norm_mul_fused`` that ggml-cpu runs for ``build_norm``'s
@@ -122,7 +191,10 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     if w.shape != (n,):
         raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
     y = np.empty_like(x2)
-    _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, path == "generic", y, y.view(np.uint32))
+    if simd(path).nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
+        _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32))
+    else:
+        _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, path == "generic", y, y.view(np.uint32))
     return y.reshape(x.shape)
 
 
@@ -130,10 +202,10 @@ def l2_norm(x: np.ndarray, eps: float, path: str) -> np.ndarray:
     """``ggml_l2_norm(x, eps)`` over the last axis: ``x / fmaxf(sqrtf(Σx²), eps)``. [..., n] -> [..., n].
     ISA-independent (module docstring)."""
     x = _check(x, path)
-    x2 = x.reshape(-1, x.shape[-1])  # [R, n]
+    x2 = nan_swap(path, x.reshape(-1, x.shape[-1]))  # [R, n]; AArch64: only its default NaN differs (fmaxnm)
     y = np.empty_like(x2)
     _l2_norm_rows(x2, F32(eps), y)
-    return y.reshape(x.shape)
+    return nan_swap(path, y).reshape(x.shape)
 
 
 def gdn_l2_norm(x: np.ndarray, eps: float, path: str) -> np.ndarray:

@@ -11,6 +11,11 @@ computed here by the same kernels the one-op emulations use:
   (:func:`kernels.ggml.mulmat_vec.tinyblas_rows`).
 
 ``refimpl.graph.attention.attend`` calls op by op for the other configurations (F16 K/V, flash attention).
+
+``lanes`` is the path's vec code (:func:`kernels.ggml.simd.lanes`): 16, 8, or 4 for the AArch64 NEON builds
+(``arm64-dotprod`` / ``arm64-i8mm``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's NEON blocks;
+no llamafile there, so ``sgemm`` is False) — bit for bit against both ARM builds
+(tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash).
 """
 
 from __future__ import annotations

@@ -42,6 +42,11 @@ F16 values) while depending on an ``expf`` of a score (the only inputs that carr
 ``v + acc`` after a new maximum is exact on both sides, even when it is an exact tie): the elements
 where such a difference is possible. Everything else must agree with
 llama.cpp to float noise (tests/test_emulate_config.py).
+
+This is x86's rounding (float dot and FMA, then F16). An AArch64 llama.cpp built with FP16 vector arithmetic
+accumulates the dot and updates the accumulator in *half* precision (``vs``, ``ms`` rounded to half; the dot's half
+lanes can overflow to inf): this tie model does not cover it. ``--emulate=ggml`` never calls this module — its
+graph (refimpl/graph/attention.py) takes :mod:`kernels.ggml.flashattn_exact`, which follows the ARM builds bit for bit.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Bit-exact emulation of ggml-cpu's ``ggml_flash_attn_ext`` (F32 Q, F16 or F32 K/V) on the x86 paths (and ggml's
 generic x86 build: the dots a double sum of rounded products, no FMA anywhere, F16 conversions the portable ones,
-the tiled path's exps vec.h's SSE2 ``ggml_v_expf``; docs/ggml-generic-x86.md §5).
+the tiled path's exps vec.h's SSE2 ``ggml_v_expf``; docs/ggml-generic-x86.md §5) and the AArch64 GCC builds
+``arm64-dotprod`` / ``arm64-i8mm`` (NEON with FP16 vector arithmetic; below).
 
 ``ggml_compute_forward_flash_attn_ext_f16`` (ggml-cpu/ops.cpp) takes one of three code paths, chosen from the
 shapes alone (``use_ref`` is never set by llama.cpp); :func:`fa_kernel` names it:
@@ -57,6 +58,20 @@ computed in float32).
 Non-finite values follow the same IEEE arithmetic (inf/NaN in Q, K, V tested byte for byte; the NaNs are
 the default NaN). Input NaNs with other payloads are not followed: ggml's F16 accumulator keeps 10 payload
 bits in its SIMD conversion and canonicalises them in its scalar one, the emulation keeps float32 NaNs.
+
+AArch64 (GCC 12, ``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``; read from both builds' ``objdump -d``, the same code),
+``lanes`` = :data:`kernels.ggml.simd.NEON`. The one-row loop (and so each split-KV chunk) computes in *half*
+precision where x86 widens to float: ``ggml_vec_dot_f16`` accumulates K·Q in 4 × 8 ``float16x8_t`` lanes
+(``fmla v.8h``: each FMA rounded to binary16), reduced in half, then float (:func:`kernels.ggml.vec.vec_dot_f16`) —
+so a partial sum past 65504 is inf where x86 is finite; ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f16`` round ``vs`` /
+``ms`` to half (``vdupq_n_f16``) and update VKQ16 by half FMAs / products on the first ``DV & ~31`` values, the rest
+in float as x86 (:func:`kernels.ggml.vec.vec_mad_f16`, ``vec_scale_f16``). Q goes to F16 by the portable
+``GGML_CPU_FP32_TO_FP16`` (``ggml_cpu_fp32_to_fp16`` has no NEON loop). The tiled path is x86's with NEON's
+4-lane soft_max blocks, and it is taken only when ``DV % 4 == 0`` (``use_tiled &= DV % GGML_F32_EPR == 0`` off x86):
+other batches of ≥ 64 rows run the one-row loop. ``fmaxf`` is inlined as ``fmaxnm`` (:func:`fmax_path`); ``expf`` is
+AArch64 glibc's (:func:`kernels.ggml.libm.expf_on`); ``S = S*ms + vs`` and the split reduction contract as on x86;
+a generated NaN is ARM's default +qNaN (:func:`arm_default_nan`). Other ARM keys (``arm64-base``: F16 vectors as
+float32x4_t; ``arm64-sve128``: SVE code) are refused by :func:`fa_code`.
 """
 
 from __future__ import annotations
@@ -64,11 +79,12 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.ggml.flashattn_exact_tiled import tiled_rows
-from kernels.ggml.libm import expf, fmaxf
+from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
+from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
-from kernels.ggml.simd import check_path, expf_lanes, fma32
-from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
+from kernels.ggml.build import not_emulated
+from kernels.ggml.simd import NEON, SIMD, check_path, fma32, simd
+from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic, vec_mad_f16, vec_scale_f16
 from kernels.ggml.vecmath import cast_f16_to_f32, f16_value
 
 F32 = np.float32
@@ -92,11 +108,15 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     ``ic_start … ic_end-1`` of ``k`` [n_kv, DK], ``v`` [n_kv, DV] (float32 holding F16 values when
     ``k_f16``/``v_f16``). Leaves the unnormalised VKQ in ``vkq`` (F16 values when ``v_f16``: the VKQ16
     accumulator converted to float) and returns (M, S). ``acc``: the dot's scratch (:func:`kernels.ggml.vec.dot_scratch`).
-    ``fused`` False: ggml's generic build — the dots :func:`kernels.ggml.vec.vec_dot_generic`, no FMA."""
+    ``fused`` False: ggml's generic build — the dots :func:`kernels.ggml.vec.vec_dot_generic`, no FMA. ``lanes``
+    :data:`kernels.ggml.simd.NEON`: the AArch64 builds — Q to F16 by the portable conversion, the F16 dot and the
+    VKQ16 updates in half precision (:func:`kernels.ggml.vec.vec_dot_f16`, ``vec_mad_f16``, ``vec_scale_f16``)."""
     DK = q_row.size
     DV = vkq.size
-    for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 / ggml_cpu_fp32_to_fp32
-        q_q[d] = _to_f16(q_row[d], fused) if k_f16 else q_row[d]
+    neon = lanes == NEON
+    glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
+    for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
+        q_q[d] = _to_f16(q_row[d], fused and not neon) if k_f16 else q_row[d]
     S = np.float32(0.0)
     M = NINF
     for d in range(DV):
@@ -118,15 +138,21 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
         if s > M:
             m_old = M
             M = s
-            ms = expf(np.float32(m_old - M))
-            for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
-                t = np.float32(vkq[d] * ms)
-                vkq[d] = _to_f16(t, fused) if v_f16 else t
+            ms = expf_on(np.float32(m_old - M), glibc)
+            if neon and v_f16:  # float16x8_t: vmulq_f16 by ms rounded to half, then the tail in float
+                vec_scale_f16(DV, vkq, ms, lanes)
+            else:
+                for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
+                    t = np.float32(vkq[d] * ms)
+                    vkq[d] = _to_f16(t, fused) if v_f16 else t
         else:
-            vs = expf(np.float32(s - M))
-        for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
-            t = fma32(v[ic, d], vs, vkq[d]) if fused else np.float32(vkq[d] + np.float32(v[ic, d] * vs))
-            vkq[d] = _to_f16(t, fused) if v_f16 else t
+            vs = expf_on(np.float32(s - M), glibc)
+        if neon and v_f16:  # float16x8_t: vfmaq_f16 by vs rounded to half (one half rounding), the tail in float
+            vec_mad_f16(DV, vkq, v[ic], vs, lanes)
+        else:
+            for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
+                t = fma32(v[ic, d], vs, vkq[d]) if fused else np.float32(vkq[d] + np.float32(v[ic, d] * vs))
+                vkq[d] = _to_f16(t, fused) if v_f16 else t
         S = fma32(S, ms, vs) if fused else np.float32(np.float32(S * ms) + vs)  # S = S*ms + vs, contracted
     return M, S
 
@@ -159,6 +185,8 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_t
     n_head, _, DK = q.shape
     group = n_head // k.shape[0]
     n_kv = k.shape[1]
+    neon = lanes == NEON
+    glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64
     DV = v.shape[2]
     cs = (n_kv + n_threads - 1) // n_threads  # chunk_size
     part_m = np.full((n_threads, n_head), NINF, np.float32)  # partials: [M, S, VKQ[DV]] per (chunk, head)
@@ -188,9 +216,9 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_t
             s_chunk = part_s[c, h]
             if s_chunk == 0:
                 continue
-            m_new = fmaxf(m_final, m_chunk)
-            scale_old = expf(np.float32(m_final - m_new))
-            scale_new = expf(np.float32(m_chunk - m_new))
+            m_new = fmax_path(m_final, m_chunk, neon)  # fmaxf: glibc's on x86, fmaxnm on AArch64
+            scale_old = expf_on(np.float32(m_final - m_new), glibc)
+            scale_new = expf_on(np.float32(m_chunk - m_new), glibc)
             for d in range(DV):  # VKQ_final*scale_old + VKQ_chunk*scale_new: fma(VKQ_final, so, VKQ_chunk*sn)
                 if fused:
                     out[0, h, d] = fma32(out[0, h, d], scale_old, np.float32(part_v[c, h, d] * scale_new))
@@ -207,23 +235,38 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_t
                 out[0, h, d] = np.float32(out[0, h, d] * s_inv)
 
 
-def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype) -> str:
-    """Which code path ggml_compute_forward_flash_attn_ext_f16 takes (ops.cpp, x86; one sequence):
-    ``"split"``, ``"tiled"`` or ``"one_row"`` (module docstring)."""
+def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype, DV: int | None = None, path: str | None = None) -> str:
+    """Which code path ggml_compute_forward_flash_attn_ext_f16 takes (ops.cpp; one sequence): ``"split"``,
+    ``"tiled"`` or ``"one_row"`` (module docstring). Off x86 (``path`` an ARM key; ``DV`` then needed) the tiled
+    path also needs ``DV % GGML_F32_EPR == 0`` (``use_tiled &= DV % f32_epr == 0``); other batches of ≥ 64 rows
+    take the one-row loop."""
     same = np.dtype(k_dtype) == np.dtype(v_dtype) and np.dtype(k_dtype) in (np.float16, np.float32)
     if same and n_q == 1 and n_kv >= SPLIT_KV_MIN:
         return "split"
     if same and n_q >= GGML_FA_TILE_Q:
+        if path is not None and fa_code(path)[0] == NEON and DV % simd(path).lanes:
+            return "one_row"
         return "tiled"
     return "one_row"
+
+
+def fa_code(path: str) -> tuple[int, bool]:
+    """(the vec / expf code, whether GCC fused) of ``path`` for the kernels above. A path whose flash attention is
+    not emulated — one whose vector code :data:`kernels.ggml.simd.SIMD` does not know (``arm64-base``,
+    ``arm64-sve128``), or NEON without FP16 vector arithmetic (F16 vectors float32x4_t) — is
+    :func:`kernels.ggml.build.not_emulated`, a one-line ValueError naming the op and the path."""
+    s = SIMD.get(check_path(path))
+    if s is None or (s.code == NEON and not s.f16_half):
+        raise not_emulated("ggml_flash_attn_ext", path)
+    return s.expf, s.fused
 
 
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, path: str,
                    n_threads: int = 1) -> np.ndarray:
     """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias=0, logit_softcap=0)`` as ggml-cpu computes it on
-    ``path`` ("avx512" | "avx2" | "generic") with ``n_threads`` threads. Layouts in the module docstring; returns
-    [n_q, n_head, DV] float32."""
-    check_path(path)
+    ``path`` ("avx512" | "avx2" | "generic" | "arm64-dotprod" | "arm64-i8mm") with ``n_threads`` threads. Layouts in
+    the module docstring; returns [n_q, n_head, DV] float32."""
+    fa_code(path)
     q = np.ascontiguousarray(q, dtype=F32)
     if k.dtype not in (np.float16, np.float32) or v.dtype not in (np.float16, np.float32):
         raise ValueError(f"flash_attn_ext: K/V must be float16 or float32, got {k.dtype}/{v.dtype}")
@@ -255,16 +298,25 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     has_mask = mask32 is not None
     if not has_mask:
         mask32 = np.zeros((n_q, k32.shape[1]), F32)
-    kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32)
+    kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32, v32.shape[2], path)
     args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
-    L, fused = expf_lanes(path), path != "generic"  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
+    L, fused = fa_code(path)  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
     if kind == "split":
         split_kv_row(*args, k_f16, v_f16, L, fused, int(n_threads), out)
     elif kind == "tiled":
         tiled_rows(*args, L, fused, int(n_threads), out)
     else:
         one_row_rows(*args, k_f16, v_f16, L, fused, out)
+    return arm_default_nan(out) if L == NEON else out
+
+
+def arm_default_nan(out: np.ndarray) -> np.ndarray:
+    """AArch64's default NaN (FPCR.DN off: what ``0·inf``, ``inf - inf`` make) is +0x7FC00000, x86's — the one this
+    host's arithmetic makes — 0xFFC00000: each of those in ``out`` becomes ARM's, in place (NaNs propagated from an
+    input keep their payload on both)."""
+    u = out.view(np.uint32)
+    u[u == np.uint32(0xFFC00000)] = np.uint32(0x7FC00000)
     return out
 
 
-__all__ = ["flash_attn_ext", "flash_attn_values", "fa_kernel", "one_chunk"]
+__all__ = ["flash_attn_ext", "flash_attn_values", "fa_kernel", "fa_code", "one_chunk", "arm_default_nan"]

@@ -30,6 +30,10 @@ see that cell — which rows depends on where Q tiles are cut, i.e. on ``n_threa
 row chunks ``[ir0, ir1)`` (tests/test_ggml_ops_attn.py: test_tiled_inf_v_depends_on_threads). Stale V rows
 of an earlier KV tile (the last tile's padding) enter the same way. All of this is emulated as ggml does it;
 with finite inputs the tiled result does not depend on n_threads.
+
+AArch64 (``lanes`` = :data:`kernels.ggml.simd.NEON`): ``simd_gemm`` is the same FMA chains (``GEMM_RM = GEMM_RN = 2``:
+GCC does not define ``__ARM_NEON__``; the scalar tail columns are ``fmadd`` chains and never run, DV being a multiple
+of 4 here), soft_max NEON blocks of 4, ``fmaxf`` GCC's inlined ``fmaxnm`` (:func:`fmax_path`), ``expf`` AArch64 glibc's.
 """
 
 from __future__ import annotations
@@ -38,13 +42,28 @@ import numpy as np
 from numba import prange
 
 from kernels.base.flags import jit
-from kernels.ggml.libm import expf, fmaxf
-from kernels.ggml.simd import fma32
+from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on, fmaxf
+from kernels.ggml.simd import NEON, f32_bits, fma32
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 NINF = np.float32(-np.inf)
 Q_TILE_SZ = 64  # ggml-cpu/common.h GGML_FA_TILE_Q
 KV_TILE_SZ = 64  # GGML_FA_TILE_KV
+
+
+@jit()
+def fmax_path(a, b, neon):
+    """``fmaxf(a, b)`` as the build computes it: glibc's on x86 (:func:`kernels.ggml.libm.fmaxf`); on AArch64 GCC
+    inlines it as ``fmaxnm`` — the number when one operand is NaN, ``+0`` for ``(+0, -0)`` in either order."""
+    if not neon:
+        return fmaxf(a, b)
+    if a != a:
+        return b
+    if b != b or a > b:
+        return a
+    if a == b and f32_bits(a) == 0:  # a == +0, b == ±0
+        return a
+    return b
 
 
 @jit()
@@ -98,9 +117,9 @@ def _tile(q, k, v, mask, has_mask, scale, lanes, fused, h, kvh, iq1, rows, out, 
                     row[tk] = np.float32(0.0)
                 continue
             m_old = M[tq]
-            m_new = fmaxf(m_old, tile_max)
+            m_new = fmax_path(m_old, tile_max, lanes == NEON)  # ARM: fmaxnm
             if m_new > m_old:
-                ms = expf(np.float32(m_old - m_new))
+                ms = expf_on(np.float32(m_old - m_new), GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64)
                 for d in range(DV):
                     VKQ[tq, d] = np.float32(VKQ[tq, d] * ms)
                 S[tq] = np.float32(S[tq] * ms)
@@ -172,4 +191,4 @@ def tiled_rows(q, k, v, mask, has_mask, scale, lanes, fused, n_threads, out):
 
 
 
-__all__ = ["tiled_rows", "q_tiles"]
+__all__ = ["tiled_rows", "q_tiles", "fmax_path"]

@@ -24,6 +24,12 @@ read from ``objdump -d`` of both ``libggml-cpu.so``):
   Only the dot is ISA dependent: ``vec.cpp: ggml_vec_dot_f32`` (:func:`kernels.ggml.vec.vec_dot_f32`).
 * ``expf`` is glibc's, called through the PLT: :func:`kernels.ggml.libm.expf` calls the same function.
 
+AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` (the same code in both): ssm_conv's fold-left blocks are
+4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest ``fmadd`` — for 4 taps the
+AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4: :mod:`kernels.ggml.vec`), ``expf`` AArch64
+glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN (:func:`kernels.ggml.simd.follows_nans`).
+Other ARM keys (``arm64-base``, ``arm64-sve128``) are refused, naming the op.
+
 Thread count never matters: ssm_conv splits channels, the delta net (sequence, head) pairs, each computed
 whole by one thread. NaN payloads: where two *different* NaNs meet in one x86 add, the result is the
 first source operand's, which these functions do not track (inputs with a single NaN payload are exact).
@@ -31,14 +37,40 @@ first source operand's, which these functions do not track (inputs with a single
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.ggml.libm import expf
-from kernels.ggml.simd import check_path, fma32, fold_left_unfused, lanes
+from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
+from kernels.ggml.build import not_emulated
+from kernels.ggml.simd import LANES, NEON, check_path, fma32, fold_left_unfused, follows_nans, lanes
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
+
+
+def _path(path: str, op: str) -> str:
+    """``path`` if ``op`` is emulated on it: the x86 paths and the AArch64 NEON ones of :data:`kernels.ggml.simd.LANES`;
+    another (``arm64-base``, ``arm64-sve128``: other vector code) is :func:`kernels.ggml.build.not_emulated`."""
+    if check_path(path) != "generic" and path not in LANES:
+        raise not_emulated(op, path)
+    return path
+
+
+def _op(op: str):
+    """Decorator: the op's ``path`` argument checked by :func:`_path` first (before :func:`follows_nans` reads it)."""
+    def deco(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            _path(sig.bind(*args, **kwargs).arguments["path"], op)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return deco
 
 
 # --- ggml_ssm_conv ---------------------------------------------------------------------------------------
@@ -61,6 +93,8 @@ def _ssm_conv(sx, c, unfused, out):
     return out
 
 
+@_op("ggml_ssm_conv")
+@follows_nans  # AArch64: its +qNaN for generated NaNs
 def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     """``ggml_ssm_conv(sx, c)`` of the ``path`` build. Shapes are numpy's (ggml's ne reversed):
     sx [n_s, d_inner, d_conv-1+n_t] (qwen35moe: ``concat(conv_states, qkv_mixedᵀ)`` — per channel the
@@ -74,7 +108,7 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     assert sx3.shape[1] == c.shape[0] and n_t >= 0, (sx3.shape, c.shape)
     # GCC's blocks: AVX-512 zmm/ymm (16, 8) → nc & ~7 taps unfused; AVX2 ymm/xmm (8, 4) → nc & ~3
     # generic (no SIMD, no FMA: docs/ggml-generic-x86.md §6): every product rounded, added in tap order
-    unfused = nc if check_path(path) == "generic" else fold_left_unfused(nc, lanes(path))
+    unfused = nc if path == "generic" else fold_left_unfused(nc, lanes(path))
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]
 
@@ -94,8 +128,9 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
+    glibc = GLIBC_AARCH64 if epr == NEON else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
     if not generic and cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
-        _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda)
+        _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
         return out
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
@@ -112,13 +147,13 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
             beta_val = np.float32(beta[iv3, t, iv1])
             if kda:
                 for i in range(S_v):
-                    delta[i] = expf(g[iv3, t, iv1, i])
+                    delta[i] = expf_on(g[iv3, t, iv1, i], glibc)
                 for j in range(S_v):  # ggml_vec_mul_f32(S_v, M[j], M[j], delta)
                     Mj = M[j]  # a row view: the loop vectorizes
                     for i in range(S_v):
                         Mj[i] = np.float32(Mj[i] * delta[i])
             else:
-                gexp = expf(g[iv3, t, iv1, 0])
+                gexp = expf_on(g[iv3, t, iv1, 0], glibc)
                 for j in range(S_v):  # ggml_vec_scale_f32(S_v*S_v, M, expf(g)): y[i] *= v
                     Mj = M[j]
                     for i in range(S_v):
@@ -144,7 +179,7 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
 
 
 @jit()
-def _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda):
+def _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc):
     """:func:`_gated_delta_net` with each head's state held transposed, ``Mt[i, j] = M[j, i]`` (key index i, value
     index j), so that a token's S_v dots ``dot(M[j], k)`` and ``dot(M[j], q)`` run together across j
     (:func:`kernels.ggml.vec.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the per-column
@@ -169,13 +204,13 @@ def _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, 
             beta_val = np.float32(beta[iv3, t, iv1])
             if kda:
                 for i in range(S_v):
-                    gk[i] = expf(g[iv3, t, iv1, i])
+                    gk[i] = expf_on(g[iv3, t, iv1, i], glibc)
                 for i in range(S_v):  # ggml_vec_mul_f32(S_v, M[j], M[j], exp(g)): M[j][i] *= exp(g[i])
                     Mi, gi = Mt[i], gk[i]
                     for j in range(S_v):
                         Mi[j] = np.float32(Mi[j] * gi)
             else:
-                gexp = expf(g[iv3, t, iv1, 0])
+                gexp = expf_on(g[iv3, t, iv1, 0], glibc)
                 for i in range(S_v):  # ggml_vec_scale_f32(S_v*S_v, M, expf(g))
                     Mi = Mt[i]
                     for j in range(S_v):
@@ -195,6 +230,8 @@ def _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, 
                 snaps[slot, iv3, iv1] = Mt.T
 
 
+@_op("ggml_gated_delta_net")
+@follows_nans
 def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     """``ggml_gated_delta_net(q, k, v, g, beta, state, K)`` of the ``path`` build → (out, state).
 
@@ -217,9 +254,11 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     assert q.shape[1:] == k.shape[1:] and q.shape[3] == S and H % q.shape[2] == 0 and state.shape == (n_seqs, H, S, S)
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
-    _gated_delta_net(q, k, v, g, beta, state, K, 0 if check_path(path) == "generic" else lanes(path), out, snaps)
+    _gated_delta_net(q, k, v, g, beta, state, K, 0 if path == "generic" else lanes(path), out, snaps)
     st = snaps[0] if K == 1 else snaps
     if seqless:
         return out[0], (st[0] if K == 1 else st[:, 0])
     return out, st
 
+
+__all__ = ["ssm_conv", "gated_delta_net", "expf"]

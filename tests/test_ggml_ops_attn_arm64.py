@@ -1,0 +1,212 @@
+"""Attention on the AArch64 builds, bit for bit: kernels.ggml.flashattn_exact and kernels.ggml.attn_heads against
+``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py: GCC 12, qemu-aarch64 on a CPU with exactly their
+features; both take the same NEON code for these ops, so every test runs on both).
+
+``ggml_flash_attn_ext`` on its three code paths — one-row (< 64 query rows), tiled (>= 64), split-KV (one row,
+n_kv >= 512, n_threads dependent) — with F16 K/V (llama.cpp's default) and F32 K/V, and ``build_attn_mha``
+without flash attention (F32 K/V: ``mul_mat`` by ``ggml_vec_dot_f32``, ``soft_max_ext``, ``mul_mat``).
+What is ARM's own: with FP16 vector arithmetic the one-row path's ``ggml_vec_dot_f16`` accumulates K·Q in *half*
+precision lanes, and ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f16`` update the F16 accumulator with ``vs`` / ``ms``
+rounded to half; the half accumulators of the dot overflow to inf where x86's float ones do not
+(:func:`test_f16_dot_overflows_on_arm`); the tiled path's soft_max runs NEON blocks of 4; ``fmaxf`` is ``fmaxnm``;
+generated NaNs are positive. Cost: ~15 s warm for the module (qemu worker start ~7 s per build, numba compile).
+"""
+
+import ctypes
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from ggml_graph import Graph, on_build, vp
+from test_ggml_ops_attn import causal_mask, fa_graph, make
+
+from kernels.ggml import simd
+from kernels.ggml.attn_heads import attn_heads_f32, layouts
+from kernels.ggml.flashattn_exact import fa_code, fa_kernel, flash_attn_ext
+from kernels.ggml.vecmath import cast_f16_to_f32
+
+pytestmark = pytest.mark.oracle
+
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+
+
+def path_of(build: str) -> str:
+    import arm64
+
+    return arm64.BUILDS[build][0]
+
+
+def check(build, q, k, v, m, scale, n_threads=1):
+    """Byte comparison of the ARM library and the emulation of its path; returns the library's output."""
+    want = on_build(build, fa_graph, q, k, v, m, float(scale), n_threads)
+    got = flash_attn_ext(q, k, v, m, scale, path_of(build), n_threads=n_threads)
+    bad = want.view(np.uint32) != got.view(np.uint32)
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        pytest.fail(f"{bad.sum()} of {bad.size} differ ({fa_kernel(q.shape[1], k.shape[1], k.dtype, v.dtype)} path, "
+                    f"q {q.shape}, k {k.shape}, {n_threads} threads); first at {i}: ggml {want[i]!r} emulation {got[i]!r}")
+    return want
+
+
+# (n_head, n_head_kv, n_q, n_kv, D): 1 … 63 query rows, head dims with every tail of the half dot (32 halves a
+# step) and of vec_mad_f16 / vec_scale_f16, n_kv on both sides of 256 and just below the split threshold
+ONE_ROW = [(4, 2, 1, 1, 64), (4, 1, 1, 37, 128), (8, 2, 1, 256, 128), (2, 1, 1, 511, 64), (4, 2, 4, 40, 80),
+           (2, 2, 63, 100, 64), (2, 1, 3, 257, 100), (2, 1, 2, 19, 40), (2, 2, 8, 255, 256), (1, 1, 2, 9, 17)]
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+def test_one_row_path(build, kv_dtype):
+    rng = np.random.default_rng(1)
+    for i, shape in enumerate(ONE_ROW):
+        assert fa_kernel(shape[2], shape[3], kv_dtype, kv_dtype) == "one_row"
+        # amp 4: sharp softmax, many new maxima, vs far below half's normal range (rounded to half on ARM)
+        check(build, *make(rng, *shape, kv_dtype, amp=4.0 if i % 2 else 1.0), n_threads=1 + i % 2)
+    q, k, v, m, scale = make(rng, 4, 2, 3, 50, 128, np.float16)  # mixed types: a float or a half accumulator
+    check(build, q, k, v.astype(np.float32), m, scale)
+    check(build, q, k.astype(np.float32), v, m, scale)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+def test_tiled_path(build, kv_dtype):
+    """64 and 65 rows, 1 and 2 threads, DV = 68 (simd_gemm's one-vector columns). Off x86 the tiled path also needs
+    DV % GGML_F32_EPR == 0: 64 rows of DV = 66 take the one-row loop (half precision for F16 K/V)."""
+    rng = np.random.default_rng(3)
+    path = path_of(build)
+    for shape, n_threads in [((2, 1, 64, 64, 64), 1), ((4, 2, 65, 130, 128), 2), ((2, 1, 65, 100, 68), 1),
+                             ((2, 2, 64, 300, 80), 2)]:
+        assert fa_kernel(shape[2], shape[3], kv_dtype, kv_dtype, shape[4], path) == "tiled"
+        check(build, *make(rng, *shape, kv_dtype), n_threads=n_threads)
+    check(build, *make(rng, 2, 1, 64, 96, 64, kv_dtype, amp=5.0), n_threads=2)
+    assert fa_kernel(64, 70, kv_dtype, kv_dtype, 66, path) == "one_row"
+    assert fa_kernel(64, 70, kv_dtype, kv_dtype, 66, "avx2") == "tiled"
+    check(build, *make(rng, 2, 1, 64, 70, 66, kv_dtype), n_threads=2)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+def test_split_kv_path(build, kv_dtype):
+    rng = np.random.default_rng(4)
+    q, k, v, m, scale = make(rng, 4, 2, 1, 600, 128, kv_dtype)
+    m[:, 520:] = -np.inf  # llama.cpp's padded cells: a whole chunk may be masked
+    assert fa_kernel(1, 600, kv_dtype, kv_dtype) == "split"
+    outs = [check(build, q, k, v, m, scale, n_threads=t) for t in (1, 2, 3)]
+    assert any((o.view(np.uint32) != outs[0].view(np.uint32)).any() for o in outs[1:])  # depends on n_threads
+    check(build, *make(rng, 2, 1, 1, 512, 64, kv_dtype, amp=3.0), n_threads=2)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_hard_inputs(build):
+    rng = np.random.default_rng(5)
+    for n_q in (2, 64):  # masked cells in the middle, one row that sees nothing (its output 0), huge scores
+        q, k, v, m, scale = make(rng, 2, 1, n_q, 80, 64, np.float16, amp=20.0)
+        m[:, 10:30:3] = -np.inf
+        m[1] = -np.inf
+        check(build, q, k, v, m, scale)
+    # identical keys: score ties (s > M false), every probability 1 — vs = 1 exactly
+    q, k, v, m, scale = make(rng, 2, 1, 4, 48, 64, np.float16)
+    k[:] = k[:, :1]
+    check(build, q, k, v, m, scale)
+    # zeros, signed zeros and subnormal halves in Q, K, V (the half FMAs keep subnormals: FPCR.FZ16 off)
+    q, k, v, m, scale = make(rng, 2, 1, 3, 40, 80, np.float16, amp=3.0)
+    q[:, :, ::3] = -0.0
+    k[:, ::2, ::5] = np.float16(2.0**-24) * rng.integers(-3, 4, k[:, ::2, ::5].shape)
+    v[:, 1::3] = -0.0
+    v[:, ::4, ::7] = np.float16(-2.0**-20)
+    v[:, 2::5] = (rng.integers(-1023, 1024, v[:, 2::5].shape) * 2.0**-24).astype(np.float16)  # all subnormal
+    check(build, q, k, v, m, scale)
+    check(build, q[:, :1], k, v, m[:1], scale)
+    # V near half's top: the F16 accumulator overflows to inf on both ISAs (inf - inf = NaN after a rescale)
+    q, k, v, m, scale = make(rng, 2, 1, 2, 40, 64, np.float16, amp=0.1)
+    v[:] = np.float16(40000.0) * np.sign(v)
+    want = check(build, q, k, v, m, scale)
+    assert np.isinf(want).any() or np.isnan(want).any()
+    # inf in V: 0·inf = NaN in the tiled path's padding and in the one-row accumulator; ARM's NaN is +qNaN
+    for n_q in (1, 64):
+        q, k, v, m, scale = make(rng, 2, 1, n_q, 70, 64, np.float16)
+        v[0, 3, 5] = np.inf
+        want = check(build, q, k, v, m, scale)
+        assert np.isnan(want).any() or np.isinf(want).any()
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_f16_dot_overflows_on_arm(build):
+    """K·Q of large halves: the NEON ``ggml_vec_dot_f16``'s half lanes overflow to inf (8 products of 8100 per
+    lane at D = 256) where x86's float lanes hold 2.1e6. Two cells with an infinite score: the second's
+    ``expf(inf - inf)`` is NaN — ARM's output NaN, x86's finite."""
+    rng = np.random.default_rng(9)
+    q, k, v, m, scale = make(rng, 2, 1, 2, 20, 256, np.float16)
+    q[:] = np.float32(90.0)
+    k[:, [4, 9]] = np.float16(90.0)
+    want = check(build, q, k, v, m, scale)
+    assert np.isnan(want).all()
+    x86 = flash_attn_ext(q, k, v, m, scale, "avx2")
+    assert np.isfinite(x86).all()
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS[:1])
+def test_arm_differs_from_x86(build):
+    """The ARM bits are not x86's: the half-precision one-row path (F16 K/V) and the tiled path's NEON soft_max."""
+    rng = np.random.default_rng(6)
+    for case in (make(rng, 4, 2, 2, 60, 80, np.float16), make(rng, 2, 1, 64, 128, 64, np.float16)):
+        arm = check(build, *case)
+        for path in ("avx2", "avx512"):
+            assert (arm.view(np.uint32) != flash_attn_ext(*case, path).view(np.uint32)).any(), path
+
+
+def test_other_arm_paths_refused(monkeypatch):
+    """flash attention on an ARM path whose vector code is not emulated (arm64-base: F16 vectors as float32x4_t;
+    arm64-sve128), or on a NEON build without FP16 vector arithmetic: a one-line ValueError naming op and path."""
+    q, k, v, m, scale = make(np.random.default_rng(0), 2, 1, 1, 8, 16, np.float16)
+    for path in ("arm64-base", "arm64-sve128"):
+        with pytest.raises(ValueError, match=f"ggml_flash_attn_ext on .*\\({path}\\) is not emulated"):
+            flash_attn_ext(q, k, v, m, scale, path)
+    monkeypatch.setitem(simd.SIMD, "arm64-dotprod", replace(simd.SIMD["arm64-dotprod"], f16_half=False))
+    with pytest.raises(ValueError, match="ggml_flash_attn_ext on .*arm64-dotprod"):
+        fa_code("arm64-dotprod")
+
+
+# --- build_attn_mha without flash attention, F32 K/V (kernels.ggml.attn_heads) ------------------------------
+def attn_graph(q, k, vt, mask, scale):
+    """llama.cpp's build_attn_mha, flash attention off: q [T, H, D] permuted to [H, T, D] (not contiguous),
+    kq = mul_mat(k [Hkv, n_kv, D], q), soft_max_ext(kq, mask [T, n_kv] F16, scale), kqv = mul_mat(vt [Hkv, D, n_kv],
+    kq), permuted back and made contiguous -> [T, H, D]."""
+    T, H, D = q.shape
+    with Graph() as g:
+        qp = g.op("ggml_permute", [vp] + [ctypes.c_int] * 4, g.tensor(q), 0, 2, 1, 3)
+        kq = g.op("ggml_mul_mat", [vp, vp], g.tensor(k), qp)
+        kq = g.op("ggml_soft_max_ext", [vp, vp, ctypes.c_float, ctypes.c_float], kq, g.tensor(mask), scale, 0.0)
+        kqv = g.op("ggml_mul_mat", [vp, vp], g.tensor(vt), kq)
+        out = g.op("ggml_cont", [vp], g.op("ggml_permute", [vp] + [ctypes.c_int] * 4, kqv, 0, 2, 1, 3))
+        return g.compute(out, (T, H, D), n_threads=2)
+
+
+def attn_emulated(q, k, v, mask, scale, lanes):
+    T, H, D = q.shape
+    n_kv = k.shape[1]
+    kq_cols, pv_cols = layouts(D, n_kv, lanes, False)  # the ARM builds have no llamafile: never sgemm
+    kt = np.ascontiguousarray(k.transpose(0, 2, 1))
+    vt = np.ascontiguousarray(v.transpose(0, 2, 1))
+    out = np.empty((T, H, D), np.float32)
+    attn_heads_f32(q, k, kt, v, vt, cast_f16_to_f32(mask), np.float32(scale), lanes, False, out)
+    return out
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_attention_without_flash(build):
+    """K·Q and P·V as ggml_vec_dot_f32 (NEON: 4 × 4 lanes, vaddvq, blocks-of-4 leftovers), soft_max's NEON blocks;
+    D and n_kv multiples of 16 (the products across columns) and not (one by one)."""
+    rng = np.random.default_rng(7)
+    lanes = simd.lanes(path_of(build))
+    for T, H, Hkv, n_kv, D in [(1, 4, 2, 256, 64), (3, 2, 1, 37, 80), (5, 4, 4, 100, 19), (2, 2, 1, 512, 128)]:
+        q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
+        k = (rng.standard_normal((Hkv, n_kv, D)) * 2).astype(np.float32)
+        v = rng.standard_normal((Hkv, n_kv, D)).astype(np.float32)
+        mask = causal_mask(T, n_kv, n_kv - T)
+        mask[0, : n_kv // 3] = -np.inf
+        scale = np.float32(1.0) / np.sqrt(np.float32(D))
+        want = on_build(build, attn_graph, q, k, np.ascontiguousarray(v.transpose(0, 2, 1)), mask, float(scale))
+        got = attn_emulated(q, k, v, mask, scale, lanes)
+        bad = want.view(np.uint32) != got.view(np.uint32)
+        assert not bad.any(), f"{bad.sum()} of {bad.size} differ (T {T}, n_kv {n_kv}, D {D})"

@@ -131,11 +131,11 @@ def test_arm_dispatch_refuses_what_is_not_emulated():
     x = acts(rng, 2, 256)
     assert kernel_for(QT.Q4_K, "arm64-i8mm", 16, 16, 256) == "vec_dot"  # no tiled kernel, no llamafile on ARM
     for path in ("arm64-dotprod", "arm64-i8mm"):
-        with pytest.raises(ValueError, match=f"IQ2_XXS weights are not emulated on the {path} path"):
-            mul_mat(weight_bytes(QT.IQ2_XXS, 4, 256, rng), QT.IQ2_XXS, x, path)
-        w = weight_bytes(QT.IQ1_S, 4, 256, rng)
-        with pytest.raises(ValueError, match=f"IQ1_S weights are not emulated on the {path} path"):
-            mul_mat_id(w[None], QT.IQ1_S, x[:, None], np.zeros((2, 1), np.int32), path)
+        with pytest.raises(ValueError, match=f"TQ2_0 weights are not emulated on the {path} path"):
+            mul_mat(weight_bytes(QT.TQ2_0, 4, 256, rng), QT.TQ2_0, x, path)
+        w = weight_bytes(QT.TQ1_0, 4, 256, rng)
+        with pytest.raises(ValueError, match=f"TQ1_0 weights are not emulated on the {path} path"):
+            mul_mat_id(w[None], QT.TQ1_0, x[:, None], np.zeros((2, 1), np.int32), path)
     w = weight_bytes(QT.Q8_0, 6, 256, rng)  # 6 % 4: CPU_REPACK leaves it in a plain buffer
     assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm")))
 
@@ -179,6 +179,21 @@ def test_kquant_bit_exact(build):
                 x[0] = q8_k_ties(rng, k)
                 cases.append((w, int(qtype), k, x, 1 if t % 2 else 2))
         cases.append((weight_bytes(qtype, 4, 256, rng, "extreme"), int(qtype), 256, hard_acts(rng, 9, 256), 1))
+    check(build, cases)
+
+
+@pytest.mark.parametrize("build", ARM_BUILDS)
+def test_iq_bit_exact(build):
+    """The IQ1/2/3 codebook types (NEON kernels: float group sums for IQ2_XXS / IQ3_XXS, the IQ1 deltas)."""
+    rng = np.random.default_rng(3910)
+    cases = []
+    for qtype in (QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS, QT.IQ3_S, QT.IQ1_S, QT.IQ1_M):
+        w = weight_bytes(qtype, 5, 512, rng)
+        for t in (1, 2, 3):
+            x = acts(rng, t, 512)
+            x[0, :256] = q8_k_ties(rng, 256)
+            cases.append((w, int(qtype), 512, x, 1))
+        cases.append((weight_bytes(qtype, 2, 256, rng, "extreme"), int(qtype), 256, hard_acts(rng, 9, 256), 2))
     check(build, cases)
 
 

@@ -58,7 +58,8 @@ ARM_PATHS = ("arm64-dotprod", "arm64-i8mm")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
-TYPES = frozenset({QT.F32, QT.F16, QT.BF16}) | frozenset(mulmat_arm_q.BLOCK32) | frozenset(mulmat_arm_q.KQUANTS)
+TYPES = (frozenset({QT.F32, QT.F16, QT.BF16}) | frozenset(mulmat_arm_q.BLOCK32) | frozenset(mulmat_arm_q.KQUANTS)
+         | frozenset(mulmat_arm_q.IQ))
 #: ``repack.cpp: ggml_repack_get_optimal_repack_type`` on NEON with dotprod (and i8mm): the types CPU_REPACK takes,
 #: and the row multiple it needs (ne[1] % m == 0)
 REPACK_ROWS = {QT.Q4_0: 4, QT.Q8_0: 4, QT.IQ4_NL: 4, QT.MXFP4: 4, QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}
@@ -231,7 +232,10 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
         kind = mulmat_arm_q.I8MM_KIND.get(qtype, 0) if path == "arm64-i8mm" else 0
         mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two)
-    else:  # K-quants: quantize_row_q8_K_ref, its nearest_int contracted by GCC
+    elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC
+        yq, yd, ybs = _q8_k_rows(x, fused=True)
+        mulmat_arm_q.iq_rows(mulmat_arm_q.IQ[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs, out, F16_TO_F32)
+    else:  # K-quants: the same activations
         yq, yd, ybs = _q8_k_rows(x, fused=True)
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
                             out, two, F16_TO_F32)

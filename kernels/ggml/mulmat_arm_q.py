@@ -45,6 +45,8 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.floats import E8M0_HALF
 from kernels.base.flags import jit
+from kernels.ggml.mulmat_iq import KIND as IQ_KIND
+from kernels.ggml.mulmat_iq import decode_row as iq_decode_row
 from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32
 from kernels.ggml.vecmath import F16_TO_F32
@@ -61,6 +63,7 @@ Q8_1_TYPES = frozenset({QT.Q4_1, QT.Q5_1})
 #: block count as (v - 16) mod 256 (a miscompile; qemu's USDOT follows the Arm ARM, checked with inline asm)
 I8MM_KIND = {QT.Q5_0: 6}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
+IQ = IQ_KIND  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: :func:`iq_rows`
 KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
 
 
@@ -259,3 +262,57 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab):
                     else:
                         acc = fma32(db, F32(sumi), acc)
             out[t, r] = acc
+
+
+@jit()
+def iq_rows(kind, w, yq, yd, ybs, out, tab):
+    """``ggml_vec_dot_iq*_q8_K`` (NEON) for every element: ``w`` (N, row bytes) of an IQ1/2/3 type
+    (:data:`kernels.ggml.mulmat_iq.KIND`), Q8_K activations ``yq`` (T, K), ``yd`` (T, K/256), ``ybs`` bsums ->
+    ``out`` (T, N). Per super-block, ``d = fp16(x.d)·y.d``:
+
+    * IQ2_XXS, IQ3_XXS: two float sums over the 32-value groups (even / odd), ``sumfN = fma(float(dot32),
+      ls + 0.5, sumfN)``, then ``sumf = fma(sumf1 + sumf2, d, sumf)``; ``*s = 0.25·sumf`` / ``0.5·sumf``.
+    * IQ2_XS, IQ2_S (×0.125 at the end), IQ3_S: ``sumf = fma(float(Σ sc·dot16), d, sumf)``.
+    * IQ1_S, IQ1_M: ``sumf = fma(y.d·fp16(x.d), fma(float(sumi_delta), 0.125, float(sumi)), sumf)``."""
+    K = yq.shape[1]
+    nb = K // 256
+    v, e = np.empty(K, np.int64), np.zeros(K, np.int64)
+    sc, d = np.empty(K // 16, np.int64), np.empty(nb, np.float32)
+    for r in range(w.shape[0]):
+        iq_decode_row(kind, w[r], v, e, sc, d, tab)
+        for t in range(yq.shape[0]):
+            sumf = F32(0.0)
+            for b in range(nb):
+                db = F32(d[b] * yd[t, b])
+                if kind == 0 or kind == 3:
+                    f1, f2 = F32(0.0), F32(0.0)
+                    for g in range(8 * b, 8 * b + 8):
+                        p = 0
+                        for k in range(32 * g, 32 * g + 32):
+                            p += v[k] * np.int64(yq[t, k])
+                        half = F32(F32(sc[2 * g]) * F32(0.5))  # 0.5f + ls, exact
+                        if g % 2 == 0:
+                            f1 = fma32(F32(p), half, f1)
+                        else:
+                            f2 = fma32(F32(p), half, f2)
+                    sumf = fma32(F32(f1 + f2), db, sumf)
+                    continue
+                sumi, sumi2 = 0, 0
+                for s in range(16 * b, 16 * b + 16):
+                    p, p2 = 0, 0
+                    for k in range(16 * s, 16 * s + 16):
+                        p += v[k] * np.int64(yq[t, k])
+                        p2 += e[k] * np.int64(yq[t, k])
+                    sumi += sc[s] * p
+                    sumi2 += sc[s] * p2
+                if kind >= 5:  # IQ1_S (sumi3 from the bsums: the same integer), IQ1_M
+                    sumf = fma32(F32(yd[t, b] * d[b]), fma32(F32(sumi2), F32(0.125), F32(sumi)), sumf)
+                else:
+                    sumf = fma32(F32(sumi), db, sumf)
+            if kind == 0:
+                sumf = F32(sumf * F32(0.25))
+            elif kind == 3:
+                sumf = F32(sumf * F32(0.5))
+            elif kind <= 2:
+                sumf = F32(sumf * F32(0.125))
+            out[t, r] = sumf

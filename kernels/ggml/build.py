@@ -227,11 +227,14 @@ class GgmlBuild:
             if self.has(feature):
                 raise UnsupportedBuild(f"{lib} was built with {what}, which --emulate=ggml does not emulate; build it "
                                        f"with {flag}, as llama.cpp's Android guide does")
-        if self.compiler is None or not self.compiler.startswith(ARM64_COMPILER + " "):
-            who = f"was compiled by {self.compiler}" if self.compiler else "does not say which compiler built it (no .comment)"
-            raise UnsupportedBuild(f"{lib} {who}; the AArch64 paths are emulated for {ARM64_COMPILER} builds only "
-                                   "(GCC's -ffp-contract=fast fuses where clang's =on may not: not proven equal); "
-                                   "name a path (--emulate=ggml:arm64-…) if the build is GCC's")
+        if self.compiler is None:
+            raise UnsupportedBuild(f"{lib} does not say which compiler built it (no .comment section); the AArch64 "
+                                   f"paths are emulated for {ARM64_COMPILER} builds only: name the path "
+                                   "(--emulate=ggml:arm64-…) if it is one")
+        if not self.compiler.startswith(ARM64_COMPILER + " "):
+            raise UnsupportedBuild(f"{lib} was compiled by {self.compiler}, whose floating-point contraction (clang: "
+                                   "-ffp-contract=on, within one expression) is not proven to give the bits of GCC's "
+                                   f"(=fast); the AArch64 paths are emulated for {ARM64_COMPILER} builds only")
         if self.has("sve") and self.sve_bits != SVE_BITS:
             vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
                   "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")

@@ -30,7 +30,8 @@ against the three libggml builds):
   of Q8_0 and MXFP4 weights (vec_dot, ``tinyBLAS_Q0_AVX``) and the argument checks every ``mul_mat`` shares;
   ``mulmat_q`` — the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL); ``mulmat_k`` — the K-quants'
   vec_dot and tiled kernels; ``mulmat_iq`` — the codebook types; ``repack``, ``repack_k`` — weights in
-  llama.cpp's CPU_REPACK buffer (Q4_0, IQ4_NL, MXFP4; Q4_K, Q2_K); ``mulmat`` — ``ggml_mul_mat``/``_id``:
+  llama.cpp's CPU_REPACK buffer (Q4_0, IQ4_NL, MXFP4; Q4_K, Q2_K); ``repack_arm``, ``repack_arm_k`` — that buffer on
+  the AArch64 paths (Q8_0, Q4_0, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K; the dispatch ``mulmat`` calls); ``mulmat`` — ``ggml_mul_mat``/``_id``:
   the dispatch among them, with the formulas; ``mulmat_generic`` — the generic path's (the ``_ref`` activation
   quantizers, then ``actdots``' generic dots);
 * ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster).

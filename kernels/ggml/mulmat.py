@@ -50,7 +50,7 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
 from kernels.ggml import columns, mulmat_arm, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
-from kernels.ggml import repack_arm
+from kernels.ggml import repack_arm_k
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -103,7 +103,7 @@ def repacked(qtype, n_rows: int, path: str) -> bool:
 def repack_emulated(qtype, path: str) -> bool:
     """Whether the repacked kernels of ``qtype`` on ``path`` are emulated (:data:`REPACKED` minus what is not)."""
     if mulmat_arm.is_arm(path):
-        return repack_arm.repack_arm_emulated(qtype, path)
+        return repack_arm_k.repack_arm_emulated(qtype, path)
     return QT(qtype) in REPACKED[path] and QT(qtype) in (repack.REPACK_Q4_B32 | repack_k.REPACK_K)
 
 
@@ -151,8 +151,8 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat(w_bytes, qtype, x)
     if mulmat_arm.is_arm(path):
-        if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm(_k)
-            return repack_arm.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
+        if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm, repack_arm_k
+            return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
         return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
@@ -237,8 +237,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat_id(w_bytes, qtype, x, ids)
     if mulmat_arm.is_arm(path):
-        if repack and repacked(qtype, tensor_rows or N, path):  # kernels.ggml.repack_arm(_k)
-            return repack_arm.repack_arm_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
+        if repack and repacked(qtype, tensor_rows or N, path):  # kernels.ggml.repack_arm, repack_arm_k
+            return repack_arm_k.repack_arm_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
         return mulmat_arm.mul_mat_id(w_bytes, qtype, x, ids, path, slot_groups)
     if repack and repacked(qtype, tensor_rows or N, path):
         if _columns_apply(cols, qtype, N):

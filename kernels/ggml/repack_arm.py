@@ -1,6 +1,7 @@
 """``ggml_mul_mat`` / ``ggml_mul_mat_id`` of a weight in llama.cpp's ``CPU_REPACK`` buffer on the AArch64 GCC
 builds (paths ``arm64-dotprod``, ``arm64-i8mm``), bit for bit: Q8_0, Q4_0, IQ4_NL and MXFP4 (the 32-value
-block types, Q8_0 activations). The K-quants are :mod:`kernels.ggml.repack_arm_k`. The weights are taken in the
+block types, Q8_0 activations). The K-quants, and the dispatch :mod:`kernels.ggml.mulmat` calls, are
+:mod:`kernels.ggml.repack_arm_k`. The weights are taken in the
 plain GGUF layout: the interleaving changes no value, only where the bytes sit.
 
 Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
@@ -281,33 +282,5 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
     return out.reshape(T, ids.shape[1], N)
 
 
-def repack_arm_emulated(qtype, path: str) -> bool:
-    """Whether the repacked kernels of ``qtype`` on the AArch64 ``path`` are emulated (here or in
-    :mod:`kernels.ggml.repack_arm_k`)."""
-    from kernels.ggml import repack_arm_k
-
-    qt = _qt(qtype)
-    return path in ARM_PATHS and qt in REPACK_ARM[path] and qt in (REPACK_ARM_B32 | repack_arm_k.REPACK_ARM_K)
-
-
-def repack_arm_kernels(qtype, path: str):
-    """(mul_mat, mul_mat_id) of the emulated repacked kernels of ``qtype`` on the AArch64 ``path`` — for
-    :mod:`kernels.ggml.mulmat`'s dispatch of a weight :func:`repacked_arm` says is repacked; ValueError naming the
-    kernel where it is not emulated."""
-    from kernels.ggml import repack_arm_k
-
-    qt = _qt(qtype)
-    entry = REPACK_ARM.get(path, {}).get(qt)
-    if path not in ARM_PATHS or entry is None:
-        raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} are not emulated")
-    if qt in REPACK_ARM_B32:
-        return mul_mat_repacked_arm, mul_mat_id_repacked_arm
-    if qt in repack_arm_k.REPACK_ARM_K:
-        return repack_arm_k.mul_mat_repacked_arm_k, repack_arm_k.mul_mat_id_repacked_arm_k
-    raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} "  # pragma: no cover
-                     f"({qt.name.lower()}_{entry[1]}) are not emulated")
-
-
-__all__ = ["ARM_PATHS", "repack_arm_kernels", "repack_arm_emulated", "REPACK_ARM", "REPACK_ARM_B32", "FUSED",
-           "repacked_arm", "quantize_q8_0_arm",
+__all__ = ["ARM_PATHS", "REPACK_ARM", "REPACK_ARM_B32", "FUSED", "repacked_arm", "quantize_q8_0_arm",
            "mul_mat_repacked_arm", "mul_mat_id_repacked_arm"]

@@ -43,7 +43,15 @@ from numba import prange
 from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
-from kernels.ggml.repack_arm import REPACK_ARM, arm_nans, check_arm_path
+from kernels.ggml.repack_arm import (
+    ARM_PATHS,
+    REPACK_ARM,
+    REPACK_ARM_B32,
+    arm_nans,
+    check_arm_path,
+    mul_mat_id_repacked_arm,
+    mul_mat_repacked_arm,
+)
 from kernels.ggml.simd import fma32
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
@@ -251,4 +259,32 @@ def mul_mat_id_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np
     return arm_nans(out).reshape(T, ids.shape[1], N)
 
 
-__all__ = ["REPACK_ARM_K", "mul_mat_repacked_arm_k", "mul_mat_id_repacked_arm_k", "quantize_rows_q8_k_arm"]
+# --------------------------------------------------------------------------------------------
+# The dispatch of a repacked weight on an ARM path (called by kernels.ggml.mulmat)
+
+
+def repack_arm_emulated(qtype, path: str) -> bool:
+    """Whether the repacked kernels of ``qtype`` on the AArch64 ``path`` are emulated (here or in
+    :mod:`kernels.ggml.repack_arm`)."""
+    qt = _qt(qtype)
+    return path in ARM_PATHS and qt in REPACK_ARM[path] and qt in (REPACK_ARM_B32 | REPACK_ARM_K)
+
+
+def repack_arm_kernels(qtype, path: str):
+    """(mul_mat, mul_mat_id) of the emulated repacked kernels of ``qtype`` on the AArch64 ``path``, for
+    :mod:`kernels.ggml.mulmat`'s dispatch of a weight that CPU_REPACK takes
+    (:func:`kernels.ggml.repack_arm.repacked_arm`); ValueError naming the kernel where it is not emulated."""
+    qt = _qt(qtype)
+    entry = REPACK_ARM.get(path, {}).get(qt)
+    if path not in ARM_PATHS or entry is None:
+        raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} are not emulated")
+    if qt in REPACK_ARM_B32:
+        return mul_mat_repacked_arm, mul_mat_id_repacked_arm
+    if qt in REPACK_ARM_K:
+        return mul_mat_repacked_arm_k, mul_mat_id_repacked_arm_k
+    raise ValueError(f"mul_mat emulation: the repacked {path} kernels of {qt.name} "  # pragma: no cover
+                     f"({qt.name.lower()}_{entry[1]}) are not emulated")
+
+
+__all__ = ["REPACK_ARM_K", "repack_arm_kernels", "repack_arm_emulated", "mul_mat_repacked_arm_k",
+           "mul_mat_id_repacked_arm_k", "quantize_rows_q8_k_arm"]

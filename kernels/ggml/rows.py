@@ -20,6 +20,13 @@ get_rows (``ops.cpp: ggml_compute_forward_get_rows_{q,f16,bf16,f32}``), per sele
   are transcribed below (Q2_K, Q3_K and the legacy Q4_0 … Q5_1, IQ4_NL in :mod:`kernels.ggml.rows_q`)
   with ggml's conversion (a NaN or inf scale is rare but can be stored).
 
+AArch64 (``arm64-dotprod`` / ``arm64-i8mm``): libggml-base is built with the build's ``-march`` there and GCC
+contracts ``x*d + m`` into ``fmadd`` / ``fmla`` (Q4_1, Q5_1, Q4_K, Q5_K; Q2_K's ``fmls``) — the same numbers (the
+products of a small integer and an f16 scale are exact) but Arm's NaN rules: the addend's NaN first (``m``, or
+``-m1`` negated by ``fneg``: its sign flipped), the default NaN 0x7FC00000. So on AArch64 get_rows is bit for bit
+on every value that is not a NaN, and NaN where ggml is NaN; the payload of a NaN made from a NaN or infinite f16
+scale is x86's (not emulated: no model stores one). Tested against both AArch64 builds.
+
 argsort / top_k (``ops.cpp: ggml_compute_forward_argsort_f32``, ``_top_k_f32``): libstdc++'s (GCC 12,
 ``bits/stl_algo.h``) ``std::sort`` and ``std::partial_sort`` of the indices ``0..n-1`` with the comparator
 ``data[a] > data[b]`` (DESC), transcribed here line by line — introsort with median-of-three pivots,

@@ -135,11 +135,14 @@ def test_arm_dispatch_refuses_what_is_not_emulated():
     x = acts(rng, 2, 256)
     assert kernel_for(QT.Q4_K, "arm64-i8mm", 16, 16, 256) == "vec_dot"  # no tiled kernel, no llamafile on ARM
     for path in ("arm64-dotprod", "arm64-i8mm"):
-        with pytest.raises(ValueError, match=f"TQ2_0 weights are not emulated on the {path} path"):
+        with pytest.raises(ValueError, match=rf"mul_mat of TQ2_0 weights .*\({path}\) is not emulated"):
             mul_mat(weight_bytes(QT.TQ2_0, 4, 256, rng), QT.TQ2_0, x, path)
         w = weight_bytes(QT.TQ1_0, 4, 256, rng)
-        with pytest.raises(ValueError, match=f"TQ1_0 weights are not emulated on the {path} path"):
+        with pytest.raises(ValueError, match=rf"mul_mat_id of TQ1_0 weights .*\({path}\) is not emulated"):
             mul_mat_id(w[None], QT.TQ1_0, x[:, None], np.zeros((2, 1), np.int32), path)
+    for path in ("arm64-base", "arm64-sve128"):  # other ARM keys: refused, never an x86 kernel
+        with pytest.raises(ValueError, match=rf"F32 weights .*\({path}\) is not emulated"):
+            mul_mat(np.zeros((3, 256), np.float32).view(np.uint8), QT.F32, x, path)
     w = weight_bytes(QT.Q8_0, 6, 256, rng)  # 6 % 4: CPU_REPACK leaves it in a plain buffer
     assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm")))
 

@@ -132,7 +132,7 @@ def mul_mat_emulated(qtype, path: str | None = None) -> bool:
     if path == "generic":
         return qtype in mulmat_generic.TYPES
     if path is not None and mulmat_arm.is_arm(path):
-        return mulmat_arm.emulated(qtype)
+        return mulmat_arm.emulated(qtype, path)
     return (qtype in FLOAT_KIND or qtype in (QT.Q8_0, QT.MXFP4) or qtype in mulmat_k.KQUANT_TYPES
             or qtype in mulmat_q.LEGACY_TYPES or qtype in mulmat_iq.IQ_TYPES)
 

@@ -33,7 +33,9 @@ The quantized types (Q8_0, Q4_0, MXFP4, IQ4_NL with AArch64 Q8_0 activations; Q4
 activations — ``quantize_row_q8_K`` is ``quantize_row_q8_K_ref`` on ARM, whose ``nearest_int(iscale*x)`` the ARM GCC
 build contracts into one ``fmla``) are in :mod:`kernels.ggml.mulmat_arm_q`, with their float formulas.
 
-Other weight types on an ARM path raise ValueError naming the type and the path (no x86 kernel stands in).
+Other weight types, and the other AArch64 keys (``arm64-base``: no dotprod, no FP16 arithmetic; ``arm64-sve128``: the
+SVE kernels), raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
+stands in).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import jit
-from kernels.ggml import mulmat_arm_q
+from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
 from kernels.ggml.simd import fma32
@@ -66,7 +68,8 @@ REPACK_ROWS = {QT.Q4_0: 4, QT.Q8_0: 4, QT.IQ4_NL: 4, QT.MXFP4: 4, QT.Q4_K: 8, QT
 
 
 def is_arm(path: str) -> bool:
-    return path in ARM_PATHS
+    """Whether ``path`` is an AArch64 key (every one: :func:`compute` refuses those not emulated here)."""
+    return build.is_arm64(path)
 
 
 def repacked(qtype: QT, n_rows: int) -> bool:
@@ -75,12 +78,13 @@ def repacked(qtype: QT, n_rows: int) -> bool:
     return m is not None and n_rows % m == 0
 
 
-def emulated(qtype: QT) -> bool:
-    return qtype in TYPES
+def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
+    return qtype in TYPES and path in ARM_PATHS
 
 
 def not_emulated(what: str, qtype: QT, path: str) -> ValueError:
-    return ValueError(f"{what} emulation: {qtype.name} weights are not emulated on the {path} path")
+    """The one-line error (:class:`kernels.ggml.build.NotEmulated`, a ValueError) naming the op, type and path."""
+    return build.not_emulated(f"{what} of {qtype.name} weights in a plain buffer", path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,7 +216,7 @@ def float_rows_arm(w, x, out, kind):
 def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads: int = 1, nrows: int = 0):
     """``ggml_mul_mat(W, x)`` on an ARM path, weights in a plain buffer: ``w_bytes`` (N, row bytes) uint8, ``x``
     (T, K) float32 -> (T, N). ``nrows`` = 1 forces the 1-row kernels (``mul_mat_id``); 0: as ``mul_mat`` chunks."""
-    if qtype not in TYPES:
+    if qtype not in TYPES or path not in ARM_PATHS:
         raise not_emulated("mul_mat", qtype, path)
     T, N = x.shape[0], w_bytes.shape[0]
     out = np.empty((T, N), np.float32)
@@ -254,7 +258,7 @@ def arm_default_nan(out: np.ndarray) -> np.ndarray:
 def mul_mat_id(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, ids: np.ndarray, path: str, slot_groups):
     """``ggml_mul_mat_id`` on an ARM path (checked arguments, as :func:`kernels.ggml.mulmat.mul_mat_id`): every
     routed row through the 1-row ``vec_dot`` (``ggml_compute_forward_mul_mat_id_one_chunk`` passes nrc = 1)."""
-    if qtype not in TYPES:
+    if qtype not in TYPES or path not in ARM_PATHS:
         raise not_emulated("mul_mat_id", qtype, path)
     T, n_x, K = x.shape
     n_used, N = ids.shape[1], w_bytes.shape[1]

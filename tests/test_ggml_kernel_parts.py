@@ -85,3 +85,41 @@ def test_vec_dot_f32_cols_equals_vec_dot_f32(lanes):
                         np.float32)
         assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (n, m)
     assert not vec.cols_fit(80, lanes)
+
+
+def _f16_round_exact(v):
+    """A Fraction rounded to the nearest binary16 (ties to even), as float; ±inf from 65520."""
+    from fractions import Fraction
+
+    if abs(v) >= 65520:
+        return float("inf") if v > 0 else float("-inf")
+    if v == 0:
+        return 0.0
+    e = max(abs(v).numerator.bit_length() - abs(v).denominator.bit_length(), -14)
+    while Fraction(2) ** e > abs(v):
+        e -= 1
+    while Fraction(2) ** (e + 1) <= abs(v):
+        e += 1
+    q = Fraction(2) ** (max(e, -14) - 10)
+    k = v / q
+    f = k.numerator // k.denominator
+    rem = k - f
+    k = f + (1 if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and f % 2) else 0)
+    return float(k * q)
+
+
+def test_fma16_rounds_once_to_half():
+    """``simd.fma16`` (NEON ``vfmaq_f16``, the F16 dot's accumulators) is ``a·b + c`` rounded once to binary16:
+    against exact rational arithmetic, on random halves across binades, subnormals, and sums built to land on a
+    half's midpoint in float64 (where a double rounding would err)."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(16)
+    h = rng.integers(0, 0x7C00, (3000, 3)).astype(np.uint16) | (rng.integers(0, 2, (3000, 3)) << 15).astype(np.uint16)
+    vals = h.view(np.float16).astype(np.float32)
+    mid = [(np.float32(1.0), np.float32(1.0009765625), np.float32(2.0 ** -11)),  # 1 + 2^-10 + 2^-11: a tie
+           (np.float32(1.5), np.float32(2.0 ** -12), np.float32(1.0)), (np.float32(3.0), np.float32(-2.0 ** -25), np.float32(2.0 ** -24))]
+    for a, b, c in list(map(tuple, vals)) + mid:
+        want = _f16_round_exact(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+        got = float(simd.fma16(a, b, c))
+        assert got == want or (got != got and want != want), (a, b, c, got, want)

@@ -14,11 +14,11 @@ element is one ``vec_dot`` (``type_traits_cpu[type].vec_dot``) on the activation
 * F32 (``vec.cpp: ggml_vec_dot_f32``, NEON): 4 accumulators of 4 lanes over steps of 16 (``fmla``),
   ``GGML_F32x4_REDUCE`` (``(s0+s2)+(s1+s3)`` lane-wise, then ``vaddvq_f32`` = ``faddp`` twice:
   ``(l0+l1)+(l2+l3)``) into a float; the leftovers as GCC emitted them: blocks of 4 as a vector ``fmul`` added
-  one by one, the last ``rem % 4`` as ``fmadd`` (:func:`vec_dot_f32_arm`).
+  one by one, the last ``rem % 4`` as ``fmadd`` (:func:`kernels.ggml.vec.vec_dot_f32` with ``lanes`` = NEON).
 * F16 (``ggml_vec_dot_f16`` with ``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): **half precision** — 4 accumulators of
   8 *half* lanes fed by ``vfmaq_f16`` (one fp16 rounding per step), reduced with half ``fadd``s, widened to float
   (``fcvtl``/``fcvtl2``), added (float) and ``faddp``'d twice, then a double; the leftovers add float products to
-  the double (:func:`vec_dot_f16_arm`). A sum beyond 65504 overflows to inf, as on the phone.
+  the double (:func:`kernels.ggml.vec.vec_dot_f16`). A sum beyond 65504 overflows to inf, as on the phone.
 * BF16: no ``__ARM_FEATURE_BF16`` branch in ``ggml_vec_dot_bf16``: the scalar loop, float products summed in a
   double (:func:`kernels.ggml.vec.vec_dot_generic`).
 * Q8_0 and the other quantized types: activations by AArch64 ``quantize_row_q8_0``
@@ -40,8 +40,6 @@ stands in).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kernels.base.block import QT
@@ -49,8 +47,8 @@ from kernels.base.flags import jit
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
-from kernels.ggml.simd import fma32
-from kernels.ggml.vec import vec_dot_generic
+from kernels.ggml.simd import NEON
+from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 
@@ -118,93 +116,18 @@ def mmla_mask(T: int, N: int, n_threads: int, qtype: QT, path: str):
 
 
 @jit()
-def vec_dot_f32_arm(n, x, y):
-    """vec.cpp: ggml_vec_dot_f32, the NEON ``GGML_SIMD`` branch as GCC 12 compiled it (see the module docstring)."""
-    np_ = n & ~15  # GGML_F32_STEP
-    acc = np.zeros((4, 4), np.float32)
-    for i in range(0, np_, 16):
-        for j in range(4):
-            for lane in range(4):
-                k = i + 4 * j + lane
-                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
-    r = np.empty(4, np.float32)
-    for lane in range(4):
-        r[lane] = F32(F32(acc[0, lane] + acc[2, lane]) + F32(acc[1, lane] + acc[3, lane]))
-    sumf = F32(F32(r[0] + r[1]) + F32(r[2] + r[3]))  # faddp, faddp
-    unfused = np_ + ((n - np_) & ~3)
-    for i in range(np_, unfused):  # fmul v.4s, then fadd s lane by lane
-        sumf = F32(sumf + F32(x[i] * y[i]))
-    for i in range(unfused, n):  # fmadd
-        sumf = fma32(x[i], y[i], sumf)
-    return sumf
-
-
-@jit()
-def _f16_nearest(s, err):
-    """The binary16 nearest ``s + err`` (ties to even; ``s`` a float64, ``err`` the exact rest below its last bit),
-    as a float64; ±inf beyond the largest half."""
-    if s != s or s == 0.0 or abs(s) == np.inf:
-        return s
-    _, e = math.frexp(s)  # s = m·2**e, 0.5 <= |m| < 1
-    q = math.ldexp(1.0, max(e - 1, -14) - 10)  # the half quantum of s's binade (2**-24 below 2**-14)
-    t = s / q  # exact
-    f = math.floor(t)
-    if t - f == 0.5 and err != 0.0:  # a tie in s, not in s + err
-        r = f + 1.0 if err > 0.0 else f
-    else:
-        r = np.rint(t)
-    v = r * q
-    if abs(v) > 65504.0:
-        return np.inf if v > 0 else -np.inf
-    return v
-
-
-@jit()
-def _hfma(a, b, c):
-    """``vfmaq_f16`` on one lane: ``a·b + c`` rounded once to binary16 (float64 in, float64 out; halves)."""
-    p = a * b  # exact: 11 + 11 significant bits
-    s = p + c
-    if s != s or abs(s) == np.inf:
-        return s
-    t = s - p
-    err = (p - (s - t)) + (c - t)  # TwoSum: s + err == p + c
-    return _f16_nearest(s, err)
-
-
-@jit()
-def vec_dot_f16_arm(n, x, y):
-    """vec.cpp: ggml_vec_dot_f16 with FP16 vector arithmetic (``GGML_F16_STEP`` 32, ``GGML_F16_EPR`` 8): ``x``,
-    ``y`` F16 values as float32."""
-    np_ = n & ~31
-    acc = np.zeros((4, 8), np.float64)  # half values
-    for i in range(0, np_, 32):
-        for j in range(4):
-            for lane in range(8):
-                k = i + 8 * j + lane
-                acc[j, lane] = _hfma(np.float64(x[k]), np.float64(y[k]), acc[j, lane])
-    h = np.empty(8, np.float64)
-    for lane in range(8):  # GGML_F16x8_REDUCE: x0 += x2, x1 += x3, x0 += x1 in half precision
-        h[lane] = _f16_nearest(_f16_nearest(acc[0, lane] + acc[2, lane], 0.0)
-                               + _f16_nearest(acc[1, lane] + acc[3, lane], 0.0), 0.0)
-    u = np.empty(4, np.float32)
-    for lane in range(4):  # vaddq_f32(fcvtl(lo), fcvtl2(hi))
-        u[lane] = F32(F32(h[lane]) + F32(h[lane + 4]))
-    sumf = np.float64(F32(F32(u[0] + u[1]) + F32(u[2] + u[3])))
-    for i in range(np_, n):
-        sumf += np.float64(F32(x[i] * y[i]))
-    return F32(sumf)
-
-
-@jit()
 def float_rows_arm(w, x, out, kind):
-    """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32)."""
+    """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the NEON
+    ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``lanes`` = :data:`simd.NEON`), BF16's
+    scalar loop :func:`kernels.ggml.vec.vec_dot_generic`."""
     K = w.shape[1]
+    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     for t in range(x.shape[0]):
         for r in range(w.shape[0]):
             if kind == 0:
-                out[t, r] = vec_dot_f32_arm(K, w[r], x[t])
+                out[t, r] = vec_dot_f32(K, w[r], x[t], NEON, acc)
             elif kind == 1:
-                out[t, r] = vec_dot_f16_arm(K, w[r], x[t])
+                out[t, r] = vec_dot_f16(K, w[r], x[t], NEON, acc)
             else:
                 out[t, r] = vec_dot_generic(K, w[r], x[t])
 

@@ -50,9 +50,11 @@ def check(build, q, k, v, m, scale, n_threads=1):
 
 
 # (n_head, n_head_kv, n_q, n_kv, D): 1 … 63 query rows, head dims with every tail of the half dot (32 halves a
-# step) and of vec_mad_f16 / vec_scale_f16, n_kv on both sides of 256 and just below the split threshold
+# step) and of vec_mad_f16 / vec_scale_f16, n_kv on both sides of 256, just below the split threshold, and above it
+# with 2 rows
 ONE_ROW = [(4, 2, 1, 1, 64), (4, 1, 1, 37, 128), (8, 2, 1, 256, 128), (2, 1, 1, 511, 64), (4, 2, 4, 40, 80),
-           (2, 2, 63, 100, 64), (2, 1, 3, 257, 100), (2, 1, 2, 19, 40), (2, 2, 8, 255, 256), (1, 1, 2, 9, 17)]
+           (2, 2, 63, 100, 64), (2, 1, 3, 257, 100), (2, 1, 2, 19, 40), (2, 2, 8, 255, 256), (1, 1, 2, 9, 17),
+           (2, 1, 2, 600, 64)]  # 2 rows of >= 512 cells: not split
 
 
 @pytest.mark.parametrize("build", ARM_BUILDS)

@@ -197,7 +197,7 @@ def _q8_k(x):
     R, K = x.shape
     qs, d, bs = np.empty((R, K), np.int8), np.empty((R, K // 256), np.float32), np.empty((R, K // 16), np.int16)
     quantize_rows_q8_k_arm(x, qs, d, bs)
-    ys = bs.astype(np.int64).reshape(R, -1, 2).sum(axis=2)  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
+    ys = bs.astype(np.int64).reshape(R, K // 32, 2).sum(axis=2)  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
     return qs.astype(np.int32), d, ys
 
 

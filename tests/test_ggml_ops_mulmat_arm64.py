@@ -226,3 +226,25 @@ def test_q5_0_i8mm_tail_reads_unsigned():
         w = weight_bytes(QT.Q5_0, 3, k, rng)
         a, b = mul_mat(w, QT.Q5_0, x[:, :k], "arm64-dotprod"), mul_mat(w, QT.Q5_0, x[:, :k], "arm64-i8mm")
         assert (not np.array_equal(bits(a), bits(b))) == differ
+
+
+def test_fused_row_blocks_follow_the_whole_tensor():
+    """A row block of a fused tensor (``attn_qkv``: ggml multiplies it whole, then views): on arm64-i8mm the chunks
+    of the whole tensor pick the 2-row kernel. Each block against the library's product of the whole tensor; a
+    shape whose whole-tensor chunks mix the kernels is refused (the block's offset is not known to mul_mat)."""
+    rng = np.random.default_rng(3911)
+    k, cases, blocks = 64, [], []
+    for sizes, nth in (((8, 6, 4), 2), ((8, 4, 4), 3), ((6, 6, 4), 1)):
+        w = weight_bytes(QT.Q8_0, sum(sizes), k, rng)
+        cases.append((w, int(QT.Q8_0), k, acts(rng, 2, k), nth))
+        blocks.append(sizes)
+    got = on_build("arm64-i8mm-gcc", g_mul_mats, cases)
+    for (w, _, _, x, nth), sizes, y in zip(cases, blocks, got):
+        a = 0
+        for n in sizes:
+            part = mul_mat(w[a:a + n], QT.Q8_0, x, "arm64-i8mm", n_threads=nth, tensor_rows=w.shape[0])
+            assert np.array_equal(bits(part), bits(y[:, a:a + n])), (sizes, nth, n)
+            a += n
+    w = weight_bytes(QT.Q8_0, 20, k, rng)  # 3 threads: chunks of 7, 7, 6 rows — mixed
+    with pytest.raises(ValueError, match="i8mm chunks mix"):
+        mul_mat(w[:8], QT.Q8_0, acts(rng, 2, k), "arm64-i8mm", n_threads=3, tensor_rows=20)

@@ -153,7 +153,7 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     if mulmat_arm.is_arm(path):
         if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm, repack_arm_k
             return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
-        return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads)
+        return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
             return columns.mul_mat_cols(cols, x)

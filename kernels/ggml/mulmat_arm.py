@@ -111,6 +111,22 @@ def mmla_mask(T: int, N: int, n_threads: int, qtype: QT, path: str):
     return mask if mask.any() else None
 
 
+def block_mask(T: int, N: int, rows: int, n_threads: int, qtype: QT, path: str):
+    """:func:`mmla_mask` of N rows that are a row block of a ``rows``-row tensor ggml multiplies whole (llama.cpp's
+    fused ``attn_qkv``, viewed after the product). Where the whole tensor's chunks take one kernel throughout, the
+    block's position does not matter; else (mixed chunks, only on small shapes) it does and is not known here:
+    NotEmulated."""
+    if rows == N:
+        return mmla_mask(T, N, n_threads, qtype, path)
+    whole = mmla_mask(T, rows, n_threads, qtype, path)
+    if whole is None:
+        return None
+    if whole.all():
+        return np.ones((T, N), np.bool_)
+    raise build.not_emulated(f"mul_mat of a {N}-row block of a {rows}-row {qtype.name} tensor whose i8mm chunks "
+                             f"mix 2-row and 1-row kernels ({T} rows, {n_threads} threads)", path)
+
+
 # --------------------------------------------------------------------------------------------
 # Float weights
 
@@ -136,9 +152,12 @@ def float_rows_arm(w, x, out, kind):
 # Entry points (called by kernels.ggml.mulmat for an ARM path)
 
 
-def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads: int = 1, nrows: int = 0):
+def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads: int = 1, nrows: int = 0,
+            tensor_rows: int | None = None):
     """``ggml_mul_mat(W, x)`` on an ARM path, weights in a plain buffer: ``w_bytes`` (N, row bytes) uint8, ``x``
-    (T, K) float32 -> (T, N). ``nrows`` = 1 forces the 1-row kernels (``mul_mat_id``); 0: as ``mul_mat`` chunks."""
+    (T, K) float32 -> (T, N). ``nrows`` = 1 forces the 1-row kernels (``mul_mat_id``); 0: as ``mul_mat`` chunks.
+    ``tensor_rows``: ``w_bytes`` is a row block of a fused tensor of that many rows, multiplied whole by ggml (the
+    chunks, so the i8mm 2-row kernels, follow the whole tensor: :func:`block_mask`)."""
     if qtype not in TYPES or path not in ARM_PATHS:
         raise not_emulated("mul_mat", qtype, path)
     T, N = x.shape[0], w_bytes.shape[0]
@@ -152,7 +171,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
         float_rows_arm(w, xv, out, kind)
         return arm_default_nan(out)
-    two = None if nrows == 1 else mmla_mask(T, N, n_threads, qtype, path)
+    two = None if nrows == 1 else block_mask(T, N, tensor_rows or N, n_threads, qtype, path)
     two = np.zeros((0, 0), np.bool_) if two is None else two
     if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0 / _q8_1
         xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)

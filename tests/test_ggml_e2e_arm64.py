@@ -1,0 +1,172 @@
+"""``--emulate=ggml`` on the phone's CPU, end to end: refimpl's AArch64 paths against llama.cpp's own AArch64 builds.
+
+llama.cpp (the vendored tree of llama-cpp-python 0.3.36, cross-built by ``.ci/build-llama-arm64``) runs under
+``qemu-aarch64`` on a CPU model with exactly the build's features (tests/arm64.py), driven by the same children as
+the x86 tests (tests/llama_ref.py, llama_trace.py, llama_spec.py, in Debian's arm64 Python); refimpl runs here, on
+x86, with ``Ctx.ggml`` the build's path (``kernels.ggml.build.detect`` reads it from the AArch64 library without
+running it). Compared as ``uint32`` views, no tolerance, for the batch shapes that take different ARM kernels: with
+CPU_REPACK (llama.cpp's default) a Q8_0 or Q4_K weight is multiplied by gemm on each block of 4 activation rows and by
+gemv on the rest, so a decode (1 row), a 1+1 verify (2), a 1+3 verify (4) and a 1+8 verify (9 = 4 + 4 + 1) each
+meet another mix; the i8mm build's plain-buffer row kernels take 2 rows at a time. Flash attention's one-row path
+accumulates in half precision on both builds (FP16 vector arithmetic).
+
+Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones since 2019) and ``arm64-i8mm-gcc``
+(``armv8.6-a+dotprod+fp16+i8mm``: current phones). Each qemu run of the built-in model takes ~10-20 s here, so the
+default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
+matrix (23 cases, ~8 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggml_graph import build_info
+from llama_ref import llama_run
+from llama_trace import llama_trace
+from refimpl.fixtures.builtin import TRAINED_PATH
+from refimpl.model.ops import emulation_ctx
+from refimpl.model.state import SeqState
+from test_ggml_e2e import N_THREADS, TRACED, assert_bits, model, prompt, refimpl_batches, refimpl_logits
+
+pytestmark = pytest.mark.oracle
+
+BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+#: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, both builds, the draft-mtp
+#: loop and a converted K-quant file —; the others are marked ``deep`` (:func:`cases`)
+DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
+           ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc")}
+
+
+def cases(*axes):
+    """The product of ``axes`` as pytest params, those not in :data:`DEFAULT` marked ``deep``."""
+    import itertools
+
+    return [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep) for c in itertools.product(*axes)]
+F16_FLASH = {"type_k": "f16", "type_v": "f16", "flash_attn": "on"}  # llama.cpp's defaults
+F32 = ({"type_k": "f32", "type_v": "f32", "flash_attn": "off"}, {"kv_f16": False, "flash_attn": False})
+#: shape -> (tokens used, n_batch of both sides, llama.cpp's n_ubatch, llama_trace options, refimpl Ctx fields)
+SHAPES = {
+    "decode": (12, 1, 512, F16_FLASH, {}),
+    "verify-1+1": (12, 2, 512, F16_FLASH, {}),
+    "verify-1+3": (12, 4, 512, F16_FLASH, {}),
+    "verify-1+8-f32-noflash": (18, 9, 512, *F32),
+    "prompt-ubatch": (None, 512, 512, F16_FLASH, {"n_threads": 2}),  # >= 64 rows: flash attention's tiled path
+}
+
+
+@pytest.fixture
+def on_build(monkeypatch):
+    """``on_build(build)`` → refimpl's path for ``build``; llama.cpp's children then load that build under qemu."""
+
+    def select(build: str) -> str:
+        import arm64
+
+        arm64.require(build)
+        info = build_info(build)
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(info.lib_dir))
+        return info.path
+
+    return select
+
+
+@pytest.mark.parametrize("build,shape", cases(BUILDS, SHAPES))
+def test_logits_bit_identical(build, shape, on_build):
+    n_tok, n_batch, n_ubatch, options, fields = SHAPES[shape]
+    path = on_build(build)
+    tokens = prompt()[:n_tok]
+    ref = llama_trace(TRAINED_PATH, tokens, TRACED, n_threads=fields.get("n_threads", N_THREADS), n_batch=n_batch,
+                      n_ubatch=n_ubatch, **options)
+    logits, traced = refimpl_logits(path, tokens, n_batch, **fields)
+    assert_bits(f"{build} {shape} logits", logits, ref["logits"])
+    for name in TRACED:
+        assert_bits(f"{build} {shape} {name}", traced[name], ref[name])
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("build", BUILDS)
+def test_plain_buffer_weights(build, on_build):
+    """``--no-repack``: the same tokens with every weight in a plain buffer (its NEON ``vec_dot``s; on i8mm two rows
+    at a time), in 1+3-shaped batches."""
+    path = on_build(build)
+    tokens = prompt()[:12]
+    ref = llama_trace(TRAINED_PATH, tokens, (), n_threads=N_THREADS, n_batch=4, n_ubatch=512, repack=False, **F16_FLASH)
+    logits, _ = refimpl_logits(path, tokens, 4, repack=False)
+    assert_bits(f"{build} --no-repack logits", logits, ref["logits"])
+
+
+def test_the_paths_compute_different_bits():
+    """Each ARM path computes other bits than x86 and than the other ARM path on the same tokens — so each test
+    above could fail on another path (dotprod and i8mm differ in their repacked gemm/gemv: 4x4 vs 4x8 blocks)."""
+    tokens = prompt()[:8]
+    logits = {p: refimpl_logits(p, tokens, 4)[0].view(np.uint32) for p in ("arm64-dotprod", "arm64-i8mm", "avx512")}
+    assert (logits["arm64-dotprod"] != logits["avx512"]).any()
+    assert (logits["arm64-i8mm"] != logits["avx512"]).any()
+    assert (logits["arm64-dotprod"] != logits["arm64-i8mm"]).any()
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("build", BUILDS)
+def test_greedy_stream_and_mtp_head(build, on_build):
+    """32 greedy steps with the draft-mtp catch-up (llama.cpp's defaults): the same stream, and the trunk's logits
+    and h_nextn and the MTP head's logits and hiddens bit for bit at every position."""
+    from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
+    from refimpl.model.ops import argmax
+    from refimpl.model.trunk import forward
+
+    path = on_build(build)
+    ref = llama_run(TRAINED_PATH, prompt()[:8], n_generate=32, mtp=True, defaults=True, n_threads=N_THREADS)
+    m = model()
+    mw = load_mtp_weights(m.file, m.weights)
+    ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=8)  # llama_ref's context: n_ubatch 8
+    state, mstate = SeqState.fresh(m.config), MTPState.fresh(m.config)
+    tokens, h_prev, rows = list(prompt()[:8]), np.zeros((1, m.config.n_embd), np.float32), []
+    for pos in range(len(ref.tokens)):
+        if pos >= len(tokens):
+            tokens.append(argmax(rows[-1][0][0]))
+        lg, h, state = forward(m, state, [tokens[pos]], ctx)
+        mlg, mh, mstate = mtp_forward(m, mw, mstate, [tokens[pos]], h_prev, ctx)
+        rows.append((lg, h, mlg, mh))
+        h_prev = h
+    assert tokens == ref.tokens.tolist()
+    for i, name in enumerate(("logits", "hidden", "mtp_logits", "mtp_hidden")):
+        assert_bits(f"{build} {name}", np.concatenate([r[i] for r in rows]), getattr(ref, name))
+
+
+@pytest.mark.parametrize("build,n_draft", cases(BUILDS, (1, 3)))
+def test_draft_mtp_loop_equals_llama_cpp(build, n_draft, on_build):
+    """``refimpl run --mtp --draft N --emulate=ggml:arm64-…``'s loop against llama.cpp's own draft-mtp rounds on the
+    AArch64 build (tests/llama_spec.py, llama.cpp's defaults): the same stream, drafts, accepts and decodes."""
+    from llama_spec import llama_speculative
+    from refimpl.decode.speculative import speculative_generate
+
+    path = on_build(build)
+    start = prompt()[:10]
+    theirs = llama_speculative(TRAINED_PATH, start, 24, n_draft=n_draft, defaults=True, n_threads=N_THREADS)
+    tokens, stats = speculative_generate(model(), start, 24, emulation_ctx("ggml", ggml=path, n_threads=N_THREADS),
+                                         source="mtp", n_draft=n_draft)
+    assert tokens == theirs.tokens
+    ours = (stats.n_drafted, stats.n_accepted, stats.n_decodes, stats.n_drafted_steps)
+    assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
+
+
+#: converted files (made by llama.cpp's own convert_hf_to_gguf.py and llama-quantize) × the build they run on
+CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-gcc"),
+                   ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35-narrow-q8_0.gguf", "arm64-dotprod-gcc")]
+
+
+@pytest.mark.parametrize("name,build", [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep)
+                                        for c in CONVERTED_CASES])
+def test_converted_files(name, build, on_build):
+    """The converted files (Q4_K_M: Q4_K repacked 8x4 / 8x8 and plain Q6_K; MXFP4_MOE: MXFP4 4x4 and Q8_0; qwen35's
+    dense FFN in Q8_0) with llama.cpp's defaults: a 12-token prompt in one batch, then 1+3-shaped batches."""
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import load_model
+
+    path, model_path = on_build(build), CONVERTED / name
+    m = load_model(model_path, pack=False)
+    tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 20)]
+    ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS)
+    logits = refimpl_batches(m, tokens, ctx, 4, prompt_batch=12)
+    ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, prompt_batch=12, n_batch=4, n_ubatch=512, **F16_FLASH)
+    assert_bits(f"{name} {build}", logits, ref["logits"])

@@ -12,7 +12,7 @@ NaN, ±inf, extreme fp16 scales.
 
 import numpy as np
 import pytest
-from ggml_graph import on_build
+from ggml_graph import Graph, on_build, vp
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_mulmat import acts, bits, float_weights, g_mul_mat_id, g_mul_mats, hard_floats, weight_bytes
 
@@ -24,6 +24,15 @@ pytestmark = pytest.mark.oracle
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
 PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
+
+
+def g_mul_mat_heads(w, gtype, K, x, n_threads):
+    """w (Hkv, N, row bytes), x (H, T, K) -> ggml_mul_mat of the 3-D tensors (T rows per head, heads broadcast over
+    the weight's Hkv): (H, T, N) — one product over every head, as attention's K·Q."""
+    (Hkv, N), (H, T, _) = w.shape[:2], x.shape
+    with Graph(mem=w.nbytes + x.nbytes + 4 * N * T * H + (16 << 20)) as g:
+        y = g.op("ggml_mul_mat", [vp, vp], g.tensor(w, gtype, (K, N, Hkv)), g.tensor(x))
+        return g.compute(y, (H, T, N), n_threads=n_threads)
 
 
 def check(build, cases):
@@ -248,3 +257,17 @@ def test_fused_row_blocks_follow_the_whole_tensor():
     w = weight_bytes(QT.Q8_0, 20, k, rng)  # 3 threads: chunks of 7, 7, 6 rows — mixed
     with pytest.raises(ValueError, match="i8mm chunks mix"):
         mul_mat(w[:8], QT.Q8_0, acts(rng, 2, k), "arm64-i8mm", n_threads=3, tensor_rows=20)
+
+
+def test_batched_heads_chunk_together():
+    """ggml's K·Q multiplies every head in one product (``ne12`` = H), chunked over T·H rows: on arm64-i8mm a Q8_0
+    K cache's 2-row kernels follow those chunks (``head=(h, H)``), not a per-head product's."""
+    rng = np.random.default_rng(3912)
+    K, N, Hkv, H = 64, 6, 2, 4
+    w = np.stack([weight_bytes(QT.Q8_0, N, K, rng) for _ in range(Hkv)])
+    for T, nth in ((2, 1), (2, 3), (4, 2)):
+        x = acts(rng, H * T, K).reshape(H, T, K)
+        y = on_build("arm64-i8mm-gcc", g_mul_mat_heads, w, int(QT.Q8_0), K, x, nth)
+        for h in range(H):
+            want = mul_mat(w[h // (H // Hkv)], QT.Q8_0, x[h], "arm64-i8mm", n_threads=nth, head=(h, H))
+            assert np.array_equal(bits(want), bits(y[h])), (T, nth, h)

@@ -138,14 +138,16 @@ def mul_mat_emulated(qtype, path: str | None = None) -> bool:
 
 
 def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int = 1, repack: bool = False,
-            tensor_rows: int | None = None, cols=None) -> np.ndarray:
+            tensor_rows: int | None = None, cols=None, head: tuple[int, int] | None = None) -> np.ndarray:
     """``ggml_mul_mat(W, x)`` as ggml-cpu's ``path`` computes it: ``w_bytes`` (N, row bytes) uint8 rows of
     ``qtype``, ``x`` (T, K) float32 -> (T, N) float32. ``repack``: W was loaded into the CPU_REPACK buffer when
     that buffer takes it (llama.cpp's default; :func:`repacked` of the stored tensor's rows: ``tensor_rows`` when
     ``w_bytes`` is a row block of a fused tensor, default N). ``cols``: the same weights in the column layout
     (:mod:`kernels.ggml.columns`), or None; taken where that layout has the kernel ggml runs (Q4_0, IQ4_NL, MXFP4
     and Q4_K repacked; Q4_K, Q5_K and Q6_K in a plain buffer), the same bits as the stored rows'. ``n_threads`` is
-    accepted for the record: no path emulated here changes a bit with it."""
+    accepted for the record: no x86 path changes a bit with it — on ``arm64-i8mm`` it decides which elements take the
+    2-row kernels (:func:`kernels.ggml.mulmat_arm.mmla_mask`), and so does ``head`` = (h, H): ``x`` is batch ``h`` of
+    H that ggml multiplies in one product (attention's K·Q of head h), chunked together."""
     qtype = _qt(qtype)
     w_bytes, x = _check(w_bytes, qtype, x)
     if check_path(path) == "generic":
@@ -153,7 +155,7 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     if mulmat_arm.is_arm(path):
         if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm, repack_arm_k
             return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
-        return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows)
+        return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows, head=head)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
             return columns.mul_mat_cols(cols, x)

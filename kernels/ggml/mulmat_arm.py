@@ -89,23 +89,25 @@ def not_emulated(what: str, qtype: QT, path: str) -> ValueError:
 # Which elements the i8mm 2-row kernels compute
 
 
-def mmla_mask(T: int, N: int, n_threads: int, qtype: QT, path: str):
-    """(T, N) bool: the elements of ``mul_mat`` that ``ggml_compute_forward_mul_mat`` hands to a 2-row ``vec_dot``
-    (None: none). Mirrors its chunking: ``chunk_size`` 16 (64 when N or T is 1), re-chunked by thread when there
-    are fewer than ``4·nth`` chunks (``nchunk0 = nth`` along the longer side), and a chunk takes 2 rows only when
-    N, T and both of its extents are even."""
+def mmla_mask(T: int, N: int, n_threads: int, qtype: QT, path: str, ne12: int = 1):
+    """(ne12·T, N) bool: the elements of ``mul_mat`` that ``ggml_compute_forward_mul_mat`` hands to a 2-row
+    ``vec_dot`` (None: none); ``ne12`` > 1: a batched product (``ne11`` = T rows per batch, ``nr1`` = ne12·T rows
+    chunked together, as the per-head K·Q of attention). Mirrors its chunking: ``chunk_size`` 16 (64 when N or
+    nr1 is 1), re-chunked by thread when there are fewer than ``4·nth`` chunks (``nchunk0 = nth`` along the longer
+    side), and a chunk takes 2 rows only when N, T and both of its extents are even."""
+    nr1 = T * ne12
     if path != "arm64-i8mm" or qtype not in MMLA_TYPES or N % 2 or T % 2:
         return None
     nth = max(1, int(n_threads))
-    chunk = 64 if (N == 1 or T == 1) else 16
-    nchunk0, nchunk1 = -(-N // chunk), -(-T // chunk)
+    chunk = 64 if (N == 1 or nr1 == 1) else 16
+    nchunk0, nchunk1 = -(-N // chunk), -(-nr1 // chunk)
     if nchunk0 * nchunk1 < nth * 4:
-        nchunk0, nchunk1 = (nth, 1) if N > T else (1, nth)
-    dr0, dr1 = -(-N // nchunk0), -(-T // nchunk1)
-    mask = np.zeros((T, N), np.bool_)
+        nchunk0, nchunk1 = (nth, 1) if N > nr1 else (1, nth)
+    dr0, dr1 = -(-N // nchunk0), -(-nr1 // nchunk1)
+    mask = np.zeros((nr1, N), np.bool_)
     for c in range(nchunk0 * nchunk1):
         r0s, r1s = dr0 * (c % nchunk0), dr1 * (c // nchunk0)
-        r0e, r1e = min(r0s + dr0, N), min(r1s + dr1, T)
+        r0e, r1e = min(r0s + dr0, N), min(r1s + dr1, nr1)
         if (r0e - r0s) % 2 == 0 and (r1e - r1s) % 2 == 0:
             mask[r1s:r1e, r0s:r0e] = True
     return mask if mask.any() else None
@@ -153,11 +155,12 @@ def float_rows_arm(w, x, out, kind):
 
 
 def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads: int = 1, nrows: int = 0,
-            tensor_rows: int | None = None):
+            tensor_rows: int | None = None, head: tuple[int, int] | None = None):
     """``ggml_mul_mat(W, x)`` on an ARM path, weights in a plain buffer: ``w_bytes`` (N, row bytes) uint8, ``x``
     (T, K) float32 -> (T, N). ``nrows`` = 1 forces the 1-row kernels (``mul_mat_id``); 0: as ``mul_mat`` chunks.
     ``tensor_rows``: ``w_bytes`` is a row block of a fused tensor of that many rows, multiplied whole by ggml (the
-    chunks, so the i8mm 2-row kernels, follow the whole tensor: :func:`block_mask`)."""
+    chunks, so the i8mm 2-row kernels, follow the whole tensor: :func:`block_mask`). ``head`` = (h, H): ``x`` is batch
+    ``h`` of a product ggml computes over H batches at once (``ne12`` = H: attention's K·Q per head)."""
     if qtype not in TYPES or path not in ARM_PATHS:
         raise not_emulated("mul_mat", qtype, path)
     T, N = x.shape[0], w_bytes.shape[0]
@@ -171,7 +174,15 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
         float_rows_arm(w, xv, out, kind)
         return arm_default_nan(out)
-    two = None if nrows == 1 else block_mask(T, N, tensor_rows or N, n_threads, qtype, path)
+    if nrows == 1:
+        two = None
+    elif head is not None:
+        if tensor_rows not in (None, N):
+            raise ValueError("mul_mat emulation: a batched product of a row block is not a ggml product")
+        two = mmla_mask(T, N, n_threads, qtype, path, head[1])
+        two = None if two is None else two[head[0] * T:(head[0] + 1) * T]
+    else:
+        two = block_mask(T, N, tensor_rows or N, n_threads, qtype, path)
     two = np.zeros((0, 0), np.bool_) if two is None else two
     if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0 / _q8_1
         xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)

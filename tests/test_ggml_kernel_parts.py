@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from kernels.ggml import repack, simd, vec
+from kernels.ggml import half, repack, simd, vec
 from kernels.ggml.mulmat_q8 import slot_groups
 
 
@@ -109,7 +109,7 @@ def _f16_round_exact(v):
 
 
 def test_fma16_rounds_once_to_half():
-    """``simd.fma16`` (NEON ``vfmaq_f16``, the F16 dot's accumulators) is ``a·b + c`` rounded once to binary16:
+    """``half.fma16`` (NEON ``vfmaq_f16``, the F16 dot's accumulators) is ``a·b + c`` rounded once to binary16:
     against exact rational arithmetic, on random halves across binades, subnormals, and sums built to land on a
     half's midpoint in float64 (where a double rounding would err)."""
     from fractions import Fraction
@@ -121,5 +121,5 @@ def test_fma16_rounds_once_to_half():
            (np.float32(1.5), np.float32(2.0 ** -12), np.float32(1.0)), (np.float32(3.0), np.float32(-2.0 ** -25), np.float32(2.0 ** -24))]
     for a, b, c in list(map(tuple, vals)) + mid:
         want = _f16_round_exact(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
-        got = float(simd.fma16(a, b, c))
+        got = float(half.fma16(a, b, c))
         assert got == want or (got != got and want != want), (a, b, c, got, want)

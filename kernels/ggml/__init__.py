@@ -9,9 +9,13 @@ against the three libggml builds):
 * ``build`` — which path the loaded libggml-cpu takes (its compile-time ``ggml_cpu_has_*``), or a refusal;
 * ``elf`` — a shared library read, never run (an AArch64 libggml-cpu in an x86 process): the constants its
   ``ggml_cpu_has_*`` return, the compiler of its ``.comment``;
-* ``simd`` — ``fma32``, bit casts, ``lanes(path)``, ``ggml_v_expf`` of each path, horizontal sums,
+* ``isa`` — the per-path record (``simd(path)``: lanes, the SIMD and expf codes, fused, half F16 accumulation),
+  ``lanes(path)``, ``check_path``, and each platform's default NaN (``nan_swap``, ``follows_nans``);
+* ``simd`` — ``fma32``, bit casts, ``ggml_v_expf`` of each path, horizontal sums,
   ``GGML_F32_VEC_REDUCE``, GCC's split of an in-order dot loop;
-* ``libm`` — glibc's ``expf``/``logf``/``sinf``/``cosf``/``powf``/``fmaxf``, called as libggml calls them;
+* ``half`` — AArch64's binary16 arithmetic (``fma16``: ``vfmaq_f16`` rounded once to half);
+* ``libm`` — glibc's ``expf``/``logf``/``sinf``/``cosf``/``powf``/``fmaxf``, called as libggml calls them, and
+  AArch64 glibc's ``expf`` (``expf_arm64``);
 * ``vec`` — vec.cpp's shared functions: ``ggml_vec_dot_f32``/``_f16``, ``ggml_vec_max_f32``,
   ``ggml_vec_soft_max_f32``;
 * ``vecmath`` — element-wise ops: add/sub/mul/div, scale, exp/sigmoid/softplus, silu/swiglu, soft_max,

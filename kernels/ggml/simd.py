@@ -13,15 +13,10 @@ reduction and coefficients, but AVX-512 rounds j ≈ e**b (the polynomial with i
 exponent field; a two-factor scale for |n| > 126): they round differently, so SiLU, SwiGLU and soft_max
 differ between the builds (the expf results in ~28 % of inputs, SiLU in ~13 %, by 1 ulp).
 
-``lanes(path)``: float32 lanes of one vector on an emulated SIMD path (``PATHS``: ``"avx512"`` 16, ``"avx2"`` 8,
-``"arm64-dotprod"`` / ``"arm64-i8mm"`` 4), as ``kernels.ggml.build.EMULATED_PATHS`` — the one table of the emulated
-paths — says. That int is also the *code* the compiled vec functions take (``lanes`` argument of
-:mod:`kernels.ggml.vec`): on the paths emulated so far it names the SIMD code uniquely — 16 AVX-512, 8 AVX2, 4 AArch64
-NEON with FP16 vector arithmetic built by GCC (:data:`NEON`). :class:`Simd` (:func:`simd`) is the per-path record
-of what differs (lanes, the expf kernel, the accumulation of ``ggml_vec_dot_f16``, contraction of scalar C); a path
-it does not know (a future SVE or ARMv8.0 build with 4 lanes but other code) is refused by :func:`lanes` /
-:func:`simd`, never given another path's code. ``v_expf_neon`` is ``v_expf_avx2`` lane for lane (vec.h's NEON
-branch: the same FMAs, the same two-factor scale; tested against both AArch64 builds).
+``lanes(path)``, the per-path record :class:`Simd` and the codes the compiled functions take (``AVX512``, ``AVX2``,
+``NEON``, ``SSE2``), and the platforms' NaNs (``nan_swap``, ``follows_nans``) live in :mod:`kernels.ggml.isa`
+(re-exported here). ``v_expf_neon`` is ``v_expf_avx2`` lane for lane (vec.h's NEON branch: the same FMAs, the same
+two-factor scale; tested against both AArch64 builds).
 
 Horizontal sums of one register — two genuinely different trees, so two functions: :func:`hsum_fold` (halves
 folded onto each other down to one lane: GCC's ``_mm512_reduce_add_ps``, ``arch/x86/quants.c:
@@ -34,131 +29,17 @@ and FMAs.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.build import EMULATED_PATHS
 
 F32 = np.float32
 
-#: The codes of the compiled vec / expf functions (their ``lanes`` argument): the float32 lanes of GGML_F32_VEC,
-#: which tell the SIMD code apart on the paths emulated so far, and ggml's generic x86 build's ``__SSE2__`` branch of
-#: vec.h (silu / swiglu / soft_max only: 4 lanes, no FMA), kept apart from NEON's 4 lanes.
-AVX512, AVX2, NEON = 16, 8, 4
-SSE2 = 0x104
-
-
-#: The NaN an invalid operation (inf - inf, 0·inf, 0/0, sqrt(-1), logf(-1) …) returns: x86's "real indefinite"
-#: (sign set) and AArch64's default NaN (FPCR.DN = 0: a NaN *operand* still propagates, quieted, on both).
-X86_NAN, ARM_NAN = 0xFFC00000, 0x7FC00000
-
-
-@dataclass(frozen=True)
-class Simd:
-    """How ggml-cpu's shared vector code (vec.h, vec.cpp, simd-mappings.h) is built on one path."""
-
-    key: str
-    lanes: int | None  # GGML_F32_EPR; None: no GGML_SIMD (ggml's generic x86 build)
-    code: int | None  # the ``lanes`` argument of kernels.ggml.vec (AVX512 / AVX2 / NEON); None without GGML_SIMD
-    expf: int  # the code of silu / swiglu / soft_max (ggml_v_expf's branch; SSE2 on the generic build)
-    fused: bool  # GCC contracts scalar ``a*b + c`` into one FMA (-ffp-contract=fast with FMA in the ISA)
-    f16_epr: int | None  # GGML_F16_EPR: 8 on NEON with FP16 arithmetic (float16x8_t: *half* accumulators)
-    f16_half: bool  # GGML_F16_VEC is float16x8_t (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): F16 FMAs round to half
-    nan: int = 0xFFC00000  # the float32 NaN an invalid operation returns (x86's "real indefinite"; ARM_NAN on AArch64)
-
-
-#: Every path whose vector code is emulated, by key (checked against EMULATED_PATHS' lanes at import).
-SIMD = {
-    "avx512": Simd("avx512", 16, AVX512, AVX512, True, 16, False),
-    "avx2": Simd("avx2", 8, AVX2, AVX2, True, 8, False),
-    "generic": Simd("generic", None, None, SSE2, False, None, False),
-    # GCC 12, -march=armv8.2-a+dotprod+fp16 / armv8.6-a+…+i8mm: the same NEON code for every op here (disassembly)
-    "arm64-dotprod": Simd("arm64-dotprod", 4, NEON, NEON, True, 8, True, ARM_NAN),
-    "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True, ARM_NAN),
-}
-for _p in EMULATED_PATHS:
-    assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
-#: simd-mappings.h: GGML_F32_EPR of each emulated path that has GGML_F32_VEC and whose vector code is emulated
-LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD}
-PATHS = tuple(LANES)
-
-
-def simd(path: str) -> Simd:
-    """The :class:`Simd` record of ``path``; ValueError for a path whose vector code is not emulated."""
-    check_path(path)
-    if path not in SIMD:
-        raise ValueError(f"ggml-cpu path {path!r}: its vector code (vec.h / vec.cpp) is not emulated")
-    return SIMD[path]
-
-
-#: Every emulated path: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which
-#: only the ops that emulate it accept (:func:`check_path`); :func:`lanes` refuses it (no ``GGML_F32_VEC`` there).
-ALL_PATHS = tuple(p.key for p in EMULATED_PATHS)
-
-
-def nan_swap(path: str, a):
-    """``a`` (float32 or float16) with x86's default NaN and ``path``'s swapped, bit pattern for bit pattern — the
-    identity on x86. The kernels run on this (x86) host, whose invalid operations return ``X86_NAN``; on AArch64
-    they return ``ARM_NAN``, and a NaN operand propagates alike on both. So an op that only adds, multiplies,
-    compares and propagates NaNs computes on AArch64 ``nan_swap(op(nan_swap(inputs)))`` of what it computes
-    here: a generated NaN comes out as ARM's, an input NaN of either pattern as itself (an op that drops NaN
-    payloads or takes ``fabs`` of a NaN does not commute with the swap: it is not wrapped)."""
-    nan = simd(path).nan
-    if nan == X86_NAN:
-        return a
-    a = np.asarray(a)
-    if a.dtype == np.float32:
-        u, p, q = a.view(np.uint32), X86_NAN, nan
-    elif a.dtype == np.float16:
-        u, p, q = a.view(np.uint16), X86_NAN >> 16, nan >> 16
-    else:
-        raise TypeError(f"nan_swap: {a.dtype} array")
-    is_p, is_q = u == p, u == q
-    if not (is_p.any() or is_q.any()):
-        return a
-    u = u.copy()
-    u[is_p], u[is_q] = q, p
-    return u.view(a.dtype)
-
-
-def follows_nans(fn):
-    """Decorator: ``fn`` computed with :func:`nan_swap` around it on its ``path`` argument (its float32 / float16
-    array arguments swapped, then its result); ``path`` None or an x86 path: ``fn`` itself."""
-    sig = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
-        path = bound.arguments.get("path")
-        if path is None or simd(path).nan == X86_NAN:
-            return fn(*args, **kwargs)
-        for name, v in bound.arguments.items():
-            if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16):
-                bound.arguments[name] = nan_swap(path, v)
-        out = fn(*bound.args, **bound.kwargs)
-        return tuple(nan_swap(path, o) for o in out) if isinstance(out, tuple) else nan_swap(path, out)
-
-    return wrapper
-
-
-def check_path(path: str) -> str:
-    """``path`` if it is one of :data:`ALL_PATHS` (an op that computes the same on every path, generic included)."""
-    if path not in ALL_PATHS:
-        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {ALL_PATHS})")
-    return path
-
-
-def lanes(path: str) -> int:
-    """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
-    the code of the compiled vec functions (:data:`NEON` …); checks the path."""
-    if path not in LANES:
-        raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")
-    return LANES[path]
+# The paths, their records and codes, their NaN: kernels.ggml.isa (re-exported here, where the kernels look for them)
+from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, PATHS, SIMD, SSE2, X86_NAN,  # noqa: F401
+                              Simd, check_path, follows_nans, lanes, nan_swap, simd)
 
 
 def fma32_exact(a, b, c):
@@ -704,64 +585,3 @@ def fold_left_unfused(count, lanes):
     if lanes == AVX512 or lanes == AVX2:
         return count & ~(lanes // 2 - 1)
     raise ValueError("fold_left_unfused: unknown SIMD code")
-
-
-@jit()
-def _f16_quantum(a):
-    """The spacing of the binary16 values around float64 ``a`` > 0 (2**-24 below 2**-14)."""
-    m, e = math.frexp(a)  # a = m·2**e, 0.5 <= m < 1: the binade [2**(e-1), 2**e) has 11-bit quantum 2**(e-11)
-    return math.ldexp(1.0, max(e - 11, -24))
-
-
-@jit()
-def f16_round64(s):
-    """float64 ``s`` rounded once to binary16 (ties to even), as float32; ±inf from 65520 up, inf and NaN kept."""
-    if not np.isfinite(s):
-        return F32(s)
-    if abs(s) >= 65520.0:
-        return F32(np.inf) if s > 0 else F32(-np.inf)
-    q = _f16_quantum(abs(s)) if s != 0 else 1.0
-    return F32(np.rint(s / q) * q)  # |s/q| < 2**12: exact; rint ties to even
-
-
-@jit()
-def fma16(a, b, c):
-    """``a·b + c`` of three binary16 values (held as float32) rounded *once* to binary16 — AArch64 ``fmla v.8h``
-    (``vfmaq_f16``; FPCR at its default: no flush to zero). Fast way: the float32 FMA (the product is exact in
-    float32, 22 bits), then :func:`f16_round` — the same as one rounding unless the float32 result is itself a
-    half midpoint (rounding is monotonic: a value on one side of a midpoint rounds to it or stays on that side),
-    which goes the exact way, :func:`fma16_exact` (equal on 24M random, cancelling and subnormal triples; 4x faster)."""
-    r = fma32(a, b, c)
-    u = f32_bits(r) & 0x7FFFFFFF
-    if u >= 0x38800000:  # |r| >= 2**-14, inf, NaN: a half midpoint has the low 13 bits 0x1000
-        if u >= 0x7F800000 or (u & 0x1FFF) != 0x1000:
-            return f16_round(r)
-    else:  # the half subnormal range: midpoints are the odd multiples of 2**-25
-        t = np.float32(r * np.float32(33554432.0))  # exact
-        if t != np.floor(t) or np.floor(t) % 2 == 0:
-            return f16_round(r)
-    return fma16_exact(a, b, c)
-
-
-@jit()
-def fma16_exact(a, b, c):
-    """:func:`fma16` in float64: the product is exact in float64 (22 bits); the float64 sum's rounding error is
-    carried (TwoSum), so that a sum landing exactly halfway between two halves in float64 is rounded toward the
-    true value."""
-    p = np.float64(a) * np.float64(b)
-    c64 = np.float64(c)
-    s = p + c64
-    if not np.isfinite(s):
-        return F32(s)
-    t = s - p
-    err = (p - (s - t)) + (c64 - t)  # s + err == p + c exactly
-    if err == 0.0 or s == 0.0:
-        return f16_round64(s)
-    q = _f16_quantum(abs(s))
-    k = np.floor(s / q)
-    if s / q - k != 0.5:  # not a midpoint: the true value rounds as s does
-        return f16_round64(s)
-    v = (k + 1.0) * q if err > 0 else k * q  # the neighbour on the true value's side
-    if abs(v) >= 65536.0:
-        return F32(np.inf) if v > 0 else F32(-np.inf)
-    return F32(v)

@@ -18,7 +18,7 @@ AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm``; that int, the ``lanes`` a
   ``vaddvq_f32`` = ``(a0 + a1) + (a2 + a3)``, the leftovers (< 16) as blocks of 4 rounded products (``fmul v.4s``)
   added lane by lane, then scalar ``fmadd``. ``ggml_vec_dot_f16``: ``GGML_F16_VEC`` is ``float16x8_t``
   (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): 4 accumulators of 8 *half* lanes over steps of 32, each
-  ``vfmaq_f16`` rounded once to binary16 (:func:`kernels.ggml.simd.fma16`), ``GGML_F16x8_REDUCE`` adding the
+  ``vfmaq_f16`` rounded once to binary16 (:func:`kernels.ggml.half.fma16`), ``GGML_F16x8_REDUCE`` adding the
   accumulators in half (``x0 + x2``, ``x1 + x3``, their sum), then the low and high 4 lanes widened to float
   and added, ``vaddvq_f32``; the tail in double as on x86.
 * ``ggml_vec_mad_f32`` / ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f32`` / ``ggml_vec_scale_f16``
@@ -40,8 +40,9 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, expf_arm64
-from kernels.ggml.simd import (AVX2, AVX512, NEON, SSE2, f16_round, f16_round64, fma16, fma32, fold_left_unfused,
-                               hsum_fold, hsum_pairwise4, v_expf, vec_reduce, vfma)
+from kernels.ggml.half import f16_round64, fma16
+from kernels.ggml.simd import (AVX2, AVX512, NEON, SSE2, f16_round, fma32, fold_left_unfused, hsum_fold, hsum_pairwise4,
+                               v_expf, vec_reduce, vfma)
 
 F32 = np.float32
 

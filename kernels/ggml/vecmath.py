@@ -1,5 +1,5 @@
-"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per x86 path (``"avx512"``, ``"avx2"``, and ggml's
-generic x86 path ``"generic"``: docs/ggml-generic-x86.md).
+"""Bit-exact emulation of ggml-cpu's float32 element-wise ops, per path (``"avx512"``, ``"avx2"``, ggml's generic x86
+path ``"generic"``: docs/ggml-generic-x86.md, and the AArch64 NEON paths ``"arm64-dotprod"``, ``"arm64-i8mm"``).
 
 What each op computes in the vendored llama.cpp of llama-cpp-python 0.3.36, checked against both libggml
 builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly (GCC, ``-O3``,
@@ -34,6 +34,16 @@ builds bit for bit (tests/test_ggml_ops_unary.py) and against their disassembly 
   ``ggml_compute_fp32_to_bf16`` (scalar bit formula). Path-independent.
 * ``sum_rows`` (``ggml_vec_sum_f32``: float32 values summed in order into a double, then rounded) and
   ``cumsum`` (``ggml_vec_cumsum_f32``: float32 running sum in order). Path-independent.
+
+AArch64 (``arm64-dotprod`` / ``arm64-i8mm``, GCC 12; tested against both builds): vec.h's NEON ``ggml_v_expf`` is
+the AVX2 formula lane for lane (:data:`kernels.ggml.simd.NEON`: blocks of 4, so silu / swiglu / soft_max differ
+from AVX2 only in which elements take the scalar tail), the tails call AArch64 glibc's ``expf``
+(:func:`kernels.ggml.libm.expf_arm64`: 2 of 2**32 inputs differ from x86-64's), ``ggml_vec_mad1_f32``'s tail is
+contracted into ``fmadd`` as on x86, the F16 casts are ggml-impl.h's portable ones (``GGML_CPU_FP32_TO_FP16`` is not
+redefined for NEON; F16 -> F32 is ``fcvt``, the same bits as the table), and every other op computes the same
+IEEE operations. What differs is the NaN an invalid operation returns, 0x7FC00000 (x86: 0xFFC00000): the ops
+taking ``path`` follow it (:func:`kernels.ggml.simd.follows_nans`); ``add`` … ``div``, ``sum_rows``, ``cumsum``
+take an optional ``path`` for it (None: x86's).
 
 None of these depends on the thread count: ggml splits them by rows, and every row is computed whole by
 one thread. Arrays: float32 of shape (rows, n) or more dims (leading dims are rows; ne0 is the last axis).

@@ -1,0 +1,141 @@
+"""The emulated ggml-cpu paths as the vector kernels see them: one record per path (:class:`Simd`), the integer
+codes the compiled functions take, and the NaN each platform's invalid operations return.
+
+``lanes(path)`` is the float32 lane count of ``GGML_F32_VEC`` (simd-mappings.h: ``GGML_F32_EPR``): 16 AVX-512,
+8 AVX2, 4 on the AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm`` — and that int is also the *code* of the
+compiled vec functions (the ``lanes`` argument of :mod:`kernels.ggml.vec`, :data:`AVX512`, :data:`AVX2`,
+:data:`NEON`): on the paths emulated so far it names the SIMD code uniquely. ggml's generic x86 build has no
+``GGML_F32_VEC``; its silu / swiglu / soft_max take vec.h's ``__SSE2__`` branch, code :data:`SSE2` (4 lanes, no
+FMA, kept apart from NEON's 4). A path :data:`SIMD` does not list (a future SVE or ARMv8.0 build: 4 lanes, other
+code) is refused by :func:`lanes` and :func:`simd` — never handed another path's code.
+
+NaNs: x86's invalid operations return 0xFFC00000, AArch64's (FPCR.DN = 0) 0x7FC00000; an operand NaN propagates,
+quieted, on both. :func:`nan_swap` / :func:`follows_nans` turn an op computed on this x86 host into the AArch64
+one where that is the only difference.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.ggml.build import EMULATED_PATHS
+
+#: The codes of the compiled vec / expf functions (their ``lanes`` argument): the float32 lanes of GGML_F32_VEC,
+#: which tell the SIMD code apart on the paths emulated so far, and ggml's generic x86 build's ``__SSE2__`` branch of
+#: vec.h (silu / swiglu / soft_max only: 4 lanes, no FMA), kept apart from NEON's 4 lanes.
+AVX512, AVX2, NEON = 16, 8, 4
+SSE2 = 0x104
+
+
+#: The NaN an invalid operation (inf - inf, 0·inf, 0/0, sqrt(-1), logf(-1) …) returns: x86's "real indefinite"
+#: (sign set) and AArch64's default NaN (FPCR.DN = 0: a NaN *operand* still propagates, quieted, on both).
+X86_NAN, ARM_NAN = 0xFFC00000, 0x7FC00000
+
+
+@dataclass(frozen=True)
+class Simd:
+    """How ggml-cpu's shared vector code (vec.h, vec.cpp, simd-mappings.h) is built on one path."""
+
+    key: str
+    lanes: int | None  # GGML_F32_EPR; None: no GGML_SIMD (ggml's generic x86 build)
+    code: int | None  # the ``lanes`` argument of kernels.ggml.vec (AVX512 / AVX2 / NEON); None without GGML_SIMD
+    expf: int  # the code of silu / swiglu / soft_max (ggml_v_expf's branch; SSE2 on the generic build)
+    fused: bool  # GCC contracts scalar ``a*b + c`` into one FMA (-ffp-contract=fast with FMA in the ISA)
+    f16_epr: int | None  # GGML_F16_EPR: 8 on NEON with FP16 arithmetic (float16x8_t: *half* accumulators)
+    f16_half: bool  # GGML_F16_VEC is float16x8_t (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): F16 FMAs round to half
+    nan: int = 0xFFC00000  # the float32 NaN an invalid operation returns (x86's "real indefinite"; ARM_NAN on AArch64)
+
+
+#: Every path whose vector code is emulated, by key (checked against EMULATED_PATHS' lanes at import).
+SIMD = {
+    "avx512": Simd("avx512", 16, AVX512, AVX512, True, 16, False),
+    "avx2": Simd("avx2", 8, AVX2, AVX2, True, 8, False),
+    "generic": Simd("generic", None, None, SSE2, False, None, False),
+    # GCC 12, -march=armv8.2-a+dotprod+fp16 / armv8.6-a+…+i8mm: the same NEON code for every op here (disassembly)
+    "arm64-dotprod": Simd("arm64-dotprod", 4, NEON, NEON, True, 8, True, ARM_NAN),
+    "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True, ARM_NAN),
+}
+for _p in EMULATED_PATHS:
+    assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
+#: simd-mappings.h: GGML_F32_EPR of each emulated path that has GGML_F32_VEC and whose vector code is emulated
+LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD}
+PATHS = tuple(LANES)
+
+
+def simd(path: str) -> Simd:
+    """The :class:`Simd` record of ``path``; ValueError for a path whose vector code is not emulated."""
+    check_path(path)
+    if path not in SIMD:
+        raise ValueError(f"ggml-cpu path {path!r}: its vector code (vec.h / vec.cpp) is not emulated")
+    return SIMD[path]
+
+
+#: Every emulated path: ``PATHS`` and ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md), which
+#: only the ops that emulate it accept (:func:`check_path`); :func:`lanes` refuses it (no ``GGML_F32_VEC`` there).
+ALL_PATHS = tuple(p.key for p in EMULATED_PATHS)
+
+
+def nan_swap(path: str, a):
+    """``a`` (float32 or float16) with x86's default NaN and ``path``'s swapped, bit pattern for bit pattern — the
+    identity on x86. The kernels run on this (x86) host, whose invalid operations return ``X86_NAN``; on AArch64
+    they return ``ARM_NAN``, and a NaN operand propagates alike on both. So an op that only adds, multiplies,
+    compares and propagates NaNs computes on AArch64 ``nan_swap(op(nan_swap(inputs)))`` of what it computes
+    here: a generated NaN comes out as ARM's, an input NaN of either pattern as itself (an op that drops NaN
+    payloads or takes ``fabs`` of a NaN does not commute with the swap: it is not wrapped)."""
+    nan = simd(path).nan
+    if nan == X86_NAN:
+        return a
+    a = np.asarray(a)
+    if a.dtype == np.float32:
+        u, p, q = a.view(np.uint32), X86_NAN, nan
+    elif a.dtype == np.float16:
+        u, p, q = a.view(np.uint16), X86_NAN >> 16, nan >> 16
+    else:
+        raise TypeError(f"nan_swap: {a.dtype} array")
+    is_p, is_q = u == p, u == q
+    if not (is_p.any() or is_q.any()):
+        return a
+    u = u.copy()
+    u[is_p], u[is_q] = q, p
+    return u.view(a.dtype)
+
+
+def follows_nans(fn):
+    """Decorator: ``fn`` computed with :func:`nan_swap` around it on its ``path`` argument (its float32 / float16
+    array arguments swapped, then its result); ``path`` None or an x86 path: ``fn`` itself."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        path = bound.arguments.get("path")
+        if path is None or simd(path).nan == X86_NAN:
+            return fn(*args, **kwargs)
+        for name, v in bound.arguments.items():
+            if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16):
+                bound.arguments[name] = nan_swap(path, v)
+        out = fn(*bound.args, **bound.kwargs)
+        return tuple(nan_swap(path, o) for o in out) if isinstance(out, tuple) else nan_swap(path, out)
+
+    return wrapper
+
+
+def check_path(path: str) -> str:
+    """``path`` if it is one of :data:`ALL_PATHS` (an op that computes the same on every path, generic included)."""
+    if path not in ALL_PATHS:
+        raise ValueError(f"unknown ggml-cpu path {path!r} (expected one of {ALL_PATHS})")
+    return path
+
+
+def lanes(path: str) -> int:
+    """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
+    the code of the compiled vec functions (:data:`NEON` …); checks the path."""
+    if path not in LANES:
+        raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")
+    return LANES[path]
+
+

@@ -34,6 +34,12 @@ byte of -128 against a negative weight byte counts as -128 (not +128): :func:`_s
 order and runs ``vec_dot`` per element (no llamafile sgemm); K-quant experts with 8 or more routed rows go
 to the tiled kernel. Activation row of (token t, slot s) is ``x[t, s % n_x]``.
 
+The AArch64 paths (``arm64-dotprod``, ``arm64-i8mm``: GCC builds without llamafile, where no tiled kernel exists)
+take :mod:`kernels.ggml.mulmat_arm` — ``vec_dot`` per element, AArch64 activation quantizers, and on i8mm the 2-row
+``smmla`` kernels of Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in every chunk with even extents, so there the thread count,
+a fused tensor's whole row count (``tensor_rows``) and a batched product (``head``) change bits; repacked ARM weights
+take :mod:`kernels.ggml.repack_arm` / :mod:`kernels.ggml.repack_arm_k`; other ARM keys are refused.
+
 Emulated weight types: F32, F16, BF16, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the IQ1/2/3 codebook
 types (:mod:`kernels.ggml.mulmat_iq`: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), and (in a plain
 buffer, :mod:`kernels.ggml.mulmat_q`) Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (others raise: TQ1_0, TQ2_0). ``avx512`` means

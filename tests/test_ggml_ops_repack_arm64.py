@@ -1,15 +1,16 @@
-"""kernels.ggml.repack_arm (Q8_0 / Q4_0 / IQ4_NL / MXFP4) and kernels.ggml.repack_arm_k (Q4_K / Q5_K / Q6_K) in the
-CPU_REPACK buffer on AArch64, bit for bit against the GCC ARM builds under qemu (``arm64-dotprod-gcc``: 4x4 and 8x4
+"""kernels.ggml.repack_arm (Q8_0 / Q4_0 / IQ4_NL / MXFP4; the K-quants of kernels.ggml.repack_arm_k in
+tests/test_ggml_ops_repack_arm64_k.py, which shares this module's inputs) in the CPU_REPACK buffer on AArch64, bit
+for bit against the GCC ARM builds under qemu (``arm64-dotprod-gcc``: 4x4 and 8x4
 kernels, ``arm64-i8mm-gcc``: 4x8 for Q8_0 and Q4_0, 8x8 for the K-quants).
 
 The weight goes into the ``CPU_REPACK`` buffer (``Graph.repacked`` raises unless the build repacks it), so
 ``ggml_mul_mat`` runs ``forward_mul_mat`` (gemm on ``T - T % 4`` rows, gemv on the rest) and ``ggml_mul_mat_id``
 ``forward_mul_mat_id`` (gemv). Every test can fail in a known way: fused <-> unfused float step (Q8_0's dotprod
 gemm is unfused, its gemv fused: the rows of one call differ), the x86 activation quantizer in place of ARM's
-(NaN and tie handling), and a plain buffer (the repack path really ran); for the K-quants every other float recipe
-of :data:`kernels.ggml.repack_arm_k.GEMM_GEMV`; ``arm64-base-gcc`` repacks nothing and ``arm64-sve128-gcc`` gives
-the i8mm bits. Skipped without the ARM builds. Cost: ~55 s on 2 shared vCPUs with warm numba caches, most of it
-starting the four qemu workers (one per build, ~7-14 s each, shared with other modules in one process).
+(NaN and tie handling), and a plain buffer (the repack path really ran); ``arm64-base-gcc`` repacks nothing and
+``arm64-sve128-gcc`` gives the i8mm bits. Skipped without the ARM builds. Cost: ~50 s on 2 shared vCPUs with warm
+numba caches, most of it starting the four qemu workers (one per build, ~7-14 s each, shared with other modules in
+one process).
 """
 
 import numpy as np
@@ -314,68 +315,6 @@ def acts_k(rng, t, k):
 
 
 KQ = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
-RECIPES = {QT.Q4_K: {0, 1, 2}, QT.Q5_K: {0, 2, 3}, QT.Q6_K: {4, 5}}
-
-
-def wrong_recipe(w, qt, x, recipe):
-    """A wrong model: every row through one float recipe of repack_arm_k.GEMM_GEMV."""
-    from kernels.ggml import repack_arm_k as rk
-
-    y, yd, ys = rk._q8_k(np.ascontiguousarray(x, np.float32))
-    out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    rows = np.arange(x.shape[0])
-    rk._run(w, qt, y, yd, ys, np.full(x.shape[0], recipe, np.int64), rows, out, rows)
-    return repack_arm.arm_nans(out)
-
-
-@pytest.mark.parametrize("build", list(ARM))
-def test_k_mul_mat_bit_exact(build):
-    from kernels.ggml.repack_arm_k import GEMM_GEMV, mul_mat_repacked_arm_k
-
-    _require(build)
-    path = ARM[build]
-    rng = np.random.default_rng(3903)
-    cases = []
-    for qt in KQ:
-        for n, k, ts, scales in ((8, 256, (1, 2, 3, 4, 5, 9), "normal"), (24, 512, (2, 4, 7, 8), "normal"),
-                                 (16, 256, (3, 6, 8), "extreme")):
-            w = weight_bytes(qt, n, k, rng, scales)
-            for t in ts:
-                cases.append((w, int(qt), k, acts_k(rng, t, k), 1 + (t % 2)))
-    got = on_build(build, g_mul_mats, cases)
-    for (w, gt, K, x, nth), y in zip(cases, got):
-        want = mul_mat_repacked_arm_k(w, QT(gt), x, path)
-        bad = bits(y) != bits(want)
-        assert not bad.any(), (QT(gt).name, w.shape, x.shape, nth, np.argwhere(bad)[:4], y[bad][:4], want[bad][:4])
-    for qt in KQ:  # the other recipes give other bits; where gemm and gemv differ, so do their rows
-        mine = [(c, y) for c, y in zip(cases, got) if c[1] == int(qt)]
-        gemm, gemv = GEMM_GEMV[(qt, path)]
-        for rec in RECIPES[qt] - {gemm, gemv}:
-            assert any((bits(wrong_recipe(c[0], qt, c[3], rec)) != bits(y)).any() for c, y in mine), (qt, rec)
-        if gemm != gemv:
-            assert any((bits(wrong_recipe(c[0], qt, c[3], gemv)) != bits(y)).any() for c, y in mine if len(c[3]) >= 4)
-
-
-@pytest.mark.parametrize("build", list(ARM))
-def test_k_mul_mat_id_bit_exact(build):
-    from kernels.ggml.repack_arm_k import mul_mat_id_repacked_arm_k
-
-    _require(build)
-    path = ARM[build]
-    rng = np.random.default_rng(3904)
-    E, n_used = 4, 2
-    cases = []
-    for qt in KQ:
-        for N, K, T in ((8, 256, 1), (16, 256, 6)):
-            w = np.stack([weight_bytes(qt, N, K, rng) for _ in range(E)])
-            ids = np.stack([np.r_[0, 1 + rng.permutation(E - 1)[:n_used - 1]] for _ in range(T)]).astype(np.int32)
-            for n_x in (1, n_used):
-                cases.append((w, int(qt), K, acts_k(rng, T * n_x, K).reshape(T, n_x, K), ids, n_x))
-    got = on_build(build, g_mul_mat_ids, cases)
-    for (w, gt, K, x, ids, nth), y in zip(cases, got):
-        want = mul_mat_id_repacked_arm_k(w, QT(gt), x, ids, path)
-        assert np.array_equal(bits(y), bits(want)), (QT(gt).name, w.shape, x.shape,
-                                                      np.argwhere(bits(y) != bits(want))[:4])
 
 
 def test_mulmat_dispatch():

@@ -35,8 +35,10 @@ against ``kvalues_mxfp4``, the E2M1 values doubled)::
 Which one (:data:`FUSED`, read off ``aarch64-linux-gnu-objdump -d libggml-cpu.so`` of both builds): Q4_0 gemv and
 gemm (4x4, 4x8) and Q8_0 gemv (4x4, 4x8) and Q8_0 gemm 4x8 (i8mm) fuse; Q8_0 gemm 4x4 (dotprod) and every IQ4_NL
 and MXFP4 kernel do not. So on ``arm64-dotprod`` a Q8_0 gemm row and a gemv row of the same activations differ,
-and Q8_0's bits differ between the two builds; the other types give the same bits on both. One float accumulator
-per output: no lanes, no horizontal sum, and the thread count changes no bit.
+and Q8_0's bits differ between the two GCC builds; the other types give the same bits on both. (The clang build,
+``-ffp-contract=on``, contracts ``vmlaq_f32`` too: every kernel fuses — ``arm64-i8mm-clang`` in
+:data:`KERNELS_OF`, checked against that build.) One float accumulator per output: no lanes, no horizontal sum,
+and the thread count changes no bit.
 
 NaNs: AArch64's default NaN (``0·inf``, ``inf - inf``) is +0x7fc00000, x86's -0x7fc00000 (0xffc00000), so every
 NaN of an output is made +0x7fc00000 (:func:`arm_nans`) — the bits ARM gives when the NaN is generated or comes
@@ -71,9 +73,13 @@ REPACK_ARM = {
                       QT.Q4_K: (8, "8x4"), QT.Q5_K: (8, "8x4"), QT.Q6_K: (8, "8x4")},
     "arm64-i8mm": _I8MM,
     "arm64-sve128": _I8MM,
+    "arm64-i8mm-clang": _I8MM,
 }
-#: The AArch64 paths whose repacked kernels are emulated (GCC builds) -> the path whose kernels they run.
-KERNELS_OF = {"arm64-dotprod": "arm64-dotprod", "arm64-i8mm": "arm64-i8mm", "arm64-sve128": "arm64-i8mm"}
+#: The AArch64 paths whose repacked kernels are emulated -> the kernels they run. ``arm64-i8mm-clang``: the clang
+#: build of the i8mm kernels (``-ffp-contract=on`` contracts ``vmlaq_f32`` / ``vmlsq_f32`` into ``fmla`` / ``fmls``,
+#: but not ``nearest_int``'s add), named here ahead of a path key for it.
+KERNELS_OF = {"arm64-dotprod": "arm64-dotprod", "arm64-i8mm": "arm64-i8mm", "arm64-sve128": "arm64-i8mm",
+              "arm64-i8mm-clang": "arm64-i8mm-clang"}
 ARM_PATHS = tuple(KERNELS_OF)
 #: The 32-value block types emulated here.
 REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
@@ -83,6 +89,7 @@ FUSED = {
     (QT.Q8_0, "arm64-i8mm"): (True, True),  # gemm 4x8 (smmla) vfmaq_f32, gemv 4x8 vfmaq_f32
     **{(QT.Q4_0, p): (True, True) for p in ("arm64-dotprod", "arm64-i8mm")},  # gemm asm fmla, gemv vfmaq_f32
     **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4) for p in ("arm64-dotprod", "arm64-i8mm")},  # vmlaq_f32
+    **{(q, "arm64-i8mm-clang"): (True, True) for q in (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4)},  # clang: all fmla
 }
 
 

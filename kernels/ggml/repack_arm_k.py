@@ -30,7 +30,10 @@ float32(fp16(dmin) · y.d)`` per super-block, ``acc = +0``; GCC 12 emits ``vfmaq
     Q6_K 8x4 gemm, 8x8 gemv and gemm:       per super-block  acc = acc + float32(float(I) · S)
 
 So the gemm rows and the gemv rows of one call differ on ``arm64-i8mm`` (Q4_K, Q5_K) and for Q6_K on
-``arm64-dotprod``. One accumulator per output: no lanes; the thread count (whole
+``arm64-dotprod``. The clang build of the i8mm kernels (``arm64-i8mm-clang``, ahead of a path key) contracts every
+``vmlaq_f32`` / ``vmlsq_f32`` into ``fmla`` / ``fmls`` (:data:`FUSED_MINS`: the mins and the 8x8 gemm's step are one
+FMA each; Q6_K's 8x8 gemm fuses, its gemv's ``vmul_f32`` + ``vaddq_f32`` do not) but not ``nearest_int``'s add
+(:data:`Q8_K_FUSED`). One accumulator per output: no lanes; the thread count (whole
 8-column chunks) changes no bit. NaNs: every output NaN is made AArch64's default +0x7fc00000
 (:func:`kernels.ggml.repack_arm.arm_nans`); a NaN weight scale's payload is not modelled.
 """
@@ -64,15 +67,23 @@ ROW_BYTES = {QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}  # per 256 values
 #: (type, path) -> float recipe of the (gemm, gemv) rows (module docstring): 0 per 64 values fused, mins per
 #: super-block; 1 per 32 values fused, mins per super-block; 2 per super-block mins then values, unfused; 3 per
 #: 32 values fused, mins per 64 values; 4 Q6_K per super-block fused; 5 Q6_K per super-block unfused.
+#: ``FUSED_MINS`` added: the clang build's contracted ``vmlsq_f32`` / ``vmlaq_f32`` (one rounding each).
+FUSED_MINS = 8
 GEMM_GEMV = {(QT.Q4_K, "arm64-dotprod"): (0, 0), (QT.Q4_K, "arm64-i8mm"): (2, 1),
              (QT.Q5_K, "arm64-dotprod"): (0, 0), (QT.Q5_K, "arm64-i8mm"): (2, 3),
-             (QT.Q6_K, "arm64-dotprod"): (5, 4), (QT.Q6_K, "arm64-i8mm"): (5, 5)}
+             (QT.Q6_K, "arm64-dotprod"): (5, 4), (QT.Q6_K, "arm64-i8mm"): (5, 5),
+             (QT.Q4_K, "arm64-i8mm-clang"): (2 + FUSED_MINS, 1 + FUSED_MINS),
+             (QT.Q5_K, "arm64-i8mm-clang"): (2 + FUSED_MINS, 3 + FUSED_MINS),
+             (QT.Q6_K, "arm64-i8mm-clang"): (4, 5)}
+#: Whether the kernels' path quantizes Q8_K with GCC's contracted nearest_int.
+Q8_K_FUSED = {"arm64-dotprod": True, "arm64-i8mm": True, "arm64-i8mm-clang": False}
 
 
 @jit()
-def quantize_rows_q8_k_arm(x, qs, d, bsums):
-    """The AArch64 GCC Q8_K quantizer (module docstring): x (R, K) float32 -> qs (R, K) int8, d (R, K/256)
-    float32, bsums (R, K/16) int16."""
+def quantize_rows_q8_k_arm(x, qs, d, bsums, fused=True):
+    """The AArch64 Q8_K quantizer (module docstring): x (R, K) float32 -> qs (R, K) int8, d (R, K/256) float32,
+    bsums (R, K/16) int16. ``fused``: GCC's contracted ``nearest_int(x·iscale)``; clang (``-ffp-contract=on``)
+    rounds the product first."""
     shifted = np.empty(256, np.float32)
     bits = shifted.view(np.int32)
     for r in range(x.shape[0]):
@@ -88,7 +99,10 @@ def quantize_rows_q8_k_arm(x, qs, d, bsums):
             iscale = F32(-127.0) / vmax if amax != 0 else F32(0.0)
             d[r, b] = F32(1.0) / iscale if amax != 0 else F32(0.0)
             for j in range(256):
-                shifted[j] = fma32(x[r, o + j], iscale, F32(12582912.0))  # fmadd: x·iscale + 1.5·2^23
+                if fused:
+                    shifted[j] = fma32(x[r, o + j], iscale, F32(12582912.0))  # fmadd: x·iscale + 1.5·2^23
+                else:
+                    shifted[j] = F32(x[r, o + j] * iscale) + F32(12582912.0)
             for j in range(256):
                 v = (np.int64(bits[j]) & 0x007FFFFF) - 0x00400000  # nearest_int
                 qs[r, o + j] = ((v & 0xFF) ^ 0x80) - 0x80  # stored as int8: the low byte
@@ -157,7 +171,8 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
         for i in range(rows.shape[0]):
             r = rows[i]
             yr = y[r]
-            rec = recipe[r]
+            rec = recipe[r] & 7
+            fm = recipe[r] >= FUSED_MINS  # clang: vmlsq_f32 / vmlaq_f32 contracted into fmls / fmla
             acc = F32(0.0)
             for b in range(nb):
                 S = F32(d[b] * yd[r, b])  # vmulq_f32(d, q8_d)
@@ -183,20 +198,23 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
                         acc = fma32(S, F32(isub[2 * k]), acc)
                         acc = fma32(S, F32(isub[2 * k + 1]), acc)
                         if rec == 3:  # Q5_K: the mins of these 64 values at once (vmlsq_f32: fmul, fsub)
-                            acc = acc - F32(Dm * F32(mk))
+                            acc = fma32(-F32(mk), Dm, acc) if fm else acc - F32(Dm * F32(mk))
                 if rec == 0 or rec == 1:
-                    acc = acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
+                    acc = fma32(-F32(M), Dm, acc) if fm else acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
                 elif rec == 2:  # 8x8 gemm: mins, then the super-block's integer (vmlsq_f32, vmlaq_f32)
-                    acc = acc - F32(F32(M) * Dm)
-                    acc = acc + F32(F32(isub.sum()) * S)
+                    if fm:
+                        acc = fma32(F32(isub.sum()), S, fma32(-F32(M), Dm, acc))
+                    else:
+                        acc = acc - F32(F32(M) * Dm)
+                        acc = acc + F32(F32(isub.sum()) * S)
             out[orow[i], c] = acc
 
 
-def _q8_k(x):
+def _q8_k(x, fused=True):
     """(y int32 (R, K), yd (R, K/256), ys (R, K/32) int64 bsums per 32 values) of float32 rows x (R, K)."""
     R, K = x.shape
     qs, d, bs = np.empty((R, K), np.int8), np.empty((R, K // 256), np.float32), np.empty((R, K // 16), np.int16)
-    quantize_rows_q8_k_arm(x, qs, d, bs)
+    quantize_rows_q8_k_arm(x, qs, d, bs, fused)
     ys = bs.astype(np.int64).reshape(R, K // 32, 2).sum(axis=2)  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
     return qs.astype(np.int32), d, ys
 
@@ -226,8 +244,9 @@ def mul_mat_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str)
     rb = K // 256 * ROW_BYTES[qt]
     if w.ndim != 2 or K % 256 or w.shape[1] != rb:  # N % 8: the caller's question (repack_arm.repacked_arm)
         raise ValueError(f"weights must be (N, {rb}) bytes of {qt.name} rows of {K}, got {w.shape}")
-    y, yd, ys = _q8_k(x)
-    gemm, gemv = GEMM_GEMV[(qt, check_arm_path(path))]
+    kp = check_arm_path(path)
+    y, yd, ys = _q8_k(x, Q8_K_FUSED[kp])
+    gemm, gemv = GEMM_GEMV[(qt, kp)]
     recipe = np.where(np.arange(T) < T - T % 4, gemm, gemv).astype(np.int64)
     out = np.empty((T, w.shape[0]), np.float32)
     rows = np.arange(T)
@@ -248,8 +267,9 @@ def mul_mat_id_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np
         raise ValueError(f"weights must be (E, N, {K // 256 * ROW_BYTES[qt]}) bytes of {qt.name}, got {w.shape}")
     if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
         raise ValueError(f"ids must be (T={T}, n_used) in [0, {E}), got {ids.shape}")
-    y, yd, ys = _q8_k(x.reshape(T * n_x, K))
-    recipe = np.full(T * n_x, GEMM_GEMV[(qt, check_arm_path(path))][1], np.int64)
+    kp = check_arm_path(path)
+    y, yd, ys = _q8_k(x.reshape(T * n_x, K), Q8_K_FUSED[kp])
+    recipe = np.full(T * n_x, GEMM_GEMV[(qt, kp)][1], np.int64)
     order, bounds, experts, arow = slot_groups(ids, n_x)
     out = np.empty((T * ids.shape[1], N), np.float32)
     for g, e in enumerate(experts.tolist()):

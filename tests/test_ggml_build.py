@@ -193,6 +193,38 @@ def test_the_elf_reader_reads_what_the_x86_library_answers(build):
     assert b.compiler.startswith("GCC 12.") and b.machine is None
 
 
+@pytest.mark.parametrize("machine, code, value", [
+    ("x86-64", "b801000000c3", 1),  # mov eax, 1; ret
+    ("x86-64", "f30f1efab801000000c3", 1),  # endbr64 first (-fcf-protection)
+    ("x86-64", "31c0c3", 0),  # xor eax, eax; ret
+    ("x86-64", "8b0500000000c3", None),  # a load: not a constant
+    ("AArch64", "20008052c0035fd6", 1),  # mov w0, #1; ret
+    ("AArch64", "00008052c0035fd6", 0),  # mov w0, #0; ret (GCC)
+    ("AArch64", "e0031f2ac0035fd6", 0),  # mov w0, wzr; ret (clang)
+    ("AArch64", "200600d0009c47f9000040b9c0035fd6", None),  # adrp; ldr; ldr; ret: ggml_cpu_get_sve_cnt of an SVE build
+])
+def test_the_elf_reader_decodes_only_constant_returns(machine, code, value):
+    from kernels.ggml.elf import Elf
+
+    body = bytes.fromhex(code) + bytes(16)
+    elf = Elf(Path("x"), body, machine, {".text": (0x1000, 0, len(body))}, {"f": 0x1000})
+    assert elf.returned_int("f") == value and elf.returned_int("g") is None
+
+
+def test_the_elf_reader_follows_adrp_add_to_a_string():
+    """``ggml_version`` on AArch64: ``adrp x0, PAGE; add x0, x0, #lo12; ret`` (the string in .rodata, 2 pages on)."""
+    from kernels.ggml.elf import Elf
+
+    text = bytes.fromhex("00000090") + bytes.fromhex("00000091") + bytes.fromhex("c0035fd6")
+    adrp, add = 0x90000000 | (2 << 29), 0x91000000 | (0x123 << 10)  # immlo = 2 pages (immhi 0); imm12 = 0x123
+    text = adrp.to_bytes(4, "little") + add.to_bytes(4, "little") + text[8:]
+    rodata = bytes(0x123) + b"0.25.3\0"
+    data = text + bytes(0x2000 - len(text)) + rodata
+    elf = Elf(Path("x"), data, "AArch64", {".text": (0x10004, 0, 12), ".rodata": (0x12000, 0x2000, len(rodata))},
+              {"ggml_version": 0x10004})
+    assert elf.returned_string("ggml_version") == "0.25.3"
+
+
 def test_a_library_that_is_not_an_elf_or_a_macos_build_is_refused(tmp_path):
     (tmp_path / "libggml-cpu.so").write_bytes(b"\xcf\xfa\xed\xfe" + bytes(60))  # Mach-O
     with pytest.raises(UnsupportedBuild, match="not a 64-bit little-endian ELF"):

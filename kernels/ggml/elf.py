@@ -49,9 +49,9 @@ class Elf:
         when it is not exported or computes something (``ggml_cpu_get_sve_cnt`` of an SVE build: a load)."""
         if name not in self.symbols:
             return None
-        code = self._at(self.symbols[name], 8)
-        if self.machine == ARM64 and len(code) == 8:
-            insn, ret = struct.unpack("<II", code)
+        code = self._at(self.symbols[name], 12)  # x86-64: endbr64 (4) + mov eax, imm32 (5) + ret (1) at most
+        if self.machine == ARM64 and len(code) >= 8:
+            insn, ret = struct.unpack("<II", code[:8])
             if ret != 0xD65F03C0:  # ret
                 return None
             if insn & 0xFFE0001F == 0x52800000:  # movz w0, #imm16 (hw 0)

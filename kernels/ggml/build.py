@@ -18,8 +18,9 @@ kernels are not emulated — AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, a 
 AArch64 SME, KleidiAI, llamafile's sgemm, a clang build, an SVE vector length other than 128 bits, a macOS build
 (Accelerate) — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any SIMD
 (docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds: NEON (``armv8-a``), +dotprod+fp16,
-+i8mm, and SVE with i8mm at a 128-bit vector length; a kernel whose ARM C is not emulated yet raises, naming the op
-and the path.
++i8mm, and SVE with i8mm at a 128-bit vector length; each names its compiler (``EmulatedPath.compiler``), since
+clang's contraction fuses other products than GCC's: a clang path is one more entry with ``compiler="clang"``. A
+kernel whose ARM C is not emulated yet raises :class:`NotEmulated` (:func:`not_emulated`), naming the op and the path.
 
 A path can also be *named* instead of detected: ``--emulate=ggml:avx512``, ``ggml:arm64-i8mm`` …
 (:data:`NAMED_PATHS`, :func:`named_path`). No library is then loaded or read — the kernels of :mod:`kernels.ggml` are
@@ -63,7 +64,8 @@ OTHER_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve",
 ARM64_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve", "sme", "sme2", "llamafile", "kleidiai")
 # a GPU or other accelerator backend in the library folder: its ops are not ggml-cpu's
 GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "musa", "kompute", "rpc", "webgpu")
-#: the GCC-compiled AArch64 paths' compiler (the one whose contraction, -ffp-contract=fast, the ARM kernels follow)
+#: the compiler of the AArch64 paths (EmulatedPath.compiler): GCC, whose contraction (-ffp-contract=fast) the ARM
+#: kernels follow; a clang build (-ffp-contract=on) fuses other products, so it would be a path of its own
 ARM64_COMPILER = "GCC"
 SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 
@@ -83,6 +85,7 @@ class EmulatedPath:
     selected: Callable[[frozenset, bool], bool]  # (features, x86) -> whether a library with them takes this path
     when: str  # the compile-time condition, in words
     arch: str = X86_64  # the library's ELF machine: X86_64 or ARM64
+    compiler: str | None = None  # an AArch64 path: the compiler whose builds take it (GgmlBuild.compiler's first word)
 
 
 def _arm64(need: set, without: set) -> Callable[[frozenset, bool], bool]:
@@ -100,15 +103,18 @@ EMULATED_PATHS = (
     # AArch64 (the phone's CPU), GCC builds: NEON's float32x4_t, GGML_F32_EPR = 4 (simd-mappings.h)
     EmulatedPath("arm64-i8mm", "AArch64 NEON i8mm", 4,
                  _arm64({"dotprod", "fp16_va", "matmul_int8"}, {"sve"}),
-                 "__ARM_NEON with __ARM_FEATURE_DOTPROD, FP16 vector arithmetic and __ARM_FEATURE_MATMUL_INT8", ARM64),
+                 "__ARM_NEON with __ARM_FEATURE_DOTPROD, FP16 vector arithmetic and __ARM_FEATURE_MATMUL_INT8", ARM64,
+                 ARM64_COMPILER),
     EmulatedPath("arm64-dotprod", "AArch64 NEON dotprod", 4, _arm64({"dotprod", "fp16_va"}, {"matmul_int8", "sve"}),
-                 "__ARM_NEON with __ARM_FEATURE_DOTPROD and FP16 vector arithmetic, no i8mm", ARM64),
+                 "__ARM_NEON with __ARM_FEATURE_DOTPROD and FP16 vector arithmetic, no i8mm", ARM64, ARM64_COMPILER),
     EmulatedPath("arm64-base", "AArch64 NEON", 4, _arm64(set(), {"dotprod", "fp16_va", "matmul_int8", "sve"}),
-                 "armv8-a: __ARM_NEON only (no dotprod: emulated by the C; F16 converted, no FP16 arithmetic)", ARM64),
+                 "armv8-a: __ARM_NEON only (no dotprod: emulated by the C; F16 converted, no FP16 arithmetic)", ARM64,
+                 ARM64_COMPILER),
     # SVE: the vector length is the CPU's (svcntb() at run time); simd-mappings.h's GGML_F32_EPR 8 is not what the
     # SVE loops step by (vec.h: ggml_cpu_get_sve_cnt() * 8 / 32 = 4 lanes at 128 bits)
     EmulatedPath("arm64-sve128", "AArch64 SVE-128 i8mm", 4, _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()),
-                 f"__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a {SVE_BITS}-bit vector length", ARM64),
+                 f"__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a {SVE_BITS}-bit vector length", ARM64,
+                 ARM64_COMPILER),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
 #: the keys of the x86-64 SIMD paths and of the AArch64 ones: a kernel written for the one never takes the other
@@ -155,8 +161,9 @@ def named_path(spec: str) -> str:
 def describe_named(key: str) -> str:
     """``ggml-cpu AVX2 (named, not detected), ggml 0.25.3's kernels`` — what ``--emulate=ggml:KEY`` prints: no
     library was read, so the version is the emulation's own (an AArch64 path: and a GCC build's bits)."""
-    gcc = f", a {ARM64_COMPILER} build's bits" if is_arm64(key) else ""
-    return f"ggml-cpu {emulated_path(key).name} (named, not detected{gcc}), ggml {GGML_VERSION}'s kernels"
+    entry = emulated_path(key)
+    cc = f", a {entry.compiler} build's bits" if entry.compiler else ""
+    return f"ggml-cpu {entry.name} (named, not detected{cc}), ggml {GGML_VERSION}'s kernels"
 
 
 def lib_dir() -> Path:
@@ -231,17 +238,18 @@ class GgmlBuild:
             raise UnsupportedBuild(f"{lib} does not say which compiler built it (no .comment section); the AArch64 "
                                    f"paths are emulated for {ARM64_COMPILER} builds only: name the path "
                                    "(--emulate=ggml:arm64-…) if it is one")
-        if not self.compiler.startswith(ARM64_COMPILER + " "):
+        cc = self.compiler.split()[0]
+        if not any(p.compiler == cc for p in EMULATED_PATHS if p.arch == ARM64):
             raise UnsupportedBuild(f"{lib} was compiled by {self.compiler}, whose floating-point contraction (clang: "
-                                   "-ffp-contract=on, within one expression) is not proven to give the bits of GCC's "
-                                   f"(=fast); the AArch64 paths are emulated for {ARM64_COMPILER} builds only")
+                                   "-ffp-contract=on, within one expression) does not give the bits of GCC's (=fast); "
+                                   f"the AArch64 paths are emulated for {ARM64_COMPILER} builds only")
         if self.has("sve") and self.sve_bits != SVE_BITS:
             vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
                   "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
             raise UnsupportedBuild(f"{lib} runs SVE at {vl}; --emulate=ggml follows SVE at {SVE_BITS} bits only: "
                                    f"for a {SVE_BITS}-bit CPU name it, --emulate=ggml:arm64-sve128")
         for p in EMULATED_PATHS:
-            if p.arch == ARM64 and p.selected(self.features, False):
+            if p.arch == ARM64 and p.compiler == cc and p.selected(self.features, False):
                 return p.key
         have = " ".join(f for f in ARM64_FEATURES if f in self.features) or "no NEON"
         raise UnsupportedBuild(f"{lib} is built for {have}; --emulate=ggml follows AArch64 builds with NEON "

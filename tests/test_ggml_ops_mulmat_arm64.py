@@ -72,6 +72,8 @@ def test_q8_0_bit_exact(build):
         for t in T_ARM:
             for nth in (1, 2) if t in (2, 4, 8) else (1,):  # 2 threads re-chunk: odd extents, 1-row kernel
                 cases.append((w, int(QT.Q8_0), k, acts(rng, t, k), nth))
+    w = weight_bytes(QT.Q8_0, 20, 64, rng)  # 3 threads: chunks of 7, 7, 6 rows — 1-row and 2-row in one product
+    cases += [(w, int(QT.Q8_0), 64, acts(rng, t, 64), 3) for t in (2, 4)]
     k = 128
     cases.append((weight_bytes(QT.Q8_0, 10, k, rng), int(QT.Q8_0), k, hard_acts(rng, 9, k), 1))
     for scales in ("extreme", "raw"):  # fp16 scales: subnormal, huge, ±inf, NaN (raw bytes)
@@ -198,6 +200,7 @@ def test_kquant_bit_exact(build):
         cases.append((weight_bytes(qtype, 4, 256, rng), int(qtype), 256, hard_acts(rng, 9, 256), 1))
         cases.append((weight_bytes(qtype, 4, 256, rng, "extreme"), int(qtype), 256,
                       hard_acts(rng, 9, 256, nonfinite=False), 1))
+        cases.append((weight_bytes(qtype, 20, 256, rng), int(qtype), 256, acts(rng, 4, 256), 3))  # mixed chunks
     check(build, cases)
 
 
@@ -271,3 +274,9 @@ def test_batched_heads_chunk_together():
         for h in range(H):
             want = mul_mat(w[h // (H // Hkv)], QT.Q8_0, x[h], "arm64-i8mm", n_threads=nth, head=(h, H))
             assert np.array_equal(bits(want), bits(y[h])), (T, nth, h)
+
+
+def test_mixed_chunks():
+    """N = 20 rows on 3 threads: chunks of 7, 7 and 6 rows — the last alone takes the 2-row kernel."""
+    m = mulmat_arm.mmla_mask(4, 20, 3, QT.Q4_K, "arm64-i8mm")
+    assert not m[:, :14].any() and m[:, 14:].all()

@@ -321,6 +321,7 @@ def test_mulmat_dispatch():
     """kernels.ggml.mulmat sends a repacked weight on an ARM path here (never to the x86 repack or column
     kernels), and an ARM path meeting an x86 repack kernel raises."""
     from kernels.ggml import repack, repack_k
+    from kernels.ggml.columns import layout
     from kernels.ggml.mulmat import mul_mat, mul_mat_id, repack_emulated
     from kernels.ggml.repack_arm_k import mul_mat_id_repacked_arm_k, mul_mat_repacked_arm_k
 
@@ -339,6 +340,10 @@ def test_mulmat_dispatch():
             assert repack_emulated(qt, path)
         with pytest.raises(ValueError, match=path):
             repack.mul_mat_repacked(weight_bytes(QT.Q4_0, 8, 32, rng), QT.Q4_0, np.ones((1, 32), np.float32), path)
+        w = weight_bytes(QT.Q4_0, 8, 32, rng)
+        cols = layout(w, QT.Q4_0)
+        with pytest.raises(ValueError, match=f"column layout .* on the {path} path"):
+            mul_mat(w, QT.Q4_0, np.ones((1, 32), np.float32), path, repack=True, cols=cols)
         with pytest.raises(ValueError, match=path):
             repack_k.mul_mat_repacked_k(weight_bytes(QT.Q4_K, 8, 256, rng), QT.Q4_K, np.ones((1, 256), np.float32),
                                         path)

@@ -159,6 +159,8 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat(w_bytes, qtype, x)
     if mulmat_arm.is_arm(path):
+        if cols is not None:  # kernels.ggml.columns holds x86's kernels: never an ARM path's
+            raise ValueError(f"mul_mat emulation: a column layout (x86's kernels) given on the {path} path")
         if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm, repack_arm_k
             return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
         return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows, head=head)
@@ -245,6 +247,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat_id(w_bytes, qtype, x, ids)
     if mulmat_arm.is_arm(path):
+        if cols is not None:  # kernels.ggml.columns holds x86's kernels: never an ARM path's
+            raise ValueError(f"mul_mat_id emulation: a column layout (x86's kernels) given on the {path} path")
         if repack and repacked(qtype, tensor_rows or N, path):  # kernels.ggml.repack_arm, repack_arm_k
             return repack_arm_k.repack_arm_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
         return mulmat_arm.mul_mat_id(w_bytes, qtype, x, ids, path, slot_groups)

@@ -159,6 +159,18 @@ else:
         return np.uint64(u).view(np.float64)
 
 
+if JIT_ENABLED:
+
+    @jit()
+    def _scale_bits(ki):
+        return EXP2F_TAB[ki & 31] + (np.uint64(ki & 0x1FFFF) << np.uint64(47))  # modulo 2**64, as uint64_t
+
+else:
+
+    def _scale_bits(ki):
+        return np.uint64((int(EXP2F_TAB[ki & 31]) + (int(ki) << 47)) & 0xFFFFFFFFFFFFFFFF)
+
+
 @jit()
 def expf_arm64(x):
     """AArch64 glibc ``expf`` (float32): e_expf.c as compiled there. Outside the core range (|x| ≥ 88 or so, inf,
@@ -173,8 +185,7 @@ def expf_arm64(x):
     kd = kd if z >= 0 else -kd
     ki = np.int64(kd)  # fcvtas
     r = z - kd
-    t = EXP2F_TAB[ki & 31] + (np.uint64(ki) << np.uint64(47))
-    s = _bits_f64(t)
+    s = _bits_f64(_scale_bits(ki))  # t = T[ki % N] + (ki << 47): 2**(ki/32), the integer part in the exponent
     zz = fma64(EXP2F_C0, r, EXP2F_C1)  # z = C[0]*r + C[1]: fmadd
     y = fma64(EXP2F_C2, r, 1.0)  # y = C[2]*r + 1: fmadd
     y = fma64(zz, r * r, y)  # y = z*r2 + y: fmadd

@@ -223,6 +223,8 @@ class _Worker:
                 r = reduce_numpy(obj)
                 return r if r is not NotImplemented else super().reducer_override(obj)
 
+        if self.proc.poll() is not None:  # died on an earlier call (SIGILL …): say so again, not a broken pipe
+            raise RuntimeError(died(self.build, self.cpu, self.proc.returncode))
         module = sys.modules.get(getattr(fn, "__module__", ""), None)
         if module is not None and module.__name__ not in ("ggml_graph", "arm64"):
             cloudpickle.register_pickle_by_value(module)

@@ -8,7 +8,7 @@ copy whose ``ggml_version()`` string reads ``0.99.0`` — the bytes of ``"0.25.3
 nothing else. It is a complete, loadable libggml (llama.cpp could run on it; the refusal is decided by the version it
 reports, not by its kernels, which here are still 0.25.3's — so what the override runs is checked against the
 unchanged library's results). ``detect`` reads it as a user's library would be read: ``ggml_version()`` and
-``ggml_commit()`` called through ctypes. 15 s for the module (AMD EPYC, Zen 4 class, 2 shared vCPUs, 2026-12-04).
+``ggml_commit()`` called through ctypes (an AArch64 build's, the dotprod one's: read from the library, not run). 15 s for the module (AMD EPYC, Zen 4 class, 2 shared vCPUs, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -65,6 +65,22 @@ def test_detect_reads_the_version_the_library_reports(native, other_lib):
         b.check_version()
     assert f"is ggml {OTHER}, but the emulation follows ggml {GGML_VERSION}" in str(e.value)
     assert b.check_version(accept_other=True) == OTHER
+
+
+def test_an_arm64_library_of_another_version_is_read_and_refused(tmp_path, monkeypatch, capsys):
+    """An AArch64 library's version is read without running it (libggml-base's ``ggml_version`` is ``adrp`` + ``add``
+    to the string): the same rewritten string, the same one-line refusal in the CLI."""
+    import arm64
+
+    arm64.require("arm64-dotprod-gcc")
+    src = arm64.lib_dir("arm64-dotprod-gcc")
+    assert detect(src).version == GGML_VERSION
+    b = detect(other_version(src, tmp_path / "lib", OTHER))
+    assert (b.version, b.commit, b.path) == (OTHER, "unknown", "arm64-dotprod")
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(b.lib_dir))
+    assert main(["logits", str(TRAINED_PATH), "--emulate=ggml", "--tokens", TOKENS, "--out", str(tmp_path / "l.npy")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is ggml {OTHER}, but the emulation follows" in err and "AArch64" not in err, err
 
 
 def test_another_version_is_refused_in_one_line(other_lib, tmp_path, monkeypatch, capsys):

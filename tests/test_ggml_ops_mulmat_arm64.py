@@ -21,8 +21,8 @@ from kernels.ggml.mulmat import kernel_for, mul_mat, mul_mat_id
 
 pytestmark = pytest.mark.oracle
 
-ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
-PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm"}
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]  # arm64-base-gcc: test_base_bit_exact
+PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-base-gcc": "arm64-base"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
 
 
@@ -151,7 +151,7 @@ def test_arm_dispatch_refuses_what_is_not_emulated():
         w = weight_bytes(QT.TQ1_0, 4, 256, rng)
         with pytest.raises(ValueError, match=rf"mul_mat_id of TQ1_0 weights .*\({path}\) is not emulated"):
             mul_mat_id(w[None], QT.TQ1_0, x[:, None], np.zeros((2, 1), np.int32), path)
-    for path in ("arm64-base", "arm64-sve128"):  # other ARM keys: refused, never an x86 kernel
+    for path in ("arm64-sve128",):  # other ARM keys: refused, never an x86 kernel
         with pytest.raises(ValueError, match=rf"F32 weights .*\({path}\) is not emulated"):
             mul_mat(np.zeros((3, 256), np.float32).view(np.uint8), QT.F32, x, path)
     w = weight_bytes(QT.Q8_0, 6, 256, rng)  # 6 % 4: CPU_REPACK leaves it in a plain buffer
@@ -280,3 +280,24 @@ def test_mixed_chunks():
     """N = 20 rows on 3 threads: chunks of 7, 7 and 6 rows — the last alone takes the 2-row kernel."""
     m = mulmat_arm.mmla_mask(4, 20, 3, QT.Q4_K, "arm64-i8mm")
     assert not m[:, :14].any() and m[:, 14:].all()
+
+
+def test_base_bit_exact():
+    """arm64-base-gcc (armv8-a: no dotprod, no FP16 arithmetic, nothing repacked): the same kernels, with
+    ggml_vdotq_s32's vmull_s8 + vpaddlq_s16 lanes (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 keep float lanes) and F16's dot
+    in float; one call to the library for every type."""
+    rng = np.random.default_rng(3913)
+    cases = []
+    for qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q5_1, QT.MXFP4, QT.IQ4_NL):
+        w = weight_bytes(qtype, 6, 96, rng)
+        cases += [(w, int(qtype), 96, acts(rng, t, 96), 2) for t in (1, 4)]
+    cases.append((weight_bytes(QT.Q8_0, 8, 128, rng), int(QT.Q8_0), 128, hard_acts(rng, 9, 128), 1))
+    for qtype in (QT.Q4_K, QT.Q6_K, QT.IQ4_XS, QT.IQ2_XXS):
+        cases.append((weight_bytes(qtype, 4, 256, rng), int(qtype), 256, hard_acts(rng, 3, 256), 1))
+    for qtype in (QT.F32, QT.F16, QT.BF16):
+        w = float_weights(qtype, acts(rng, 5, 100))
+        cases += [(w, int(qtype), 100, acts(rng, t, 100), 1) for t in (1, 3)]
+    check("arm64-base-gcc", cases)
+    w = weight_bytes(QT.Q8_0, 8, 64, rng)  # CPU_REPACK takes nothing on armv8-a
+    x = acts(rng, 2, 64)
+    assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-base", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-base")))

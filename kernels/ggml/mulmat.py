@@ -102,7 +102,7 @@ def repacked(qtype, n_rows: int, path: str) -> bool:
     """Whether llama.cpp with its default CPU_REPACK buffer repacks a weight of ``qtype`` with ``n_rows`` rows
     (ggml's ne[1], per expert for a 3-D tensor) on ``path`` (the ARM paths: :data:`mulmat_arm.REPACK_ROWS`)."""
     if mulmat_arm.is_arm(path):
-        return mulmat_arm.repacked(_qt(qtype), n_rows)
+        return mulmat_arm.repacked(_qt(qtype), n_rows, path)
     return _qt(qtype) in REPACKED[path] and n_rows % 8 == 0
 
 

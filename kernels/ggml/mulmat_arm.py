@@ -33,8 +33,13 @@ The quantized types (Q8_0, Q4_0, MXFP4, IQ4_NL with AArch64 Q8_0 activations; Q4
 activations — ``quantize_row_q8_K`` is ``quantize_row_q8_K_ref`` on ARM, whose ``nearest_int(iscale*x)`` the ARM GCC
 build contracts into one ``fmla``) are in :mod:`kernels.ggml.mulmat_arm_q`, with their float formulas.
 
-Other weight types, and the other AArch64 keys (``arm64-base``: no dotprod, no FP16 arithmetic; ``arm64-sve128``: the
-SVE kernels), raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
+``arm64-base`` (armv8-a) runs the same kernels with nrows 1 and GCC's same float choices (the float instructions of
+every ``vec_dot`` read in the three builds agree up to scheduling), but ``ggml_vdotq_s32`` is emulated with
+``vmull_s8`` + ``vpaddlq_s16``: the same sums, other lanes — which matters where lanes are float accumulators (Q8_0,
+Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._block32_1row``'s ``vmull``) — and F16's dot is in float
+(:func:`vec_dot_f16_f32acc`).
+
+Other weight types, and the other AArch64 keys (``arm64-sve128``: the SVE kernels), raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
 stands in).
 """
 
@@ -47,14 +52,16 @@ from kernels.base.flags import jit
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
-from kernels.ggml.simd import NEON
+from kernels.ggml.simd import NEON, fma32
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 
 F32 = np.float32
-#: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS)
-ARM_PATHS = ("arm64-dotprod", "arm64-i8mm")
+#: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS); ``arm64-base`` (armv8-a: no
+#: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
+#: NEON kernels but F16's dot in float (:func:`vec_dot_f16_f32acc`)
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
@@ -70,10 +77,11 @@ def is_arm(path: str) -> bool:
     return build.is_arm64(path)
 
 
-def repacked(qtype: QT, n_rows: int) -> bool:
-    """Whether CPU_REPACK re-lays out a weight of ``qtype`` with ``n_rows`` rows on the ARM paths."""
+def repacked(qtype: QT, n_rows: int, path: str = "arm64-dotprod") -> bool:
+    """Whether CPU_REPACK re-lays out a weight of ``qtype`` with ``n_rows`` rows on the ARM ``path`` (the chooser
+    needs dotprod or i8mm: nothing on ``arm64-base``)."""
     m = REPACK_ROWS.get(qtype)
-    return m is not None and n_rows % m == 0
+    return m is not None and n_rows % m == 0 and path != "arm64-base"
 
 
 def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
@@ -134,6 +142,27 @@ def block_mask(T: int, N: int, rows: int, n_threads: int, qtype: QT, path: str):
 
 
 @jit()
+def vec_dot_f16_f32acc(n, x, y):
+    """vec.cpp: ggml_vec_dot_f16 on NEON *without* FP16 vector arithmetic (``arm64-base``: ``GGML_F32Cx4``): the
+    halves widened (``fcvtl``), 4 float accumulators of 4 lanes over steps of 16 (``fmla``), ``(s0+s2)+(s1+s3)``,
+    ``faddp`` twice, then a double with the leftovers' float products added (read in the base build)."""
+    np_ = n & ~15
+    acc = np.zeros((4, 4), np.float32)
+    for i in range(0, np_, 16):
+        for j in range(4):
+            for lane in range(4):
+                k = i + 4 * j + lane
+                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
+    r = np.empty(4, np.float32)
+    for lane in range(4):
+        r[lane] = F32(F32(acc[0, lane] + acc[2, lane]) + F32(acc[1, lane] + acc[3, lane]))
+    sumf = np.float64(F32(F32(r[0] + r[1]) + F32(r[2] + r[3])))
+    for i in range(np_, n):
+        sumf += np.float64(F32(x[i] * y[i]))
+    return F32(sumf)
+
+
+@jit()
 def float_rows_arm(w, x, out, kind):
     """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the NEON
     ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``lanes`` = :data:`simd.NEON`), BF16's
@@ -146,6 +175,8 @@ def float_rows_arm(w, x, out, kind):
                 out[t, r] = vec_dot_f32(K, w[r], x[t], NEON, acc)
             elif kind == 1:
                 out[t, r] = vec_dot_f16(K, w[r], x[t], NEON, acc)
+            elif kind == 3:
+                out[t, r] = vec_dot_f16_f32acc(K, w[r], x[t])
             else:
                 out[t, r] = vec_dot_generic(K, w[r], x[t])
 
@@ -169,7 +200,8 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         if qtype == QT.F32:
             w, xv, kind = w_bytes.view(np.float32), x, 0
         elif qtype == QT.F16:  # ggml_cpu_fp32_to_fp16: fcvt, nearest even
-            w, xv, kind = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x), 1
+            w, xv = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x)
+            kind = 3 if path == "arm64-base" else 1
         else:  # ggml_cpu_fp32_to_bf16: GGML_FP32_TO_BF16
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
         float_rows_arm(w, xv, out, kind)
@@ -188,7 +220,8 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)
         v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
         kind = mulmat_arm_q.I8MM_KIND.get(qtype, 0) if path == "arm64-i8mm" else 0
-        mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two)
+        mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
+                                  path == "arm64-base")
     elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC
         yq, yd, ybs = _q8_k_rows(x, fused=True)
         mulmat_arm_q.iq_rows(mulmat_arm_q.IQ[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs, out, F16_TO_F32)

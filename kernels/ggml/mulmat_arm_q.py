@@ -108,8 +108,10 @@ def _dot32(v, r, xq, t, o):
 
 
 @jit()
-def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t):
-    """One element of the 1-row ``vec_dot`` (see the module docstring)."""
+def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
+    """One element of the 1-row ``vec_dot`` (see the module docstring). ``vmull``: ``ggml_vdotq_s32`` without
+    dotprod (``arm64-base``: ``vmull_s8`` + ``vpaddlq_s16``), whose lane ``l`` sums bytes 2l, 2l+1, 2l+8, 2l+9 of
+    each 16 (``sdot``'s: 4l … 4l+3)."""
     nb = dw.shape[1]
     sumf = F32(0.0)
     summs, summs1 = F32(0.0), F32(0.0)
@@ -140,7 +142,7 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t):
             for lane in range(4):
                 dot = 0
                 for e in range(4):
-                    k = 32 * b + 4 * lane + e
+                    k = 32 * b + (2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e)
                     dot += np.int64(v[r, k]) * xq[t, k] + np.int64(v[r, k + 16]) * xq[t, k + 16]
                 if h == 0:
                     s0[lane] = F32(s0[lane] + F32(F32(dot) * d))
@@ -182,17 +184,17 @@ def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t):
 
 
 @jit()
-def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two):
+def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False):
     """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 / Q8_1 activations ``xq``
     (T, K) int8, ``xd`` (T, nb), ``xs`` (T, nb) Q8_1's s (or anything: unused); ``two`` (T, N) bool: the elements of
-    2-row kernels (or (0, 0): none)."""
+    2-row kernels (or (0, 0): none); ``vmull``: the lanes of ``arm64-base`` (:func:`_block32_1row`)."""
     has_two = two.shape[0] > 0
     for t in range(xq.shape[0]):
         for r in range(v.shape[0]):
             if has_two and two[t, r]:
                 out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t)
             else:
-                out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t)
+                out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull)
 
 
 @jit()

@@ -109,3 +109,21 @@ def test_glibc_expf_of_aarch64(build):
     s = np.repeat(-EXPF_DIFFER, 3).astype(np.float32).reshape(2, 3)  # 3 < 4 lanes: all in the scalar tail
     assert_bits(vecmath.silu(s, path), on_build(build, g_unary, "ggml_silu", s), "silu tail")
     assert_bits(vecmath.sigmoid(s, path), on_build(build, g_unary, "ggml_sigmoid", s), "sigmoid")
+
+
+@pytest.mark.parametrize("path", ["arm64-base", "arm64-sve128"])
+def test_other_arm_paths_are_refused_naming_the_op(path):
+    """AArch64 keys whose vector code is not emulated here (armv8-a: F16 vectors as float32x4_t; SVE loops) are
+    refused in one line naming the op — never computed with another path's code."""
+    from kernels.ggml import norm, rope, vecmath
+    from kernels.ggml.build import NotEmulated
+
+    x = np.ones((2, 8), np.float32)
+    for op, call in [("ggml_silu", lambda: vecmath.silu(x, path)), ("ggml_soft_max", lambda: vecmath.soft_max(x, None, 1.0, path)),
+                     ("ggml_rms_norm", lambda: norm.rms_norm(x, 1e-6, path)), ("ggml_l2_norm", lambda: norm.l2_norm(x, 1e-6, path)),
+                     ("ggml_sigmoid", lambda: vecmath.sigmoid(x, path)),
+                     ("ggml_rope", lambda: rope.rope_neox(x.reshape(1, 2, 8), np.zeros(1, np.int32), 8, 1e4, path))]:
+        with pytest.raises(NotEmulated, match=f"{op} on .*\\({path}\\) is not emulated"):
+            call()
+    with pytest.raises(NotEmulated):
+        simd.lanes(path)

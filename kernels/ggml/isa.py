@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.ggml.build import EMULATED_PATHS
+from kernels.ggml.build import EMULATED_PATHS, not_emulated
 
 #: The codes of the compiled vec / expf functions (their ``lanes`` argument): the float32 lanes of GGML_F32_VEC,
 #: which tell the SIMD code apart on the paths emulated so far, and ggml's generic x86 build's ``__SSE2__`` branch of
@@ -66,11 +66,12 @@ LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD}
 PATHS = tuple(LANES)
 
 
-def simd(path: str) -> Simd:
-    """The :class:`Simd` record of ``path``; ValueError for a path whose vector code is not emulated."""
+def simd(path: str, op: str = "vec.h / vec.cpp's vector code") -> Simd:
+    """The :class:`Simd` record of ``path``; :class:`kernels.ggml.build.NotEmulated` naming ``op`` for an emulated
+    path whose vector code is not (``arm64-base``: F16 vectors as float32x4_t; ``arm64-sve128``: SVE loops)."""
     check_path(path)
     if path not in SIMD:
-        raise ValueError(f"ggml-cpu path {path!r}: its vector code (vec.h / vec.cpp) is not emulated")
+        raise not_emulated(op, path)
     return SIMD[path]
 
 
@@ -113,7 +114,7 @@ def follows_nans(fn):
     def wrapper(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)
         path = bound.arguments.get("path")
-        if path is None or simd(path).nan == X86_NAN:
+        if path is None or simd(path, f"ggml_{fn.__name__.strip('_')}").nan == X86_NAN:
             return fn(*args, **kwargs)
         for name, v in bound.arguments.items():
             if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16):
@@ -135,6 +136,8 @@ def lanes(path: str) -> int:
     """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
     the code of the compiled vec functions (:data:`NEON` …); checks the path."""
     if path not in LANES:
+        if path in ALL_PATHS and path not in SIMD:
+            raise not_emulated("GGML_F32_VEC's kernels", path)
         raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")
     return LANES[path]
 

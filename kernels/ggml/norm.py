@@ -191,7 +191,7 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     if w.shape != (n,):
         raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
     y = np.empty_like(x2)
-    if simd(path).nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
+    if simd(path, "ggml_rms_norm").nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
         _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32))
     else:
         _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, path == "generic", y, y.view(np.uint32))
@@ -202,6 +202,7 @@ def l2_norm(x: np.ndarray, eps: float, path: str) -> np.ndarray:
     """``ggml_l2_norm(x, eps)`` over the last axis: ``x / fmaxf(sqrtf(Σx²), eps)``. [..., n] -> [..., n].
     ISA-independent (module docstring)."""
     x = _check(x, path)
+    simd(path, "ggml_l2_norm")  # a path whose code is not emulated: refused, naming the op
     x2 = nan_swap(path, x.reshape(-1, x.shape[-1]))  # [R, n]; AArch64: only its default NaN differs (fmaxnm)
     y = np.empty_like(x2)
     _l2_norm_rows(x2, F32(eps), y)

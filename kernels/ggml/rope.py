@@ -165,7 +165,7 @@ def _nan_fixup_arm64(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: int,
 
 def _rope(x, pos, n_dims, kind, sections, freq_base, freq_scale, attn_factor, ext_factor, path):
     fused = check_path(path) != "generic"  # the same on both SIMD paths; ggml's generic build has no FMA
-    arm = simd(path).nan == ARM_NAN  # the AArch64 builds: the same numbers, Arm's NaN rules
+    arm = simd(path, "ggml_rope").nan == ARM_NAN  # the AArch64 builds: the same numbers, Arm's NaN rules
     if ext_factor != 0.0:
         raise NotImplementedError("rope with ext_factor != 0 (YaRN) is not emulated")
     x = np.ascontiguousarray(x, dtype=np.float32)

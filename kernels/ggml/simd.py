@@ -506,11 +506,11 @@ def expf_block(code):
     return 4 if code == SSE2 else code
 
 
-def expf_lanes(path: str) -> int:
+def expf_lanes(path: str, op: str = "ggml_v_expf (silu, swiglu, soft_max)") -> int:
     """The expf code of ``path`` (:attr:`Simd.expf`) that vec.cpp's silu / swiglu / soft_max loops and
     :func:`v_expf` take: :func:`lanes` on the SIMD paths, :data:`SSE2` on ggml's generic x86 path, whose ``__SSE2__``
     branch (:func:`v_expf_sse2`, 4 lanes) remains where ``GGML_SIMD`` is off."""
-    return simd(path).expf
+    return simd(path, op).expf
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -216,7 +216,7 @@ def _silu_rows(x, g, has_g, lanes, y):
 @follows_nans
 def silu(x, path: str) -> np.ndarray:
     """ggml_silu (ops.cpp ggml_compute_forward_silu_f32 → vec.cpp ggml_vec_silu_f32) on ``path``."""
-    return _on_rows(_silu_rows, x, _rows(x), False, expf_lanes(path))
+    return _on_rows(_silu_rows, x, _rows(x), False, expf_lanes(path, "ggml_silu"))
 
 
 @follows_nans
@@ -230,7 +230,7 @@ def swiglu(a, b, path: str) -> np.ndarray:
     b = np.asarray(b, dtype=np.float32)
     if a.shape != b.shape:
         raise ValueError(f"swiglu: {a.shape} and {b.shape} differ")
-    return _on_rows(_silu_rows, a, _rows(b), True, expf_lanes(path))
+    return _on_rows(_silu_rows, a, _rows(b), True, expf_lanes(path, "ggml_swiglu"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndar
         i3, i2 = np.divmod(np.arange(ne03 * ne02), ne02)
         mask_of = ((i3 % ne13) * ne12 + (i2 % ne12)).astype(np.int64)  # i13*ne12 + i12
     y = np.empty_like(xb)
-    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), expf_lanes(path), y)
+    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), expf_lanes(path, "ggml_soft_max"), y)
     return y.reshape(x.shape)
 
 

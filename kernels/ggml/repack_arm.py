@@ -13,7 +13,7 @@ Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
   the i8mm choices and runs the i8mm NEON code (the SVE bodies are for 256-bit vectors): :data:`KERNELS_OF`.
 * ``repack.cpp: forward_mul_mat`` quantizes the activation rows in groups of four with
   ``arch/arm/repack.cpp: ggml_quantize_mat_q8_0_4x4`` / ``_4x8`` and the last ``T % 4`` rows with ``from_float``
-  = ``arch/arm/quants.c: quantize_row_q8_0``. All three are one float recipe (:func:`quantize_rows_q8_0_arm`):
+  = ``arch/arm/quants.c: quantize_row_q8_0``. All three are one float recipe (:func:`quantize_q8_0_arm`):
   ``amax`` by ``vmaxq_f32`` / ``vmaxvq_f32`` (``fmax``: a NaN anywhere in the block makes amax NaN), ``d =
   amax/127``, ``id = d ? 1/d : 0`` (NaN is true), ``q = (int8) vcvtnq_s32_f32(x·id)`` — round half to even,
   saturated to int32 (NaN -> 0), then *truncated* to its low byte (``strb``): +inf -> -1, -inf -> 0 — and the
@@ -53,7 +53,7 @@ from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
-from kernels.base.floats import round_to_f16
+from kernels.ggml.actquant import _q8_0_rows_arm
 from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
 from kernels.ggml.repack import _TYPES as _Q4_TYPES
 from kernels.ggml.repack import _lut_words, _nibble
@@ -113,49 +113,11 @@ def repacked_arm(qtype, n_rows: int, path: str) -> bool:
 # quantize_row_q8_0 / ggml_quantize_mat_q8_0_4x4 / _4x8 (arch/arm)
 
 
-@jit()
-def _fcvtns_i8(v):
-    """``(int8_t) vgetq_lane_s32(vcvtnq_s32_f32(v))``: round half to even, saturate to int32 (NaN -> 0), low byte."""
-    if v != v:
-        return 0
-    if v >= 2147483647.0:
-        i = np.int64(2147483647)
-    elif v <= -2147483648.0:
-        i = np.int64(-2147483648)
-    else:
-        i = np.int64(np.rint(v))
-    return ((i & 0xFF) ^ 0x80) - 0x80
-
-
-@jit()
-def quantize_rows_q8_0_arm(x, qs, d):
-    """The AArch64 Q8_0 activation quantizer (module docstring): x (R, K) float32 -> qs (R, K) int8, d (R, K/32)
-    float32 (the values of the fp16 ``d``)."""
-    for r in range(x.shape[0]):
-        for b in range(x.shape[1] // 32):
-            o = 32 * b
-            amax = F32(0.0)
-            nan = False
-            for j in range(32):
-                a = abs(x[r, o + j])
-                if a != a:
-                    nan = True
-                elif a > amax:
-                    amax = a
-            if nan:
-                amax = F32(np.nan)  # fmax / fmaxv propagate a NaN
-            dd = amax / F32(127.0)
-            inv = F32(1.0) / dd if dd != 0 else F32(0.0)
-            d[r, b] = round_to_f16(dd)
-            for j in range(32):
-                qs[r, o + j] = _fcvtns_i8(x[r, o + j] * inv)  # vmulq_n_f32, vcvtnq_s32_f32, strb
-
-
 def quantize_q8_0_arm(x: np.ndarray):
-    """(qs (R, K) int8, d (R, K/32) float32) of the AArch64 Q8_0 quantizer for float32 rows x (R, K)."""
-    x = np.ascontiguousarray(x, np.float32)
-    qs, d = np.empty(x.shape, np.int8), np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    quantize_rows_q8_0_arm(x, qs, d)
+    """(qs (R, K) int8, d (R, K/32) float32) of the AArch64 Q8_0 quantizer (module docstring; the one recipe of
+    ``quantize_row_q8_0`` and ``ggml_quantize_mat_q8_0_4x4`` / ``_4x8``: :func:`kernels.ggml.actquant._q8_0_rows_arm`)
+    for float32 rows x (R, K)."""
+    qs, d, _ = _q8_0_rows_arm(np.ascontiguousarray(x, np.float32), False)
     return qs, d
 
 

@@ -22,7 +22,8 @@ from kernels.ggml.mulmat import kernel_for, mul_mat, mul_mat_id
 pytestmark = pytest.mark.oracle
 
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]  # arm64-base-gcc: test_base_bit_exact
-PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-base-gcc": "arm64-base"}
+PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-base-gcc": "arm64-base",
+        "arm64-sve128-gcc": "arm64-sve128"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
 
 
@@ -151,9 +152,6 @@ def test_arm_dispatch_refuses_what_is_not_emulated():
         w = weight_bytes(QT.TQ1_0, 4, 256, rng)
         with pytest.raises(ValueError, match=rf"mul_mat_id of TQ1_0 weights .*\({path}\) is not emulated"):
             mul_mat_id(w[None], QT.TQ1_0, x[:, None], np.zeros((2, 1), np.int32), path)
-    for path in ("arm64-sve128",):  # other ARM keys: refused, never an x86 kernel
-        with pytest.raises(ValueError, match=rf"F32 weights .*\({path}\) is not emulated"):
-            mul_mat(np.zeros((3, 256), np.float32).view(np.uint8), QT.F32, x, path)
     w = weight_bytes(QT.Q8_0, 6, 256, rng)  # 6 % 4: CPU_REPACK leaves it in a plain buffer
     assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-i8mm")))
 
@@ -301,3 +299,25 @@ def test_base_bit_exact():
     w = weight_bytes(QT.Q8_0, 8, 64, rng)  # CPU_REPACK takes nothing on armv8-a
     x = acts(rng, 2, 64)
     assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-base", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-base")))
+
+
+def test_sve128_bit_exact():
+    """arm64-sve128-gcc (SVE2 at 128 bits, i8mm): the SVE F32 dot (8 accumulators, predicated tail), Q8_0 and
+    Q4_0's SVE 1-row kernels (fused lanes, one FADDV), their NEON i8mm 2-row kernels, and the NEON kernels of the
+    types without SVE code; one library call. Its SVE F16 / Q2_K … Q6_K kernels are refused in one line."""
+    rng = np.random.default_rng(3914)
+    cases = []
+    for qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.MXFP4, QT.IQ4_NL):
+        w = weight_bytes(qtype, 6, 96, rng)
+        cases += [(w, int(qtype), 96, acts(rng, t, 96), 1) for t in (1, 2, 3)]
+    cases.append((weight_bytes(QT.Q8_0, 20, 64, rng), int(QT.Q8_0), 64, acts(rng, 4, 64), 3))  # mixed chunks
+    cases.append((weight_bytes(QT.Q8_0, 8, 128, rng), int(QT.Q8_0), 128, hard_acts(rng, 9, 128), 1))
+    for qtype in (QT.Q5_K, QT.IQ4_XS, QT.IQ2_XXS, QT.IQ1_M):
+        cases.append((weight_bytes(qtype, 4, 256, rng), int(qtype), 256, hard_acts(rng, 3, 256), 1))
+    for qtype, n in ((QT.F32, 7), (QT.F32, 37), (QT.F32, 100), (QT.BF16, 100)):
+        cases.append((float_weights(qtype, hard_floats(rng, (5, n))), int(qtype), n, hard_floats(rng, (2, n)), 1))
+    check("arm64-sve128-gcc", cases)
+    x = acts(rng, 2, 256)
+    for qtype in (QT.F16, QT.Q4_K, QT.Q6_K):
+        with pytest.raises(ValueError, match=rf"{qtype.name} weights .*\(arm64-sve128\) is not emulated"):
+            mul_mat(weight_bytes(qtype, 4, 256, rng), qtype, x, "arm64-sve128")

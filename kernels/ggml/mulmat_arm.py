@@ -39,7 +39,12 @@ every ``vec_dot`` read in the three builds agree up to scheduling), but ``ggml_v
 Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._block32_1row``'s ``vmull``) — and F16's dot is in float
 (:func:`vec_dot_f16_f32acc`).
 
-Other weight types, and the other AArch64 keys (``arm64-sve128``: the SVE kernels), raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
+``arm64-sve128`` (SVE2 at 128 bits, with i8mm): the NEON kernels of the i8mm build where its ``vec_dot`` has no SVE
+code (BF16, Q4_1, Q5_0, Q5_1, MXFP4, IQ4_NL, Q5_K, IQ4_XS, the IQ1/2/3 types: the float instructions agree), the SVE
+code of F32 (:func:`vec_dot_f32_sve128`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), and the i8mm 2-row kernels;
+its SVE F16, Q2_K, Q3_K, Q4_K and Q6_K kernels are not emulated (:data:`SVE128_NOT_EMULATED`).
+
+Other weight types raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
 stands in).
 """
 
@@ -61,7 +66,12 @@ F32 = np.float32
 #: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS); ``arm64-base`` (armv8-a: no
 #: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
 #: NEON kernels but F16's dot in float (:func:`vec_dot_f16_f32acc`)
-ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base")
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128")
+#: ``arm64-sve128`` (armv9-a+sve2+i8mm, SVE at 128 bits): the types whose ``vec_dot`` has SVE code there and is not
+#: emulated (the others run the NEON code of the i8mm build: their float instructions agree)
+SVE128_NOT_EMULATED = frozenset({QT.F16, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q6_K})
+#: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
+I8MM_PATHS = ("arm64-i8mm", "arm64-sve128")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
@@ -85,7 +95,7 @@ def repacked(qtype: QT, n_rows: int, path: str = "arm64-dotprod") -> bool:
 
 
 def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
-    return qtype in TYPES and path in ARM_PATHS
+    return qtype in TYPES and path in ARM_PATHS and not (path == "arm64-sve128" and qtype in SVE128_NOT_EMULATED)
 
 
 def not_emulated(what: str, qtype: QT, path: str) -> ValueError:
@@ -104,7 +114,7 @@ def mmla_mask(T: int, N: int, n_threads: int, qtype: QT, path: str, ne12: int = 
     nr1 is 1), re-chunked by thread when there are fewer than ``4·nth`` chunks (``nchunk0 = nth`` along the longer
     side), and a chunk takes 2 rows only when N, T and both of its extents are even."""
     nr1 = T * ne12
-    if path != "arm64-i8mm" or qtype not in MMLA_TYPES or N % 2 or T % 2:
+    if path not in I8MM_PATHS or qtype not in MMLA_TYPES or N % 2 or T % 2:
         return None
     nth = max(1, int(n_threads))
     chunk = 64 if (N == 1 or nr1 == 1) else 16
@@ -163,6 +173,29 @@ def vec_dot_f16_f32acc(n, x, y):
 
 
 @jit()
+def vec_dot_f32_sve128(n, x, y):
+    """vec.cpp: ggml_vec_dot_f32, the ``__ARM_FEATURE_SVE`` branch at 128 bits: 8 accumulators of 4 lanes over steps
+    of 32 (``svmad``: fused), the leftover whole vectors into ``sum1``, the last ``n % 4`` values by a predicated
+    ``svmla`` into ``sum1``'s first lanes; ``GGML_F32xt_REDUCE``: (1+2) + (3+4), (5+6) + (7+8), their sum, lane-wise,
+    then ``svaddv`` = FADDV ``(l0 + l1) + (l2 + l3)``, a float."""
+    np_ = n & ~31
+    acc = np.zeros((8, 4), np.float32)
+    for i in range(0, np_, 32):
+        for j in range(8):
+            for lane in range(4):
+                k = i + 4 * j + lane
+                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
+    for i in range(np_, n):  # whole vectors, then the predicated tail: lane i % 4 of sum1
+        acc[0, (i - np_) % 4] = fma32(x[i], y[i], acc[0, (i - np_) % 4])
+    r = np.empty(4, np.float32)
+    for lane in range(4):
+        a12, a34 = F32(acc[0, lane] + acc[1, lane]), F32(acc[2, lane] + acc[3, lane])
+        a56, a78 = F32(acc[4, lane] + acc[5, lane]), F32(acc[6, lane] + acc[7, lane])
+        r[lane] = F32(F32(a12 + a34) + F32(a56 + a78))
+    return F32(F32(r[0] + r[1]) + F32(r[2] + r[3]))
+
+
+@jit()
 def float_rows_arm(w, x, out, kind):
     """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the NEON
     ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``lanes`` = :data:`simd.NEON`), BF16's
@@ -177,6 +210,8 @@ def float_rows_arm(w, x, out, kind):
                 out[t, r] = vec_dot_f16(K, w[r], x[t], NEON, acc)
             elif kind == 3:
                 out[t, r] = vec_dot_f16_f32acc(K, w[r], x[t])
+            elif kind == 4:
+                out[t, r] = vec_dot_f32_sve128(K, w[r], x[t])
             else:
                 out[t, r] = vec_dot_generic(K, w[r], x[t])
 
@@ -192,13 +227,13 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     ``tensor_rows``: ``w_bytes`` is a row block of a fused tensor of that many rows, multiplied whole by ggml (the
     chunks, so the i8mm 2-row kernels, follow the whole tensor: :func:`block_mask`). ``head`` = (h, H): ``x`` is batch
     ``h`` of a product ggml computes over H batches at once (``ne12`` = H: attention's K·Q per head)."""
-    if qtype not in TYPES or path not in ARM_PATHS:
+    if not emulated(qtype, path):
         raise not_emulated("mul_mat", qtype, path)
     T, N = x.shape[0], w_bytes.shape[0]
     out = np.empty((T, N), np.float32)
     if qtype in (QT.F32, QT.F16, QT.BF16):
         if qtype == QT.F32:
-            w, xv, kind = w_bytes.view(np.float32), x, 0
+            w, xv, kind = w_bytes.view(np.float32), x, 4 if path == "arm64-sve128" else 0
         elif qtype == QT.F16:  # ggml_cpu_fp32_to_fp16: fcvt, nearest even
             w, xv = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x)
             kind = 3 if path == "arm64-base" else 1
@@ -219,7 +254,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0 / _q8_1
         xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)
         v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
-        kind = mulmat_arm_q.I8MM_KIND.get(qtype, 0) if path == "arm64-i8mm" else 0
+        kind = {"arm64-i8mm": mulmat_arm_q.I8MM_KIND, "arm64-sve128": mulmat_arm_q.SVE128_KIND}.get(path, {}).get(qtype, 0)
         mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
                                   path == "arm64-base")
     elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC
@@ -244,7 +279,7 @@ def arm_default_nan(out: np.ndarray) -> np.ndarray:
 def mul_mat_id(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, ids: np.ndarray, path: str, slot_groups):
     """``ggml_mul_mat_id`` on an ARM path (checked arguments, as :func:`kernels.ggml.mulmat.mul_mat_id`): every
     routed row through the 1-row ``vec_dot`` (``ggml_compute_forward_mul_mat_id_one_chunk`` passes nrc = 1)."""
-    if qtype not in TYPES or path not in ARM_PATHS:
+    if not emulated(qtype, path):
         raise not_emulated("mul_mat_id", qtype, path)
     T, n_x, K = x.shape
     n_used, N = ids.shape[1], w_bytes.shape[1]

@@ -54,7 +54,7 @@ from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
 F32 = np.float32
 #: 32-value block types: (block bytes, kernel kind) — kind 0: Q8_0 and Q5_0, 1: Q4_0, 2: MXFP4, 3: IQ4_NL, 4: Q4_1,
-#: 5: Q5_1 (4 and 5 take Q8_1 activations); 6: Q5_0 on arm64-i8mm (:data:`I8MM_KIND`)
+#: 5: Q5_1 (4 and 5 take Q8_1 activations); 6: Q5_0 on arm64-i8mm (:data:`I8MM_KIND`); 7, 8: :data:`SVE128_KIND`
 BLOCK32 = {QT.Q8_0: (34, 0), QT.Q4_0: (18, 1), QT.MXFP4: (17, 2), QT.IQ4_NL: (18, 3), QT.Q5_0: (22, 0),
            QT.Q4_1: (20, 4), QT.Q5_1: (24, 5)}
 Q8_1_TYPES = frozenset({QT.Q4_1, QT.Q5_1})
@@ -62,6 +62,9 @@ Q8_1_TYPES = frozenset({QT.Q4_1, QT.Q5_1})
 #: block) of ggml_vec_dot_q5_0_q8_0 with USDOT, whose first operand is *unsigned*: the int8 values v - 16 of that
 #: block count as (v - 16) mod 256 (a miscompile; qemu's USDOT follows the Arm ARM, checked with inline asm)
 I8MM_KIND = {QT.Q5_0: 6}
+#: the kinds of ``arm64-sve128`` (SVE at 128 bits, i8mm): Q8_0 and Q4_0's 1-row kernels are SVE code (7, 8: fused
+#: lanes, one FADDV of sumv0 + sumv1); Q5_0 has the i8mm build's USDOT tail; the other 32-value types the NEON code
+SVE128_KIND = {QT.Q5_0: 6, QT.Q8_0: 7, QT.Q4_0: 8}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
 IQ = IQ_KIND  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: :func:`iq_rows`
 KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
@@ -130,6 +133,7 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
         return sumf
     s0 = np.zeros(4, np.float32)
     s1 = np.zeros(4, np.float32)
+    sve = kind == 7 or kind == 8  # SVE-128 Q8_0 / Q4_0: svmla_n_f32_x (fused), svaddv of sumv0 + sumv1
     while ib + 1 < nb:
         if kind == 4:  # Q4_1: summs += m0·s0 + m1·s1, the first product fused
             summs = F32(summs + fma32(mw[r, ib], xs[t, ib], F32(mw[r, ib + 1] * xs[t, ib + 1])))
@@ -144,12 +148,22 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
                 for e in range(4):
                     k = 32 * b + (2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e)
                     dot += np.int64(v[r, k]) * xq[t, k] + np.int64(v[r, k + 16]) * xq[t, k + 16]
-                if h == 0:
+                if sve:
+                    if h == 0:
+                        s0[lane] = fma32(F32(dot), d, s0[lane])
+                    else:
+                        s1[lane] = fma32(F32(dot), d, s1[lane])
+                elif h == 0:
                     s0[lane] = F32(s0[lane] + F32(F32(dot) * d))
                 else:
                     s1[lane] = F32(s1[lane] + F32(F32(dot) * d))
         ib += 2
-    sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
+    if sve:
+        for lane in range(4):
+            s0[lane] = F32(s0[lane] + s1[lane])
+        sumf = F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3]))  # FADDV: (l0 + l1) + (l2 + l3)
+    else:
+        sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
     if kind >= 4:
         sumf = F32(sumf + summs)
         if kind == 5:
@@ -161,9 +175,9 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
             for j in range(32):
                 dot += (np.int64(v[r, 32 * b + j]) & 255) * xq[t, 32 * b + j]
             sumf = fma32(F32(dot), F32(dw[r, b] * xd[t, b]), sumf)
-        elif kind == 0:
+        elif kind == 0 or kind == 7:
             sumf = fma32(sumi, F32(dw[r, b] * xd[t, b]), sumf)
-        elif kind == 1:
+        elif kind == 1 or kind == 8:
             sumf = fma32(F32(sumi * dw[r, b]), xd[t, b], sumf)
         else:  # Q4_1, Q5_1: sumf += (d_w·d_x)·sumi + m·s, the first product fused
             sumf = F32(sumf + fma32(F32(dw[r, b] * xd[t, b]), sumi, F32(mw[r, b] * xs[t, b])))

@@ -25,8 +25,12 @@ both read in ``aarch64-linux-gnu-objdump -d`` of the two ``libggml-cpu.so``:
   F32 mul_mat, attention without flash, flash attention's one-row path with F32 K, the gated delta net's dots when
   S_v % 16 >= 4) and ops.cpp ``ggml_compute_forward_ssm_conv_f32``'s tap loop (d_conv = 4: Qwen3.5's, differs).
 
-The ops not listed agree bit for bit (soft_max, silu, swiglu, rms_norm, rope, get_rows, casts, the activation
-quantizers, flash attention with F16 K/V on all three paths, F32 K/V on the tiled and split paths); where NaNs meet
+Contraction proper (``-ffp-contract=fast`` across statements, ``=on`` within one expression) showed in one place:
+ggml-quants.c ``quantize_row_q8_K_ref`` (GCC fuses ``nearest_int``'s ``+ 12582912.f`` into the product; clang rounds
+the product first) — the Q8_K activations of every K-quant and IQ dot, on near-.5 products only.
+
+The ops not listed agree bit for bit (soft_max, silu, swiglu, rms_norm, rope, get_rows, casts, the Q8_0 / Q8_1
+activation quantizers (NEON: no contraction), Q8_K's on ordinary values, flash attention with F16 K/V on all three paths, F32 K/V on the tiled and split paths); where NaNs meet
 (rms_norm's scale, rope, get_rows' fused ``x*d - m`` of NaN scales) the compilers' operand orders differ, so only
 which NaN payload survives differs there (not tested here: the op tests model GCC's).
 
@@ -187,3 +191,26 @@ def test_elementwise_ops_and_quantizers_agree():
         checks[f"quantize {qt.name}"] = (g_cpy, a, int(qt), (512, 3), 3 * 512 // blk * size)
     bad = [name for name, (fn, *args) in checks.items() if differs(*both(fn, *args))]
     assert not bad, bad
+
+
+def test_q8_k_quantizer_contracts_on_gcc_only():
+    """ggml-quants.c ``quantize_row_q8_K_ref`` (the Q8_K activations of the K-quant and IQ dots): ``nearest_int(
+    iscale*x[j])`` inlined is ``iscale*x + 12582912.f`` across two statements, which GCC's ``-ffp-contract=fast``
+    fuses (``fmla``) and clang's ``=on`` does not (``fmul`` + ``fadd``): a product whose float rounding is a .5 tie but
+    whose exact value is not rounds differently. Random activations almost never meet one (they agree above)."""
+    iscale = np.float32(-127.0) / np.float32(3.0)  # amax 3.0 (positive): iscale = -127/3, inexact
+    ties = []
+    for k in range(-126, 127):
+        c = np.float32((k + 0.5) / float(iscale))
+        for v in (np.float32(c + d * np.spacing(c)) for d in (0, -1, 1, -2, 2)):
+            exact = float(iscale) * float(v)  # exact in double (24 + 24 bits)
+            rounded = float(np.float32(exact))
+            if rounded % 1 == 0.5 and rounded != exact:
+                ties.append(v)
+                break
+    x = np.zeros(256, np.float32)
+    x[0], x[1:1 + len(ties[:255])] = 3.0, ties[:255]
+    gcc, clang = both(g_cpy, x.reshape(1, 256), int(QT.Q8_K), (256, 1), 292)
+    q_gcc, q_clang = gcc[4:260].view(np.int8), clang[4:260].view(np.int8)  # block_q8_K: d, qs[256], bsums[16]
+    assert len(ties) > 100 and (q_gcc != q_clang).sum() > 50
+    assert np.all(np.abs(q_gcc.astype(int) - q_clang) <= 1)

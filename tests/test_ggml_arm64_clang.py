@@ -3,9 +3,10 @@
 ``arm64-i8mm-clang`` (clang 14, Android NDK's compiler family) and ``arm64-i8mm-gcc`` (GCC 12, Linux distributions')
 compile the same vendored llama.cpp with the same flags (``-O3 -march=armv8.6-a+dotprod+fp16+i8mm``); only the
 compiler differs. refimpl's ``arm64-i8mm`` path follows the GCC build (tests/test_ggml_ops_*arm64*.py prove it op by
-op), so where the two libraries agree here the clang build equals the emulation too, and where they differ the
-clang build is not emulated (kernels.ggml.build refuses it in one line). Two compiler choices make the difference,
-both read in ``aarch64-linux-gnu-objdump -d`` of the two ``libggml-cpu.so``:
+op), so where the two libraries agree here the clang build equals the emulation too; where they differ the clang
+build is not emulated (kernels.ggml.build refuses it in one line; only the repacked kernels have clang recipes so
+far, ``kernels.ggml.repack_arm`` / ``repack_arm_k``, ahead of a path key). Two compiler choices make most of the
+difference, both read in ``aarch64-linux-gnu-objdump -d`` of the two ``libggml-cpu.so``:
 
 * **the ACLE multiply-accumulate intrinsics** ``vmlaq_f32`` / ``vmlaq_n_f32`` / ``vmlsq_f32`` (architecturally a
   multiply then an add, two roundings): GCC 12 emits ``fmul`` + ``fadd``/``fsub``, clang 14 (``-ffp-contract=on``:
@@ -16,7 +17,7 @@ both read in ``aarch64-linux-gnu-objdump -d`` of the two ``libggml-cpu.so``:
   ``mxfp4_4x4`` (its products are exact unless ``|sumi|·d`` needs more than 24 bits), ``q4_K_8x8``, ``q5_K_8x8``,
   ``gemm_q6_K_8x8``. Not hit: the kernels written with ``vfmaq_f32`` (fused in both: repacked Q8_0 and Q4_0 on
   i8mm, 4x8), the scalar ``sumf += d * ...`` lines (one C expression: both compilers contract them into the same
-  ``fmadd``), the IQ and other K-quant dots.
+  ``fmadd``), the IQ and other K-quant dots (but for their Q8_K activations, below).
 * **the vectorizer's width for an in-order float reduction** of a scalar loop ``sum += a[i]*b[i]`` (strict FP: both
   vectorize it as ``fmul`` of 4 lanes then 4 in-order scalar ``fadd``, the scalar remainder as ``fmadd``): GCC
   takes blocks of 4 when 4 or more are left, clang blocks of 8 (interleave 2) when 8 or more are left. So a loop of
@@ -30,9 +31,11 @@ ggml-quants.c ``quantize_row_q8_K_ref`` (GCC fuses ``nearest_int``'s ``+ 1258291
 the product first) — the Q8_K activations of every K-quant and IQ dot, on near-.5 products only.
 
 The ops not listed agree bit for bit (soft_max, silu, swiglu, rms_norm, rope, get_rows, casts, the Q8_0 / Q8_1
-activation quantizers (NEON: no contraction), Q8_K's on ordinary values, flash attention with F16 K/V on all three paths, F32 K/V on the tiled and split paths); where NaNs meet
-(rms_norm's scale, rope, get_rows' fused ``x*d - m`` of NaN scales) the compilers' operand orders differ, so only
-which NaN payload survives differs there (not tested here: the op tests model GCC's).
+activation quantizers (NEON: no contraction), Q8_K's on ordinary values, flash attention with F16 K/V on all three
+paths, F32 K/V on the tiled and split paths); where NaNs are made or meet (rms_norm's scale, rope's ``inf·cos -
+inf·sin``: GCC 0xffc00000, clang 0x7fc00000; get_rows' fused ``x*d - m`` of NaN scales) the compilers' operand
+orders and negations differ, so only the NaN's sign or payload differs there (not tested here: the op tests model
+GCC's).
 
 Cost: two qemu workers (~7 s each to start, shared with the other ARM modules of the process) and ~10 s of graphs.
 """

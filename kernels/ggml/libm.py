@@ -8,9 +8,11 @@ construction, not a re-implementation. A portable formula would not do: numpy's 
 differs from glibc's ``expf`` in over a third of inputs (``np.sin``/``np.cos`` in ~25 % of RoPE angles), by an ulp.
 The consequence: the emulation is exact on a host whose glibc is the one llama.cpp runs with, as ggml is. For
 the AArch64 paths, whose llama.cpp runs with AArch64's glibc, :func:`expf_arm64` ports that build's ``expf``
-(:func:`expf_on` picks by :func:`glibc_of`); its ``logf``, ``sinf``, ``cosf``, ``powf`` give the host's bits on
-numbers (compared under qemu-aarch64), and its invalid operations return ARM's default NaN
-(:func:`kernels.ggml.simd.nan_swap`).
+(:func:`expf_on` picks by :func:`glibc_of`: equal to AArch64's ``expf`` on all 2**32 inputs). Its other functions
+give the host's bits on numbers, compared under qemu-aarch64 (Debian 12's glibc 2.36 on both sides): ``logf`` on
+every positive float, ``sinf`` / ``cosf`` on every float in [0, 2**19) and one in 61 elsewhere, ``powf`` on RoPE's
+``powf(base, -2/n_dims)`` for ten bases and every even n_dims ≤ 1024 and 1.5M other pairs; only their invalid
+operations differ (``logf(-1)``, ``sinf(inf)``: ARM's default NaN, :func:`kernels.ggml.isa.nan_swap`).
 
 Compiled, each function is a ``numba.types.ExternalFunction`` (a direct call of the symbol, resolved in this
 process like ``dlsym`` — the default version, the one ggml links); with ``NUMBA_DISABLE_JIT=1`` the same
@@ -103,7 +105,8 @@ def fmaxf(a, b):
 # ``fmadd``: ``z = x·(32/ln 2)`` rounded by its own ``fmul``, then ``r = z - kd`` (disassembly of the sysroot's
 # libm.so.6, ``expf@@GLIBC_2.27``). The two glibcs differ in exactly two of all 2**32 float32 inputs:
 # 0x4202422f (32.56…) and 0xc27c65d9 (-63.10…), by 1 ulp (an exhaustive comparison of expf_arm64 with the host's;
-# expf_arm64 equals AArch64's on every input, compared under qemu-aarch64).
+# expf_arm64 equals AArch64's on every |x| in [2**-26, 104] — exhaustively, under qemu-aarch64 — and the two glibcs
+# agree on every other input).
 
 #: glibc's ``__exp2f_data``: ``tab[32]`` (2**(i/32) with the index bits taken out), ``invln2_scaled`` = 32/ln 2,
 #: ``poly_scaled`` (read from the AArch64 libm.so.6's .rodata; the same table as glibc's e_exp2f_data.c)

@@ -303,8 +303,9 @@ def test_base_bit_exact():
 
 def test_sve128_bit_exact():
     """arm64-sve128-gcc (SVE2 at 128 bits, i8mm): the SVE F32 dot (8 accumulators, predicated tail), Q8_0 and
-    Q4_0's SVE 1-row kernels (fused lanes, one FADDV), their NEON i8mm 2-row kernels, and the NEON kernels of the
-    types without SVE code; one library call. Its SVE F16 / Q2_K … Q6_K kernels are refused in one line."""
+    Q4_0's SVE 1-row kernels (fused lanes, one FADDV), their NEON i8mm 2-row kernels, the SVE K-quant kernels (Q2_K's
+    4 float lanes; Q4_K / Q6_K's fused SVE+MMLA 2-row kernels) and the NEON kernels of the types without SVE code;
+    one library call. Its SVE F16 dot is refused in one line."""
     rng = np.random.default_rng(3914)
     cases = []
     for qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.MXFP4, QT.IQ4_NL):
@@ -312,12 +313,13 @@ def test_sve128_bit_exact():
         cases += [(w, int(qtype), 96, acts(rng, t, 96), 1) for t in (1, 2, 3)]
     cases.append((weight_bytes(QT.Q8_0, 20, 64, rng), int(QT.Q8_0), 64, acts(rng, 4, 64), 3))  # mixed chunks
     cases.append((weight_bytes(QT.Q8_0, 8, 128, rng), int(QT.Q8_0), 128, hard_acts(rng, 9, 128), 1))
-    for qtype in (QT.Q5_K, QT.IQ4_XS, QT.IQ2_XXS, QT.IQ1_M):
-        cases.append((weight_bytes(qtype, 4, 256, rng), int(qtype), 256, hard_acts(rng, 3, 256), 1))
+    for qtype in (QT.Q5_K, QT.IQ4_XS, QT.IQ2_XXS, QT.IQ1_M, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q6_K):
+        w = weight_bytes(qtype, 6, 512, rng)
+        cases += [(w, int(qtype), 512, hard_acts(rng, t, 512), 1) for t in (1, 2, 3)]
     for qtype, n in ((QT.F32, 7), (QT.F32, 37), (QT.F32, 100), (QT.BF16, 100)):
         cases.append((float_weights(qtype, hard_floats(rng, (5, n))), int(qtype), n, hard_floats(rng, (2, n)), 1))
     check("arm64-sve128-gcc", cases)
     x = acts(rng, 2, 256)
-    for qtype in (QT.F16, QT.Q4_K, QT.Q6_K):
+    for qtype in (QT.F16,):
         with pytest.raises(ValueError, match=rf"{qtype.name} weights .*\(arm64-sve128\) is not emulated"):
             mul_mat(weight_bytes(qtype, 4, 256, rng), qtype, x, "arm64-sve128")

@@ -41,8 +41,10 @@ Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._block32_1row``'s ``vmull``) — and F16'
 
 ``arm64-sve128`` (SVE2 at 128 bits, with i8mm): the NEON kernels of the i8mm build where its ``vec_dot`` has no SVE
 code (BF16, Q4_1, Q5_0, Q5_1, MXFP4, IQ4_NL, Q5_K, IQ4_XS, the IQ1/2/3 types: the float instructions agree), the SVE
-code of F32 (:func:`vec_dot_f32_sve128`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), and the i8mm 2-row kernels;
-its SVE F16, Q2_K, Q3_K, Q4_K and Q6_K kernels are not emulated (:data:`SVE128_NOT_EMULATED`).
+code of F32 (:func:`vec_dot_f32_sve128`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), Q2_K (4 float lanes:
+``mulmat_arm_q._q2_k_sve128``), Q3_K / Q4_K / Q6_K (SVE 1-row kernels rounding as the NEON ones; fused SVE+MMLA 2-row
+kernels for Q4_K and Q6_K), and the NEON i8mm 2-row kernels of Q4_0, Q4_1, Q8_0; its SVE F16 dot is not emulated
+(:data:`SVE128_NOT_EMULATED`).
 
 Other weight types raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
 stands in).
@@ -69,7 +71,7 @@ F32 = np.float32
 ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128")
 #: ``arm64-sve128`` (armv9-a+sve2+i8mm, SVE at 128 bits): the types whose ``vec_dot`` has SVE code there and is not
 #: emulated (the others run the NEON code of the i8mm build: their float instructions agree)
-SVE128_NOT_EMULATED = frozenset({QT.F16, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q6_K})
+SVE128_NOT_EMULATED = frozenset({QT.F16})
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
 I8MM_PATHS = ("arm64-i8mm", "arm64-sve128")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
@@ -263,7 +265,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     else:  # K-quants: the same activations
         yq, yd, ybs = _q8_k_rows(x, fused=True)
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
-                            out, two, F16_TO_F32)
+                            out, two, F16_TO_F32, path == "arm64-sve128")
     return arm_default_nan(out)
 
 

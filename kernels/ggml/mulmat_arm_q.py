@@ -238,9 +238,38 @@ def _k_ints(kind, q, sc, mn, yq, ybs, t, b):
 
 
 @jit()
-def k_rows(kind, w, yq, yd, ybs, out, two, tab):
+def _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t):
+    """``ggml_vec_dot_q2_K_q8_K``'s SVE code at 128 bits: 4 float lanes across the super-blocks — lane ``l`` takes
+    the mins of sub-blocks ``s ≡ l (mod 4)`` (``acc = fma(float(Σ m·bsum), -(y.d·dmin), acc)``) and bytes
+    ``4l … 4l+3`` of every 16-value sub-block times its scale (``acc = fma(float(sumi), y.d·d, acc)``), then FADDV."""
+    acc = np.zeros(4, np.float32)
+    for b in range(d.shape[0]):
+        dm = -F32(yd[t, b] * dmin[b])
+        db = F32(yd[t, b] * d[b])
+        for lane in range(4):
+            bias = 0
+            for k in range(4):
+                s = 16 * b + 4 * k + lane
+                bias += np.int64(mn[s]) * ybs[t, s]
+            acc[lane] = fma32(F32(bias), dm, acc[lane])
+        for lane in range(4):
+            sumi = 0
+            for s in range(16 * b, 16 * b + 16):
+                dot = 0
+                for e in range(4):
+                    k = 16 * s + 4 * lane + e
+                    dot += np.int64(q[k]) * yq[t, k]
+                sumi += np.int64(sc[s]) * dot
+            acc[lane] = fma32(F32(sumi), db, acc[lane])
+    return F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3]))
+
+
+@jit()
+def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False):
     """``out[t, r]`` for K-quant rows ``w`` (N, row bytes) and Q8_K activations (``yq`` (T, K) int8, ``yd``
-    (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K)."""
+    (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K); ``sve``: the
+    ``arm64-sve128`` build, whose SVE 1-row kernels round as the NEON ones (their integers are the same) and whose
+    SVE+MMLA 2-row kernels fuse every step."""
     K = yq.shape[1]
     nsb = K // 256
     q = np.empty(K, np.int32)
@@ -252,13 +281,18 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab):
     for r in range(w.shape[0]):
         decode_row(kind, w[r], q, sc, mn, d, dmin, tab)
         for t in range(yq.shape[0]):
+            if sve and kind == 4:
+                out[t, r] = _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t)
+                continue
             pair = has_two and two[t, r]
             acc = F32(0.0)
             for b in range(nsb):
                 sumi, bias = _k_ints(kind, q, sc, mn, yq, ybs, t, b)
                 if kind == 0:  # Q4_K
                     db, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
-                    if pair:
+                    if pair and sve:  # SVE+MMLA: svmla(svmla(acc, sumi, d), -dmin, bias), both fused
+                        acc = fma32(F32(bias), -dm, fma32(F32(sumi), db, acc))
+                    elif pair:
                         acc = F32(F32(acc - F32(F32(bias) * dm)) + F32(F32(sumi) * db))
                     else:
                         acc = fma32(-F32(bias), dm, acc)
@@ -273,7 +307,9 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab):
                     acc = fma32(F32(sumi), F32(yd[t, b] * d[b]), acc)
                 else:  # Q6_K, IQ4_XS
                     db = F32(d[b] * yd[t, b])
-                    if pair:
+                    if pair and sve:  # SVE+MMLA Q6_K: one svmla (fused)
+                        acc = fma32(F32(sumi), db, acc)
+                    elif pair:
                         acc = F32(acc + F32(F32(sumi) * db))
                     else:
                         acc = fma32(db, F32(sumi), acc)

@@ -5,7 +5,12 @@ CPU model with exactly their features) take the same NEON code for these functio
 each test runs on both. The shared vec.cpp functions are reached through one-op graphs: ``ggml_mul_mat`` of F32
 (each output one ``ggml_vec_dot_f32``: no llamafile, no repack in these builds) and of F16 weights
 (``ggml_vec_dot_f16``, whose NEON accumulators are *half* precision). The element-wise ops of
-test_ggml_ops_unary.py / _rope / _rows run on the ARM builds there (their ``build`` parameters).
+test_ggml_ops_unary.py / _rope / _rows run on the ARM dotprod build there (their ``build`` parameters). Also here:
+AArch64 glibc's ``expf`` (2 inputs of 2**32 differ from x86-64's: ``libm.expf_arm64``), and the refusal of a key
+whose vector code is not emulated.
+
+Cost: 15 s of CPU on an AMD EPYC Zen 4 class host (2 shared vCPUs, 2026-12-04), most of it starting the two
+qemu workers (about 6 s each); the graph calls themselves take 10-50 ms.
 """
 
 import numpy as np

@@ -305,7 +305,7 @@ def test_sve128_bit_exact():
     """arm64-sve128-gcc (SVE2 at 128 bits, i8mm): the SVE F32 dot (8 accumulators, predicated tail), Q8_0 and
     Q4_0's SVE 1-row kernels (fused lanes, one FADDV), their NEON i8mm 2-row kernels, the SVE K-quant kernels (Q2_K's
     4 float lanes; Q4_K / Q6_K's fused SVE+MMLA 2-row kernels) and the NEON kernels of the types without SVE code;
-    one library call. Its SVE F16 dot is refused in one line."""
+    SVE2's widening F16 dot; one library call."""
     rng = np.random.default_rng(3914)
     cases = []
     for qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.MXFP4, QT.IQ4_NL):
@@ -318,8 +318,6 @@ def test_sve128_bit_exact():
         cases += [(w, int(qtype), 512, hard_acts(rng, t, 512), 1) for t in (1, 2, 3)]
     for qtype, n in ((QT.F32, 7), (QT.F32, 37), (QT.F32, 100), (QT.BF16, 100)):
         cases.append((float_weights(qtype, hard_floats(rng, (5, n))), int(qtype), n, hard_floats(rng, (2, n)), 1))
+    for n in (5, 8, 13, 64, 77, 200):  # F16: < a vector, whole vectors, steps of 64, the predicated tail
+        cases.append((float_weights(QT.F16, acts(rng, 5, n)), int(QT.F16), n, acts(rng, 2, n), 1))
     check("arm64-sve128-gcc", cases)
-    x = acts(rng, 2, 256)
-    for qtype in (QT.F16,):
-        with pytest.raises(ValueError, match=rf"{qtype.name} weights .*\(arm64-sve128\) is not emulated"):
-            mul_mat(weight_bytes(qtype, 4, 256, rng), qtype, x, "arm64-sve128")

@@ -43,8 +43,8 @@ Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._block32_1row``'s ``vmull``) — and F16'
 code (BF16, Q4_1, Q5_0, Q5_1, MXFP4, IQ4_NL, Q5_K, IQ4_XS, the IQ1/2/3 types: the float instructions agree), the SVE
 code of F32 (:func:`vec_dot_f32_sve128`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), Q2_K (4 float lanes:
 ``mulmat_arm_q._q2_k_sve128``), Q3_K / Q4_K / Q6_K (SVE 1-row kernels rounding as the NEON ones; fused SVE+MMLA 2-row
-kernels for Q4_K and Q6_K), and the NEON i8mm 2-row kernels of Q4_0, Q4_1, Q8_0; its SVE F16 dot is not emulated
-(:data:`SVE128_NOT_EMULATED`).
+kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`vec_dot_f16_sve128`), and the NEON i8mm 2-row kernels
+of Q4_0, Q4_1, Q8_0.
 
 Other weight types raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
 stands in).
@@ -71,7 +71,7 @@ F32 = np.float32
 ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128")
 #: ``arm64-sve128`` (armv9-a+sve2+i8mm, SVE at 128 bits): the types whose ``vec_dot`` has SVE code there and is not
 #: emulated (the others run the NEON code of the i8mm build: their float instructions agree)
-SVE128_NOT_EMULATED = frozenset({QT.F16})
+SVE128_NOT_EMULATED: frozenset = frozenset()
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
 I8MM_PATHS = ("arm64-i8mm", "arm64-sve128")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
@@ -198,6 +198,39 @@ def vec_dot_f32_sve128(n, x, y):
 
 
 @jit()
+def vec_dot_f16_sve128(n, x, y):
+    """vec.cpp: ggml_vec_dot_f16, the ``__ARM_FEATURE_SVE`` branch at 128 bits with SVE2 (``ggml_sve_f16_fma_widened``
+    = FMLALB / FMLALT): 4 pairs of float accumulators (even halves into ``lo``, odd into ``hi``; each product of two
+    halves exact, one fused add) over steps of 64, vector ``j`` of a step into pair ``j % 4``, the leftover whole
+    vectors into pair 0, the last ``n % 8`` values by a zeroing predicated load (the inactive lanes add 0·0);
+    pairs added (1+2, 3+4, then both), ``svaddv(lo) + svaddv(hi)`` in float, widened to the double returned."""
+    np_, np2 = n - n % 64, n - n % 8
+    lo = np.zeros((4, 4), np.float32)
+    hi = np.zeros((4, 4), np.float32)
+    for i in range(0, np2, 8):
+        a = ((i // 8) % 8) % 4 if i < np_ else 0
+        for lane in range(4):
+            k = i + 2 * lane
+            lo[a, lane] = fma32(x[k], y[k], lo[a, lane])
+            hi[a, lane] = fma32(x[k + 1], y[k + 1], hi[a, lane])
+    if np2 < n:
+        for lane in range(4):
+            for h in range(2):
+                k = np2 + 2 * lane + h
+                xv, yv = (x[k], y[k]) if k < n else (F32(0.0), F32(0.0))
+                if h == 0:
+                    lo[0, lane] = fma32(xv, yv, lo[0, lane])
+                else:
+                    hi[0, lane] = fma32(xv, yv, hi[0, lane])
+    for lane in range(4):
+        lo[0, lane] = F32(F32(lo[0, lane] + lo[1, lane]) + F32(lo[2, lane] + lo[3, lane]))
+        hi[0, lane] = F32(F32(hi[0, lane] + hi[1, lane]) + F32(hi[2, lane] + hi[3, lane]))
+    s_lo = F32(F32(lo[0, 0] + lo[0, 1]) + F32(lo[0, 2] + lo[0, 3]))
+    s_hi = F32(F32(hi[0, 0] + hi[0, 1]) + F32(hi[0, 2] + hi[0, 3]))
+    return F32(s_lo + s_hi)
+
+
+@jit()
 def float_rows_arm(w, x, out, kind):
     """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the NEON
     ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``lanes`` = :data:`simd.NEON`), BF16's
@@ -214,6 +247,8 @@ def float_rows_arm(w, x, out, kind):
                 out[t, r] = vec_dot_f16_f32acc(K, w[r], x[t])
             elif kind == 4:
                 out[t, r] = vec_dot_f32_sve128(K, w[r], x[t])
+            elif kind == 5:
+                out[t, r] = vec_dot_f16_sve128(K, w[r], x[t])
             else:
                 out[t, r] = vec_dot_generic(K, w[r], x[t])
 
@@ -238,7 +273,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             w, xv, kind = w_bytes.view(np.float32), x, 4 if path == "arm64-sve128" else 0
         elif qtype == QT.F16:  # ggml_cpu_fp32_to_fp16: fcvt, nearest even
             w, xv = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x)
-            kind = 3 if path == "arm64-base" else 1
+            kind = {"arm64-base": 3, "arm64-sve128": 5}.get(path, 1)
         else:  # ggml_cpu_fp32_to_bf16: GGML_FP32_TO_BF16
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
         float_rows_arm(w, xv, out, kind)

@@ -20,12 +20,11 @@ get_rows (``ops.cpp: ggml_compute_forward_get_rows_{q,f16,bf16,f32}``), per sele
   are transcribed below (Q2_K, Q3_K and the legacy Q4_0 … Q5_1, IQ4_NL in :mod:`kernels.ggml.rows_q`)
   with ggml's conversion (a NaN or inf scale is rare but can be stored).
 
-AArch64 (``arm64-dotprod`` / ``arm64-i8mm``): libggml-base is built with the build's ``-march`` there and GCC
-contracts ``x*d + m`` into ``fmadd`` / ``fmla`` (Q4_1, Q5_1, Q4_K, Q5_K; Q2_K's ``fmls``) — the same numbers (the
-products of a small integer and an f16 scale are exact) but Arm's NaN rules: the addend's NaN first (``m``, or
-``-m1`` negated by ``fneg``: its sign flipped), the default NaN 0x7FC00000. So on AArch64 get_rows is bit for bit
-on every value that is not a NaN, and NaN where ggml is NaN; the payload of a NaN made from a NaN or infinite f16
-scale is x86's (not emulated: no model stores one). Tested against both AArch64 builds.
+AArch64 (``arm64-dotprod`` / ``arm64-i8mm``, ``path``): libggml-base is built with the build's ``-march`` there and
+GCC contracts ``x*d + m`` into ``fmadd`` / ``fmla`` (Q4_1, Q5_1, Q4_K, Q5_K) — the same numbers (the products of a
+small integer and an f16 scale are exact) but Arm's NaN rules: the addend's NaN first (``m``, or ``-m1`` negated by
+``fneg``: its sign flipped), the default NaN 0x7FC00000 (:func:`kernels.ggml.rows_q.arm64_nans`). Every type bit for
+bit against the AArch64 build, NaN and inf scales included.
 
 argsort / top_k (``ops.cpp: ggml_compute_forward_argsort_f32``, ``_top_k_f32``): libstdc++'s (GCC 12,
 ``bits/stl_algo.h``) ``std::sort`` and ``std::partial_sort`` of the indices ``0..n-1`` with the comparator
@@ -45,7 +44,8 @@ from kernels.base.flags import jit
 from kernels.ggml.mulmat_q8 import _qt
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at  # ggml's half -> float (F16C = the table, NaNs quieted)
 from kernels.ggml import rows_iq  # IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S
-from kernels.ggml.rows_q import _deq_q2_k, _deq_q3_k, _legacy  # Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+from kernels.ggml.isa import ARM_NAN, simd
+from kernels.ggml.rows_q import _deq_q2_k, _deq_q3_k, _legacy, arm64_nans  # Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
 from kernels.plain.dequant import IQ4NL_F32, _deq_mxfp4, as_row_bytes, k_scale_min
 
 
@@ -157,12 +157,13 @@ _DECODERS = {QT.Q8_0: _deq_q8_0, QT.Q2_K: _deq_q2_k, QT.Q3_K: _deq_q3_k, QT.Q4_K
 GET_ROWS_TYPES = (QT.F32, QT.F16, QT.BF16) + tuple(_DECODERS)
 
 
-def get_rows(table: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
+def get_rows(table: np.ndarray, qtype, ids: np.ndarray, path: str | None = None) -> np.ndarray:
     """``ggml_get_rows(table, ids)`` to float32. ``table`` as :func:`kernels.plain.dequant.as_row_bytes`
     takes it — [R, row bytes] uint8, or float32 / float16 / uint16 values for F32 / F16 / BF16 — and
     ``ids`` int32 of any shape: returns ``ids.shape + (n_cols,)``. Batched (ggml's ``i11`` plane, e.g.
     build_moe_ffn's ``get_rows(probs [T, n_expert, 1], selected [T, k])``): ``table`` [B, R, ·] with
-    ``ids`` [B, K] picks ``table[b, ids[b, j]]``."""
+    ``ids`` [B, K] picks ``table[b, ids[b, j]]``. ``path`` decides only NaNs (None: x86's): an AArch64 path's
+    libggml-base contracts some decoders into FMAs (:func:`kernels.ggml.rows_q.arm64_nans`)."""
     qtype = _qt(qtype)
     if qtype not in GET_ROWS_TYPES:
         raise ValueError(f"get_rows emulates {', '.join(t.name for t in GET_ROWS_TYPES)}, not {qtype.name}")
@@ -188,6 +189,8 @@ def get_rows(table: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
     else:
         y = np.empty((sel.shape[0], n_cols), np.float32)
         _DECODERS[qtype](sel, y, F16_TO_F32)
+        if path is not None and simd(path, "ggml_get_rows").nan == ARM_NAN:
+            arm64_nans(qtype, _DECODERS[qtype], sel, y)
     return y.reshape(ids.shape + (n_cols,))
 
 

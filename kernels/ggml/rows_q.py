@@ -12,6 +12,11 @@ docstring says why these decoders are transcribed instead of reusing ``kernels.p
 
 ``src``: [N, row bytes] uint8, ``y``: [N, n] float32, ``tab``: ``F16_TO_F32`` (ggml's half -> float, NaN payloads
 kept).
+
+AArch64 (:func:`arm64_nans`): libggml-base is built with the build's ``-march`` there, and GCC contracts Q4_1 / Q5_1's
+``x*d + m`` into ``fmadd`` / ``fmla`` (addend ``m``) and Q4_K / Q5_K's ``d1*q - m1`` into ``fmla`` on ``-m1``
+(``fneg`` of the broadcast ``m1``); the products are exact, so only NaNs differ: Arm's FPMulAdd returns the addend's
+NaN first (``-m1``'s with its sign flipped), and every NaN an operation makes is 0x7FC00000.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.ggml.vecmath import fp16_at
-from kernels.plain.dequant import IQ4NL_F32
+from kernels.ggml.isa import ARM_NAN, X86_NAN
+from kernels.ggml.simd import bits_f32, f32_bits
+from kernels.ggml.vecmath import F16_TO_F32, fp16_at
+from kernels.plain.dequant import IQ4NL_F32, k_scale_min
 
 
 @jit()
@@ -82,3 +89,92 @@ def _deq_legacy(src, y, tab, kind):
 
 def _legacy(kind):
     return lambda src, y, tab: _deq_legacy(src, y, tab, kind)
+
+
+#: ``F16_TO_F32`` with every NaN's sign flipped: decoding with it tells a NaN that came from an f16 scale (it
+#: changes) from one an operation made (inf·0, inf - inf: it does not)
+F16_TO_F32_FLIPPED = F16_TO_F32.copy()
+F16_TO_F32_FLIPPED.view(np.uint32)[np.isnan(F16_TO_F32)] ^= np.uint32(0x80000000)
+
+
+@jit()
+def _is_nan(u):
+    return (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+
+
+@jit()
+def _arm_fma_bits(a, p, x):
+    """Bits of Arm's ``FPMulAdd(addend a, p, x)`` for ``a``, ``p`` quiet NaNs or numbers and ``x`` a small integer
+    (never NaN): the addend's NaN — the default one if ``p·x`` is inf·0 —, else ``p``'s, else the number (the
+    product is exact: fused or not, the same), a NaN made there being the default one."""
+    ab, pb = np.uint32(f32_bits(a)), np.uint32(f32_bits(p))
+    if _is_nan(ab):
+        return np.uint32(ARM_NAN) if np.isinf(p) and x == 0 else ab
+    if _is_nan(pb):
+        return pb
+    v = np.float32(np.float32(p * np.float32(x)) + a)
+    return np.uint32(ARM_NAN) if v != v else np.uint32(f32_bits(v))
+
+
+@jit()
+def _arm_mul(a, b):
+    """``fmul`` of a number or quiet NaN ``a`` by a small integer ``b``: ``a``'s NaN, or the default one for inf·0."""
+    v = np.float32(a * np.float32(b))
+    return bits_f32(ARM_NAN) if v != v and a == a else v
+
+
+@jit()
+def _legacy_1_arm64(src, yb, tab, kind):
+    """Q4_1 (kind 1) / Q5_1 (3) on AArch64: ``fmadd`` / ``fmla`` with the addend ``m``."""
+    size, qs_at = (20 if kind == 1 else 24), (4 if kind == 1 else 8)
+    for r in range(src.shape[0]):
+        for i in range(yb.shape[1] // 32):
+            o = size * i
+            d, m = fp16_at(src[r], o, tab), fp16_at(src[r], o + 2, tab)
+            qh = np.int64(0)
+            if kind == 3:
+                for k in range(4):
+                    qh |= np.int64(src[r, o + 4 + k]) << (8 * k)
+            for j in range(32):
+                v = (np.int64(src[r, o + qs_at + j % 16]) >> (4 * (j // 16))) & 15
+                if kind == 3:
+                    v |= ((qh >> j) & 1) << 4
+                yb[r, 32 * i + j] = _arm_fma_bits(m, d, v)
+
+
+@jit()
+def _k_arm64(src, yb, tab, five):
+    """Q4_K / Q5_K (``five``) on AArch64: ``d1 = sc·d``, ``m1 = m·dmin`` (``fmul``), ``fmla`` on the addend ``-m1``
+    (``fneg``: a NaN's sign flipped)."""
+    size = 176 if five else 144
+    for r in range(src.shape[0]):
+        for i in range(yb.shape[1] // 256):
+            o = size * i
+            d, dmin = fp16_at(src[r], o, tab), fp16_at(src[r], o + 2, tab)
+            ql = o + (48 if five else 16)
+            for e in range(256):
+                j, half, l = e // 64, (e // 32) % 2, e % 32
+                sc, m = k_scale_min(src[r], o + 4, 2 * j + half)
+                d1, m1 = _arm_mul(d, sc), _arm_mul(dmin, m)
+                q = (int(src[r, ql + 32 * j + l]) >> (4 * half)) & 15
+                if five and (int(src[r, o + 16 + l]) >> (2 * j + half)) & 1:
+                    q += 16
+                yb[r, 256 * i + e] = _arm_fma_bits(bits_f32(np.uint32(f32_bits(m1)) ^ np.uint32(0x80000000)), d1, q)
+
+
+def arm64_nans(qtype, decode, sel, y):
+    """The AArch64 NaNs of ``y`` = ``decode(sel)`` (x86's bits, :mod:`kernels.ggml.rows`): Q4_1, Q5_1, Q4_K, Q5_K
+    decoded again with Arm's FMA rules; every other type's NaNs made by an operation (an inf scale times 0) become
+    the default 0x7FC00000 — found as the NaNs that do not change when the f16 scales' NaNs are flipped."""
+    from kernels.base.blocks import QT
+
+    yb = y.view(np.uint32)
+    if qtype in (QT.Q4_1, QT.Q5_1):
+        _legacy_1_arm64(sel, yb, F16_TO_F32, 1 if qtype == QT.Q4_1 else 3)
+    elif qtype in (QT.Q4_K, QT.Q5_K):
+        _k_arm64(sel, yb, F16_TO_F32, qtype == QT.Q5_K)
+    elif np.isnan(y).any():
+        y2 = np.empty_like(y)
+        decode(sel, y2, F16_TO_F32_FLIPPED)
+        made = np.isnan(y) & (yb == y2.view(np.uint32)) & (yb == X86_NAN)
+        yb[made] = ARM_NAN

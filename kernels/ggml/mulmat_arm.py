@@ -1,6 +1,7 @@
 """``ggml_mul_mat`` / ``ggml_mul_mat_id`` with the weights in a plain CPU buffer on ggml-cpu's AArch64 GCC paths
-(``arm64-dotprod``: ``-march=armv8.2-a+dotprod+fp16``; ``arm64-i8mm``: ``armv8.6-a+dotprod+fp16+i8mm``), bit for bit:
-llama.cpp's ``--no-repack``, and every type and shape the CPU_REPACK buffer does not take (:data:`REPACK_ROWS`).
+(``arm64-dotprod``: ``-march=armv8.2-a+dotprod+fp16``; ``arm64-i8mm``: ``armv8.6-a+dotprod+fp16+i8mm``; and, below,
+``arm64-base``: ``armv8-a``; ``arm64-sve128``: ``armv9-a+sve2+i8mm`` at 128 bits), bit for bit: llama.cpp's
+``--no-repack``, and every type and shape the CPU_REPACK buffer does not take (:data:`REPACK_ROWS`).
 
 Dispatch (``ggml-cpu.c: ggml_compute_forward_mul_mat``): the ARM builds have no llamafile (the Android guide's
 ``GGML_LLAMAFILE=OFF``) and ``tiled/tiled.cpp``'s ``ggml_tiled_supported`` is false without ``__AVX__`` — so every
@@ -9,7 +10,7 @@ element is one ``vec_dot`` (``type_traits_cpu[type].vec_dot``) on the activation
 * ``nrows``: with ``__ARM_FEATURE_MATMUL_INT8`` the ``vec_dot`` of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K takes 2 weight rows
   × 2 activation rows at a time (``smmla``; :data:`MMLA_TYPES`), a different float formula from the 1-row kernel —
   but only in a chunk where ``nr0`` (N), ``ne11`` (T) and the chunk's extents are all even; the chunks come from
-  the thread count (:func:`mmla_mask`), so on ``arm64-i8mm`` the thread count changes bits. ``mul_mat_id`` always
+  the thread count (:func:`mmla_mask`), so on ``arm64-i8mm`` (and ``arm64-sve128``) the thread count changes bits. ``mul_mat_id`` always
   runs 1 row.
 * F32 (``vec.cpp: ggml_vec_dot_f32``, NEON): 4 accumulators of 4 lanes over steps of 16 (``fmla``),
   ``GGML_F32x4_REDUCE`` (``(s0+s2)+(s1+s3)`` lane-wise, then ``vaddvq_f32`` = ``faddp`` twice:
@@ -69,9 +70,6 @@ F32 = np.float32
 #: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
 #: NEON kernels but F16's dot in float (:func:`vec_dot_f16_f32acc`)
 ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128")
-#: ``arm64-sve128`` (armv9-a+sve2+i8mm, SVE at 128 bits): the types whose ``vec_dot`` has SVE code there and is not
-#: emulated (the others run the NEON code of the i8mm build: their float instructions agree)
-SVE128_NOT_EMULATED: frozenset = frozenset()
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
 I8MM_PATHS = ("arm64-i8mm", "arm64-sve128")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
@@ -97,7 +95,8 @@ def repacked(qtype: QT, n_rows: int, path: str = "arm64-dotprod") -> bool:
 
 
 def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
-    return qtype in TYPES and path in ARM_PATHS and not (path == "arm64-sve128" and qtype in SVE128_NOT_EMULATED)
+    """Whether plain-buffer ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights is emulated on the ARM ``path``."""
+    return qtype in TYPES and path in ARM_PATHS
 
 
 def not_emulated(what: str, qtype: QT, path: str) -> ValueError:

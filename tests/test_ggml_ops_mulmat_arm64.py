@@ -280,6 +280,7 @@ def test_mixed_chunks():
     assert not m[:, :14].any() and m[:, 14:].all()
 
 
+@pytest.mark.deep  # a third qemu worker (cortex-a53): pytest -m deep
 def test_base_bit_exact():
     """arm64-base-gcc (armv8-a: no dotprod, no FP16 arithmetic, nothing repacked): the same kernels, with
     ggml_vdotq_s32's vmull_s8 + vpaddlq_s16 lanes (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 keep float lanes) and F16's dot
@@ -301,6 +302,7 @@ def test_base_bit_exact():
     assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-base", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-base")))
 
 
+@pytest.mark.deep  # a fourth qemu worker (SVE at 128 bits): pytest -m deep
 def test_sve128_bit_exact():
     """arm64-sve128-gcc (SVE2 at 128 bits, i8mm): the SVE F32 dot (8 accumulators, predicated tail), Q8_0 and
     Q4_0's SVE 1-row kernels (fused lanes, one FADDV), their NEON i8mm 2-row kernels, the SVE K-quant kernels (Q2_K's

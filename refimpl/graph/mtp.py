@@ -38,10 +38,8 @@ def ubatch(model, w, state, tokens: np.ndarray, h: np.ndarray, ctx, outputs: str
     c = model.config
     il = c.n_layer
     positions = state.n_past + np.arange(tokens.size, dtype=np.int32)  # [T]
-    if ctx.announce is not None:  # the CLI's "emulating ggml-cpu …" line, if the head computes first
-        ctx.announce()
 
-    e = ctx.cb("mtp_tok_embd", il, get_rows(w.embed_tokens, tokens))  # [T, E]
+    e = ctx.cb("mtp_tok_embd", il, get_rows(w.embed_tokens, tokens, ctx))  # [T, E]
     enorm, hnorm = ctx.cb("mtp.input_norms", il, (w.enorm, w.hnorm))
     hn = ctx.cb("mtp_hnorm", il, rms_norm_w(h, hnorm, c.rms_eps, ctx))  # [T, E]
     en = ctx.cb("mtp_enorm", il, rms_norm_w(e, enorm, c.rms_eps, ctx))  # [T, E]
@@ -60,4 +58,6 @@ def ubatch(model, w, state, tokens: np.ndarray, h: np.ndarray, ctx, outputs: str
 
     h_nextn = ctx.cb("h_nextn", -1, rms_norm_w(out, w.shared_head_norm, c.rms_eps, ctx))  # [T, E]
     logits = output_rows(w.shared_head_head, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
+    if ctx.announce is not None:  # the CLI's "emulating ggml-cpu …" line, if the head computed first (as the trunk's)
+        ctx.announce()
     return logits, h_nextn, dataclasses.replace(state, n_past=state.n_past + int(tokens.size), kv=kv)

@@ -49,11 +49,9 @@ def ubatch(model, state, tokens: np.ndarray, ctx, phase: str, outputs: str):
     if state.n_past + T > n_cells:
         raise RefimplError(f"--emulate=ggml: the emulated llama.cpp context holds {n_cells} cells (n_ctx "
                            f"{ctx.n_ctx or c.n_ctx_train}); {state.n_past + T} tokens do not fit, as in llama.cpp")
-    if ctx.announce is not None:  # the CLI's "emulating ggml-cpu …" line, now that the emulation starts
-        ctx.announce()
     positions = state.n_past + np.arange(T, dtype=np.int32)  # [T]
 
-    h = ctx.cb("model.input_embed", -1, get_rows(w.token_embd, tokens))  # [T, E]
+    h = ctx.cb("model.input_embed", -1, get_rows(w.token_embd, tokens, ctx))  # [T, E]
     layers = list(state.layers)
     per_token = [[None] * c.n_layer for _ in range(T)]  # the recurrent states the fused op keeps (snapshot slots)
     with model.stream_phase(phase, positions):
@@ -74,4 +72,6 @@ def ubatch(model, state, tokens: np.ndarray, ctx, phase: str, outputs: str):
     h_nextn = ctx.cb("result_norm", -1, rms_norm_w(h, w.output_norm, c.rms_eps, ctx))  # [T, E]
     logits = output_rows(w.output, h_nextn, outputs, ctx)  # [T, V], [1, V] or None
     h_mtp = ctx.cb("trunk.h_nextn", -1, h_nextn, pre_norm=h)  # what the MTP head is handed
+    if ctx.announce is not None:  # the CLI's "emulating ggml-cpu …" line, once a ubatch computed: an op refused
+        ctx.announce()  # inside it (kernels.ggml.build.NotEmulated, an ARM kernel not emulated yet) stays one line
     return logits, h_mtp, state.advanced(T, tuple(layers), [tuple(p) for p in per_token])

@@ -113,9 +113,10 @@ class Ctx:
       the user accepted it (``--ggml-version-ok``), which :meth:`numerics` — every report's line — then records;
       ``ggml_named``: the path was named (``--emulate=ggml:avx2`` …), no library read, which it records too.
 
-    * ``announce``: None, or a :class:`StderrOnce` the ggml graph calls when it first computes — the CLI's
-      ``emulating ggml-cpu …`` line, said after llama.cpp's own checks of the file and the context size
-      (:func:`refimpl.graph.trunk.ubatch`), so that a refusal stays one line.
+    * ``announce``: None, or a :class:`StderrOnce` the ggml graph calls once it has computed a ubatch — the CLI's
+      ``emulating ggml-cpu …`` line, said after llama.cpp's own checks of the file and the context size and after
+      the ops of that ubatch (:func:`refimpl.graph.trunk.ubatch`), so that a refusal stays one line (an op not
+      emulated on the path: ``kernels.ggml.build.NotEmulated``).
 
     Both reach the code through one method, :meth:`cb`, called at every named point.
     """

@@ -47,8 +47,8 @@ def build_moe_ffn(w, c, x: np.ndarray, il: int, ctx, prefix: str = "") -> tuple[
     probs = soft_max(logits, ctx)  # [T, X]
     sel = rows.argsort_desc(probs)[:, :K].astype(np.int64)  # [T, K]: ggml_argsort_top_k, a view of the argsort
     weights = np.take_along_axis(probs, sel, axis=-1)  # [T, K]: ggml_get_rows (a copy)
-    w_sum = vecmath.clamp(vecmath.sum_rows(weights), W_SUM_MIN, np.inf)  # [T, 1]
-    weights = ctx.cb("moe.weights", il, vecmath.div(weights, w_sum), probs=probs, sel=sel)  # [T, K]
+    w_sum = vecmath.clamp(vecmath.sum_rows(weights, ctx.ggml), W_SUM_MIN, np.inf)  # [T, 1]
+    weights = ctx.cb("moe.weights", il, vecmath.div(weights, w_sum, ctx.ggml), probs=probs, sel=sel)  # [T, K]
     ctx.cb(prefix + "ffn_moe_topk", il, sel)
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 

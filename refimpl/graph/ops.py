@@ -64,10 +64,10 @@ def soft_max(x: np.ndarray, ctx) -> np.ndarray:
     return vecmath.soft_max(np.ascontiguousarray(x, dtype=F32), None, 1.0, ctx.ggml)
 
 
-def get_rows(table, ids: np.ndarray) -> np.ndarray:
+def get_rows(table, ids: np.ndarray, ctx) -> np.ndarray:
     """``ggml_get_rows(table, ids)``: ``dequantize_row_*`` of the stored rows (``kernels.ggml.rows.get_rows``).
     [T] -> [T, E]."""
-    return rows.get_rows(table.row_bytes, table.qtype, ids)
+    return rows.get_rows(table.row_bytes, table.qtype, ids, ctx.ggml)  # the path: Arm's NaN bits
 
 
 def by_ubatch(run, n_tokens: int, n_ubatch: int, outputs: str, state):

@@ -2,8 +2,8 @@
 
 ``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py: cross-built with GCC 12, run under qemu-aarch64 on a
 CPU model with exactly their features) take the same NEON code for these functions (their disassembly agrees), so
-each test runs on both. The shared vec.cpp functions are reached through one-op graphs: ``ggml_mul_mat`` of F32
-(each output one ``ggml_vec_dot_f32``: no llamafile, no repack in these builds) and of F16 weights
+each test runs on both; ``arm64-base-gcc`` (armv8-a) too, but for the F16 dot (float lanes: its own test). The
+shared vec.cpp functions are reached through one-op graphs: ``ggml_mul_mat`` of F32 (each output one ``ggml_vec_dot_f32``: no llamafile, no repack in these builds) and of F16 weights
 (``ggml_vec_dot_f16``, whose NEON accumulators are *half* precision). The element-wise ops of
 test_ggml_ops_unary.py / _rope / _rows run on the ARM dotprod build there (their ``build`` parameters). Also here:
 AArch64 glibc's ``expf`` (2 inputs of 2**32 differ from x86-64's: ``libm.expf_arm64``), and the refusal of a key
@@ -22,6 +22,7 @@ from kernels.ggml import simd, vec
 pytestmark = pytest.mark.oracle
 
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]
 
 
 def path_of(build: str) -> str:
@@ -56,7 +57,7 @@ def assert_bits(got, want, what):
     assert bad.size == 0, f"{what}: {bad.size} of {got.size} differ, first {got.ravel()[bad[:3]]} vs {want.ravel()[bad[:3]]}"
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 def test_vec_dot_f32(build):
     """ggml_vec_dot_f32: 4 accumulators of 4 lanes, vaddvq_f32, the NEON leftovers (blocks of 4, then fmadd)."""
     lanes = simd.lanes(path_of(build))
@@ -98,7 +99,7 @@ def g_unary(name, x):
 EXPF_DIFFER = np.array([0x4202422F, 0xC27C65D9], np.uint32).view(np.float32)
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 def test_glibc_expf_of_aarch64(build):
     """ggml_exp, ggml_sigmoid and silu's scalar tail call the AArch64 glibc's expf, which differs from the host's
     in two inputs (by 1 ulp): the emulation computes AArch64's (kernels.ggml.libm.expf_arm64)."""
@@ -114,6 +115,27 @@ def test_glibc_expf_of_aarch64(build):
     s = np.repeat(-EXPF_DIFFER, 3).astype(np.float32).reshape(2, 3)  # 3 < 4 lanes: all in the scalar tail
     assert_bits(vecmath.silu(s, path), on_build(build, g_unary, "ggml_silu", s), "silu tail")
     assert_bits(vecmath.sigmoid(s, path), on_build(build, g_unary, "ggml_sigmoid", s), "sigmoid")
+
+
+def test_base_vec_dot_f16_float_lanes():
+    """arm64-base (armv8-a, no FP16 vector arithmetic): ggml_vec_dot_f16's ``GGML_F16_VEC`` is ``GGML_F32Cx4`` —
+    halves widened, 4 float32x4_t accumulators over steps of 16, vaddvq_f32, double tail (code isa.NEON_F32C):
+    neither the half lanes of the dotprod build nor AVX2's 8-lane order."""
+    from kernels.ggml import isa
+
+    build, code = "arm64-base-gcc", isa.f16_code("arm64-base")
+    assert code == isa.NEON_F32C and isa.f16_code("arm64-dotprod") == simd.NEON
+    rng = np.random.default_rng(41)
+    for k in (8, 15, 16, 17, 33, 64, 96 + 7, 256):
+        a = spread(rng, (6, k), -4, 4).astype(np.float16)
+        b = spread(rng, (3, k), -4, 4).astype(np.float16).astype(np.float32)
+        got = on_build(build, g_mul_mat, a, b)
+        assert_bits(emulated_mul_mat(a.astype(np.float32), b, vec.vec_dot_f16, code), got, f"vec_dot_f16 K={k}")
+    a = spread(rng, (8, 128), -2, 2).astype(np.float16)
+    b = spread(rng, (4, 128), -2, 2).astype(np.float16).astype(np.float32)
+    got = on_build(build, g_mul_mat, a, b)
+    for other in (simd.NEON, simd.AVX2):
+        assert not np.array_equal(emulated_mul_mat(a.astype(np.float32), b, vec.vec_dot_f16, other), got)
 
 
 def test_a_path_without_emulated_vector_code_is_refused_naming_the_op(monkeypatch):

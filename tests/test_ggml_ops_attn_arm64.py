@@ -1,6 +1,7 @@
 """Attention on the AArch64 builds, bit for bit: kernels.ggml.flashattn_exact and kernels.ggml.attn_heads against
 ``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py: GCC 12, qemu-aarch64 on a CPU with exactly their
-features; both take the same NEON code for these ops, so every test runs on both).
+features; both take the same NEON code for these ops, so every test runs on both) and, for the one-row and split
+paths, ``arm64-base-gcc`` (armv8-a: the F16 vectors float32x4_t).
 
 ``ggml_flash_attn_ext`` on its three code paths — one-row (< 64 query rows), tiled (>= 64), split-KV (one row,
 n_kv >= 512, n_threads dependent) — with F16 K/V (llama.cpp's default) and F32 K/V, and ``build_attn_mha``
@@ -29,6 +30,8 @@ from kernels.ggml.vecmath import cast_f16_to_f32
 pytestmark = pytest.mark.oracle
 
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+#: arm64-base-gcc (armv8-a): F16 vectors float32x4_t (GGML_F32Cx4) — the one-row loop's F16 code is x86's float one
+WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]
 
 
 def path_of(build: str) -> str:
@@ -57,7 +60,7 @@ ONE_ROW = [(4, 2, 1, 1, 64), (4, 1, 1, 37, 128), (8, 2, 1, 256, 128), (2, 1, 1, 
            (2, 1, 2, 600, 64)]  # 2 rows of >= 512 cells: not split
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 def test_one_row_path(build, kv_dtype):
     rng = np.random.default_rng(1)
@@ -87,7 +90,7 @@ def test_tiled_path(build, kv_dtype):
     check(build, *make(rng, 2, 1, 64, 70, 66, kv_dtype), n_threads=2)
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 def test_split_kv_path(build, kv_dtype):
     rng = np.random.default_rng(4)
@@ -133,17 +136,18 @@ def test_hard_inputs(build):
         assert np.isnan(want).any() or np.isinf(want).any()
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 def test_f16_dot_overflows_on_arm(build):
     """K·Q of large halves: the NEON ``ggml_vec_dot_f16``'s half lanes overflow to inf (8 products of 8100 per
     lane at D = 256) where x86's float lanes hold 2.1e6. Two cells with an infinite score: the second's
-    ``expf(inf - inf)`` is NaN — ARM's output NaN, x86's finite."""
+    ``expf(inf - inf)`` is NaN — ARM's output NaN, x86's finite. arm64-base (no FP16 vector arithmetic: float
+    lanes) stays finite, as x86 does."""
     rng = np.random.default_rng(9)
     q, k, v, m, scale = make(rng, 2, 1, 2, 20, 256, np.float16)
     q[:] = np.float32(90.0)
     k[:, [4, 9]] = np.float16(90.0)
     want = check(build, q, k, v, m, scale)
-    assert np.isnan(want).all()
+    assert np.isfinite(want).all() if build == "arm64-base-gcc" else np.isnan(want).all()
     x86 = flash_attn_ext(q, k, v, m, scale, "avx2")
     assert np.isfinite(x86).all()
 
@@ -179,10 +183,10 @@ def test_arm_differs_from_x86(build):
 
 
 def test_other_arm_paths_refused(monkeypatch):
-    """flash attention on an ARM path whose vector code is not emulated (arm64-base: F16 vectors as float32x4_t;
-    arm64-sve128), or on a NEON build without FP16 vector arithmetic: a one-line ValueError naming op and path."""
+    """flash attention on an ARM path whose vector code is not emulated (arm64-sve128), or on a NEON record whose F16
+    vectors are neither float16x8_t nor float32x4_t (GGML_F32Cx4): a one-line ValueError naming op and path."""
     q, k, v, m, scale = make(np.random.default_rng(0), 2, 1, 1, 8, 16, np.float16)
-    for path in ("arm64-base", "arm64-sve128"):
+    for path in ("arm64-sve128",):
         with pytest.raises(ValueError, match=f"ggml_flash_attn_ext on .*\\({path}\\) is not emulated"):
             flash_attn_ext(q, k, v, m, scale, path)
     monkeypatch.setitem(simd.SIMD, "arm64-dotprod", replace(simd.SIMD["arm64-dotprod"], f16_half=False))

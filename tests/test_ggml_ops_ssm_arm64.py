@@ -1,5 +1,5 @@
 """kernels/ggml/ssm.py on the AArch64 builds, bit for bit: ``ggml_ssm_conv`` and ``ggml_gated_delta_net`` against
-``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py; the same NEON code in both builds).
+``arm64-dotprod-gcc``, ``arm64-i8mm-gcc`` and ``arm64-base-gcc`` (tests/arm64.py; the same NEON code in all three).
 
 ssm_conv's in-order ``sumf += s*c`` is vectorized by AArch64 GCC as blocks of 4 rounded products (``fmul v.4s``)
 added lane by lane, the last ``nc % 4`` taps ``fmadd`` — for qwen35moe's 4 taps, the AVX2 build's bits, not the
@@ -20,6 +20,7 @@ from kernels.ggml.ssm import gated_delta_net, ssm_conv
 pytestmark = pytest.mark.oracle
 F32 = np.float32
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]  # armv8-a: the same NEON code for these ops (no F16 vectors here)
 
 
 def path_of(build: str) -> str:
@@ -28,7 +29,7 @@ def path_of(build: str) -> str:
     return arm64.BUILDS[build][0]
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 def test_ssm_conv(build):
     path = path_of(build)
     rng = np.random.default_rng(27)
@@ -82,7 +83,7 @@ def test_gated_delta_net(build):
         assert_bits(st[:written], states_ref[:written], f"gdn state {case} on {path}")
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE)
 def test_gated_delta_net_nonfinite(build):
     """A NaN in v, an inf in q, an inf·0 (ARM's +qNaN); and the 4-lane dots give other bits than AVX2's 8."""
     path = path_of(build)
@@ -106,7 +107,7 @@ def test_other_arm_paths_refused():
     """ARM paths whose vector code is not emulated: a one-line ValueError naming the op and the path."""
     rng = np.random.default_rng(0)
     args = gdn_inputs(rng, 1, 1, 2, 1, 8)
-    for path in ("arm64-base", "arm64-sve128"):
+    for path in ("arm64-sve128",):
         with pytest.raises(ValueError, match=f"ggml_ssm_conv on .*\\({path}\\) is not emulated"):
             ssm_conv(np.ones((4, 6), F32), np.ones((4, 3), F32), path)
         with pytest.raises(ValueError, match=f"ggml_gated_delta_net on .*\\({path}\\) is not emulated"):

@@ -1,7 +1,7 @@
 """Bit-exact emulation of ggml-cpu's ``ggml_flash_attn_ext`` (F32 Q, F16 or F32 K/V) on the x86 paths (and ggml's
 generic x86 build: the dots a double sum of rounded products, no FMA anywhere, F16 conversions the portable ones,
 the tiled path's exps vec.h's SSE2 ``ggml_v_expf``; docs/ggml-generic-x86.md §5) and the AArch64 GCC builds
-``arm64-dotprod`` / ``arm64-i8mm`` (NEON with FP16 vector arithmetic; below).
+``arm64-dotprod`` / ``arm64-i8mm`` (NEON with FP16 vector arithmetic; below) and ``arm64-base`` (armv8-a: without).
 
 ``ggml_compute_forward_flash_attn_ext_f16`` (ggml-cpu/ops.cpp) takes one of three code paths, chosen from the
 shapes alone (``use_ref`` is never set by llama.cpp); :func:`fa_kernel` names it:
@@ -70,8 +70,12 @@ in float as x86 (:func:`kernels.ggml.vec.vec_mad_f16`, ``vec_scale_f16``). Q goe
 4-lane soft_max blocks, and it is taken only when ``DV % 4 == 0`` (``use_tiled &= DV % GGML_F32_EPR == 0`` off x86):
 other batches of ≥ 64 rows run the one-row loop. ``fmaxf`` is inlined as ``fmaxnm`` (:func:`fmax_path`); ``expf`` is
 AArch64 glibc's (:func:`kernels.ggml.libm.expf_on`); ``S = S*ms + vs`` and the split reduction contract as on x86;
-a generated NaN is ARM's default +qNaN (:func:`arm_default_nan`). Other ARM keys (``arm64-base``: F16 vectors as
-float32x4_t; ``arm64-sve128``: SVE code) are refused by :func:`fa_code`.
+a generated NaN is ARM's default +qNaN (:func:`arm_default_nan`). ``arm64-base`` (armv8-a, no FP16 vector
+arithmetic: ``GGML_F16_VEC`` is ``GGML_F32Cx4``, code :data:`kernels.ggml.isa.NEON_F32C`) runs the same loops with
+x86's *float* F16 code — K·Q in 4 × 4 float lanes (steps of 16, ``vaddvq_f32``, double tail), VKQ16 updated by
+float FMAs / products with ``vs`` / ``ms`` in float, each rounded once to half — and AArch64's glibc, ``fmaxnm``,
+portable Q conversion and NaN, so the half overflow above does not happen there. Other ARM keys
+(``arm64-sve128``: SVE code) are refused by :func:`fa_code`.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
 from kernels.ggml.build import not_emulated
+from kernels.ggml.isa import NEON_F32C, SVE128, f16_code
 from kernels.ggml.simd import NEON, SIMD, check_path, fma32, simd
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic, vec_mad_f16, vec_scale_f16
 from kernels.ggml.vecmath import cast_f16_to_f32, f16_value
@@ -110,10 +115,13 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     accumulator converted to float) and returns (M, S). ``acc``: the dot's scratch (:func:`kernels.ggml.vec.dot_scratch`).
     ``fused`` False: ggml's generic build — the dots :func:`kernels.ggml.vec.vec_dot_generic`, no FMA. ``lanes``
     :data:`kernels.ggml.simd.NEON`: the AArch64 builds — Q to F16 by the portable conversion, the F16 dot and the
-    VKQ16 updates in half precision (:func:`kernels.ggml.vec.vec_dot_f16`, ``vec_mad_f16``, ``vec_scale_f16``)."""
+    VKQ16 updates in half precision (:func:`kernels.ggml.vec.vec_dot_f16`, ``vec_mad_f16``, ``vec_scale_f16``);
+    :data:`kernels.ggml.isa.NEON_F32C` (``arm64-base``): the same but the F16 code x86's float one."""
     DK = q_row.size
     DV = vkq.size
-    neon = lanes == NEON
+    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128  # NEON_F32C: arm64-base, F16 vectors float32x4_t
+    half = lanes == NEON or lanes == SVE128  # float16x8_t / svfloat16_t: FP16 vector arithmetic (SVE: every element)
+    L = NEON if lanes == NEON_F32C else lanes  # GGML_F32_VEC's code (SVE128: kernels.ggml.sve's dots)
     glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
         q_q[d] = _to_f16(q_row[d], fused and not neon) if k_f16 else q_row[d]
@@ -130,7 +138,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
         elif k_f16:
             s = vec_dot_f16(DK, k[ic], q_q, lanes, acc)
         else:
-            s = vec_dot_f32(DK, k[ic], q_q, lanes, acc)
+            s = vec_dot_f32(DK, k[ic], q_q, L, acc)
         s = np.float32(s * np.float32(scale))
         s = np.float32(s + mv)
         ms = np.float32(1.0)
@@ -139,7 +147,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
             m_old = M
             M = s
             ms = expf_on(np.float32(m_old - M), glibc)
-            if neon and v_f16:  # float16x8_t: vmulq_f16 by ms rounded to half, then the tail in float
+            if half and v_f16:  # float16x8_t: vmulq_f16 by ms rounded to half, then the tail in float
                 vec_scale_f16(DV, vkq, ms, lanes)
             else:
                 for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
@@ -147,7 +155,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
                     vkq[d] = _to_f16(t, fused) if v_f16 else t
         else:
             vs = expf_on(np.float32(s - M), glibc)
-        if neon and v_f16:  # float16x8_t: vfmaq_f16 by vs rounded to half (one half rounding), the tail in float
+        if half and v_f16:  # float16x8_t: vfmaq_f16 by vs rounded to half (one half rounding), the tail in float
             vec_mad_f16(DV, vkq, v[ic], vs, lanes)
         else:
             for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
@@ -185,7 +193,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_t
     n_head, _, DK = q.shape
     group = n_head // k.shape[0]
     n_kv = k.shape[1]
-    neon = lanes == NEON
+    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128
     glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64
     DV = v.shape[2]
     cs = (n_kv + n_threads - 1) // n_threads  # chunk_size
@@ -244,7 +252,7 @@ def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype, DV: int | None = None, path
     if same and n_q == 1 and n_kv >= SPLIT_KV_MIN:
         return "split"
     if same and n_q >= GGML_FA_TILE_Q:
-        if path is not None and fa_code(path)[0] == NEON and DV % simd(path).lanes:
+        if path is not None and fa_code(path)[0] in (NEON, SVE128) and DV % simd(path).lanes:  # SVE: svcntw()
             return "one_row"
         return "tiled"
     return "one_row"
@@ -252,11 +260,11 @@ def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype, DV: int | None = None, path
 
 def fa_code(path: str) -> tuple[int, bool]:
     """(the vec / expf code, whether GCC fused) of ``path`` for the kernels above. A path whose flash attention is
-    not emulated — one whose vector code :data:`kernels.ggml.simd.SIMD` does not know (``arm64-base``,
-    ``arm64-sve128``), or NEON without FP16 vector arithmetic (F16 vectors float32x4_t) — is
+    not emulated — one whose vector code :data:`kernels.ggml.simd.SIMD` does not know, ``arm64-sve128``, or a
+    NEON record whose F16 vectors are neither float16x8_t nor ``GGML_F32Cx4`` (``arm64-base``) — is
     :func:`kernels.ggml.build.not_emulated`, a one-line ValueError naming the op and the path."""
     s = SIMD.get(check_path(path))
-    if s is None or (s.code == NEON and not s.f16_half):
+    if s is None or (s.code == NEON and not s.f16_half and s.f16_epr != 4):
         raise not_emulated("ggml_flash_attn_ext", path)
     return s.expf, s.fused
 
@@ -264,7 +272,7 @@ def fa_code(path: str) -> tuple[int, bool]:
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, path: str,
                    n_threads: int = 1) -> np.ndarray:
     """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias=0, logit_softcap=0)`` as ggml-cpu computes it on
-    ``path`` ("avx512" | "avx2" | "generic" | "arm64-dotprod" | "arm64-i8mm") with ``n_threads`` threads. Layouts in
+    ``path`` ("avx512" | "avx2" | "generic" | "arm64-dotprod" | "arm64-i8mm" | "arm64-base") with ``n_threads`` threads. Layouts in
     the module docstring; returns [n_q, n_head, DV] float32."""
     fa_code(path)
     q = np.ascontiguousarray(q, dtype=F32)
@@ -301,13 +309,16 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32, v32.shape[2], path)
     args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
     L, fused = fa_code(path)  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
+    L16 = f16_code(path, "ggml_flash_attn_ext") if L == NEON else L  # arm64-base: NEON_F32C (float F16 vectors)
     if kind == "split":
-        split_kv_row(*args, k_f16, v_f16, L, fused, int(n_threads), out)
-    elif kind == "tiled":
+        split_kv_row(*args, k_f16, v_f16, L16, fused, int(n_threads), out)
+    elif kind == "tiled":  # F32 tiles only: the same code with or without FP16 arithmetic
+        if L == SVE128:  # simd-gemm.h is off under __ARM_FEATURE_SVE: other loops, not emulated
+            raise not_emulated("ggml_flash_attn_ext's tiled path (64+ query rows)", path)
         tiled_rows(*args, L, fused, int(n_threads), out)
     else:
-        one_row_rows(*args, k_f16, v_f16, L, fused, out)
-    return arm_default_nan(out) if L == NEON else out
+        one_row_rows(*args, k_f16, v_f16, L16, fused, out)
+    return arm_default_nan(out) if L == NEON or L == SVE128 else out
 
 
 def arm_default_nan(out: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 codes the compiled functions take, and the NaN each platform's invalid operations return.
 
 ``lanes(path)`` is the float32 lane count of ``GGML_F32_VEC`` (simd-mappings.h: ``GGML_F32_EPR``): 16 AVX-512,
-8 AVX2, 4 on the AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm`` — and that int is also the *code* of the
+8 AVX2, 4 on the AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` — and that int is also the *code* of the
 compiled vec functions (the ``lanes`` argument of :mod:`kernels.ggml.vec`, :data:`AVX512`, :data:`AVX2`,
 :data:`NEON`): on the paths emulated so far it names the SIMD code uniquely. ggml's generic x86 build has no
 ``GGML_F32_VEC``; its silu / swiglu / soft_max take vec.h's ``__SSE2__`` branch, code :data:`SSE2` (4 lanes, no
@@ -29,6 +29,14 @@ from kernels.ggml.build import EMULATED_PATHS, not_emulated
 #: vec.h (silu / swiglu / soft_max only: 4 lanes, no FMA), kept apart from NEON's 4 lanes.
 AVX512, AVX2, NEON = 16, 8, 4
 SSE2 = 0x104
+#: The code of the F16 vec functions (vec_dot_f16, vec_mad_f16, vec_scale_f16) on NEON *without* FP16 vector
+#: arithmetic (``arm64-base``): ``GGML_F16_VEC`` is ``GGML_F32Cx4`` — halves widened to float32x4_t, float FMAs,
+#: NEON's reduction (:func:`f16_code`); NEON itself means float16x8_t there.
+NEON_F32C = 0x204
+#: The code of ``arm64-sve128`` (``__ARM_FEATURE_SVE`` at 128 bits): 4 float lanes like NEON, but vec.h / vec.cpp's
+#: SVE loops (``svcntw()``-wide, predicated tails instead of scalar ones, their own accumulators and reductions:
+#: :mod:`kernels.ggml.sve`); kept apart from NEON's 4 so that no NEON code is taken for it silently.
+SVE128 = 0x304
 
 
 #: The NaN an invalid operation (inf - inf, 0·inf, 0/0, sqrt(-1), logf(-1) …) returns: x86's "real indefinite"
@@ -58,11 +66,17 @@ SIMD = {
     # GCC 12, -march=armv8.2-a+dotprod+fp16 / armv8.6-a+…+i8mm: the same NEON code for every op here (disassembly)
     "arm64-dotprod": Simd("arm64-dotprod", 4, NEON, NEON, True, 8, True, ARM_NAN),
     "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True, ARM_NAN),
+    # GCC 12, -march=armv8-a: the same F32 NEON code; GGML_F16_VEC is GGML_F32Cx4 (float32x4_t, F16_STEP 16, EPR 4)
+    "arm64-base": Simd("arm64-base", 4, NEON, NEON, True, 4, False, ARM_NAN),
+    # GCC 12, -march=armv9-a+sve2+i8mm+dotprod+fp16 at a 128-bit vector length: SVE loops (code SVE128); the NEON
+    # float16x8_t F16 macros stay defined (simd-mappings.h) for the code without an SVE branch
+    "arm64-sve128": Simd("arm64-sve128", 4, SVE128, SVE128, True, 8, True, ARM_NAN),
 }
 for _p in EMULATED_PATHS:
     assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
 #: simd-mappings.h: GGML_F32_EPR of each emulated path that has GGML_F32_VEC and whose vector code is emulated
-LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD}
+#: (SVE128's code is not its lane count: :func:`lanes` refuses it, and a caller that knows SVE reads :func:`simd`)
+LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD and SIMD[p.key].code == p.lanes}
 PATHS = tuple(LANES)
 
 
@@ -125,6 +139,13 @@ def follows_nans(fn):
     return wrapper
 
 
+def f16_code(path: str, op: str = "vec.h's F16 vector code") -> int | None:
+    """The code the F16 vec functions take on ``path``: :data:`NEON_F32C` on NEON without FP16 vector arithmetic
+    (``arm64-base``), else the path's :attr:`Simd.code`."""
+    s = simd(path, op)
+    return NEON_F32C if s.code == NEON and not s.f16_half else s.code
+
+
 def check_path(path: str) -> str:
     """``path`` if it is one of :data:`ALL_PATHS` (an op that computes the same on every path, generic included)."""
     if path not in ALL_PATHS:
@@ -136,7 +157,7 @@ def lanes(path: str) -> int:
     """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
     the code of the compiled vec functions (:data:`NEON` …); checks the path."""
     if path not in LANES:
-        if path in ALL_PATHS and path not in SIMD:
+        if path in ALL_PATHS and path != "generic":
             raise not_emulated("GGML_F32_VEC's kernels", path)
         raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")
     return LANES[path]

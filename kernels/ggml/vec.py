@@ -20,11 +20,14 @@ AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm``; that int, the ``lanes`` a
   (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): 4 accumulators of 8 *half* lanes over steps of 32, each
   ``vfmaq_f16`` rounded once to binary16 (:func:`kernels.ggml.half.fma16`), ``GGML_F16x8_REDUCE`` adding the
   accumulators in half (``x0 + x2``, ``x1 + x3``, their sum), then the low and high 4 lanes widened to float
-  and added, ``vaddvq_f32``; the tail in double as on x86.
+  and added, ``vaddvq_f32``; the tail in double as on x86. Without FP16 vector arithmetic (``arm64-base``, code
+  :data:`kernels.ggml.isa.NEON_F32C`) ``GGML_F16_VEC`` is ``GGML_F32Cx4``: x86's float loop with L = 4 (steps
+  of 16, ``vfmaq_f32``, ``vaddvq_f32``), the same double tail.
 * ``ggml_vec_mad_f32`` / ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f32`` / ``ggml_vec_scale_f16``
   (:func:`vec_mad_f32`, :func:`vec_mad_f16`, :func:`vec_scale_f16`): element-wise, ``fma(x, v, y)`` in every lane
   and (contracted) in the tail; on NEON the F16 ones compute in *half* on the SIMD part (``v`` rounded to half,
-  ``vfmaq_f16`` / ``vmulq_f16``) and in float (rounded to half once) in the tail.
+  ``vfmaq_f16`` / ``vmulq_f16``) and in float (rounded to half once) in the tail; on ``arm64-base``
+  (``NEON_F32C``: float32x4_t, ``v`` kept in float) all of it as x86.
 * ``ggml_vec_max_f32`` (:func:`vec_max_f32`): ``max = MAX(max, x[i])`` in order, from -inf (scalar).
 * ``ggml_vec_soft_max_f32`` (:func:`vec_soft_max_f32`): ``y = ggml_v_expf(x - max)`` in blocks of L lanes
   (:func:`kernels.ggml.simd.v_expf`, a different polynomial per path), each block's lane sum in float
@@ -41,6 +44,8 @@ import numpy as np
 from kernels.base.flags import jit
 from kernels.ggml.libm import expf, expf_arm64
 from kernels.ggml.half import f16_round64, fma16
+from kernels.ggml import sve
+from kernels.ggml.isa import NEON_F32C, SVE128
 from kernels.ggml.simd import (AVX2, AVX512, NEON, SSE2, f16_round, fma32, fold_left_unfused, hsum_fold, hsum_pairwise4,
                                v_expf, vec_reduce, vfma)
 
@@ -77,6 +82,8 @@ def _simd_dot(np_, x, y, lanes, acc):
 @jit()
 def vec_dot_f32(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``; ``acc``: :func:`dot_scratch`."""
+    if lanes == SVE128:  # vec.cpp's SVE branch (kernels.ggml.sve)
+        return sve.vec_dot_f32(n, x, y)
     np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
     sumf = _simd_dot(np_, x, y, lanes, acc)
     unfused = np_ + fold_left_unfused(n - np_, lanes)
@@ -174,13 +181,17 @@ def _simd_dot_f16_half(np_, x, y, acc):
 def vec_dot_f16(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f16 of ``x[:n]``, ``y[:n]`` (F16 values as float32): SIMD part (float on x86, half
     accumulators on NEON: :func:`_simd_dot_f16_half`), double tail; ``acc``: :func:`dot_scratch`."""
+    if lanes == SVE128:  # vec.cpp's SVE branch: float accumulators (kernels.ggml.sve)
+        return sve.vec_dot_f16(n, x, y)
     if lanes == NEON:
         np_ = n & ~31  # GGML_F16_STEP = 32 (GGML_F16_EPR 8)
         sumf = np.float64(_simd_dot_f16_half(np_, x, y, acc))
         for i in range(np_, n):  # fcvt s, h; fmul s; fcvt d; fadd d
             sumf += np.float64(F32(x[i] * y[i]))
         return F32(sumf)
-    if lanes != AVX512 and lanes != AVX2:
+    if lanes == NEON_F32C:  # GGML_F32Cx4 (arm64-base): float32x4_t accumulators, vaddvq_f32, as the x86 loop
+        lanes = NEON
+    elif lanes != AVX512 and lanes != AVX2:
         raise ValueError("vec_dot_f16: unknown SIMD code")
     np_ = n & ~(4 * lanes - 1)  # GGML_F16_STEP
     sumf = np.float64(_simd_dot(np_, x, y, lanes, acc))  # ggml_float sumf
@@ -203,6 +214,8 @@ def vec_soft_max_f32(n, y, x, mx, lanes):
     """vec.cpp: ggml_vec_soft_max_f32: ``y[i] = exp(x[i] - max)`` (``y`` may be ``x``); returns the double sum.
     ``lanes``: the expf code of the path (:func:`kernels.ggml.simd.expf_lanes`): AVX512, AVX2, NEON, or SSE2 for
     ggml's generic x86 build (its ``__SSE2__`` branch)."""
+    if lanes == SVE128:  # the SVE branch: predicated last block, FADDV per block (kernels.ggml.sve)
+        return sve.vec_soft_max_f32(n, y, x, mx)
     total = np.float64(0.0)  # ggml_float sum
     width = 4 if lanes == SSE2 or lanes == NEON else lanes
     if lanes != AVX512 and lanes != AVX2 and lanes != NEON and lanes != SSE2:
@@ -239,13 +252,16 @@ def vec_mad_f16(n, y, x, v, lanes):
     (float16x8_t): the ``n & ~31`` SIMD part computes in half — ``vdupq_n_f16(v)`` rounds ``v`` to half, one
     ``fmla v.8h`` rounding — the tail as x86. (The conversions round to nearest even; the tail's
     ``GGML_CPU_FP32_TO_FP16`` is the portable one on NEON, which differs from the hardware's only on NaN.)"""
+    if lanes == SVE128:  # vec.h's SVE branch: half FMAs on every element (kernels.ggml.sve)
+        sve.vec_mad_f16(n, y, x, v)
+        return
     np_ = 0
     if lanes == NEON:
         np_ = n & ~31
         vh = f16_round(v)
         for i in range(np_):
             y[i] = fma16(x[i], vh, y[i])  # vfmaq_f16(ay, ax, vx)
-    elif lanes != AVX512 and lanes != AVX2:
+    elif lanes != AVX512 and lanes != AVX2 and lanes != NEON_F32C:
         raise ValueError("vec_mad_f16: unknown SIMD code")
     for i in range(np_, n):
         y[i] = f16_round(fma32(x[i], v, y[i]))
@@ -255,13 +271,16 @@ def vec_mad_f16(n, y, x, v, lanes):
 def vec_scale_f16(n, y, v, lanes):
     """vec.h: ggml_vec_scale_f16 on F16 values held as float32: x86 and the tail ``fp16(y[i]*v)`` in float; NEON's
     ``n & ~31`` SIMD part ``vmulq_f16`` in half with ``v`` rounded to half."""
+    if lanes == SVE128:  # vec.h's SVE branch: half products on every element (kernels.ggml.sve)
+        sve.vec_scale_f16(n, y, v)
+        return
     np_ = 0
     if lanes == NEON:
         np_ = n & ~31
         vh = f16_round(v)
         for i in range(np_):
             y[i] = f16_round64(np.float64(y[i]) * np.float64(vh))  # exact product, one rounding
-    elif lanes != AVX512 and lanes != AVX2:
+    elif lanes != AVX512 and lanes != AVX2 and lanes != NEON_F32C:
         raise ValueError("vec_scale_f16: unknown SIMD code")
     for i in range(np_, n):
         y[i] = f16_round(F32(y[i] * v))

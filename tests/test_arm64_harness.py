@@ -13,9 +13,9 @@ build of ``.ci/build-llama-arm64`` (``kernels.ggml.build.detect``, which *reads*
   Q8_0 ``mul_mat`` on ``-cpu cortex-a76`` (ARMv8.2: dotprod, no i8mm); and a child under qemu (the Python that tests/llama_ref.py and tests/llama_trace.py start)
   loads libllama through llama-cpp-python's bindings and prints llama.cpp's own system info.
 
-Skipped without the builds, qemu-aarch64 or the aarch64 sysroot; failed under ``CI=true``. Cost: ~6 qemu Python
-starts of 4-9 s each (one per build, one on cortex-a76, one llama child), the rest milliseconds (AMD EPYC, Zen 4
-class, 2 shared vCPUs, qemu-aarch64 7.2, 2026-12-04).
+Skipped without the builds, qemu-aarch64 or the aarch64 sysroot; failed under ``CI=true``. Cost: 7 qemu Python
+starts (one per build, one on cortex-a76, one llama child), ~4 s of CPU each, the rest milliseconds: 28 s of CPU,
+63 s wall for the module on 2 vCPUs shared at load 8 (AMD EPYC, Zen 4 class, qemu-aarch64 7.2, 2026-12-04).
 """
 
 from __future__ import annotations

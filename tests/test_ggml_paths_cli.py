@@ -15,7 +15,7 @@ The AArch64 paths (``test_every_command_on_an_arm64_path``): each on its GCC bui
 detected from ``LLAMA_CPP_LIB_PATH`` (the SVE one named: its vector length is the CPU's), ``logits``, ``run``,
 ``audit``, ``golden make``/``check``, llama.cpp's logits and stream computed under qemu (tests/llama_ref.py) —
 no validate (no AArch64 llama-server). While the ARM kernels are being written, an op that is not emulated on a
-path is an xfail naming it.
+path is an xfail naming it. ~10 s a path once the kernels are compiled (one llama.cpp child under qemu each).
 
 Cost: 11 s for the module, 2–4 s per path (AMD EPYC, Zen 4 class, AVX-512, 2 shared vCPUs, 2026-12-04), once the
 ggml kernels are compiled — their first compilation (~30 s a path) is shared with tests/test_ggml_e2e.py, which runs

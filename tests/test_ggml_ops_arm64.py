@@ -3,8 +3,9 @@
 ``arm64-dotprod-gcc`` and ``arm64-i8mm-gcc`` (tests/arm64.py: cross-built with GCC 12, run under qemu-aarch64 on a
 CPU model with exactly their features) take the same NEON code for these functions (their disassembly agrees), so
 each test runs on both; ``arm64-base-gcc`` (armv8-a) too, but for the F16 dot (float lanes: its own test). The
-shared vec.cpp functions are reached through one-op graphs: ``ggml_mul_mat`` of F32 (each output one ``ggml_vec_dot_f32``: no llamafile, no repack in these builds) and of F16 weights
-(``ggml_vec_dot_f16``, whose NEON accumulators are *half* precision). The element-wise ops of
+shared vec.cpp functions are reached through one-op graphs: ``ggml_mul_mat`` of F32 (each output one
+``ggml_vec_dot_f32``: no llamafile, no repack in these builds) and of F16 weights (``ggml_vec_dot_f16``, whose NEON
+accumulators are *half* precision with FP16 vector arithmetic, float on armv8-a). The element-wise ops of
 test_ggml_ops_unary.py / _rope / _rows run on the ARM dotprod build there (their ``build`` parameters). Also here:
 AArch64 glibc's ``expf`` (2 inputs of 2**32 differ from x86-64's: ``libm.expf_arm64``), and the refusal of a key
 whose vector code is not emulated.

@@ -2,12 +2,12 @@
 codes the compiled functions take, and the NaN each platform's invalid operations return.
 
 ``lanes(path)`` is the float32 lane count of ``GGML_F32_VEC`` (simd-mappings.h: ``GGML_F32_EPR``): 16 AVX-512,
-8 AVX2, 4 on the AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` — and that int is also the *code* of the
-compiled vec functions (the ``lanes`` argument of :mod:`kernels.ggml.vec`, :data:`AVX512`, :data:`AVX2`,
+8 AVX2, 4 on the AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` — and that int is also the
+*code* of the compiled vec functions (the ``lanes`` argument of :mod:`kernels.ggml.vec`, :data:`AVX512`, :data:`AVX2`,
 :data:`NEON`): on the paths emulated so far it names the SIMD code uniquely. ggml's generic x86 build has no
 ``GGML_F32_VEC``; its silu / swiglu / soft_max take vec.h's ``__SSE2__`` branch, code :data:`SSE2` (4 lanes, no
-FMA, kept apart from NEON's 4). A path :data:`SIMD` does not list (a future SVE or ARMv8.0 build: 4 lanes, other
-code) is refused by :func:`lanes` and :func:`simd` — never handed another path's code.
+FMA, kept apart from NEON's 4). A path :data:`SIMD` does not list (a future SVE build: 4 lanes, other code)
+is refused by :func:`lanes` and :func:`simd` — never handed another path's code.
 
 NaNs: x86's invalid operations return 0xFFC00000, AArch64's (FPCR.DN = 0) 0x7FC00000; an operand NaN propagates,
 quieted, on both. :func:`nan_swap` / :func:`follows_nans` turn an op computed on this x86 host into the AArch64
@@ -74,7 +74,7 @@ PATHS = tuple(LANES)
 
 def simd(path: str, op: str = "vec.h / vec.cpp's vector code") -> Simd:
     """The :class:`Simd` record of ``path``; :class:`kernels.ggml.build.NotEmulated` naming ``op`` for an emulated
-    path whose vector code is not (``arm64-base``: F16 vectors as float32x4_t; ``arm64-sve128``: SVE loops)."""
+    path whose vector code is not (``arm64-sve128``: SVE loops)."""
     check_path(path)
     if path not in SIMD:
         raise not_emulated(op, path)

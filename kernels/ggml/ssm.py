@@ -24,11 +24,11 @@ read from ``objdump -d`` of both ``libggml-cpu.so``):
   Only the dot is ISA dependent: ``vec.cpp: ggml_vec_dot_f32`` (:func:`kernels.ggml.vec.vec_dot_f32`).
 * ``expf`` is glibc's, called through the PLT: :func:`kernels.ggml.libm.expf` calls the same function.
 
-AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` (the same code in both): ssm_conv's fold-left blocks are
-4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest ``fmadd`` — for 4 taps the
-AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4: :mod:`kernels.ggml.vec`), ``expf`` AArch64
-glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN (:func:`kernels.ggml.simd.follows_nans`).
-Other ARM keys (``arm64-base``, ``arm64-sve128``) are refused, naming the op.
+AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` (the same code in all three): ssm_conv's
+fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest
+``fmadd`` — for 4 taps the AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4:
+:mod:`kernels.ggml.vec`), ``expf`` AArch64 glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN
+(:func:`kernels.ggml.simd.follows_nans`). Other ARM keys (``arm64-sve128``) are refused, naming the op.
 
 Thread count never matters: ssm_conv splits channels, the delta net (sequence, head) pairs, each computed
 whole by one thread. NaN payloads: where two *different* NaNs meet in one x86 add, the result is the
@@ -52,7 +52,7 @@ from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols, vec_dot_ge
 
 def _path(path: str, op: str) -> str:
     """``path`` if ``op`` is emulated on it: the x86 paths and the AArch64 NEON ones of :data:`kernels.ggml.simd.LANES`;
-    another (``arm64-base``, ``arm64-sve128``: other vector code) is :func:`kernels.ggml.build.not_emulated`."""
+    another (``arm64-sve128``: other vector code) is :func:`kernels.ggml.build.not_emulated`."""
     if check_path(path) != "generic" and path not in LANES:
         raise not_emulated(op, path)
     return path

@@ -183,12 +183,8 @@ def test_arm_differs_from_x86(build):
 
 
 def test_other_arm_paths_refused(monkeypatch):
-    """flash attention on an ARM path whose vector code is not emulated (arm64-sve128), or on a NEON record whose F16
-    vectors are neither float16x8_t nor float32x4_t (GGML_F32Cx4): a one-line ValueError naming op and path."""
-    q, k, v, m, scale = make(np.random.default_rng(0), 2, 1, 1, 8, 16, np.float16)
-    for path in ("arm64-sve128",):
-        with pytest.raises(ValueError, match=f"ggml_flash_attn_ext on .*\\({path}\\) is not emulated"):
-            flash_attn_ext(q, k, v, m, scale, path)
+    """flash attention on a NEON record whose F16 vectors are neither float16x8_t nor float32x4_t (GGML_F32Cx4): a
+    one-line ValueError naming op and path (arm64-sve128: tests/test_ggml_ops_sve128.py)."""
     monkeypatch.setitem(simd.SIMD, "arm64-dotprod", replace(simd.SIMD["arm64-dotprod"], f16_half=False))
     with pytest.raises(ValueError, match="ggml_flash_attn_ext on .*arm64-dotprod"):
         fa_code("arm64-dotprod")

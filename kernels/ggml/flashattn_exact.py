@@ -87,7 +87,7 @@ from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
 from kernels.ggml.build import not_emulated
-from kernels.ggml.isa import NEON_F32C, f16_code
+from kernels.ggml.isa import NEON_F32C, SVE128, f16_code
 from kernels.ggml.simd import AVX2, AVX512, NEON, SIMD, check_path, fma32, simd
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic, vec_mad_f16, vec_scale_f16
 from kernels.ggml.vecmath import cast_f16_to_f32, f16_value
@@ -119,9 +119,9 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     :data:`kernels.ggml.isa.NEON_F32C` (``arm64-base``): the same but the F16 code x86's float one."""
     DK = q_row.size
     DV = vkq.size
-    neon = lanes == NEON or lanes == NEON_F32C  # NEON_F32C: arm64-base, F16 vectors float32x4_t (x86's float code)
-    half = lanes == NEON  # float16x8_t: FP16 vector arithmetic
-    L = NEON if neon else lanes  # GGML_F32_VEC's code
+    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128  # NEON_F32C: arm64-base, F16 vectors float32x4_t
+    half = lanes == NEON or lanes == SVE128  # float16x8_t / svfloat16_t: FP16 vector arithmetic (SVE: every element)
+    L = NEON if lanes == NEON_F32C else lanes  # GGML_F32_VEC's code (SVE128: kernels.ggml.sve's dots)
     glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
         q_q[d] = _to_f16(q_row[d], fused and not neon) if k_f16 else q_row[d]
@@ -193,7 +193,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_t
     n_head, _, DK = q.shape
     group = n_head // k.shape[0]
     n_kv = k.shape[1]
-    neon = lanes == NEON or lanes == NEON_F32C
+    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128
     glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64
     DV = v.shape[2]
     cs = (n_kv + n_threads - 1) // n_threads  # chunk_size
@@ -252,7 +252,7 @@ def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype, DV: int | None = None, path
     if same and n_q == 1 and n_kv >= SPLIT_KV_MIN:
         return "split"
     if same and n_q >= GGML_FA_TILE_Q:
-        if path is not None and fa_code(path)[0] == NEON and DV % simd(path).lanes:
+        if path is not None and fa_code(path)[0] in (NEON, SVE128) and DV % simd(path).lanes:  # SVE: svcntw()
             return "one_row"
         return "tiled"
     return "one_row"
@@ -264,7 +264,7 @@ def fa_code(path: str) -> tuple[int, bool]:
     NEON record whose F16 vectors are neither float16x8_t nor ``GGML_F32Cx4`` (``arm64-base``) — is
     :func:`kernels.ggml.build.not_emulated`, a one-line ValueError naming the op and the path."""
     s = SIMD.get(check_path(path))
-    if (s is None or s.code not in (AVX512, AVX2, NEON, None)
+    if (s is None or s.code not in (AVX512, AVX2, NEON, SVE128, None)
             or (s.code == NEON and not s.f16_half and s.f16_epr != 4)):  # NEON: float16x8_t or GGML_F32Cx4
         raise not_emulated("ggml_flash_attn_ext", path)
     return s.expf, s.fused
@@ -314,10 +314,12 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     if kind == "split":
         split_kv_row(*args, k_f16, v_f16, L16, fused, int(n_threads), out)
     elif kind == "tiled":  # F32 tiles only: the same code with or without FP16 arithmetic
-        tiled_rows(*args, L, fused, int(n_threads), out)
+        # SVE: simd-gemm.h's scalar simd_gemm (off under __ARM_FEATURE_SVE) — GCC's fmadd chains in kk order, the
+        # same bits as NEON's vector FMA chains —, soft_max over 64 cells (16 whole blocks, FADDV = vaddvq_f32)
+        tiled_rows(*args, NEON if L == SVE128 else L, fused, int(n_threads), out)
     else:
         one_row_rows(*args, k_f16, v_f16, L16, fused, out)
-    return arm_default_nan(out) if L == NEON else out
+    return arm_default_nan(out) if L == NEON or L == SVE128 else out
 
 
 def arm_default_nan(out: np.ndarray) -> np.ndarray:

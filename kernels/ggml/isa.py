@@ -33,6 +33,10 @@ SSE2 = 0x104
 #: arithmetic (``arm64-base``): ``GGML_F16_VEC`` is ``GGML_F32Cx4`` — halves widened to float32x4_t, float FMAs,
 #: NEON's reduction (:func:`f16_code`); NEON itself means float16x8_t there.
 NEON_F32C = 0x204
+#: The code of ``arm64-sve128`` (``__ARM_FEATURE_SVE`` at 128 bits): 4 float lanes like NEON, but vec.h / vec.cpp's
+#: SVE loops (``svcntw()``-wide, predicated tails instead of scalar ones, their own accumulators and reductions:
+#: :mod:`kernels.ggml.sve`); kept apart from NEON's 4 so that no NEON code is taken for it silently.
+SVE128 = 0x304
 
 
 #: The NaN an invalid operation (inf - inf, 0·inf, 0/0, sqrt(-1), logf(-1) …) returns: x86's "real indefinite"
@@ -64,17 +68,21 @@ SIMD = {
     "arm64-i8mm": Simd("arm64-i8mm", 4, NEON, NEON, True, 8, True, ARM_NAN),
     # GCC 12, -march=armv8-a: the same F32 NEON code; GGML_F16_VEC is GGML_F32Cx4 (float32x4_t, F16_STEP 16, EPR 4)
     "arm64-base": Simd("arm64-base", 4, NEON, NEON, True, 4, False, ARM_NAN),
+    # GCC 12, -march=armv9-a+sve2+i8mm+dotprod+fp16 at a 128-bit vector length: SVE loops (code SVE128); the NEON
+    # float16x8_t F16 macros stay defined (simd-mappings.h) for the code without an SVE branch
+    "arm64-sve128": Simd("arm64-sve128", 4, SVE128, SVE128, True, 8, True, ARM_NAN),
 }
 for _p in EMULATED_PATHS:
     assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
 #: simd-mappings.h: GGML_F32_EPR of each emulated path that has GGML_F32_VEC and whose vector code is emulated
-LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD}
+#: (SVE128's code is not its lane count: :func:`lanes` refuses it, and a caller that knows SVE reads :func:`simd`)
+LANES = {p.key: p.lanes for p in EMULATED_PATHS if p.lanes and p.key in SIMD and SIMD[p.key].code == p.lanes}
 PATHS = tuple(LANES)
 
 
 def simd(path: str, op: str = "vec.h / vec.cpp's vector code") -> Simd:
     """The :class:`Simd` record of ``path``; :class:`kernels.ggml.build.NotEmulated` naming ``op`` for an emulated
-    path whose vector code is not (``arm64-sve128``: SVE loops)."""
+    path whose vector code is not (none today: every AArch64 key has its record, SVE at 128 bits only)."""
     check_path(path)
     if path not in SIMD:
         raise not_emulated(op, path)
@@ -149,7 +157,7 @@ def lanes(path: str) -> int:
     """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
     the code of the compiled vec functions (:data:`NEON` …); checks the path."""
     if path not in LANES:
-        if path in ALL_PATHS and path not in SIMD:
+        if path in ALL_PATHS and path != "generic":
             raise not_emulated("GGML_F32_VEC's kernels", path)
         raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")
     return LANES[path]

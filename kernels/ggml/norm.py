@@ -135,15 +135,17 @@ def _arm_mul(a, ab, b, bb):
 
 
 @jit()
-def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb):
+def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb, sve=False):
     """ops.cpp: ggml_compute_forward_rms_norm_f32 / _mul_fused as GCC 12 built it for AArch64 (both builds'
     disassembly): the same sum, mean and scale as x86 (``fmul s; fcvt d; fadd d`` in order, ``fdiv d``, ``fadd s``,
     ``fsqrt``, ``fdiv s``), so the same numbers; the products with Arm's NaN rules (:func:`_arm_mul`) in the
     operand orders GCC chose — plain: ``fmul y, scale`` everywhere (vec_scale_f32); fused ``(x*scale)*w``: with
     ``n`` ≤ 4 one scalar loop ``fmul scale, x`` then ``fmul w, t``; else ``fmul x, scale`` / ``fmul t, w`` on the
-    4-wide part, and on the ``n % 4`` tail ``fmul scale, x`` then ``fmul t, w``, ``fmul t, w``, ``fmul w, t``."""
+    4-wide part, and on the ``n % 4`` tail ``fmul scale, x`` then ``fmul t, w``, ``fmul t, w``, ``fmul w, t``.
+    ``sve`` (``arm64-sve128``): GCC's SVE loop (predicated, ``whilelo``) takes every element, ``fmul z, scale, x``
+    then ``fmul z, w, t`` — the orders of the ``n`` ≤ 4 loop, for any ``n``."""
     R, n = x.shape
-    vec_end = (n & ~3) if n > 4 else 0
+    vec_end = (n & ~3) if n > 4 and not sve else 0
     for r in range(R):
         s = np.float64(0.0)
         sb = np.uint32(0)
@@ -192,7 +194,8 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
         raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
     y = np.empty_like(x2)
     if simd(path, "ggml_rms_norm").nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
-        _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32))
+        _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32),
+                             path == "arm64-sve128")
     else:
         _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, path == "generic", y, y.view(np.uint32))
     return y.reshape(x.shape)

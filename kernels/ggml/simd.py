@@ -38,8 +38,8 @@ from kernels.base.flags import JIT_ENABLED, jit
 F32 = np.float32
 
 # The paths, their records and codes, their NaN: kernels.ggml.isa (re-exported here, where the kernels look for them)
-from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, PATHS, SIMD, SSE2, X86_NAN,  # noqa: F401
-                              Simd, check_path, follows_nans, lanes, nan_swap, simd)
+from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, PATHS, SIMD, SSE2, SVE128,  # noqa: F401
+                              X86_NAN, Simd, check_path, follows_nans, lanes, nan_swap, simd)
 
 
 def fma32_exact(a, b, c):
@@ -493,7 +493,7 @@ def v_expf(x, code):
     :data:`SSE2` for the generic x86 build), one lane."""
     if code == AVX512:
         return v_expf_avx512(x)
-    if code == AVX2 or code == NEON:
+    if code == AVX2 or code == NEON or code == SVE128:  # SVE's svfloat32_t ggml_v_expf: NEON's FMAs, lane for lane
         return v_expf_avx2(x)
     if code == SSE2:
         return v_expf_sse2(x)
@@ -503,7 +503,7 @@ def v_expf(x, code):
 @jit()
 def expf_block(code):
     """The block width of vec.cpp's silu / swiglu / soft_max loops for expf code ``code``."""
-    return 4 if code == SSE2 else code
+    return 4 if code == SSE2 or code == SVE128 else code  # SVE128: svcntw() = 4, the last block predicated
 
 
 def expf_lanes(path: str, op: str = "ggml_v_expf (silu, swiglu, soft_max)") -> int:

@@ -24,11 +24,12 @@ read from ``objdump -d`` of both ``libggml-cpu.so``):
   Only the dot is ISA dependent: ``vec.cpp: ggml_vec_dot_f32`` (:func:`kernels.ggml.vec.vec_dot_f32`).
 * ``expf`` is glibc's, called through the PLT: :func:`kernels.ggml.libm.expf` calls the same function.
 
-AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` (the same code in all three): ssm_conv's
-fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest
-``fmadd`` — for 4 taps the AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4:
-:mod:`kernels.ggml.vec`), ``expf`` AArch64 glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN
-(:func:`kernels.ggml.simd.follows_nans`). Other ARM keys (``arm64-sve128``) are refused, naming the op.
+AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` (the same code in all three): ssm_conv's fold-left blocks are
+4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest ``fmadd`` — for 4 taps the
+AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4: :mod:`kernels.ggml.vec`), ``expf`` AArch64
+glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN (:func:`kernels.ggml.simd.follows_nans`).
+``arm64-sve128`` (SVE at 128 bits, GCC): ssm_conv's taps all ``fmul z`` products added in order by ``fadda`` (no
+fused tail), the delta net's dots the SVE ``ggml_vec_dot_f32`` (:func:`kernels.ggml.sve.vec_dot_f32`).
 
 Thread count never matters: ssm_conv splits channels, the delta net (sequence, head) pairs, each computed
 whole by one thread. NaN payloads: where two *different* NaNs meet in one x86 add, the result is the
@@ -46,14 +47,14 @@ import numpy as np
 from kernels.base.flags import jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import not_emulated
-from kernels.ggml.simd import LANES, NEON, check_path, fma32, fold_left_unfused, follows_nans, lanes
+from kernels.ggml.simd import LANES, NEON, SVE128, check_path, fma32, fold_left_unfused, follows_nans, lanes
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
 def _path(path: str, op: str) -> str:
     """``path`` if ``op`` is emulated on it: the x86 paths and the AArch64 NEON ones of :data:`kernels.ggml.simd.LANES`;
-    another (``arm64-sve128``: other vector code) is :func:`kernels.ggml.build.not_emulated`."""
-    if check_path(path) != "generic" and path not in LANES:
+    another key whose vector code is not emulated is :func:`kernels.ggml.build.not_emulated`."""
+    if check_path(path) != "generic" and path not in LANES and path != "arm64-sve128":
         raise not_emulated(op, path)
     return path
 
@@ -108,7 +109,8 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     assert sx3.shape[1] == c.shape[0] and n_t >= 0, (sx3.shape, c.shape)
     # GCC's blocks: AVX-512 zmm/ymm (16, 8) → nc & ~7 taps unfused; AVX2 ymm/xmm (8, 4) → nc & ~3
     # generic (no SIMD, no FMA: docs/ggml-generic-x86.md §6): every product rounded, added in tap order
-    unfused = nc if path == "generic" else fold_left_unfused(nc, lanes(path))
+    # SVE (arm64-sve128): GCC's predicated loop, fmul z then FADDA (strictly in order) over all taps: all unfused
+    unfused = nc if path in ("generic", "arm64-sve128") else fold_left_unfused(nc, lanes(path))
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]
 
@@ -128,8 +130,8 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
-    glibc = GLIBC_AARCH64 if epr == NEON else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
-    if not generic and cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
+    glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc
+    if not generic and epr != SVE128 and cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
         _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
         return out
     for ir in range(n_seqs * H):
@@ -254,7 +256,8 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     assert q.shape[1:] == k.shape[1:] and q.shape[3] == S and H % q.shape[2] == 0 and state.shape == (n_seqs, H, S, S)
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
-    _gated_delta_net(q, k, v, g, beta, state, K, 0 if path == "generic" else lanes(path), out, snaps)
+    epr = 0 if path == "generic" else SVE128 if path == "arm64-sve128" else lanes(path)  # SVE: kernels.ggml.sve's dot
+    _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)
     st = snaps[0] if K == 1 else snaps
     if seqless:
         return out[0], (st[0] if K == 1 else st[:, 0])

@@ -55,7 +55,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on, glibc_of, logf
-from kernels.ggml.simd import NEON, check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
+from kernels.ggml.simd import NEON, SVE128, check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -198,9 +198,10 @@ def _silu_rows(x, g, has_g, lanes, y):
     glibc = GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64  # the scalar tail's libm expf
     for r in range(x.shape[0]):
         n = x.shape[1]
+        last = n + width - 1 if lanes == SVE128 else n  # SVE: svwhilelt_b32 predicates the last block, no scalar tail
         i = 0
-        while i + width - 1 < n:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2, NEON: 4
-            for lane in range(width):
+        while i + width - 1 < last:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2, NEON: 4
+            for lane in range(min(width, n - i)):
                 v = x[r, i + lane]
                 # ggml_v_silu: neg_x = sub(zero, x); x / add(one, ggml_v_expf(neg_x))
                 s = np.float32(v / np.float32(np.float32(1.0) + v_expf(np.float32(np.float32(0.0) - v), lanes)))

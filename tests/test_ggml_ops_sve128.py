@@ -1,0 +1,118 @@
+"""``arm64-sve128`` (``-march=armv9-a+sve2+i8mm+dotprod+fp16``, GCC 12, run by qemu at a 128-bit vector length)
+against ``arm64-sve128-gcc``, bit for bit: the ops whose vec.h / vec.cpp code has SVE branches (kernels.ggml.sve)
+and the auto-vectorized loops GCC turned into SVE ones.
+
+What is SVE's own (tested here, and that NEON's emulation would miss): silu / swiglu / soft_max take the vector
+``ggml_v_expf`` on every element (a predicated last block, no libm tail); ``ggml_vec_dot_f32`` has 8 accumulators
+and a predicated tail; ``ggml_vec_dot_f16`` accumulates in *float* (FMLALB/FMLALT) where NEON's is half, so the
+flash attention K·Q that overflows NEON's half lanes stays finite; ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f16``
+compute every element in half; ssm_conv's taps are all rounded products added in order (FADDA); the fused
+RMS_NORM+MUL multiplies ``scale·x`` then ``w·t`` (NaN operand order). The other element-wise ops, rope, get_rows,
+the norms' sums are NEON's numbers. Flash attention's tiled path (64+ rows) takes simd-gemm.h's scalar loops
+under SVE: fmadd chains, NEON's bits. Cost: one qemu worker (~7 s) and ~20 s of tests.
+"""
+
+import numpy as np
+import pytest
+from ggml_graph import on_build
+from test_ggml_ops_arm64 import assert_bits, emulated_mul_mat, g_mul_mat, g_unary, spread
+from test_ggml_ops_attn import make
+from test_ggml_ops_attn_arm64 import check
+from test_ggml_ops_rows import g_rms_norm, hard_rows, nan_bits
+from test_ggml_ops_ssm import gdn_graph, gdn_inputs, hard_floats, split_gdn, ssm_conv_graph
+from test_ggml_ops_unary import g_soft_max, g_swiglu, hard_values, rows_of, soft_max_cases
+
+from kernels.ggml import vec
+from kernels.ggml import vecmath as vm
+from kernels.ggml.flashattn_exact import flash_attn_ext
+from kernels.ggml.isa import NEON, SVE128
+from kernels.ggml.norm import rms_norm
+from kernels.ggml.ssm import gated_delta_net, ssm_conv
+
+pytestmark = pytest.mark.oracle
+BUILD, PATH = "arm64-sve128-gcc", "arm64-sve128"
+
+
+def test_vec_dot_f32_and_f16():
+    """mul_mat of F32 / F16 weights: each output one SVE ggml_vec_dot_f32 / _f16 (every tail of 4, 8, 32, 64)."""
+    rng = np.random.default_rng(39)
+    for k in (1, 3, 4, 7, 8, 9, 17, 31, 32, 33, 63, 64, 65, 100, 200):
+        a, b = spread(rng, (3, k)), spread(rng, (2, k))
+        assert_bits(emulated_mul_mat(a, b, vec.vec_dot_f32, SVE128), on_build(BUILD, g_mul_mat, a, b), f"f32 K={k}")
+        a16 = spread(rng, (3, k), -3, 3).astype(np.float16)
+        got = on_build(BUILD, g_mul_mat, a16, b)
+        b16 = b.astype(np.float16).astype(np.float32)  # src1 converted to F16 (round to nearest even)
+        assert_bits(emulated_mul_mat(a16.astype(np.float32), b16, vec.vec_dot_f16, SVE128), got, f"f16 K={k}")
+    a16, b = spread(rng, (4, 256), -2, 2).astype(np.float16), spread(rng, (2, 256), -2, 2)
+    got = on_build(BUILD, g_mul_mat, a16, b)  # NEON's half accumulators would miss
+    assert not np.array_equal(emulated_mul_mat(a16.astype(np.float32), b.astype(np.float16).astype(np.float32),
+                                               vec.vec_dot_f16, NEON), got)
+
+
+def test_silu_swiglu_soft_max():
+    """The vector expf on every element: rows of every length mod 4 (NEON's scalar tail would be libm's)."""
+    rng = np.random.default_rng(1)
+    for width in (1, 3, 5, 8, 23, 37):
+        x = rows_of(hard_values(rng, 200), width)
+        assert_bits(vm.silu(x, PATH), on_build(BUILD, g_unary, "ggml_silu", x), f"silu width {width}")
+        g = np.where(np.isnan(x), np.float32(1.5), rows_of(hard_values(rng, 200, scale=2.0, nan=False), width))
+        assert_bits(vm.swiglu(x, g, PATH), on_build(BUILD, g_swiglu, x, g), f"swiglu width {width}")
+    for k, (x, mask, scale) in enumerate(soft_max_cases(np.random.default_rng(3))):
+        assert_bits(vm.soft_max(x, mask, scale, PATH), on_build(BUILD, g_soft_max, x, mask, scale), f"soft_max {k}")
+    x = np.float32([[-0.5, 2.0, -3.25]])  # 3 < 4 lanes: vector expf here, AArch64 glibc's on NEON
+    assert not np.array_equal(vm.silu(x, PATH).view(np.uint32), vm.silu(x, "arm64-i8mm").view(np.uint32))
+
+
+def test_rms_norm_fused_nan_order():
+    """RMS_NORM+MUL: GCC's SVE loop takes every element (``fmul scale, x`` then ``fmul w, t``)."""
+    rng = np.random.default_rng(2701)
+    for n in (5, 37):
+        x = hard_rows(rng, 16, n)
+        w = rng.standard_normal(n).astype(np.float32)
+        w[rng.integers(0, n)] = nan_bits(0x7FC00ABC)[0]
+        for eps in (1e-6, 0.0):
+            assert_bits(rms_norm(x, eps, PATH), on_build(BUILD, g_rms_norm, x, eps), f"rms_norm n={n}")
+            assert_bits(rms_norm(x, eps, PATH, w), on_build(BUILD, g_rms_norm, x, eps, w, 2), f"fused n={n}")
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+def test_flash_attn_one_row_and_split(kv_dtype):
+    rng = np.random.default_rng(1)
+    for i, shape in enumerate([(4, 2, 1, 37, 128), (4, 2, 4, 40, 80), (2, 1, 3, 257, 100), (1, 1, 2, 9, 17),
+                               (2, 1, 1, 600, 64)]):  # the last: split-KV
+        check(BUILD, *make(rng, *shape, kv_dtype, amp=4.0 if i % 2 else 1.0), n_threads=1 + i % 2)
+
+
+def test_flash_attn_f16_dot_stays_finite():
+    """K·Q of large halves: NEON's half lanes overflow to inf (NaN output), SVE's float ones hold 2.1e6."""
+    rng = np.random.default_rng(9)
+    q, k, v, m, scale = make(rng, 2, 1, 2, 20, 256, np.float16)
+    q[:] = np.float32(90.0)
+    k[:, [4, 9]] = np.float16(90.0)
+    assert np.isfinite(check(BUILD, q, k, v, m, scale)).all()
+    assert np.isnan(flash_attn_ext(q, k, v, m, scale, "arm64-i8mm")).all()
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+def test_flash_attn_tiled(kv_dtype):
+    """64+ rows: simd-gemm.h is off under SVE — its scalar simd_gemm, fmadd chains in order, the same bits as NEON's
+    vector chains; soft_max over whole 64-cell tiles (FADDV = vaddvq_f32). DV % svcntw() != 0: one-row."""
+    rng = np.random.default_rng(5)
+    check(BUILD, *make(rng, 2, 1, 64, 130, 64, kv_dtype), n_threads=2)
+    check(BUILD, *make(rng, 2, 2, 65, 70, 40, kv_dtype, DV=18))
+
+
+def test_ssm_conv_and_gated_delta_net():
+    rng = np.random.default_rng(27)
+    for nc in (3, 4, 5, 13):
+        sx, c = hard_floats(rng, (2, 37, nc + 4)), hard_floats(rng, (37, nc), 0.5)
+        assert_bits(ssm_conv(sx, c, PATH), on_build(BUILD, ssm_conv_graph, sx, c, 2), f"ssm_conv nc={nc}")
+    sx, c = rng.standard_normal((1, 256, 5 + 3)).astype(np.float32), rng.standard_normal((256, 5)).astype(np.float32)
+    assert not np.array_equal(ssm_conv(sx, c, PATH), ssm_conv(sx, c, "arm64-i8mm"))  # NEON fuses the 5th tap
+    for n_seqs, T, H, H_k, S, K in [(1, 3, 2, 2, 24, 1), (2, 2, 4, 2, 33, 2), (1, 2, 2, 1, 128, 1)]:
+        args = list(gdn_inputs(rng, n_seqs, T, H, H_k, S, S == 33))
+        out_ref, states_ref = split_gdn(on_build(BUILD, gdn_graph, *args, K, 1), args[2].shape, K)
+        out, states = gated_delta_net(*args, PATH, K=K)
+        assert_bits(out, out_ref, f"gdn output S={S}")
+        written = min(T, K)
+        assert_bits((states[None] if K == 1 else states)[:written], states_ref[:written], f"gdn state S={S}")

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.oracle
 
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
 WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]
+DEEP_BASE = ARM_BUILDS + [pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]  # pytest -m deep
 
 
 def path_of(build: str) -> str:
@@ -58,7 +59,7 @@ def assert_bits(got, want, what):
     assert bad.size == 0, f"{what}: {bad.size} of {got.size} differ, first {got.ravel()[bad[:3]]} vs {want.ravel()[bad[:3]]}"
 
 
-@pytest.mark.parametrize("build", WITH_BASE)
+@pytest.mark.parametrize("build", DEEP_BASE)
 def test_vec_dot_f32(build):
     """ggml_vec_dot_f32: 4 accumulators of 4 lanes, vaddvq_f32, the NEON leftovers (blocks of 4, then fmadd)."""
     lanes = simd.lanes(path_of(build))

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.oracle
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
 #: arm64-base-gcc (armv8-a): F16 vectors float32x4_t (GGML_F32Cx4) — the one-row loop's F16 code is x86's float one
 WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]
+DEEP_BASE = ARM_BUILDS + [pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]  # pytest -m deep
 
 
 def path_of(build: str) -> str:
@@ -90,7 +91,7 @@ def test_tiled_path(build, kv_dtype):
     check(build, *make(rng, 2, 1, 64, 70, 66, kv_dtype), n_threads=2)
 
 
-@pytest.mark.parametrize("build", WITH_BASE)
+@pytest.mark.parametrize("build", DEEP_BASE)
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 def test_split_kv_path(build, kv_dtype):
     rng = np.random.default_rng(4)

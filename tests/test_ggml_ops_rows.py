@@ -34,8 +34,8 @@ pytestmark = pytest.mark.oracle
 #: it in the default suite (one qemu worker less here)
 WITH_ARM = WITH_GENERIC + ["arm64-dotprod-gcc"]
 #: the norms on arm64-base-gcc (armv8-a) too: its F32 NEON code is the dotprod build's (get_rows, argsort, concat
-#: passed there as well, left out to keep the suite short)
-WITH_BASE = WITH_ARM + ["arm64-base-gcc"]
+#: passed there as well, left out to keep the suite short); pytest -m deep: a third qemu worker
+WITH_BASE = WITH_ARM + [pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]
 
 
 def path_of(build: str) -> str:

@@ -20,7 +20,8 @@ from kernels.ggml.ssm import gated_delta_net, ssm_conv
 pytestmark = pytest.mark.oracle
 F32 = np.float32
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
-WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]  # armv8-a: the same NEON code for these ops (no F16 vectors here)
+#: armv8-a: the same NEON code for these ops (no F16 vectors here); pytest -m deep
+WITH_BASE = ARM_BUILDS + [pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]
 
 
 def path_of(build: str) -> str:

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.oracle
 #: and the AArch64 dotprod GCC build (tests/arm64.py, under qemu). arm64-i8mm-gcc runs the same machine code for
 #: these ops (their disassembly, addresses aside) and passed every test here too; tests/test_ggml_ops_arm64.py keeps
 #: it in the default suite (one qemu worker less here); arm64-base-gcc (armv8-a) takes the same F32 NEON code for
-#: them (no F16 vectors here) and runs them too
-WITH_ARM = WITH_GENERIC + ["arm64-dotprod-gcc", "arm64-base-gcc"]
+#: them (no F16 vectors here) and passes them too: pytest -m deep (a third qemu worker, kept out of the default suite)
+WITH_ARM = WITH_GENERIC + ["arm64-dotprod-gcc", pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]
 
 
 def path_of(build: str) -> str:

@@ -98,7 +98,7 @@ def test_flash_attn_tiled(kv_dtype):
     """64+ rows: simd-gemm.h is off under SVE — its scalar simd_gemm, fmadd chains in order, the same bits as NEON's
     vector chains; soft_max over whole 64-cell tiles (FADDV = vaddvq_f32). DV % svcntw() != 0: one-row."""
     rng = np.random.default_rng(5)
-    check(BUILD, *make(rng, 2, 1, 64, 130, 64, kv_dtype), n_threads=2)
+    check(BUILD, *make(rng, 1, 1, 64, 70, 32, kv_dtype), n_threads=2)
     check(BUILD, *make(rng, 2, 2, 65, 70, 40, kv_dtype, DV=18))
 
 
@@ -109,7 +109,7 @@ def test_ssm_conv_and_gated_delta_net():
         assert_bits(ssm_conv(sx, c, PATH), on_build(BUILD, ssm_conv_graph, sx, c, 2), f"ssm_conv nc={nc}")
     sx, c = rng.standard_normal((1, 256, 5 + 3)).astype(np.float32), rng.standard_normal((256, 5)).astype(np.float32)
     assert not np.array_equal(ssm_conv(sx, c, PATH), ssm_conv(sx, c, "arm64-i8mm"))  # NEON fuses the 5th tap
-    for n_seqs, T, H, H_k, S, K in [(1, 3, 2, 2, 24, 1), (2, 2, 4, 2, 33, 2), (1, 2, 2, 1, 128, 1)]:
+    for n_seqs, T, H, H_k, S, K in [(1, 3, 2, 2, 24, 1), (2, 2, 2, 2, 33, 2), (1, 2, 1, 1, 64, 1)]:
         args = list(gdn_inputs(rng, n_seqs, T, H, H_k, S, S == 33))
         out_ref, states_ref = split_gdn(on_build(BUILD, gdn_graph, *args, K, 1), args[2].shape, K)
         out, states = gated_delta_net(*args, PATH, K=K)

@@ -6,8 +6,10 @@ codes the compiled functions take, and the NaN each platform's invalid operation
 *code* of the compiled vec functions (the ``lanes`` argument of :mod:`kernels.ggml.vec`, :data:`AVX512`, :data:`AVX2`,
 :data:`NEON`): on the paths emulated so far it names the SIMD code uniquely. ggml's generic x86 build has no
 ``GGML_F32_VEC``; its silu / swiglu / soft_max take vec.h's ``__SSE2__`` branch, code :data:`SSE2` (4 lanes, no
-FMA, kept apart from NEON's 4). A path :data:`SIMD` does not list (a future SVE build: 4 lanes, other code)
-is refused by :func:`lanes` and :func:`simd` — never handed another path's code.
+FMA, kept apart from NEON's 4). ``arm64-sve128`` (SVE at 128 bits) has 4 lanes but its own code :data:`SVE128`
+(vec.h / vec.cpp's SVE loops: :mod:`kernels.ggml.sve`), which :func:`lanes` refuses: a kernel that knows SVE reads
+:func:`simd`. A path :data:`SIMD` does not list is refused by :func:`lanes` and :func:`simd` — never handed another
+path's code.
 
 NaNs: x86's invalid operations return 0xFFC00000, AArch64's (FPCR.DN = 0) 0x7FC00000; an operand NaN propagates,
 quieted, on both. :func:`nan_swap` / :func:`follows_nans` turn an op computed on this x86 host into the AArch64

@@ -24,10 +24,11 @@ read from ``objdump -d`` of both ``libggml-cpu.so``):
   Only the dot is ISA dependent: ``vec.cpp: ggml_vec_dot_f32`` (:func:`kernels.ggml.vec.vec_dot_f32`).
 * ``expf`` is glibc's, called through the PLT: :func:`kernels.ggml.libm.expf` calls the same function.
 
-AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` (the same code in all three): ssm_conv's fold-left blocks are
-4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest ``fmadd`` — for 4 taps the
-AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4: :mod:`kernels.ggml.vec`), ``expf`` AArch64
-glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN (:func:`kernels.ggml.simd.follows_nans`).
+AArch64 GCC builds ``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base`` (the same code in all three): ssm_conv's
+fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & ~3`` taps unfused, the rest
+``fmadd`` — for 4 taps the AVX2 bits), the delta net's dots NEON ``ggml_vec_dot_f32`` (``lanes`` 4:
+:mod:`kernels.ggml.vec`), ``expf`` AArch64 glibc's (:func:`kernels.ggml.libm.expf_on`), generated NaNs ARM's +qNaN
+(:func:`kernels.ggml.simd.follows_nans`).
 ``arm64-sve128`` (SVE at 128 bits, GCC): ssm_conv's taps all ``fmul z`` products added in order by ``fadda`` (no
 fused tail), the delta net's dots the SVE ``ggml_vec_dot_f32`` (:func:`kernels.ggml.sve.vec_dot_f32`).
 

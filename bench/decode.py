@@ -288,7 +288,8 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     if args.emulate == "ggml":  # --emulate=ggml, loaded as `refimpl run --emulate=ggml` loads (its column layout)
         from refimpl.model.ops import emulation_ctx
 
-        ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads)  # the child's settings
+        ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads,  # the child's settings
+                                 ggml=args.ggml_path)  # None: the loaded library's path
         ggml_model = load_model(path, pack="auto", ggml=(ggml_ctx.ggml, ggml_ctx.repack))  # the column layout when it fits
         touch_pages(ggml_model)
         refimpl_decode(ggml_model, [1, 2], 2, ggml_ctx)  # compile / warm
@@ -370,10 +371,11 @@ def main(argv=None) -> int:
                     help="refimpl's positions per forward call on the prompt (default: refimpl.cli.LOGITS_CHUNK, as `refimpl logits`)")
     ap.add_argument("--pp-all-logits", action="store_true",
                     help="time every prompt position's logits (refimpl logits), not the last one's (refimpl run, llama-bench)")
-    ap.add_argument("--emulate", nargs="?", const="act", choices=("act", "ggml"), default=None,
+    ap.add_argument("--emulate", nargs="?", const="act", default=None,
                     help="--emulate alone: refimpl with --emulate numerics (act_quant) instead of plain; --emulate=ggml: "
                          "plain rows as usual plus a 'ggml' row, refimpl --emulate=ggml (bit for bit libggml-cpu), "
-                         "timed in the same rounds, with its ratio to each plain variant")
+                         "timed in the same rounds, with its ratio to each plain variant; --emulate=ggml:NAME: that row "
+                         "on a named path (e.g. ggml:arm64-i8mm, a phone's path emulated on this host)")
     ap.add_argument("--variants", default="mapped,packed",
                     help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
     ap.add_argument("--json", help="also write the raw figures to this file")
@@ -381,6 +383,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",")]
+    args.ggml_path = None
+    if args.emulate and args.emulate.startswith("ggml:"):
+        from kernels.ggml.build import UnsupportedBuild, named_path
+
+        try:
+            args.emulate, args.ggml_path = "ggml", named_path(args.emulate)
+        except UnsupportedBuild as e:
+            ap.error(str(e))
+    elif args.emulate not in (None, "act", "ggml"):
+        ap.error(f"--emulate: expected act, ggml or ggml:NAME, not {args.emulate!r}")
     if args.llama_child:
         return _llama_child(args.llama_child, args.threads, not args.no_extra_bufts)
 
@@ -396,9 +408,9 @@ def main(argv=None) -> int:
     print(f"# {cpu_description()}")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; numba ISA {_numba_isa()}")
     if args.emulate == "ggml":
-        from kernels.ggml.build import detect
+        from kernels.ggml.build import describe_named, detect
 
-        print(f"# --emulate=ggml follows {detect().describe()}")
+        print(f"# --emulate=ggml follows {describe_named(args.ggml_path) if args.ggml_path else detect().describe()}")
     print(f"# {args.threads} threads (numba and llama.cpp), {args.n} tokens per round, {args.rounds} rounds, "
           f"refimpl numerics {'emulate' if args.emulate == 'act' else 'plain'}"
           f"{' + a ggml row' if args.emulate == 'ggml' else ''}; load average {load0[0]:.2f}", flush=True)

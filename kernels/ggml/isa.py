@@ -107,6 +107,8 @@ def nan_swap(path: str, a):
     if nan == X86_NAN:
         return a
     a = np.asarray(a)
+    if a.dtype in (np.float32, np.float16) and not np.isnan(a).any():  # the common case, one pass: nothing to swap
+        return a
     if a.dtype == np.float32:
         u, p, q = a.view(np.uint32), X86_NAN, nan
     elif a.dtype == np.float16:
@@ -124,18 +126,19 @@ def nan_swap(path: str, a):
 def follows_nans(fn):
     """Decorator: ``fn`` computed with :func:`nan_swap` around it on its ``path`` argument (its float32 / float16
     array arguments swapped, then its result); ``path`` None or an x86 path: ``fn`` itself."""
-    sig = inspect.signature(fn)
+    names = list(inspect.signature(fn).parameters)
+    at = names.index("path")  # where a positional ``path`` sits
+    op = f"ggml_{fn.__name__.strip('_')}"
+
+    def swapped(path, v):
+        return nan_swap(path, v) if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16) else v
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
-        path = bound.arguments.get("path")
-        if path is None or simd(path, f"ggml_{fn.__name__.strip('_')}").nan == X86_NAN:
+    def wrapper(*args, **kwargs):  # no inspect.Signature.bind per call: this runs for every element-wise op of a decode
+        path = kwargs.get("path", args[at] if len(args) > at else None)
+        if path is None or simd(path, op).nan == X86_NAN:
             return fn(*args, **kwargs)
-        for name, v in bound.arguments.items():
-            if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16):
-                bound.arguments[name] = nan_swap(path, v)
-        out = fn(*bound.args, **bound.kwargs)
+        out = fn(*(swapped(path, v) for v in args), **{k: swapped(path, v) for k, v in kwargs.items()})
         return tuple(nan_swap(path, o) for o in out) if isinstance(out, tuple) else nan_swap(path, out)
 
     return wrapper

@@ -131,8 +131,8 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
-    glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc
-    if not generic and epr != SVE128 and cols_fit(S_v, epr):  # the S_v dots of a token together: the state held transposed (below)
+    glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
+    if not generic and epr != SVE128 and cols_fit(S_v, epr):  # a token's S_v dots together, the state transposed
         _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
         return out
     for ir in range(n_seqs * H):

@@ -10,10 +10,12 @@ gemv on the rest, so a decode (1 row), a 1+1 verify (2), a 1+3 verify (4) and a 
 meet another mix; the i8mm build's plain-buffer row kernels take 2 rows at a time. Flash attention's one-row path
 accumulates in half precision on both builds (FP16 vector arithmetic).
 
-Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones since 2019) and ``arm64-i8mm-gcc``
-(``armv8.6-a+dotprod+fp16+i8mm``: current phones). Each qemu run of the built-in model takes ~10-20 s here, so the
+Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones since 2019), ``arm64-i8mm-gcc``
+(``armv8.6-a+dotprod+fp16+i8mm``: current phones) and ``arm64-base-gcc`` (``armv8-a``, the NDK's portable baseline: no
+dotprod, no FP16 arithmetic, nothing repacked) and ``arm64-sve128-gcc`` (``armv9-a+sve2+i8mm+dotprod+fp16``, run at a
+128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's). Each qemu run of the built-in model takes ~10-20 s here, so the
 default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
-matrix (23 cases, ~8 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
+matrix (47 cases, ~17 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from test_ggml_e2e import N_THREADS, TRACED, assert_bits, model, prompt, refimpl
 
 pytestmark = pytest.mark.oracle
 
-BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc"]
 #: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, both builds, the draft-mtp
 #: loop and a converted K-quant file —; the others are marked ``deep`` (:func:`cases`)
 DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
+           ("arm64-base-gcc", "verify-1+3"), ("arm64-sve128-gcc", "verify-1+3"),
            ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc")}
 
 
@@ -63,9 +66,10 @@ def on_build(monkeypatch):
         import arm64
 
         arm64.require(build)
-        info = build_info(build)
-        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(info.lib_dir))
-        return info.path
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(arm64.lib_dir(build)))
+        if build == "arm64-sve128-gcc":  # detection refuses SVE on an x86 host (the vector length is the CPU's)
+            return "arm64-sve128"
+        return build_info(build).path
 
     return select
 
@@ -96,13 +100,16 @@ def test_plain_buffer_weights(build, on_build):
 
 
 def test_the_paths_compute_different_bits():
-    """Each ARM path computes other bits than x86 and than the other ARM path on the same tokens — so each test
-    above could fail on another path (dotprod and i8mm differ in their repacked gemm/gemv: 4x4 vs 4x8 blocks)."""
+    """Each ARM path computes other bits than x86 and than every other ARM path on the same tokens — so each test
+    above could fail on another path (dotprod and i8mm differ in their repacked gemm/gemv: 4x4 vs 4x8 blocks; base
+    repacks nothing and sums F16 in float lanes; sve128 has its own F32/F16 dots and quant kernels)."""
+    import itertools
+
     tokens = prompt()[:8]
-    logits = {p: refimpl_logits(p, tokens, 4)[0].view(np.uint32) for p in ("arm64-dotprod", "arm64-i8mm", "avx512")}
-    assert (logits["arm64-dotprod"] != logits["avx512"]).any()
-    assert (logits["arm64-i8mm"] != logits["avx512"]).any()
-    assert (logits["arm64-dotprod"] != logits["arm64-i8mm"]).any()
+    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "avx512")
+    logits = {p: refimpl_logits(p, tokens, 4)[0].view(np.uint32) for p in paths}
+    for a, b in itertools.combinations(paths, 2):
+        assert (logits[a] != logits[b]).any(), (a, b)
 
 
 @pytest.mark.deep
@@ -152,7 +159,8 @@ def test_draft_mtp_loop_equals_llama_cpp(build, n_draft, on_build):
 
 #: converted files (made by llama.cpp's own convert_hf_to_gguf.py and llama-quantize) × the build they run on
 CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-gcc"),
-                   ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35-narrow-q8_0.gguf", "arm64-dotprod-gcc")]
+                   ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35-narrow-q8_0.gguf", "arm64-dotprod-gcc"),
+                   ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-gcc")]
 
 
 @pytest.mark.parametrize("name,build", [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep)

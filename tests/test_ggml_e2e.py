@@ -160,17 +160,22 @@ def test_logits_bit_identical(build, shape, on_build):
 def test_greedy_stream_and_mtp_head(build, on_build):
     """llama_ref's greedy loop with the draft-mtp catch-up (llama.cpp's defaults): the same stream, and the
     trunk's logits and h_nextn and the MTP head's logits and hiddens bit for bit at every position."""
+    assert_greedy_and_mtp_head(build, on_build(build), prompt()[:12], 12)
+
+
+def assert_greedy_and_mtp_head(build: str, path: str, start, n_generate: int) -> None:
+    """llama_ref's greedy loop with the MTP catch-up on the loaded build (``LLAMA_CPP_LIB_PATH``) against refimpl's
+    ``path``: the same tokens; logits, hidden, mtp_logits and mtp_hidden bit for bit at every position."""
     from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
     from refimpl.model.ops import argmax
     from refimpl.model.trunk import forward
 
-    path = on_build(build)
-    ref = llama_run(TRAINED_PATH, prompt()[:12], n_generate=12, mtp=True, defaults=True, n_threads=N_THREADS)
+    ref = llama_run(TRAINED_PATH, start, n_generate=n_generate, mtp=True, defaults=True, n_threads=N_THREADS)
     m = model()
     mw = load_mtp_weights(m.file, m.weights)
     ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=8)  # llama_ref's context: n_ubatch 8
     state, mstate = SeqState.fresh(m.config), MTPState.fresh(m.config)
-    tokens, h_prev, rows = list(prompt()[:12]), np.zeros((1, m.config.n_embd), np.float32), []
+    tokens, h_prev, rows = list(start), np.zeros((1, m.config.n_embd), np.float32), []
     for pos in range(len(ref.tokens)):
         if pos >= len(tokens):
             tokens.append(argmax(rows[-1][0][0]))

@@ -24,12 +24,11 @@ import numpy as np
 import pytest
 
 from ggml_graph import build_info
-from llama_ref import llama_run
 from llama_trace import llama_trace
 from refimpl.fixtures.builtin import TRAINED_PATH
 from refimpl.model.ops import emulation_ctx
-from refimpl.model.state import SeqState
-from test_ggml_e2e import N_THREADS, TRACED, assert_bits, model, prompt, refimpl_batches, refimpl_logits
+from test_ggml_e2e import (N_THREADS, TRACED, assert_bits, assert_greedy_and_mtp_head, model, prompt, refimpl_batches,
+                            refimpl_logits)
 
 pytestmark = pytest.mark.oracle
 
@@ -117,27 +116,7 @@ def test_the_paths_compute_different_bits():
 def test_greedy_stream_and_mtp_head(build, on_build):
     """32 greedy steps with the draft-mtp catch-up (llama.cpp's defaults): the same stream, and the trunk's logits
     and h_nextn and the MTP head's logits and hiddens bit for bit at every position."""
-    from refimpl.model.mtp import MTPState, load_mtp_weights, mtp_forward
-    from refimpl.model.ops import argmax
-    from refimpl.model.trunk import forward
-
-    path = on_build(build)
-    ref = llama_run(TRAINED_PATH, prompt()[:8], n_generate=32, mtp=True, defaults=True, n_threads=N_THREADS)
-    m = model()
-    mw = load_mtp_weights(m.file, m.weights)
-    ctx = emulation_ctx("ggml", ggml=path, n_threads=N_THREADS, n_ubatch=8)  # llama_ref's context: n_ubatch 8
-    state, mstate = SeqState.fresh(m.config), MTPState.fresh(m.config)
-    tokens, h_prev, rows = list(prompt()[:8]), np.zeros((1, m.config.n_embd), np.float32), []
-    for pos in range(len(ref.tokens)):
-        if pos >= len(tokens):
-            tokens.append(argmax(rows[-1][0][0]))
-        lg, h, state = forward(m, state, [tokens[pos]], ctx)
-        mlg, mh, mstate = mtp_forward(m, mw, mstate, [tokens[pos]], h_prev, ctx)
-        rows.append((lg, h, mlg, mh))
-        h_prev = h
-    assert tokens == ref.tokens.tolist()
-    for i, name in enumerate(("logits", "hidden", "mtp_logits", "mtp_hidden")):
-        assert_bits(f"{build} {name}", np.concatenate([r[i] for r in rows]), getattr(ref, name))
+    assert_greedy_and_mtp_head(build, on_build(build), prompt()[:8], 32)
 
 
 @pytest.mark.parametrize("build,n_draft", cases(BUILDS, (1, 3)))

@@ -38,13 +38,13 @@ build contracts into one ``fmla``) are in :mod:`kernels.ggml.mulmat_arm_q`, with
 every ``vec_dot`` read in the three builds agree up to scheduling), but ``ggml_vdotq_s32`` is emulated with
 ``vmull_s8`` + ``vpaddlq_s16``: the same sums, other lanes — which matters where lanes are float accumulators (Q8_0,
 Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._block32_1row``'s ``vmull``) — and F16's dot is in float
-(:func:`vec_dot_f16_f32acc`).
+(:func:`kernels.ggml.vec.vec_dot_f16` with ``NEON_F32C``).
 
 ``arm64-sve128`` (SVE2 at 128 bits, with i8mm): the NEON kernels of the i8mm build where its ``vec_dot`` has no SVE
 code (BF16, Q4_1, Q5_0, Q5_1, MXFP4, IQ4_NL, Q5_K, IQ4_XS, the IQ1/2/3 types: the float instructions agree), the SVE
-code of F32 (:func:`vec_dot_f32_sve128`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), Q2_K (4 float lanes:
+code of F32 (:func:`kernels.ggml.sve.vec_dot_f32`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), Q2_K (4 float lanes:
 ``mulmat_arm_q._q2_k_sve128``), Q3_K / Q4_K / Q6_K (SVE 1-row kernels rounding as the NEON ones; fused SVE+MMLA 2-row
-kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`vec_dot_f16_sve128`), and the NEON i8mm 2-row kernels
+kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`kernels.ggml.sve.vec_dot_f16`), and the NEON i8mm 2-row kernels
 of Q4_0, Q4_1, Q8_0.
 
 Other weight types raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
@@ -60,15 +60,15 @@ from kernels.base.flags import jit
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
-from kernels.ggml.simd import NEON, fma32
+from kernels.ggml.isa import NEON_F32C, f16_code
+from kernels.ggml.simd import NEON
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 
-F32 = np.float32
 #: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS); ``arm64-base`` (armv8-a: no
 #: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
-#: NEON kernels but F16's dot in float (:func:`vec_dot_f16_f32acc`)
+#: NEON kernels but F16's dot in float (:func:`kernels.ggml.vec.vec_dot_f16` with ``NEON_F32C``)
 ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128")
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
 I8MM_PATHS = ("arm64-i8mm", "arm64-sve128")
@@ -153,101 +153,20 @@ def block_mask(T: int, N: int, rows: int, n_threads: int, qtype: QT, path: str):
 
 
 @jit()
-def vec_dot_f16_f32acc(n, x, y):
-    """vec.cpp: ggml_vec_dot_f16 on NEON *without* FP16 vector arithmetic (``arm64-base``: ``GGML_F32Cx4``): the
-    halves widened (``fcvtl``), 4 float accumulators of 4 lanes over steps of 16 (``fmla``), ``(s0+s2)+(s1+s3)``,
-    ``faddp`` twice, then a double with the leftovers' float products added (read in the base build)."""
-    np_ = n & ~15
-    acc = np.zeros((4, 4), np.float32)
-    for i in range(0, np_, 16):
-        for j in range(4):
-            for lane in range(4):
-                k = i + 4 * j + lane
-                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
-    r = np.empty(4, np.float32)
-    for lane in range(4):
-        r[lane] = F32(F32(acc[0, lane] + acc[2, lane]) + F32(acc[1, lane] + acc[3, lane]))
-    sumf = np.float64(F32(F32(r[0] + r[1]) + F32(r[2] + r[3])))
-    for i in range(np_, n):
-        sumf += np.float64(F32(x[i] * y[i]))
-    return F32(sumf)
-
-
-@jit()
-def vec_dot_f32_sve128(n, x, y):
-    """vec.cpp: ggml_vec_dot_f32, the ``__ARM_FEATURE_SVE`` branch at 128 bits: 8 accumulators of 4 lanes over steps
-    of 32 (``svmad``: fused), the leftover whole vectors into ``sum1``, the last ``n % 4`` values by a predicated
-    ``svmla`` into ``sum1``'s first lanes; ``GGML_F32xt_REDUCE``: (1+2) + (3+4), (5+6) + (7+8), their sum, lane-wise,
-    then ``svaddv`` = FADDV ``(l0 + l1) + (l2 + l3)``, a float."""
-    np_ = n & ~31
-    acc = np.zeros((8, 4), np.float32)
-    for i in range(0, np_, 32):
-        for j in range(8):
-            for lane in range(4):
-                k = i + 4 * j + lane
-                acc[j, lane] = fma32(x[k], y[k], acc[j, lane])
-    for i in range(np_, n):  # whole vectors, then the predicated tail: lane i % 4 of sum1
-        acc[0, (i - np_) % 4] = fma32(x[i], y[i], acc[0, (i - np_) % 4])
-    r = np.empty(4, np.float32)
-    for lane in range(4):
-        a12, a34 = F32(acc[0, lane] + acc[1, lane]), F32(acc[2, lane] + acc[3, lane])
-        a56, a78 = F32(acc[4, lane] + acc[5, lane]), F32(acc[6, lane] + acc[7, lane])
-        r[lane] = F32(F32(a12 + a34) + F32(a56 + a78))
-    return F32(F32(r[0] + r[1]) + F32(r[2] + r[3]))
-
-
-@jit()
-def vec_dot_f16_sve128(n, x, y):
-    """vec.cpp: ggml_vec_dot_f16, the ``__ARM_FEATURE_SVE`` branch at 128 bits with SVE2 (``ggml_sve_f16_fma_widened``
-    = FMLALB / FMLALT): 4 pairs of float accumulators (even halves into ``lo``, odd into ``hi``; each product of two
-    halves exact, one fused add) over steps of 64, vector ``j`` of a step into pair ``j % 4``, the leftover whole
-    vectors into pair 0, the last ``n % 8`` values by a zeroing predicated load (the inactive lanes add 0·0);
-    pairs added (1+2, 3+4, then both), ``svaddv(lo) + svaddv(hi)`` in float, widened to the double returned."""
-    np_, np2 = n - n % 64, n - n % 8
-    lo = np.zeros((4, 4), np.float32)
-    hi = np.zeros((4, 4), np.float32)
-    for i in range(0, np2, 8):
-        a = ((i // 8) % 8) % 4 if i < np_ else 0
-        for lane in range(4):
-            k = i + 2 * lane
-            lo[a, lane] = fma32(x[k], y[k], lo[a, lane])
-            hi[a, lane] = fma32(x[k + 1], y[k + 1], hi[a, lane])
-    if np2 < n:
-        for lane in range(4):
-            for h in range(2):
-                k = np2 + 2 * lane + h
-                xv, yv = (x[k], y[k]) if k < n else (F32(0.0), F32(0.0))
-                if h == 0:
-                    lo[0, lane] = fma32(xv, yv, lo[0, lane])
-                else:
-                    hi[0, lane] = fma32(xv, yv, hi[0, lane])
-    for lane in range(4):
-        lo[0, lane] = F32(F32(lo[0, lane] + lo[1, lane]) + F32(lo[2, lane] + lo[3, lane]))
-        hi[0, lane] = F32(F32(hi[0, lane] + hi[1, lane]) + F32(hi[2, lane] + hi[3, lane]))
-    s_lo = F32(F32(lo[0, 0] + lo[0, 1]) + F32(lo[0, 2] + lo[0, 3]))
-    s_hi = F32(F32(hi[0, 0] + hi[0, 1]) + F32(hi[0, 2] + hi[0, 3]))
-    return F32(s_lo + s_hi)
-
-
-@jit()
-def float_rows_arm(w, x, out, kind):
-    """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the NEON
-    ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``lanes`` = :data:`simd.NEON`), BF16's
-    scalar loop :func:`kernels.ggml.vec.vec_dot_generic`."""
+def float_rows_arm(w, x, out, kind, code):
+    """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the path's
+    ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``code`` = :func:`kernels.ggml.isa.f16_code`
+    of the path: NEON, NEON_F32C on arm64-base, SVE128, whose dots are :mod:`kernels.ggml.sve`'s), BF16's scalar loop
+    :func:`kernels.ggml.vec.vec_dot_generic`."""
     K = w.shape[1]
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
+    f32_code = NEON if code == NEON_F32C else code  # GGML_F32_VEC is float32x4_t on every NEON build
     for t in range(x.shape[0]):
         for r in range(w.shape[0]):
             if kind == 0:
-                out[t, r] = vec_dot_f32(K, w[r], x[t], NEON, acc)
+                out[t, r] = vec_dot_f32(K, w[r], x[t], f32_code, acc)
             elif kind == 1:
-                out[t, r] = vec_dot_f16(K, w[r], x[t], NEON, acc)
-            elif kind == 3:
-                out[t, r] = vec_dot_f16_f32acc(K, w[r], x[t])
-            elif kind == 4:
-                out[t, r] = vec_dot_f32_sve128(K, w[r], x[t])
-            elif kind == 5:
-                out[t, r] = vec_dot_f16_sve128(K, w[r], x[t])
+                out[t, r] = vec_dot_f16(K, w[r], x[t], code, acc)
             else:
                 out[t, r] = vec_dot_generic(K, w[r], x[t])
 
@@ -269,13 +188,12 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     out = np.empty((T, N), np.float32)
     if qtype in (QT.F32, QT.F16, QT.BF16):
         if qtype == QT.F32:
-            w, xv, kind = w_bytes.view(np.float32), x, 4 if path == "arm64-sve128" else 0
+            w, xv, kind = w_bytes.view(np.float32), x, 0
         elif qtype == QT.F16:  # ggml_cpu_fp32_to_fp16: fcvt, nearest even
-            w, xv = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x)
-            kind = {"arm64-base": 3, "arm64-sve128": 5}.get(path, 1)
+            w, xv, kind = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x), 1
         else:  # ggml_cpu_fp32_to_bf16: GGML_FP32_TO_BF16
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
-        float_rows_arm(w, xv, out, kind)
+        float_rows_arm(w, xv, out, kind, f16_code(path, "mul_mat"))
         return arm_default_nan(out)
     if nrows == 1:
         two = None

@@ -21,7 +21,7 @@ element is one ``vec_dot`` (``type_traits_cpu[type].vec_dot``) on the activation
   (``fcvtl``/``fcvtl2``), added (float) and ``faddp``'d twice, then a double; the leftovers add float products to
   the double (:func:`kernels.ggml.vec.vec_dot_f16`). A sum beyond 65504 overflows to inf, as on the phone.
 * BF16: no ``__ARM_FEATURE_BF16`` branch in ``ggml_vec_dot_bf16``: the scalar loop, float products summed in a
-  double (:func:`kernels.ggml.vec.vec_dot_generic`).
+  double (:func:`kernels.ggml.mulmat_vec.vec_dot_bf16`'s scalar loop).
 * Q8_0 and the other quantized types: activations by AArch64 ``quantize_row_q8_0``
   (:func:`kernels.ggml.actquant._quantize_rows_q8_0_arm`: ``FMAX`` propagates a NaN, ``id = 1/d``, ``vcvtnq``), then
   the ``arch/arm/quants.c`` kernels of :mod:`kernels.ggml.mulmat_arm_q` (Q8_0: ``vmlaq_n_f32`` compiled *unfused*,
@@ -56,13 +56,10 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.block import QT
-from kernels.base.flags import jit
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
-from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values
-from kernels.ggml.isa import NEON_F32C, f16_code
-from kernels.ggml.simd import NEON
-from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic
+from kernels.ggml.isa import f16_code
+from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values, vec_dot_float_rows
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 
@@ -152,25 +149,6 @@ def block_mask(T: int, N: int, rows: int, n_threads: int, qtype: QT, path: str):
 # Float weights
 
 
-@jit()
-def float_rows_arm(w, x, out, kind, code):
-    """``out[t, r] = vec_dot(w[r], x[t])``: ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32) — the path's
-    ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` of :mod:`kernels.ggml.vec` (``code`` = :func:`kernels.ggml.isa.f16_code`
-    of the path: NEON, NEON_F32C on arm64-base, SVE128, whose dots are :mod:`kernels.ggml.sve`'s), BF16's scalar loop
-    :func:`kernels.ggml.vec.vec_dot_generic`."""
-    K = w.shape[1]
-    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
-    f32_code = NEON if code == NEON_F32C else code  # GGML_F32_VEC is float32x4_t on every NEON build
-    for t in range(x.shape[0]):
-        for r in range(w.shape[0]):
-            if kind == 0:
-                out[t, r] = vec_dot_f32(K, w[r], x[t], f32_code, acc)
-            elif kind == 1:
-                out[t, r] = vec_dot_f16(K, w[r], x[t], code, acc)
-            else:
-                out[t, r] = vec_dot_generic(K, w[r], x[t])
-
-
 # --------------------------------------------------------------------------------------------
 # Entry points (called by kernels.ggml.mulmat for an ARM path)
 
@@ -193,7 +171,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             w, xv, kind = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x), 1
         else:  # ggml_cpu_fp32_to_bf16: GGML_FP32_TO_BF16
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
-        float_rows_arm(w, xv, out, kind, f16_code(path, "mul_mat"))
+        vec_dot_float_rows(w, xv, out, kind, f16_code(path, "mul_mat"))  # vec.py / sve.py dots
         return arm_default_nan(out)
     if nrows == 1:
         two = None

@@ -77,7 +77,8 @@ def dpbf16_lane(c, x0, y0, x1, y1):
 
 @jit()
 def vec_dot_bf16(n, x, y, L):
-    """``vec.cpp: ggml_vec_dot_bf16``; ``x``, ``y`` hold the BF16 values as float32 (exact)."""
+    """``vec.cpp: ggml_vec_dot_bf16``; ``x``, ``y`` hold the BF16 values as float32 (exact). ``L``: the path's SIMD
+    code; the AArch64 builds (NEON, SVE codes) have no BF16 branch there: the scalar loop alone."""
     i = 0
     sumf = np.float64(0.0)
     if L == 16:  # __AVX512BF16__: c1 over values [i, i+32), c2 over [i+32, i+64)
@@ -90,7 +91,7 @@ def vec_dot_bf16(n, x, y, L):
             i += 64
         sumf += np.float64(hsum_fold(c[0], 0, 16))  # _mm512_reduce_add_ps(c1)
         sumf += np.float64(hsum_fold(c[1], 0, 16))
-    else:  # __AVX2__: c1..c4 over values [i+8j, i+8j+8)
+    elif L == 8:  # __AVX2__: c1..c4 over values [i+8j, i+8j+8)
         c = np.zeros((4, 8), np.float32)
         while i + 32 <= n:
             for j in range(4):
@@ -109,7 +110,8 @@ def vec_dot_bf16(n, x, y, L):
 
 @jit()
 def vec_dot_float_rows(w, x, out, kind, L):
-    """``out[t, r] = vec_dot(w[r], x[t])`` for ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32)."""
+    """``out[t, r] = vec_dot(w[r], x[t])`` for ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32); ``L``: the
+    path's SIMD code (AArch64: :func:`kernels.ggml.isa.f16_code`, which the F32 dot reads as NEON on arm64-base)."""
     K = w.shape[1]
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     for t in range(x.shape[0]):

@@ -84,6 +84,8 @@ def vec_dot_f32(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``; ``acc``: :func:`dot_scratch`."""
     if lanes == SVE128:  # vec.cpp's SVE branch (kernels.ggml.sve)
         return sve.vec_dot_f32(n, x, y)
+    if lanes == NEON_F32C:  # arm64-base's F16 code: its GGML_F32_VEC is float32x4_t as on every NEON build
+        lanes = NEON
     np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
     sumf = _simd_dot(np_, x, y, lanes, acc)
     unfused = np_ + fold_left_unfused(n - np_, lanes)

@@ -145,8 +145,13 @@ SHAPES = {
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("build", WITH_GENERIC)
 def test_logits_bit_identical(build, shape, on_build):
-    n_tok, n_batch, n_ubatch, options, fields = SHAPES[shape]
-    path = on_build(build)
+    assert_shape_bit_identical(build, on_build(build), shape, SHAPES[shape])
+
+
+def assert_shape_bit_identical(build: str, path: str, shape: str, spec) -> None:
+    """llama_trace on the loaded build against refimpl's ``path`` for one :data:`SHAPES`-style ``spec`` (tokens used,
+    n_batch, n_ubatch, llama_trace options, Ctx fields): the logits and :data:`TRACED` bit for bit."""
+    n_tok, n_batch, n_ubatch, options, fields = spec
     tokens = prompt()[:n_tok]
     ref = llama_trace(TRAINED_PATH, tokens, TRACED, n_threads=fields.get("n_threads", N_THREADS), n_batch=n_batch,
                       n_ubatch=n_ubatch, **options)

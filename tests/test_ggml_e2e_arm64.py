@@ -27,8 +27,8 @@ from ggml_graph import build_info
 from llama_trace import llama_trace
 from refimpl.fixtures.builtin import TRAINED_PATH
 from refimpl.model.ops import emulation_ctx
-from test_ggml_e2e import (N_THREADS, TRACED, assert_bits, assert_greedy_and_mtp_head, model, prompt, refimpl_batches,
-                            refimpl_logits)
+from test_ggml_e2e import (N_THREADS, assert_bits, assert_greedy_and_mtp_head, assert_shape_bit_identical, model, prompt,
+                            refimpl_batches, refimpl_logits)
 
 pytestmark = pytest.mark.oracle
 
@@ -75,15 +75,7 @@ def on_build(monkeypatch):
 
 @pytest.mark.parametrize("build,shape", cases(BUILDS, SHAPES))
 def test_logits_bit_identical(build, shape, on_build):
-    n_tok, n_batch, n_ubatch, options, fields = SHAPES[shape]
-    path = on_build(build)
-    tokens = prompt()[:n_tok]
-    ref = llama_trace(TRAINED_PATH, tokens, TRACED, n_threads=fields.get("n_threads", N_THREADS), n_batch=n_batch,
-                      n_ubatch=n_ubatch, **options)
-    logits, traced = refimpl_logits(path, tokens, n_batch, **fields)
-    assert_bits(f"{build} {shape} logits", logits, ref["logits"])
-    for name in TRACED:
-        assert_bits(f"{build} {shape} {name}", traced[name], ref[name])
+    assert_shape_bit_identical(build, on_build(build), shape, SHAPES[shape])
 
 
 @pytest.mark.deep

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ggml_graph import on_build
-from test_ggml_ops_ssm import assert_bits, bits, gdn_graph, gdn_inputs, hard_floats, split_gdn, ssm_conv_graph
+from test_ggml_ops_ssm import CASES, assert_bits, bits, gdn_graph, gdn_inputs, hard_floats, split_gdn, ssm_conv_graph
 
 from kernels.ggml.ssm import gated_delta_net, ssm_conv
 
@@ -53,16 +53,6 @@ def test_ssm_conv(build):
     sx, c = rng.standard_normal((1, 256, 3 + 4)).astype(F32), rng.standard_normal((256, 4)).astype(F32)
     assert np.array_equal(bits(ssm_conv(sx, c, path)), bits(ssm_conv(sx, c, "avx2")))
     assert (bits(ssm_conv(sx, c, path)) != bits(ssm_conv(sx, c, "avx512"))).any()
-
-
-CASES = [  # (n_seqs, T, H, H_k, S, K): decode, a prompt ubatch, 128 (the dots across columns), tails, snapshots
-    (1, 1, 4, 2, 128, 1),
-    (2, 6, 4, 2, 128, 1),
-    (1, 3, 2, 1, 45, 1),
-    (1, 2, 3, 3, 100, 1),
-    (2, 4, 2, 2, 7, 3),
-    (1, 2, 2, 1, 17, 4),
-]
 
 
 @pytest.mark.parametrize("build", ARM_BUILDS)

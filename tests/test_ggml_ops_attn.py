@@ -50,15 +50,16 @@ def make(rng, n_head, n_head_kv, n_q, n_kv, D, kv_dtype, amp=1.0, mask="causal",
     return q, k, v, m, np.float32(1.0) / np.sqrt(np.float32(D))  # llama.cpp: 1.0f/sqrtf(float(n_embd_head))
 
 
-def check(build, q, k, v, m, scale, n_threads=1):
-    """Byte comparison of ggml and the emulation; returns ggml's output."""
+def check(build, q, k, v, m, scale, n_threads=1, path=None):
+    """Byte comparison of ggml and the emulation of ``path`` (default: the build's detected path); returns ggml's
+    output."""
     want = on_build(build, fa_graph, q, k, v, m, float(scale), n_threads)
-    got = flash_attn_ext(q, k, v, m, scale, build_info(build).path, n_threads=n_threads)
+    got = flash_attn_ext(q, k, v, m, scale, path or build_info(build).path, n_threads=n_threads)
     bad = want.view(np.uint32) != got.view(np.uint32)
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
-        pytest.fail(f"{bad.sum()} of {bad.size} differ ({fa_kernel(q.shape[1], k.shape[1], k.dtype, v.dtype)} path); "
-                    f"first at {i}: ggml {want[i]!r} emulation {got[i]!r}")
+        pytest.fail(f"{bad.sum()} of {bad.size} differ ({fa_kernel(q.shape[1], k.shape[1], k.dtype, v.dtype)} path, "
+                    f"q {q.shape}, k {k.shape}, {n_threads} threads); first at {i}: ggml {want[i]!r} emulation {got[i]!r}")
     return want
 
 

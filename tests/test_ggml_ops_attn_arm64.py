@@ -20,7 +20,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from ggml_graph import Graph, on_build, vp
-from test_ggml_ops_attn import causal_mask, fa_graph, make
+from test_ggml_ops_attn import causal_mask, make
+from test_ggml_ops_attn import check as check_path
 
 from kernels.ggml import simd
 from kernels.ggml.attn_heads import attn_heads_f32, layouts
@@ -42,15 +43,9 @@ def path_of(build: str) -> str:
 
 
 def check(build, q, k, v, m, scale, n_threads=1):
-    """Byte comparison of the ARM library and the emulation of its path; returns the library's output."""
-    want = on_build(build, fa_graph, q, k, v, m, float(scale), n_threads)
-    got = flash_attn_ext(q, k, v, m, scale, path_of(build), n_threads=n_threads)
-    bad = want.view(np.uint32) != got.view(np.uint32)
-    if bad.any():
-        i = tuple(np.argwhere(bad)[0])
-        pytest.fail(f"{bad.sum()} of {bad.size} differ ({fa_kernel(q.shape[1], k.shape[1], k.dtype, v.dtype)} path, "
-                    f"q {q.shape}, k {k.shape}, {n_threads} threads); first at {i}: ggml {want[i]!r} emulation {got[i]!r}")
-    return want
+    """Byte comparison of the ARM library and the emulation of its path (test_ggml_ops_attn.check); returns the
+    library's output."""
+    return check_path(build, q, k, v, m, scale, n_threads, path=path_of(build))
 
 
 # (n_head, n_head_kv, n_q, n_kv, D): 1 … 63 query rows, head dims with every tail of the half dot (32 halves a

@@ -261,12 +261,13 @@ def _as_activation_rows(x, block: int, what: str) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
 
 
-def _q8_0_rows(x2d, with_s: bool):
+def _q8_0_rows(x2d, with_s: bool, kernel=None):
+    """(qs, d, s) of (R, K) float32 rows by ``kernel`` (default: x86's :func:`_quantize_rows_q8_0`)."""
     R, K = x2d.shape
     qs = np.empty((R, K), np.int8)
     d = np.empty((R, K // 32), np.float32)
     s = np.empty((R, K // 32 if with_s else 0), np.float32)
-    _quantize_rows_q8_0(x2d, qs, d, s)
+    (kernel or _quantize_rows_q8_0)(x2d, qs, d, s)
     return qs, d, s
 
 
@@ -281,12 +282,7 @@ def _q8_k_rows(x2d, fused: bool = False):
 
 def _q8_0_rows_arm(x2d, with_s: bool):
     """AArch64 ``quantize_row_q8_0`` / ``_q8_1`` of (R, K) float32 rows: (qs, d, s) as :func:`_q8_0_rows`."""
-    R, K = x2d.shape
-    qs = np.empty((R, K), np.int8)
-    d = np.empty((R, K // 32), np.float32)
-    s = np.empty((R, K // 32 if with_s else 0), np.float32)
-    _quantize_rows_q8_0_arm(x2d, qs, d, s)
-    return qs, d, s
+    return _q8_0_rows(x2d, with_s, _quantize_rows_q8_0_arm)
 
 
 def quantize_q8_0(x: np.ndarray) -> Q8_0Blocks:

@@ -230,3 +230,27 @@ def test_gated_delta_net_seqless_shapes():
     out1, st1 = gated_delta_net(*(a[0] for a in args), "avx2")
     assert_bits(out1, out[0], "seqless out")
     assert_bits(st1, st[0], "seqless state")
+
+
+def test_gated_delta_net_threads():
+    """The (sequence, head) rows split between threads (``_gated_delta_net_parallel``) give the serial kernel's bits
+    at 1, 2 and 3 threads — odd head counts included."""
+    import numba
+
+    from kernels.ggml import ssm
+
+    rng = np.random.default_rng(5)
+    q, k, v, g, beta, state = gdn_inputs(rng, 1, 3, 5, 1, 128, hard=True)
+    g = g.reshape(1, 3, 5, 1)
+    ref = np.empty_like(v)
+    snaps = np.full((1, 1, 5, 128, 128), np.nan, F32)
+    ssm._gated_delta_net(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
+    before = numba.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            out, st = gated_delta_net(q, k, v, g, beta, state, "avx512")
+            assert_bits(out, ref, f"gdn output, {n} threads")
+            assert_bits(st, snaps[0], f"gdn state, {n} threads")
+    finally:
+        numba.set_num_threads(before)

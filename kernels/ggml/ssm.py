@@ -44,8 +44,9 @@ import inspect
 import math
 
 import numpy as np
+from numba import prange
 
-from kernels.base.flags import jit
+from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import not_emulated
 from kernels.ggml.simd import LANES, NEON, SVE128, check_path, fma32, fold_left_unfused, follows_nans, lanes
@@ -118,6 +119,12 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 
 # --- ggml_gated_delta_net --------------------------------------------------------------------------------
 @jit()
+def _transposed(S_v: int, epr: int) -> bool:
+    """Whether :func:`_gated_delta_net` takes its transposed path (:func:`_head_t`) for this build."""
+    return epr != 0 and epr != SVE128 and cols_fit(S_v, epr)
+
+
+@jit()
 def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head).
     q [nq3, T, Hq, S], k [nk3, T, Hk, S], v [n_seqs, T, H, S], g [n_seqs, T, H, 1 or S], beta [n_seqs, T, H],
@@ -132,8 +139,9 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
     glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
-    if not generic and epr != SVE128 and cols_fit(S_v, epr):  # a token's S_v dots together, the state transposed
-        _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
+    if _transposed(S_v, epr):  # a token's S_v dots together, the state transposed (:func:`_head_t`)
+        for ir in range(n_seqs * H):
+            _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
         return out
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
@@ -182,55 +190,67 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
 
 
 @jit()
-def _gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc):
-    """:func:`_gated_delta_net` with each head's state held transposed, ``Mt[i, j] = M[j, i]`` (key index i, value
-    index j), so that a token's S_v dots ``dot(M[j], k)`` and ``dot(M[j], q)`` run together across j
-    (:func:`kernels.ggml.vec.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the per-column
-    KDA gate and ``ggml_vec_mad_f32`` are the same operation on each element in either layout. Same bits."""
+def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc):
+    """Row ``ir`` = (sequence, head) of :func:`_gated_delta_net` with the head's state held transposed, ``Mt[i, j] =
+    M[j, i]`` (key index i, value index j), so that a token's S_v dots ``dot(M[j], k)`` and ``dot(M[j], q)`` run
+    together across j (:func:`kernels.ggml.vec.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the
+    per-column KDA gate and ``ggml_vec_mad_f32`` are the same operation on each element in either layout. Same bits."""
     n_seqs, n_tokens, H, S_v = v.shape
     delta = np.empty(S_v, np.float32)
     dots = np.empty(S_v, np.float32)
     acc = np.empty((4, 16, S_v), np.float32)
     gk = np.empty(S_v, np.float32)
-    for ir in range(n_seqs * H):
-        iv1 = ir % H  # head
-        iv3 = ir // H  # sequence
-        iq1 = iv1 % q.shape[2]  # value head iv1 reads q/k head iv1 % H_k (tiled broadcast)
-        ik1 = iv1 % k.shape[2]
-        iq3 = iv3 // rq3
-        ik3 = iv3 // rk3
-        Mt = np.ascontiguousarray(state[iv3, iv1].T)  # [S_v (key i), S_v (value j)]: memcpy(s_out, s_in, …), transposed
-        for t in range(n_tokens):
-            q_d = q[iq3, t, iq1]
-            k_d = k[ik3, t, ik1]
-            v_d = v[iv3, t, iv1]
-            beta_val = np.float32(beta[iv3, t, iv1])
-            if kda:
-                for i in range(S_v):
-                    gk[i] = expf_on(g[iv3, t, iv1, i], glibc)
-                for i in range(S_v):  # ggml_vec_mul_f32(S_v, M[j], M[j], exp(g)): M[j][i] *= exp(g[i])
-                    Mi, gi = Mt[i], gk[i]
-                    for j in range(S_v):
-                        Mi[j] = np.float32(Mi[j] * gi)
-            else:
-                gexp = expf_on(g[iv3, t, iv1, 0], glibc)
-                for i in range(S_v):  # ggml_vec_scale_f32(S_v*S_v, M, expf(g))
-                    Mi = Mt[i]
-                    for j in range(S_v):
-                        Mi[j] = np.float32(Mi[j] * gexp)
-            vec_dot_f32_cols(S_v, Mt, k_d, epr, acc, dots)  # dots[j] = dot(M[j], k)
-            for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
-                delta[j] = np.float32(np.float32(v_d[j] - dots[j]) * beta_val)
-            for i in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
-                Mi, ki = Mt[i], k_d[i]
+    iv1 = ir % H  # head
+    iv3 = ir // H  # sequence
+    iq1 = iv1 % q.shape[2]  # value head iv1 reads q/k head iv1 % H_k (tiled broadcast)
+    ik1 = iv1 % k.shape[2]
+    iq3 = iv3 // rq3
+    ik3 = iv3 // rk3
+    Mt = np.ascontiguousarray(state[iv3, iv1].T)  # [S_v (key i), S_v (value j)]: memcpy(s_out, s_in, …), transposed
+    for t in range(n_tokens):
+        q_d = q[iq3, t, iq1]
+        k_d = k[ik3, t, ik1]
+        v_d = v[iv3, t, iv1]
+        beta_val = np.float32(beta[iv3, t, iv1])
+        if kda:
+            for i in range(S_v):
+                gk[i] = expf_on(g[iv3, t, iv1, i], glibc)
+            for i in range(S_v):  # ggml_vec_mul_f32(S_v, M[j], M[j], exp(g)): M[j][i] *= exp(g[i])
+                Mi, gi = Mt[i], gk[i]
                 for j in range(S_v):
-                    Mi[j] = fma32(ki, delta[j], Mi[j])
-            vec_dot_f32_cols(S_v, Mt, q_d, epr, acc, dots)  # attn_out[j] = dot(M[j], q) * scale
+                    Mi[j] = np.float32(Mi[j] * gi)
+        else:
+            gexp = expf_on(g[iv3, t, iv1, 0], glibc)
+            for i in range(S_v):  # ggml_vec_scale_f32(S_v*S_v, M, expf(g))
+                Mi = Mt[i]
+                for j in range(S_v):
+                    Mi[j] = np.float32(Mi[j] * gexp)
+        vec_dot_f32_cols(S_v, Mt, k_d, epr, acc, dots)  # dots[j] = dot(M[j], k)
+        for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
+            delta[j] = np.float32(np.float32(v_d[j] - dots[j]) * beta_val)
+        for i in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
+            Mi, ki = Mt[i], k_d[i]
             for j in range(S_v):
-                out[iv3, t, iv1, j] = np.float32(dots[j] * scale)
-            slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
-            if slot < K:
-                snaps[slot, iv3, iv1] = Mt.T
+                Mi[j] = fma32(ki, delta[j], Mi[j])
+        vec_dot_f32_cols(S_v, Mt, q_d, epr, acc, dots)  # attn_out[j] = dot(M[j], q) * scale
+        for j in range(S_v):
+            out[iv3, t, iv1, j] = np.float32(dots[j] * scale)
+        slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
+        if slot < K:
+            snaps[slot, iv3, iv1] = Mt.T
+
+
+@jit(parallel=True)
+def _gated_delta_net_parallel(q, k, v, g, beta, state, K, epr, out, snaps):
+    """:func:`_gated_delta_net`'s transposed path with the (sequence, head) rows split between threads, as ggml
+    splits them (each row whole on one thread: the same bits at any thread count). Only where :func:`_transposed`."""
+    n_seqs, n_tokens, H, S_v = v.shape
+    scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
+    glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
+    rq3, rk3, kda = n_seqs // q.shape[0], n_seqs // k.shape[0], g.shape[3] == S_v
+    for ir in prange(n_seqs * H):
+        _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
+    return out
 
 
 @_op("ggml_gated_delta_net")
@@ -258,7 +278,8 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
     epr = 0 if path == "generic" else SVE128 if path == "arm64-sve128" else lanes(path)  # SVE: kernels.ggml.sve's dot
-    _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)
+    parallel = _transposed(S, epr) and n_seqs * H > 1 and n_seqs * H * n_tokens * S * S * 4 >= SERIAL_BELOW
+    (_gated_delta_net_parallel if parallel else _gated_delta_net)(q, k, v, g, beta, state, K, epr, out, snaps)
     st = snaps[0] if K == 1 else snaps
     if seqless:
         return out[0], (st[0] if K == 1 else st[:, 0])

@@ -2,6 +2,13 @@
 ``tinyBLAS_Q0_AVX``), bit for bit, and the argument checks every ``mul_mat`` emulation shares — split from
 :mod:`kernels.ggml.mulmat` (the dispatch, which documents the formulas) so that the modules of the other weight
 families (:mod:`kernels.ggml.mulmat_q`, :mod:`kernels.ggml.repack`) can use them without an import circle.
+
+Work order (never a bit of the result): the weight row outer — a row's bytes (2 KiB at K = 2048) stay in L1 while
+every activation row of the product reads them —, blocks of :data:`ROWS` weight rows (per expert of a
+``mul_mat_id``) split between threads from :data:`kernels.base.flags.SERIAL_BELOW` multiply-adds; each element is
+computed by one thread, in ggml's order. Q8_0 elements go in tiles of 4 (four activation rows against one
+weight row, or four weight rows against one activation row: :mod:`kernels.ggml.mulmat_q8_ir`), whose
+independent FMA chains run side by side.
 """
 
 from __future__ import annotations
@@ -9,11 +16,12 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
 from kernels.base.floats import E8M0_HALF
-from kernels.base.flags import JIT_ENABLED, jit
+from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit
 from kernels.ggml.actquant import _quantize_rows_q8_0
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.plain.dequant import MXFP4_VALUES
@@ -35,6 +43,7 @@ def _sign_dot(w, x):
     return -wi * sx
 
 
+@jit()
 def _q8_0_block_def(acc, w, wo, x, xo, d):
     """One Q8_0 block of ``ggml_vec_dot_q8_0_q8_0``: ``acc[l] = fma(d, float(dot_l), acc[l])`` for the 8 lanes,
     ``dot_l`` the exact integer dot of weight bytes ``w[wo+4l … wo+4l+3]`` (int8) and activation bytes
@@ -46,78 +55,159 @@ def _q8_0_block_def(acc, w, wo, x, xo, d):
         acc[lane] = fma32(d, np.float32(s), acc[lane])
 
 
-if JIT_ENABLED:
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def _q8_0_block(typingctx, acc, w, wo, x, xo, d):
-        """:func:`_q8_0_block_def` as vector IR (target-independent: LLVM picks the instructions): the 32
-        bytes of each side sign-extended to i32, the activation byte -128 against a negative weight byte
-        read as +128 (``_mm256_sign_epi8`` wraps: ``|w| · -(-128)`` = ``w · 128``), exact i32 products summed
-        in fours (integers: any order), converted, one ``llvm.fma.v8f32`` with ``d`` broadcast. Same bits."""
-        sig = types.void(acc, w, wo, x, xo, d)
-
-        def codegen(context, b, signature, args):
-            i32, f32 = ir.IntType(32), ir.FloatType()
-            v32, v8f = ir.VectorType(i32, 32), ir.VectorType(f32, 8)
-            acc_a, w_a, x_a = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 1, 3))
-
-            def bytes32(arr, off):
-                ptr = b.bitcast(b.gep(arr.data, [args[off]]), ir.VectorType(ir.IntType(8), 32).as_pointer())
-                return b.sext(b.load(ptr, align=1), v32)
-
-            def splat(vt, c):
-                return ir.Constant(vt, [c] * vt.count)
-
-            def pick(v, idx):
-                return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, len(idx)), idx))
-
-            wv, xv = bytes32(w_a, 2), bytes32(x_a, 4)
-            wraps = b.and_(b.icmp_signed("==", xv, splat(v32, -128)), b.icmp_signed("<", wv, splat(v32, 0)))
-            prod = b.mul(wv, b.select(wraps, splat(v32, 128), xv))  # (32 x i32), |p| <= 16384
-            pairs = b.add(pick(prod, list(range(0, 32, 2))), pick(prod, list(range(1, 32, 2))))  # 16 lanes
-            dots = b.add(pick(pairs, list(range(0, 16, 2))), pick(pairs, list(range(1, 16, 2))))  # 8 lanes
-            accp = b.bitcast(acc_a.data, v8f.as_pointer())
-            dv = b.shuffle_vector(b.insert_element(ir.Constant(v8f, None), args[5], ir.Constant(i32, 0)),
-                                  ir.Constant(v8f, None), ir.Constant(ir.VectorType(i32, 8), [0] * 8))
-            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(v8f, [v8f, v8f, v8f]), "llvm.fma.v8f32")
-            b.store(b.call(fma, [dv, b.sitofp(dots, v8f), b.load(accp, align=4)]), accp, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-else:
-    _q8_0_block = _q8_0_block_def
-
-
 @jit()
-def _q8_0_dot(wr, xr, xdr, tab, acc):
+def _q8_0_dot(wr, xr, xdr, tab):
     """One element of ``ggml_vec_dot_q8_0_q8_0`` (= ``tinyBLAS_Q0_AVX``), read from the stored row: ``wr`` the
     weight row's bytes as int8 (per block: the fp16 ``d``, then 32 quants), ``xr`` / ``xdr`` one Q8_0
     activation row (int8 quants, float32 values of the fp16 scales), ``tab`` ggml's half → float table
-    (``F16_TO_F32``), ``acc`` 8 float32 of scratch. No copy of the weights: each block's scale is looked up
-    where it is stored."""
-    for lane in range(8):
-        acc[lane] = np.float32(0.0)
+    (``F16_TO_F32``). No copy of the weights: each block's scale is looked up where it is stored. The
+    definition (and the interpreted path; compiled: the tests' reference)."""
+    acc = np.zeros(8, np.float32)
     for b in range(xdr.shape[0]):
         o = 34 * b
         wd = tab[(int(wr[o]) & 0xFF) | ((int(wr[o + 1]) & 0xFF) << 8)]  # GGML_CPU_FP16_TO_FP32(x.d)
         d = np.float32(wd * xdr[b])  # * GGML_CPU_FP16_TO_FP32(y.d), rounded to float32
-        _q8_0_block(acc, wr, o + 2, xr, 32 * b, d)  # acc = _mm256_fmadd_ps(d, cvtepi32_ps(dot), acc)
+        _q8_0_block_def(acc, wr, o + 2, xr, 32 * b, d)  # acc = _mm256_fmadd_ps(d, cvtepi32_ps(dot), acc)
     return hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
+
+
+def _q8_0_tile_def(w, rows, xq, xd, trows, tab):
+    """The elements of weight rows ``rows`` (a tuple of indices into ``w``, the stored rows as int8) and Q8_0
+    activation rows ``trows`` (of ``xq`` / ``xd``): ``(out[rows[0], trows[0]], out[rows[0], trows[1]] …)``
+    (:func:`_q8_0_dot`). The definition (and the interpreted path)."""
+    return tuple([_q8_0_dot(w[r], xq[t], xd[t], tab) for r in rows for t in trows])
+
+
+if JIT_ENABLED:
+    from kernels.ggml.mulmat_q8_ir import LEVEL, make_q8_0_tile
+
+    _q8_0_tile = make_q8_0_tile(LEVEL)  # the IR of _q8_0_tile_def: vpdpbusd (AVX-512 VNNI), maddubs (AVX2) or generic
+else:
+    _q8_0_tile = _q8_0_tile_def
+
+
+@jit()
+def _mxfp4_dot(wv, we, r, xq, xd, t, fused_tail, acc):
+    """``arch/x86/quants.c: ggml_vec_dot_mxfp4_q8_0`` (__AVX2__ branch, both builds), one element (row ``r`` of
+    the weights, row ``t`` of the activations; :func:`mxfp4_rows`); ``acc`` (3, 8) float32 scratch."""
+    nb = we.shape[1]
+    acc[:, :] = np.float32(0.0)
+    ib = 0
+    while ib + 1 < nb:
+        for h in range(2):
+            b = ib + h
+            d = xd[t, b] * we[r, b]  # FP16_TO_FP32(y.d) * E8M0_TO_FP32_HALF(x.e)
+            for lane in range(8):
+                s = 0
+                for e in range(4):
+                    j = 32 * b + 4 * lane + e
+                    s += _sign_dot(wv[r, j], xq[t, j])  # mul_add_epi8 + madd_epi16(ones)
+                acc[h, lane] = fma32(d, np.float32(s), acc[h, lane])
+        ib += 2
+    for lane in range(8):
+        acc[2, lane] = acc[0, lane] + acc[1, lane]
+    sumf = hsum_fold(acc[2], 0, 8)  # hsum_float_8
+    for b in range(ib, nb):
+        d = xd[t, b] * we[r, b]
+        si = 0
+        for j in range(32 * b, 32 * b + 32):
+            si += np.int64(wv[r, j]) * np.int64(xq[t, j])
+        if fused_tail:
+            sumf = fma32(d, np.float32(si), sumf)
+        else:
+            sumf = sumf + d * np.float32(si)
+    return sumf
+
+
+# --------------------------------------------------------------------------------------------
+# The work split: weight rows outer (each read once for all its activation rows), blocks of ROWS between threads
+
+ROWS = 32  # weight rows per work item
+Q8_0_KIND, MXFP4_KIND, MXFP4_FUSED_KIND = 0, 1, 2  # the element formula (mxfp4 with the avx2 build's fused tail)
+
+
+@jit()
+def _q8_0_item(we, tab, xq, xd, slots, arow, r0, r1, out):
+    """Q8_0 weight rows ``r0 … r1-1`` of ``we`` (N, row bytes) against the activation rows ``arow[s]`` of the
+    slots ``s`` in ``slots`` into ``out[s, r]``, by tiles of :func:`_q8_0_tile`: four slots per weight row
+    (the row read once for all), or with fewer slots four weight rows per slot."""
+    n = slots.shape[0]
+    if n >= 4:
+        for r in range(r0, r1):
+            j = 0
+            while j + 4 <= n:
+                s0, s1, s2, s3 = slots[j], slots[j + 1], slots[j + 2], slots[j + 3]
+                out[s0, r], out[s1, r], out[s2, r], out[s3, r] = _q8_0_tile(
+                    we, (r,), xq, xd, (arow[s0], arow[s1], arow[s2], arow[s3]), tab)
+                j += 4
+            for jj in range(j, n):
+                out[slots[jj], r] = _q8_0_tile(we, (r,), xq, xd, (arow[slots[jj]],), tab)[0]
+        return
+    for j in range(n):
+        s, t = slots[j], arow[slots[j]]
+        r = r0
+        while r + 4 <= r1:
+            out[s, r], out[s, r + 1], out[s, r + 2], out[s, r + 3] = _q8_0_tile(we, (r, r + 1, r + 2, r + 3), xq, xd,
+                                                                                (t,), tab)
+            r += 4
+        for rr in range(r, r1):
+            out[s, rr] = _q8_0_tile(we, (rr,), xq, xd, (t,), tab)[0]
+
+
+@jit()
+def _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc):
+    """Work item ``i``: rows ``ROWS·c …`` of expert ``experts[g]`` (``i = g·chunks + c``) against the activation
+    rows ``arow[order[j]]`` of group ``g``'s slots ``j`` into ``out[order[j], r]``; the weight row outer, so a
+    row's bytes stay in L1 while every slot of the group reads them. ``kind``: the formula (:data:`Q8_0_KIND`
+    …), ``w`` (E, N, row) int8 (Q8_0: the stored bytes; MXFP4: the values), ``ws`` (E, N, K/32) the MXFP4
+    scales (Q8_0: unused)."""
+    N = w.shape[1]
+    chunks = -(-N // ROWS)
+    g, c = i // chunks, i % chunks
+    e = experts[g]
+    r0, r1 = ROWS * c, min(ROWS * c + ROWS, N)
+    slots = order[bounds[g]:bounds[g + 1]]
+    if kind == Q8_0_KIND:
+        _q8_0_item(w[e], tab, xq, xd, slots, arow, r0, r1, out)
+        return
+    for r in range(r0, r1):
+        for s in slots:
+            out[s, r] = _mxfp4_dot(w[e], ws[e], r, xq, xd, arow[s], kind == MXFP4_FUSED_KIND, acc)
+
+
+@jit(parallel=True)
+def _items_parallel(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
+    """Every work item, split between threads (each output is one thread's, computed in one order)."""
+    for i in prange(experts.shape[0] * -(-w.shape[1] // ROWS)):
+        _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, np.empty((3, 8), np.float32))
+
+
+@jit()
+def _run(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
+    """``out[order[j], :]`` for every slot ``j`` of every group (:func:`_item`): on the calling thread below
+    :data:`SERIAL_BELOW` multiply-adds, else split between threads — the same bits."""
+    if order.shape[0] * w.shape[1] * xq.shape[1] >= SERIAL_BELOW:
+        _items_parallel(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out)
+    else:
+        acc = np.empty((3, 8), np.float32)
+        for i in range(experts.shape[0] * -(-w.shape[1] // ROWS)):
+            _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc)
+
+
+@jit()
+def _dense(w, ws, T):
+    """One matrix ``w`` (N, row) as a stack of one expert, ``ws`` likewise, and the group of all ``T`` rows."""
+    rows = np.arange(T)
+    return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows,
+            np.array([0, T]), np.zeros(1, np.int64), rows)
 
 
 @jit()
 def q8_0_rows(w, xq, xd, out, tab):
     """``ggml_vec_dot_q8_0_q8_0`` for every element: ``w`` (N, K/32·34) the weight rows viewed as int8, ``xq``
     (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; out (T, N) (:func:`_q8_0_dot`)."""
-    acc = np.empty(8, np.float32)
-    for t in range(xq.shape[0]):
-        for r in range(w.shape[0]):
-            out[t, r] = _q8_0_dot(w[r], xq[t], xd[t], tab, acc)
+    w3, ws, order, bounds, experts, arow = _dense(w, np.empty((w.shape[0], 0), np.float32), xq.shape[0])
+    _run(Q8_0_KIND, w3, ws, tab, xq, xd, order, bounds, experts, arow, out)
 
 
 @jit()
@@ -139,18 +229,15 @@ def q8_0_mul_mat(w, x, out, tab):
 
 @jit()
 def q8_0_mul_mat_id(w, ids, x, out, tab):
-    """``ggml_mul_mat_id`` of Q8_0 experts ``w`` (E, N, K/32·34 as int8): ``x`` (T, n_x, K) float32 quantized
-    once (as ggml converts all of src1 into ``wdata`` first), then slot ``s`` of token ``t`` dotted with expert
-    ``ids[t, s]``: out (T, n_used, N). The grouping of rows by expert that ggml does only orders the work."""
+    """``ggml_mul_mat_id`` of Q8_0 experts ``w`` (E, N, K/32·34 as int8, each expert's rows contiguous): ``x``
+    (T, n_x, K) float32 quantized once (as ggml converts all of src1 into ``wdata`` first), then slot ``s`` of
+    token ``t`` dotted with expert ``ids[t, s]``: out (T, n_used, N), the slots grouped by expert
+    (:func:`slot_groups`, as ggml groups them; the grouping only orders the work)."""
     T, n_x, K = x.shape
     xq, xd = _q8_0_quantize(x.reshape(T * n_x, K))
-    acc = np.empty(8, np.float32)
-    for t in range(T):
-        for s in range(ids.shape[1]):
-            we = w[ids[t, s]]
-            row = t * n_x + s % n_x
-            for r in range(we.shape[0]):
-                out[t, s, r] = _q8_0_dot(we[r], xq[row], xd[row], tab, acc)
+    order, bounds, experts, arow = slot_groups(ids, n_x)
+    ws = np.empty((w.shape[0], w.shape[1], 0), np.float32)
+    _run(Q8_0_KIND, w, ws, tab, xq, xd, order, bounds, experts, arow, out.reshape(T * ids.shape[1], out.shape[2]))
 
 
 @jit()
@@ -162,37 +249,9 @@ def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
     sum is reduced by ``hsum_float_8``; an odd last block is added by the scalar tail, which GCC compiled
     as ``vmulss`` + ``vaddss`` on avx512 and contracted to ``vfmadd231ss`` on avx2 (``fused_tail``).
     """
-    nb = we.shape[1]
-    acc = np.empty((2, 8), np.float32)
-    v = np.empty(8, np.float32)
-    for t in range(xq.shape[0]):
-        for r in range(wv.shape[0]):
-            acc[:, :] = np.float32(0.0)
-            ib = 0
-            while ib + 1 < nb:
-                for h in range(2):
-                    b = ib + h
-                    d = xd[t, b] * we[r, b]  # FP16_TO_FP32(y.d) * E8M0_TO_FP32_HALF(x.e)
-                    for lane in range(8):
-                        s = 0
-                        for e in range(4):
-                            j = 32 * b + 4 * lane + e
-                            s += _sign_dot(wv[r, j], xq[t, j])  # mul_add_epi8 + madd_epi16(ones)
-                        acc[h, lane] = fma32(d, np.float32(s), acc[h, lane])
-                ib += 2
-            for lane in range(8):
-                v[lane] = acc[0, lane] + acc[1, lane]
-            sumf = hsum_fold(v, 0, 8)  # hsum_float_8
-            for b in range(ib, nb):
-                d = xd[t, b] * we[r, b]
-                si = 0
-                for j in range(32 * b, 32 * b + 32):
-                    si += np.int64(wv[r, j]) * np.int64(xq[t, j])
-                if fused_tail:
-                    sumf = fma32(d, np.float32(si), sumf)
-                else:
-                    sumf = sumf + d * np.float32(si)
-            out[t, r] = sumf
+    w3, ws, order, bounds, experts, arow = _dense(wv, we, xq.shape[0])
+    _run(MXFP4_FUSED_KIND if fused_tail else MXFP4_KIND, w3, ws, np.empty(0, np.float32), xq, xd, order, bounds,
+         experts, arow, out)
 
 
 def _mxfp4_weights(w_bytes: np.ndarray):

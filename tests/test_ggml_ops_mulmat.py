@@ -181,6 +181,28 @@ def test_float_bit_exact(build, qtype):
 
 
 @pytest.mark.parametrize("build", BUILDS)
+def test_float_tinyblas_threads(build):
+    """A float product above flags.SERIAL_BELOW takes tinyBLAS with blocks of weight rows split between threads
+    (``mulmat_vec.tinyblas_rows_parallel``): libggml's bits at 1, 2 and 3 threads; 68 rows (a last block of 4),
+    15 activation rows (a last group of 3 accumulators)."""
+    import numba
+
+    path = build_info(build).path
+    rng = np.random.default_rng(2714)
+    k, n, t = 288, 68, 15  # 68·288·15 = 293760 multiply-adds >= SERIAL_BELOW; K a multiple of 32 (BF16's KN)
+    cases = [(float_weights(q, hard_floats(rng, (n, k))), int(q), k, hard_floats(rng, (t, k)), 2) for q in FLOATS]
+    got = on_build(build, g_mul_mats, cases)
+    before = numba.get_num_threads()
+    try:
+        for nth in (1, 2, 3):
+            numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+            for (w, q, _, x, _), y in zip(cases, got):
+                assert np.array_equal(bits(mul_mat(w, QT(q), x, path)), bits(y)), (QT(q).name, nth)
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("build", BUILDS)
 def test_float_builds_differ(build):
     """The float kernels are ISA-dependent: each build matches its own path, and the two paths differ."""
     path = build_info(build).path

@@ -54,6 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.block import QT
+from kernels.base.flags import SERIAL_BELOW
 from kernels.base.blocks import row_bytes
 from kernels.ggml import columns, mulmat_arm, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
 from kernels.ggml import repack_arm_k
@@ -63,6 +64,7 @@ from kernels.ggml.mulmat_vec import (
     f16_bits_to_f32,
     fp32_to_fp16_values,
     tinyblas_rows,
+    tinyblas_rows_parallel,
     vec_dot_float_rows,
 )
 from kernels.ggml.mulmat_q8 import (  # Q8_0 and MXFP4 kernels, the argument checks
@@ -206,7 +208,8 @@ def _compute(w_bytes, qtype, x, path, how):
             w, xv = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x))
         if how == "sgemm":
             dp = kind == 2 and path == "avx512"
-            tinyblas_rows(w, xv, out, 32 if dp else L, L, dp)
+            big = x.shape[0] * w.shape[0] * w.shape[1] >= SERIAL_BELOW  # flags.SERIAL_BELOW: threads, same bits
+            (tinyblas_rows_parallel if big else tinyblas_rows)(w, xv, out, 32 if dp else L, L, dp)
         else:
             vec_dot_float_rows(w, xv, out, kind, L)
         return out

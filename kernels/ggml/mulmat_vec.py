@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from numba import prange
+
 from kernels.base.flags import jit
-from kernels.ggml.simd import fma32, hsum_fold
+from kernels.ggml.simd import fma32, hsum_fold, vfma
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -125,20 +127,58 @@ def vec_dot_float_rows(w, x, out, kind, L):
 
 
 @jit()
+def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
+    """Rows ``r0 … r1-1`` of ``w`` against every row of ``x`` (:func:`tinyblas_rows`), four activation rows at a time
+    (four independent accumulators: what changes is only when an element is computed). ``acc`` (4, ≥ L) scratch."""
+    K, T = w.shape[1], x.shape[0]
+    vec = not dpbf16 and (L == 16 or L == 8)  # one _mm*_fmadd_ps per step: vfma (rows contiguous)
+    for r in range(r0, r1):
+        wr = w[r]
+        for t0 in range(0, T, 4):
+            nb = min(4, T - t0)
+            acc[:nb, :L] = np.float32(0.0)
+            if vec and nb == 4:  # the four chains interleaved (the row views made once, outside the K loop)
+                x0, x1, x2, x3 = x[t0], x[t0 + 1], x[t0 + 2], x[t0 + 3]
+                for l0 in range(0, K, KN):
+                    vfma(acc, 0, wr, x0, l0, L)
+                    vfma(acc, 1, wr, x1, l0, L)
+                    vfma(acc, 2, wr, x2, l0, L)
+                    vfma(acc, 3, wr, x3, l0, L)
+            elif vec:
+                for j in range(nb):
+                    xj = x[t0 + j]
+                    for l0 in range(0, K, KN):
+                        vfma(acc, j, wr, xj, l0, L)
+            else:
+                for j in range(nb):
+                    for l0 in range(0, K, KN):
+                        for lane in range(L):
+                            if dpbf16:
+                                k = l0 + 2 * lane
+                                acc[j, lane] = dpbf16_lane(acc[j, lane], wr[k], x[t0 + j, k], wr[k + 1], x[t0 + j, k + 1])
+                            else:
+                                acc[j, lane] = fma32(wr[l0 + lane], x[t0 + j, l0 + lane], acc[j, lane])
+            for j in range(nb):
+                out[t0 + j, r] = hsum_fold(acc[j], 0, L)  # hsum(Cv): _mm512_reduce_add_ps / hsum_float_8
+
+
+@jit()
 def tinyblas_rows(w, x, out, KN, L, dpbf16):
     """``sgemm.cpp: tinyBLAS::gemm_bloc`` for every element: ``out[t, r] = hsum(Cv)`` with the ``L``-lane
     accumulator ``Cv`` fed ``KN`` values of row ``w[r]`` (A) and ``x[t]`` (B) per step: ``_mm*_fmadd_ps``
-    (KN = L), or ``_mm512_dpbf16_ps`` (``dpbf16``: KN = 32 bf16 values, two per lane)."""
-    K = w.shape[1]
-    cv = np.empty(L, np.float32)
-    for t in range(x.shape[0]):
-        for r in range(w.shape[0]):
-            cv[:] = np.float32(0.0)
-            for l0 in range(0, K, KN):
-                for lane in range(L):
-                    if dpbf16:
-                        k = l0 + 2 * lane
-                        cv[lane] = dpbf16_lane(cv[lane], w[r, k], x[t, k], w[r, k + 1], x[t, k + 1])
-                    else:
-                        cv[lane] = fma32(w[r, l0 + lane], x[t, l0 + lane], cv[lane])
-            out[t, r] = hsum_fold(cv, 0, L)  # hsum(Cv): _mm512_reduce_add_ps / hsum_float_8
+    (KN = L), or ``_mm512_dpbf16_ps`` (``dpbf16``: KN = 32 bf16 values, two per lane). Rows contiguous. Serial
+    (attention's P·V calls it per head); :func:`tinyblas_rows_parallel` splits the weight rows between threads."""
+    _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((4, 16), np.float32))
+
+
+TINYBLAS_ROWS = 16  # weight rows per work item of tinyblas_rows_parallel
+
+
+@jit(parallel=True)
+def tinyblas_rows_parallel(w, x, out, KN, L, dpbf16):
+    """:func:`tinyblas_rows` with blocks of :data:`TINYBLAS_ROWS` weight rows split between threads: each element
+    still computed by one thread in the same order, the same bits at any thread count."""
+    N = w.shape[0]
+    for b in prange((N + TINYBLAS_ROWS - 1) // TINYBLAS_ROWS):
+        r0 = b * TINYBLAS_ROWS
+        _tinyblas_block(w, x, out, r0, min(N, r0 + TINYBLAS_ROWS), KN, L, dpbf16, np.empty((4, 16), np.float32))

@@ -3,41 +3,55 @@
     python bench/decode.py                                   # tiny and medium, q4_k_m and mxfp4
     python bench/decode.py --models medium --quants mxfp4 --n 32 --rounds 5
     python bench/decode.py --models tiny --emulate           # refimpl with llama.cpp's rounding
-    python bench/decode.py --models kjv --quants q8_0 --emulate=ggml --pp 0   # + --emulate=ggml beside plain
+    python bench/decode.py --models kjv --quants q8_0 --emulate=ggml --pp 0   # + the ggml rows beside plain
+    python bench/decode.py --models medium --quants q4_k_m --emulate=ggml --variants none --n 8 --rounds 2
+                                                             # the ggml rows alone (one model in RAM), pp256 too
 
 For every (model, mix), in one run:
 
 * **decode tok/s** — greedy decoding of ``--n`` tokens after a short prompt, one token per forward
   call, by refimpl (``refimpl.model.trunk.forward``, plain numerics unless ``--emulate``) — loaded two
-  ways: ``mapped`` (``load_model(path, pack=False)``: every matrix read from the memory map) and ``packed``
-  (``load_model(path, pack=True)``: dense matrices also copied into the lane kernels' layout, same
-  numbers) — and by llama.cpp
-  (llama-cpp-python 0.3.36 in a child process: one token per ``llama_decode``, F32 K/V cache, flash
-  attention off, the settings of tests/llama_ref.py), both with ``--threads`` threads. The two run
+  ways (``--variants``): ``mapped`` (``load_model(path, pack=False)``: every matrix read from the memory map) and
+  ``packed`` (``load_model(path, pack=True)``: dense matrices also copied into the lane kernels' layout, same
+  numbers); ``none``: no plain row — and by llama.cpp (llama-cpp-python 0.3.36 in a child process,
+  bench/_llama.py: one token per ``llama_decode``), both with ``--threads`` threads. The two run
   alternately, ``--rounds`` times each (round r of refimpl right before round r of llama.cpp), so
-  they see the same machine load; the ratio is formed per round and its median and range printed.
-  Only the generated tokens are timed (the prompt is processed first, untimed).
+  they see the same machine load; the ratio is formed per round (printed per round, on stderr) and its median
+  and range printed. Only the generated tokens are timed (the prompt is processed first, untimed).
+* **the llama.cpp configuration** of every row is printed beside it (``llama.cpp`` column): its weights in the
+  CPU_REPACK buffer (``repack``: llama.cpp's default), the K/V cache type, flash attention. The plain rows
+  and the ``ggml`` row are compared with ``repack F32 K/V FA off`` (the settings of tests/llama_ref.py), the
+  ``ggml-fa`` row with llama.cpp's defaults, ``repack F16 K/V FA on`` — one llama.cpp child, a context of each.
 * **prompt tok/s** (``--pp 256``; 0 skips it) — a prompt of that many tokens from an empty context:
-  refimpl as ``refimpl run`` reads a prompt (``forward`` on chunks of ``--pp-chunk`` positions, default the
-  CLI's ``LOGITS_CHUNK``, logits of the last position only: ``outputs="last"``), llama.cpp as
-  ``llama-bench -p 256`` does (one ``llama_decode`` of the whole prompt, n_batch = n_ubatch = 512,
-  logits of the last position only); same threads, alternating rounds, the ratio per round.
-  ``--pp-all-logits`` times every position's logits instead, as ``refimpl logits`` computes them.
+  plain refimpl as ``refimpl logits`` reads a prompt (``forward`` on chunks of ``--pp-chunk`` positions,
+  default the CLI's ``LOGITS_CHUNK``), the ggml rows as ``refimpl run --emulate=ggml`` does (the whole prompt
+  in one ``forward``: ubatches of n_ubatch = 512 positions, llama.cpp's), both with the logits of the last
+  position only (``outputs="last"``); llama.cpp as ``llama-bench -p 256`` does (one ``llama_decode`` of the
+  whole prompt, n_batch = n_ubatch = 512, logits of the last position only), in a child of its own per round
+  (warm: each configuration's prompt run twice, the second timed); same threads, alternating rounds, the
+  ratio per round and per row, against the row's llama.cpp configuration. ``--pp-all-logits`` times every
+  position's logits instead, as ``refimpl logits`` computes them. If llama.cpp's batch kernels die with its
+  repacked/AMX layouts (a VM advertising AMX without enabling it), its prompt runs without (``no repack``).
 * **verify / decode** — refimpl's time for one verify batch of 1+3 positions (``forward`` of 4 tokens
   after the prompt: the last token and three drafts, phase ``verify``) divided by its time for one
   single-token decode from the same state; the two are timed alternately ``--verify-reps`` times and
   the medians divided. States are immutable, so every repetition starts from the same state.
 
-* **``--emulate=ggml``** adds a third refimpl row, ``ggml``: the same greedy decode with ``Ctx.ggml`` (every op as
-  the loaded libggml-cpu computes it, bit for bit: ``emulation_ctx("ggml")`` with the llama.cpp child's settings —
-  F32 K/V, flash attention off —, ``n_threads`` = ``--threads``, ``repack=True``: the weights llama.cpp's default
-  CPU_REPACK re-lays out take the emulated repacked gemv, as in the llama.cpp child; its tokens must be llama.cpp's
-  own), loaded as ``refimpl run --emulate=ggml``
-  loads (``pack="auto"`` with ``ggml``: the weights also in the column layout of its kernels,
-  ``refimpl.graph.layout.ggml_layout``, when that fits in RAM). It runs in the same rounds, right after the plain
-  variants, and its tok/s is also divided by each plain variant's of the same round (``ggml / plain``).
-  Its prompt row is not measured. The plain rows keep ``--emulate``'s other meaning off (plain numerics).
-  ``kjv`` (the built-in trained model, Q8_0: ``--quants q8_0``) is a model name here too.
+* **``--emulate=ggml``** adds the ggml rows: the same greedy decode and prompt with ``Ctx.ggml`` (every op as the
+  loaded libggml-cpu computes it, bit for bit; ``emulation_ctx("ggml")`` with ``n_threads`` = ``--threads``,
+  ``repack=True``: the weights llama.cpp's default CPU_REPACK re-lays out take the emulated repacked kernels, as
+  in the llama.cpp child), one row per llama.cpp configuration of ``--ggml-configs`` (default both):
+  ``bench`` → row ``ggml`` (F32 K/V, flash attention off), ``defaults`` → row ``ggml-fa`` (F16 K/V, flash
+  attention on: llama.cpp's defaults). Each row's tokens must be those of llama.cpp in its configuration
+  (``same tokens``). The model is loaded once, as ``refimpl run --emulate=ggml`` loads it (``pack="auto"`` with
+  ``ggml``: the weights also in the column layout of its kernels, ``refimpl.graph.layout.ggml_layout``, when
+  that fits in RAM); the rows run in the same rounds, right after the plain variants, and their tok/s are also
+  divided by each plain variant's of the same round (``ggml / plain``). ``--emulate=ggml:NAME`` emulates a
+  named path instead of the loaded library's. The plain rows keep ``--emulate``'s other meaning off (plain
+  numerics). ``kjv`` (the built-in trained model, Q8_0: ``--quants q8_0``) is a model name here too.
+
+RAM: every variant is a model in memory (a medium mix: ~3 GiB mapped, as much again per copy, and a llama.cpp
+child with its repacked copy); ``--variants none`` with ``--emulate=ggml`` keeps one refimpl model.
 
 Both sides are warm before timing: llama.cpp has loaded (and repacked) its weights; refimpl has
 compiled its kernels and touched every page of the memory-mapped file once (so the first tokens do
@@ -55,7 +69,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,124 +77,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._llama import CONFIGS, LlamaDecoder, label, llama_prompt  # noqa: E402
+
 MIB = 1 << 20
-
-
-# ---- llama.cpp: a child process that decodes on request -------------------------------------------
-
-
-def _llama_child(path: str, threads: int, extra_bufts: bool = True) -> int:
-    """Load the model once; then per stdin line ``{"prompt": [...], "n": N}`` decode the prompt one
-    token at a time, then N greedy tokens (timed), and print ``{"tok_s": …, "tokens": [...]}``."""
-    import llama_cpp as L
-
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.use_extra_bufts = extra_bufts  # the repacked (and AMX) weight layouts, llama.cpp's default
-    model = L.llama_model_load_from_file(path.encode(), mp)
-    if not model:
-        print(json.dumps({"error": "llama_model_load_from_file returned NULL"}), flush=True)
-        return 3
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 1024, 512, 512, 1
-    cp.n_threads = cp.n_threads_batch = threads
-    cp.type_k = cp.type_v = L.GGML_TYPE_F32
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.no_perf = True
-    ctx = L.llama_init_from_model(model, cp)
-    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    batch = L.llama_batch_init(512, 0, 1)
-
-    def decode(tok: int, pos: int) -> int:
-        batch.n_tokens = 1
-        batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = tok, pos, 1, 0, 1
-        if L.llama_decode(ctx, batch) != 0:
-            raise RuntimeError(f"llama_decode failed at position {pos}")
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,))
-        return int(np.argmax(logits))
-
-    def prompt_tok_s(tokens: list[int]) -> float:
-        """One llama_decode of the whole prompt (logits of its last position only), as llama-bench -p."""
-        batch.n_tokens = len(tokens)
-        for i, tok in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = tok, i, 1, 0
-            batch.logits[i] = int(i == len(tokens) - 1)
-        t0 = time.perf_counter()
-        if L.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed on the prompt")
-        return len(tokens) / (time.perf_counter() - t0)
-
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        if "pp" in req:
-            print(json.dumps({"tok_s": prompt_tok_s(req["pp"])}), flush=True)
-            continue
-        prompt = req["prompt"]
-        for pos, tok in enumerate(prompt):
-            nxt = decode(tok, pos)
-        out = [nxt]
-        t0 = time.perf_counter()
-        for i in range(req["n"]):
-            out.append(decode(out[-1], len(prompt) + i))
-        dt = time.perf_counter() - t0
-        print(json.dumps({"tok_s": req["n"] / dt, "tokens": out[:-1]}), flush=True)
-    return 0
-
-
-class LlamaDecoder:
-    """The llama.cpp child of one model (``with`` closes it)."""
-
-    def __init__(self, path: Path, threads: int, extra_bufts: bool = True):
-        argv = [sys.executable, __file__, "--llama-child", str(path), "--threads", str(threads)]
-        self.proc = subprocess.Popen(argv + ([] if extra_bufts else ["--no-extra-bufts"]),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        ready = json.loads(self.proc.stdout.readline() or '{"error": "llama.cpp child died while loading"}')
-        if "error" in ready:
-            raise RuntimeError(ready["error"])
-
-    def run(self, prompt: list[int], n: int) -> dict:
-        return self._ask({"prompt": prompt, "n": n})
-
-    def prompt(self, tokens: list[int]) -> float:
-        """Prompt-processing tok/s of one batch of ``tokens`` from an empty context."""
-        return self._ask({"pp": tokens})["tok_s"]
-
-    def _ask(self, req: dict) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise ChildProcessError(f"the llama.cpp child died (exit status {self.proc.wait()})")
-        return json.loads(line)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        self.proc.wait(timeout=60)
-
-
-def llama_prompt(path: Path, threads: int, tokens: list[int], extra_bufts: bool | None) -> tuple[float, bool]:
-    """(prompt tok/s of llama.cpp on ``tokens``, the ``use_extra_bufts`` it ran with), in a child of its
-    own that lives only for this measurement (two llama.cpp processes at once slow each other down: idle
-    threads spin). Warm: the prompt is run twice, the second timed. ``extra_bufts=None``: llama.cpp's
-    default (the repacked and AMX layouts), and if its batch kernels die — some VMs advertise AMX without
-    enabling it (this KVM host: SIGILL on a batch of Q4_K rows) — ``use_extra_bufts = false``."""
-    for flag in ([True, False] if extra_bufts is None else [extra_bufts]):
-        with LlamaDecoder(path, threads, extra_bufts=flag) as llama:
-            try:
-                llama.prompt(tokens)
-                return llama.prompt(tokens), flag
-            except ChildProcessError:
-                if extra_bufts is not None or not flag:
-                    raise
-    raise AssertionError("unreachable")
 
 
 # ---- refimpl ----------------------------------------------------------------------------------------
@@ -273,88 +171,111 @@ def _range(xs) -> str:
     return f"{m:{fmt}} [{min(xs):{fmt}}–{max(xs):{fmt}}]"
 
 
+GGML_ROWS = {"bench": "ggml", "defaults": "ggml-fa"}  # the ggml row of each llama.cpp configuration (bench/_llama.py)
+
+
+def ggml_rows(path: Path, args) -> tuple[object, dict]:
+    """The model as ``refimpl run --emulate=ggml`` loads it (``pack="auto"`` with ``ggml``: its column layout
+    when that fits in RAM) and {row: (ctx, llama.cpp configuration)} for ``--ggml-configs``: the
+    ``emulation_ctx("ggml")`` of each configuration's K/V type and flash attention, ``n_threads`` = ``--threads``.
+    The layout depends only on the path and ``repack``, so the rows share the model."""
+    from refimpl.model.ops import emulation_ctx
+    from refimpl.model.trunk import load_model
+
+    ctxs = {}
+    for cfg in args.ggml_configs:
+        kv, fa = CONFIGS[cfg]
+        ctxs[GGML_ROWS[cfg]] = (emulation_ctx("ggml", kv_f16=kv == "F16", flash_attn=fa, n_threads=args.threads,
+                                              ggml=args.ggml_path), cfg)  # ggml None: the loaded library's path
+    first = next(iter(ctxs.values()))[0]
+    model = load_model(path, pack="auto", ggml=(first.ggml, first.repack))
+    touch_pages(model)
+    return model, ctxs
+
+
 def bench_one(preset: str, quant: str, args) -> list[dict]:
-    """Both refimpl variants (memory-map rows, and ``load_model(pack=True)``) and llama.cpp on one file."""
+    """The refimpl rows (plain variants: memory-map rows, ``load_model(pack=True)``; the ggml rows) and
+    llama.cpp (one child, a context per configuration the rows are compared with) on one file."""
     import numba
 
-    from refimpl.model.trunk import load_model
     from refimpl.model.ops import Ctx
+    from refimpl.model.trunk import load_model
 
     numba.set_num_threads(args.threads)
     ctx = Ctx(act_quant=True) if args.emulate == "act" else Ctx()
     path = model_path(preset, quant)
-    variants = {v: load_model(path, pack=(v == "packed")) for v in args.variants}  # mapped: pack=False
-    ggml_ctx = ggml_model = None
-    if args.emulate == "ggml":  # --emulate=ggml, loaded as `refimpl run --emulate=ggml` loads (its column layout)
-        from refimpl.model.ops import emulation_ctx
-
-        ggml_ctx = emulation_ctx("ggml", kv_f16=False, flash_attn=False, n_threads=args.threads,  # the child's settings
-                                 ggml=args.ggml_path)  # None: the loaded library's path
-        ggml_model = load_model(path, pack="auto", ggml=(ggml_ctx.ggml, ggml_ctx.repack))  # the column layout when it fits
-        touch_pages(ggml_model)
-        refimpl_decode(ggml_model, [1, 2], 2, ggml_ctx)  # compile / warm
-    for model in variants.values():
+    # {row: (model, ctx, llama.cpp configuration, prompt positions per forward call)}
+    rows = {v: (load_model(path, pack=(v == "packed")), ctx, "bench", args.pp_chunk) for v in args.variants}
+    for model, *_ in rows.values():
         touch_pages(model)
-    V = next(iter(variants.values())).config.n_vocab
+    if args.emulate == "ggml":  # the prompt in one forward call, as `refimpl run` hands it: ubatches of n_ubatch
+        ggml_model, ctxs = ggml_rows(path, args)
+        rows.update({name: (ggml_model, gctx, cfg, max(args.pp, 1)) for name, (gctx, cfg) in ctxs.items()})
+    cfgs = [c for c in CONFIGS if any(cfg == c for _, _, cfg, _ in rows.values())]
+    V = next(iter(rows.values()))[0].config.n_vocab
     prompt = [int(t) for t in np.random.default_rng(7).integers(0, min(V, 390), size=args.prompt_len)]
-    for model in variants.values():
-        refimpl_decode(model, prompt, 2, ctx)  # compile / warm
-    ours = {v: [] for v in variants}
-    ggml_ours, ggml_tokens = [], None
-    theirs, tokens = [], {}
     pp_tokens = [int(t) for t in np.random.default_rng(8).integers(0, min(V, 390), size=args.pp)]
-    pp_ours, pp_theirs = {v: [] for v in variants}, []
-    if args.pp:
-        for model in variants.values():
-            refimpl_prompt(model, pp_tokens[: 2 * args.pp_chunk], args.pp_chunk, ctx)  # compile the batch kernels
+    for model, rctx, _, chunk in rows.values():  # compile / warm
+        refimpl_decode(model, prompt, 2, rctx)
+        if args.pp:
+            refimpl_prompt(model, pp_tokens[: 2 * chunk], chunk, rctx)  # the batch kernels
+    ours, tokens, pp_ours = ({name: [] for name in rows} for _ in range(3))
+    theirs, their_tokens, pp_theirs = ({cfg: [] for cfg in cfgs} for _ in range(3))
     pp_extra = None  # llama.cpp's default, unless its batch kernels die on this host (llama_prompt)
     llama = LlamaDecoder(path, args.threads)
     try:
-        llama.run(prompt, 2)  # warm
+        for cfg in cfgs:
+            llama.run(prompt, 2, cfg)  # warm
         for r in range(args.rounds):
-            for v, model in variants.items():
-                tok_s, tokens[v] = refimpl_decode(model, prompt, args.n, ctx)
-                ours[v].append(tok_s)
-            if ggml_ctx is not None:
-                tok_s, ggml_tokens = refimpl_decode(ggml_model, prompt, args.n, ggml_ctx)
-                ggml_ours.append(tok_s)
-            res = llama.run(prompt, args.n)
-            theirs.append(res["tok_s"])
-            line = ", ".join(f"refimpl {v} {ours[v][-1]:6.2f}" for v in variants) + f", llama.cpp {res['tok_s']:6.2f} tok/s"
-            if ggml_ctx is not None:
-                line = f"refimpl ggml {ggml_ours[-1]:6.2f}, " + line
+            for name, (model, rctx, _, _) in rows.items():
+                tok_s, tokens[name] = refimpl_decode(model, prompt, args.n, rctx)
+                ours[name].append(tok_s)
+            for cfg in cfgs:
+                res = llama.run(prompt, args.n, cfg)
+                theirs[cfg].append(res["tok_s"])
+                their_tokens[cfg] = res["tokens"]
+            line = _round_line(rows, ours, theirs, cfgs)
             if args.pp:
-                for v, model in variants.items():
-                    pp_ours[v].append(refimpl_prompt(model, pp_tokens, args.pp_chunk, ctx, args.pp_all_logits))
+                for name, (model, rctx, _, chunk) in rows.items():
+                    pp_ours[name].append(refimpl_prompt(model, pp_tokens, chunk, rctx, args.pp_all_logits))
                 llama.__exit__()  # the decode child's idle threads would spin next to the prompt child's
-                tok_s, pp_extra = llama_prompt(path, args.threads, pp_tokens, pp_extra)
-                pp_theirs.append(tok_s)
+                tok_s, pp_extra = llama_prompt(path, args.threads, pp_tokens, pp_extra, cfgs)
+                for cfg in cfgs:
+                    pp_theirs[cfg].append(tok_s[cfg])
                 llama = LlamaDecoder(path, args.threads)
-                llama.run(prompt, 2)
-                line += ("; prompt " + ", ".join(f"refimpl {v} {pp_ours[v][-1]:6.1f}" for v in variants)
-                         + f", llama.cpp {pp_theirs[-1]:6.1f} tok/s")
-            print(f"  round {r + 1}: {line}", file=sys.stderr, flush=True)
+                for cfg in cfgs:
+                    llama.run(prompt, 2, cfg)
+                line += "\n    prompt " + _round_line(rows, pp_ours, pp_theirs, cfgs)
+            print(f"  round {r + 1}: decode {line}", file=sys.stderr, flush=True)
     finally:
         llama.__exit__()
-    pp_note = "llama.cpp defaults" if pp_extra in (None, True) else \
-        "llama.cpp use_extra_bufts=false (its batch kernels died with the default repacked/AMX layouts)"
-    rows = []
-    for v, model in variants.items():
-        assert tokens[v] == tokens[next(iter(variants))], "refimpl variants generated different tokens"
-        d, vs, _, vrs = verify_ratio(model, prompt, tokens[v][:3], args.verify_reps, ctx)
-        rows.append({"model": preset, "quant": quant, "variant": v, "mib": path.stat().st_size / MIB, "ours": ours[v],
-                     "theirs": theirs, "ratio": [a / b for a, b in zip(ours[v], theirs)], "verify": vrs,
-                     "decode_s": d, "verify_s": vs, "same_tokens": tokens[v] == res["tokens"],
-                     "pp": args.pp, "pp_logits": "all" if args.pp_all_logits else "last", "pp_ours": pp_ours[v], "pp_theirs": pp_theirs, "pp_llama": pp_note,
-                     "pp_ratio": [a / b for a, b in zip(pp_ours[v], pp_theirs)]})
-    if ggml_ctx is not None:
-        d, vs, _, vrs = verify_ratio(ggml_model, prompt, ggml_tokens[:3], args.verify_reps, ggml_ctx)
-        rows.append({"model": preset, "quant": quant, "variant": "ggml", "mib": path.stat().st_size / MIB, "ours": ggml_ours,
-                     "theirs": theirs, "ratio": [a / b for a, b in zip(ggml_ours, theirs)], "verify": vrs,
-                     "decode_s": d, "verify_s": vs, "same_tokens": ggml_tokens == res["tokens"],
-                     "vs_plain": {v: [a / b for a, b in zip(ggml_ours, ours[v])] for v in variants},
-                     "ctx": ggml_ctx.numerics(), "pp": 0, "pp_ours": [], "pp_theirs": [], "pp_ratio": [], "pp_llama": pp_note})
-    return rows
+    plain = [v for v in args.variants]
+    assert all(tokens[v] == tokens[plain[0]] for v in plain), "refimpl variants generated different tokens"
+    out = []
+    for name, (model, rctx, cfg, _) in rows.items():
+        d, vs, _, vrs = verify_ratio(model, prompt, tokens[name][:3], args.verify_reps, rctx)
+        row = {"model": preset, "quant": quant, "variant": name, "mib": path.stat().st_size / MIB,
+               "llama": label(cfg), "ours": ours[name], "theirs": theirs[cfg],
+               "ratio": [a / b for a, b in zip(ours[name], theirs[cfg])], "verify": vrs, "decode_s": d, "verify_s": vs,
+               "same_tokens": tokens[name] == their_tokens[cfg],
+               "pp": args.pp, "pp_logits": "all" if args.pp_all_logits else "last", "pp_llama": label(cfg, pp_extra),
+               "pp_ours": pp_ours[name], "pp_theirs": pp_theirs[cfg],
+               "pp_ratio": [a / b for a, b in zip(pp_ours[name], pp_theirs[cfg])]}
+        if rctx.ggml:
+            row["ctx"] = rctx.numerics()
+            row["vs_plain"] = {v: [a / b for a, b in zip(ours[name], ours[v])] for v in plain}
+        out.append(row)
+    return out
+
+
+def _round_line(rows: dict, ours: dict, theirs: dict, cfgs: list[str]) -> str:
+    """One round's tok/s: per llama.cpp configuration, its rows (with their ratio to it) and llama.cpp's."""
+    parts = []
+    for cfg in cfgs:
+        mine = [f"{name} {ours[name][-1]:.2f} ({ours[name][-1] / theirs[cfg][-1]:.2f}x)"
+                for name, (_, _, c, _) in rows.items() if c == cfg]
+        parts.append(", ".join(mine) + f", llama.cpp [{label(cfg)}] {theirs[cfg][-1]:.2f}")
+    return "; ".join(parts) + " tok/s"
 
 
 def main(argv=None) -> int:
@@ -368,21 +289,32 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-reps", type=int, default=7)
     ap.add_argument("--pp", type=int, default=256, help="prompt-processing row: prompt tokens (0: skip it)")
     ap.add_argument("--pp-chunk", type=int, default=None,
-                    help="refimpl's positions per forward call on the prompt (default: refimpl.cli.LOGITS_CHUNK, as `refimpl logits`)")
+                    help="plain refimpl's positions per forward call on the prompt (default: refimpl.cli.LOGITS_CHUNK, "
+                         "as `refimpl logits`); the ggml rows take the prompt in one call, as `refimpl run`")
     ap.add_argument("--pp-all-logits", action="store_true",
                     help="time every prompt position's logits (refimpl logits), not the last one's (refimpl run, llama-bench)")
     ap.add_argument("--emulate", nargs="?", const="act", default=None,
                     help="--emulate alone: refimpl with --emulate numerics (act_quant) instead of plain; --emulate=ggml: "
-                         "plain rows as usual plus a 'ggml' row, refimpl --emulate=ggml (bit for bit libggml-cpu), "
-                         "timed in the same rounds, with its ratio to each plain variant; --emulate=ggml:NAME: that row "
-                         "on a named path (e.g. ggml:arm64-i8mm, a phone's path emulated on this host)")
+                         "plain rows as usual plus the ggml rows (--ggml-configs), refimpl --emulate=ggml (bit for bit "
+                         "libggml-cpu), timed in the same rounds, with their ratios to llama.cpp and to each plain "
+                         "variant; --emulate=ggml:NAME: those rows on a named path (e.g. ggml:arm64-i8mm, a phone's path "
+                         "emulated on this host)")
+    ap.add_argument("--ggml-configs", default="bench,defaults",
+                    help="with --emulate=ggml: the llama.cpp configurations to emulate and compare with, comma-separated: "
+                         "bench (row 'ggml': F32 K/V, flash attention off), defaults (row 'ggml-fa': llama.cpp's "
+                         "defaults, F16 K/V, flash attention on)")
     ap.add_argument("--variants", default="mapped,packed",
-                    help="refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); what the default pack=\"auto\" picks when the copies fit in RAM)")
+                    help="plain refimpl loads to time: mapped (load_model(pack=False)), packed (load_model(pack=True); "
+                         "what the default pack=\"auto\" picks when the copies fit in RAM); none: no plain row "
+                         "(with --emulate=ggml: the ggml rows alone, one model in RAM)")
     ap.add_argument("--json", help="also write the raw figures to this file")
-    ap.add_argument("--llama-child", help=argparse.SUPPRESS)
-    ap.add_argument("--no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",")]
+    args.variants = [] if args.variants == "none" else [v.strip() for v in args.variants.split(",")]
+    if not set(args.variants) <= {"mapped", "packed"}:
+        ap.error(f"--variants: expected mapped, packed or none, not {','.join(args.variants)!r}")
+    args.ggml_configs = [c.strip() for c in args.ggml_configs.split(",")]
+    if not args.ggml_configs or not set(args.ggml_configs) <= set(CONFIGS):
+        ap.error(f"--ggml-configs: expected {' and/or '.join(CONFIGS)}, not {','.join(args.ggml_configs)!r}")
     args.ggml_path = None
     if args.emulate and args.emulate.startswith("ggml:"):
         from kernels.ggml.build import UnsupportedBuild, named_path
@@ -393,9 +325,8 @@ def main(argv=None) -> int:
             ap.error(str(e))
     elif args.emulate not in (None, "act", "ggml"):
         ap.error(f"--emulate: expected act, ggml or ggml:NAME, not {args.emulate!r}")
-    if args.llama_child:
-        return _llama_child(args.llama_child, args.threads, not args.no_extra_bufts)
-
+    if not args.variants and args.emulate != "ggml":
+        ap.error("--variants none leaves no row to time without --emulate=ggml")
     if not 0 <= args.pp <= 512:
         ap.error("--pp must be between 0 and 512 (llama.cpp's batch)")
     if args.pp_chunk is None:
@@ -413,51 +344,60 @@ def main(argv=None) -> int:
         print(f"# --emulate=ggml follows {describe_named(args.ggml_path) if args.ggml_path else detect().describe()}")
     print(f"# {args.threads} threads (numba and llama.cpp), {args.n} tokens per round, {args.rounds} rounds, "
           f"refimpl numerics {'emulate' if args.emulate == 'act' else 'plain'}"
-          f"{' + a ggml row' if args.emulate == 'ggml' else ''}; load average {load0[0]:.2f}", flush=True)
+          f"{' + ggml rows (' + ', '.join(GGML_ROWS[c] for c in args.ggml_configs) + ')' if args.emulate == 'ggml' else ''}"
+          f"; load average {load0[0]:.2f}", flush=True)
     rows = []
     for preset in args.models.split(","):
         for quant in args.quants.split(","):
             print(f"{preset}-{quant}:", file=sys.stderr, flush=True)
             rows.extend(bench_one(preset.strip(), quant.strip(), args))
+    print_tables(rows, args)
+    load1 = os.getloadavg()
+    print(f"\n# median [min–max] over rounds of the per-round figures and ratios; verify/decode: per-repetition ratios "
+          f"({args.verify_reps}), decode and verify medians in the JSON. Load average {load0[0]:.2f} before, {load1[0]:.2f} after.")
+    print("# 'same tokens': refimpl's greedy tokens equal those of llama.cpp in the row's configuration (plain numerics "
+          "differ from llama.cpp's by its activation quantization, so a near-tie can legitimately differ; --emulate "
+          "matches its rounding, the ggml rows every bit).")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def print_tables(rows: list[dict], args) -> None:
+    """The decode table, the ggml / plain table and the prompt table, every row with its llama.cpp configuration."""
     print()
-    hdr = (f"{'model':<7} {'mix':<7} {'MiB':>5} {'refimpl':<7} | {'refimpl tok/s':>18} | {'llama.cpp tok/s':>18} | "
-           f"{'refimpl / llama.cpp':>19} | {'verify(1+3)/decode':>18} | same tokens")
+    hdr = (f"{'model':<7} {'mix':<7} {'MiB':>5} {'refimpl':<7} | {'refimpl tok/s':>18} | {'llama.cpp':<23} | "
+           f"{'llama.cpp tok/s':>18} | {'refimpl / llama.cpp':>19} | {'verify(1+3)/decode':>18} | same tokens")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['model']:<7} {r['quant']:<7} {r['mib']:5.0f} {r['variant']:<7} | {_range(r['ours']):>18} | "
-              f"{_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
+              f"{r['llama']:<23} | {_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
               f"{'yes' if r['same_tokens'] else 'no'}")
-    ggml_rows = [r for r in rows if r["variant"] == "ggml"]
-    if ggml_rows:
-        hdr = f"\n{'model':<7} {'mix':<7} | {'ggml / plain ' + '(' + ', '.join(args.variants) + ')':>40} | ggml numerics"
+    ggml = [r for r in rows if "vs_plain" in r]
+    if ggml and args.variants:
+        hdr = f"\n{'model':<7} {'mix':<7} {'row':<7} | {'ggml / plain ' + '(' + ', '.join(args.variants) + ')':>40} | ggml numerics"
         print(hdr)
         print("-" * len(hdr))
-        for r in ggml_rows:
+        for r in ggml:
             cell = ", ".join(_range(x) for x in r["vs_plain"].values())
-            print(f"{r['model']:<7} {r['quant']:<7} | {cell:>40} | {r['ctx']}")
-    rows_pp = [r for r in rows if r["variant"] != "ggml"]
-    if args.pp:
-        hdr = (f"\n{'model':<7} {'mix':<7} {'refimpl':<7} | {f'refimpl prompt tok/s ({args.pp})':>28} | "
-               f"{f'llama.cpp pp{args.pp} tok/s':>22} | {'refimpl / llama.cpp':>19}")
-        print(hdr)
-        print("-" * len(hdr))
-        for r in rows_pp:
-            print(f"{r['model']:<7} {r['quant']:<7} {r['variant']:<7} | {_range(r['pp_ours']):>28} | "
-                  f"{_range(r['pp_theirs']):>22} | {_range(r['pp_ratio']):>19}")
-        which = "every position's logits (`refimpl logits`)" if args.pp_all_logits else "the last position's logits (`refimpl run`)"
-        print(f"# prompt: refimpl forward on chunks of {args.pp_chunk} positions, {which}; "
-              "llama.cpp one batch, last position's logits (`llama-bench -p`).")
-        for note in sorted({r["pp_llama"] for r in rows_pp}):
-            print(f"# prompt, {note}: " + ", ".join(sorted({f"{r['model']}-{r['quant']}" for r in rows_pp if r["pp_llama"] == note})))
-    load1 = os.getloadavg()
-    print(f"\n# median [min–max] over rounds; verify/decode: per-repetition ratios ({args.verify_reps}), "
-          f"decode and verify medians in the JSON. Load average {load0[0]:.2f} before, {load1[0]:.2f} after.")
-    print("# 'same tokens': refimpl's greedy tokens equal llama.cpp's (plain numerics differ from llama.cpp's "
-          "by its activation quantization, so a near-tie can legitimately differ; --emulate matches its rounding).")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0
+            print(f"{r['model']:<7} {r['quant']:<7} {r['variant']:<7} | {cell:>40} | {r['ctx']}")
+    if not args.pp:
+        return
+    hdr = (f"\n{'model':<7} {'mix':<7} {'refimpl':<7} | {f'refimpl prompt tok/s ({args.pp})':>28} | {'llama.cpp':<23} | "
+           f"{f'llama.cpp pp{args.pp} tok/s':>22} | {'refimpl / llama.cpp':>19}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['model']:<7} {r['quant']:<7} {r['variant']:<7} | {_range(r['pp_ours']):>28} | {r['pp_llama']:<23} | "
+              f"{_range(r['pp_theirs']):>22} | {_range(r['pp_ratio']):>19}")
+    which = "every position's logits (`refimpl logits`)" if args.pp_all_logits else "the last position's logits (`refimpl run`)"
+    print(f"# prompt: plain refimpl forward on chunks of {args.pp_chunk} positions, the ggml rows one forward call "
+          f"(ubatches of n_ubatch 512, as `refimpl run --emulate=ggml`), {which}; llama.cpp one batch, last "
+          "position's logits (`llama-bench -p`).")
+    if any(r["pp_llama"].startswith("no repack") for r in rows):
+        print("# prompt, no repack: llama.cpp's batch kernels died with its default repacked/AMX layouts on this host, "
+              "so its prompt ran with use_extra_bufts=false.")
 
 
 if __name__ == "__main__":

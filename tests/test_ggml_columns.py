@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack import acts
 
-from kernels.ggml import columns, columns_k, mulmat
+from kernels.ggml import columns, columns_ir, mulmat
 from kernels.ggml.simd import _cols_dot16_def, cols_dot16
 from kernels.testing import random_rows
 
@@ -34,7 +34,7 @@ def test_cols_dot16_is_its_definition():
     rng = np.random.default_rng(0)
     q = rng.integers(-128, 128, (48, 80), dtype=np.int8)  # K = 96 values, 40 columns
     q[0, :8] = -128
-    y = rng.integers(-128, 128, 96).astype(np.int16)
+    y = rng.integers(-128, 128, 96).astype(np.int8)
     y[:4] = -128
     for k0, c, yo in ((0, 0, 0), (32, 24, 64), (64, 8, 32)):
         got, want = np.zeros(20, np.int32), np.zeros(20, np.int32)
@@ -62,30 +62,52 @@ def test_mul_mat_equals_stored_rows(qtype):
 
 
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
-def test_klanes_is_its_definition(qtype):
-    """The 8 integer lanes of a super-block, 16 columns in vector IR, against the definition (extreme codes, scales
-    and activations: Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
+def test_quad_dots_are_their_definitions(qtype):
+    """The K-quants' vector IR (kernels.ggml.columns_ir: VNNI's vpdpbusd + vpdpwssd where the host has them, and
+    the target-independent twin) against the definitions, for a sub-tile of 16 columns: vec_dot's 8 lanes (Q6_K
+    with q8sclsub) and their float step, the tiled kernel's totals, Q4_K repacked's gemv and gemm steps; extreme
+    codes, scales and activations (Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
     rng = np.random.default_rng(int(qtype))
-    w = weight_bytes(qtype, 40, 512, rng)
+    w = weight_bytes(qtype, 64, 512, rng)
     cols = columns.layout(w, qtype)
-    q, sc = cols.q[0, 0], cols.sc[0, 0].copy()  # tile 0: (K/2, 128), (K/32 or K/16, 64)
-    sc[0, :4] = (128, 127, 0, 255) if qtype == QT.Q6_K else (63, 0, 63, 1)  # int8 bytes / 6-bit scales
-    y = rng.integers(-128, 128, 512).astype(np.int16)
-    y[:3] = (-128, 127, -127)
-    kind = columns.KIND[qtype] if qtype != QT.Q4_K else columns.PLAIN_KIND[qtype]
-    for blk, c, nc in ((0, 0, 40), (1, 8, 32), (1, 37, 27)):  # whole steps of 16, a scalar tail, an offset start
-        got, want = np.zeros((8, 64), np.int32), np.zeros((8, 64), np.int32)
-        columns_k.klanes(got, q, blk, c, nc, y, sc, kind)
-        columns_k._klanes_def(want, 0, nc, q, blk, c, y, sc, kind)
-        assert np.array_equal(got[:, :nc], want[:, :nc]), (blk, c)
-    scale = int(sc[16, 0].view(np.int8)) if qtype == QT.Q6_K else int(sc[8, 0])  # block 1, group 0, lane 1
-    dot = sum(int(q[(256 + 4 + i) // 2, (256 + 4 + i) % 2]) * int(y[256 + 4 + i]) for i in range(4))  # lane 1, group 0
-    rest = sum((int(sc[16 + 2 * g, 0].view(np.int8)) if qtype == QT.Q6_K else int(sc[8 + g, 0]))
-               * sum(int(q[(256 + 32 * g + 4 + i) // 2, (256 + 32 * g + 4 + i) % 2]) * int(y[256 + 32 * g + 4 + i])
-                     for i in range(4)) for g in range(1, 8))
-    want = np.zeros((8, 64), np.int32)
-    columns_k._klanes_def(want, 0, 1, q, 1, 0, y, sc, kind)
-    assert want[1, 0] == scale * dot + rest
+    q, sc, mn, d, dmin = cols.q[0, 0], cols.sc[0, 0].copy(), cols.mn[0, 0], cols.d[0, 0], cols.dmin[0, 0]
+    per16 = qtype == QT.Q6_K
+    sc[16 if per16 else 8, 16:20] = (128, 127, 0, 255) if per16 else (63, 0, 63, 1)  # block 1, group 0, sub-tile 1
+    q[q.shape[0] // 4 + 64, :4] = q.max()  # sub-tile 1, block 1, group 0, lane 0: the largest code
+    y = rng.integers(-127, 128, 512).astype(np.int8)
+    y[256:259] = (-128, 127, -127)
+    bs = rng.integers(-2032, 2033, 32).astype(np.int64)  # Q6_K's bsums (per 16) / the sums per 32 (the mins)
+    for vnni in sorted({0, columns_ir.VNNI}):
+        for blk, c in ((0, 0), (1, 16), (1, 48)):
+            for total in (0, 1):
+                got, want = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
+                columns_ir.kq16(got, 0, q, blk, 0, 8, c, y, sc, bs, per16, total, vnni)
+                columns_ir.kq_def(want, 0, 16, q, blk, 0, 8, c, y, sc, bs, per16, total)
+                assert np.array_equal(got[:8 - 7 * total], want[:8 - 7 * total]), (vnni, blk, c, total)
+            acc = rng.standard_normal((8, 24)).astype(np.float32)
+            got, want = acc.copy(), acc.copy()
+            columns_ir.kq16_fma(got, 5, q, blk, c, y, sc, bs, d, np.float32(0.37), per16, vnni)
+            v = np.zeros((8, 16), np.int32)
+            columns_ir.kq_fma(want, 5, v, q, blk, c, 15, y, sc, bs, d, np.float32(0.37), per16)  # by the definitions
+            columns_ir.kq_fma(want, 20, v, q, blk, c + 15, 1, y, sc, bs, d, np.float32(0.37), per16)
+            assert np.array_equal(bits(got), bits(want)), (vnni, blk, c)
+            if qtype == QT.Q4_K:
+                for step in (2, 8):
+                    got, want = acc[:2].copy(), acc[:2].copy()
+                    columns_ir.kq16_q4k(got, 3, q, blk, step, c, y, sc, bs, d, np.float32(0.37), mn, dmin, vnni)
+                    columns_ir.q4k_fma_def(want, 3, np.zeros((8, 16), np.int32), q, blk, step, c, 16, y, sc, bs, d,
+                                           np.float32(0.37), mn, dmin)
+                    assert np.array_equal(bits(got), bits(want)), (vnni, blk, c, step)
+    scale = int(sc[16, 16].view(np.int8)) if per16 else int(sc[8, 16])  # block 1, sub-tile 1, group 0, lane 0
+    lane0 = [scale * sum(int(q[q.shape[0] // 4 + 64, i]) * int(y[256 + i]) for i in range(4))]
+    for g in range(1, 8):
+        s_g = int(sc[16 + 2 * g, 16].view(np.int8)) if per16 else int(sc[8 + g, 16])
+        lane0.append(s_g * sum(int(q[q.shape[0] // 4 + 64 + 8 * g, i]) * int(y[256 + 32 * g + i]) for i in range(4)))
+    if per16:
+        lane0.append(-32 * sum(int(bs[16 + h]) * int(sc[16 + h, 16].view(np.int8)) for h in range(2)))
+    want = np.zeros((8, 16), np.int32)
+    columns_ir.kq_def(want, 0, 1, q, 1, 0, 8, 16, y, sc, bs, per16, 0)
+    assert want[0, 0] == sum(lane0)
 
 
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
@@ -146,6 +168,28 @@ def test_mul_mat_id_equals_stored_rows(qtype):
         assert np.array_equal(bits(mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=True, cols=cols)), bits(want))
         half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids)  # the up half of a fused gate_up stack
         assert np.array_equal(bits(half), bits(want[..., 40:80]))
+
+
+def test_thread_count_changes_no_bit():
+    """Tiles split between 1, 2 or 3 threads (each output one thread's, in one order): the same bits, for the
+    K-quants' quad kernels (vec_dot lanes, tiled totals, Q4_K repacked's gemv and gemm rows), a partial tile too."""
+    import numba
+
+    rng = np.random.default_rng(11)
+    before = numba.get_num_threads()
+    try:
+        for qtype, repacked in ((QT.Q6_K, False), (QT.Q5_K, False), (QT.Q4_K, True)):
+            w = weight_bytes(qtype, 200, 1536, rng)  # 4 tiles, the last partial; parallel from one row
+            cols = columns.layout(w, qtype)
+            for T in (1, 4, 8):
+                x = acts(rng, T, 1536)
+                outs = []
+                for nth in (1, 2, 3):
+                    numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                    outs.append(bits(columns.mul_mat_cols(cols, x, repacked)))
+                assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (qtype.name, T)
+    finally:
+        numba.set_num_threads(before)
 
 
 def test_layout_is_refused_where_it_does_not_apply():

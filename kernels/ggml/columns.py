@@ -21,11 +21,13 @@ integer dot and the float operations on it, in ggml's order, which the kernels h
 
 A :class:`Columns` holds, for ``E`` matrices of ``N`` rows of ``K`` values (``E`` = 1 for a dense weight, the
 experts of a stacked tensor), the values ``q`` (E, K/2, 2N) int8 — value ``k`` of output ``c`` at ``[k // 2, 2c +
-k % 2]``, two neighbouring values side by side (:func:`kernels.ggml.simd.cols_dot16`) —, the per-block floats (E,
+k % 2]``, two neighbouring values side by side (:func:`kernels.ggml.simd.cols_dot16`); the K-quants' codes (E, K/4,
+4N) in quads, 4 neighbouring values side by side, each tile's sub-tiles of 16 outputs one after the other
+(:mod:`kernels.ggml.columns_ir`) —, the per-block floats (E,
 K/32 or K/256, N) float32 (the K-quants' scales and mins (E, K/32 or K/16, N) uint8: Q6_K's int8 scales as their
 bytes), and the column range ``[c0, c1)`` a product
 reads (a fused gate_up tensor's gate or up rows), stored tile by tile (:data:`TILE` outputs in one piece, so a
-tile's weights are read in one stream). Bytes: ~1.8 × the stored matrix.
+tile's weights are read in one stream). Bytes: ~1.2–1.8 × the stored matrix.
 
 Q8_0 has no column layout: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
 in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block).
@@ -45,7 +47,8 @@ from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
-from kernels.ggml.simd import cols_dot16, fma32, q4k_sub16
+from kernels.ggml.columns_ir import kq_q4k
+from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
 F32 = np.float32
@@ -63,6 +66,7 @@ class Columns:
 
     qtype: QT
     q: np.ndarray  # (E, N/TILE, K/2, 2·TILE) int8: the values, neighbouring pairs side by side
+    #                (the K-quants: (E, N/TILE, K, 64), quads by sub-tile of 16 outputs)
     d: np.ndarray  # (E, N/TILE, K/32 or K/256, TILE) float32: d (Q4_0, IQ4_NL), E8M0_HALF[e] (MXFP4), the K-quants' d
     dmin: np.ndarray  # (E, N/TILE, K/256, TILE) float32: Q4_K's / Q5_K's dmin; (…, 0, TILE) otherwise
     sc: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: 6-bit sub-block scales (Q6_K: K/16 int8 scale bytes); (…, 0, TILE) otherwise
@@ -77,7 +81,7 @@ class Columns:
 
     @property
     def K(self) -> int:
-        return 2 * self.q.shape[2]
+        return self.q.shape[2] * self.q.shape[3] // TILE
 
     def columns(self, start: int, stop: int) -> "Columns":
         """Outputs ``start … stop-1`` of this layout (the gate or up rows of a fused gate_up stack)."""
@@ -124,7 +128,8 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
     K = rb // per_block * values
     if rb % per_block:
         raise ValueError(f"column layout: rows of {rb} bytes are not whole {qtype.name} blocks")
-    q = np.empty((E, K // 2, 2 * N), np.int8)
+    per = 4 if values == 256 else 2  # values side by side: quads (the K-quants, columns_ir), else pairs
+    q = np.empty((E, K // per, per * N), np.int8)
     if values == 256:
         nsub, nmin = (K // 16, 0) if qtype == QT.Q6_K else (K // 32, K // 32)
         d, dmin = np.empty((E, K // 256, N), F32), np.empty((E, K // 256 if nmin else 0, N), F32)
@@ -145,7 +150,12 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
         a = np.pad(a, ((0, 0), (0, 0), (0, per * (nt * TILE - N))))
         return np.ascontiguousarray(a.reshape(E, a.shape[1], nt, per * TILE).transpose(0, 2, 1, 3))
 
-    return Columns(qtype, tiled(q, 2), tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N)
+    def quads(a):  # (E, K/4, 4·N) -> (E, nt, K, 16·4): each sub-tile of 16 columns in one piece (columns_ir)
+        a = np.pad(a, ((0, 0), (0, 0), (0, 4 * (nt * TILE - N))))
+        a = a.reshape(E, a.shape[1], nt, TILE // 16, 64).transpose(0, 2, 3, 1, 4)
+        return np.ascontiguousarray(a).reshape(E, nt, TILE // 16 * a.shape[3], 64)
+
+    return Columns(qtype, quads(q) if per == 4 else tiled(q, 2), tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N)
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,18 +179,24 @@ def _dots(q, k0, c, nc, y, yo, out):
 
 
 @jit()
-def _q4k_sub(ii, mi, q, s, c, nc, y, sc, mn, ysum, dots):
-    """Sub-block ``s`` of a Q4_K super-block for columns ``c … c + nc - 1``, in exact integers: ``ii[j] += sc_s · Σ
-    q·y``, ``mi[j] += mn_s · Σ y`` (:func:`kernels.ggml.simd.q4k_sub16`, 16 columns at a time; ``dots`` scratch)."""
-    j = 0
-    while j + 16 <= nc:
-        q4k_sub16(ii, mi, j, q, 32 * s, c + j, y, 32 * s, sc, mn, s, ysum)
-        j += 16
-    if j < nc:
-        _dots(q, 32 * s, c + j, nc - j, y, 32 * s, dots)
-        for jj in range(j, nc):
-            ii[jj] += np.int32(sc[s, c + jj]) * dots[jj - j]
-            mi[jj] += np.int32(mn[s, c + jj]) * ysum
+def _tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc):
+    """Q4_K repacked (kind 2) for :func:`_tile`: per super-block, every row against its codes while they are in the
+    cache; the integers ``ΣI = Σ sc·dot`` (:func:`kernels.ggml.columns_ir.kq`, the quads' totals) and ``ΣM = Σ
+    mn·Σy`` per super-block (gemv) or per 64 values (gemm rows)."""
+    R = rows.shape[0]
+    v = np.empty((8, 16), np.int32)
+    acc = np.zeros((R, 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
+    for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once
+        cs = max(c, w0)
+        n = min(c + nc, w0 + 16) - cs
+        for b in range(yd.shape[1]):
+            for i in range(R):
+                r = rows[i]
+                step = 2 if gemm[r] else 8  # gemm: an FMA per 64 values; gemv: per super-block
+                kq_q4k(acc[i], cs - c, v, q, b, step, cs, n, y[r], sc, ys[r], d, yd[r, b], mn, dmin)
+    for i in range(R):
+        for j in range(nc):
+            out[orow[i], oc + j] = acc[i, 0, j] - acc[i, 1, j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
 
 
 @jit()
@@ -197,60 +213,46 @@ def _wrap128(q, k0, c, nc, y, yo, out):
 
 
 @jit()
-def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc, dots, acc, accm, ii, mi):
-    """Columns ``c … c + nc - 1`` of one tile (``q`` (K/2, 2·TILE), ``d`` (…, TILE) …) against activation rows ``rows`` (``y`` (R, K)
-    int16, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R, K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks
-    holding a -128, ``gemm`` (R,) the rows taking the gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc +
-    j]``; ``kind`` as :data:`KIND` (3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32,
-    ``acc`` / ``accm`` (≥ nc) float32, ``ii`` / ``mi`` (≥ nc) int32 (a super-block's sums stay below 2^25)."""
+def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc, dots, acc):
+    """Columns ``c … c + nc - 1`` of one tile (``q`` (K/2, 2·TILE), or (K/4, 4·TILE) for the K-quants, ``d`` (…,
+    TILE) …) against activation rows ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R,
+    K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks holding a -128, ``gemm`` (R,) the rows taking the
+    gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (2:
+    :func:`_tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
+    float32."""
     if kind >= 3:
         tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
+        return
+    if kind == 2:
+        _tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
     for i in range(rows.shape[0]):
         r = rows[i]
         yr = y[r]
         o = orow[i]
-        if kind == 1:  # Q4_0 / IQ4_NL / MXFP4 repacked: one accumulator
-            acc[:nc] = 0
-            for b in range(yd.shape[1]):
-                _dots(q, 32 * b, c, nc, yr, 32 * b, dots)
-                if not gemm[r] and m128[r, b]:  # the gemv's sign trick; the gemm's dot is exact
-                    _wrap128(q, 32 * b, c, nc, yr, 32 * b, dots)
-                for j in range(nc):  # acc = _mm256_fmadd_ps(cvtepi32_ps(iacc), _mm256_mul_ps(col_scale, row_scale), acc)
-                    acc[j] = fma32(F32(dots[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
-            for j in range(nc):
-                out[o, oc + j] = acc[j]
-        else:  # Q4_K repacked
-            acc[:nc] = 0
-            accm[:nc] = 0
-            for b in range(yd.shape[1]):
-                ii[:nc] = 0
-                mi[:nc] = 0
-                for s in range(8 * b, 8 * b + 8):
-                    _q4k_sub(ii, mi, q, s, c, nc, yr, sc, mn, np.int32(ys[r, s]), dots)
-                    if (gemm[r] and s % 2 == 1) or s == 8 * b + 7:  # gemm: an FMA per 64 values; gemv: per super-block
-                        for j in range(nc):
-                            acc[j] = fma32(F32(ii[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
-                            accm[j] = fma32(F32(mi[j]), F32(dmin[b, c + j] * yd[r, b]), accm[j])
-                        ii[:nc] = 0
-                        mi[:nc] = 0
-            for j in range(nc):
-                out[o, oc + j] = acc[j] - accm[j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
+        acc[:nc] = 0  # Q4_0 / IQ4_NL / MXFP4 repacked: one accumulator
+        for b in range(yd.shape[1]):
+            _dots(q, 32 * b, c, nc, yr, 32 * b, dots)
+            if not gemm[r] and m128[r, b]:  # the gemv's sign trick; the gemm's dot is exact
+                _wrap128(q, 32 * b, c, nc, yr, 32 * b, dots)
+            for j in range(nc):  # acc = _mm256_fmadd_ps(cvtepi32_ps(iacc), _mm256_mul_ps(col_scale, row_scale), acc)
+                acc[j] = fma32(F32(dots[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
+        for j in range(nc):
+            out[o, oc + j] = acc[j]
 
 
 @jit()
-def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc, accm, ii, mi):
+def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc):
     """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
     c = max(c0, TILE * t)
     nc = min(c1, TILE * t + TILE) - c
     _tile(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out, c - c0,
-          dots, acc, accm, ii, mi)
+          dots, acc)
 
 
 @jit()
 def _scratch():
-    return (np.empty(TILE, np.int32), np.empty(TILE, F32), np.empty(TILE, F32),
-            np.empty(TILE, np.int32), np.empty(TILE, np.int32))
+    return np.empty(TILE, np.int32), np.empty(TILE, F32)
 
 
 @jit(parallel=True)
@@ -258,8 +260,8 @@ def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, row
     """Every tile of ``[c0, c1)``, split between threads (each output is one thread's, computed in one order)."""
     t0 = c0 // TILE
     for i in prange((c1 - 1) // TILE - t0 + 1):
-        dots, acc, accm, ii, mi = _scratch()
-        _chunk(kind, q, d, dmin, sc, mn, c0, c1, t0 + i, y, yd, ys, m128, gemm, rows, orow, out, dots, acc, accm, ii, mi)
+        dots, acc = _scratch()
+        _chunk(kind, q, d, dmin, sc, mn, c0, c1, t0 + i, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
 
 
 @jit()
@@ -269,14 +271,14 @@ def _run(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, ou
     if parallel:
         _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out)
     else:
-        dots, acc, accm, ii, mi = _scratch()
+        dots, acc = _scratch()
         for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
-            _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc, accm, ii, mi)
+            _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
 
 
 @jit()
 def _inputs(kind, x, g):
-    """The activations ``x`` (T, K) as ggml's kernel for ``kind`` takes them: (y (T, K) int16, yd, ys (T, K/32) the
+    """The activations ``x`` (T, K) as ggml's kernel for ``kind`` takes them: (y (T, K) int8, yd, ys (T, K/32) the
     Q8_K sums per 32 values (Q4_K), m128 (T, K/32) the Q8_0 blocks holding a -128, gemm (T,)). Q4_0 / IQ4_NL
     / MXFP4: x86 ``quantize_row_q8_0`` (= ``ggml_quantize_mat_q8_0_4x8``, bit for bit); Q4_K: rows ``t < g`` by
     ``ggml_quantize_mat_q8_K_4x8`` (the gemm's), the rest by ``from_float`` = ``quantize_row_q8_K_ref``; kinds 3-5
@@ -287,12 +289,12 @@ def _inputs(kind, x, g):
     gemm[:g] = True
     if kind >= 3:
         yq, yd, ys32, ys16 = q8_k_inputs(x)
-        return yq.astype(np.int16), yd, ys16 if kind == 5 else ys32, np.zeros((T, 0), np.bool_), gemm
+        return yq, yd, ys16 if kind == 5 else ys32, np.zeros((T, 0), np.bool_), gemm
     if kind == 2:
         yq, yd, bs = q8_k_mat_inputs(x, g)
-        return yq.astype(np.int16), yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
+        return yq, yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
     xq, xd = _q8_0_quantize(x)
-    return xq.astype(np.int16), xd, np.zeros((T, 0), np.int64), _blocks_m128(xq), gemm
+    return xq, xd, np.zeros((T, 0), np.int64), _blocks_m128(xq), gemm
 
 
 @jit()

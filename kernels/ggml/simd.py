@@ -199,7 +199,7 @@ else:
 
 def _cols_dot16_def(out, oj, q, k0, c, y, yo):
     """``out[oj + j] = Σ_{l < 32} w(k0 + l, c + j) · y[yo + l]`` for the 16 columns ``j``: the exact integer dots of
-    a block of 32 weight values with 32 activation values (int16), for 16 outputs at once. ``q`` (K/2, 2N) int8
+    a block of 32 weight values with 32 activation values (int8), for 16 outputs at once. ``q`` (K/2, 2N) int8
     holds value ``w(k, c)`` at ``q[k // 2, 2c + k % 2]`` (pairs of neighbouring values side by side, so that one
     ``pmaddwd`` / ``vpdpwssd`` takes a pair for 16 outputs); ``k0`` even. No product or sum leaves int32 for int8
     weights and Q8 activations. The definition (and the interpreted path); used by :mod:`kernels.ggml.columns`."""
@@ -209,17 +209,6 @@ def _cols_dot16_def(out, oj, q, k0, c, y, yo):
             k = k0 + l
             s += np.int64(q[k // 2, 2 * (c + j) + k % 2]) * np.int64(y[yo + l])
         out[oj + j] = s
-
-
-def _q4k_sub16_def(ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
-    """One 32-value sub-block of a Q4_K super-block for 16 outputs: ``ii[oj + j] += sc[s, c + j] · dot_j`` and
-    ``mi[oj + j] += mn[s, c + j] · ysum``, ``dot_j`` as :func:`_cols_dot16_def` (``ii``, ``mi`` int32: the sums
-    of a super-block stay below 2^25). The definition (and the interpreted path)."""
-    dot = np.zeros(16, np.int64)
-    _cols_dot16_def(dot, 0, q, k0, c, y, yo)
-    for j in range(16):
-        ii[oj + j] += np.int64(sc[s, c + j]) * dot[j]
-        mi[oj + j] += np.int64(mn[s, c + j]) * np.int64(ysum)
 
 
 if JIT_ENABLED:
@@ -239,7 +228,8 @@ if JIT_ENABLED:
             pq = cgutils.get_item_pointer(context, b, q_t, q_a, [b.add(kp0, ir.Constant(i64, lp)), c2])
             wv = b.sext(b.load(b.bitcast(pq, ir.VectorType(ir.IntType(8), 32).as_pointer()), align=1), v32)
             py = cgutils.get_item_pointer(context, b, y_t, y_a, [b.add(yo, ir.Constant(i64, 2 * lp))])
-            pair = b.load(b.bitcast(py, i32.as_pointer()), align=2)  # two int16 activations
+            pair = b.load(b.bitcast(py, i16.as_pointer()), align=1)  # two int8 activations, widened to int16
+            pair = b.bitcast(b.sext(b.bitcast(pair, ir.VectorType(ir.IntType(8), 2)), ir.VectorType(i16, 2)), i32)
             yb = b.shuffle_vector(b.insert_element(ir.Constant(v16, None), pair, ir.Constant(i32, 0)),
                                   ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
             p = b.mul(wv, b.sext(b.bitcast(yb, ir.VectorType(i16, 32)), v32))
@@ -253,7 +243,7 @@ if JIT_ENABLED:
     @intrinsic
     def _cols_dot16_ir(typingctx, out, oj, q, k0, c, y, yo):
         """:func:`_cols_dot16_def` as vector IR (target-independent: :func:`_pair_dot16`)."""
-        if not (_is(out, types.int32, 1) and _is(q, types.int8, 2) and _is(y, types.int16, 1)):
+        if not (_is(out, types.int32, 1) and _is(q, types.int8, 2) and _is(y, types.int8, 1)):
             return None
         sig = types.void(out, types.int64, q, types.int64, types.int64, y, types.int64)
 
@@ -267,53 +257,13 @@ if JIT_ENABLED:
 
         return sig, codegen
 
-    @intrinsic
-    def _q4k_sub16_ir(typingctx, ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
-        """:func:`_q4k_sub16_def` as vector IR: the 16 dots (:func:`_pair_dot16`), the scales and mins widened from
-        bytes, int32 multiply-adds into ``ii`` / ``mi``."""
-        if not (_is(ii, types.int32, 1) and _is(mi, types.int32, 1) and _is(q, types.int8, 2) and _is(y, types.int16, 1)
-                and _is(sc, types.uint8, 2) and _is(mn, types.uint8, 2)):
-            return None
-        sig = types.void(ii, mi, types.int64, q, types.int64, types.int64, y, types.int64, sc, mn, types.int64, types.int32)
-
-        def codegen(context, b, signature, args):
-            i32 = ir.IntType(32)
-            v16 = ir.VectorType(i32, 16)
-            ts = signature.args
-            ii_a, mi_a, q_a, y_a, sc_a, mn_a = (context.make_array(ts[i])(context, b, args[i]) for i in (0, 1, 3, 6, 8, 9))
-            dot = _pair_dot16(context, b, ts[3], q_a, args[4], args[5], ts[6], y_a, args[7])
-
-            def vec(t, a, idx, load_t, cast):
-                p = b.bitcast(cgutils.get_item_pointer(context, b, t, a, idx), load_t.as_pointer())
-                return (b.zext(b.load(p, align=1), v16) if cast else b.load(p, align=4)), p
-
-            scv, _ = vec(ts[8], sc_a, [args[10], args[5]], ir.VectorType(ir.IntType(8), 16), True)
-            mnv, _ = vec(ts[9], mn_a, [args[10], args[5]], ir.VectorType(ir.IntType(8), 16), True)
-            iiv, pii = vec(ts[0], ii_a, [args[2]], v16, False)
-            miv, pmi = vec(ts[1], mi_a, [args[2]], v16, False)
-            ysum = b.shuffle_vector(b.insert_element(ir.Constant(v16, None), args[11], ir.Constant(i32, 0)),
-                                    ir.Constant(v16, None), ir.Constant(v16, [0] * 16))
-            b.store(b.add(iiv, b.mul(scv, dot)), pii, align=4)
-            b.store(b.add(miv, b.mul(mnv, ysum)), pmi, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @jit()
-    def q4k_sub16(ii, mi, oj, q, k0, c, y, yo, sc, mn, s, ysum):
-        """:func:`_q4k_sub16_def` (``ii``, ``mi`` int32; ``q`` int8 (K/2, 2N); ``y`` int16; ``sc``, ``mn`` uint8
-        (K/32, N); all C-contiguous)."""
-        _q4k_sub16_ir(ii, mi, np.int64(oj), q, np.int64(k0), np.int64(c), y, np.int64(yo), sc, mn, np.int64(s),
-                      np.int32(ysum))
-
     @jit()
     def cols_dot16(out, oj, q, k0, c, y, yo):
-        """:func:`_cols_dot16_def` (``out`` int32 1-D, ``q`` int8 (K/2, 2N), ``y`` int16, all C-contiguous)."""
+        """:func:`_cols_dot16_def` (``out`` int32 1-D, ``q`` int8 (K/2, 2N), ``y`` int8, all C-contiguous)."""
         _cols_dot16_ir(out, np.int64(oj), q, np.int64(k0), np.int64(c), y, np.int64(yo))
 
 else:
     cols_dot16 = _cols_dot16_def
-    q4k_sub16 = _q4k_sub16_def
 
 
 # ---------------------------------------------------------------------------------------------------

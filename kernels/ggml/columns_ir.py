@@ -1,0 +1,338 @@
+"""The K-quants' integer dots in the column layout (:mod:`kernels.ggml.columns_k`), 16 output columns at a time as
+vector IR: the exact integers ggml's ``vec_dot`` keeps in its 8 int32 lanes (with their float step, ``acc[l] =
+fma(y.d·d, float(sumi[l]), acc[l])``), or their total (the tiled kernel's ``s1``; Q4_K repacked's ``ΣI`` with
+``ΣM`` and their two FMAs, per super-block for the gemv, per 64 values for the gemm).
+
+The codes are laid out in quads, each tile's sub-tiles of 16 columns one after the other: value ``k`` of column
+``c`` at ``q[(c // 16)·K/4 + k // 4, 4·(c % 16) + k % 4]`` of the tile (unsigned, Q4_K 0…15, Q5_K 0…31, Q6_K
+0…63), so one 64-byte load holds 4 consecutive values of 16 columns — lane ``l`` of 32-value group ``g`` of a
+super-block (values ``32g + 4l … 32g + 4l + 3``) — a sub-tile's super-block is 4 KiB read in address order, and
+one ``vpdpbusd`` (AVX512-VNNI: unsigned codes times signed Q8 bytes, 4 products summed per int32) forms the 16
+columns' 4-value dots against the activation's 4 bytes. A 4-value dot is below 2^15 in magnitude (63·128·4), so
+the sub-block scale multiplies it with one ``pmaddwd`` (the dot's low int16 times the scale, its high half times
+0), added in by ``vpdpwssd``. Integers are exact: only which integers are summed matters, never in what order or
+register; the float operations are ggml's, element by element. Without VNNI (or ``REFIMPL_KERNEL_ISA`` below
+avx512) the same integers come from target-independent IR (:data:`VNNI`; both tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import binding as llvm_binding
+
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.simd import fma32
+
+F32 = np.float32
+
+
+def _has_vnni() -> bool:
+    """Whether the numba target has AVX512-VNNI (and the AVX-512 level is not capped: ``flags.KERNEL_ISA``)."""
+    import numba
+
+    from kernels.lanes.ir import ISA, ISA_AVX512
+
+    feats = numba.config.CPU_FEATURES or llvm_binding.get_host_cpu_features().flatten()
+    return ISA == ISA_AVX512 and "+avx512vnni" in feats.split(",")
+
+
+#: 1: the x86 VNNI intrinsics; 0: target-independent IR (the same integers: tests/test_ggml_columns.py)
+VNNI = int(JIT_ENABLED and _has_vnni())
+
+
+@jit()
+def _s8(u):
+    """A stored uint8 scale byte as the int8 it holds (Q6_K)."""
+    v = np.int32(u)
+    return v - 256 * (v >> 7)
+
+
+@jit()
+def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, per16, total):
+    """The definition. Lanes (``total`` 0, all 8 groups): ``v[l, oj + j]`` = lane ``l`` of super-block ``blk``'s
+    integer dot for column ``c + j`` (``j < nj``): ``Σ_g scale(g, l) · Σ_{i<4} w(256·blk + 32g + 4l + i)·y[…]``,
+    the scale the sub-block's (``per16``: Q6_K's int8 scale per 16 values, row ``16·blk + 2g + l // 4``; else the
+    6-bit scale per 32, row ``8·blk + g``), and for Q6_K less ``32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1])`` of this
+    super-block (``q8sclsub``). ``total`` 1: ``v[0, oj + j]`` = the sum of those lanes over groups ``g0 … g0 + ng
+    - 1`` (Q6_K: all 8, with the whole ``32·Σ bs·sc``)."""
+    k4 = q.shape[0] // 4  # quad rows of a sub-tile of 16 columns (:func:`quad_at`)
+    for j in range(nj):
+        cj = c + j
+        for lane in range(8):
+            s = np.int64(0)
+            for g in range(g0, g0 + ng):
+                qr = 64 * blk + 8 * g + lane
+                dot = np.int64(0)
+                for i in range(4):
+                    dot += np.int64(q[(cj // 16) * k4 + qr, 4 * (cj % 16) + i]) * np.int64(y[4 * qr + i])
+                srow = 16 * blk + 2 * g + lane // 4 if per16 else 8 * blk + g
+                s += np.int64(_s8(sc[srow, cj])) * dot
+            if per16:
+                for h in range(2):
+                    s -= 32 * np.int64(bs[16 * blk + 2 * lane + h]) * np.int64(_s8(sc[16 * blk + 2 * lane + h, cj]))
+            if total:
+                v[0, oj + j] = (0 if lane == 0 else v[0, oj + j]) + s
+            else:
+                v[lane, oj + j] = s
+
+
+@jit()
+def lanes_fma_def(acc, o, v, nj, d, blk, c, yd):
+    """vec_dot's float step of super-block ``blk`` for columns ``c … c + nj - 1`` (``v[l, j]`` their integer lanes):
+    ``acc[l, o + j] = fma(y.d · d[blk, c + j], float(v[l, j]), acc[l, o + j])`` (``_mm256_fmadd_ps``)."""
+    for j in range(nj):
+        db = yd * d[blk, c + j]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
+        for lane in range(8):
+            acc[lane, o + j] = fma32(db, F32(v[lane, j]), acc[lane, o + j])
+
+
+@jit()
+def q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
+    """Q4_K repacked (``gemv/gemm_q4_K_8x8_q8_K``), super-block ``blk`` for columns ``c … c + nc - 1``, ``step``
+    groups at a time (8: the gemv, per super-block; 2: the gemm, per 64 values): ``ΣI`` (:func:`kq_def`'s total,
+    into ``v`` int32 scratch) and ``ΣM = Σ mn·ys`` (``ys`` the sums per 32 values), ``acc[0, o + j] = fma(float(ΣI),
+    d·y.d, …)``, ``acc[1, o + j] = fma(float(ΣM), dmin·y.d, …)``."""
+    for g0 in range(0, 8, step):
+        kq_def(v, 0, nc, q, blk, g0, step, c, y, sc, ys, False, True)
+        for j in range(nc):
+            mi = np.int32(0)
+            for s in range(8 * blk + g0, 8 * blk + g0 + step):
+                mi += np.int32(mn[s, c + j]) * np.int32(ys[s])
+            acc[0, o + j] = fma32(F32(v[0, j]), F32(d[blk, c + j] * yd), acc[0, o + j])
+            acc[1, o + j] = fma32(F32(mi), F32(dmin[blk, c + j] * yd), acc[1, o + j])
+
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba import literally, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    _V16, _B64, _W32 = ir.VectorType(_i32, 16), ir.VectorType(_i8, 64), ir.VectorType(_i16, 32)
+    _F16 = ir.VectorType(ir.FloatType(), 16)
+
+    def _splat(b, x, vt=_V16):
+        return b.shuffle_vector(b.insert_element(ir.Constant(vt, None), x, ir.Constant(_i32, 0)),
+                                ir.Constant(vt, None), ir.Constant(_V16, [0] * 16))
+
+    def _dpbusd(b, vnni, acc, codes, y4):
+        """``acc + Σ_{i<4} codes.byte[4j + i] (unsigned) · y4.byte[4j + i] (signed)`` per int32 ``j``."""
+        if vnni:
+            fnty = ir.FunctionType(_V16, [_V16] * 3)
+            fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+            return b.call(fn, [acc, codes, y4])
+        w = ir.VectorType(_i32, 64)
+        p = b.mul(b.zext(b.bitcast(codes, _B64), w), b.sext(b.bitcast(y4, _B64), w))
+        for i in range(4):
+            acc = b.add(acc, b.shuffle_vector(p, p, ir.Constant(_V16, list(range(i, 64, 4)))))
+        return acc
+
+    def _scaled(b, vnni, acc, dot, scale):
+        """``acc + dot · scale`` per int32 (``|dot| < 2^15``; ``scale`` the sign-extended byte)."""
+        if not vnni:
+            return b.add(acc, b.mul(dot, scale))
+        lo = b.bitcast(b.and_(scale, ir.Constant(_V16, [0xFFFF] * 16)), _W32)  # (scale, 0) int16 pairs
+        fnty = ir.FunctionType(_V16, [_W32, _W32])
+        fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.pmaddw.d.512")
+        return b.add(acc, b.call(fn, [b.bitcast(dot, _W32), lo]))  # vpdpwssd
+
+    def _lit(x):
+        return x.literal_value if isinstance(x, types.IntegerLiteral) else None
+
+    @intrinsic
+    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, mn, dmin, per16, total, ng, vnni):
+        """:func:`kq_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its quads from row ``qr0`` of ``q``
+        int8 (K, 16·4)), ``y`` int8 (K,), ``sc`` uint8, ``bs`` int64 (K/16,), all C-contiguous; ``per16``,
+        ``total``, ``ng``, ``vnni`` literals. ``total`` 2: the lanes go through :func:`lanes_fma_def`'s float step
+        into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``), else ``v`` int32 (8, ≥ oj + 16) takes the integers."""
+        flags = [_lit(a) for a in (per16, total, ng, vnni)]
+        arrays = (v, q, y, sc, bs, d, mn, dmin)
+        if None in flags or not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
+                                 and q.dtype == y.dtype == types.int8):
+            return None
+        p16, tot, n_g, vn = flags
+        if v.dtype != (types.float32 if tot >= 2 else types.int32):
+            return None
+        i64 = types.int64
+        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, per16, total, ng, vnni)
+
+        def codegen(context, b, signature, args):
+            ts = signature.args
+            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 7, 8, 9, 10, 12, 13)}
+            oj, qr0, blk, g0, c = args[1], args[3], args[4], args[5], args[6]
+
+            def at(i, idx, vt):
+                return b.bitcast(cgutils.get_item_pointer(context, b, ts[i], arr[i], idx), vt.as_pointer())
+
+            def k(n):
+                return ir.Constant(_i64, n)
+
+            def scale(row):  # the 16 columns' scale bytes of sub-block row ``row``, sign-extended
+                return b.sext(b.load(at(8, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
+
+            nsc = 16 if p16 else 8
+            base = b.mul(blk, k(nsc))
+            zero = ir.Constant(_V16, [0] * 16)
+
+            def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g``
+                qr = b.add(b.mul(blk, k(64)), b.add(b.mul(b.add(g0, k(g)), k(8)), k(lane)))
+                codes = b.load(at(2, [b.add(qr0, qr), k(0)], _V16), align=1)
+                y4 = b.load(at(7, [b.mul(qr, k(4))], _i32), align=1)
+                return _dpbusd(b, vn, acc, codes, _splat(b, y4))
+
+            def srow(g, lane):
+                return b.add(base, k(2 * g + lane // 4) if p16 else b.add(g0, k(g)))
+
+            def q8sclsub(lanes):  # Σ_{l in lanes} 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]) of this super-block
+                s = zero
+                for l2 in (2 * lane + h for lane in lanes for h in (0, 1)):
+                    row = b.add(base, k(l2))
+                    bsv = b.trunc(b.load(cgutils.get_item_pointer(context, b, ts[9], arr[9], [row])), _i32)
+                    s = b.add(s, b.mul(scale(row), _splat(b, bsv)))
+                return b.shl(s, ir.Constant(_V16, [5] * 16))
+
+            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
+            ydv = _splat(b, args[11], _F16)
+            def total(gs):  # Σ over groups gs of scale · (the chained dots of its lanes)
+                acc = zero
+                for g in gs:
+                    for half in ((0, 1) if p16 else (None,)):
+                        lanes = range(8) if half is None else range(4 * half, 4 * half + 4)
+                        dot = zero
+                        for lane in lanes:
+                            dot = quad(g, lane, dot)
+                        acc = b.add(acc, b.mul(dot, scale(srow(g, lanes[0]))))
+                return acc
+
+            if tot == 1:
+                acc = total(range(n_g))
+                b.store(b.sub(acc, q8sclsub(range(8))) if p16 else acc, at(0, [k(0), oj], _V16), align=4)
+                return context.get_dummy_value()
+            if tot == 3:  # Q4_K repacked: per super-block (gemv) or per 64 values (gemm, ``ng`` 2)
+                pa, pm = at(0, [k(0), oj], _F16), at(0, [k(1), oj], _F16)
+                fa, fm = b.load(pa, align=4), b.load(pm, align=4)
+                dy = b.fmul(b.load(at(10, [blk, c], _F16), align=4), ydv)  # d · y.d
+                dmy = b.fmul(b.load(at(13, [blk, c], _F16), align=4), ydv)  # dmin · y.d
+                for g1 in range(0, 8, n_g):
+                    mi = zero  # ΣM = Σ mn·Σy
+                    for g in range(g1, g1 + n_g):
+                        row = srow(g, 0)
+                        ysum = b.trunc(b.load(cgutils.get_item_pointer(context, b, ts[9], arr[9], [row])), _i32)
+                        mnv = b.zext(b.load(at(12, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
+                        mi = b.add(mi, b.mul(mnv, _splat(b, ysum)))
+                    ii = total(range(g1, g1 + n_g))
+                    fa = b.call(fma, [b.sitofp(ii, _F16), dy, fa])  # acc = fma(ΣI, d·y.d, acc)
+                    fm = b.call(fma, [b.sitofp(mi, _F16), dmy, fm])
+                b.store(fa, pa, align=4)
+                b.store(fm, pm, align=4)
+                return context.get_dummy_value()
+            db = b.fmul(ydv, b.load(at(10, [blk, c], _F16), align=4))  # y.d * d
+            accs = [b.sub(zero, q8sclsub([lane])) if p16 else zero for lane in range(8)]
+            for g in range(8):  # the codes in address order
+                scales = [scale(srow(g, 0)), scale(srow(g, 4))] if p16 else [scale(srow(g, 0))] * 2
+                for lane in range(8):
+                    accs[lane] = _scaled(b, vn, accs[lane], quad(g, lane, zero), scales[lane // 4])
+            for lane, acc in enumerate(accs):
+                if tot == 2:  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
+                    pf = at(0, [k(lane), oj], _F16)
+                    b.store(b.call(fma, [db, b.sitofp(acc, _F16), b.load(pf, align=4)]), pf, align=4)
+                else:
+                    b.store(acc, at(0, [k(lane), oj], _V16), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, per16, total, vnni):
+        """:func:`kq_def` for the 16 columns ``c … c + 15`` of a sub-tile (``c`` a multiple of 16) as vector IR
+        (``vnni`` 0: the target-independent twin). The combinations the kernels use: lanes (8 groups), totals of 8
+        groups, Q4_K's totals of 2 groups (the gemm's 64 values)."""
+        literally(vnni)
+        qr0 = (c // 16) * (q.shape[0] // 4)
+        if per16:
+            if total:
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 1, 8, vnni)
+            else:
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 0, 8, vnni)
+        elif total:
+            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 1, 8, vnni)
+        else:
+            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 0, 8, vnni)
+
+    @jit()
+    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, vnni):
+        """:func:`kq_def`'s lanes for the 16 columns of a sub-tile through :func:`lanes_fma_def` into ``acc[:, o:o +
+        16]`` float32, as vector IR (``vnni`` as :func:`kq16`)."""
+        literally(vnni)
+        qr0 = (c // 16) * (q.shape[0] // 4)
+        if per16:
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 1, 2, 8, vnni)
+        else:
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 0, 2, 8, vnni)
+
+    @jit()
+    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, vnni):
+        """:func:`q4k_fma_def` for the 16 columns of a sub-tile as vector IR (``vnni`` as :func:`kq16`)."""
+        literally(vnni)
+        qr0 = (c // 16) * (q.shape[0] // 4)
+        if step == 2:
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 0, 3, 2, vnni)
+        else:
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 0, 3, 8, vnni)
+
+else:
+
+    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, vnni):
+        q4k_fma_def(acc, o, np.empty((8, 16), np.int32), q, blk, step, c, 16, y, sc, ys, d, yd, mn, dmin)
+
+    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, per16, total, vnni):
+        kq_def(v, oj, 16, q, blk, g0, ng, c, y, sc, bs, per16, total)
+
+    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, vnni):
+        w = np.empty((8, 16), np.int32)
+        kq_def(w, 0, 16, q, blk, 0, 8, c, y, sc, bs, per16, 0)
+        lanes_fma_def(acc, o, w, 16, d, blk, c, yd)
+
+
+@jit()
+def kq(v, q, blk, g0, ng, c, nc, y, sc, bs, per16, total):
+    """:func:`kq_def` for columns ``c … c + nc - 1`` of one sub-tile into ``v[:, :nc]``: a whole sub-tile as vector
+    IR (:func:`kq16`), else by the definition."""
+    if nc == 16:
+        if VNNI:
+            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, per16, total, 1)
+        else:
+            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, per16, total, 0)
+    else:
+        kq_def(v, 0, nc, q, blk, g0, ng, c, y, sc, bs, per16, total)
+
+
+@jit()
+def kq_fma(acc, o, v, q, blk, c, nc, y, sc, bs, d, yd, per16):
+    """vec_dot's super-block ``blk`` for columns ``c … c + nc - 1`` of one sub-tile: the lanes (:func:`kq_def`)
+    through :func:`lanes_fma_def` into ``acc[:, o:o + nc]`` — a whole sub-tile in one vector IR step, else by the
+    definitions (``v`` int32 (8, ≥ nc) scratch)."""
+    if nc == 16:
+        if VNNI:
+            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, 1)
+        else:
+            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, 0)
+    else:
+        kq_def(v, 0, nc, q, blk, 0, 8, c, y, sc, bs, per16, 0)
+        lanes_fma_def(acc, o, v, nc, d, blk, c, yd)
+
+
+@jit()
+def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
+    """:func:`q4k_fma_def` — a whole sub-tile in one vector IR step (:func:`kq16_q4k`), else by the definition."""
+    if nc == 16:
+        if VNNI:
+            kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, 1)
+        else:
+            kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, 0)
+    else:
+        q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin)
+
+
+__all__ = ["VNNI", "kq", "kq16", "kq16_fma", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def"]

@@ -137,6 +137,14 @@ if JIT_ENABLED:
         fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.pmaddw.d.512")
         return b.add(acc, b.call(fn, [b.bitcast(dot, _W32), lo]))  # vpdpwssd
 
+    @jit()
+    def _sub_tile_row(q, c):
+        """The first quad row of column ``c``'s sub-tile in a tile ``q`` (K, 64) (its rows of 64 bytes, as the IR
+        reads them)."""
+        if q.shape[1] != 64:
+            raise ValueError("column layout: a tile of quads has rows of 64 bytes")
+        return (c // 16) * (q.shape[0] // 4)
+
     def _lit(x):
         return x.literal_value if isinstance(x, types.IntegerLiteral) else None
 
@@ -175,10 +183,13 @@ if JIT_ENABLED:
             base = b.mul(blk, k(nsc))
             zero = ir.Constant(_V16, [0] * 16)
 
-            def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g``
-                qr = b.add(b.mul(blk, k(64)), b.add(b.mul(b.add(g0, k(g)), k(8)), k(lane)))
-                codes = b.load(at(2, [b.add(qr0, qr), k(0)], _V16), align=1)
-                y4 = b.load(at(7, [b.mul(qr, k(4))], _i32), align=1)
+            qr = b.add(b.mul(blk, k(64)), b.mul(g0, k(8)))  # the first quad row this call reads
+            q0 = cgutils.get_item_pointer(context, b, ts[2], arr[2], [b.add(qr0, qr), k(0)])
+            y0 = b.bitcast(cgutils.get_item_pointer(context, b, ts[7], arr[7], [b.mul(qr, k(4))]), _i8.as_pointer())
+
+            def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g`` (rows of 64 bytes)
+                codes = b.load(b.bitcast(b.gep(q0, [k(64 * (8 * g + lane))]), _V16.as_pointer()), align=1)  # int8
+                y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
                 return _dpbusd(b, vn, acc, codes, _splat(b, y4))
 
             def srow(g, lane):
@@ -249,7 +260,7 @@ if JIT_ENABLED:
         (``vnni`` 0: the target-independent twin). The combinations the kernels use: lanes (8 groups), totals of 8
         groups, Q4_K's totals of 2 groups (the gemm's 64 values)."""
         literally(vnni)
-        qr0 = (c // 16) * (q.shape[0] // 4)
+        qr0 = _sub_tile_row(q, c)
         if per16:
             if total:
                 _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 1, 8, vnni)
@@ -265,7 +276,7 @@ if JIT_ENABLED:
         """:func:`kq_def`'s lanes for the 16 columns of a sub-tile through :func:`lanes_fma_def` into ``acc[:, o:o +
         16]`` float32, as vector IR (``vnni`` as :func:`kq16`)."""
         literally(vnni)
-        qr0 = (c // 16) * (q.shape[0] // 4)
+        qr0 = _sub_tile_row(q, c)
         if per16:
             _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 1, 2, 8, vnni)
         else:
@@ -275,7 +286,7 @@ if JIT_ENABLED:
     def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, vnni):
         """:func:`q4k_fma_def` for the 16 columns of a sub-tile as vector IR (``vnni`` as :func:`kq16`)."""
         literally(vnni)
-        qr0 = (c // 16) * (q.shape[0] // 4)
+        qr0 = _sub_tile_row(q, c)
         if step == 2:
             _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 0, 3, 2, vnni)
         else:

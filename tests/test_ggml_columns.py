@@ -72,8 +72,9 @@ def test_quad_dots_are_their_definitions(qtype):
     cols = columns.layout(w, qtype)
     q, sc, mn, d, dmin = cols.q[0, 0], cols.sc[0, 0].copy(), cols.mn[0, 0], cols.d[0, 0], cols.dmin[0, 0]
     per16 = qtype == QT.Q6_K
+    form = {QT.Q5_K: 0, QT.Q6_K: 1, QT.Q4_K: 2}[qtype]  # columns_ir: bytes, Q6_K, Q4_K's nibbles
     sc[16 if per16 else 8, 16:20] = (128, 127, 0, 255) if per16 else (63, 0, 63, 1)  # block 1, group 0, sub-tile 1
-    q[q.shape[0] // 4 + 64, :4] = q.max()  # sub-tile 1, block 1, group 0, lane 0: the largest code
+    q[q.shape[0] // 4 + (32 if form == 2 else 64), :4] = -1 if form == 2 else q.max()  # block 1, sub-tile 1: largest codes
     y = rng.integers(-127, 128, 512).astype(np.int8)
     y[256:259] = (-128, 127, -127)
     bs = rng.integers(-2032, 2033, 32).astype(np.int64)  # Q6_K's bsums (per 16) / the sums per 32 (the mins)
@@ -81,15 +82,15 @@ def test_quad_dots_are_their_definitions(qtype):
         for blk, c in ((0, 0), (1, 16), (1, 48)):
             for total in (0, 1):
                 got, want = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
-                columns_ir.kq16(got, 0, q, blk, 0, 8, c, y, sc, bs, per16, total, vnni)
-                columns_ir.kq_def(want, 0, 16, q, blk, 0, 8, c, y, sc, bs, per16, total)
+                columns_ir.kq16(got, 0, q, blk, 0, 8, c, y, sc, bs, form, total, vnni)
+                columns_ir.kq_def(want, 0, 16, q, blk, 0, 8, c, y, sc, bs, form, total)
                 assert np.array_equal(got[:8 - 7 * total], want[:8 - 7 * total]), (vnni, blk, c, total)
             acc = rng.standard_normal((8, 24)).astype(np.float32)
             got, want = acc.copy(), acc.copy()
-            columns_ir.kq16_fma(got, 5, q, blk, c, y, sc, bs, d, np.float32(0.37), per16, vnni)
+            columns_ir.kq16_fma(got, 5, q, blk, c, y, sc, bs, d, np.float32(0.37), form, vnni)
             v = np.zeros((8, 16), np.int32)
-            columns_ir.kq_fma(want, 5, v, q, blk, c, 15, y, sc, bs, d, np.float32(0.37), per16)  # by the definitions
-            columns_ir.kq_fma(want, 20, v, q, blk, c + 15, 1, y, sc, bs, d, np.float32(0.37), per16)
+            columns_ir.kq_fma(want, 5, v, q, blk, c, 15, y, sc, bs, d, np.float32(0.37), form)  # by the definitions
+            columns_ir.kq_fma(want, 20, v, q, blk, c + 15, 1, y, sc, bs, d, np.float32(0.37), form)
             assert np.array_equal(bits(got), bits(want)), (vnni, blk, c)
             if qtype == QT.Q4_K:
                 for step in (2, 8):
@@ -98,15 +99,19 @@ def test_quad_dots_are_their_definitions(qtype):
                     columns_ir.q4k_fma_def(want, 3, np.zeros((8, 16), np.int32), q, blk, step, c, 16, y, sc, bs, d,
                                            np.float32(0.37), mn, dmin)
                     assert np.array_equal(bits(got), bits(want)), (vnni, blk, c, step)
-    scale = int(sc[16, 16].view(np.int8)) if per16 else int(sc[8, 16])  # block 1, sub-tile 1, group 0, lane 0
-    lane0 = [scale * sum(int(q[q.shape[0] // 4 + 64, i]) * int(y[256 + i]) for i in range(4))]
-    for g in range(1, 8):
+
+    def code(qr, i):  # value 4·qr + i of the sub-tile's first column
+        row = q.shape[0] // 4 + (qr // 2 if form == 2 else qr)
+        return (int(q[row, i]) & 255) >> (4 * (qr % 2)) & 15 if form == 2 else int(q[row, i])
+
+    lane0 = []  # block 1, sub-tile 1's first column, lane 0
+    for g in range(8):
         s_g = int(sc[16 + 2 * g, 16].view(np.int8)) if per16 else int(sc[8 + g, 16])
-        lane0.append(s_g * sum(int(q[q.shape[0] // 4 + 64 + 8 * g, i]) * int(y[256 + 32 * g + i]) for i in range(4)))
+        lane0.append(s_g * sum(code(64 + 8 * g, i) * int(y[256 + 32 * g + i]) for i in range(4)))
     if per16:
         lane0.append(-32 * sum(int(bs[16 + h]) * int(sc[16 + h, 16].view(np.int8)) for h in range(2)))
     want = np.zeros((8, 16), np.int32)
-    columns_ir.kq_def(want, 0, 1, q, 1, 0, 8, 16, y, sc, bs, per16, 0)
+    columns_ir.kq_def(want, 0, 1, q, 1, 0, 8, 16, y, sc, bs, form, 0)
     assert want[0, 0] == sum(lane0)
 
 

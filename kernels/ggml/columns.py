@@ -81,7 +81,7 @@ class Columns:
 
     @property
     def K(self) -> int:
-        return self.q.shape[2] * self.q.shape[3] // TILE
+        return self.q.shape[2] * self.q.shape[3] // TILE * (2 if self.qtype == QT.Q4_K else 1)  # Q4_K: 2 codes a byte
 
     def columns(self, start: int, stop: int) -> "Columns":
         """Outputs ``start … stop-1`` of this layout (the gate or up rows of a fused gate_up stack)."""
@@ -153,7 +153,9 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
     def quads(a):  # (E, K/4, 4·N) -> (E, nt, K, 16·4): each sub-tile of 16 columns in one piece (columns_ir)
         a = np.pad(a, ((0, 0), (0, 0), (0, 4 * (nt * TILE - N))))
         a = a.reshape(E, a.shape[1], nt, TILE // 16, 64).transpose(0, 2, 3, 1, 4)
-        return np.ascontiguousarray(a).reshape(E, nt, TILE // 16 * a.shape[3], 64)
+        if qtype == QT.Q4_K:  # two quad rows to a row of bytes: the even one's codes in the low nibbles
+            a = a[..., 0::2, :] | (a[..., 1::2, :] << 4)
+        return np.ascontiguousarray(a).reshape(E, nt, -1, 64)
 
     return Columns(qtype, quads(q) if per == 4 else tiled(q, 2), tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N)
 

@@ -48,14 +48,15 @@ def _s8(u):
 
 
 @jit()
-def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, per16, total):
+def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, form, total):
     """The definition. Lanes (``total`` 0, all 8 groups): ``v[l, oj + j]`` = lane ``l`` of super-block ``blk``'s
     integer dot for column ``c + j`` (``j < nj``): ``Σ_g scale(g, l) · Σ_{i<4} w(256·blk + 32g + 4l + i)·y[…]``,
-    the scale the sub-block's (``per16``: Q6_K's int8 scale per 16 values, row ``16·blk + 2g + l // 4``; else the
+    the scale the sub-block's (``form`` 1: Q6_K's int8 scale per 16 values, row ``16·blk + 2g + l // 4``; else the
     6-bit scale per 32, row ``8·blk + g``), and for Q6_K less ``32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1])`` of this
     super-block (``q8sclsub``). ``total`` 1: ``v[0, oj + j]`` = the sum of those lanes over groups ``g0 … g0 + ng
-    - 1`` (Q6_K: all 8, with the whole ``32·Σ bs·sc``)."""
-    k4 = q.shape[0] // 4  # quad rows of a sub-tile of 16 columns (:func:`quad_at`)
+    - 1`` (Q6_K: all 8, with the whole ``32·Σ bs·sc``). The codes: a byte each (``form`` 0: Q5_K; 1: Q6_K), or
+    Q4_K's two to a byte (``form`` 2: quad rows ``2r`` and ``2r + 1`` in the low and high nibbles of row ``r``)."""
+    rows = q.shape[0] // 4  # rows of a sub-tile of 16 columns: K/4 quads, K/8 for Q4_K's nibbles (``form`` 2)
     for j in range(nj):
         cj = c + j
         for lane in range(8):
@@ -64,10 +65,14 @@ def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, per16, total):
                 qr = 64 * blk + 8 * g + lane
                 dot = np.int64(0)
                 for i in range(4):
-                    dot += np.int64(q[(cj // 16) * k4 + qr, 4 * (cj % 16) + i]) * np.int64(y[4 * qr + i])
-                srow = 16 * blk + 2 * g + lane // 4 if per16 else 8 * blk + g
+                    if form == 2:  # quad rows 2r (low nibbles) and 2r + 1 (high nibbles) in one row
+                        w = (np.int64(q[(cj // 16) * rows + qr // 2, 4 * (cj % 16) + i]) & 255) >> (4 * (qr % 2)) & 15
+                    else:
+                        w = np.int64(q[(cj // 16) * rows + qr, 4 * (cj % 16) + i])
+                    dot += w * np.int64(y[4 * qr + i])
+                srow = 16 * blk + 2 * g + lane // 4 if form == 1 else 8 * blk + g
                 s += np.int64(_s8(sc[srow, cj])) * dot
-            if per16:
+            if form == 1:
                 for h in range(2):
                     s -= 32 * np.int64(bs[16 * blk + 2 * lane + h]) * np.int64(_s8(sc[16 * blk + 2 * lane + h, cj]))
             if total:
@@ -93,7 +98,7 @@ def q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
     into ``v`` int32 scratch) and ``ΣM = Σ mn·ys`` (``ys`` the sums per 32 values), ``acc[0, o + j] = fma(float(ΣI),
     d·y.d, …)``, ``acc[1, o + j] = fma(float(ΣM), dmin·y.d, …)``."""
     for g0 in range(0, 8, step):
-        kq_def(v, 0, nc, q, blk, g0, step, c, y, sc, ys, False, True)
+        kq_def(v, 0, nc, q, blk, g0, step, c, y, sc, ys, 2, True)
         for j in range(nc):
             mi = np.int32(0)
             for s in range(8 * blk + g0, 8 * blk + g0 + step):
@@ -149,21 +154,22 @@ if JIT_ENABLED:
         return x.literal_value if isinstance(x, types.IntegerLiteral) else None
 
     @intrinsic
-    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, mn, dmin, per16, total, ng, vnni):
+    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, mn, dmin, form, total, ng, vnni):
         """:func:`kq_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its quads from row ``qr0`` of ``q``
-        int8 (K, 16·4)), ``y`` int8 (K,), ``sc`` uint8, ``bs`` int64 (K/16,), all C-contiguous; ``per16``,
+        int8 (K, 16·4)), ``y`` int8 (K,), ``sc`` uint8, ``bs`` int64 (K/16,), all C-contiguous; ``form``,
         ``total``, ``ng``, ``vnni`` literals. ``total`` 2: the lanes go through :func:`lanes_fma_def`'s float step
         into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``), else ``v`` int32 (8, ≥ oj + 16) takes the integers."""
-        flags = [_lit(a) for a in (per16, total, ng, vnni)]
+        flags = [_lit(a) for a in (form, total, ng, vnni)]
         arrays = (v, q, y, sc, bs, d, mn, dmin)
         if None in flags or not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
                                  and q.dtype == y.dtype == types.int8):
             return None
-        p16, tot, n_g, vn = flags
+        fm, tot, n_g, vn = flags
+        p16, nib = fm == 1, fm == 2
         if v.dtype != (types.float32 if tot >= 2 else types.int32):
             return None
         i64 = types.int64
-        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, per16, total, ng, vnni)
+        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, form, total, ng, vnni)
 
         def codegen(context, b, signature, args):
             ts = signature.args
@@ -184,11 +190,17 @@ if JIT_ENABLED:
             zero = ir.Constant(_V16, [0] * 16)
 
             qr = b.add(b.mul(blk, k(64)), b.mul(g0, k(8)))  # the first quad row this call reads
-            q0 = cgutils.get_item_pointer(context, b, ts[2], arr[2], [b.add(qr0, qr), k(0)])
+            qrow = b.ashr(qr, k(1)) if nib else qr  # Q4_K: two quad rows to a row of bytes
+            q0 = cgutils.get_item_pointer(context, b, ts[2], arr[2], [b.add(qr0, qrow), k(0)])
             y0 = b.bitcast(cgutils.get_item_pointer(context, b, ts[7], arr[7], [b.mul(qr, k(4))]), _i8.as_pointer())
 
             def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g`` (rows of 64 bytes)
-                codes = b.load(b.bitcast(b.gep(q0, [k(64 * (8 * g + lane))]), _V16.as_pointer()), align=1)  # int8
+                r = 8 * g + lane
+                codes = b.load(b.bitcast(b.gep(q0, [k(64 * (r // 2 if nib else r))]), _V16.as_pointer()), align=1)
+                if nib:  # the low nibbles for even rows, the high ones for odd
+                    cb = b.bitcast(codes, _B64)
+                    cb = b.lshr(cb, ir.Constant(_B64, [4] * 64)) if r % 2 else cb
+                    codes = b.bitcast(b.and_(cb, ir.Constant(_B64, [15] * 64)), _V16)
                 y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
                 return _dpbusd(b, vn, acc, codes, _splat(b, y4))
 
@@ -255,30 +267,37 @@ if JIT_ENABLED:
         return sig, codegen
 
     @jit()
-    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, per16, total, vnni):
+    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, vnni):
         """:func:`kq_def` for the 16 columns ``c … c + 15`` of a sub-tile (``c`` a multiple of 16) as vector IR
         (``vnni`` 0: the target-independent twin). The combinations the kernels use: lanes (8 groups), totals of 8
         groups, Q4_K's totals of 2 groups (the gemm's 64 values)."""
         literally(vnni)
         qr0 = _sub_tile_row(q, c)
-        if per16:
+        if form == 1:  # the literals the IR is built for, one branch each
             if total:
                 _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 1, 8, vnni)
             else:
                 _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 0, 8, vnni)
+        elif form == 2:
+            if total:
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 1, 8, vnni)
+            else:
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 0, 8, vnni)
         elif total:
             _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 1, 8, vnni)
         else:
             _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 0, 8, vnni)
 
     @jit()
-    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, vnni):
+    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, vnni):
         """:func:`kq_def`'s lanes for the 16 columns of a sub-tile through :func:`lanes_fma_def` into ``acc[:, o:o +
         16]`` float32, as vector IR (``vnni`` as :func:`kq16`)."""
         literally(vnni)
         qr0 = _sub_tile_row(q, c)
-        if per16:
+        if form == 1:
             _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 1, 2, 8, vnni)
+        elif form == 2:
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 2, 2, 8, vnni)
         else:
             _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 0, 2, 8, vnni)
 
@@ -288,49 +307,49 @@ if JIT_ENABLED:
         literally(vnni)
         qr0 = _sub_tile_row(q, c)
         if step == 2:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 0, 3, 2, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 2, vnni)
         else:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 0, 3, 8, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 8, vnni)
 
 else:
 
     def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, vnni):
         q4k_fma_def(acc, o, np.empty((8, 16), np.int32), q, blk, step, c, 16, y, sc, ys, d, yd, mn, dmin)
 
-    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, per16, total, vnni):
-        kq_def(v, oj, 16, q, blk, g0, ng, c, y, sc, bs, per16, total)
+    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, vnni):
+        kq_def(v, oj, 16, q, blk, g0, ng, c, y, sc, bs, form, total)
 
-    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, vnni):
+    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, vnni):
         w = np.empty((8, 16), np.int32)
-        kq_def(w, 0, 16, q, blk, 0, 8, c, y, sc, bs, per16, 0)
+        kq_def(w, 0, 16, q, blk, 0, 8, c, y, sc, bs, form, 0)
         lanes_fma_def(acc, o, w, 16, d, blk, c, yd)
 
 
 @jit()
-def kq(v, q, blk, g0, ng, c, nc, y, sc, bs, per16, total):
+def kq(v, q, blk, g0, ng, c, nc, y, sc, bs, form, total):
     """:func:`kq_def` for columns ``c … c + nc - 1`` of one sub-tile into ``v[:, :nc]``: a whole sub-tile as vector
     IR (:func:`kq16`), else by the definition."""
     if nc == 16:
         if VNNI:
-            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, per16, total, 1)
+            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, form, total, 1)
         else:
-            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, per16, total, 0)
+            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, form, total, 0)
     else:
-        kq_def(v, 0, nc, q, blk, g0, ng, c, y, sc, bs, per16, total)
+        kq_def(v, 0, nc, q, blk, g0, ng, c, y, sc, bs, form, total)
 
 
 @jit()
-def kq_fma(acc, o, v, q, blk, c, nc, y, sc, bs, d, yd, per16):
+def kq_fma(acc, o, v, q, blk, c, nc, y, sc, bs, d, yd, form):
     """vec_dot's super-block ``blk`` for columns ``c … c + nc - 1`` of one sub-tile: the lanes (:func:`kq_def`)
     through :func:`lanes_fma_def` into ``acc[:, o:o + nc]`` — a whole sub-tile in one vector IR step, else by the
     definitions (``v`` int32 (8, ≥ nc) scratch)."""
     if nc == 16:
         if VNNI:
-            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, 1)
+            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, 1)
         else:
-            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, per16, 0)
+            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, 0)
     else:
-        kq_def(v, 0, nc, q, blk, 0, 8, c, y, sc, bs, per16, 0)
+        kq_def(v, 0, nc, q, blk, 0, 8, c, y, sc, bs, form, 0)
         lanes_fma_def(acc, o, v, nc, d, blk, c, yd)
 
 

@@ -95,6 +95,7 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
     3/4/5: Q4_K/Q5_K/Q6_K. Sub-tile by sub-tile (its codes one stream), super-block by super-block, every row
     against it while its codes are in the cache."""
     kk = kind - 3  # mulmat_k.KIND: 0 Q4_K, 1 Q5_K, 2 Q6_K
+    form = 1 if kk == 2 else 2 if kk == 0 else 0  # columns_ir: Q6_K, Q4_K's nibbles, Q5_K's bytes
     R = rows.shape[0]
     v = np.empty((8, 16), np.int32)  # a super-block's 8 integer lanes (or their total) per column of a sub-tile
     acc = np.zeros((R, 8, 64), F32)  # TILE = 64 columns at most
@@ -106,10 +107,10 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
             for i in range(R):
                 r = rows[i]
                 if tiled[r]:
-                    kq(v, q, b, 0, 8, cs, n, y[r], sc, ys[r], kk == 2, 1)
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, ys[r], form, 1)
                     _tiled_sb(kk, v, b, cs, n, d, dmin, mn, yd[r], ys[r], acc[i, 0], cs - c)
                 else:
-                    kq_fma(acc[i], cs - c, v, q, b, cs, n, y[r], sc, ys[r], d, yd[r, b], kk == 2)
+                    kq_fma(acc[i], cs - c, v, q, b, cs, n, y[r], sc, ys[r], d, yd[r, b], form)
                     _mins_sb(kk, b, cs, n, dmin, mn, yd[r, b], ys[r], accm[i], cs - c)
     for i in range(R):
         a, am = acc[i], accm[i]

@@ -18,26 +18,14 @@ avx512) the same integers come from target-independent IR (:data:`VNNI`; both te
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding as llvm_binding
 
 from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.mulmat_q8_ir import LEVEL  # 2: AVX512-VNNI
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
-
-
-def _has_vnni() -> bool:
-    """Whether the numba target has AVX512-VNNI (and the AVX-512 level is not capped: ``flags.KERNEL_ISA``)."""
-    import numba
-
-    from kernels.lanes.ir import ISA, ISA_AVX512
-
-    feats = numba.config.CPU_FEATURES or llvm_binding.get_host_cpu_features().flatten()
-    return ISA == ISA_AVX512 and "+avx512vnni" in feats.split(",")
-
-
 #: 1: the x86 VNNI intrinsics; 0: target-independent IR (the same integers: tests/test_ggml_columns.py)
-VNNI = int(JIT_ENABLED and _has_vnni())
+VNNI = int(JIT_ENABLED and LEVEL == 2)  # the numba target's level, capped by flags.KERNEL_ISA
 
 
 @jit()

@@ -54,7 +54,7 @@ from numba import prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _q8_0_rows_arm
-from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
+from kernels.ggml.mulmat_q8 import _bytes, _check, _qt
 from kernels.ggml.repack import _TYPES as _Q4_TYPES
 from kernels.ggml.repack import _lut_words, _nibble
 from kernels.ggml.simd import fma32
@@ -139,21 +139,23 @@ def _table(qt: QT):
 
 @per_type
 def _rows_for(qt, parallel):
-    """The repacked gemm/gemv of every element, compiled for one type: ``w`` (N, row bytes) uint8 plain rows,
-    ``tab`` the scale table, ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations, ``fused`` (T,)
-    bool per activation row (module docstring); out (T, N)."""
+    """The repacked gemm/gemv of every element, compiled for one type, in one call per op: ``w`` (E, N, row bytes)
+    uint8 plain rows (E = 1: a ``mul_mat``; the experts of a ``mul_mat_id``), ``tab`` the scale table, ``xq`` (R, K)
+    int8 / ``xd`` (R, K/32) float32 the Q8_0 activations, ``fused`` (R,) bool per activation row (module docstring);
+    output row ``i`` is ``w[we[i]]`` against activation row ``arow[i]``: out (S, N), every NaN made AArch64's
+    default NaN (:func:`arm_nans`) through ``outu``, its uint32 view."""
     qt = QT(qt)
     hdr, lo, hi = _constants(qt)
     q8 = qt == QT.Q8_0
     bs = 34 if q8 else hdr + 16
 
     @jit(parallel=parallel, kind=int(qt), variant="arm" if parallel else "arm-serial")
-    def _rows(w, tab, xq, xd, fused, out):
-        y = xq.astype(np.int32)  # (T, K)
+    def _rows(w, we, arow, tab, xq, xd, fused, out, outu):
+        y = xq.astype(np.int32)  # (R, K)
         nb = xd.shape[1]
-        for r in prange(w.shape[0]):  # independent outputs
-            wr = w[r]
-            for t in range(y.shape[0]):
+        for r in prange(w.shape[1]):  # independent outputs
+            for i in range(arow.shape[0]):
+                wr, t = w[we[i], r], arow[i]
                 yt = y[t]
                 acc = F32(0.0)
                 for b in range(nb):
@@ -176,10 +178,15 @@ def _rows_for(qt, parallel):
                         acc = fma32(F32(s), d, acc)  # vfmaq_f32 / fmla
                     else:
                         acc = acc + F32(d * F32(s))  # vmlaq_f32: fmul, fadd
-                out[t, r] = acc
+                if acc != acc:
+                    outu[i, r] = ARM_DEFAULT_NAN
+                else:
+                    out[i, r] = acc
 
     return _rows
 
+
+_ARANGE, _ZEROS = np.arange(512), np.zeros(512, np.int64)  # a mul_mat's activation rows, its one weight matrix
 
 #: AArch64's default NaN (``inf - inf``, ``0·inf``): positive quiet, where x86's is negative (0xffc00000).
 ARM_DEFAULT_NAN = 0x7FC00000
@@ -193,12 +200,23 @@ def arm_nans(out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _slots(w3, we, arow, qt: QT, xq, xd, fused) -> np.ndarray:
+    """(S, N): output row ``i`` = ``w3[we[i]]`` (E, N, row bytes) against activation row ``arow[i]``, one compiled
+    call (:func:`_rows_for`)."""
+    S, N = arow.shape[0], w3.shape[1]
+    out = np.empty((S, N), np.float32)
+    if S and N:
+        _rows_for(qt, S * N * xq.shape[1] >= SERIAL_BELOW)(w3, we, arow, _table(qt), xq, xd, fused, out,
+                                                          out.view(np.uint32))
+    return out
+
+
 def _run(w2d, qt: QT, xq, xd, fused) -> np.ndarray:
-    T, K = xq.shape
-    out = np.empty((T, w2d.shape[0]), np.float32)
-    if T and w2d.shape[0]:
-        _rows_for(qt, T * w2d.shape[0] * K >= SERIAL_BELOW)(w2d, _table(qt), xq, xd, fused, out)
-    return arm_nans(out)
+    """(T, N): weight rows ``w2d`` (N, row bytes) against every activation row (:func:`_slots`)."""
+    T = xq.shape[0]
+    small = T <= _ARANGE.shape[0]
+    return _slots(w2d[None], _ZEROS[:T] if small else np.zeros(T, np.int64), _ARANGE[:T] if small else np.arange(T),
+                  qt, xq, xd, fused)
 
 
 def _check_type(qtype, path: str) -> QT:
@@ -220,7 +238,8 @@ def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -
     T = x.shape[0]
     xq, xd = quantize_q8_0_arm(x)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
     gemm_fused, gemv_fused = FUSED[(qt, path)]
-    fused = np.where(np.arange(T) < T - T % 4, gemm_fused, gemv_fused)  # gemm on T - T % 4 rows, gemv on the rest
+    fused = np.full(T, gemm_fused)
+    fused[T - T % 4:] = gemv_fused  # gemm on T - T % 4 rows, gemv on the rest
     return _run(w_bytes, qt, xq, xd, fused)
 
 
@@ -242,13 +261,10 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got {ids.shape}")
     xq, xd = quantize_q8_0_arm(x.reshape(T * n_x, K))
     fused = np.full(T * n_x, FUSED[(qt, path)][1])
-    order, bounds, experts, arow = slot_groups(ids, n_x)
-    out = np.empty((T * ids.shape[1], N), np.float32)
-    for g, e in enumerate(experts.tolist()):  # every routed row of an expert: the gemv (exact per element)
-        slots = order[bounds[g]:bounds[g + 1]]
-        rows = arow[slots]
-        out[slots] = _run(w_bytes[e], qt, xq[rows], xd[rows], fused[rows])
-    return out.reshape(T, ids.shape[1], N)
+    n_used = ids.shape[1]
+    arow = (np.arange(T)[:, None] * n_x + np.arange(n_used)[None, :] % n_x).reshape(-1)  # slot (t, s): x[t, s % n_x]
+    out = _slots(w_bytes, ids.reshape(-1).astype(np.int64), arow, qt, xq, xd, fused)  # every routed row: the gemv
+    return out.reshape(T, n_used, N)
 
 
 __all__ = ["ARM_PATHS", "REPACK_ARM", "REPACK_ARM_B32", "FUSED", "repacked_arm", "quantize_q8_0_arm",

@@ -39,7 +39,7 @@ def test_cold_then_warm_run_on_the_builtin_model(tmp_path):
     compiled = re.findall(r"^refimpl:   \[(\d+)\] (\S+) [\d.]+ s$", cold.stderr, flags=re.M)
     assert compiled and [int(i) for i, _ in compiled] == list(range(1, len(compiled) + 1))
     names = [name for _, name in compiled]
-    assert {f"matmul_packed_{t.lower()}" for t in types} & set(names)
+    assert {f"matmul_lanes_{t.lower()}" for t in types} & set(names)
     assert re.search(rf"^refimpl: compiled {len(names)} kernels in [\d.]+ s$", cold.stderr, flags=re.M)
     # only the model's types' kernels: no other type's compiled copy, neither reported nor in numba's cache
     cached = [f for _, _, files in os.walk(tmp_path / "numba") for f in files]

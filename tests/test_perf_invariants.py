@@ -182,9 +182,11 @@ def test_pack_auto_packs_what_fits_and_reports_it(monkeypatch):
         load_model(path, pack="yes")
 
 
-def test_cli_pack_flag(capsys):
+def test_cli_pack_flag(capsys, monkeypatch):
+    import refimpl.model.load as M
     from refimpl.cli import main
 
+    monkeypatch.setattr(M, "PACK_DEFER_MIN_BYTES", 0)  # the tiny model packed as a large one is (below)
     sizes = {}
     for flag in ("off", "on", "auto"):
         assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", "3", "--json", "--pack", flag]) == 0
@@ -194,14 +196,20 @@ def test_cli_pack_flag(capsys):
     assert sizes["off"][0] == sizes["on"][0]
 
 
-def test_plain_run_packs_after_the_first_token(capsys):
+def test_plain_run_packs_after_the_first_token(capsys, monkeypatch):
     """refimpl run (plain greedy) decides the packing at load and makes the copies after the first token:
     a one-token run packs nothing; a longer one reports the packed bytes of an eager pack; the tokens
-    are those of an unpacked run; greedy hands the model to ``after_first`` once, after token 1."""
+    are those of an unpacked run; greedy hands the model to ``after_first`` once, after token 1. A model under
+    ``PACK_DEFER_MIN_BYTES`` (the tiny one, unless the limit is lowered) is not packed at all."""
+    import refimpl.model.load as M
     from refimpl.cli import main
     from refimpl.decode.greedy import greedy
 
     path = fixture_path("tiny", "q4_k_m")
+    assert load_model(path, defer_pack=True).pack_pending is False  # too small to pay off
+    assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["packed_bytes"] == 0
+    monkeypatch.setattr(M, "PACK_DEFER_MIN_BYTES", 0)
     deferred = load_model(path, defer_pack=True)
     assert deferred.pack_pending and deferred.packed_bytes == 0
     assert not isinstance(deferred.weights.output.raw, kernels.PackedRows)

@@ -26,6 +26,13 @@ One compiled copy per weight type
     hashes the captured values); inner kernels receive it as a literal argument and reach the
     type's own code through a :func:`by_type` switch. A runtime ``if kind == …`` chain would make
     numba compile every type's code into every kernel (minutes on the first run).
+Literal arguments are constants
+    A kernel called with a constant argument (an int or bool literal at the call site, as
+    :func:`specialize`'s wrappers and a path's code passed down give) is compiled for that value
+    (numba types it ``Literal[int](16)``), and :class:`Pipeline` makes the argument a constant in the
+    kernel's code before numba prunes dead branches: ``if lanes == SVE128:`` then compiles only the branch
+    taken. A path's kernel compiles its own code alone, not every path's (seconds on the first run). It
+    never changes a result: the pruned branch is one that this value never takes.
 ``BOUNDSCHECK``
     Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
 Threading layer
@@ -62,6 +69,10 @@ from pathlib import Path
 
 import numba
 from numba import types
+from numba.core import ir
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import FunctionPass, register_pass
+from numba.core.untyped_passes import InlineClosureLikes
 from numba.extending import overload
 
 FASTMATH = False
@@ -74,6 +85,44 @@ KERNEL_ISA = os.environ.get("REFIMPL_KERNEL_ISA", "auto")  # lane kernels' instr
 SERIAL_BELOW = 1 << 18  # multiply-adds under which a kernel runs on the calling thread (docstring)
 
 
+@register_pass(mutates_CFG=False, analysis_only=False)
+class LiteralArgsAsConstants(FunctionPass):
+    """An argument compiled as an int or bool literal becomes that constant in the function's IR, so that
+    numba's dead-branch pruning, which runs next, removes the branches it never takes (the docstring:
+    "Literal arguments are constants")."""
+
+    _name = "refimpl_literal_args_as_constants"
+
+    def __init__(self):
+        FunctionPass.__init__(self)
+
+    def run_pass(self, state):
+        changed = False
+        for block in state.func_ir.blocks.values():
+            for stmt in block.body:
+                if not (isinstance(stmt, ir.Assign) and isinstance(stmt.value, ir.Arg)
+                        and stmt.value.index < len(state.args)):
+                    continue
+                ty = state.args[stmt.value.index]
+                if isinstance(ty, (types.IntegerLiteral, types.BooleanLiteral)):
+                    const = ir.Const(ty.literal_value, loc=stmt.value.loc)
+                    defs = state.func_ir._definitions[stmt.target.name]
+                    defs[:] = [const if d is stmt.value else d for d in defs]
+                    stmt.value = const
+                    changed = True
+        return changed
+
+
+class Pipeline(CompilerBase):
+    """numba's nopython pipeline with :class:`LiteralArgsAsConstants` before its first dead-branch pruning."""
+
+    def define_pipelines(self):
+        pm = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        pm.add_pass_after(LiteralArgsAsConstants, InlineClosureLikes)
+        pm.finalize()
+        return [pm]
+
+
 def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
     """The one decorator for compiled code in ``kernels/``: ``numba.njit`` with this module's flags.
 
@@ -83,7 +132,7 @@ def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
     name of its cache files and of the compile report (``refimpl.cli.compile_report``); ``variant``, if
     given, is appended (``matmul_lanes_q8_0_generic``).
     """
-    njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL)
+    njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL, pipeline_class=Pipeline)
     if kind is None:
         return njit
 

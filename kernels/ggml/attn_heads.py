@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
-from kernels.ggml.mulmat_vec import tinyblas_rows, vec_dot_float_rows
+from kernels.ggml.mulmat_vec import F32_ROWS, tinyblas_rows
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 from kernels.ggml.vecmath import _soft_max_rows
 
@@ -64,7 +64,7 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, sgemm, out):
             for t in range(T):
                 vec_dot_f32_cols(n_kv, v[j], p[0, t], lanes, acc_cols, o[t])  # ggml_vec_dot_f32 per output
         else:
-            vec_dot_float_rows(vt[j], p[0], o, 0, lanes)
+            F32_ROWS(vt[j], p[0], o, lanes)  # mulmat_vec.vec_dot_float_rows, F32
         out[:, h, :] = o
 
 

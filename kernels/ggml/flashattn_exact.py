@@ -80,6 +80,8 @@ portable Q conversion and NaN, so the half overflow above does not happen there.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kernels.base.flags import jit
@@ -119,8 +121,10 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     :data:`kernels.ggml.isa.NEON_F32C` (``arm64-base``): the same but the F16 code x86's float one."""
     DK = q_row.size
     DV = vkq.size
-    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128  # NEON_F32C: arm64-base, F16 vectors float32x4_t
-    half = lanes == NEON or lanes == SVE128  # float16x8_t / svfloat16_t: FP16 vector arithmetic (SVE: every element)
+    # neon: the AArch64 builds (NEON_F32C: arm64-base, F16 vectors float32x4_t); half: float16x8_t / svfloat16_t, FP16
+    # vector arithmetic (SVE: every element). Tested where used, not held in variables: with ``lanes`` a constant
+    # (flash_attn_values' kernels) numba then drops the other paths' branches (kernels/base/flags.py).
+    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128
     L = NEON if lanes == NEON_F32C else lanes  # GGML_F32_VEC's code (SVE128: kernels.ggml.sve's dots)
     glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
@@ -147,7 +151,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
             m_old = M
             M = s
             ms = expf_on(np.float32(m_old - M), glibc)
-            if half and v_f16:  # float16x8_t: vmulq_f16 by ms rounded to half, then the tail in float
+            if (lanes == NEON or lanes == SVE128) and v_f16:  # float16x8_t: vmulq_f16 by ms rounded to half, then the tail in float
                 vec_scale_f16(DV, vkq, ms, lanes)
             else:
                 for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
@@ -155,7 +159,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
                     vkq[d] = _to_f16(t, fused) if v_f16 else t
         else:
             vs = expf_on(np.float32(s - M), glibc)
-        if half and v_f16:  # float16x8_t: vfmaq_f16 by vs rounded to half (one half rounding), the tail in float
+        if (lanes == NEON or lanes == SVE128) and v_f16:  # float16x8_t: vfmaq_f16 by vs rounded to half (one half rounding), the tail in float
             vec_mad_f16(DV, vkq, v[ic], vs, lanes)
         else:
             for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
@@ -165,24 +169,31 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     return M, S
 
 
-@jit()
-def one_row_rows(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, out):
-    """The non-split, non-tiled path: one_chunk over all cells for every (query row, head) — rows are
-    independent — then ``out`` [n_q, n_head, DV] = VKQ * (S == 0 ? 0 : 1/S). Serial: a decode step or a short
-    batch is far below flags.SERIAL_BELOW's break-even."""
-    n_head, n_q, DK = q.shape
-    group = n_head // k.shape[0]  # rk2 = neq2/nek2 (= rv2)
-    DV = v.shape[2]
-    q_q = np.empty(DK, np.float32)
-    vkq = np.empty(DV, np.float32)
-    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
-    for h in range(n_head):
-        for iq1 in range(n_q):
-            M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
-                             k_f16, v_f16, lanes, fused, q_q, vkq, acc)
-            s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
-            for d in range(DV):
-                out[iq1, h, d] = np.float32(vkq[d] * s_inv)
+@functools.cache
+def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool):
+    """The non-split, non-tiled path's kernel for one (K type, V type, path code, build), compile-time constants:
+    only that combination's code compiles (kernels/base/flags.py, "Literal arguments are constants")."""
+
+    @jit()
+    def one_row_rows(q, k, v, mask, has_mask, scale, out):
+        """one_chunk over all cells for every (query row, head) — rows are independent — then ``out`` [n_q, n_head,
+        DV] = VKQ * (S == 0 ? 0 : 1/S). Serial: a decode step or a short batch is far below flags.SERIAL_BELOW's
+        break-even."""
+        n_head, n_q, DK = q.shape
+        group = n_head // k.shape[0]  # rk2 = neq2/nek2 (= rv2)
+        DV = v.shape[2]
+        q_q = np.empty(DK, np.float32)
+        vkq = np.empty(DV, np.float32)
+        acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
+        for h in range(n_head):
+            for iq1 in range(n_q):
+                M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
+                                 k_f16, v_f16, lanes, fused, q_q, vkq, acc)
+                s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
+                for d in range(DV):
+                    out[iq1, h, d] = np.float32(vkq[d] * s_inv)
+
+    return one_row_rows
 
 
 @jit()
@@ -318,7 +329,7 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
         # same bits as NEON's vector FMA chains —, soft_max over 64 cells (16 whole blocks, FADDV = vaddvq_f32)
         tiled_rows(*args, NEON if L == SVE128 else L, fused, int(n_threads), out)
     else:
-        one_row_rows(*args, k_f16, v_f16, L16, fused, out)
+        one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused))(*args, out)
     return arm_default_nan(out) if L == NEON or L == SVE128 else out
 
 

@@ -24,6 +24,8 @@ zero (Intel SDM "DAZ in, FTZ out, RNE"; both measured on Zen 4 — :func:`dpbf16
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from numba import prange
@@ -110,20 +112,33 @@ def vec_dot_bf16(n, x, y, L):
     return np.float32(sumf)
 
 
-@jit()
-def vec_dot_float_rows(w, x, out, kind, L):
+@functools.cache
+def float_rows(kind: int):
+    """:func:`vec_dot_float_rows` for one ``kind``, a compile-time constant: only that kind's dot compiles."""
+
+    @jit()
+    def vec_dot_float_rows(w, x, out, L):
+        K = w.shape[1]
+        acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
+        for t in range(x.shape[0]):
+            for r in range(w.shape[0]):
+                if kind == 0:
+                    out[t, r] = vec_dot_f32(K, w[r], x[t], L, acc)
+                elif kind == 1:
+                    out[t, r] = vec_dot_f16(K, w[r], x[t], L, acc)
+                else:
+                    out[t, r] = vec_dot_bf16(K, w[r], x[t], L)
+
+    return vec_dot_float_rows
+
+
+def vec_dot_float_rows(w, x, out, kind: int, L: int) -> None:
     """``out[t, r] = vec_dot(w[r], x[t])`` for ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32); ``L``: the
     path's SIMD code (AArch64: :func:`kernels.ggml.isa.f16_code`, which the F32 dot reads as NEON on arm64-base)."""
-    K = w.shape[1]
-    acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
-    for t in range(x.shape[0]):
-        for r in range(w.shape[0]):
-            if kind == 0:
-                out[t, r] = vec_dot_f32(K, w[r], x[t], L, acc)
-            elif kind == 1:
-                out[t, r] = vec_dot_f16(K, w[r], x[t], L, acc)
-            else:
-                out[t, r] = vec_dot_bf16(K, w[r], x[t], L)
+    float_rows(int(kind))(w, x, out, L)
+
+
+F32_ROWS = float_rows(0)  # vec_dot_float_rows(…, 0, L) for compiled callers: F32_ROWS(w, x, out, L)
 
 
 @jit()

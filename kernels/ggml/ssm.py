@@ -120,13 +120,15 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 # --- ggml_gated_delta_net --------------------------------------------------------------------------------
 @jit()
 def _transposed(S_v: int, epr: int) -> bool:
-    """Whether :func:`_gated_delta_net` takes its transposed path (:func:`_head_t`) for this build."""
+    """Whether the delta net takes its transposed path (:func:`_transposed_rows`) for this build."""
     return epr != 0 and epr != SVE128 and cols_fit(S_v, epr)
 
 
 @jit()
 def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
-    """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head).
+    """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head), where the state is not
+    :func:`_transposed` (the generic and SVE builds, a head size that is not a whole number of steps; else
+    :func:`_transposed_rows`).
     q [nq3, T, Hq, S], k [nk3, T, Hk, S], v [n_seqs, T, H, S], g [n_seqs, T, H, 1 or S], beta [n_seqs, T, H],
     state [n_seqs, H, S, S] (row j = value index); out [n_seqs, T, H, S], snaps [K, n_seqs, H, S, S]. ``epr`` 0:
     ggml's generic build (the dots :func:`kernels.ggml.vec.vec_dot_generic`, ``ggml_vec_mad_f32`` a rounded product and sum)."""
@@ -139,10 +141,6 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
     glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
-    if _transposed(S_v, epr):  # a token's S_v dots together, the state transposed (:func:`_head_t`)
-        for ir in range(n_seqs * H):
-            _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
-        return out
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
         iv3 = ir // H  # sequence
@@ -185,8 +183,18 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
                 out[iv3, t, iv1, j] = np.float32(s * scale)
             slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
             if slot < K:
-                snaps[slot, iv3, iv1] = M
+                _snapshot(snaps[slot, iv3, iv1], M, False)
     return out
+
+
+@jit()
+def _snapshot(dst, M, transposed):
+    """``dst[:] = M`` (``M.T`` when ``transposed``) element by element: an array assignment would compile numba's
+    shape-mismatch error message (seconds on the first run)."""
+    n = dst.shape[0]
+    for j in range(n):
+        for i in range(n):
+            dst[j, i] = M[i, j] if transposed else M[j, i]
 
 
 @jit()
@@ -237,20 +245,28 @@ def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kd
             out[iv3, t, iv1, j] = np.float32(dots[j] * scale)
         slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
         if slot < K:
-            snaps[slot, iv3, iv1] = Mt.T
+            _snapshot(snaps[slot, iv3, iv1], Mt, True)
 
 
-@jit(parallel=True)
-def _gated_delta_net_parallel(q, k, v, g, beta, state, K, epr, out, snaps):
-    """:func:`_gated_delta_net`'s transposed path with the (sequence, head) rows split between threads, as ggml
-    splits them (each row whole on one thread: the same bits at any thread count). Only where :func:`_transposed`."""
-    n_seqs, n_tokens, H, S_v = v.shape
-    scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
-    glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
-    rq3, rk3, kda = n_seqs // q.shape[0], n_seqs // k.shape[0], g.shape[3] == S_v
-    for ir in prange(n_seqs * H):
-        _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
-    return out
+@functools.cache
+def _transposed_rows(parallel: bool):
+    """:func:`_gated_delta_net`'s transposed path (:func:`_head_t` per row; only where :func:`_transposed`), with the
+    (sequence, head) rows split between threads when ``parallel``, as ggml splits them (each row whole on one thread:
+    the same bits at any thread count). A kernel apart from :func:`_gated_delta_net`, whose other path a run that
+    takes this one never compiles (kernels/base/flags.py)."""
+
+    def gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps):
+        n_seqs, n_tokens, H, S_v = v.shape
+        scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
+        glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
+        rq3, rk3, kda = n_seqs // q.shape[0], n_seqs // k.shape[0], g.shape[3] == S_v
+        for ir in prange(n_seqs * H):  # range when not parallel
+            _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
+        return out
+
+    # its own name per twin: numba's cache keys a kernel on its name, code and captured values, not on ``parallel``
+    gated_delta_net_t.__name__ = gated_delta_net_t.__qualname__ = "gated_delta_net_t" + ("_parallel" if parallel else "")
+    return jit(parallel=parallel)(gated_delta_net_t)
 
 
 @_op("ggml_gated_delta_net")
@@ -278,8 +294,11 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
     epr = 0 if path == "generic" else SVE128 if path == "arm64-sve128" else lanes(path)  # SVE: kernels.ggml.sve's dot
-    parallel = _transposed(S, epr) and n_seqs * H > 1 and n_seqs * H * n_tokens * S * S * 4 >= SERIAL_BELOW
-    (_gated_delta_net_parallel if parallel else _gated_delta_net)(q, k, v, g, beta, state, K, epr, out, snaps)
+    if _transposed(S, epr):  # a token's S dots together, the state transposed (:func:`_head_t`)
+        parallel = n_seqs * H > 1 and n_seqs * H * n_tokens * S * S * 4 >= SERIAL_BELOW
+        _transposed_rows(parallel)(q, k, v, g, beta, state, K, epr, out, snaps)
+    else:
+        _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)
     st = snaps[0] if K == 1 else snaps
     if seqless:
         return out[0], (st[0] if K == 1 else st[:, 0])

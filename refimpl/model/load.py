@@ -54,6 +54,10 @@ class Model:
 
 
 PACK_AUTO_FRACTION = 0.25  # pack="auto": pack when the packed copies fit in this fraction of MemAvailable
+#: pack="auto" with defer_pack (``refimpl run``): no lane copies of a model with fewer packable bytes than this. The mapped
+#: kernels are as fast there (builtin:kjv, 7.5 MB: 200 tokens in 2.8 s mapped, 3.0 s packed; builtin:tiny, 42 MB: 2.0 s
+#: both; EPYC Zen 4, 2026-12-05), and a first run then compiles no packing kernels (docs/performance.md, "First run").
+PACK_DEFER_MIN_BYTES = 64 << 20
 PACK_FLAGS = {"auto": "auto", "on": True, "off": False}  # --pack auto|on|off (cli run, bench/full.py) -> load_model's pack
 _PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes: 276 / 210)
 
@@ -68,7 +72,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`refimpl.io.packing.pack_weights`; never changes a number.
     ``defer_pack``: decide now, pack later — the model comes back unpacked with ``pack_pending`` set,
     and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token: the copy
-    pays off only over many tokens, and the first token need not wait for it). ``ggml``: (path, repack) of an
+    pays off only over many tokens, and the first token need not wait for it; with ``pack="auto"`` not at all for a
+    model under ``PACK_DEFER_MIN_BYTES``, where it never pays off). ``ggml``: (path, repack) of an
     ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
     instead of the lane copies."""
     if pack not in (True, False, "auto"):
@@ -83,6 +88,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         streamer = ExpertStreamer.open(m, budget, on_route=on_route)
         streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
         weights = load_weights(m, streamer)
+    if pack == "auto" and defer_pack and ggml is None and packable_bytes(weights) < PACK_DEFER_MIN_BYTES:
+        pack = False
     if pack == "auto":
         avail = mem_available()
         need = packable_bytes(weights) * _PACK_GROWTH if ggml is None else layout_bytes(weights, *ggml)

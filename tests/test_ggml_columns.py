@@ -177,7 +177,8 @@ def test_mul_mat_id_equals_stored_rows(qtype):
 
 def test_thread_count_changes_no_bit():
     """Tiles split between 1, 2 or 3 threads (each output one thread's, in one order): the same bits, for the
-    K-quants' quad kernels (vec_dot lanes, tiled totals, Q4_K repacked's gemv and gemm rows), a partial tile too."""
+    K-quants' quad kernels (vec_dot lanes, tiled totals, Q4_K repacked's gemv and gemm rows), a partial tile too;
+    mul_mat_id's (expert group, tile) items likewise, groups of vec_dot and tiled rows in one call."""
     import numba
 
     rng = np.random.default_rng(11)
@@ -193,6 +194,15 @@ def test_thread_count_changes_no_bit():
                     numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
                     outs.append(bits(columns.mul_mat_cols(cols, x, repacked)))
                 assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (qtype.name, T)
+            stack = np.stack([w, weight_bytes(qtype, 200, 1536, rng), w])  # mul_mat_id: (group, tile) items
+            cols = columns.layout(stack, qtype)
+            ids = np.array([[0, 1], [1, 2], [1, 0]] * 4, np.int32)  # 12 tokens: expert 1 in 12 rows (tiled), 0 and 2 not
+            x = acts(rng, 12, 1536).reshape(12, 1, 1536)
+            outs = []
+            for nth in (1, 2, 3):
+                numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                outs.append(bits(columns.mul_mat_id_cols(cols, x, ids, repacked)))
+            assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (qtype.name, "mul_mat_id")
     finally:
         numba.set_num_threads(before)
 

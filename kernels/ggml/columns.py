@@ -310,23 +310,54 @@ def cols_mul_mat(kind, q, d, dmin, sc, mn, c0, c1, x, g, out):
 
 
 @jit()
+def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bounds, experts, arow, out, g, dots, acc):
+    """Tile ``t`` of expert group ``g`` of a ``mul_mat_id`` (:func:`cols_mul_mat_id`): the group's rows (their slots'
+    activation rows) against its expert's columns; kinds 3-5 take the tiled kernel when the group has
+    :data:`TILED_MIN_ROWS` rows (``gemm`` is scratch for that flag, one per activation row, (T,))."""
+    e = experts[g]
+    orow = order[bounds[g]:bounds[g + 1]]
+    rows = np.empty(orow.shape[0], np.int64)
+    for i in range(orow.shape[0]):
+        rows[i] = arow[orow[i]]
+    if kind >= 3:
+        gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
+    _chunk(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
+
+
+@jit(parallel=True)
+def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out):
+    """Every (expert group, tile) of a ``mul_mat_id`` split between threads in one parallel region (not one region per
+    group: each opens and joins the threads). Each output is one work item's, computed in one order."""
+    t0 = c0 // TILE
+    nt = (c1 - 1) // TILE - t0 + 1
+    for w in prange(experts.shape[0] * nt):
+        dots, acc = _scratch()
+        gm = gemm.copy()  # kinds 3-5 set it per group
+        _group(kind, q, d, dmin, sc, mn, c0, c1, t0 + w % nt, y, yd, ys, m128, gm, order, bounds, experts, arow, out,
+               w // nt, dots, acc)
+
+
+@jit()
+def _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out):
+    """:func:`_groups_parallel` on the calling thread."""
+    dots, acc = _scratch()
+    for g in range(experts.shape[0]):
+        for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
+            _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bounds, experts, arow, out, g,
+                   dots, acc)
+
+
 def cols_mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
-    """``mul_mat_id`` in one compiled call: ``x`` (T·n_x, K) every row through ``from_float``, the slots of ``ids``
-    (T, n_used) grouped by expert (:func:`slot_groups`, as ggml groups them), each group's rows against its
-    expert's columns — a gemv per row (``forward_mul_mat_id``), or for kinds 3-5 vec_dot (the tiled kernel when
-    the group has :data:`TILED_MIN_ROWS` rows); out (T·n_used, c1 - c0)."""
+    """``mul_mat_id``: ``x`` (T·n_x, K) every row through ``from_float``, the slots of ``ids`` (T, n_used) grouped by
+    expert (:func:`slot_groups`, as ggml groups them), each group's rows against its expert's columns — a gemv per row
+    (``forward_mul_mat_id``), or for kinds 3-5 vec_dot (the tiled kernel when the group has :data:`TILED_MIN_ROWS`
+    rows); out (T·n_used, c1 - c0). Two compiled calls; the (group, tile) items split between threads above
+    ``SERIAL_BELOW`` multiply-adds (a decode step's 8 experts as much as a prompt's 256)."""
     y, yd, ys, m128, gemm = _inputs(kind, x, 0)
     order, bounds, experts, arow = slot_groups(ids, n_x)
-    for g in range(experts.shape[0]):
-        e = experts[g]
-        orow = order[bounds[g]:bounds[g + 1]]
-        if kind >= 3:
-            gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
-        rows = np.empty(orow.shape[0], np.int64)
-        for i in range(orow.shape[0]):
-            rows[i] = arow[orow[i]]
-        _run(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, y, yd, ys, m128, gemm, rows, orow, out,
-             rows.shape[0] * (c1 - c0) * x.shape[1] >= SERIAL_BELOW)
+    parallel = ids.size * (c1 - c0) * x.shape[1] >= SERIAL_BELOW
+    (_groups_parallel if parallel else _groups)(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds,
+                                                experts, arow, out)
 
 
 def kind_for(qtype, repacked: bool):

@@ -295,7 +295,9 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
     epr = 0 if path == "generic" else SVE128 if path == "arm64-sve128" else lanes(path)  # SVE: kernels.ggml.sve's dot
     if _transposed(S, epr):  # a token's S dots together, the state transposed (:func:`_head_t`)
-        parallel = n_seqs * H > 1 and n_seqs * H * n_tokens * S * S * 4 >= SERIAL_BELOW
+        # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M
+        # multiply-adds a token) are, builtin:kjv's 4 heads of 64 (65k) are not, whatever the prompt's length
+        parallel = n_seqs * H > 1 and n_seqs * H * S * S * 4 >= SERIAL_BELOW
         _transposed_rows(parallel)(q, k, v, g, beta, state, K, epr, out, snaps)
     else:
         _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)

@@ -96,6 +96,20 @@ def simd(path: str, op: str = "vec.h / vec.cpp's vector code") -> Simd:
 ALL_PATHS = tuple(p.key for p in EMULATED_PATHS)
 
 
+def _nan_of(path: str, op: str = "vec.h / vec.cpp's vector code") -> int:
+    """:attr:`Simd.nan` of ``path`` (read per op: one dict look-up; :func:`simd`'s checks where it is not listed)."""
+    s = SIMD.get(path)
+    return (s if s is not None else simd(path, op)).nan
+
+
+def _has_nan(a: np.ndarray) -> bool:
+    """Whether float array ``a`` holds a NaN: one reduction (``np.minimum`` returns a NaN it meets), no temporary."""
+    if a.size == 0:
+        return False
+    m = np.minimum.reduce(a, axis=None)
+    return bool(m != m)
+
+
 def nan_swap(path: str, a):
     """``a`` (float32 or float16) with x86's default NaN and ``path``'s swapped, bit pattern for bit pattern — the
     identity on x86. The kernels run on this (x86) host, whose invalid operations return ``X86_NAN``; on AArch64
@@ -103,11 +117,11 @@ def nan_swap(path: str, a):
     compares and propagates NaNs computes on AArch64 ``nan_swap(op(nan_swap(inputs)))`` of what it computes
     here: a generated NaN comes out as ARM's, an input NaN of either pattern as itself (an op that drops NaN
     payloads or takes ``fabs`` of a NaN does not commute with the swap: it is not wrapped)."""
-    nan = simd(path).nan
+    nan = _nan_of(path)
     if nan == X86_NAN:
         return a
     a = np.asarray(a)
-    if a.dtype in (np.float32, np.float16) and not np.isnan(a).any():  # the common case, one pass: nothing to swap
+    if a.dtype in (np.float32, np.float16) and not _has_nan(a):  # the common case, one pass: nothing to swap
         return a
     if a.dtype == np.float32:
         u, p, q = a.view(np.uint32), X86_NAN, nan
@@ -136,7 +150,7 @@ def follows_nans(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):  # no inspect.Signature.bind per call: this runs for every element-wise op of a decode
         path = kwargs.get("path", args[at] if len(args) > at else None)
-        if path is None or simd(path, op).nan == X86_NAN:
+        if path is None or _nan_of(path, op) == X86_NAN:
             return fn(*args, **kwargs)
         out = fn(*(swapped(path, v) for v in args), **{k: swapped(path, v) for k, v in kwargs.items()})
         return tuple(nan_swap(path, o) for o in out) if isinstance(out, tuple) else nan_swap(path, out)

@@ -140,7 +140,7 @@ def _table(qt: QT):
 @per_type
 def _rows_for(qt, parallel):
     """The repacked gemm/gemv of every element, compiled for one type, in one call per op: ``w`` (E, N, row bytes)
-    uint8 plain rows (E = 1: a ``mul_mat``; the experts of a ``mul_mat_id``), ``tab`` the scale table, ``xq`` (R, K)
+    plain rows (uint8; Q8_0's as int8) (E = 1: a ``mul_mat``; the experts of a ``mul_mat_id``), ``tab`` the scale table, ``xq`` (R, K)
     int8 / ``xd`` (R, K/32) float32 the Q8_0 activations, ``fused`` (R,) bool per activation row (module docstring);
     output row ``i`` is ``w[we[i]]`` against activation row ``arow[i]``: out (S, N), every NaN made AArch64's
     default NaN (:func:`arm_nans`) through ``outu``, its uint32 view."""
@@ -153,24 +153,25 @@ def _rows_for(qt, parallel):
     def _rows(w, we, arow, tab, xq, xd, fused, out, outu):
         y = xq.astype(np.int32)  # (R, K)
         nb = xd.shape[1]
+        bl = y.shape[1] // nb  # 32, a trip count the compiler does not know: it vectorizes the dots, unrolls none
         for r in prange(w.shape[1]):  # independent outputs
             for i in range(arow.shape[0]):
-                wr, t = w[we[i], r], arow[i]
+                wr, t = w[we[i], r], arow[i]  # Q8_0: int8 (the bytes' view), else uint8
                 yt = y[t]
                 acc = F32(0.0)
                 for b in range(nb):
-                    o, yo = bs * b + hdr, 32 * b
+                    o, yo = bs * b + hdr, (bl if q8 else 32) * b
                     s = np.int32(0)  # the exact integer dot (|s| <= 32·128·128)
                     if q8:
-                        for j in range(32):
-                            s += np.int32(np.int8(wr[o + j])) * yt[yo + j]
+                        for j in range(bl):
+                            s += np.int32(wr[o + j]) * yt[yo + j]
                     else:  # value j: low nibble of byte j; value j + 16: its high nibble
-                        for j in range(16):
+                        for j in range(16):  # (a known count: the nibbles' shifts vectorize unrolled)
                             q = np.int64(wr[o + j])
                             s += np.int32(_nibble(q & 15, lo, hi)) * yt[yo + j]
                             s += np.int32(_nibble(q >> 4, lo, hi)) * yt[yo + j + 16]
                     if hdr == 2:
-                        dw = tab[np.int64(wr[o - 2]) | (np.int64(wr[o - 1]) << 8)]  # vcvt_f32_f16
+                        dw = tab[(np.int64(wr[o - 2]) & 255) | ((np.int64(wr[o - 1]) & 255) << 8)]  # vcvt_f32_f16
                     else:
                         dw = tab[np.int64(wr[o - 1])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
                     d = F32(dw * xd[t, b])  # vmulq_f32
@@ -206,7 +207,7 @@ def _slots(w3, we, arow, qt: QT, xq, xd, fused) -> np.ndarray:
     S, N = arow.shape[0], w3.shape[1]
     out = np.empty((S, N), np.float32)
     if S and N:
-        _rows_for(qt, S * N * xq.shape[1] >= SERIAL_BELOW)(w3, we, arow, _table(qt), xq, xd, fused, out,
+        _rows_for(qt, S * N * xq.shape[1] >= SERIAL_BELOW)(w3.view(np.int8) if qt == QT.Q8_0 else w3, we, arow, _table(qt), xq, xd, fused, out,
                                                           out.view(np.uint32))
     return out
 

@@ -57,7 +57,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW
 from kernels.base.blocks import row_bytes
 from kernels.ggml import columns, mulmat_arm, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
-from kernels.ggml import repack_arm_k
+from kernels.ggml import repack_arm, repack_arm_k
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -164,6 +164,8 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
         if cols is not None:  # kernels.ggml.columns holds x86's kernels: never an ARM path's
             raise ValueError(f"mul_mat emulation: a column layout (x86's kernels) given on the {path} path")
         if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm, repack_arm_k
+            if qtype in repack_arm.REPACK_ARM_B32 and path in repack_arm.KERNELS_OF:  # checked above: no second check
+                return repack_arm.mul_mat_checked(w_bytes, qtype, x, path)
             return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
         return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows, head=head)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):

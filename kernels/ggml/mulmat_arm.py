@@ -58,7 +58,7 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
-from kernels.ggml.isa import f16_code
+from kernels.ggml.isa import _has_nan, f16_code
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values, vec_dot_float_rows
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
@@ -203,6 +203,8 @@ def arm_default_nan(out: np.ndarray) -> np.ndarray:
     """AArch64's default NaN is +0x7FC00000 (FPCR.DN off: an operation on non-NaN operands that has no value —
     ``0·inf``, ``inf - inf`` — makes it); x86's, which the float32 arithmetic here makes, is 0xFFC00000. Every
     such NaN in ``out`` becomes ARM's (in place). A NaN propagated from an input keeps its payload on both."""
+    if not _has_nan(out):  # the common case: one reduction
+        return out
     u = out.view(np.uint32)
     u[u == np.uint32(0xFFC00000)] = np.uint32(0x7FC00000)
     return out

@@ -148,10 +148,11 @@ def _rows_for(qt, parallel):
     hdr, lo, hi = _constants(qt)
     q8 = qt == QT.Q8_0
     bs = 34 if q8 else hdr + 16
+    ydt = np.int16 if q8 else np.int32
 
     @jit(parallel=parallel, kind=int(qt), variant="arm" if parallel else "arm-serial")
     def _rows(w, we, arow, tab, xq, xd, fused, out, outu):
-        y = xq.astype(np.int32)  # (R, K)
+        y = xq.astype(ydt)  # (R, K)
         nb = xd.shape[1]
         bl = y.shape[1] // nb  # 32, a trip count the compiler does not know: it vectorizes the dots, unrolls none
         for r in prange(w.shape[1]):  # independent outputs
@@ -163,8 +164,8 @@ def _rows_for(qt, parallel):
                     o, yo = bs * b + hdr, (bl if q8 else 32) * b
                     s = np.int32(0)  # the exact integer dot (|s| <= 32·128·128)
                     if q8:
-                        for j in range(bl):
-                            s += np.int32(wr[o + j]) * yt[yo + j]
+                        for j in range(bl):  # int16 products (|w·x| <= 2^14) summed in int32: 32-bit vector code
+                            s = np.int32(s + np.int32(np.int16(wr[o + j]) * yt[yo + j]))
                     else:  # value j: low nibble of byte j; value j + 16: its high nibble
                         for j in range(16):  # (a known count: the nibbles' shifts vectorize unrolled)
                             q = np.int64(wr[o + j])
@@ -234,11 +235,16 @@ def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -
     a multiple of 4) is the caller's question (:func:`repacked_arm`): every element is computed alone, so ``w_bytes``
     may be a row block of a fused tensor."""
     qt = _check_type(qtype, path)
-    path = check_arm_path(path)
     w_bytes, x = _check(w_bytes, qt, x)
+    return mul_mat_checked(w_bytes, qt, x, path)
+
+
+def mul_mat_checked(w_bytes: np.ndarray, qt: QT, x: np.ndarray, path: str) -> np.ndarray:
+    """:func:`mul_mat_repacked_arm` of arguments already checked (:func:`kernels.ggml.mulmat.mul_mat`'s dispatch:
+    ``qt`` one of :data:`REPACK_ARM_B32`, ``path`` one of :data:`ARM_PATHS`, ``w_bytes`` and ``x`` through ``_check``)."""
     T = x.shape[0]
     xq, xd = quantize_q8_0_arm(x)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
-    gemm_fused, gemv_fused = FUSED[(qt, path)]
+    gemm_fused, gemv_fused = FUSED[(qt, KERNELS_OF[path])]
     fused = np.full(T, gemm_fused)
     fused[T - T % 4:] = gemv_fused  # gemm on T - T % 4 rows, gemv on the rest
     return _run(w_bytes, qt, xq, xd, fused)

@@ -255,6 +255,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         if cols is not None:  # kernels.ggml.columns holds x86's kernels: never an ARM path's
             raise ValueError(f"mul_mat_id emulation: a column layout (x86's kernels) given on the {path} path")
         if repack and repacked(qtype, tensor_rows or N, path):  # kernels.ggml.repack_arm, repack_arm_k
+            if qtype in repack_arm.REPACK_ARM_B32 and path in repack_arm.KERNELS_OF:  # checked above: no second check
+                return repack_arm.mul_mat_id_checked(w_bytes, qtype, x, ids, path)
             return repack_arm_k.repack_arm_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
         return mulmat_arm.mul_mat_id(w_bytes, qtype, x, ids, path, slot_groups)
     if repack and repacked(qtype, tensor_rows or N, path):

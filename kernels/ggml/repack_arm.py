@@ -142,7 +142,8 @@ def _rows_for(qt, parallel):
     """The repacked gemm/gemv of every element, compiled for one type, in one call per op: ``w`` (E, N, row bytes)
     plain rows (uint8; Q8_0's as int8) (E = 1: a ``mul_mat``; the experts of a ``mul_mat_id``), ``tab`` the scale table, ``xq`` (R, K)
     int8 / ``xd`` (R, K/32) float32 the Q8_0 activations, ``fused`` (R,) bool per activation row (module docstring);
-    output row ``i`` is ``w[we[i]]`` against activation row ``arow[i]``: out (S, N), every NaN made AArch64's
+    output row ``i`` = slot (t, s) of ``n_used`` per token is ``w[we[i]]`` against activation row ``t·n_x + s % n_x``
+    (a ``mul_mat``: 1, 1): out (S, N), every NaN made AArch64's
     default NaN (:func:`arm_nans`) through ``outu``, its uint32 view."""
     qt = QT(qt)
     hdr, lo, hi = _constants(qt)
@@ -151,13 +152,14 @@ def _rows_for(qt, parallel):
     ydt = np.int16 if q8 else np.int32
 
     @jit(parallel=parallel, kind=int(qt), variant="arm" if parallel else "arm-serial")
-    def _rows(w, we, arow, tab, xq, xd, fused, out, outu):
+    def _rows(w, we, n_used, n_x, tab, xq, xd, fused, out, outu):
         y = xq.astype(ydt)  # (R, K)
         nb = xd.shape[1]
         bl = y.shape[1] // nb  # 32, a trip count the compiler does not know: it vectorizes the dots, unrolls none
         for r in prange(w.shape[1]):  # independent outputs
-            for i in range(arow.shape[0]):
-                wr, t = w[we[i], r], arow[i]  # Q8_0: int8 (the bytes' view), else uint8
+            for i in range(we.shape[0]):
+                t = (i // n_used) * n_x + (i % n_used) % n_x  # slot (t, s) reads activation row t·n_x + s % n_x
+                wr = w[we[i], r]  # Q8_0: int8 (the bytes' view), else uint8
                 yt = y[t]
                 acc = F32(0.0)
                 for b in range(nb):
@@ -188,7 +190,7 @@ def _rows_for(qt, parallel):
     return _rows
 
 
-_ARANGE, _ZEROS = np.arange(512), np.zeros(512, np.int64)  # a mul_mat's activation rows, its one weight matrix
+_ZEROS = np.zeros(512, np.int32)  # a mul_mat's one weight matrix, for each activation row
 
 #: AArch64's default NaN (``inf - inf``, ``0·inf``): positive quiet, where x86's is negative (0xffc00000).
 ARM_DEFAULT_NAN = 0x7FC00000
@@ -202,13 +204,13 @@ def arm_nans(out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _slots(w3, we, arow, qt: QT, xq, xd, fused) -> np.ndarray:
-    """(S, N): output row ``i`` = ``w3[we[i]]`` (E, N, row bytes) against activation row ``arow[i]``, one compiled
-    call (:func:`_rows_for`)."""
-    S, N = arow.shape[0], w3.shape[1]
+def _slots(w3, we, n_used: int, n_x: int, qt: QT, xq, xd, fused) -> np.ndarray:
+    """(S, N): output row ``i`` = ``w3[we[i]]`` (E, N, row bytes; ``we`` int32) against the activation row of slot
+    ``i`` (:func:`_rows_for`), one compiled call."""
+    S, N = we.shape[0], w3.shape[1]
     out = np.empty((S, N), np.float32)
     if S and N:
-        _rows_for(qt, S * N * xq.shape[1] >= SERIAL_BELOW)(w3.view(np.int8) if qt == QT.Q8_0 else w3, we, arow, _table(qt), xq, xd, fused, out,
+        _rows_for(qt, S * N * xq.shape[1] >= SERIAL_BELOW)(w3.view(np.int8) if qt == QT.Q8_0 else w3, we, n_used, n_x, _table(qt), xq, xd, fused, out,
                                                           out.view(np.uint32))
     return out
 
@@ -216,9 +218,7 @@ def _slots(w3, we, arow, qt: QT, xq, xd, fused) -> np.ndarray:
 def _run(w2d, qt: QT, xq, xd, fused) -> np.ndarray:
     """(T, N): weight rows ``w2d`` (N, row bytes) against every activation row (:func:`_slots`)."""
     T = xq.shape[0]
-    small = T <= _ARANGE.shape[0]
-    return _slots(w2d[None], _ZEROS[:T] if small else np.zeros(T, np.int64), _ARANGE[:T] if small else np.arange(T),
-                  qt, xq, xd, fused)
+    return _slots(w2d[None], _ZEROS[:T] if T <= _ZEROS.shape[0] else np.zeros(T, np.int32), 1, 1, qt, xq, xd, fused)
 
 
 def _check_type(qtype, path: str) -> QT:
@@ -255,7 +255,6 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
     routed row): ``w_bytes`` (E, N, row bytes), ``x`` (T, n_x, K) float32, ``ids`` (T, n_used) int32 -> (T, n_used,
     N) float32; slot ``s`` of token ``t`` is ``W[ids[t, s]] @ x[t, s % n_x]``."""
     qt = _check_type(qtype, path)
-    path = check_arm_path(path)
     x = np.ascontiguousarray(x, np.float32)
     w_bytes = _bytes(w_bytes)
     ids = np.asarray(ids, np.int32)
@@ -266,11 +265,19 @@ def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.n
     _check(w_bytes[0], qt, x[:0, 0])  # the row length
     if ids.ndim != 2 or ids.shape[0] != T or (ids < 0).any() or (ids >= E).any():
         raise ValueError(f"ids must be (T={T}, n_used) experts in [0, {E}), got {ids.shape}")
+    return mul_mat_id_checked(w_bytes, qt, x, ids, path)
+
+
+def mul_mat_id_checked(w_bytes: np.ndarray, qt: QT, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """:func:`mul_mat_id_repacked_arm` of arguments already checked (:func:`kernels.ggml.mulmat.mul_mat_id`'s
+    dispatch: ``x`` (T, n_x, K) contiguous float32, ``w_bytes`` (E, N, row bytes) with rows contiguous, ``ids`` (T,
+    n_used) int32 in range; ``qt``, ``path`` as :func:`mul_mat_checked`)."""
+    T, n_x, K = x.shape
+    N = w_bytes.shape[1]
     xq, xd = quantize_q8_0_arm(x.reshape(T * n_x, K))
-    fused = np.full(T * n_x, FUSED[(qt, path)][1])
+    fused = np.full(T * n_x, FUSED[(qt, KERNELS_OF[path])][1])
     n_used = ids.shape[1]
-    arow = (np.arange(T)[:, None] * n_x + np.arange(n_used)[None, :] % n_x).reshape(-1)  # slot (t, s): x[t, s % n_x]
-    out = _slots(w_bytes, ids.reshape(-1).astype(np.int64), arow, qt, xq, xd, fused)  # every routed row: the gemv
+    out = _slots(w_bytes, ids.reshape(-1), n_used, n_x, qt, xq, xd, fused)  # every routed row: the gemv
     return out.reshape(T, n_used, N)
 
 

@@ -32,7 +32,11 @@ Literal arguments are constants
     (numba types it ``Literal[int](16)``), and :class:`Pipeline` makes the argument a constant in the
     kernel's code before numba prunes dead branches: ``if lanes == SVE128:`` then compiles only the branch
     taken. A path's kernel compiles its own code alone, not every path's (seconds on the first run). It
-    never changes a result: the pruned branch is one that this value never takes.
+    never changes a result: the pruned branch is one that this value never takes. The other side: a helper
+    compiles once per constant it is called with (and once more for each array that differs only in being
+    read-only): an index or bound that selects no code is passed as ``np.int64(c)``, not ``c``. A constant
+    that selects code pays where it prunes a branch; where it only unrolls a loop, LLVM takes longer (the
+    delta net's ``lanes``: +0.4 s), and it stays an argument.
 ``BOUNDSCHECK``
     Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
 Threading layer

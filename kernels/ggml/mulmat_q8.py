@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.core.imputils import impl_ret_borrowed
+from numba.extending import intrinsic
 
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
@@ -175,11 +177,33 @@ def _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc):
             out[s, r] = _mxfp4_dot(w[e], ws[e], r, xq, xd, arow[s], kind == MXFP4_FUSED_KIND, acc)
 
 
+def _readonly_def(a):
+    """The array ``a`` typed read-only (the same data): a writable stack of weights and a read-only one (a
+    mapped file) then share one compiled copy of the kernels under :func:`_run` (~2.5 s of a first run)."""
+    return a
+
+
+@intrinsic
+def _readonly_ir(typingctx, a):
+    """:func:`_readonly_def` compiled: the type's read-only flag set, the value passed through."""
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return impl_ret_borrowed(context, builder, sig.return_type, args[0])  # a new reference to the array
+
+    return a.copy(readonly=True)(a), codegen
+
+
+_readonly = _readonly_ir if JIT_ENABLED else _readonly_def
+
+
 @jit(parallel=True)
 def _items_parallel(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
     """Every work item, split between threads (each output is one thread's, computed in one order)."""
     for i in prange(experts.shape[0] * -(-w.shape[1] // ROWS)):
-        _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, np.empty((3, 8), np.float32))
+        # np.int64: prange's index is unsigned, and _item compiled for it would be a second copy
+        _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, np.int64(i), np.empty((3, 8), np.float32))
 
 
 @jit()
@@ -198,8 +222,10 @@ def _run(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
 def _dense(w, ws, T):
     """One matrix ``w`` (N, row) as a stack of one expert, ``ws`` likewise, and the group of all ``T`` rows."""
     rows = np.arange(T)
-    return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows,
-            np.array([0, T]), np.zeros(1, np.int64), rows)
+    bounds = np.zeros(2, np.int64)  # [0, T] (not np.array of a list: that compiles list reflection)
+    bounds[1] = T
+    return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows, bounds,
+            np.zeros(1, np.int64), rows)
 
 
 @jit()
@@ -207,7 +233,7 @@ def q8_0_rows(w, xq, xd, out, tab):
     """``ggml_vec_dot_q8_0_q8_0`` for every element: ``w`` (N, K/32·34) the weight rows viewed as int8, ``xq``
     (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; out (T, N) (:func:`_q8_0_dot`)."""
     w3, ws, order, bounds, experts, arow = _dense(w, np.empty((w.shape[0], 0), np.float32), xq.shape[0])
-    _run(Q8_0_KIND, w3, ws, tab, xq, xd, order, bounds, experts, arow, out)
+    _run(Q8_0_KIND, _readonly(w3), ws, tab, xq, xd, order, bounds, experts, arow, out)
 
 
 @jit()
@@ -237,7 +263,8 @@ def q8_0_mul_mat_id(w, ids, x, out, tab):
     xq, xd = _q8_0_quantize(x.reshape(T * n_x, K))
     order, bounds, experts, arow = slot_groups(ids, n_x)
     ws = np.empty((w.shape[0], w.shape[1], 0), np.float32)
-    _run(Q8_0_KIND, w, ws, tab, xq, xd, order, bounds, experts, arow, out.reshape(T * ids.shape[1], out.shape[2]))
+    _run(Q8_0_KIND, _readonly(w), ws, tab, xq, xd, order, bounds, experts, arow,
+         out.reshape(T * ids.shape[1], out.shape[2]))
 
 
 @jit()
@@ -250,8 +277,8 @@ def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
     as ``vmulss`` + ``vaddss`` on avx512 and contracted to ``vfmadd231ss`` on avx2 (``fused_tail``).
     """
     w3, ws, order, bounds, experts, arow = _dense(wv, we, xq.shape[0])
-    _run(MXFP4_FUSED_KIND if fused_tail else MXFP4_KIND, w3, ws, np.empty(0, np.float32), xq, xd, order, bounds,
-         experts, arow, out)
+    _run(MXFP4_FUSED_KIND if fused_tail else MXFP4_KIND, _readonly(w3), ws, np.empty(0, np.float32), xq, xd, order,
+         bounds, experts, arow, out)
 
 
 def _mxfp4_weights(w_bytes: np.ndarray):

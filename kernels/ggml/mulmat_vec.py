@@ -29,8 +29,9 @@ import functools
 import numpy as np
 
 from numba import prange
+from numba.extending import overload
 
-from kernels.base.flags import jit
+from kernels.base.flags import ERROR_MODEL, FASTMATH, JIT_ENABLED, jit
 from kernels.ggml.simd import fma32, hsum_fold, vfma
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
 from kernels.ggml.vecmath import F16_TO_F32
@@ -114,7 +115,9 @@ def vec_dot_bf16(n, x, y, L):
 
 @functools.cache
 def float_rows(kind: int):
-    """:func:`vec_dot_float_rows` for one ``kind``, a compile-time constant: only that kind's dot compiles."""
+    """:func:`vec_dot_float_rows` for one ``kind``, a compile-time constant: only that kind's dot compiles. ``L``
+    stays an argument: as a constant (only its path's branches compiled, 3.4 -> 1.4 s) LLVM made the F32 rows
+    ~10% slower (512 x 256, T = 1)."""
 
     @jit()
     def vec_dot_float_rows(w, x, out, L):
@@ -155,10 +158,10 @@ def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
             if vec and nb == 4:  # the four chains interleaved (the row views made once, outside the K loop)
                 x0, x1, x2, x3 = x[t0], x[t0 + 1], x[t0 + 2], x[t0 + 3]
                 for l0 in range(0, K, KN):
-                    vfma(acc, 0, wr, x0, l0, L)
-                    vfma(acc, 1, wr, x1, l0, L)
-                    vfma(acc, 2, wr, x2, l0, L)
-                    vfma(acc, 3, wr, x3, l0, L)
+                    vfma(acc, np.int64(0), wr, x0, l0, L)
+                    vfma(acc, np.int64(1), wr, x1, l0, L)
+                    vfma(acc, np.int64(2), wr, x2, l0, L)
+                    vfma(acc, np.int64(3), wr, x3, l0, L)
             elif vec:
                 for j in range(nb):
                     xj = x[t0 + j]
@@ -178,22 +181,50 @@ def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
 
 
 @jit()
-def tinyblas_rows(w, x, out, KN, L, dpbf16):
-    """``sgemm.cpp: tinyBLAS::gemm_bloc`` for every element: ``out[t, r] = hsum(Cv)`` with the ``L``-lane
-    accumulator ``Cv`` fed ``KN`` values of row ``w[r]`` (A) and ``x[t]`` (B) per step: ``_mm*_fmadd_ps``
-    (KN = L), or ``_mm512_dpbf16_ps`` (``dpbf16``: KN = 32 bf16 values, two per lane). Rows contiguous. Serial
-    (attention's P·V calls it per head); :func:`tinyblas_rows_parallel` splits the weight rows between threads."""
+def _tinyblas_rows(w, x, out, KN, L, dpbf16):
+    """:func:`tinyblas_rows` in compiled code (one block of every row, on the calling thread)."""
     _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((4, 16), np.float32))
 
 
 TINYBLAS_ROWS = 16  # weight rows per work item of tinyblas_rows_parallel
 
 
-@jit(parallel=True)
-def tinyblas_rows_parallel(w, x, out, KN, L, dpbf16):
+@functools.cache
+def _tinyblas_for(KN: int, L: int, dpbf16: bool, parallel: bool):
+    """The tinyBLAS kernel for these constants (only their branches compile; ``parallel``: blocks of
+    :data:`TINYBLAS_ROWS` weight rows split between threads, each element still one thread's, in one order)."""
+
+    def tinyblas_rows(w, x, out):
+        if not parallel:
+            _tinyblas_rows(w, x, out, KN, L, dpbf16)
+            return
+        N = w.shape[0]
+        for b in prange((N + TINYBLAS_ROWS - 1) // TINYBLAS_ROWS):
+            r0 = b * TINYBLAS_ROWS
+            _tinyblas_block(w, x, out, r0, min(N, r0 + TINYBLAS_ROWS), KN, L, dpbf16, np.empty((4, 16), np.float32))
+
+    # its own name per twin: numba's cache keys a kernel on its name, code and captured values
+    tinyblas_rows.__name__ = tinyblas_rows.__qualname__ = "tinyblas_rows" + ("_parallel" if parallel else "")
+    return jit(parallel=parallel)(tinyblas_rows)
+
+
+def tinyblas_rows(w, x, out, KN, L, dpbf16) -> None:
+    """``sgemm.cpp: tinyBLAS::gemm_bloc`` for every element: ``out[t, r] = hsum(Cv)`` with the ``L``-lane
+    accumulator ``Cv`` fed ``KN`` values of row ``w[r]`` (A) and ``x[t]`` (B) per step: ``_mm*_fmadd_ps``
+    (KN = L), or ``_mm512_dpbf16_ps`` (``dpbf16``: KN = 32 bf16 values, two per lane). Rows contiguous. Serial
+    (attention's P·V calls it per head, compiled: :func:`_tinyblas_rows`); :func:`tinyblas_rows_parallel` splits
+    the weight rows between threads."""
+    _tinyblas_for(int(KN), int(L), bool(dpbf16), False)(w, x, out)
+
+
+def tinyblas_rows_parallel(w, x, out, KN, L, dpbf16) -> None:
     """:func:`tinyblas_rows` with blocks of :data:`TINYBLAS_ROWS` weight rows split between threads: each element
     still computed by one thread in the same order, the same bits at any thread count."""
-    N = w.shape[0]
-    for b in prange((N + TINYBLAS_ROWS - 1) // TINYBLAS_ROWS):
-        r0 = b * TINYBLAS_ROWS
-        _tinyblas_block(w, x, out, r0, min(N, r0 + TINYBLAS_ROWS), KN, L, dpbf16, np.empty((4, 16), np.float32))
+    _tinyblas_for(int(KN), int(L), bool(dpbf16), True)(w, x, out)
+
+
+if JIT_ENABLED:
+    @overload(tinyblas_rows, jit_options=dict(fastmath=FASTMATH, error_model=ERROR_MODEL), prefer_literal=True)
+    def _tinyblas_rows_typed(w, x, out, KN, L, dpbf16):
+        """:func:`tinyblas_rows` called from compiled code (attention's P·V): :func:`_tinyblas_rows`."""
+        return lambda w, x, out, KN, L, dpbf16: _tinyblas_rows(w, x, out, KN, L, dpbf16)

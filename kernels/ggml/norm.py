@@ -39,6 +39,8 @@ own NaN everywhere (``fmul y, scale``); l2_norm's ``fmaxnm`` ignores the NaN as 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kernels.base.flags import jit
@@ -178,6 +180,15 @@ def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb, sve=False):
                 yb[r, i] = _arm_mul(t, tb, w[i], wb[i])
 
 
+@functools.cache
+def _no_weight(n: int) -> np.ndarray:
+    """The unused weight of an unfused rms_norm: zeros (n,), read-only as a mapped file's weights are, so that
+    both calls share one compiled kernel."""
+    w = np.zeros(n, np.float32)
+    w.flags.writeable = False
+    return w
+
+
 def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) -> np.ndarray:
     """``ggml_rms_norm(x, eps)`` over the last axis; with ``w`` [n], the RMS_NORM+MUL fusion
     ``ggml_compute_forward_rms_norm_mul_fused`` that ggml-cpu runs for ``build_norm``'s
@@ -189,9 +200,12 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     n = x.shape[-1]
     x2 = x.reshape(-1, n)  # [R, n]
     fused = w is not None
-    w = np.ascontiguousarray(w if fused else np.zeros(n), dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.float32) if fused else _no_weight(n)
     if w.shape != (n,):
         raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
+    if w.flags.writeable:  # as read-only as a mapped file's weights (_no_weight)
+        w = w.view()
+        w.flags.writeable = False
     y = np.empty_like(x2)
     if simd(path, "ggml_rms_norm").nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
         _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32),

@@ -355,7 +355,7 @@ def _std_sort(v, idx):
         lg += 1
     _introsort_loop(v, idx, 0, n, 2 * lg, 0, n)
     if n > S_THRESHOLD:
-        _insertion_sort(v, idx, 0, S_THRESHOLD, 0)
+        _insertion_sort(v, idx, 0, np.int64(S_THRESHOLD), 0)  # int64 as n below: one compiled copy, not two
         for i in range(S_THRESHOLD, n):  # __unguarded_insertion_sort
             _unguarded_linear_insert(v, idx, i, 0)
     else:

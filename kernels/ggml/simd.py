@@ -468,23 +468,24 @@ def expf_lanes(path: str, op: str = "ggml_v_expf (silu, swiglu, soft_max)") -> i
 
 
 @jit()
-def _half8(a, o, lanes, i):
-    """Lane ``i`` of the 8-lane (256-bit) vector: ``a[o+i]``, or for 16 lanes ``a[o+i] + a[o+8+i]``."""
-    return F32(a[o + i] + a[o + 8 + i]) if lanes == 16 else F32(a[o + i])
-
-
-@jit()
 def hsum_fold(a, o, lanes):
     """The sum of the 16 (``lanes`` 16) or 8 float32 lanes ``a[o:o+lanes]``, halves folded: lane i + lane
     i + half, until one lane is left — ``(s0 + s2) + (s1 + s3)`` of the 4-lane half sums ``s``.
 
     AVX-512: GCC's ``_mm512_reduce_add_ps`` (extractf64x4 → 256-bit add, extractf128 → 128-bit add, then
     the shuffles). 8 lanes: ``arch/x86/quants.c: hsum_float_8`` (= llamafile ``hsum(__m256)``) and the AVX2
-    block sum of ``vec.cpp: ggml_vec_soft_max_f32`` (extractf128 + add, movehl + add, movehdup + add_ss)."""
-    s0 = F32(_half8(a, o, lanes, 0) + _half8(a, o, lanes, 4))  # 256 -> 128 bits
-    s1 = F32(_half8(a, o, lanes, 1) + _half8(a, o, lanes, 5))
-    s2 = F32(_half8(a, o, lanes, 2) + _half8(a, o, lanes, 6))
-    s3 = F32(_half8(a, o, lanes, 3) + _half8(a, o, lanes, 7))
+    block sum of ``vec.cpp: ggml_vec_soft_max_f32`` (extractf128 + add, movehl + add, movehdup + add_ss).
+    Written out, not through a helper per lane: a helper called with the lane as a constant compiles once
+    per lane (flags docstring, "Literal arguments are constants")."""
+    if lanes == 16:  # 512 -> 256 bits: lane i of the 8-lane half is a[o+i] + a[o+8+i]
+        h0, h1 = F32(a[o] + a[o + 8]), F32(a[o + 1] + a[o + 9])
+        h2, h3 = F32(a[o + 2] + a[o + 10]), F32(a[o + 3] + a[o + 11])
+        h4, h5 = F32(a[o + 4] + a[o + 12]), F32(a[o + 5] + a[o + 13])
+        h6, h7 = F32(a[o + 6] + a[o + 14]), F32(a[o + 7] + a[o + 15])
+    else:
+        h0, h1, h2, h3 = F32(a[o]), F32(a[o + 1]), F32(a[o + 2]), F32(a[o + 3])
+        h4, h5, h6, h7 = F32(a[o + 4]), F32(a[o + 5]), F32(a[o + 6]), F32(a[o + 7])
+    s0, s1, s2, s3 = F32(h0 + h4), F32(h1 + h5), F32(h2 + h6), F32(h3 + h7)  # 256 -> 128 bits
     return F32(F32(s0 + s2) + F32(s1 + s3))  # 128 -> 64 -> 32 bits
 
 

@@ -51,6 +51,8 @@ one thread. Arrays: float32 of shape (rows, n) or more dims (leading dims are ro
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kernels.base.flags import jit
@@ -214,10 +216,22 @@ def _silu_rows(x, g, has_g, lanes, y):
             i += 1
 
 
+@functools.cache
+def _silu_for(lanes: int):
+    """:func:`_silu_rows` with ``lanes`` a constant: only that path's ``v_expf`` and tail compile (one kernel for
+    silu and swiglu)."""
+
+    @jit()
+    def silu_rows(x, g, has_g, y):
+        _silu_rows(x, g, has_g, lanes, y)
+
+    return silu_rows
+
+
 @follows_nans
 def silu(x, path: str) -> np.ndarray:
     """ggml_silu (ops.cpp ggml_compute_forward_silu_f32 → vec.cpp ggml_vec_silu_f32) on ``path``."""
-    return _on_rows(_silu_rows, x, _rows(x), False, expf_lanes(path, "ggml_silu"))
+    return _on_rows(_silu_for(expf_lanes(path, "ggml_silu")), x, _rows(x), False)
 
 
 @follows_nans
@@ -231,7 +245,7 @@ def swiglu(a, b, path: str) -> np.ndarray:
     b = np.asarray(b, dtype=np.float32)
     if a.shape != b.shape:
         raise ValueError(f"swiglu: {a.shape} and {b.shape} differ")
-    return _on_rows(_silu_rows, a, _rows(b), True, expf_lanes(path, "ggml_swiglu"))
+    return _on_rows(_silu_for(expf_lanes(path, "ggml_swiglu")), a, _rows(b), True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -256,6 +270,17 @@ def _soft_max_rows(x, mask, mask_of, has_mask, scale, lanes, y):
             inv = np.float32(np.float64(1.0) / total)  # sum = 1.0/sum; ggml_vec_scale_f32(ne00, dp, (float)sum)
             for i in range(n):
                 out[i] = np.float32(out[i] * inv)
+
+
+@functools.cache
+def _soft_max_for(has_mask: bool, lanes: int):
+    """:func:`_soft_max_rows` with ``has_mask`` and ``lanes`` constants: only that path's ``v_expf`` compiles."""
+
+    @jit()
+    def soft_max_rows(x, mask, mask_of, scale, y):
+        _soft_max_rows(x, mask, mask_of, has_mask, scale, lanes, y)
+
+    return soft_max_rows
 
 
 @follows_nans
@@ -283,7 +308,7 @@ def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndar
         i3, i2 = np.divmod(np.arange(ne03 * ne02), ne02)
         mask_of = ((i3 % ne13) * ne12 + (i2 % ne12)).astype(np.int64)  # i13*ne12 + i12
     y = np.empty_like(xb)
-    _soft_max_rows(xb, m, mask_of, mask is not None, np.float32(scale), expf_lanes(path, "ggml_soft_max"), y)
+    _soft_max_for(mask is not None, expf_lanes(path, "ggml_soft_max"))(xb, m, mask_of, np.float32(scale), y)
     return y.reshape(x.shape)
 
 

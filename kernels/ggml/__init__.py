@@ -32,15 +32,16 @@ against the three libggml builds):
 * ``attn_heads`` — ``build_attn_mha`` without flash attention (F32 K/V): kq, soft_max, kqv of every head in
   one compiled call;
 * ``mulmat_vec`` — float vec_dots and llamafile's float tinyBLAS; ``mulmat_q8`` — the Q8_0-activation kernels
-  of Q8_0 and MXFP4 weights (vec_dot, ``tinyBLAS_Q0_AVX``) and the argument checks every ``mul_mat`` shares;
-  ``mulmat_q`` — the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL); ``mulmat_k`` — the K-quants'
+  of Q8_0 and MXFP4 weights (vec_dot, ``tinyBLAS_Q0_AVX``) and the argument checks every ``mul_mat`` shares,
+  with ``mulmat_q8_ir`` — its block dot as LLVM IR in ggml's own instructions; ``mulmat_q`` — the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL); ``mulmat_k`` — the K-quants'
   vec_dot and tiled kernels; ``mulmat_iq`` — the codebook types; ``repack``, ``repack_k`` — weights in
   llama.cpp's CPU_REPACK buffer (Q4_0, IQ4_NL, MXFP4; Q4_K, Q2_K); ``repack_arm``, ``repack_arm_k`` — that buffer on
   the AArch64 paths (Q8_0, Q4_0, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K; the dispatch ``mulmat`` calls); ``mulmat_arm``,
   ``mulmat_arm_q`` — the plain-buffer weights on the AArch64 paths (every type; the i8mm 2-row kernels); ``mulmat`` — ``ggml_mul_mat``/``_id``:
   the dispatch among them, with the formulas; ``mulmat_generic`` — the generic path's (the ``_ref`` activation
   quantizers, then ``actdots``' generic dots);
-* ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster).
+* ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster);
+  ``columns_ir`` — its K-quant integer steps, 16 columns at a time, as vector IR.
 
 Approximate (llama.cpp to float-accumulation noise; path-independent):
 

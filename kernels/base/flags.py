@@ -134,17 +134,20 @@ def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
     rows; every helper they call is serial. ``kind``: the type code a :func:`per_type` factory's
     kernel is built for; the kernel is then named ``<name>_<type>`` (e.g. ``matmul_lanes_q8_0``), the
     name of its cache files and of the compile report (``refimpl.cli.compile_report``); ``variant``, if
-    given, is appended (``matmul_lanes_q8_0_generic``).
+    given, is appended (``matmul_lanes_q8_0_generic``) — without ``kind`` too: a factory's twins that differ in
+    what this decorator is given (``parallel``), not in what they capture, must be named apart, since numba's
+    cache keys a kernel on its name, code and captured values only (``tinyblas_rows_parallel``).
     """
     njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL, pipeline_class=Pipeline)
-    if kind is None:
+    if kind is None and not variant:
         return njit
 
     def named(py_func):
         from .blocks import QT
 
         suffix = f"_{variant}" if variant else ""
-        py_func.__name__ = py_func.__qualname__ = f"{py_func.__name__.lstrip('_')}_{QT(kind).name.lower()}{suffix}"
+        stem = py_func.__name__ if kind is None else f"{py_func.__name__.lstrip('_')}_{QT(kind).name.lower()}"
+        py_func.__name__ = py_func.__qualname__ = stem + suffix
         return njit(py_func)
 
     return named

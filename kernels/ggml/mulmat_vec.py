@@ -203,9 +203,7 @@ def _tinyblas_for(KN: int, L: int, dpbf16: bool, parallel: bool):
             r0 = b * TINYBLAS_ROWS
             _tinyblas_block(w, x, out, r0, min(N, r0 + TINYBLAS_ROWS), KN, L, dpbf16, np.empty((4, 16), np.float32))
 
-    # its own name per twin: numba's cache keys a kernel on its name, code and captured values
-    tinyblas_rows.__name__ = tinyblas_rows.__qualname__ = "tinyblas_rows" + ("_parallel" if parallel else "")
-    return jit(parallel=parallel)(tinyblas_rows)
+    return jit(parallel=parallel, variant="parallel" if parallel else "")(tinyblas_rows)  # twins named apart
 
 
 def tinyblas_rows(w, x, out, KN, L, dpbf16) -> None:

@@ -264,9 +264,7 @@ def _transposed_rows(parallel: bool):
             _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
         return out
 
-    # its own name per twin: numba's cache keys a kernel on its name, code and captured values, not on ``parallel``
-    gated_delta_net_t.__name__ = gated_delta_net_t.__qualname__ = "gated_delta_net_t" + ("_parallel" if parallel else "")
-    return jit(parallel=parallel)(gated_delta_net_t)
+    return jit(parallel=parallel, variant="parallel" if parallel else "")(gated_delta_net_t)  # twins named apart
 
 
 @_op("ggml_gated_delta_net")

@@ -24,9 +24,8 @@ from test_ggml_ops_attn import causal_mask, make
 from test_ggml_ops_attn import check as check_path
 
 from kernels.ggml import simd
-from kernels.ggml.attn_heads import attn_heads_f32, layouts
+from kernels.ggml.attn_heads import attend_f32
 from kernels.ggml.flashattn_exact import fa_code, fa_kernel, flash_attn_ext
-from kernels.ggml.vecmath import cast_f16_to_f32
 
 pytestmark = pytest.mark.oracle
 
@@ -201,31 +200,26 @@ def attn_graph(q, k, vt, mask, scale):
         return g.compute(out, (T, H, D), n_threads=2)
 
 
-def attn_emulated(q, k, v, mask, scale, lanes):
-    T, H, D = q.shape
-    n_kv = k.shape[1]
-    kq_cols, pv_cols = layouts(D, n_kv, lanes, False)  # the ARM builds have no llamafile: never sgemm
-    kt = np.ascontiguousarray(k.transpose(0, 2, 1))
-    vt = np.ascontiguousarray(v.transpose(0, 2, 1))
-    out = np.empty((T, H, D), np.float32)
-    attn_heads_f32(q, k, kt, v, vt, cast_f16_to_f32(mask), np.float32(scale), lanes, False, out)
-    return out
-
-
 @pytest.mark.parametrize("build", ARM_BUILDS)
 def test_attention_without_flash(build):
     """K·Q and P·V as ggml_vec_dot_f32 (NEON: 4 × 4 lanes, vaddvq, blocks-of-4 leftovers), soft_max's NEON blocks;
-    D and n_kv multiples of 16 (the products across columns) and not (one by one)."""
+    D and n_kv multiples of 16 (the products across columns) and not (one by one); through
+    :func:`kernels.ggml.attn_heads.attend_f32` as the graph calls it. NaNs (the 3rd shape): made (K·Q = +inf, then
+    inf - inf: ARM's +qNaN) and given (x86's default NaN in Q, ARM's and one with a payload in V)."""
     rng = np.random.default_rng(7)
-    lanes = simd.lanes(path_of(build))
     for T, H, Hkv, n_kv, D in [(1, 4, 2, 256, 64), (3, 2, 1, 37, 80), (5, 4, 4, 100, 19), (2, 2, 1, 512, 128)]:
         q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
         k = (rng.standard_normal((Hkv, n_kv, D)) * 2).astype(np.float32)
         v = rng.standard_normal((Hkv, n_kv, D)).astype(np.float32)
+        if D == 19:
+            q[:, 0, 5], k[0, 40, 5] = 1.5, np.inf  # head 0: K·Q = +inf at cell 40, max - x = inf - inf
+            q.view(np.uint32)[2, 1, 7] = 0xFFC00000  # head 1: x86's default NaN as an input
+            v.view(np.uint32)[2, 50, 3], v.view(np.uint32)[3, 60, 4] = 0x7FC00000, 0x7FC01234  # heads 2, 3: in V
         mask = causal_mask(T, n_kv, n_kv - T)
         mask[0, : n_kv // 3] = -np.inf
         scale = np.float32(1.0) / np.sqrt(np.float32(D))
         want = on_build(build, attn_graph, q, k, np.ascontiguousarray(v.transpose(0, 2, 1)), mask, float(scale))
-        got = attn_emulated(q, k, v, mask, scale, lanes)
+        got = attend_f32(q, k, v, n_kv, mask, scale, path_of(build))
+        assert D != 19 or np.isnan(want).any()
         bad = want.view(np.uint32) != got.view(np.uint32)
         assert not bad.any(), f"{bad.sum()} of {bad.size} differ (T {T}, n_kv {n_kv}, D {D})"

@@ -15,7 +15,10 @@ computed here by the same kernels the one-op emulations use:
 ``lanes`` is the path's vec code (:func:`kernels.ggml.simd.lanes`): 16, 8, or 4 for the AArch64 NEON builds
 (``arm64-dotprod`` / ``arm64-i8mm``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's NEON blocks;
 no llamafile there, so ``sgemm`` is False) — bit for bit against both ARM builds
-(tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash).
+(tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash). :func:`attend_f32` lays out the cache for it and
+swaps an AArch64 path's default NaN around it (:func:`kernels.ggml.isa.nan_swap`: every op here adds, multiplies,
+compares, exponentiates and propagates NaNs); :data:`PATHS`: the paths whose graph takes it
+(``refimpl.graph.attention.attend``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,39 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import jit
+from kernels.base.blocks import QT
+from kernels.ggml import mulmat
+from kernels.ggml.build import X86_SIMD_PATHS
+from kernels.ggml.isa import nan_swap
 from kernels.ggml.mulmat_vec import F32_ROWS, tinyblas_rows
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
-from kernels.ggml.vecmath import _soft_max_rows
+from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
+
+
+#: the paths whose F32-cache heads run here: the x86 SIMD paths and the AArch64 NEON builds tested against the library
+#: (``arm64-base`` and ``arm64-sve128``: op by op, ``mul_mat`` and ``soft_max``)
+PATHS = X86_SIMD_PATHS + ("arm64-dotprod", "arm64-i8mm")
+
+
+def attend_f32(q, k, v, n_used, mask, scale, path):
+    """``build_attn_mha`` of ``q`` [T, H, D] over the KV view ``k``, ``v`` [Hkv, n_kv, D] float32 (the cells from
+    ``n_used`` on +0), ``mask`` [T, n_kv] float16, ``scale`` float32 on ``path`` (one of :data:`PATHS`) -> [T, H, D].
+    K·Q: src1 = the permuted Q view is not contiguous and needs no conversion to F32, so
+    ``ggml_compute_forward_mul_mat`` skips llamafile_sgemm (it needs src1_cont) and takes vec_dot per element."""
+    T, H, D = q.shape
+    Hkv, n_kv = k.shape[0], k.shape[1]
+    q, k, v = (nan_swap(path, x) for x in (np.ascontiguousarray(q), k, v))  # AArch64's default NaN as x86's
+    L = mulmat.lanes(path)
+    sgemm = mulmat.kernel_for(QT.F32, path, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
+    kq_cols, pv_cols = layouts(D, n_kv, L, sgemm)  # the layouts its products read (the rest: empty)
+    none = np.zeros((Hkv, 0, 0), dtype=np.float32)
+    kt = np.zeros((Hkv, D, n_kv), dtype=np.float32) if kq_cols else none  # [Hkv, D, n_kv]: K transposed
+    if kq_cols:
+        kt[:, :, :n_used] = k[:, :n_used].transpose(0, 2, 1)
+    vt = none if pv_cols else np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
+    o = np.empty((T, H, D), dtype=np.float32)
+    attn_heads_f32(q, none if kq_cols else k, kt, v, vt, cast_f16_to_f32(mask), scale, L, sgemm, o)
+    return nan_swap(path, o)
 
 
 @jit()
@@ -74,4 +107,4 @@ def layouts(D, n_kv, lanes, sgemm):
     return cols_fit(D, lanes), cols_fit(n_kv, lanes) and not sgemm
 
 
-__all__ = ["attn_heads_f32", "layouts"]
+__all__ = ["PATHS", "attend_f32", "attn_heads_f32", "layouts"]

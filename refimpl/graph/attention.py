@@ -20,7 +20,6 @@ import numpy as np
 
 from kernels.base.blocks import QT
 from kernels.ggml import attn_heads, flashattn_exact, mulmat, rope as ggml_rope, vecmath
-from kernels.ggml.build import X86_SIMD_PATHS
 from refimpl.graph.ops import F32, mul_mat, rms_norm_w, sigmoid
 
 KV_PAD = 256  # llama_kv_cache::get_n_kv pads the KV view to a multiple of 256 cells
@@ -108,21 +107,8 @@ def attend(q: np.ndarray, kv, positions: np.ndarray, c, ctx) -> np.ndarray:
             x[:, :n_used] = vecmath.cast_f16_to_f32(vecmath.cast_f16(x[:, :n_used]))
         return flashattn_exact.flash_attn_values(q.transpose(1, 0, 2), k, v, True, True, vecmath.cast_f16_to_f32(mask),
                                                  scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
-    if not ctx.kv_f16 and ctx.ggml in X86_SIMD_PATHS:  # F32 cache: every head's ops below in one compiled call (kernels.ggml.attn_heads). K·Q: src1 =
-        # the permuted Q view is not contiguous and needs no conversion to F32, so ggml_compute_forward_mul_mat skips
-        # llamafile_sgemm (it needs src1_cont) and takes vec_dot per element
-        o = np.empty((T, H, D), dtype=F32)
-        L = mulmat.lanes(ctx.ggml)
-        sgemm = mulmat.kernel_for(QT.F32, ctx.ggml, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
-        kq_cols, pv_cols = attn_heads.layouts(D, n_kv, L, sgemm)  # the layouts its products read (the rest: empty)
-        none = np.zeros((Hkv, 0, 0), dtype=F32)
-        kt = np.zeros((Hkv, D, n_kv), dtype=F32) if kq_cols else none  # [Hkv, D, n_kv]: K transposed
-        if kq_cols:
-            kt[:, :, :n_used] = kv.k.transpose(1, 2, 0)
-        vt = none if pv_cols else np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
-        attn_heads.attn_heads_f32(np.ascontiguousarray(q), none if kq_cols else k, kt, v, vt,
-                                  vecmath.cast_f16_to_f32(mask), scale, L, sgemm, o)
-        return o
+    if not ctx.kv_f16 and ctx.ggml in attn_heads.PATHS:  # F32 cache: every head's ops below in one compiled call
+        return attn_heads.attend_f32(q, k, v, n_used, mask, scale, ctx.ggml)
     group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)
     kv_type = QT.F16 if ctx.kv_f16 else QT.F32  # F32: ggml's generic path (vec_dot whatever the shape)

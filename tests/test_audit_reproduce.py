@@ -104,6 +104,33 @@ def test_a_reproduced_wrong_token_passes_the_gate():
     assert short.first_difference == 2 and not short.identical
 
 
+def test_a_stream_pair_of_one_schedule_is_predicted_once(monkeypatch):
+    """``audit A B --draft 3``: both streams ask llama.cpp's draft-3 stream of the same length, so it is computed once
+    (at full size each prediction is minutes); a different length or schedule is its own prediction."""
+    from types import SimpleNamespace
+
+    import refimpl.oracle.reproduce as R
+    from refimpl.oracle.stream_file import Stream as S
+
+    calls = []
+
+    def fake(model, prompt, label, stream, schedule, ctx, eog_ids=frozenset()):
+        calls.append((schedule.name, len(stream)))
+        return R.Prediction(label, schedule, [7] * len(stream), list(stream), [{"accepted": 1, "drafted": 3}])
+
+    monkeypatch.setattr(R, "predict", fake)
+    rep = SimpleNamespace(prompt=[1], events=[], streams=[S("A", "a", "json", [7, 7, 7]), S("B", "b", "json", [7, 8, 7]),
+                                                            S("C", "c", "json", [7, 7])])
+    out = R.reproduce(rep, None, SimpleNamespace(ggml="avx512"), R.parse_schedules("3", 3))
+    assert calls == [("draft-3", 3), ("draft-3", 2)]
+    a, b = out.predictions["A"], out.predictions["B"]
+    assert (b.label, b.tokens, b.stream, b.rounds) == ("B", [7, 7, 7], [7, 8, 7], a.rounds) and b.first_difference == 1
+    assert a.identical and b.rounds is not a.rounds and b.tokens is not a.tokens
+    calls.clear()
+    R.reproduce(rep, None, SimpleNamespace(ggml="avx512"), R.parse_schedules("0,3,3", 3))
+    assert calls == [("plain", 3), ("draft-3", 3), ("draft-3", 2)]
+
+
 def test_validate_says_reproduced_or_not(tmp_path, capsys):
     """``refimpl validate --emulate=ggml``: a server answering with llama.cpp's draft-3 stream (its per-request
     n_max 3) is llama.cpp's prediction; one answering with a changed token is "not reproduced", exit 1."""

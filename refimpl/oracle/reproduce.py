@@ -298,8 +298,14 @@ def reproduce(rep, model, ctx, schedules: list[Schedule], eog_ids=frozenset()) -
     if not getattr(ctx, "ggml", None):
         raise RefimplError("--draft / --schedule predict llama.cpp's own stream: they need --emulate=ggml (the oracle "
                            "computing ggml-cpu's bits for each batch shape)")
-    preds = {s.label: predict(model, rep.prompt, s.label, s.tokens, sch, ctx, eog_ids)
-             for s, sch in zip(rep.streams, schedules)}
+    preds, done = {}, {}  # done: (schedule, length) -> a Prediction already computed (the stream pair of one --draft N)
+    for s, sch in zip(rep.streams, schedules):
+        key = (sch, max(1, len(s.tokens)))  # all that predict() depends on, besides the model, prompt and ctx
+        if key in done:  # the same schedule asked for as many tokens: llama.cpp's stream is the same
+            p = done[key]
+            preds[s.label] = Prediction(s.label, sch, list(p.tokens), list(s.tokens), [dict(r) for r in p.rounds])
+        else:
+            preds[s.label] = done[key] = predict(model, rep.prompt, s.label, s.tokens, sch, ctx, eog_ids)
     out = Reproduction(preds)
     labels = [s.label for s in rep.streams]
     for f in rep.events:

@@ -63,9 +63,9 @@ def test_mul_mat_equals_stored_rows(qtype):
 
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
 def test_quad_dots_are_their_definitions(qtype):
-    """The K-quants' vector IR (kernels.ggml.columns_ir: VNNI's vpdpbusd + vpdpwssd where the host has them, and
-    the target-independent twin) against the definitions, for a sub-tile of 16 columns: vec_dot's 8 lanes (Q6_K
-    with q8sclsub) and their float step, the tiled kernel's totals, Q4_K repacked's gemv and gemm steps; extreme
+    """The K-quants' vector IR (kernels.ggml.columns_ir, every level the host runs: VNNI's vpdpbusd + vpdpwssd,
+    AVX2's vpmaddubsw + vpmaddwd, the target-independent twin) against the definitions, for a sub-tile of 16
+    columns: vec_dot's 8 lanes (Q6_K with q8sclsub) and their float step, the tiled kernel's totals, Q4_K repacked's gemv and gemm steps; extreme
     codes, scales and activations (Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
     rng = np.random.default_rng(int(qtype))
     w = weight_bytes(qtype, 64, 512, rng)
@@ -78,27 +78,27 @@ def test_quad_dots_are_their_definitions(qtype):
     y = rng.integers(-127, 128, 512).astype(np.int8)
     y[256:259] = (-128, 127, -127)
     bs = rng.integers(-2032, 2033, 32).astype(np.int64)  # Q6_K's bsums (per 16) / the sums per 32 (the mins)
-    for vnni in sorted({0, columns_ir.VNNI}):
+    for level in range(columns_ir.LEVEL + 1):
         for blk, c in ((0, 0), (1, 16), (1, 48)):
             for total in (0, 1):
                 got, want = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
-                columns_ir.kq16(got, 0, q, blk, 0, 8, c, y, sc, bs, form, total, vnni)
+                columns_ir.kq16(got, 0, q, blk, 0, 8, c, y, sc, bs, form, total, level)
                 columns_ir.kq_def(want, 0, 16, q, blk, 0, 8, c, y, sc, bs, form, total)
-                assert np.array_equal(got[:8 - 7 * total], want[:8 - 7 * total]), (vnni, blk, c, total)
+                assert np.array_equal(got[:8 - 7 * total], want[:8 - 7 * total]), (level, blk, c, total)
             acc = rng.standard_normal((8, 24)).astype(np.float32)
             got, want = acc.copy(), acc.copy()
-            columns_ir.kq16_fma(got, 5, q, blk, c, y, sc, bs, d, np.float32(0.37), form, vnni)
+            columns_ir.kq16_fma(got, 5, q, blk, c, y, sc, bs, d, np.float32(0.37), form, level)
             v = np.zeros((8, 16), np.int32)
             columns_ir.kq_fma(want, 5, v, q, blk, c, 15, y, sc, bs, d, np.float32(0.37), form)  # by the definitions
             columns_ir.kq_fma(want, 20, v, q, blk, c + 15, 1, y, sc, bs, d, np.float32(0.37), form)
-            assert np.array_equal(bits(got), bits(want)), (vnni, blk, c)
+            assert np.array_equal(bits(got), bits(want)), (level, blk, c)
             if qtype == QT.Q4_K:
                 for step in (2, 8):
                     got, want = acc[:2].copy(), acc[:2].copy()
-                    columns_ir.kq16_q4k(got, 3, q, blk, step, c, y, sc, bs, d, np.float32(0.37), mn, dmin, vnni)
+                    columns_ir.kq16_q4k(got, 3, q, blk, step, c, y, sc, bs, d, np.float32(0.37), mn, dmin, level)
                     columns_ir.q4k_fma_def(want, 3, np.zeros((8, 16), np.int32), q, blk, step, c, 16, y, sc, bs, d,
                                            np.float32(0.37), mn, dmin)
-                    assert np.array_equal(bits(got), bits(want)), (vnni, blk, c, step)
+                    assert np.array_equal(bits(got), bits(want)), (level, blk, c, step)
 
     def code(qr, i):  # value 4·qr + i of the sub-tile's first column
         row = q.shape[0] // 4 + (qr // 2 if form == 2 else qr)

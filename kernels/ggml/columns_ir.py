@@ -10,9 +10,13 @@ super-block (values ``32g + 4l … 32g + 4l + 3``) — a sub-tile's super-block 
 one ``vpdpbusd`` (AVX512-VNNI: unsigned codes times signed Q8 bytes, 4 products summed per int32) forms the 16
 columns' 4-value dots against the activation's 4 bytes. A 4-value dot is below 2^15 in magnitude (63·128·4), so
 the sub-block scale multiplies it with one ``pmaddwd`` (the dot's low int16 times the scale, its high half times
-0), added in by ``vpdpwssd``. Integers are exact: only which integers are summed matters, never in what order or
-register; the float operations are ggml's, element by element. Without VNNI (or ``REFIMPL_KERNEL_ISA`` below
-avx512) the same integers come from target-independent IR (:data:`VNNI`; both tested).
+0), added in by ``vpdpwssd``. On AVX2 (:data:`LEVEL` 1) the same integers come from ggml's AVX2 pair:
+``vpmaddubsw`` (unsigned codes times signed bytes, adjacent products summed to int16, saturating — never here:
+codes <= 63, so a pair is at most 63·128·2 < 2^15 in magnitude) then ``vpmaddwd`` with ones, and the scale's
+multiply by ``vpmaddwd`` alone, each on the two 256-bit halves of the 16 columns. Integers are exact: only which
+integers are summed matters, never in what order or register; the float operations are ggml's, element by
+element. Without AVX2 (or ``REFIMPL_KERNEL_ISA`` below it) the same integers come from target-independent IR
+(:data:`LEVEL` 0; every level the host runs is tested against the definitions).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.mulmat_q8_ir import LEVEL  # 2: AVX512-VNNI
+from kernels.ggml import mulmat_q8_ir
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
-#: 1: the x86 VNNI intrinsics; 0: target-independent IR (the same integers: tests/test_ggml_columns.py)
-VNNI = int(JIT_ENABLED and LEVEL == 2)  # the numba target's level, capped by flags.KERNEL_ISA
+#: The instructions of the integer steps — 2: AVX512-VNNI, 1: AVX2, 0: target-independent IR (the same integers:
+#: tests/test_ggml_columns.py) — the numba target's level (:data:`kernels.ggml.mulmat_q8_ir.LEVEL`), capped by
+#: flags.KERNEL_ISA.
+LEVEL = mulmat_q8_ir.LEVEL if JIT_ENABLED else 0
 
 
 @jit()
@@ -104,31 +110,53 @@ if JIT_ENABLED:
     _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
     _V16, _B64, _W32 = ir.VectorType(_i32, 16), ir.VectorType(_i8, 64), ir.VectorType(_i16, 32)
     _F16 = ir.VectorType(ir.FloatType(), 16)
+    _V8, _B32, _W16 = ir.VectorType(_i32, 8), ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)  # AVX2's 256 bits
 
     def _splat(b, x, vt=_V16):
         return b.shuffle_vector(b.insert_element(ir.Constant(vt, None), x, ir.Constant(_i32, 0)),
                                 ir.Constant(vt, None), ir.Constant(_V16, [0] * 16))
 
-    def _dpbusd(b, vnni, acc, codes, y4):
-        """``acc + Σ_{i<4} codes.byte[4j + i] (unsigned) · y4.byte[4j + i] (signed)`` per int32 ``j``."""
-        if vnni:
-            fnty = ir.FunctionType(_V16, [_V16] * 3)
-            fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
-            return b.call(fn, [acc, codes, y4])
+    def _x86(b, name, ret, *args):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, [a.type for a in args]), name)
+        return b.call(fn, list(args))
+
+    def _halves(b, x, vt):  # the two 256-bit halves of a 512-bit vector, as ``vt``
+        w = b.bitcast(x, _V16)
+        return [b.bitcast(b.shuffle_vector(w, w, ir.Constant(_V8, list(range(8 * h, 8 * h + 8)))), vt) for h in (0, 1)]
+
+    def _join(b, lo, hi):  # <8 x i32> halves -> <16 x i32>
+        return b.shuffle_vector(lo, hi, ir.Constant(_V16, list(range(16))))
+
+    def _madd(b, x, y):  # AVX2's vpmaddwd on <16 x i16> halves
+        return _x86(b, "llvm.x86.avx2.pmadd.wd", _V8, x, y)
+
+    def _dpbusd(b, level, acc, codes, y4):
+        """``acc + Σ_{i<4} codes.byte[4j + i] (unsigned) · y4.byte[4j + i] (signed)`` per int32 ``j``: ``vpdpbusd``
+        (``level`` 2); per 256-bit half ``vpmaddubsw`` then ``vpmaddwd`` with ones (1; no int16 pair saturates:
+        codes <= 63, |pair| <= 63·128·2 < 2^15); target-independent IR (0)."""
+        if level == 2:
+            return _x86(b, "llvm.x86.avx512.vpdpbusd.512", _V16, acc, codes, y4)
+        if level == 1:
+            ones = ir.Constant(_W16, [1] * 16)
+            dots = [_madd(b, _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _W16, u, w), ones)
+                    for u, w in zip(_halves(b, codes, _B32), _halves(b, y4, _B32))]
+            return b.add(acc, _join(b, *dots))
         w = ir.VectorType(_i32, 64)
         p = b.mul(b.zext(b.bitcast(codes, _B64), w), b.sext(b.bitcast(y4, _B64), w))
         for i in range(4):
             acc = b.add(acc, b.shuffle_vector(p, p, ir.Constant(_V16, list(range(i, 64, 4)))))
         return acc
 
-    def _scaled(b, vnni, acc, dot, scale):
-        """``acc + dot · scale`` per int32 (``|dot| < 2^15``; ``scale`` the sign-extended byte)."""
-        if not vnni:
+    def _scaled(b, level, acc, dot, scale):
+        """``acc + dot · scale`` per int32 (``|dot| < 2^15``; ``scale`` the sign-extended byte): ``pmaddwd`` of the
+        dot's (low int16, high int16) and (scale, 0) — ``vpdpwssd`` (``level`` 2), on the halves (1) —, else a
+        multiply (0)."""
+        if not level:
             return b.add(acc, b.mul(dot, scale))
-        lo = b.bitcast(b.and_(scale, ir.Constant(_V16, [0xFFFF] * 16)), _W32)  # (scale, 0) int16 pairs
-        fnty = ir.FunctionType(_V16, [_W32, _W32])
-        fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.pmaddw.d.512")
-        return b.add(acc, b.call(fn, [b.bitcast(dot, _W32), lo]))  # vpdpwssd
+        lo = b.and_(scale, ir.Constant(_V16, [0xFFFF] * 16))  # (scale, 0) int16 pairs
+        if level == 1:
+            return b.add(acc, _join(b, *(_madd(b, u, w) for u, w in zip(_halves(b, dot, _W16), _halves(b, lo, _W16)))))
+        return b.add(acc, _x86(b, "llvm.x86.avx512.pmaddw.d.512", _V16, b.bitcast(dot, _W32), b.bitcast(lo, _W32)))
 
     @jit()
     def _sub_tile_row(q, c):
@@ -142,22 +170,22 @@ if JIT_ENABLED:
         return x.literal_value if isinstance(x, types.IntegerLiteral) else None
 
     @intrinsic
-    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, mn, dmin, form, total, ng, vnni):
+    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, mn, dmin, form, total, ng, level):
         """:func:`kq_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its quads from row ``qr0`` of ``q``
         int8 (K, 16·4)), ``y`` int8 (K,), ``sc`` uint8, ``bs`` int64 (K/16,), all C-contiguous; ``form``,
-        ``total``, ``ng``, ``vnni`` literals. ``total`` 2: the lanes go through :func:`lanes_fma_def`'s float step
+        ``total``, ``ng``, ``level`` literals. ``total`` 2: the lanes go through :func:`lanes_fma_def`'s float step
         into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``), else ``v`` int32 (8, ≥ oj + 16) takes the integers."""
-        flags = [_lit(a) for a in (form, total, ng, vnni)]
+        flags = [_lit(a) for a in (form, total, ng, level)]
         arrays = (v, q, y, sc, bs, d, mn, dmin)
         if None in flags or not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
                                  and q.dtype == y.dtype == types.int8):
             return None
-        fm, tot, n_g, vn = flags
+        fm, tot, n_g, lv = flags
         p16, nib = fm == 1, fm == 2
         if v.dtype != (types.float32 if tot >= 2 else types.int32):
             return None
         i64 = types.int64
-        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, form, total, ng, vnni)
+        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, form, total, ng, level)
 
         def codegen(context, b, signature, args):
             ts = signature.args
@@ -190,7 +218,7 @@ if JIT_ENABLED:
                     cb = b.lshr(cb, ir.Constant(_B64, [4] * 64)) if r % 2 else cb
                     codes = b.bitcast(b.and_(cb, ir.Constant(_B64, [15] * 64)), _V16)
                 y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
-                return _dpbusd(b, vn, acc, codes, _splat(b, y4))
+                return _dpbusd(b, lv, acc, codes, _splat(b, y4))
 
             def srow(g, lane):
                 return b.add(base, k(2 * g + lane // 4) if p16 else b.add(g0, k(g)))
@@ -243,7 +271,7 @@ if JIT_ENABLED:
             for g in range(8):  # the codes in address order
                 scales = [scale(srow(g, 0)), scale(srow(g, 4))] if p16 else [scale(srow(g, 0))] * 2
                 for lane in range(8):
-                    accs[lane] = _scaled(b, vn, accs[lane], quad(g, lane, zero), scales[lane // 4])
+                    accs[lane] = _scaled(b, lv, accs[lane], quad(g, lane, zero), scales[lane // 4])
             for lane, acc in enumerate(accs):
                 if tot == 2:  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
                     pf = at(0, [k(lane), oj], _F16)
@@ -255,59 +283,59 @@ if JIT_ENABLED:
         return sig, codegen
 
     @jit()
-    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, vnni):
+    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, level):
         """:func:`kq_def` for the 16 columns ``c … c + 15`` of a sub-tile (``c`` a multiple of 16) as vector IR
-        (``vnni`` 0: the target-independent twin). The combinations the kernels use: lanes (8 groups), totals of 8
+        (``level`` :data:`LEVEL`). The combinations the kernels use: lanes (8 groups), totals of 8
         groups, Q4_K's totals of 2 groups (the gemm's 64 values)."""
-        literally(vnni)
+        literally(level)
         qr0 = _sub_tile_row(q, c)
         if form == 1:  # the literals the IR is built for, one branch each
             if total:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 1, 8, vnni)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 1, 8, level)
             else:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 0, 8, vnni)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 0, 8, level)
         elif form == 2:
             if total:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 1, 8, vnni)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 1, 8, level)
             else:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 0, 8, vnni)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 0, 8, level)
         elif total:
-            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 1, 8, vnni)
+            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 1, 8, level)
         else:
-            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 0, 8, vnni)
+            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 0, 8, level)
 
     @jit()
-    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, vnni):
+    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, level):
         """:func:`kq_def`'s lanes for the 16 columns of a sub-tile through :func:`lanes_fma_def` into ``acc[:, o:o +
-        16]`` float32, as vector IR (``vnni`` as :func:`kq16`)."""
-        literally(vnni)
+        16]`` float32, as vector IR (``level`` as :func:`kq16`)."""
+        literally(level)
         qr0 = _sub_tile_row(q, c)
         if form == 1:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 1, 2, 8, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 1, 2, 8, level)
         elif form == 2:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 2, 2, 8, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 2, 2, 8, level)
         else:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 0, 2, 8, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 0, 2, 8, level)
 
     @jit()
-    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, vnni):
-        """:func:`q4k_fma_def` for the 16 columns of a sub-tile as vector IR (``vnni`` as :func:`kq16`)."""
-        literally(vnni)
+    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, level):
+        """:func:`q4k_fma_def` for the 16 columns of a sub-tile as vector IR (``level`` as :func:`kq16`)."""
+        literally(level)
         qr0 = _sub_tile_row(q, c)
         if step == 2:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 2, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 2, level)
         else:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 8, vnni)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 8, level)
 
 else:
 
-    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, vnni):
+    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, level):
         q4k_fma_def(acc, o, np.empty((8, 16), np.int32), q, blk, step, c, 16, y, sc, ys, d, yd, mn, dmin)
 
-    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, vnni):
+    def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, level):
         kq_def(v, oj, 16, q, blk, g0, ng, c, y, sc, bs, form, total)
 
-    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, vnni):
+    def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, level):
         w = np.empty((8, 16), np.int32)
         kq_def(w, 0, 16, q, blk, 0, 8, c, y, sc, bs, form, 0)
         lanes_fma_def(acc, o, w, 16, d, blk, c, yd)
@@ -318,10 +346,7 @@ def kq(v, q, blk, g0, ng, c, nc, y, sc, bs, form, total):
     """:func:`kq_def` for columns ``c … c + nc - 1`` of one sub-tile into ``v[:, :nc]``: a whole sub-tile as vector
     IR (:func:`kq16`), else by the definition."""
     if nc == 16:
-        if VNNI:
-            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, form, total, 1)
-        else:
-            kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, form, total, 0)
+        kq16(v, 0, q, blk, g0, ng, c, y, sc, bs, form, total, LEVEL)
     else:
         kq_def(v, 0, nc, q, blk, g0, ng, c, y, sc, bs, form, total)
 
@@ -332,10 +357,7 @@ def kq_fma(acc, o, v, q, blk, c, nc, y, sc, bs, d, yd, form):
     through :func:`lanes_fma_def` into ``acc[:, o:o + nc]`` — a whole sub-tile in one vector IR step, else by the
     definitions (``v`` int32 (8, ≥ nc) scratch)."""
     if nc == 16:
-        if VNNI:
-            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, 1)
-        else:
-            kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, 0)
+        kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, LEVEL)
     else:
         kq_def(v, 0, nc, q, blk, 0, 8, c, y, sc, bs, form, 0)
         lanes_fma_def(acc, o, v, nc, d, blk, c, yd)
@@ -345,12 +367,9 @@ def kq_fma(acc, o, v, q, blk, c, nc, y, sc, bs, d, yd, form):
 def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
     """:func:`q4k_fma_def` — a whole sub-tile in one vector IR step (:func:`kq16_q4k`), else by the definition."""
     if nc == 16:
-        if VNNI:
-            kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, 1)
-        else:
-            kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, 0)
+        kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, LEVEL)
     else:
         q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin)
 
 
-__all__ = ["VNNI", "kq", "kq16", "kq16_fma", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def"]
+__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def"]

@@ -5,6 +5,7 @@
     python bench/full.py --cache-mb auto          # the streamer's own budget: half of MemAvailable at load
     python bench/full.py --model FILE.gguf        # any qwen35moe GGUF instead of the fixture
     python bench/full.py --delete                 # remove the fixture afterwards (disk short)
+    python bench/full.py --emulate=ggml --llama   # the bit-exact path, and llama.cpp beside it
 
 The model is the ``full`` preset (refimpl.fixtures.presets.LARGE_PRESETS: the real widths, 40 trunk
 layers + the MTP block, block_count 41) in ``q4_k_m``, written by refimpl.fixtures.large from
@@ -22,6 +23,15 @@ streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.io.streamer) and de
   0 skips it): refimpl.oracle.audit.audit, the oracle teacher-forced over prompt + stream with every stream
   position's logits, as ``refimpl audit MODEL STREAM --prompt-tokens …`` runs it. The stream is random ids
   (seeded): the audit's work does not depend on the tokens, and it judges every position whatever its verdict.
+
+``--emulate=ggml`` runs the same three in the bit-exact path (``refimpl run --emulate=ggml``: every op as the
+libggml-cpu llama-cpp-python loads computes it, with llama.cpp's defaults: F16 K/V, flash attention, its CPU_REPACK),
+the model loaded as that command loads it (the dense weights in the column layout when that fits), and the audit as
+``refimpl audit MODEL A B --emulate=ggml --draft 3`` runs it: a stream pair (A random ids, B the same with its middle
+token changed: a divergence, so both tails are walked), then llama.cpp's own draft-3 stream predicted
+(refimpl.oracle.reproduce; one prediction serves both streams). ``--llama`` adds llama.cpp's own decode of the same
+prompt on the same file (llama-cpp-python, its defaults, repack on; bench/_llama.py), in a child of its own after
+the others (two processes mapping 20 GB at once would evict each other's pages).
 
 Reported per configuration: generation tok/s (tokens after the first, over the time from the first
 to the last, so the prompt pass is excluded), MiB read from the file per generated token and the
@@ -53,21 +63,30 @@ def _load(args):
     from refimpl.model.load import PACK_FLAGS, load_model
 
     numba.set_num_threads(args.threads)
+    ctx = _ctx(args)
     t0 = time.perf_counter()
-    model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack])
-    return model, time.perf_counter() - t0
+    model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack],
+                       ggml=(ctx.ggml, ctx.repack) if ctx.ggml else None)
+    return model, ctx, time.perf_counter() - t0
+
+
+def _ctx(args):
+    """The numerics of the run: the definition, or with ``--emulate=ggml`` llama.cpp's defaults bit for bit."""
+    from refimpl.model.ops import Ctx, emulation_ctx
+
+    return emulation_ctx("ggml", n_threads=args.threads) if args.emulate == "ggml" else Ctx()
 
 
 def _child(args) -> None:
     """Load, generate, print one JSON line."""
     from refimpl.decode.speculative import speculative_generate
 
-    model, load_s = _load(args)
+    model, ctx, load_s = _load(args)
     s = model.streamer
     prompt = random_prompt(args.prompt_len)
     stamps = []
     t0 = time.perf_counter()
-    out, st = speculative_generate(model, prompt, args.n, source="mtp" if args.mtp else None, n_draft=3,
+    out, st = speculative_generate(model, prompt, args.n, ctx, source="mtp" if args.mtp else None, n_draft=3,
                                    on_token=lambda _: stamps.append(time.perf_counter()),
                                    bytes_read=s.bytes_read, counters=s.counters.columns)
     total_s = time.perf_counter() - t0
@@ -89,20 +108,41 @@ def _audit_child(args) -> None:
     import numpy as np
 
     from refimpl.oracle.audit import Stream, audit
+    from refimpl.oracle.reproduce import parse_schedules, reproduce
 
-    model, load_s = _load(args)
+    model, ctx, load_s = _load(args)
     prompt = random_prompt(args.audit_len)
     stream = [int(t) for t in np.random.default_rng(2).integers(0, 390, size=args.audit_len)]
+    streams = [Stream("A", "random ids", "json", stream)]
+    if ctx.ggml:  # audit A B --draft 3: B differs from A in its middle token
+        b = list(stream)
+        b[len(b) // 2] = (b[len(b) // 2] + 1) % 390
+        streams.append(Stream("B", "A with its middle token changed", "json", b))
     read0 = model.streamer.bytes_read()
     t0 = time.perf_counter()
-    report = audit(model, prompt, Stream("A", "random ids", "json", stream))
-    print(json.dumps({"audit_s": time.perf_counter() - t0, "load_s": load_s, "verdict": report.verdict,
-                      "bytes_read": model.streamer.bytes_read() - read0, "peak_rss": peak_rss(), "vm_hwm": vm_hwm()}))
+    report = audit(model, prompt, *streams, ctx=ctx)
+    audit_s = time.perf_counter() - t0
+    if ctx.ggml:  # llama.cpp's own draft-3 stream, as `refimpl audit … --emulate=ggml --draft 3` predicts it
+        reproduce(report, model, ctx, parse_schedules("3", len(streams)))
+    print(json.dumps({"audit_s": time.perf_counter() - t0, "walk_s": audit_s, "load_s": load_s, "verdict": report.verdict,
+                      "streams": len(streams), "bytes_read": model.streamer.bytes_read() - read0,
+                      "peak_rss": peak_rss(), "vm_hwm": vm_hwm()}))
+
+
+def _llama_child(args) -> None:
+    """llama.cpp's greedy decode of the same prompt (its defaults: F16 K/V, flash attention, repack on), one JSON line."""
+    from bench._llama import LlamaDecoder
+
+    prompt = random_prompt(args.prompt_len)
+    with LlamaDecoder(args.model, args.threads) as llama:
+        llama.run(prompt, 2, "defaults")  # warm
+        r = llama.run(prompt, args.n, "defaults")
+    print(json.dumps({"tok_s": r["tok_s"], "tokens": r["tokens"]}))
 
 
 def _run_child(args, mode: str) -> dict:
     argv = ["--model", str(args.model), "--cache-mb", str(args.cache_mb), "--n", str(args.n), "--audit-len", str(args.audit_len),
-            "--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
+            "--prompt-len", str(args.prompt_len), "--threads", str(args.threads), "--emulate", args.emulate]
     return run_child(__file__, argv + ([f"--{mode}"] if mode != "plain" else []) + ["--pack", args.pack], mode)
 
 
@@ -138,10 +178,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pack", choices=("auto", "on", "off"), default="auto",
                     help="load_model's pack (default auto: the dense matrices packed when they fit in RAM)")
+    ap.add_argument("--emulate", choices=("off", "ggml"), default="off",
+                    help="ggml: every run in the bit-exact path, with llama.cpp's defaults (refimpl run --emulate=ggml)")
+    ap.add_argument("--llama", action="store_true", help="also llama.cpp's decode of the same prompt (llama-cpp-python)")
     ap.add_argument("--delete", action="store_true", help="delete the fixture when done")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mtp", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--audit", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from refimpl.errors import RefimplError
     from refimpl.io.streamer import cache_budget
@@ -153,7 +197,7 @@ def main(argv=None) -> int:
     if args.audit_len < 0:
         ap.error(f"--audit-len must be ≥ 0, got {args.audit_len}")
     if args.child:
-        _audit_child(args) if args.audit else _child(args)
+        _audit_child(args) if args.audit else _llama_child(args) if args.llama_child else _child(args)
         return 0
 
     fixture = not args.model
@@ -164,28 +208,38 @@ def main(argv=None) -> int:
           f"{args.threads} threads, prompt {args.prompt_len} + {args.n} generated tokens"
           f", --pack {args.pack}; load average {os.getloadavg()[0]:.2f}", flush=True)
     rows = {}
-    for label, mode in (("plain", "plain"), ("--mtp --draft 3", "mtp")):
+    pre = "ggml " if args.emulate == "ggml" else ""
+    for label, mode in ((pre + "plain", "plain"), (pre + "--mtp --draft 3", "mtp")):
         r = rows[label] = _run_child(args, mode)
         print(f"  {label}: done in {r['total_s']:.0f} s (load {r['load_s']:.0f} s)", file=sys.stderr, flush=True)
     audited = _run_child(args, "audit") if args.audit_len else None
+    llama = _run_child(args, "llama-child") if args.llama else None
     print()
-    hdr = (f"{'run':<16} {'tok/s':>6} {'MiB/token':>9} {'hit rate':>8} {'peak RSS MiB':>12} {'(VmHWM)':>8} "
+    hdr = (f"{'run':<21} {'tok/s':>6} {'MiB/token':>9} {'hit rate':>8} {'peak RSS MiB':>12} {'(VmHWM)':>8} "
            f"{'cache peak MiB':>14} {'dense MiB':>9} {'packed MiB':>10} {'decodes':>7} {'accepted':>9}")
     print(hdr)
     print("-" * len(hdr))
     for label, r in rows.items():
         acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
-        print(f"{label:<16} {r['tok_s']:6.2f} {r['bytes_per_token'] / MIB:9.1f} {100 * r['hit_rate']:7.1f}% "
+        print(f"{label:<21} {r['tok_s']:6.2f} {r['bytes_per_token'] / MIB:9.1f} {100 * r['hit_rate']:7.1f}% "
               f"{r['peak_rss'] / MIB:12.0f} {(r['vm_hwm'] or 0) / MIB:8.0f} {r['cache_peak'] / MIB:14.0f} "
               f"{r['dense_bytes'] / MIB:9.0f} {r['packed_bytes'] / MIB:10.0f} {r['n_decodes']:7d} {acc:>9}")
-    same = rows["plain"]["tokens"] == rows["--mtp --draft 3"]["tokens"]
-    print(f"\n# routed experts in the file: {rows['plain']['expert_bytes'] / GIB:.1f} GiB; tok/s excludes the prompt pass "
-          f"(prompt + first token: {rows['plain']['prompt_and_first_s']:.1f} s plain); same tokens: {'yes' if same else 'NO'}; "
+    plain = rows[pre + "plain"]
+    same = plain["tokens"] == rows[pre + "--mtp --draft 3"]["tokens"]
+    if llama:
+        ratio = plain["tok_s"] / llama["tok_s"]
+        print(f"{'llama.cpp':<21} {llama['tok_s']:6.2f}   (its defaults: F16 K/V, flash attention, repack on; the prompt one "
+              f"token per llama_decode) — {pre}plain / llama.cpp = {ratio:.2f}; same tokens: "
+              f"{'yes' if llama['tokens'] == plain['tokens'] else 'no'}")
+    print(f"\n# routed experts in the file: {plain['expert_bytes'] / GIB:.1f} GiB; tok/s excludes the prompt pass "
+          f"(prompt + first token: {plain['prompt_and_first_s']:.1f} s plain); same tokens: {'yes' if same else 'NO'}; "
           f"load average {os.getloadavg()[0]:.2f}")
     if audited:
-        print(f"# refimpl audit of a {args.audit_len}-token stream after a {args.audit_len}-token prompt: {audited['audit_s']:.0f} s "
-              f"(+ load {audited['load_s']:.0f} s), {audited['bytes_read'] / GIB:.1f} GiB read, peak RSS {audited['peak_rss'] / MIB:.0f} MiB, "
-              f"verdict on the random stream: {audited['verdict']}")
+        what = ("a stream pair (--emulate=ggml, the draft-3 prediction included: "
+                f"{audited['audit_s'] - audited['walk_s']:.0f} s of it)" if audited["streams"] == 2 else "a stream")
+        print(f"# refimpl audit of {what} of {args.audit_len} tokens after a {args.audit_len}-token prompt: "
+              f"{audited['audit_s']:.0f} s (+ load {audited['load_s']:.0f} s), {audited['bytes_read'] / GIB:.1f} GiB read, "
+              f"peak RSS {audited['peak_rss'] / MIB:.0f} MiB, verdict on the random stream: {audited['verdict']}")
     if args.delete and fixture:
         args.model.unlink()
         print(f"# deleted {args.model}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.base.flags import jit
 from kernels.ggml.build import EMULATED_PATHS, not_emulated
 
 #: The codes of the compiled vec / expf functions (their ``lanes`` argument): the float32 lanes of GGML_F32_VEC,
@@ -102,12 +103,35 @@ def _nan_of(path: str, op: str = "vec.h / vec.cpp's vector code") -> int:
     return (s if s is not None else simd(path, op)).nan
 
 
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+#: up to this many values :func:`_has_nan` loops in compiled code (~0.3 µs a call: no ufunc set-up, an early exit);
+#: above, ``np.minimum``'s vector reduction is the faster
+NAN_LOOP_BELOW = 2048
+
+
+@jit()
+def _nan_in(a):
+    """Whether float32 array ``a`` (C-contiguous, any shape) holds a NaN."""
+    for x in a.flat:
+        if x != x:
+            return True
+    return False
+
+
 def _has_nan(a: np.ndarray) -> bool:
-    """Whether float array ``a`` holds a NaN: one reduction (``np.minimum`` returns a NaN it meets), no temporary."""
+    """Whether float array ``a`` holds a NaN: one reduction (``np.minimum`` returns a NaN it meets), no temporary;
+    a small contiguous float32 one in one compiled loop (:func:`_nan_in`, :data:`NAN_LOOP_BELOW`)."""
+    if a.size <= NAN_LOOP_BELOW and a.dtype == _F32 and a.flags.c_contiguous:
+        return _nan_in(a)
     if a.size == 0:
         return False
     m = np.minimum.reduce(a, axis=None)
     return bool(m != m)
+
+
+def _is_float(v) -> bool:
+    """``v`` is a float32 or float16 array (what :func:`nan_swap` swaps)."""
+    return isinstance(v, np.ndarray) and (v.dtype == _F32 or v.dtype == _F16)
 
 
 def nan_swap(path: str, a):
@@ -121,11 +145,14 @@ def nan_swap(path: str, a):
     if nan == X86_NAN:
         return a
     a = np.asarray(a)
-    if a.dtype in (np.float32, np.float16) and not _has_nan(a):  # the common case, one pass: nothing to swap
-        return a
-    if a.dtype == np.float32:
+    return _swap(nan, a) if not _is_float(a) or _has_nan(a) else a  # no NaN (the common case): nothing to swap
+
+
+def _swap(nan: int, a: np.ndarray) -> np.ndarray:
+    """:func:`nan_swap` of ``a`` on a path whose default NaN is ``nan`` (not x86's)."""
+    if a.dtype == _F32:
         u, p, q = a.view(np.uint32), X86_NAN, nan
-    elif a.dtype == np.float16:
+    elif a.dtype == _F16:
         u, p, q = a.view(np.uint16), X86_NAN >> 16, nan >> 16
     else:
         raise TypeError(f"nan_swap: {a.dtype} array")
@@ -139,20 +166,24 @@ def nan_swap(path: str, a):
 
 def follows_nans(fn):
     """Decorator: ``fn`` computed with :func:`nan_swap` around it on its ``path`` argument (its float32 / float16
-    array arguments swapped, then its result); ``path`` None or an x86 path: ``fn`` itself."""
+    array arguments swapped, then its result); ``path`` None or an x86 path: ``fn`` itself. The arguments are
+    swapped only when one of them holds a NaN (the swap is the identity on the others)."""
     names = list(inspect.signature(fn).parameters)
     at = names.index("path")  # where a positional ``path`` sits
     op = f"ggml_{fn.__name__.strip('_')}"
 
-    def swapped(path, v):
-        return nan_swap(path, v) if isinstance(v, np.ndarray) and v.dtype in (np.float32, np.float16) else v
+    def swapped(nan, v):
+        return _swap(nan, v) if _is_float(v) else v
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):  # no inspect.Signature.bind per call: this runs for every element-wise op of a decode
         path = kwargs.get("path", args[at] if len(args) > at else None)
-        if path is None or _nan_of(path, op) == X86_NAN:
+        nan = X86_NAN if path is None else _nan_of(path, op)
+        if nan == X86_NAN:
             return fn(*args, **kwargs)
-        out = fn(*(swapped(path, v) for v in args), **{k: swapped(path, v) for k, v in kwargs.items()})
+        if any(_is_float(v) and _has_nan(v) for v in (*args, *kwargs.values())):
+            args, kwargs = tuple(swapped(nan, v) for v in args), {k: swapped(nan, v) for k, v in kwargs.items()}
+        out = fn(*args, **kwargs)
         return tuple(nan_swap(path, o) for o in out) if isinstance(out, tuple) else nan_swap(path, out)
 
     return wrapper

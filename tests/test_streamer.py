@@ -57,6 +57,38 @@ def _scenario(model):
     return out
 
 
+def _ggml_scenario(model, ctx):
+    """Every logits row of a prompt, a decode, a 1+2 verify batch and the MTP head over the prompt, under ``ctx``."""
+    c, out, state = model.config, [], SeqState.fresh(model.config)
+    for tokens in (PROMPT, [5], [11, 12, 13]):
+        logits, h, state = forward(model, state, tokens, ctx)
+        out.append(logits)
+    w = load_mtp_weights(model.file, model.weights)
+    h_in = np.concatenate([np.zeros((1, c.n_embd), np.float32), h[:-1]])  # row p: trunk h of p-1
+    out.append(mtp_forward(model, w, MTPState.fresh(c), [11, 12, 13], h_in, ctx)[0])
+    return out
+
+
+def test_ggml_logits_are_bit_identical_streamed_and_a_budget_of_0_reads_into_the_stack(make_fixture, monkeypatch):
+    """--emulate=ggml with streamed experts: ggml_mul_mat_id's stack of the batch's experts is the stack the slices
+    were read into at a budget of 0 (no copy; here a fused gate_up tensor's gate and up rows, strided views of it),
+    and made of the cached slices otherwise — the same logits as the pinned experts' either way."""
+    import refimpl.io.streamer as S
+    from refimpl.model.ops import emulation_ctx
+
+    ctx = emulation_ctx("ggml", ggml="avx2", n_threads=1)  # a named path: no library, the same bits on any host
+    path = make_fixture("tiny", "q4_k_m", fused_gate_up=True)
+    expected = _ggml_scenario(load_model(path, pack=False, ggml=(ctx.ggml, ctx.repack)), ctx)
+    stacks, read_stack = [], S.RoutedExperts.read_stack
+    monkeypatch.setattr(S.RoutedExperts, "read_stack", lambda self, *a: stacks.append(read_stack(self, *a)) or stacks[-1])
+    for mb in (0, 1024):
+        stacks.clear()
+        got = _ggml_scenario(load_model(path, cache_mb=mb, pack=False, ggml=(ctx.ggml, ctx.repack)), ctx)
+        for a, b in zip(expected, got, strict=True):
+            assert np.array_equal(a, b), f"cache_mb={mb}"
+        assert stacks and all((s is None) == (mb > 0) for s in stacks), f"cache_mb={mb}"
+
+
 # ---- the slices are the mapped bytes --------------------------------------------------------------
 
 

@@ -90,9 +90,12 @@ def expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, obje
     union = list(dict.fromkeys(sel.reshape(-1).tolist()))  # the batch's experts in first-use order
     renumber = {e: i for i, e in enumerate(union)}
     ids = np.array([[renumber[e] for e in row] for row in sel.tolist()], dtype=np.int32)  # [T, K]: in union order
-    mats = [getattr(experts, which)(int(e)) for e in union]
-    stored_rows = experts.layer.layout(which)[0].shape[1]  # ExpertTensor.shape = (X, rows, cols)
-    return np.stack([m.row_bytes for m in mats]), mats[0].qtype, ids, stored_rows, None
+    tensor = experts.layer.layout(which)[0]
+    stored_rows = tensor.shape[1]  # ExpertTensor.shape = (X, rows, cols)
+    stack = experts.read_stack(which, union)  # [n, rows, row_bytes]: read straight into it (a budget of 0)
+    if stack is None:  # slices the cache holds: stacked here
+        stack = np.stack([getattr(experts, which)(int(e)).row_bytes for e in union])  # [n, rows, row_bytes]
+    return stack, tensor.qtype, ids, stored_rows, None
 
 
 def mul_mat_id(experts, which: str, sel: np.ndarray, x: np.ndarray, ctx) -> np.ndarray:

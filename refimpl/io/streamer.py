@@ -213,16 +213,18 @@ class ExpertStreamer:
                 raise RefimplError(f"{self.path}: unexpected end of file reading {t.name}[{e}]")
             done += n
 
-    def _lookup(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters, pending: list) -> tuple[np.ndarray, int]:
+    def _lookup(self, il: int, t: ExpertTensor, e: int, c: PhaseCounters, pending: list,
+                into: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Expert e's slice of t from the cache (a hit), or a buffer for it that joins ``pending``
         and the cache now (a miss: the cache decides what it evicts exactly as if it were read here;
-        :class:`_Reads` fills it). Returns (slice bytes, bytes read for it)."""
+        :class:`_Reads` fills it) — ``into`` when given (a row of a batch's stack). Returns (slice bytes,
+        bytes read for it)."""
         key = SliceKey(il, t.kind, e)
         buf = self.cache.get(key)
         if buf is not None:
             c.hits += 1  # (an earlier batch may still be reading it: callers ``wait`` before use)
             return buf, 0
-        buf = self._buffers.take(t.slice_bytes)
+        buf = self._buffers.take(t.slice_bytes) if into is None else into
         pending.append((key, t, e, buf))
         c.slices_read += 1
         c.bytes_read += buf.nbytes
@@ -245,9 +247,14 @@ class ExpertStreamer:
         self.wait(found[0])
         return found
 
-    def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray, *, wait: bool = True) -> dict[tuple[str, int], np.ndarray]:
+    def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray, *, wait: bool = True
+                   ) -> tuple[dict[tuple[str, int], np.ndarray], dict[str, np.ndarray]]:
         """Block il's routed slices for one moe_ffn batch: sel [T, K] expert ids, weights [T, K] →
-        {(tensor kind, expert): slice bytes}.
+        ({(tensor kind, expert): slice bytes}, stacks). With a budget of 0 the cache keeps nothing, so
+        each tensor's slices are read straight into one array, ``stacks[kind]`` [n, slice_bytes] (row i:
+        the union's i-th expert), the stack of experts ``ggml_mul_mat_id`` takes (refimpl.graph.moe): the
+        read goes where the kernel reads, instead of into slices it copies together (581 MiB a token at
+        full size); else ``stacks`` is empty.
 
         Walks the union of sel in first-use order and fetches each of the block's tensors for each
         expert once; in a verify batch, bytes of experts that row 0 does not route to are counted
@@ -266,9 +273,13 @@ class ExpertStreamer:
                 first_row.setdefault(int(e), t)
         slices: dict[tuple[str, int], np.ndarray] = {}
         pending: list = []  # the misses, read together below
-        for e, t in first_row.items():
+        n = len(first_row)
+        stacks = {tensor.kind: self._buffers.take(n * tensor.slice_bytes).reshape(n, tensor.slice_bytes)  # [n, slice_bytes]
+                  for tensor in self.tensors[il]} if self.cache.budget == 0 else {}
+        for i, (e, t) in enumerate(first_row.items()):
             for tensor in self.tensors[il]:
-                buf, n_read = self._lookup(il, tensor, e, c, pending)
+                row = stacks[tensor.kind][i] if stacks else None
+                buf, n_read = self._lookup(il, tensor, e, c, pending, into=row)
                 if phase == "verify" and t > 0:
                     c.widened_bytes += n_read
                 slices[tensor.kind, e] = buf
@@ -276,7 +287,7 @@ class ExpertStreamer:
         if wait:
             for buf in slices.values():
                 self.wait(buf)
-        return slices
+        return slices, stacks
 
     def read_one(self, il: int, kind: str, e: int) -> np.ndarray:
         """One slice through the cache, outside a batch (``StreamedExperts.gate(e)`` etc.)."""
@@ -406,7 +417,7 @@ class StreamedExperts:
 
     def routed(self, sel: np.ndarray, weights: np.ndarray) -> "RoutedExperts":
         """The batch's slices, the union of sel [T, K] read once (``ExpertStreamer.read_union``)."""
-        return RoutedExperts(self, self.streamer.read_union(self.il, sel, weights, wait=False))
+        return RoutedExperts(self, *self.streamer.read_union(self.il, sel, weights, wait=False))
 
     def _one(self, which: str, e: int) -> Matrix:
         tensor, start, stop = self.layout(which)
@@ -429,12 +440,28 @@ class RoutedExperts:
 
     layer: StreamedExperts
     slices: dict[tuple[str, int], np.ndarray]  # (tensor kind, expert) → slice bytes
+    stacks: dict[str, np.ndarray]  # tensor kind → [n, slice_bytes], the union's slices in first-use order (budget 0), or {}
 
     def _matrix(self, which: str, e: int) -> Matrix:
         tensor, start, stop = self.layer.layout(which)
         buf = self.slices[tensor.kind, e]
         self.layer.streamer.wait(buf)  # its read may still be in flight
         return tensor.matrix(e, buf, start, stop)
+
+    def read_stack(self, which: str, union: list[int]) -> np.ndarray | None:
+        """``which``'s rows of the experts ``union`` (the batch's, in first-use order) as one array [n, rows,
+        row_bytes] — the slices were read into it (``stacks``) —, or None when they were not (a cache that keeps
+        slices: stack their matrices)."""
+        tensor, start, stop = self.layer.layout(which)
+        stack = self.stacks.get(tensor.kind)
+        if stack is None:
+            return None
+        if [e for (kind, e) in self.slices if kind == tensor.kind] != list(union):  # read_union's walk is the union's order
+            raise AssertionError("the batch's stack is not in the union's order")
+        for e in union:
+            self.layer.streamer.wait(self.slices[tensor.kind, e])  # reads may still be in flight
+        _, rows, _ = tensor.shape
+        return stack.reshape(len(union), rows, -1)[:, start:stop]  # [n, rows, row_bytes]: gate or up rows of a fused tensor
 
     def gate(self, e: int) -> Matrix:
         return self._matrix("gate", e)

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack import acts
 
-from kernels.ggml import columns, columns_ir, mulmat
+from kernels.ggml import columns, columns_ir, columns_k, mulmat
 from kernels.ggml.simd import _cols_dot16_def, cols_dot16
 from kernels.testing import random_rows
 
@@ -65,7 +65,8 @@ def test_mul_mat_equals_stored_rows(qtype):
 def test_quad_dots_are_their_definitions(qtype):
     """The K-quants' vector IR (kernels.ggml.columns_ir, every level the host runs: VNNI's vpdpbusd + vpdpwssd,
     AVX2's vpmaddubsw + vpmaddwd, the target-independent twin) against the definitions, for a sub-tile of 16
-    columns: vec_dot's 8 lanes (Q6_K with q8sclsub) and their float step, the tiled kernel's totals, Q4_K repacked's gemv and gemm steps; extreme
+    columns: vec_dot's 8 lanes (Q6_K with q8sclsub) and their float step (Q5_K, Q6_K: also kernels.ggml.columns_k's
+    step for several activation rows), the tiled kernel's totals, Q4_K repacked's gemv and gemm steps; extreme
     codes, scales and activations (Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
     rng = np.random.default_rng(int(qtype))
     w = weight_bytes(qtype, 64, 512, rng)
@@ -99,10 +100,22 @@ def test_quad_dots_are_their_definitions(qtype):
                     columns_ir.q4k_fma_def(want, 3, np.zeros((8, 16), np.int32), q, blk, step, c, 16, y, sc, bs, d,
                                            np.float32(0.37), mn, dmin)
                     assert np.array_equal(bits(got), bits(want)), (level, blk, c, step)
+        if form != 2:  # columns_k.lanes_rows: every super-block, each lane's codes for several activation rows
+            ys = np.stack([y, np.roll(y, 7), np.roll(y, -3)])
+            bss = np.stack([bs, bs[::-1], -bs])
+            yd = rng.standard_normal((3, 2)).astype(np.float32)
+            rows = np.array([2, 0, 1, 2])
+            for c in (16, 48):
+                acc = rng.standard_normal((4, 8, 24)).astype(np.float32)
+                got, want = acc.copy(), acc.copy()
+                columns_k.lanes_rows16(got, 5, q, c, ys, rows, sc, bss, d, yd, form, level)
+                columns_k.lanes_rows_def(want, 5, q, c, 16, ys, rows, sc, bss, d, yd, form)
+                assert np.array_equal(bits(got), bits(want)), (level, c)
 
-    def code(qr, i):  # value 4·qr + i of the sub-tile's first column
-        row = q.shape[0] // 4 + (qr // 2 if form == 2 else qr)
-        return (int(q[row, i]) & 255) >> (4 * (qr % 2)) & 15 if form == 2 else int(q[row, i])
+    def code(qr, i):  # value 4·qr + i of the sub-tile's first column: Q4_K's nibbles by group, the bytes by lane
+        if form == 2:
+            return (int(q[q.shape[0] // 4 + qr // 2, i]) & 255) >> (4 * (qr % 2)) & 15
+        return int(q[q.shape[0] // 4 + qr - qr % 64 + 8 * (qr % 8) + qr % 64 // 8, i])
 
     lane0 = []  # block 1, sub-tile 1's first column, lane 0
     for g in range(8):

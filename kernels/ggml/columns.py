@@ -155,6 +155,8 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
         a = a.reshape(E, a.shape[1], nt, TILE // 16, 64).transpose(0, 2, 3, 1, 4)
         if qtype == QT.Q4_K:  # two quad rows to a row of bytes: the even one's codes in the low nibbles
             a = a[..., 0::2, :] | (a[..., 1::2, :] << 4)
+        else:  # a super-block's quads lane by lane (columns_ir.quad_row): (…, K/256, 8 groups, 8 lanes, 64) swapped
+            a = a.reshape(*a.shape[:3], -1, 8, 8, 64).swapaxes(-3, -2)
         return np.ascontiguousarray(a).reshape(E, nt, -1, 64)
 
     return Columns(qtype, quads(q) if per == 4 else tiled(q, 2), tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N)

@@ -3,10 +3,12 @@ vector IR: the exact integers ggml's ``vec_dot`` keeps in its 8 int32 lanes (wit
 fma(y.d·d, float(sumi[l]), acc[l])``), or their total (the tiled kernel's ``s1``; Q4_K repacked's ``ΣI`` with
 ``ΣM`` and their two FMAs, per super-block for the gemv, per 64 values for the gemm).
 
-The codes are laid out in quads, each tile's sub-tiles of 16 columns one after the other: value ``k`` of column
-``c`` at ``q[(c // 16)·K/4 + k // 4, 4·(c % 16) + k % 4]`` of the tile (unsigned, Q4_K 0…15, Q5_K 0…31, Q6_K
-0…63), so one 64-byte load holds 4 consecutive values of 16 columns — lane ``l`` of 32-value group ``g`` of a
-super-block (values ``32g + 4l … 32g + 4l + 3``) — a sub-tile's super-block is 4 KiB read in address order, and
+The codes are laid out in quads, each tile's sub-tiles of 16 columns one after the other: the 4 values of lane
+``l`` of 32-value group ``g`` of super-block ``blk`` (values ``256·blk + 32g + 4l … + 3``) of column ``c`` at
+``q[(c // 16)·K/4 + 64·blk + 8l + g, 4·(c % 16) + i]`` of the tile (:func:`quad_row`: a lane's 8 groups side by
+side, as :mod:`kernels.ggml.columns_k` forms a lane for every activation row; Q4_K's nibbles group by group, at
+``8g + l``) (unsigned, Q4_K 0…15, Q5_K 0…31, Q6_K 0…63), so one 64-byte load holds 4 consecutive values of 16
+columns, a sub-tile's super-block is 4 KiB read in address order, and
 one ``vpdpbusd`` (AVX512-VNNI: unsigned codes times signed Q8 bytes, 4 products summed per int32) forms the 16
 columns' 4-value dots against the activation's 4 bytes. A 4-value dot is below 2^15 in magnitude (63·128·4), so
 the sub-block scale multiplies it with one ``pmaddwd`` (the dot's low int16 times the scale, its high half times
@@ -42,6 +44,13 @@ def _s8(u):
 
 
 @jit()
+def quad_row(blk, g, lane, form):
+    """The quad row of a sub-tile holding lane ``lane`` of group ``g`` of super-block ``blk`` (module docstring):
+    lane by lane for the byte codes (``form`` 0, 1), group by group for Q4_K's nibbles (2, two quad rows a byte)."""
+    return 64 * blk + (8 * g + lane if form == 2 else 8 * lane + g)
+
+
+@jit()
 def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, form, total):
     """The definition. Lanes (``total`` 0, all 8 groups): ``v[l, oj + j]`` = lane ``l`` of super-block ``blk``'s
     integer dot for column ``c + j`` (``j < nj``): ``Σ_g scale(g, l) · Σ_{i<4} w(256·blk + 32g + 4l + i)·y[…]``,
@@ -56,13 +65,14 @@ def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, form, total):
         for lane in range(8):
             s = np.int64(0)
             for g in range(g0, g0 + ng):
-                qr = 64 * blk + 8 * g + lane
+                qr = 64 * blk + 8 * g + lane  # the values' quad
+                sr = quad_row(blk, g, lane, form)  # where its codes are
                 dot = np.int64(0)
                 for i in range(4):
                     if form == 2:  # quad rows 2r (low nibbles) and 2r + 1 (high nibbles) in one row
-                        w = (np.int64(q[(cj // 16) * rows + qr // 2, 4 * (cj % 16) + i]) & 255) >> (4 * (qr % 2)) & 15
+                        w = (np.int64(q[(cj // 16) * rows + sr // 2, 4 * (cj % 16) + i]) & 255) >> (4 * (sr % 2)) & 15
                     else:
-                        w = np.int64(q[(cj // 16) * rows + qr, 4 * (cj % 16) + i])
+                        w = np.int64(q[(cj // 16) * rows + sr, 4 * (cj % 16) + i])
                     dot += w * np.int64(y[4 * qr + i])
                 srow = 16 * blk + 2 * g + lane // 4 if form == 1 else 8 * blk + g
                 s += np.int64(_s8(sc[srow, cj])) * dot
@@ -205,14 +215,16 @@ if JIT_ENABLED:
             base = b.mul(blk, k(nsc))
             zero = ir.Constant(_V16, [0] * 16)
 
-            qr = b.add(b.mul(blk, k(64)), b.mul(g0, k(8)))  # the first quad row this call reads
-            qrow = b.ashr(qr, k(1)) if nib else qr  # Q4_K: two quad rows to a row of bytes
+            qr = b.add(b.mul(blk, k(64)), b.mul(g0, k(8)))  # the first values' quad this call reads
+            # its codes' row (quad_row): Q4_K two quad rows to a row of bytes, group by group; else lane by lane
+            qrow = b.ashr(qr, k(1)) if nib else b.add(b.mul(blk, k(64)), g0)
             q0 = cgutils.get_item_pointer(context, b, ts[2], arr[2], [b.add(qr0, qrow), k(0)])
             y0 = b.bitcast(cgutils.get_item_pointer(context, b, ts[7], arr[7], [b.mul(qr, k(4))]), _i8.as_pointer())
 
             def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g`` (rows of 64 bytes)
                 r = 8 * g + lane
-                codes = b.load(b.bitcast(b.gep(q0, [k(64 * (r // 2 if nib else r))]), _V16.as_pointer()), align=1)
+                codes = b.load(b.bitcast(b.gep(q0, [k(64 * (r // 2 if nib else 8 * lane + g))]), _V16.as_pointer()),
+                               align=1)
                 if nib:  # the low nibbles for even rows, the high ones for odd
                     cb = b.bitcast(codes, _B64)
                     cb = b.lshr(cb, ir.Constant(_B64, [4] * 64)) if r % 2 else cb
@@ -372,4 +384,5 @@ def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
         q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin)
 
 
-__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def"]
+__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def",
+           "quad_row"]

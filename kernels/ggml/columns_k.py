@@ -7,7 +7,9 @@ Q6_K never are; Q4_K with llama.cpp's ``-nr``, or rows not a multiple of 8), thr
   integer dot in ggml's 8 int32 lanes — lane ``l`` sums values ``32g + 4l … 32g + 4l + 3`` of the 8 32-value
   groups ``g``, each 4 times its sub-block scale (:func:`kernels.ggml.columns_ir.kq_def`) —; Q6_K's lane ``l``
   less ``32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1])``; ``acc[l] = fma(y.d·d, float(sumi[l]), acc[l])``; the
-  mins (Q4_K: 4 float lanes, Q5_K one scalar), ``hsum_float_8(acc)`` and the mins added last.
+  mins (Q4_K: 4 float lanes, Q5_K one scalar), ``hsum_float_8(acc)`` and the mins added last. Q5_K's and Q6_K's
+  byte codes lie lane by lane (:func:`kernels.ggml.columns_ir.quad_row`): per super-block and lane, its 8 code
+  vectors (512 bytes in a row) and their scales are loaded once for every activation row (:func:`lanes_rows`).
 * ``T >= 8`` rows (the tiled kernel): per super-block ``s1`` (the lanes' total: the same integer as
   ``Σ sc·(q - 32)·y`` for Q6_K) and ``s2 = Σ mn·Σy``, ``res = fma(-dmin, float(s2), d·float(s1))``,
   ``acc = fma(res, y.d, acc)``.
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.base.flags import jit
-from kernels.ggml.columns_ir import kq, kq_fma
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.columns_ir import LEVEL, kq, kq_def, kq_fma, lanes_fma_def
 from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32
 
@@ -87,6 +89,130 @@ def _tiled_sb(kk, v, b, c, nc, d, dmin, mn, yd, ys, acc, o):
 
 
 @jit()
+def lanes_rows_def(acc, o, q, c, nc, y, rows, sc, bs, d, yd, form):
+    """vec_dot's lanes and float step (:func:`kernels.ggml.columns_ir.kq_def`, :func:`~kernels.ggml.columns_ir.
+    lanes_fma_def`) of every super-block, columns ``c … c + nc - 1`` of one sub-tile, for each activation row
+    ``rows[i]`` into ``acc[i, :, o:o + nc]`` — by the definitions."""
+    v = np.empty((8, 16), np.int32)
+    for b in range(d.shape[0]):
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            kq_def(v, 0, nc, q, b, 0, 8, c, y[r], sc, bs[r], form, 0)
+            lanes_fma_def(acc[i], o, v, nc, d, b, c, yd[r, b])
+
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba import literally, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from kernels.ggml.columns_ir import _dpbusd, _lit, _scaled, _splat, _sub_tile_row
+
+    _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    _V16, _F16 = ir.VectorType(_i32, 16), ir.VectorType(ir.FloatType(), 16)
+
+    @intrinsic
+    def _lanes_rows_ir(typingctx, acc, o, q, qr0, c, y, rows, sc, bs, d, yd, form, level):
+        """:func:`lanes_rows_def` for the 16 columns of a sub-tile of byte codes (``form`` 0 Q5_K, 1 Q6_K; ``c`` a
+        multiple of 16, its quads from row ``qr0`` of ``q`` int8 (K, 16·4)), ``acc`` float32 (R, 8, ≥ o + 16),
+        ``y`` int8 (T, K), ``rows`` int64 (R,), ``sc`` uint8, ``bs`` int64 (T, K/16 or K/32), ``d`` float32
+        (K/256, ≥ c + 16), ``yd`` float32 (T, K/256), all C-contiguous; ``form``, ``level`` literals
+        (:mod:`kernels.ggml.columns_ir`). Super-block by super-block, lane by lane: the lane's 8 code vectors (512
+        bytes in a row: :func:`kernels.ggml.columns_ir.quad_row`) and their scales loaded once, then each row's
+        lane formed from them and through its float step — the integers and float operations of
+        :func:`kernels.ggml.columns_ir.kq16_fma`, row by row."""
+        flags = [_lit(a) for a in (form, level)]
+        arrays = (acc, q, y, rows, sc, bs, d, yd)
+        if None in flags or flags[0] not in (0, 1) or not (
+                all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
+                and q.dtype == y.dtype == types.int8 and acc.dtype == types.float32):
+            return None
+        p16, lv = flags[0] == 1, flags[1]
+        i64 = types.int64
+        sig = types.void(acc, i64, q, i64, i64, y, rows, sc, bs, d, yd, form, level)
+
+        def codegen(context, b, signature, args):
+            ts = signature.args
+            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 5, 6, 7, 8, 9, 10)}
+            o, qr0, c = args[1], args[3], args[4]
+            zero = ir.Constant(_V16, [0] * 16)
+            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
+
+            def k(n):
+                return ir.Constant(_i64, n)
+
+            def item(i, idx):
+                return cgutils.get_item_pointer(context, b, ts[i], arr[i], idx)
+
+            def at(i, idx, t):
+                return b.bitcast(item(i, idx), t.as_pointer())
+
+            def scale(row):  # the 16 columns' scale bytes of sub-block row ``row``, sign-extended
+                return b.sext(b.load(at(7, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
+
+            def lane_of_row(blk, base, lane, codes, scales, subs, i):  # row ``rows[i]``'s lane through its float step
+                r = b.load(item(6, [i]))
+                y0 = at(5, [r, b.mul(blk, k(256))], _i8)
+                s = zero
+                for g in range(8):  # scale · the 4-value dots of the lane's group g
+                    y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
+                    s = _scaled(b, lv, s, _dpbusd(b, lv, zero, codes[g], _splat(b, y4)), scales[g])
+                if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
+                    t = zero
+                    for h in (0, 1):
+                        bsv = b.trunc(b.load(item(8, [r, b.add(base, k(2 * lane + h))])), _i32)
+                        t = _scaled(b, lv, t, _splat(b, bsv), subs[h])
+                    s = b.sub(s, b.shl(t, ir.Constant(_V16, [5] * 16)))
+                db = b.fmul(_splat(b, b.load(item(10, [r, blk])), _F16), b.load(at(9, [blk, c], _F16), align=4))
+                pf = at(0, [i, k(lane), o], _F16)  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
+                b.store(b.call(fma, [db, b.sitofp(s, _F16), b.load(pf, align=4)]), pf, align=4)
+
+            n_rows = cgutils.unpack_tuple(b, arr[6].shape, 1)[0]
+            with cgutils.for_range(b, cgutils.unpack_tuple(b, arr[9].shape, 2)[0]) as blk_loop:
+                blk = blk_loop.index
+                base = b.mul(blk, k(16 if p16 else 8))  # the super-block's first scale row
+                q0 = at(2, [b.add(qr0, b.mul(blk, k(64))), k(0)], _V16)  # lane l, group g at q0 + 8l + g
+                for lanes in ((0, 1, 2, 3), (4, 5, 6, 7)) if p16 else (tuple(range(8)),):
+                    # Q6_K: scale 2g + l // 4 per 16 values; else scale g per 32
+                    scales = [scale(b.add(base, k(2 * g + lanes[0] // 4 if p16 else g))) for g in range(8)]
+                    for lane in lanes:
+                        codes = [b.load(b.gep(q0, [k(8 * lane + g)]), align=1) for g in range(8)]
+                        subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
+                        with cgutils.for_range(b, n_rows) as row_loop:
+                            lane_of_row(blk, base, lane, codes, scales, subs, row_loop.index)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def lanes_rows16(acc, o, q, c, y, rows, sc, bs, d, yd, form, level):
+        """:func:`lanes_rows_def` for the 16 columns ``c … c + 15`` of a sub-tile of byte codes (``form`` 0, 1) as
+        vector IR (``level`` :data:`kernels.ggml.columns_ir.LEVEL`)."""
+        literally(level)
+        qr0 = _sub_tile_row(q, c)
+        if form == 1:  # the literals the IR is built for, one branch each
+            _lanes_rows_ir(acc, o, q, qr0, c, y, rows, sc, bs, d, yd, 1, level)
+        else:
+            _lanes_rows_ir(acc, o, q, qr0, c, y, rows, sc, bs, d, yd, 0, level)
+
+else:
+
+    def lanes_rows16(acc, o, q, c, y, rows, sc, bs, d, yd, form, level):
+        lanes_rows_def(acc, o, q, c, 16, y, rows, sc, bs, d, yd, form)
+
+
+@jit()
+def lanes_rows(acc, o, q, c, nc, y, rows, sc, bs, d, yd, form):
+    """:func:`lanes_rows_def` — a whole sub-tile of byte codes (Q5_K, Q6_K) as vector IR (:func:`lanes_rows16`), else
+    by the definitions."""
+    if nc == 16 and form != 2:
+        lanes_rows16(acc, o, q, c, y, rows, sc, bs, d, yd, form, LEVEL)
+    else:
+        lanes_rows_def(acc, o, q, c, nc, y, rows, sc, bs, d, yd, form)
+
+
+@jit()
 def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, oc):
     """Columns ``c … c + nc - 1`` of one tile (``q`` (K, 16·4) the quads of its sub-tiles, ``d`` / ``dmin`` (K/256,
     TILE), ``sc`` / ``mn`` (K/32 or K/16, TILE)) against the Q8_K activation rows ``rows`` (``y`` (R, K) int8,
@@ -100,9 +226,19 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
     v = np.empty((8, 16), np.int32)  # a super-block's 8 integer lanes (or their total) per column of a sub-tile
     acc = np.zeros((R, 8, 64), F32)  # TILE = 64 columns at most
     accm = np.zeros((R, 4, 64), F32)
+    vec = form != 2  # the byte codes, every row vec_dot's: each lane's codes loaded once for all rows (lanes_rows)
+    for i in range(R):
+        vec = vec and not tiled[rows[i]]
     for w0 in range(c - c % 16, c + nc, 16):
         cs = max(c, w0)
         n = min(c + nc, w0 + 16) - cs
+        if vec:
+            lanes_rows(acc, cs - c, q, cs, n, y, rows, sc, ys, d, yd, form)
+            if kk <= 1:
+                for b in range(yd.shape[1]):
+                    for i in range(R):
+                        _mins_sb(kk, b, cs, n, dmin, mn, yd[rows[i], b], ys[rows[i]], accm[i], cs - c)
+            continue
         for b in range(yd.shape[1]):
             for i in range(R):
                 r = rows[i]
@@ -128,4 +264,4 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
             out[orow[i], oc + j] = res
 
 
-__all__ = ["KQ_KIND", "lay_k", "tile_k"]
+__all__ = ["KQ_KIND", "lanes_rows", "lanes_rows16", "lanes_rows_def", "lay_k", "tile_k"]

@@ -279,6 +279,32 @@ def test_quantizer_hard_values():
     assert d[3, 0] == np.inf and not q[3].any()
 
 
+def test_threads_change_no_bit():
+    """Above flags.SERIAL_BELOW the kernel splits tiles of weight rows between threads: at 1, 2 and 3 threads the
+    bits of the row blocks computed serially (each element alone: a row block of W gives its rows' bits; 68 rows,
+    a last tile of 4). No library call: the serial kernel is the one checked against the builds above."""
+    import numba
+
+    rng = np.random.default_rng(3907)
+    k, n = 4096, 68  # 68·4096 = 278528 multiply-adds per activation row >= SERIAL_BELOW; 17 rows below
+    before = numba.get_num_threads()
+    try:
+        for qt in (QT.Q8_0, QT.MXFP4):
+            w, x = weight_bytes(qt, n, k, rng), acts(rng, 5, k)
+            w3, ids = np.stack([w, w[::-1]]), np.array([[1, 0]] * 5, np.int32)  # 2 experts, both routed
+            blocks = range(0, n, 17)
+            want = np.concatenate([mul_mat_repacked_arm(w[r:r + 17], qt, x, "arm64-dotprod") for r in blocks], 1)
+            want_id = np.concatenate([mul_mat_id_repacked_arm(w3[:, r:r + 17], qt, x[:, None], ids, "arm64-dotprod")
+                                      for r in blocks], 2)
+            for nth in (1, 2, 3):
+                numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                assert np.array_equal(bits(mul_mat_repacked_arm(w, qt, x, "arm64-dotprod")), bits(want)), (qt, nth)
+                got_id = mul_mat_id_repacked_arm(w3, qt, x[:, None], ids, "arm64-dotprod")
+                assert np.array_equal(bits(got_id), bits(want_id)), (qt, nth)
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_rejects():
     x = np.ones((2, 32), np.float32)
     w = weight_bytes(QT.Q8_0, 6, 32, np.random.default_rng(0))

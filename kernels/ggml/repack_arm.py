@@ -48,8 +48,13 @@ comes from a weight's fp16 scale (ARM propagates the quieted operand).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
@@ -137,6 +142,33 @@ def _table(qt: QT):
     return F16_TO_F32 if qt == QT.Q8_0 else _Q4_TYPES[qt][2]
 
 
+@intrinsic
+def _dot32(typingctx, w, wo, y, yo):
+    """The exact integer dot of 32 int8 weights ``w[wo:wo + 32]`` and activations ``y[yo:yo + 32]`` (1-D int8
+    arrays) as target-independent IR: both sides sign-extended to i32, multiplied (``|w·y| <= 2^14``: exact) and
+    summed (``llvm.vector.reduce.add``; integers: any order, the same sum as ``sdot`` /
+    ``smmla``) — no sign trick, so -128 on either side is exact."""
+    sig = types.int32(w, wo, y, yo)
+
+    def codegen(context, b, signature, args):
+        v8, v32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(32), 32)
+
+        def load(i):  # 32 bytes from element args[i + 1] of array args[i]
+            data = context.make_array(signature.args[i])(context, b, args[i]).data
+            return b.load(b.bitcast(b.gep(data, [args[i + 1]]), v8.as_pointer()), align=1)
+
+        p = b.mul(b.sext(load(0), v32), b.sext(load(2), v32))
+        add = ir.FunctionType(ir.IntType(32), [v32])
+        return b.call(cgutils.get_or_insert_function(b.module, add, "llvm.vector.reduce.add.v32i32"), [p])
+
+    return sig, codegen
+
+
+#: weight rows a task of :func:`_rows_for`'s kernel takes: per block their elements' chains of float steps run side
+#: by side (each element's own steps in order: the same bits)
+ROW_TILE = 16
+
+
 @per_type
 def _rows_for(qt, parallel):
     """The repacked gemm/gemv of every element, compiled for one type, in one call per op: ``w`` (E, N, row bytes)
@@ -149,43 +181,45 @@ def _rows_for(qt, parallel):
     hdr, lo, hi = _constants(qt)
     q8 = qt == QT.Q8_0
     bs = 34 if q8 else hdr + 16
-    ydt = np.int16 if q8 else np.int32
 
     @jit(parallel=parallel, kind=int(qt), variant="arm" if parallel else "arm-serial")
     def _rows(w, we, n_used, n_x, tab, xq, xd, fused, out, outu):
-        y = xq.astype(ydt)  # (R, K)
-        nb = xd.shape[1]
-        bl = y.shape[1] // nb  # 32, a trip count the compiler does not know: it vectorizes the dots, unrolls none
-        for r in prange(w.shape[1]):  # independent outputs
+        y = xq if q8 else xq.astype(np.int32)  # (R, K)
+        nb, N = xd.shape[1], w.shape[1]
+        for tile in prange((N + ROW_TILE - 1) // ROW_TILE):  # independent outputs, ROW_TILE weight rows a task
+            r0 = tile * ROW_TILE
+            r1 = min(r0 + ROW_TILE, N)
+            acc = np.empty(ROW_TILE, F32)  # one accumulator per element, the rows' chains side by side
             for i in range(we.shape[0]):
                 t = (i // n_used) * n_x + (i % n_used) % n_x  # slot (t, s) reads activation row t·n_x + s % n_x
-                wr = w[we[i], r]  # Q8_0: int8 (the bytes' view), else uint8
-                yt = y[t]
-                acc = F32(0.0)
+                yt, wi, fu = y[t], w[we[i]], fused[t]  # wi: Q8_0 int8 (the bytes' view), else uint8
+                acc[:] = 0.0
                 for b in range(nb):
-                    o, yo = bs * b + hdr, (bl if q8 else 32) * b
-                    s = np.int32(0)  # the exact integer dot (|s| <= 32·128·128)
-                    if q8:
-                        for j in range(bl):  # int16 products (|w·x| <= 2^14) summed in int32: 32-bit vector code
-                            s = np.int32(s + np.int32(np.int16(wr[o + j]) * yt[yo + j]))
-                    else:  # value j: low nibble of byte j; value j + 16: its high nibble
-                        for j in range(16):  # (a known count: the nibbles' shifts vectorize unrolled)
-                            q = np.int64(wr[o + j])
-                            s += np.int32(_nibble(q & 15, lo, hi)) * yt[yo + j]
-                            s += np.int32(_nibble(q >> 4, lo, hi)) * yt[yo + j + 16]
-                    if hdr == 2:
-                        dw = tab[(np.int64(wr[o - 2]) & 255) | ((np.int64(wr[o - 1]) & 255) << 8)]  # vcvt_f32_f16
+                    o, yo, xdb = bs * b + hdr, 32 * b, xd[t, b]
+                    for r in range(r0, r1):
+                        wr = wi[r]
+                        s = np.int32(0)  # the exact integer dot (|s| <= 32·128·128)
+                        if q8:
+                            s = _dot32(wr, o, yt, yo)
+                        else:  # value j: low nibble of byte j; value j + 16: its high nibble
+                            for j in range(16):  # (a known count: the nibbles' shifts vectorize unrolled)
+                                q = np.int64(wr[o + j])
+                                s += np.int32(_nibble(q & 15, lo, hi)) * yt[yo + j]
+                                s += np.int32(_nibble(q >> 4, lo, hi)) * yt[yo + j + 16]
+                        if hdr == 2:
+                            dw = tab[(np.int64(wr[o - 2]) & 255) | ((np.int64(wr[o - 1]) & 255) << 8)]  # vcvt_f16
+                        else:
+                            dw = tab[np.int64(wr[o - 1])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
+                        d = F32(dw * xdb)  # vmulq_f32
+                        if fu:
+                            acc[r - r0] = fma32(F32(s), d, acc[r - r0])  # vfmaq_f32 / fmla
+                        else:
+                            acc[r - r0] = acc[r - r0] + F32(d * F32(s))  # vmlaq_f32: fmul, fadd
+                for r in range(r0, r1):
+                    if acc[r - r0] != acc[r - r0]:
+                        outu[i, r] = ARM_DEFAULT_NAN
                     else:
-                        dw = tab[np.int64(wr[o - 1])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
-                    d = F32(dw * xd[t, b])  # vmulq_f32
-                    if fused[t]:
-                        acc = fma32(F32(s), d, acc)  # vfmaq_f32 / fmla
-                    else:
-                        acc = acc + F32(d * F32(s))  # vmlaq_f32: fmul, fadd
-                if acc != acc:
-                    outu[i, r] = ARM_DEFAULT_NAN
-                else:
-                    out[i, r] = acc
+                        out[i, r] = acc[r - r0]
 
     return _rows
 
@@ -242,12 +276,18 @@ def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -
 def mul_mat_checked(w_bytes: np.ndarray, qt: QT, x: np.ndarray, path: str) -> np.ndarray:
     """:func:`mul_mat_repacked_arm` of arguments already checked (:func:`kernels.ggml.mulmat.mul_mat`'s dispatch:
     ``qt`` one of :data:`REPACK_ARM_B32`, ``path`` one of :data:`ARM_PATHS`, ``w_bytes`` and ``x`` through ``_check``)."""
-    T = x.shape[0]
-    xq, xd = quantize_q8_0_arm(x)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
-    gemm_fused, gemv_fused = FUSED[(qt, KERNELS_OF[path])]
+    xq, xd, _ = _q8_0_rows_arm(x, False)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
+    return _run(w_bytes, qt, xq, xd, _fused_rows(x.shape[0], *FUSED[(qt, KERNELS_OF[path])]))
+
+
+@functools.lru_cache(maxsize=64)
+def _fused_rows(T: int, gemm_fused: bool, gemv_fused: bool) -> np.ndarray:
+    """(T,) bool, read-only: whether activation row ``t``'s float steps fuse — gemm on the first ``T - T % 4``
+    rows, gemv on the rest (``forward_mul_mat_one_chunk``)."""
     fused = np.full(T, gemm_fused)
-    fused[T - T % 4:] = gemv_fused  # gemm on T - T % 4 rows, gemv on the rest
-    return _run(w_bytes, qt, xq, xd, fused)
+    fused[T - T % 4:] = gemv_fused
+    fused.flags.writeable = False
+    return fused
 
 
 def mul_mat_id_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
@@ -274,9 +314,10 @@ def mul_mat_id_checked(w_bytes: np.ndarray, qt: QT, x: np.ndarray, ids: np.ndarr
     n_used) int32 in range; ``qt``, ``path`` as :func:`mul_mat_checked`)."""
     T, n_x, K = x.shape
     N = w_bytes.shape[1]
-    xq, xd = quantize_q8_0_arm(x.reshape(T * n_x, K))
-    fused = np.full(T * n_x, FUSED[(qt, KERNELS_OF[path])][1])
+    xq, xd, _ = _q8_0_rows_arm(x.reshape(T * n_x, K), False)
+    gemv_fused = FUSED[(qt, KERNELS_OF[path])][1]
     n_used = ids.shape[1]
+    fused = _fused_rows(T * n_x, gemv_fused, gemv_fused)
     out = _slots(w_bytes, ids.reshape(-1), n_used, n_x, qt, xq, xd, fused)  # every routed row: the gemv
     return out.reshape(T, n_used, N)
 

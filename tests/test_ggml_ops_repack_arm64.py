@@ -289,7 +289,7 @@ def test_threads_change_no_bit():
     k, n = 4096, 68  # 68·4096 = 278528 multiply-adds per activation row >= SERIAL_BELOW; 17 rows below
     before = numba.get_num_threads()
     try:
-        for qt in (QT.Q8_0, QT.MXFP4):
+        for qt in (QT.Q8_0,):  # the kernel the e2e cases compile too (kjv's 2048-row products are above SERIAL_BELOW)
             w, x = weight_bytes(qt, n, k, rng), acts(rng, 5, k)
             w3, ids = np.stack([w, w[::-1]]), np.array([[1, 0]] * 5, np.int32)  # 2 experts, both routed
             blocks = range(0, n, 17)

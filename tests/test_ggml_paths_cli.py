@@ -99,6 +99,10 @@ def test_every_command_on_the_path(key, server_url, tmp_path, monkeypatch, capsy
     version = f"ggml {GGML_VERSION} (commit {build.commit})"
     numerics = f"ggml-cpu {entry.name} bit for bit, ggml {GGML_VERSION}: "
     ids = ",".join(map(str, prompt()))
+    import refimpl.model.trunk as trunk
+
+    layouts, load_model = [], trunk.load_model  # what each command lays the weights out for: its kernels' layout
+    monkeypatch.setattr(trunk, "load_model", lambda *a, **k: layouts.append(k.get("ggml")) or load_model(*a, **k))
 
     def command(*argv) -> tuple[str, str]:
         rc = main(list(argv))
@@ -163,6 +167,9 @@ def test_every_command_on_the_path(key, server_url, tmp_path, monkeypatch, capsy
     doc = json.loads(report_file.read_text())
     assert f"emulate {numerics}" in out.splitlines()[0] and doc["numerics"].startswith(numerics)
     assert [r["verdict"] for r in doc["results"]] == ["identical"] and doc["exit_code"] == 0, out
+    # every command loaded the model laid out for this path's kernels (logits, run, audit, audit --streams, golden
+    # make and check with llama.cpp's repack; validate --no-repack)
+    assert len(layouts) >= 5 and layouts[:-1] == [(key, True)] * (len(layouts) - 1) and layouts[-1] == (key, False), layouts
 
 
 def test_the_suite_builds_a_library_for_every_path_of_the_table():

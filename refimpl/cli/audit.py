@@ -5,7 +5,7 @@ a stream has a wrong token (or its prompt ids differ from the oracle's)."""
 from __future__ import annotations
 
 from refimpl.cli.common import (add_numerics, add_scale_out, add_threshold, cache_mb, check_tokens, ctx_from_args,
-                                default_model, emulate_family, load_named, parse_tokens, threshold_auto)
+                                default_model, emulate_family, ggml_layout, load_named, parse_tokens, threshold_auto)
 from refimpl.errors import RefimplError
 
 
@@ -73,7 +73,7 @@ def cmd_audit(args) -> int:
         return _audit_golden(args)
     if args.jobs != 1 or args.cluster is not None or args.cache_mb is not None:
         raise RefimplError("--jobs, --cluster and --cache-mb go with --streams DIR")
-    model = load_named(args.model)
+    model = load_named(args.model, ggml=ggml_layout(args))  # --emulate=ggml: its kernels' layout
     tok = Tokenizer.from_gguf(model.file.gguf)
     streams = [read_stream(path, label, tok) for path, label in zip(args.streams, "AB")]
     if args.prompt_tokens is not None:
@@ -313,7 +313,7 @@ def _audit_kld(args) -> int:
         raise RefimplError("--threshold auto goes with STREAM files (server responses with log-probs): --kld-base "
                            "judges its top-token disagreements with a fixed --threshold")
     model_name = default_model(given[0] if given else None)
-    model = load_named(model_name)
+    model = load_named(model_name, ggml=ggml_layout(args))
     tok = Tokenizer.from_gguf(model.file.gguf)
     base = read_kld_base(args.kld_base, model.config.n_vocab)
     bar, progress = progress_bar(base.n_chunk, "kld")

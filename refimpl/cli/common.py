@@ -83,10 +83,16 @@ def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     (refimpl.graph.layout.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.load.Model.packed)."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
-    if ggml is None and emulate_family(args) == "ggml":  # logits, trace: the layout of its kernels too
-        ggml = (ggml_path(getattr(args, "ggml_version_ok", False), named_ggml(args))[0], not getattr(args, "no_repack", False))
     return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack,
-                      ggml=ggml)
+                      ggml=ggml if ggml is not None else ggml_layout(args))
+
+
+def ggml_layout(args) -> tuple[str, bool] | None:
+    """With ``--emulate=ggml``: (its path, repack), what :func:`load_named` lays the weights out for (the column layout
+    of its kernels, refimpl.graph.layout.ggml_layout: logits, trace, audit, validate, kld alike); else None."""
+    if emulate_family(args) != "ggml":
+        return None
+    return ggml_path(getattr(args, "ggml_version_ok", False), named_ggml(args))[0], not getattr(args, "no_repack", False)
 
 
 def load_named(spec, cache_mb=None, pack="auto", defer_pack=False, ggml=None):

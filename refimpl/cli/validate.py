@@ -6,7 +6,8 @@ stream for the server's draft setting (refimpl.oracle.reproduce, §3g): exit 1 w
 
 from __future__ import annotations
 
-from refimpl.cli.common import MODEL_HELP, add_numerics, add_threshold, ctx_from_args, default_model, load_named, threshold_auto
+from refimpl.cli.common import (MODEL_HELP, add_numerics, add_threshold, ctx_from_args, default_model, ggml_layout,
+                                load_named, threshold_auto)
 from refimpl.errors import RefimplError
 
 
@@ -77,7 +78,7 @@ def cmd_validate(args) -> int:
     if args.html is not None:
         check_output(args.html, "--html")
     model_name = default_model(args.model)
-    model = load_named(model_name)
+    model = load_named(model_name, ggml=ggml_layout(args))  # --emulate=ggml: its kernels' layout
     tok = Tokenizer.from_gguf(model.file.gguf)
     prompts = read_prompts(args.prompts, tok, model.config.n_vocab)
     ctx = ctx_from_args(args)

@@ -94,7 +94,9 @@ def audit_pairs(path: Path, pairs: list[Pair], *, numerics: dict | None = None, 
 
     if not 0 < tau < 1:
         raise RefimplError(f"--threshold must be in (0, 1), got {tau}")
-    job = ModelJob(str(path), kernel, cache_mb, sha256_file(path) if cluster is not None else None)
+    ggml = (numerics or {}).get("ggml")
+    job = ModelJob(str(path), kernel, cache_mb, sha256_file(path) if cluster is not None else None,
+                   ggml=(ggml, (numerics or {}).get("repack", True)) if ggml else None)
     return run_tasks(job, partial(_pair_task, numerics or {}, float(tau), model_name, auto), pairs, jobs=jobs, cluster=cluster,
                      desc="audit", unit="pair")
 

@@ -230,6 +230,7 @@ class ModelJob:
     cache_mb: int | str | None = None  # None: routed experts pinned (memory map); else --cache-mb (refimpl.io.streamer)
     sha256: str | None = None  # checked before the first load (cluster workers: the file must be the client's)
     threads: int | None = None  # numba threads in a worker process (None: as the process was started)
+    ggml: tuple[str, bool] | None = None  # --emulate=ggml: (path, repack), the weights laid out for its kernels
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class Loaded:
     eog: frozenset  # the tokenizer's end-of-generation ids
 
 
-_LOADED: dict = {}  # this process's model, {(path, sha256, cache_mb): Loaded}, one entry at most
+_LOADED: dict = {}  # this process's model, {(path, sha256, cache_mb, ggml): Loaded}, one entry at most
 _LOAD_LOCK = threading.Lock()  # a Dask worker with --nthreads > 1 runs tasks in threads
 
 
@@ -258,7 +259,7 @@ def _check_file(job: ModelJob) -> None:
 
 def loaded(job: ModelJob) -> Loaded:
     """This process's model for ``job``, opened on first use (file checked when ``job.sha256`` is set)."""
-    key = (job.path, job.sha256, job.cache_mb)
+    key = (job.path, job.sha256, job.cache_mb, job.ggml)
     with _LOAD_LOCK:
         if key not in _LOADED:
             from refimpl.model.trunk import load_model
@@ -271,7 +272,7 @@ def loaded(job: ModelJob) -> Loaded:
                 numba.set_num_threads(job.threads)  # thread count never changes a bit (docs/numerics.md)
             if job.sha256 is not None:
                 _check_file(job)
-            model = load_model(job.path, job.cache_mb, progress=False)
+            model = load_model(job.path, job.cache_mb, progress=False, ggml=job.ggml)
             _LOADED[key] = Loaded(model, frozenset(Tokenizer.from_gguf(model.file.gguf).eog_ids))
         return _LOADED[key]
 
@@ -335,5 +336,6 @@ def run_all(path: Path, prompts: list[list[int]], settings: Settings, *, jobs: i
     Dask ``cluster``, whose workers check that their file has ``sha256``; local processes open the
     very file the caller read). ``announce``: ``Ctx.announce`` (the CLI's stderr line of --emulate=ggml, said
     by the first prompt computed here; a worker process's copy is silent)."""
-    job = ModelJob(str(path), kernel, cache_mb, sha256 if cluster is not None else None)
+    job = ModelJob(str(path), kernel, cache_mb, sha256 if cluster is not None else None,
+                   ggml=(settings.ggml, settings.repack) if settings.ggml else None)
     return run_tasks(job, partial(_prompt_task, settings, announce), prompts, jobs=jobs, cluster=cluster, desc=desc)

@@ -182,6 +182,40 @@ def test_pack_auto_packs_what_fits_and_reports_it(monkeypatch):
         load_model(path, pack="yes")
 
 
+def test_ggml_pack_auto_lays_out_all_but_pinned_experts_too_large(monkeypatch):
+    """--emulate=ggml's pack="auto": everything in the column layout when it fits; when the pinned routed experts do
+    not (the full-size model: 2 × 20 GB) the rest still is — LM head, attention, shared experts —, the experts
+    multiplied from the map's stored rows; the logits are the same bits."""
+    import refimpl.model.load as M
+    from refimpl.graph.layout import layout_bytes
+    from refimpl.model.ops import emulation_ctx
+    from refimpl.model.state import SeqState
+    from refimpl.model.trunk import forward
+
+    ctx = emulation_ctx("ggml", ggml="avx2", n_threads=1)  # a named path: no library
+    path, ggml = fixture_path("tiny", "q4_k_m"), (ctx.ggml, ctx.repack)
+    bare = load_model(path, pack=False, ggml=ggml)
+    every, dense = layout_bytes(bare.weights, *ggml), layout_bytes(bare.weights, *ggml, experts=False)
+    assert every > dense > 0
+    monkeypatch.setattr(M, "mem_available", lambda: int((dense + (every - dense) // 2) / M.PACK_AUTO_FRACTION))
+    part = load_model(path, ggml=ggml)
+    experts = part.weights.layers[0].ffn.experts
+    assert not part.pack_experts and part.weights.output.cols is not None and experts.down_exps.cols is None
+    monkeypatch.setattr(M, "mem_available", lambda: int(every / M.PACK_AUTO_FRACTION))
+    whole = load_model(path, ggml=ggml)
+    assert whole.pack_experts and whole.weights.layers[0].ffn.experts.down_exps.cols is not None
+    assert 0 < part.packed_bytes < whole.packed_bytes
+    monkeypatch.setattr(M, "mem_available", lambda: int(dense / M.PACK_AUTO_FRACTION) - 1)
+    assert load_model(path, ggml=ggml).packed_bytes == 0
+    deferred = load_model(path, ggml=ggml, defer_pack=True)  # the choice kept for Model.packed (refimpl run)
+    assert deferred.pack_pending is False
+    monkeypatch.setattr(M, "mem_available", lambda: int((dense + (every - dense) // 2) / M.PACK_AUTO_FRACTION))
+    later = load_model(path, ggml=ggml, defer_pack=True).packed()
+    assert later.packed_bytes == part.packed_bytes and later.weights.layers[0].ffn.experts.down_exps.cols is None
+    logits = [forward(m, SeqState.fresh(m.config), [1, 2, 3, 4], ctx)[0] for m in (bare, part)]  # (whole: test_ggml_columns)
+    assert same_bits(*logits)
+
+
 def test_cli_pack_flag(capsys, monkeypatch):
     import refimpl.model.load as M
     from refimpl.cli import main

@@ -30,18 +30,18 @@ def layout_target(w: Matrix, path: str, repack: bool) -> bool:
     return kind_for(w.qtype, repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)) is not None
 
 
-def layout_bytes(weights, path: str, repack: bool) -> int:
+def layout_bytes(weights, path: str, repack: bool, experts: bool = True) -> int:
     """Bytes :func:`ggml_layout` would add (~1.8 × a 4-bit matrix, 1.3–1.6 × a Q6_K or Q5_K one, rounded up to 2 ×)."""
-    return sum(2 * int(np.asarray(w.raw).nbytes) for w in pack_targets(weights) if layout_target(w, path, repack))
+    return sum(2 * int(np.asarray(w.raw).nbytes) for w in pack_targets(weights, experts) if layout_target(w, path, repack))
 
 
-def ggml_layout(obj, path: str, repack: bool):
+def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     """``--emulate=ggml``'s packing: ``obj`` (the :class:`refimpl.io.weights.Weights`, or any part of them) with every
     matrix that ggml-cpu's ``path`` multiplies by a kernel of :mod:`kernels.ggml.columns` also held in that column
-    layout (``Matrix.cols``: routed experts included when pinned, as a stack; the embedding table left alone). Every
-    product gives the same bits; a decoded token runs the exact integer dots of many outputs at once."""
+    layout (``Matrix.cols``: routed experts included when pinned and ``experts``, as a stack; the embedding table left
+    alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once."""
     return map_matrices(obj, lambda m: dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype))
-                        if layout_target(m, path, repack) else m)
+                        if layout_target(m, path, repack) else m, experts)
 
 
 def check_ggml_weights(gguf, path: str, repack: bool) -> None:

@@ -19,34 +19,37 @@ import kernels
 from refimpl.io.weights import Matrix, PinnedExperts
 
 
-def packed_fields(obj) -> list[str]:
+def packed_fields(obj, experts: bool = True) -> list[str]:
     """The fields of a weights dataclass that packing descends into: not the embedding table (rows are
-    looked up, never multiplied), not the streamer, not routed experts unless they are pinned."""
-    skip = ("token_embd", "streamer") + (() if isinstance(getattr(obj, "experts", None), PinnedExperts) else ("experts",))
+    looked up, never multiplied), not the streamer, not routed experts unless they are pinned (and ``experts``)."""
+    pinned = experts and isinstance(getattr(obj, "experts", None), PinnedExperts)
+    skip = ("token_embd", "streamer") + (() if pinned else ("experts",))
     return [f.name for f in dataclasses.fields(obj) if f.name not in skip]
 
 
-def pack_targets(obj):
-    """The matrices packing copies: every Matrix of ``obj`` in :func:`packed_fields`."""
+def pack_targets(obj, experts: bool = True):
+    """The matrices packing copies: every Matrix of ``obj`` in :func:`packed_fields` (``experts`` False: not the
+    pinned routed experts)."""
     if isinstance(obj, Matrix):
         yield obj
     elif isinstance(obj, tuple):
         for o in obj:
-            yield from pack_targets(o)
+            yield from pack_targets(o, experts)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for name in packed_fields(obj):
-            yield from pack_targets(getattr(obj, name))
+        for name in packed_fields(obj, experts):
+            yield from pack_targets(getattr(obj, name), experts)
 
 
-def map_matrices(obj, fn):
+def map_matrices(obj, fn, experts: bool = True):
     """``obj`` (the :class:`refimpl.io.weights.Weights`, or any part of them) with every matrix of
-    :func:`pack_targets` replaced by ``fn(matrix)``."""
+    :func:`pack_targets` (``experts`` as there) replaced by ``fn(matrix)``."""
     if isinstance(obj, Matrix):
         return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(map_matrices(o, fn) for o in obj)
+        return tuple(map_matrices(o, fn, experts) for o in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{name: map_matrices(getattr(obj, name), fn) for name in packed_fields(obj)})
+        return dataclasses.replace(obj, **{name: map_matrices(getattr(obj, name), fn, experts)
+                                           for name in packed_fields(obj, experts)})
     return obj
 
 

@@ -29,6 +29,7 @@ class Model:
     packed_bytes: int = 0  # bytes of the packed copies: the lane kernels' or, with ``ggml``, the column layout's
     pack_pending: bool = False  # load_model(defer_pack=True) decided to pack: :meth:`packed` does it
     ggml: tuple[str, bool] | None = None  # load_model's ggml: (path, repack) that packing lays the weights out for
+    pack_experts: bool = True  # with ggml: the pinned routed experts laid out too (False: they did not fit, the rest did)
 
     def packed(self) -> "Model":
         """This model with its matrices also in the packed layout (:func:`refimpl.io.packing.pack_weights`, or
@@ -36,7 +37,7 @@ class Model:
         else the model itself. Never changes a number."""
         if not self.pack_pending:
             return self
-        weights = _pack(self.weights, self.ggml)
+        weights = _pack(self.weights, self.ggml, self.pack_experts)
         return dataclasses.replace(self, weights=weights, packed_bytes=packed_nbytes(weights), pack_pending=False)
 
     @property
@@ -75,7 +76,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     pays off only over many tokens, and the first token need not wait for it; with ``pack="auto"`` not at all for a
     model under ``PACK_DEFER_MIN_BYTES``, where it never pays off). ``ggml``: (path, repack) of an
     ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
-    instead of the lane copies."""
+    instead of the lane copies; ``"auto"`` lays out everything when it fits, else all but the pinned routed experts
+    when that fits (they are then multiplied from the memory map's stored rows)."""
     if pack not in (True, False, "auto"):
         raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
     m = open_model(path)
@@ -90,15 +92,20 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         weights = load_weights(m, streamer)
     if pack == "auto" and defer_pack and ggml is None and packable_bytes(weights) < PACK_DEFER_MIN_BYTES:
         pack = False
+    experts = True
     if pack == "auto":
         avail = mem_available()
-        need = packable_bytes(weights) * _PACK_GROWTH if ggml is None else layout_bytes(weights, *ggml)
-        pack = avail is not None and need <= PACK_AUTO_FRACTION * avail
+        fits = lambda need: avail is not None and need <= PACK_AUTO_FRACTION * avail  # noqa: E731
+        if ggml is None:
+            pack = fits(packable_bytes(weights) * _PACK_GROWTH)
+        else:  # pinned experts too large to lay out (full size: 2 × 20 GB): the rest still is (LM head, attention, …)
+            experts = fits(layout_bytes(weights, *ggml))
+            pack = experts or fits(layout_bytes(weights, *ggml, experts=False))
     if not pack or defer_pack:
-        return Model(file=m, weights=weights, pack_pending=bool(pack), ggml=ggml)
-    packed = _pack(weights, ggml)
-    return Model(file=m, weights=packed, packed_bytes=packed_nbytes(packed), ggml=ggml)
+        return Model(file=m, weights=weights, pack_pending=bool(pack), ggml=ggml, pack_experts=experts)
+    packed = _pack(weights, ggml, experts)
+    return Model(file=m, weights=packed, packed_bytes=packed_nbytes(packed), ggml=ggml, pack_experts=experts)
 
 
-def _pack(weights, ggml):
-    return pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml)
+def _pack(weights, ggml, experts: bool = True):
+    return pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml, experts)

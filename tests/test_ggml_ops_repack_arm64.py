@@ -19,7 +19,6 @@ from ggml_graph import Graph, on_build, vp
 from gguf import GGMLQuantizationType as QT
 
 from kernels.ggml import repack_arm
-from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.repack_arm import (
     FUSED,
     REPACK_ARM_B32,
@@ -122,17 +121,15 @@ def acts(rng, t, k):
 
 def unfused_all(w, qtype, x, path, fused):
     """A wrong model: every row through the gemm's float step (``fused``) — or the gemv's."""
-    T = x.shape[0]
-    xq, xd = quantize_q8_0_arm(x)
-    return repack_arm._run(np.ascontiguousarray(w), qtype, xq, xd, np.full(T, fused))
+    return repack_arm._run(np.ascontiguousarray(w), qtype, x, np.full(x.shape[0], fused))
 
 
 def x86_quant(w, qtype, x, path):
     """A wrong model: x86's quantize_row_q8_0 in front of the ARM kernels."""
-    xq, xd, _ = _q8_0_rows(np.ascontiguousarray(x), False)
     g, v = FUSED[(qtype, path)]
     T = x.shape[0]
-    return repack_arm._run(np.ascontiguousarray(w), qtype, xq, xd, np.where(np.arange(T) < T - T % 4, g, v))
+    fused = np.where(np.arange(T) < T - T % 4, g, v)
+    return repack_arm._run(np.ascontiguousarray(w), qtype, np.ascontiguousarray(x), fused, x86_quant=True)
 
 
 # ---- tests -------------------------------------------------------------------------------------------------

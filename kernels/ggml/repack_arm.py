@@ -58,7 +58,7 @@ from numba.extending import intrinsic
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
-from kernels.ggml.actquant import _q8_0_rows_arm
+from kernels.ggml.actquant import _q8_0_rows_arm, _quantize_rows_q8_0, _quantize_rows_q8_0_arm
 from kernels.ggml.mulmat_q8 import _bytes, _check, _qt
 from kernels.ggml.repack import _TYPES as _Q4_TYPES
 from kernels.ggml.repack import _lut_words, _nibble
@@ -172,20 +172,27 @@ ROW_TILE = 16
 @per_type
 def _rows_for(qt, parallel):
     """The repacked gemm/gemv of every element, compiled for one type, in one call per op: ``w`` (E, N, row bytes)
-    plain rows (uint8; Q8_0's as int8) (E = 1: a ``mul_mat``; the experts of a ``mul_mat_id``), ``tab`` the scale table, ``xq`` (R, K)
-    int8 / ``xd`` (R, K/32) float32 the Q8_0 activations, ``fused`` (R,) bool per activation row (module docstring);
-    output row ``i`` = slot (t, s) of ``n_used`` per token is ``w[we[i]]`` against activation row ``t·n_x + s % n_x``
-    (a ``mul_mat``: 1, 1): out (S, N), every NaN made AArch64's
-    default NaN (:func:`arm_nans`) through ``outu``, its uint32 view."""
+    plain rows (uint8; Q8_0's as int8) (E = 1: a ``mul_mat``; the experts of a ``mul_mat_id``), ``tab`` the scale
+    table, ``x`` (R, K) float32 activations, quantized here (AArch64 ``quantize_row_q8_0``; ``x86_quant``: x86's, a
+    wrong model for the tests), ``fused`` (R,) bool per activation row (module docstring); output row ``i`` = slot
+    (t, s) of ``n_used`` per token is ``w[we[i]]`` against activation row ``t·n_x + s % n_x`` (a ``mul_mat``: 1, 1):
+    out (S, N), every NaN made AArch64's default NaN (:func:`arm_nans`)."""
     qt = QT(qt)
     hdr, lo, hi = _constants(qt)
     q8 = qt == QT.Q8_0
     bs = 34 if q8 else hdr + 16
 
     @jit(parallel=parallel, kind=int(qt), variant="arm" if parallel else "arm-serial")
-    def _rows(w, we, n_used, n_x, tab, xq, xd, fused, out, outu):
+    def _rows(w, we, n_used, n_x, tab, x, x86_quant, fused, out):
+        R, K = x.shape
+        nb, N = K // 32, w.shape[1]
+        xq, xd, no_s = np.empty((R, K), np.int8), np.empty((R, nb), F32), np.empty((R, 0), F32)
+        if x86_quant:
+            _quantize_rows_q8_0(x, xq, xd, no_s)
+        else:  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
+            _quantize_rows_q8_0_arm(x, xq, xd, no_s)
         y = xq if q8 else xq.astype(np.int32)  # (R, K)
-        nb, N = xd.shape[1], w.shape[1]
+        outu = out.view(np.uint32)
         for tile in prange((N + ROW_TILE - 1) // ROW_TILE):  # independent outputs, ROW_TILE weight rows a task
             r0 = tile * ROW_TILE
             r1 = min(r0 + ROW_TILE, N)
@@ -238,21 +245,22 @@ def arm_nans(out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _slots(w3, we, n_used: int, n_x: int, qt: QT, xq, xd, fused) -> np.ndarray:
+def _slots(w3, we, n_used: int, n_x: int, qt: QT, x, fused, x86_quant: bool = False) -> np.ndarray:
     """(S, N): output row ``i`` = ``w3[we[i]]`` (E, N, row bytes; ``we`` int32) against the activation row of slot
-    ``i`` (:func:`_rows_for`), one compiled call."""
+    ``i`` of ``x`` (R, K) float32 (:func:`_rows_for`), one compiled call."""
     S, N = we.shape[0], w3.shape[1]
     out = np.empty((S, N), np.float32)
     if S and N:
-        _rows_for(qt, S * N * xq.shape[1] >= SERIAL_BELOW)(w3.view(np.int8) if qt == QT.Q8_0 else w3, we, n_used, n_x, _table(qt), xq, xd, fused, out,
-                                                          out.view(np.uint32))
+        kernel = _rows_for(qt, S * N * x.shape[1] >= SERIAL_BELOW)
+        kernel(w3.view(np.int8) if qt == QT.Q8_0 else w3, we, n_used, n_x, _table(qt), x, x86_quant, fused, out)
     return out
 
 
-def _run(w2d, qt: QT, xq, xd, fused) -> np.ndarray:
-    """(T, N): weight rows ``w2d`` (N, row bytes) against every activation row (:func:`_slots`)."""
-    T = xq.shape[0]
-    return _slots(w2d[None], _ZEROS[:T] if T <= _ZEROS.shape[0] else np.zeros(T, np.int32), 1, 1, qt, xq, xd, fused)
+def _run(w2d, qt: QT, x, fused, x86_quant: bool = False) -> np.ndarray:
+    """(T, N): weight rows ``w2d`` (N, row bytes) against every activation row of ``x`` (T, K) (:func:`_slots`)."""
+    T = x.shape[0]
+    return _slots(w2d[None], _ZEROS[:T] if T <= _ZEROS.shape[0] else np.zeros(T, np.int32), 1, 1, qt, x, fused,
+                  x86_quant)
 
 
 def _check_type(qtype, path: str) -> QT:
@@ -276,8 +284,7 @@ def mul_mat_repacked_arm(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -
 def mul_mat_checked(w_bytes: np.ndarray, qt: QT, x: np.ndarray, path: str) -> np.ndarray:
     """:func:`mul_mat_repacked_arm` of arguments already checked (:func:`kernels.ggml.mulmat.mul_mat`'s dispatch:
     ``qt`` one of :data:`REPACK_ARM_B32`, ``path`` one of :data:`ARM_PATHS`, ``w_bytes`` and ``x`` through ``_check``)."""
-    xq, xd, _ = _q8_0_rows_arm(x, False)  # quantize_mat_q8_0_4x{4,8} == quantize_row_q8_0 on ARM, bit for bit
-    return _run(w_bytes, qt, xq, xd, _fused_rows(x.shape[0], *FUSED[(qt, KERNELS_OF[path])]))
+    return _run(w_bytes, qt, x, _fused_rows(x.shape[0], *FUSED[(qt, KERNELS_OF[path])]))
 
 
 @functools.lru_cache(maxsize=64)
@@ -314,11 +321,10 @@ def mul_mat_id_checked(w_bytes: np.ndarray, qt: QT, x: np.ndarray, ids: np.ndarr
     n_used) int32 in range; ``qt``, ``path`` as :func:`mul_mat_checked`)."""
     T, n_x, K = x.shape
     N = w_bytes.shape[1]
-    xq, xd, _ = _q8_0_rows_arm(x.reshape(T * n_x, K), False)
     gemv_fused = FUSED[(qt, KERNELS_OF[path])][1]
     n_used = ids.shape[1]
     fused = _fused_rows(T * n_x, gemv_fused, gemv_fused)
-    out = _slots(w_bytes, ids.reshape(-1), n_used, n_x, qt, xq, xd, fused)  # every routed row: the gemv
+    out = _slots(w_bytes, ids.reshape(-1), n_used, n_x, qt, x.reshape(T * n_x, K), fused)  # every routed row: gemv
     return out.reshape(T, n_used, N)
 
 

@@ -233,7 +233,7 @@ def test_gated_delta_net_seqless_shapes():
 
 
 def test_gated_delta_net_threads():
-    """The (sequence, head) rows split between threads (``_transposed_rows(True)``) give the serial kernel's bits
+    """The (sequence, head) rows split between threads (``_transposed_rows(True, …)``) give the serial kernel's bits
     at 1, 2 and 3 threads — odd head counts included."""
     import numba
 
@@ -244,7 +244,7 @@ def test_gated_delta_net_threads():
     g = g.reshape(1, 3, 5, 1)
     ref = np.empty_like(v)
     snaps = np.full((1, 1, 5, 128, 128), np.nan, F32)
-    ssm._transposed_rows(False)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
+    ssm._transposed_rows(False, ssm.GLIBC_X86_64)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
     before = numba.get_num_threads()
     try:
         for n in (1, 2, 3):

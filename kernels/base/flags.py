@@ -36,7 +36,17 @@ Literal arguments are constants
     compiles once per constant it is called with (and once more for each array that differs only in being
     read-only): an index or bound that selects no code is passed as ``np.int64(c)``, not ``c``. A constant
     that selects code pays where it prunes a branch; where it only unrolls a loop, LLVM takes longer (the
-    delta net's ``lanes``: +0.4 s), and it stays an argument.
+    delta net's ``lanes``: +0.4 s), and it stays an argument. A constant held in a variable
+    (``neon = lanes == NEON or …``, ``glibc = … if neon else …``) is a runtime value again: test the
+    argument where the branch is, or capture the constant in a factory's closure.
+What a first run pays for
+    Each ``@jit`` helper is compiled on its own (its machine code cached), and numba links its IR into
+    every caller, where LLVM optimizes and emits it once more: a level of compiled calls that only passes
+    arguments on costs 0.1–0.4 s (a factory's closure holds the loop itself, not a call of a kernel that
+    holds it). numpy conveniences inside a kernel (``a.max()``, ``np.nonzero``, ``np.arange``, a slice
+    assignment) compile numba's implementation of each (0.1–0.4 s): small kernels loop instead. A test
+    Python can make (a shape's fit) is not a kernel. Per kernel: ``refimpl run``'s stderr on a cold
+    cache (docs/performance.md, "First run").
 ``BOUNDSCHECK``
     Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
 Threading layer

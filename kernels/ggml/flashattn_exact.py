@@ -124,11 +124,17 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     # neon: the AArch64 builds (NEON_F32C: arm64-base, F16 vectors float32x4_t); half: float16x8_t / svfloat16_t, FP16
     # vector arithmetic (SVE: every element). Tested where used, not held in variables: with ``lanes`` a constant
     # (flash_attn_values' kernels) numba then drops the other paths' branches (kernels/base/flags.py).
-    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128
+    # (``neon`` spelled out each time: a variable holding the test would be a runtime value, and ``expf_on`` and
+    # ``_to_f16`` would compile both glibcs' and both conversions' code.)
     L = NEON if lanes == NEON_F32C else lanes  # GGML_F32_VEC's code (SVE128: kernels.ggml.sve's dots)
-    glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64  # expf: the build's glibc (kernels.ggml.libm.expf_on)
+    glibc = GLIBC_AARCH64 if lanes == NEON or lanes == NEON_F32C or lanes == SVE128 else GLIBC_X86_64  # expf_on's
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
-        q_q[d] = _to_f16(q_row[d], fused and not neon) if k_f16 else q_row[d]
+        if not k_f16:
+            q_q[d] = q_row[d]
+        elif lanes == NEON or lanes == NEON_F32C or lanes == SVE128:
+            q_q[d] = _to_f16(q_row[d], False)
+        else:
+            q_q[d] = _to_f16(q_row[d], fused)
     S = np.float32(0.0)
     M = NINF
     for d in range(DV):

@@ -221,19 +221,14 @@ def _run(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
 @jit()
 def _dense(w, ws, T):
     """One matrix ``w`` (N, row) as a stack of one expert, ``ws`` likewise, and the group of all ``T`` rows."""
-    rows = np.arange(T)
-    bounds = np.zeros(2, np.int64)  # [0, T] (not np.array of a list: that compiles list reflection)
-    bounds[1] = T
-    return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows, bounds,
-            np.zeros(1, np.int64), rows)
-
-
-@jit()
-def q8_0_rows(w, xq, xd, out, tab):
-    """``ggml_vec_dot_q8_0_q8_0`` for every element: ``w`` (N, K/32·34) the weight rows viewed as int8, ``xq``
-    (T, K) int8 / ``xd`` (T, K/32) float32 the Q8_0 activations; out (T, N) (:func:`_q8_0_dot`)."""
-    w3, ws, order, bounds, experts, arow = _dense(w, np.empty((w.shape[0], 0), np.float32), xq.shape[0])
-    _run(Q8_0_KIND, _readonly(w3), ws, tab, xq, xd, order, bounds, experts, arow, out)
+    rows = np.empty(T, np.int64)  # 0 … T-1 (filled here, not np.arange / np.zeros / np.array of a list: each compiles
+    for t in range(T):  # numpy's implementation once more, ~0.1 s of the first run)
+        rows[t] = t
+    bounds = np.empty(2, np.int64)  # [0, T]
+    bounds[0], bounds[1] = 0, T
+    experts = np.empty(1, np.int64)  # [0]
+    experts[0] = 0
+    return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows, bounds, experts, rows)
 
 
 @jit()
@@ -248,9 +243,11 @@ def _q8_0_quantize(x):
 @jit()
 def q8_0_mul_mat(w, x, out, tab):
     """``ggml_mul_mat`` of Q8_0 rows ``w`` (N, K/32·34 as int8) and float32 ``x`` (T, K) -> out (T, N): ``x``
-    quantized (``from_float``), then :func:`q8_0_rows` — one compiled call."""
+    quantized (``from_float``, ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32), then ``ggml_vec_dot_q8_0_q8_0`` for
+    every element (:func:`_q8_0_dot`) — one compiled call."""
     xq, xd = _q8_0_quantize(x)
-    q8_0_rows(w, xq, xd, out, tab)
+    w3, ws, order, bounds, experts, arow = _dense(w, np.empty((w.shape[0], 0), np.float32), xq.shape[0])
+    _run(Q8_0_KIND, _readonly(w3), ws, tab, xq, xd, order, bounds, experts, arow, out)
 
 
 @jit()
@@ -327,10 +324,22 @@ def slot_groups(ids, n_x):
     activation row ``t·n_x + s % n_x`` of slot ``j`` (all int64)."""
     T, n_used = ids.shape
     n = T * n_used
-    count = np.zeros(ids.max() + 1 if n else 1, np.int64)  # (E',): slots per expert
+    top = 0  # the largest expert id (loops, not ids.max() / np.nonzero: each compiles numpy's code, ~0.4 s)
+    for j in range(n):
+        top = max(top, ids[j // n_used, j % n_used])
+    count = np.zeros(top + 1, np.int64)  # (E',): slots per expert
     for j in range(n):
         count[ids[j // n_used, j % n_used]] += 1
-    experts = np.nonzero(count)[0].astype(np.int64)  # (groups,): the experts used, increasing
+    groups = 0
+    for e in range(count.shape[0]):
+        if count[e] > 0:
+            groups += 1
+    experts = np.empty(groups, np.int64)  # (groups,): the experts used, increasing
+    g = 0
+    for e in range(count.shape[0]):
+        if count[e] > 0:
+            experts[g] = e
+            g += 1
     bounds = np.zeros(experts.shape[0] + 1, np.int64)  # (groups + 1,)
     start = np.zeros(count.shape[0], np.int64)  # (E',): each used expert's first position in order
     for g in range(experts.shape[0]):

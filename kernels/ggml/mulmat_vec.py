@@ -195,8 +195,8 @@ def _tinyblas_for(KN: int, L: int, dpbf16: bool, parallel: bool):
     :data:`TINYBLAS_ROWS` weight rows split between threads, each element still one thread's, in one order)."""
 
     def tinyblas_rows(w, x, out):
-        if not parallel:
-            _tinyblas_rows(w, x, out, KN, L, dpbf16)
+        if not parallel:  # _tinyblas_rows' one block, called here directly: one level of compiled calls less
+            _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((4, 16), np.float32))
             return
         N = w.shape[0]
         for b in prange((N + TINYBLAS_ROWS - 1) // TINYBLAS_ROWS):

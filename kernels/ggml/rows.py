@@ -381,13 +381,24 @@ def _top_k_rows(x, k, tmp, out):
             out[r, 0], out[r, 1] = tmp[1], tmp[0]  # std::swap(dst_data[0], dst_data[1])
 
 
+@jit()
+def _insertion_sort_rows(x, out):
+    """:func:`_argsort_rows` for rows of at most :data:`S_THRESHOLD` values, where std::sort's introsort loop does
+    nothing and ``__final_insertion_sort`` is one ``__insertion_sort``: the same calls, without compiling the
+    introsort (a model with 16 experts or fewer: ~2 s of the first run)."""
+    for r in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[r, j] = j
+        _insertion_sort(x[r], out[r], 0, np.int64(x.shape[1]), 0)
+
+
 def argsort_desc(x: np.ndarray) -> np.ndarray:
     """``ggml_argsort(x, GGML_SORT_ORDER_DESC)`` over the last axis: [..., n] float32 -> [..., n] int32.
     ``ggml_argsort_top_k(x, k)`` is ``argsort_desc(x)[..., :k]``."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     x2 = x.reshape(-1, x.shape[-1])  # [R, n]
     out = np.empty(x2.shape, np.int32)
-    _argsort_rows(x2, out)
+    (_insertion_sort_rows if x2.shape[1] <= S_THRESHOLD else _argsort_rows)(x2, out)
     return out.reshape(x.shape)
 
 

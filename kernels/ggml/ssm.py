@@ -50,7 +50,7 @@ from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import not_emulated
 from kernels.ggml.simd import LANES, NEON, SVE128, check_path, fma32, fold_left_unfused, follows_nans, lanes
-from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
+from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
 def _path(path: str, op: str) -> str:
@@ -118,10 +118,10 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 
 
 # --- ggml_gated_delta_net --------------------------------------------------------------------------------
-@jit()
 def _transposed(S_v: int, epr: int) -> bool:
-    """Whether the delta net takes its transposed path (:func:`_transposed_rows`) for this build."""
-    return epr != 0 and epr != SVE128 and cols_fit(S_v, epr)
+    """Whether the delta net takes its transposed path (:func:`_transposed_rows`) for this build (Python: a kernel
+    compiled for this one test would cost the first run 0.2 s)."""
+    return epr != 0 and epr != SVE128 and S_v % (4 * epr) == 0  # kernels.ggml.vec.cols_fit
 
 
 @jit()
@@ -249,16 +249,16 @@ def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kd
 
 
 @functools.cache
-def _transposed_rows(parallel: bool):
+def _transposed_rows(parallel: bool, glibc: int):
     """:func:`_gated_delta_net`'s transposed path (:func:`_head_t` per row; only where :func:`_transposed`), with the
     (sequence, head) rows split between threads when ``parallel``, as ggml splits them (each row whole on one thread:
     the same bits at any thread count). A kernel apart from :func:`_gated_delta_net`, whose other path a run that
-    takes this one never compiles (kernels/base/flags.py)."""
+    takes this one never compiles (kernels/base/flags.py); ``glibc`` (the build's ``expf``, :func:`kernels.ggml.libm.expf_on`)
+    a constant too: only that one compiles."""
 
     def gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps):
         n_seqs, n_tokens, H, S_v = v.shape
         scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
-        glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
         rq3, rk3, kda = n_seqs // q.shape[0], n_seqs // k.shape[0], g.shape[3] == S_v
         for ir in prange(n_seqs * H):  # range when not parallel
             _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
@@ -296,7 +296,8 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
         # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M
         # multiply-adds a token) are, builtin:kjv's 4 heads of 64 (65k) are not, whatever the prompt's length
         parallel = n_seqs * H > 1 and n_seqs * H * S * S * 4 >= SERIAL_BELOW
-        _transposed_rows(parallel)(q, k, v, g, beta, state, K, epr, out, snaps)
+        glibc = GLIBC_AARCH64 if epr == NEON else GLIBC_X86_64  # expf: the build's glibc (SVE: not transposed)
+        _transposed_rows(parallel, glibc)(q, k, v, g, beta, state, K, epr, out, snaps)
     else:
         _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)
     st = snaps[0] if K == 1 else snaps

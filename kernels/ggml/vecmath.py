@@ -154,76 +154,78 @@ def scale(x, s: float, b: float = 0.0, path: str = "avx512") -> np.ndarray:
 # Unary ops on libm (unary-ops.cpp: scalar loops, the same on every path)
 
 
-@jit()
-def _unary_rows(x, op, glibc, y):
-    for r in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            v = x[r, i]
-            if op == 0:  # op_exp
-                y[r, i] = expf_on(v, glibc)
-            elif op == 1:  # op_sigmoid: 1.f / (1.f + expf(-x))
-                y[r, i] = np.float32(np.float32(1.0) / np.float32(np.float32(1.0) + expf_on(-v, glibc)))
-            else:  # op_softplus: (x > 20.0f) ? x : logf(1.0f + expf(x))
-                y[r, i] = v if v > np.float32(20.0) else logf(np.float32(np.float32(1.0) + expf_on(v, glibc)))
+@functools.cache
+def _unary_for(glibc: int):
+    """The unary ops' kernel for one glibc (a compile-time constant: only its ``expf`` compiles)."""
+
+    @jit()
+    def unary_rows(x, op, y):
+        for r in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                v = x[r, i]
+                if op == 0:  # op_exp
+                    y[r, i] = expf_on(v, glibc)
+                elif op == 1:  # op_sigmoid: 1.f / (1.f + expf(-x))
+                    y[r, i] = np.float32(np.float32(1.0) / np.float32(np.float32(1.0) + expf_on(-v, glibc)))
+                else:  # op_softplus: (x > 20.0f) ? x : logf(1.0f + expf(x))
+                    y[r, i] = v if v > np.float32(20.0) else logf(np.float32(np.float32(1.0) + expf_on(v, glibc)))
+
+    return unary_rows
 
 
-def _glibc(path):
-    return GLIBC_X86_64 if path is None else glibc_of(path)
+def _unary(path):
+    """The unary ops' kernel for ``path``'s glibc (None: the host's)."""
+    return _unary_for(GLIBC_X86_64 if path is None else glibc_of(path))
 
 
 @follows_nans
 def exp(x, path: str | None = None) -> np.ndarray:
     """ggml_exp: libm ``expf`` per element — the glibc of ``path`` (None: the host's); the op has no SIMD code."""
-    return _on_rows(_unary_rows, x, 0, _glibc(path))
+    return _on_rows(_unary(path), x, 0)
 
 
 @follows_nans
 def sigmoid(x, path: str | None = None) -> np.ndarray:
     """ggml_sigmoid: ``1/(1 + expf(-x))`` with libm (no SIMD code)."""
-    return _on_rows(_unary_rows, x, 1, _glibc(path))
+    return _on_rows(_unary(path), x, 1)
 
 
 @follows_nans
 def softplus(x, path: str | None = None) -> np.ndarray:
     """ggml_softplus: ``x > 20 ? x : logf(1 + expf(x))`` with libm (no SIMD code)."""
-    return _on_rows(_unary_rows, x, 2, _glibc(path))
+    return _on_rows(_unary(path), x, 2)
 
 
 # ---------------------------------------------------------------------------------------------------
 # SiLU and SwiGLU (vec.cpp: SIMD blocks with ggml_v_silu, scalar tail with ggml_silu_f32)
 
 
-@jit()
-def _silu_rows(x, g, has_g, lanes, y):
-    """ggml_vec_silu_f32 (has_g false) / ggml_vec_swiglu_f32 on each row of x (and g)."""
-    width = expf_block(lanes)
-    glibc = GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64  # the scalar tail's libm expf
-    for r in range(x.shape[0]):
-        n = x.shape[1]
-        last = n + width - 1 if lanes == SVE128 else n  # SVE: svwhilelt_b32 predicates the last block, no scalar tail
-        i = 0
-        while i + width - 1 < last:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2, NEON: 4
-            for lane in range(min(width, n - i)):
-                v = x[r, i + lane]
-                # ggml_v_silu: neg_x = sub(zero, x); x / add(one, ggml_v_expf(neg_x))
-                s = np.float32(v / np.float32(np.float32(1.0) + v_expf(np.float32(np.float32(0.0) - v), lanes)))
-                y[r, i + lane] = np.float32(s * g[r, i + lane]) if has_g else s  # _mm*_mul_ps(silu, g)
-            i += width
-        while i < n:  # the scalar tail: ggml_silu_f32(x) = x/(1.0f + expf(-x)), times g[i] for swiglu
-            v = x[r, i]
-            s = np.float32(v / np.float32(np.float32(1.0) + expf_on(-v, glibc)))
-            y[r, i] = np.float32(s * g[r, i]) if has_g else s
-            i += 1
-
-
 @functools.cache
 def _silu_for(lanes: int):
-    """:func:`_silu_rows` with ``lanes`` a constant: only that path's ``v_expf`` and tail compile (one kernel for
-    silu and swiglu)."""
+    """ggml_vec_silu_f32 (``has_g`` false) / ggml_vec_swiglu_f32 on each row of x (and g) with ``lanes`` a constant:
+    only that path's ``v_expf`` and tail compile (one kernel for silu and swiglu, the loop in it: no level of
+    compiled calls more)."""
 
     @jit()
     def silu_rows(x, g, has_g, y):
-        _silu_rows(x, g, has_g, lanes, y)
+        width = expf_block(lanes)
+        glibc = GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64  # the scalar tail's libm expf
+        for r in range(x.shape[0]):
+            n = x.shape[1]
+            last = n + width - 1 if lanes == SVE128 else n  # SVE: svwhilelt_b32 predicates the last block, no tail
+            i = 0
+            while i + width - 1 < last:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2, NEON: 4
+                for lane in range(min(width, n - i)):
+                    v = x[r, i + lane]
+                    # ggml_v_silu: neg_x = sub(zero, x); x / add(one, ggml_v_expf(neg_x))
+                    s = np.float32(v / np.float32(np.float32(1.0) + v_expf(np.float32(np.float32(0.0) - v), lanes)))
+                    y[r, i + lane] = np.float32(s * g[r, i + lane]) if has_g else s  # _mm*_mul_ps(silu, g)
+                i += width
+            while i < n:  # the scalar tail: ggml_silu_f32(x) = x/(1.0f + expf(-x)), times g[i] for swiglu
+                v = x[r, i]
+                s = np.float32(v / np.float32(np.float32(1.0) + expf_on(-v, glibc)))
+                y[r, i] = np.float32(s * g[r, i]) if has_g else s
+                i += 1
 
     return silu_rows
 

@@ -245,15 +245,15 @@ if JIT_ENABLED:
 
             fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
             ydv = _splat(b, args[11], _F16)
-            def total(gs):  # Σ over groups gs of scale · (the chained dots of its lanes)
+            def total(gs):  # Σ over groups gs of scale · (the chained dots of its lanes), the codes in address order
                 acc = zero
-                for g in gs:
-                    for half in ((0, 1) if p16 else (None,)):
-                        lanes = range(8) if half is None else range(4 * half, 4 * half + 4)
-                        dot = zero
-                        for lane in lanes:
-                            dot = quad(g, lane, dot)
-                        acc = b.add(acc, b.mul(dot, scale(srow(g, lanes[0]))))
+                for lanes in ((range(8),) if nib or not p16 else (range(4), range(4, 8))):
+                    dots = [zero] * len(gs)  # per group: the lanes sharing one scale
+                    order = [(gi, lane) for gi in range(len(gs)) for lane in lanes]
+                    for gi, lane in order if nib else sorted(order, key=lambda t: (t[1], t[0])):  # quad_row's order
+                        dots[gi] = quad(gs[gi], lane, dots[gi])
+                    for gi, dot in enumerate(dots):
+                        acc = b.add(acc, b.mul(dot, scale(srow(gs[gi], lanes[0]))))
                 return acc
 
             if tot == 1:

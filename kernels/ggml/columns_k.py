@@ -213,6 +213,23 @@ def lanes_rows(acc, o, q, c, nc, y, rows, sc, bs, d, yd, form):
 
 
 @jit()
+def _by_block(kk, form, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, acc, accm, o):
+    """Columns ``c … c + nc - 1`` of one sub-tile, super-block by super-block, each row ``rows[i]`` by its formula
+    into ``acc[i]`` / ``accm[i]`` at ``o``: the tiled kernel's (:func:`kernels.ggml.columns_ir.kq`'s total), or
+    vec_dot's (Q4_K's nibbles, a sub-tile's tail: :func:`kernels.ggml.columns_ir.kq_fma`, the mins)."""
+    v = np.empty((8, 16), np.int32)  # a super-block's 8 integer lanes (or their total) per column of a sub-tile
+    for b in range(yd.shape[1]):
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            if tiled[r]:
+                kq(v, q, b, 0, 8, c, nc, y[r], sc, ys[r], form, 1)
+                _tiled_sb(kk, v, b, c, nc, d, dmin, mn, yd[r], ys[r], acc[i, 0], o)
+            else:
+                kq_fma(acc[i], o, v, q, b, c, nc, y[r], sc, ys[r], d, yd[r, b], form)
+                _mins_sb(kk, b, c, nc, dmin, mn, yd[r, b], ys[r], accm[i], o)
+
+
+@jit()
 def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, oc):
     """Columns ``c … c + nc - 1`` of one tile (``q`` (K, 16·4) the quads of its sub-tiles, ``d`` / ``dmin`` (K/256,
     TILE), ``sc`` / ``mn`` (K/32 or K/16, TILE)) against the Q8_K activation rows ``rows`` (``y`` (R, K) int8,
@@ -223,7 +240,6 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
     kk = kind - 3  # mulmat_k.KIND: 0 Q4_K, 1 Q5_K, 2 Q6_K
     form = 1 if kk == 2 else 2 if kk == 0 else 0  # columns_ir: Q6_K, Q4_K's nibbles, Q5_K's bytes
     R = rows.shape[0]
-    v = np.empty((8, 16), np.int32)  # a super-block's 8 integer lanes (or their total) per column of a sub-tile
     acc = np.zeros((R, 8, 64), F32)  # TILE = 64 columns at most
     accm = np.zeros((R, 4, 64), F32)
     vec = form != 2  # the byte codes, every row vec_dot's: each lane's codes loaded once for all rows (lanes_rows)
@@ -238,16 +254,8 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
                 for b in range(yd.shape[1]):
                     for i in range(R):
                         _mins_sb(kk, b, cs, n, dmin, mn, yd[rows[i], b], ys[rows[i]], accm[i], cs - c)
-            continue
-        for b in range(yd.shape[1]):
-            for i in range(R):
-                r = rows[i]
-                if tiled[r]:
-                    kq(v, q, b, 0, 8, cs, n, y[r], sc, ys[r], form, 1)
-                    _tiled_sb(kk, v, b, cs, n, d, dmin, mn, yd[r], ys[r], acc[i, 0], cs - c)
-                else:
-                    kq_fma(acc[i], cs - c, v, q, b, cs, n, y[r], sc, ys[r], d, yd[r, b], form)
-                    _mins_sb(kk, b, cs, n, dmin, mn, yd[r, b], ys[r], accm[i], cs - c)
+        else:
+            _by_block(kk, form, q, d, dmin, sc, mn, cs, n, y, yd, ys, tiled, rows, acc, accm, cs - c)
     for i in range(R):
         a, am = acc[i], accm[i]
         for j in range(nc):

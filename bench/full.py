@@ -27,7 +27,8 @@ streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.io.streamer) and de
 ``--emulate=ggml`` runs the same three in the bit-exact path (``refimpl run --emulate=ggml``: every op as the
 libggml-cpu llama-cpp-python loads computes it, with llama.cpp's defaults: F16 K/V, flash attention, its CPU_REPACK),
 the model loaded as that command loads it (the dense weights in the column layout when that fits), and the audit as
-``refimpl audit MODEL A B --emulate=ggml --draft 3`` runs it: a stream pair (A random ids, B the same with its middle
+``refimpl audit MODEL A B --emulate=ggml --draft 3`` runs it (experts memory-mapped: that command streams none): a
+stream pair (A random ids, B the same with its middle
 token changed: a divergence, so both tails are walked), then llama.cpp's own draft-3 stream predicted
 (refimpl.oracle.reproduce; one prediction serves both streams). ``--llama`` adds llama.cpp's own decode of the same
 prompt on the same file (llama-cpp-python, its defaults, repack on; bench/_llama.py), in a child of its own after
@@ -56,8 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import GIB, MIB, peak_rss, random_prompt, run_child, vm_hwm  # noqa: E402
 
 
-def _load(args):
-    """(the model as ``args`` ask for it — its streamer's cache, ``--pack``, ``--threads`` —, seconds to load)."""
+def _load(args, cache_mb):
+    """(the model as ``args`` ask for it — ``cache_mb`` (None: experts pinned, memory-mapped), ``--pack``,
+    ``--threads``, ``--emulate`` —, its numerics, seconds to load)."""
     import numba
 
     from refimpl.model.load import PACK_FLAGS, load_model
@@ -65,7 +67,7 @@ def _load(args):
     numba.set_num_threads(args.threads)
     ctx = _ctx(args)
     t0 = time.perf_counter()
-    model = load_model(args.model, args.cache_mb, progress=False, pack=PACK_FLAGS[args.pack],
+    model = load_model(args.model, cache_mb, progress=False, pack=PACK_FLAGS[args.pack],
                        ggml=(ctx.ggml, ctx.repack) if ctx.ggml else None)
     return model, ctx, time.perf_counter() - t0
 
@@ -81,7 +83,7 @@ def _child(args) -> None:
     """Load, generate, print one JSON line."""
     from refimpl.decode.speculative import speculative_generate
 
-    model, ctx, load_s = _load(args)
+    model, ctx, load_s = _load(args, args.cache_mb)
     s = model.streamer
     prompt = random_prompt(args.prompt_len)
     stamps = []
@@ -110,7 +112,9 @@ def _audit_child(args) -> None:
     from refimpl.oracle.audit import Stream, audit
     from refimpl.oracle.reproduce import parse_schedules, reproduce
 
-    model, ctx, load_s = _load(args)
+    # plain: streamed (--cache-mb), as before; --emulate=ggml: as `refimpl audit MODEL A B` loads it (no --cache-mb
+    # there): experts memory-mapped
+    model, ctx, load_s = _load(args, None if args.emulate == "ggml" else args.cache_mb)
     prompt = random_prompt(args.audit_len)
     stream = [int(t) for t in np.random.default_rng(2).integers(0, 390, size=args.audit_len)]
     streams = [Stream("A", "random ids", "json", stream)]
@@ -118,14 +122,15 @@ def _audit_child(args) -> None:
         b = list(stream)
         b[len(b) // 2] = (b[len(b) // 2] + 1) % 390
         streams.append(Stream("B", "A with its middle token changed", "json", b))
-    read0 = model.streamer.bytes_read()
+    read = model.streamer.bytes_read if model.streamer is not None else (lambda: 0)
+    read0 = read()
     t0 = time.perf_counter()
     report = audit(model, prompt, *streams, ctx=ctx)
     audit_s = time.perf_counter() - t0
     if ctx.ggml:  # llama.cpp's own draft-3 stream, as `refimpl audit … --emulate=ggml --draft 3` predicts it
         reproduce(report, model, ctx, parse_schedules("3", len(streams)))
     print(json.dumps({"audit_s": time.perf_counter() - t0, "walk_s": audit_s, "load_s": load_s, "verdict": report.verdict,
-                      "streams": len(streams), "bytes_read": model.streamer.bytes_read() - read0,
+                      "streams": len(streams), "bytes_read": read() - read0,
                       "peak_rss": peak_rss(), "vm_hwm": vm_hwm()}))
 
 
@@ -238,7 +243,8 @@ def main(argv=None) -> int:
         what = ("a stream pair (--emulate=ggml, the draft-3 prediction included: "
                 f"{audited['audit_s'] - audited['walk_s']:.0f} s of it)" if audited["streams"] == 2 else "a stream")
         print(f"# refimpl audit of {what} of {args.audit_len} tokens after a {args.audit_len}-token prompt: "
-              f"{audited['audit_s']:.0f} s (+ load {audited['load_s']:.0f} s), {audited['bytes_read'] / GIB:.1f} GiB read, "
+              f"{audited['audit_s']:.0f} s (+ load {audited['load_s']:.0f} s), "
+              + ("experts memory-mapped, " if audited["streams"] == 2 else f"{audited['bytes_read'] / GIB:.1f} GiB read, ") +
               f"peak RSS {audited['peak_rss'] / MIB:.0f} MiB, verdict on the random stream: {audited['verdict']}")
     if args.delete and fixture:
         args.model.unlink()

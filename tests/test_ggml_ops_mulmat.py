@@ -335,6 +335,34 @@ def test_mul_mat_id_bit_exact(build, qtype):
         assert (bits(mul_mat(w[0], qtype, rows, path)) != bits(got[ids == 0])).any()
 
 
+def test_kquant_mul_mat_id_threads():
+    """K-quant experts in a plain buffer: mul_mat_id's vec_dot groups in one call, its (expert group, 64 weight rows)
+    items split between 1, 2 or 3 threads (above SERIAL_BELOW), a tiled group beside them — the same bits as each
+    group's rows through mul_mat (the per-element kernels proven above), at every thread count; vec_dot's
+    mul_mat too."""
+    import numba
+
+    rng = np.random.default_rng(2717)
+    E, N, K, T, n_used = 3, 72, 1024, 8, 2  # 2 items per group, the last partial
+    ids = np.array([[0, 1 + t % 2] for t in range(T)], np.int32)  # expert 0: 8 rows (tiled); 1 and 2: 4 (vec_dot)
+    before = numba.get_num_threads()
+    try:
+        for qtype in (QT.Q6_K, QT.Q5_K):
+            w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
+            x = acts(rng, T * n_used, K).reshape(T, n_used, K)
+            want = np.empty((T, n_used, N), np.float32)
+            for e in range(E):
+                want[ids == e] = mul_mat(w[e], qtype, x[ids == e], "avx512")
+            dense = []  # vec_dot's mul_mat: 4 rows x 72 x 1024, parallel
+            for nth in (1, 2, 3):
+                numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                assert np.array_equal(bits(mul_mat_id(w, qtype, x, ids, "avx512")), bits(want)), (qtype.name, nth)
+                dense.append(bits(mul_mat(w[1], qtype, x[:4, 0], "avx512")))
+            assert all(np.array_equal(d, dense[0]) for d in dense[1:]), qtype.name
+    finally:
+        numba.set_num_threads(before)
+
+
 # ---- ggml's generic x86 path (a build without SIMD: docs/ggml-generic-x86.md) -------------------------
 
 GENERIC_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.MXFP4, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.IQ4_NL, QT.Q2_K,

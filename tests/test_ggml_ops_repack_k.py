@@ -227,6 +227,43 @@ def test_repacked_mul_mat_id_bit_exact(build, qtype):
                for c, y in zip(cases, got))
 
 
+def test_repacked_threads():
+    """The (expert group, 64 weight rows) items of the gemv / gemm split between 1, 2 or 3 threads (above
+    SERIAL_BELOW; 136 rows: 3 items, the last partial): the same bits as the serial kernel (the one the cases
+    above prove against libggml), for mul_mat_id and for mul_mat (gemm and gemv rows)."""
+    import numba
+
+    from kernels.ggml.mulmat_q8 import slot_groups
+
+    rng = np.random.default_rng(4102)
+    E, N, K, T = 3, 136, 1024, 3
+    ids = np.array([[0, 1], [2, 1], [1, 0]], np.int32)
+    before = numba.get_num_threads()
+    try:
+        for qtype in KQ:
+            kind = repack_k.KIND[qtype]
+            w = np.stack([weight_bytes(N, K, rng, "normal", qtype) for _ in range(E)])
+            x = acts(rng, T, K)
+            yq, yd, ys = repack_k._q8_k_gemv_inputs(kind, x)
+            order, bounds, experts, arow = slot_groups(ids, 1)
+            want = np.empty((T * 2, N), np.float32)
+            repack_k.repacked_k_id_serial(kind, w, yq, yd, ys, np.zeros(T, np.bool_), arow, order, bounds, experts,
+                                          want, F16_TO_F32)
+            x5 = acts(rng, 5, K)  # mul_mat: 4 gemm rows, 1 gemv row
+            yq, yd, bs = repack_k.q8_k_mat_inputs(x5, 4)
+            rows = np.arange(5)
+            dense = np.empty((5, N), np.float32)
+            repack_k.repacked_k_id_serial(kind, w[:1], yq, yd, repack_k._sub_sums(bs, qtype), rows < 4, rows, rows,
+                                          np.array([0, 5]), np.zeros(1, np.int64), dense, F16_TO_F32)
+            for nth in (1, 2, 3):
+                numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                got = mul_mat_id_repacked_k(w, qtype, x[:, None], ids, "avx512")
+                assert np.array_equal(bits(got), bits(want.reshape(T, 2, N))), (qtype.name, nth)
+                assert np.array_equal(bits(mul_mat_repacked_k(w[0], qtype, x5, "avx512")), bits(dense)), qtype.name
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_repack_k_rejects():
     rng = np.random.default_rng(1)
     x = np.ones((2, 256), np.float32)

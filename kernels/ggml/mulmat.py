@@ -265,6 +265,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         return _repack_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
     if qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, N):
         return columns.mul_mat_id_checked(cols, x, ids, repacked=False)
+    if qtype in mulmat_k.KQUANT_TYPES:  # vec_dot of every small group in one compiled call, split between threads
+        return mulmat_k.mul_mat_id_k(w_bytes, qtype, x, ids, path)
     out = np.empty((T, n_used, N), np.float32)
     if qtype == QT.Q8_0:  # vec_dot per element, whatever the grouping: one compiled call
         q8_0_mul_mat_id(w_bytes.view(np.int8), ids, x, out, F16_TO_F32)

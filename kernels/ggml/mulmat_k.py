@@ -39,11 +39,12 @@ super-block scales as float32, converted like ``vcvtph2ps``).
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from kernels.base.block import QT
-from kernels.base.flags import jit, per_type
+from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _quantize_rows_q8_k
-from kernels.ggml.mulmat_q8 import _qt
+from kernels.ggml.mulmat_q8 import _qt, slot_groups
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
@@ -54,6 +55,7 @@ TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 KQUANT_TYPES = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS})  # emulated here
 KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
 IQ4NL = IQ4NL_VALUES.astype(np.int64)
+ROWS = 64  # weight rows per work item of the parallel vec_dot (an expert's 2048 down rows: 32 items)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,91 +172,110 @@ def _superblock_lanes(v, q, y, sc, b, sub):
 
 
 @per_type
-def _vec_dot_for(qt):
-    """:func:`vec_dot_k_rows` compiled for one weight type (``kind`` a compile-time constant, so the per-type
-    branches fold and the integer loops vectorize)."""
+def _vec_dot_for(qt, parallel):
+    """:func:`vec_dot_k_id` compiled for one weight type (``kind`` a compile-time constant, so the per-type
+    branches fold and the integer loops vectorize), serial or (``parallel``) with ``prange`` over its
+    (expert group, ``ROWS`` weight rows) items — one region per call; each output element one item's, computed
+    in one order, so the thread count changes no bit."""
     kind = KIND[QT(qt)]
 
-    @jit(kind=qt)
-    def _vec_dot_k_rows(w, yq, yd, ysum32, ybs16, out, table):
+    @jit(kind=qt, parallel=parallel, variant="parallel" if parallel else "")
+    def _vec_dot_k_id(w, yq, yd, ysum32, ybs16, arow, order, bounds, experts, out, table):
         K = yq.shape[1]
         nb = K // 256
         sub = 32 if kind <= 1 or kind == 3 else 16
-        # int32 buffers: every integer here is one of ggml's int32 lanes (exact, no wrap)
-        q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
-        d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
         y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
-        v = np.empty(8, np.int32)  # the 8 int32 lanes of a super-block's integer dot
-        acc = np.empty(8, np.float32)
-        acc_m = np.empty(4, np.float32)
-        sumi = np.empty(8, np.int64)
-        for r in range(w.shape[0]):
-            decode_row(kind, w[r], q, sc, mn, d, dmin, table)
-            for t in range(yq.shape[0]):
-                yt = y[t]
-                acc[:] = np.float32(0.0)
-                acc_m[:] = np.float32(0.0)
-                summs = np.float32(0.0)
-                for b in range(nb):
-                    if kind == 3:
-                        db = d[b] * yd[t, b]  # GGML_CPU_FP16_TO_FP32(x.d) * y.d
-                    else:
-                        db = yd[t, b] * d[b]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
-                    if kind == 4:  # Q2_K: acc = fmadd(dmin, cvtepi32_ps(madd_epi16(mins, bsums)), acc), first
-                        dm = -yd[t, b] * dmin[b]
-                        for lane in range(8):
-                            g = 16 * b + 2 * lane
-                            p = (np.int64(mn[g]) * np.int64(ybs16[t, g])
-                                 + np.int64(mn[g + 1]) * np.int64(ybs16[t, g + 1]))
-                            acc[lane] = fma32(dm, np.float32(p), acc[lane])
-                    # the 8 int32 lanes (_superblock_lanes); IQ4_XS through the _mm256_sign_epi8 trick, lane by lane
-                    if kind == 3:
-                        v[:] = np.int32(0)
-                        for g in range(8):
-                            o = 256 * b + 32 * g
+        nt = (w.shape[1] + ROWS - 1) // ROWS
+        for item in prange(experts.shape[0] * nt):
+            # int32 buffers: every integer here is one of ggml's int32 lanes (exact, no wrap)
+            q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
+            d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+            v = np.empty(8, np.int32)  # the 8 int32 lanes of a super-block's integer dot
+            acc = np.empty(8, np.float32)
+            acc_m = np.empty(4, np.float32)
+            sumi = np.empty(8, np.int64)
+            grp, r0 = item // nt, ROWS * (item % nt)
+            orow = order[bounds[grp]:bounds[grp + 1]]
+            for r in range(r0, min(r0 + ROWS, w.shape[1])):
+                decode_row(kind, w[experts[grp], r], q, sc, mn, d, dmin, table)
+                for j in range(orow.shape[0]):
+                    t = arow[orow[j]]
+                    yt = y[t]
+                    acc[:] = np.float32(0.0)
+                    acc_m[:] = np.float32(0.0)
+                    summs = np.float32(0.0)
+                    for b in range(nb):
+                        if kind == 3:
+                            db = d[b] * yd[t, b]  # GGML_CPU_FP16_TO_FP32(x.d) * y.d
+                        else:
+                            db = yd[t, b] * d[b]  # y.d * GGML_CPU_FP16_TO_FP32(x.d)
+                        if kind == 4:  # Q2_K: acc = fmadd(dmin, cvtepi32_ps(madd_epi16(mins, bsums)), acc), first
+                            dm = -yd[t, b] * dmin[b]
                             for lane in range(8):
-                                for i in range(4):
-                                    k = o + 4 * lane + i
-                                    v[lane] = np.int32(v[lane] + np.int32(_prod(q[k], yt[k], True) * sc[8 * b + g]))
-                    else:
-                        _superblock_lanes(v, q, yt, sc, b, sub)
-                    for lane in range(8):
-                        sumi[lane] = np.int64(v[lane])
-                    if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
+                                g = 16 * b + 2 * lane
+                                p = (np.int64(mn[g]) * np.int64(ybs16[t, g])
+                                     + np.int64(mn[g + 1]) * np.int64(ybs16[t, g + 1]))
+                                acc[lane] = fma32(dm, np.float32(p), acc[lane])
+                        # the 8 int32 lanes (_superblock_lanes); IQ4_XS through the _mm256_sign_epi8 trick, lane by lane
+                        if kind == 3:
+                            v[:] = np.int32(0)
+                            for g in range(8):
+                                o = 256 * b + 32 * g
+                                for lane in range(8):
+                                    for i in range(4):
+                                        k = o + 4 * lane + i
+                                        v[lane] = np.int32(v[lane] + np.int32(_prod(q[k], yt[k], True) * sc[8 * b + g]))
+                        else:
+                            _superblock_lanes(v, q, yt, sc, b, sub)
                         for lane in range(8):
-                            g = 16 * b + 2 * lane
-                            sumi[lane] -= 32 * (np.int64(ybs16[t, g]) * sc[g] + np.int64(ybs16[t, g + 1]) * sc[g + 1])
-                    for lane in range(8):
-                        acc[lane] = fma32(db, np.float32(sumi[lane]), acc[lane])  # _mm256_fmadd_ps
-                    if kind <= 1:
-                        dm = -yd[t, b] * dmin[b]  # -y.d * GGML_CPU_FP16_TO_FP32(x.dmin)
-                        if kind == 0:  # acc_m = _mm_fmadd_ps(dmin, cvtepi32_ps(prod), acc_m)
-                            for i in range(4):
-                                s = 8 * b + 2 * i
-                                p = mn[s] * ysum32[t, s] + mn[s + 1] * ysum32[t, s + 1]
-                                acc_m[i] = fma32(dm, np.float32(p), acc_m[i])
-                        else:  # summs += dmin * hsum(prod), contracted to vfmadd231ss
-                            p = np.int64(0)
-                            for s in range(8 * b, 8 * b + 8):
-                                p += mn[s] * ysum32[t, s]
-                            summs = fma32(dm, np.float32(p), summs)
-                res = hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
-                if kind == 0:
-                    res = res + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-                elif kind == 1:
-                    res = res + summs
-                out[t, r] = res
+                            sumi[lane] = np.int64(v[lane])
+                        if kind == 2:  # q8sclsub = (bsums · scales pairwise) << 5
+                            for lane in range(8):
+                                g = 16 * b + 2 * lane
+                                sumi[lane] -= 32 * (np.int64(ybs16[t, g]) * sc[g]
+                                                    + np.int64(ybs16[t, g + 1]) * sc[g + 1])
+                        for lane in range(8):
+                            acc[lane] = fma32(db, np.float32(sumi[lane]), acc[lane])  # _mm256_fmadd_ps
+                        if kind <= 1:
+                            dm = -yd[t, b] * dmin[b]  # -y.d * GGML_CPU_FP16_TO_FP32(x.dmin)
+                            if kind == 0:  # acc_m = _mm_fmadd_ps(dmin, cvtepi32_ps(prod), acc_m)
+                                for i in range(4):
+                                    s = 8 * b + 2 * i
+                                    p = mn[s] * ysum32[t, s] + mn[s + 1] * ysum32[t, s + 1]
+                                    acc_m[i] = fma32(dm, np.float32(p), acc_m[i])
+                            else:  # summs += dmin * hsum(prod), contracted to vfmadd231ss
+                                p = np.int64(0)
+                                for s in range(8 * b, 8 * b + 8):
+                                    p += mn[s] * ysum32[t, s]
+                                summs = fma32(dm, np.float32(p), summs)
+                    res = hsum_fold(acc, 0, 8)  # hsum_float_8(acc)
+                    if kind == 0:
+                        res = res + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+                    elif kind == 1:
+                        res = res + summs
+                    out[orow[j], r] = res
 
-    return _vec_dot_k_rows
+    return _vec_dot_k_id
 
 
 _QT_OF_KIND = {k: int(q) for q, k in KIND.items()}
 
 
+def vec_dot_k_id(kind, w, yq, yd, ysum32, ybs16, arow, order, bounds, experts, out, table):
+    """``ggml_vec_dot_{q2_K,q3_K,q4_K,q5_K,q6_K,iq4_xs}_q8_K`` (x86 __AVX2__) for every element of ``mul_mat_id``'s
+    expert groups: ``w`` (E, N, row bytes); ``yq`` (T, K) / ``yd`` (T, K/256) the Q8_K activations, ``ysum32``
+    (T, K/32) / ``ybs16`` (T, K/16) their sums; the output slots ``order[bounds[g]:bounds[g+1]]`` (rows of ``out``
+    (slots, N)) through expert ``experts[g]``, slot ``j`` with activation row ``arow[j]``. Split between threads
+    at ``SERIAL_BELOW`` multiply-adds."""
+    parallel = order.shape[0] * w.shape[1] * yq.shape[1] >= SERIAL_BELOW
+    _vec_dot_for(_QT_OF_KIND[kind], parallel)(w, yq, yd, ysum32, ybs16, arow, order, bounds, experts, out, table)
+
+
 def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
-    """``ggml_vec_dot_{q2_K,q3_K,q4_K,q5_K,q6_K,iq4_xs}_q8_K`` (x86 __AVX2__) for every element: ``w`` (N, row bytes);
-    ``yq`` (T, K) / ``yd`` (T, K/256) the Q8_K activations, ``ysum32`` (T, K/32) / ``ybs16`` (T, K/16) their sums."""
-    _vec_dot_for(_QT_OF_KIND[kind])(w, yq, yd, ysum32, ybs16, out, table)
+    """:func:`vec_dot_k_id` of one group: ``w`` (N, row bytes) times every row of ``yq``; out (T, N)."""
+    rows = np.arange(yq.shape[0])
+    vec_dot_k_id(kind, w[None], yq, yd, ysum32, ybs16, rows, rows, np.array([0, yq.shape[0]]), np.zeros(1, np.int64),
+                 out, table)
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,6 +343,33 @@ def q8_k_inputs(x):
     bs = np.empty((T, K // 16), np.int16)
     _quantize_rows_q8_k(x, yq, yd, bs)
     return yq, yd, pair_sums(bs), bs.astype(np.int64)
+
+
+def mul_mat_id_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """``mul_mat_id`` of K-quant experts ``w_bytes`` (E, N, row bytes) in a plain buffer: ``x`` (T, n_x, K),
+    ``ids`` (T, n_used) -> (T, n_used, N). Every row of ``x`` quantized once (``from_float`` is per row), the
+    groups of fewer than ``TILED_MIN_ROWS`` rows through vec_dot in one compiled call, each larger group through
+    the tiled kernel."""
+    qtype = _qt(qtype)
+    T, n_x, K = x.shape
+    N = w_bytes.shape[1]
+    yq, yd, ysum32, ybs = q8_k_inputs(np.ascontiguousarray(x.reshape(T * n_x, K), np.float32))
+    out = np.empty((T * ids.shape[1], N), np.float32)
+    order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the rows by expert, token order within one
+    sizes = np.diff(bounds)
+    small = sizes < TILED_MIN_ROWS
+    if small.any():  # the vec_dot groups, kept in order: their slots and bounds
+        keep = np.repeat(small, sizes)
+        vec_dot_k_id(KIND[qtype], w_bytes, yq, yd, ysum32, ybs, arow, order[keep],
+                     np.concatenate([[0], np.cumsum(sizes[small])]), experts[small], out, F16_TO_F32)
+    for g in np.flatnonzero(~small).tolist():
+        slots = order[bounds[g]:bounds[g + 1]]
+        r = arow[slots]
+        part = np.empty((len(slots), N), np.float32)
+        tiled_k_rows(KIND[qtype], np.ascontiguousarray(w_bytes[experts[g]]), yq[r], yd[r], ysum32[r], ybs[r],
+                     qtype == QT.IQ4_XS and path == "avx2", part, F16_TO_F32)
+        out[slots] = part
+    return out.reshape(T, ids.shape[1], N)
 
 
 def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool) -> np.ndarray:

@@ -49,9 +49,10 @@ survives a sum).
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from kernels.base.block import QT
-from kernels.base.flags import jit
+from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.actquant import _maxps, _quantize_rows_q8_k
 from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
@@ -266,40 +267,65 @@ def _work_buffers(kind, K):
             np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(K // sub, np.int64))
 
 
+ROWS = 64  # weight rows per work item of the parallel kernels (an expert's 512 gate rows: 8 items)
+
+
+@jit()
+def _id_item(kind, w, y, yd, ysub, gemm, arow, order, bounds, experts, out, table, g, c0):
+    """Weight rows ``[c0, c0 + ROWS)`` of expert group ``g`` (:func:`repacked_k_id`): every output element of the
+    item computed here, whole, in ggml's order."""
+    c1 = min(c0 + ROWS, w.shape[1])
+    orow = order[bounds[g]:bounds[g + 1]]
+    rows = np.empty(orow.shape[0], np.int64)
+    for i in range(orow.shape[0]):
+        rows[i] = arow[orow[i]]
+    q, sc, mn, d, dmin, isum = _work_buffers(kind, y.shape[1])
+    wg, og = w[experts[g], c0:c1], out[:, c0:c1]
+    if kind == 0:
+        _q4_k_rows_into(wg, y, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
+    else:
+        _q2_k_rows_into(wg, y, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
+
+
+def _id_for(parallel):
+    """:func:`repacked_k_id` and its parallel twin (``prange`` over the (expert group, ``ROWS`` weight rows) items,
+    one region per call; each output element one item's, so the thread count changes no bit)."""
+
+    @jit(parallel=parallel, variant="parallel" if parallel else "serial")
+    def repacked_k_id(kind, w, yq, yd, ysub, gemm, arow, order, bounds, experts, out, table):
+        """``w`` (E, N, row bytes); the output slots ``order[bounds[g]:bounds[g+1]]`` (rows of ``out`` (slots,
+        N)) go through expert ``experts[g]``, slot ``j`` with activation row ``arow[j]`` of ``yq`` / ``yd`` /
+        ``ysub``, the gemm's FMAs where ``gemm[arow[j]]``, else the gemv's."""
+        y = yq.astype(np.int32)  # (R, K): the Q8_K quants widened once for the int32 dots
+        nt = (w.shape[1] + ROWS - 1) // ROWS
+        for i in prange(experts.shape[0] * nt):
+            _id_item(kind, w, y, yd, ysub, gemm, arow, order, bounds, experts, out, table, i // nt, ROWS * (i % nt))
+
+    return repacked_k_id
+
+
+repacked_k_id_serial, repacked_k_id_parallel = _id_for(False), _id_for(True)
+
+
+@jit()
+def repacked_k_id(kind, w, yq, yd, ysub, gemm, arow, order, bounds, experts, out, table):
+    """mul_mat_id's (and mul_mat's: one group) rows, split between threads at ``SERIAL_BELOW`` multiply-adds."""
+    if order.shape[0] * w.shape[1] * yq.shape[1] >= SERIAL_BELOW:
+        repacked_k_id_parallel(kind, w, yq, yd, ysub, gemm, arow, order, bounds, experts, out, table)
+    else:
+        repacked_k_id_serial(kind, w, yq, yd, ysub, gemm, arow, order, bounds, experts, out, table)
+
+
 @jit()
 def repacked_k_rows(kind, w, yq, yd, ysub, gemm, out, table):
     """Every element of the repacked kernels (``kind`` 0: Q4_K, 1: Q2_K): ``w`` (N, row bytes) plain rows, ``yq``
     (R, K) / ``yd`` (R, K/256) the Q8_K rows, ``ysub`` (R, K/sub) their sums per weight sub-block (32 / 16
     values), ``gemm`` (R,) the rows that take the gemm (an FMA per ``sb`` step) rather than the gemv (per
-    super-block); out (R, N)."""
-    R, K = yq.shape
-    y = yq.astype(np.int32)  # (R, K): the Q8_K quants widened once for the int32 dots
-    q, sc, mn, d, dmin, isum = _work_buffers(kind, K)
+    super-block); out (R, N). One expert group of :func:`repacked_k_id`."""
+    R = yq.shape[0]
     rows = np.arange(R)
-    if kind == 0:
-        _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
-    else:
-        _q2_k_rows_into(w, y, yd, ysub, gemm, rows, out, rows, q, sc, mn, d, dmin, isum, table)
-
-
-@jit()
-def repacked_k_id(kind, w, yq, yd, ysub, arow, order, bounds, experts, out, table):
-    """mul_mat_id's gemvs: ``w`` (E, N, row bytes); the output slots ``order[bounds[g]:bounds[g+1]]`` (rows of
-    ``out`` (slots, N)) go through expert ``experts[g]``, slot ``j`` with activation row ``arow[j]`` of ``yq`` /
-    ``yd`` / ``ysub``."""
-    R, K = yq.shape
-    y = yq.astype(np.int32)  # (R, K): the Q8_K quants widened once for the int32 dots
-    q, sc, mn, d, dmin, isum = _work_buffers(kind, K)
-    gemm = np.zeros(R, np.bool_)
-    for g in range(experts.shape[0]):
-        orow = order[bounds[g]:bounds[g + 1]]
-        rows = np.empty(orow.shape[0], np.int64)
-        for i in range(orow.shape[0]):
-            rows[i] = arow[orow[i]]
-        if kind == 0:
-            _q4_k_rows_into(w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table)
-        else:
-            _q2_k_rows_into(w[experts[g]], y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table)
+    repacked_k_id(kind, w.reshape((1,) + w.shape), yq, yd, ysub, gemm, rows, rows, np.array([0, R]),
+                  np.zeros(1, np.int64), out, table)
 
 
 @jit()
@@ -324,7 +350,7 @@ def gemv_k_id(kind, w, x, ids, n_x, out, table):
     grouped by expert (:func:`slot_groups`), one gemv per routed (t, s); out (T·n_used, N)."""
     yq, yd, ys = _q8_k_gemv_inputs(kind, x)
     order, bounds, experts, arow = slot_groups(ids, n_x)  # ggml groups the routed rows by expert
-    repacked_k_id(kind, w, yq, yd, ys, arow, order, bounds, experts, out, table)
+    repacked_k_id(kind, w, yq, yd, ys, np.zeros(x.shape[0], np.bool_), arow, order, bounds, experts, out, table)
 
 
 def _check_path(qtype, path):

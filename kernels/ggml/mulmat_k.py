@@ -282,46 +282,63 @@ def vec_dot_k_rows(kind, w, yq, yd, ysum32, ybs16, out, table):
 # tiled (T >= 8)
 
 
-@jit()
+def _tiled_for(parallel):
+    """:func:`tiled_k_rows` serial or (``parallel``) with ``prange`` over blocks of ``ROWS`` weight rows (each
+    output element one block's, in one order: the thread count changes no bit)."""
+
+    @jit(parallel=parallel, variant="parallel" if parallel else "serial")
+    def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
+        """``tiled_run_microtile`` per element: per slab exact ``s1``, ``s2``, then
+        ``acc = fma(fma(-dmin, s2, d·s1), y.d, acc)`` in slab order."""
+        K = yq.shape[1]
+        nb = K // 256
+        sub = 32 if kind <= 1 or kind == 3 else 16
+        bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS and Q3_K q already hold the signed value
+        has_min = kind <= 1 or kind == 4
+        y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        for blk in prange((w.shape[0] + ROWS - 1) // ROWS):
+            q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
+            d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
+            v = np.empty(8, np.int32)
+            for r in range(ROWS * blk, min(ROWS * blk + ROWS, w.shape[0])):
+                decode_row(kind, w[r], q, sc, mn, d, dmin, table)
+                for k in range(K):
+                    q[k] -= bias  # the signed weight value w
+                for t in range(yq.shape[0]):
+                    acc = np.float32(0.0)
+                    yt = y[t]
+                    for b in range(nb):
+                        s1 = np.int64(0)  # Σ_s scale_s·(Σ w·q8): exact integers, so summed in any order
+                        if sign_trick:
+                            for s in range(256 * b // sub, 256 * (b + 1) // sub):
+                                raw = np.int64(0)
+                                for k in range(sub * s, sub * s + sub):
+                                    raw += _prod(np.int64(q[k]), np.int64(yt[k]), True)
+                                s1 += np.int64(sc[s]) * raw
+                        else:
+                            _superblock_lanes(v, q, yt, sc, b, sub)
+                            for lane in range(8):
+                                s1 += np.int64(v[lane])
+                        res = d[b] * np.float32(s1)  # _mm*_mul_ps(cvtepi32_ps(s1), d0)
+                        if has_min:
+                            s2 = np.int64(0)
+                            for s in range(256 * b // sub, 256 * (b + 1) // sub):
+                                s2 += np.int64(mn[s]) * (ysum32[t, s] if sub == 32 else np.int64(ybs16[t, s]))
+                            res = fma32(-dmin[b], np.float32(s2), res)  # _mm*_fnmadd_ps(dmin, s2, res)
+                        acc = fma32(res, yd[t, b], acc)  # buf += res * d1 (FMA)
+                    out[t, r] = acc
+
+    return tiled_k_rows
+
+
+_TILED = (_tiled_for(False), _tiled_for(True))
+
+
 def tiled_k_rows(kind, w, yq, yd, ysum32, ybs16, sign_trick, out, table):
-    """``tiled_run_microtile`` per element: per slab exact ``s1``, ``s2``, then
-    ``acc = fma(fma(-dmin, s2, d·s1), y.d, acc)`` in slab order."""
-    K = yq.shape[1]
-    nb = K // 256
-    sub = 32 if kind <= 1 or kind == 3 else 16
-    bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS and Q3_K q already hold the signed value
-    has_min = kind <= 1 or kind == 4
-    q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
-    d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
-    y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
-    v = np.empty(8, np.int32)
-    for r in range(w.shape[0]):
-        decode_row(kind, w[r], q, sc, mn, d, dmin, table)
-        for k in range(K):
-            q[k] -= bias  # the signed weight value w
-        for t in range(yq.shape[0]):
-            acc = np.float32(0.0)
-            yt = y[t]
-            for b in range(nb):
-                s1 = np.int64(0)  # Σ_s scale_s·(Σ w·q8): exact integers, so summed in any order
-                if sign_trick:
-                    for s in range(256 * b // sub, 256 * (b + 1) // sub):
-                        raw = np.int64(0)
-                        for k in range(sub * s, sub * s + sub):
-                            raw += _prod(np.int64(q[k]), np.int64(yt[k]), True)
-                        s1 += np.int64(sc[s]) * raw
-                else:
-                    _superblock_lanes(v, q, yt, sc, b, sub)
-                    for lane in range(8):
-                        s1 += np.int64(v[lane])
-                res = d[b] * np.float32(s1)  # _mm*_mul_ps(cvtepi32_ps(s1), d0)
-                if has_min:
-                    s2 = np.int64(0)
-                    for s in range(256 * b // sub, 256 * (b + 1) // sub):
-                        s2 += np.int64(mn[s]) * (ysum32[t, s] if sub == 32 else np.int64(ybs16[t, s]))
-                    res = fma32(-dmin[b], np.float32(s2), res)  # _mm*_fnmadd_ps(dmin, s2, res)
-                acc = fma32(res, yd[t, b], acc)  # buf += res * d1 (FMA)
-            out[t, r] = acc
+    """The tiled kernel of every element (:func:`_tiled_for`), split between threads at ``SERIAL_BELOW``
+    multiply-adds."""
+    _TILED[yq.shape[0] * w.shape[0] * yq.shape[1] >= SERIAL_BELOW](kind, w, yq, yd, ysum32, ybs16, sign_trick, out,
+                                                                   table)
 
 
 @jit()

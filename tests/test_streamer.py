@@ -87,6 +87,10 @@ def test_ggml_logits_are_bit_identical_streamed_and_a_budget_of_0_reads_into_the
         for a, b in zip(expected, got, strict=True):
             assert np.array_equal(a, b), f"cache_mb={mb}"
         assert stacks and all((s is None) == (mb > 0) for s in stacks), f"cache_mb={mb}"
+    streamed = StreamedExperts(load_model(path, cache_mb=0, pack=False).streamer, 0)  # the plain path's batches: no stack
+    sel = np.array([[0, 1], [1, 2]])
+    assert streamed.routed(sel, np.ones_like(sel, dtype=np.float32)).stacks == {}
+    assert set(streamed.routed(sel, np.ones_like(sel, dtype=np.float32), stacked=True).stacks) == {"ffn_gate_up_exps", "ffn_down_exps"}
 
 
 # ---- the slices are the mapped bytes --------------------------------------------------------------

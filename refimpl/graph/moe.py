@@ -52,7 +52,8 @@ def build_moe_ffn(w, c, x: np.ndarray, il: int, ctx, prefix: str = "") -> tuple[
     ctx.cb(prefix + "ffn_moe_topk", il, sel)
     ctx.cb(prefix + "ffn_moe_weights_norm", il, weights)
 
-    experts = w.experts.routed(sel, weights)  # the batch's experts (a streamer reads their union here, once)
+    experts = w.experts.routed(sel, weights, stacked=True)  # the batch's experts (a streamer reads their union here,
+    # once: at a budget of 0 straight into mul_mat_id's stacks)
     x3 = np.ascontiguousarray(x, dtype=F32)[:, None, :]  # [T, 1, E]: ggml_reshape_3d(cur, n_embd, 1, n_tokens)
     up = mul_mat_id(experts, "up", sel, x3, ctx)  # [T, K, F]
     gate = mul_mat_id(experts, "gate", sel, x3, ctx)  # [T, K, F]

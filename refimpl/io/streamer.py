@@ -247,14 +247,14 @@ class ExpertStreamer:
         self.wait(found[0])
         return found
 
-    def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray, *, wait: bool = True
+    def read_union(self, il: int, sel: np.ndarray, weights: np.ndarray, *, wait: bool = True, stacked: bool = False
                    ) -> tuple[dict[tuple[str, int], np.ndarray], dict[str, np.ndarray]]:
         """Block il's routed slices for one moe_ffn batch: sel [T, K] expert ids, weights [T, K] →
-        ({(tensor kind, expert): slice bytes}, stacks). With a budget of 0 the cache keeps nothing, so
-        each tensor's slices are read straight into one array, ``stacks[kind]`` [n, slice_bytes] (row i:
-        the union's i-th expert), the stack of experts ``ggml_mul_mat_id`` takes (refimpl.graph.moe): the
-        read goes where the kernel reads, instead of into slices it copies together (581 MiB a token at
-        full size); else ``stacks`` is empty.
+        ({(tensor kind, expert): slice bytes}, stacks). ``stacked`` (the caller multiplies the batch's experts
+        as one stack: ``ggml_mul_mat_id``, refimpl.graph.moe) with a budget of 0 (the cache keeps nothing):
+        each tensor's slices are read straight into one array, ``stacks[kind]`` [n, slice_bytes] (row i: the
+        union's i-th expert) — the read goes where the kernel reads, instead of into slices it copies together
+        (581 MiB a token at full size); else ``stacks`` is empty.
 
         Walks the union of sel in first-use order and fetches each of the block's tensors for each
         expert once; in a verify batch, bytes of experts that row 0 does not route to are counted
@@ -275,7 +275,7 @@ class ExpertStreamer:
         pending: list = []  # the misses, read together below
         n = len(first_row)
         stacks = {tensor.kind: self._buffers.take(n * tensor.slice_bytes).reshape(n, tensor.slice_bytes)  # [n, slice_bytes]
-                  for tensor in self.tensors[il]} if self.cache.budget == 0 else {}
+                  for tensor in self.tensors[il]} if stacked and self.cache.budget == 0 else {}
         for i, (e, t) in enumerate(first_row.items()):
             for tensor in self.tensors[il]:
                 row = stacks[tensor.kind][i] if stacks else None
@@ -415,9 +415,10 @@ class StreamedExperts:
             return (fused, 0, F) if which == "gate" else (fused, F, 2 * F)
         return self._by_kind[f"ffn_{which}_exps"], 0, None
 
-    def routed(self, sel: np.ndarray, weights: np.ndarray) -> "RoutedExperts":
-        """The batch's slices, the union of sel [T, K] read once (``ExpertStreamer.read_union``)."""
-        return RoutedExperts(self, *self.streamer.read_union(self.il, sel, weights, wait=False))
+    def routed(self, sel: np.ndarray, weights: np.ndarray, stacked: bool = False) -> "RoutedExperts":
+        """The batch's slices, the union of sel [T, K] read once (``ExpertStreamer.read_union``; ``stacked``:
+        into one stack per tensor where the cache keeps nothing, :meth:`RoutedExperts.read_stack`)."""
+        return RoutedExperts(self, *self.streamer.read_union(self.il, sel, weights, wait=False, stacked=stacked))
 
     def _one(self, which: str, e: int) -> Matrix:
         tensor, start, stop = self.layout(which)

@@ -94,8 +94,8 @@ class PinnedExperts:
     def down(self, e: int) -> Matrix:
         return self._slice("down", e)
 
-    def routed(self, sel: np.ndarray, weights: np.ndarray) -> "PinnedExperts":
-        """The experts one moe_ffn batch routed to (sel [T, K]): all of them are mapped already,
+    def routed(self, sel: np.ndarray, weights: np.ndarray, stacked: bool = False) -> "PinnedExperts":
+        """The experts one moe_ffn batch routed to (sel [T, K]): all of them are mapped already (as stacks),
         so this is ``self``. :class:`refimpl.io.streamer.StreamedExperts` reads them here instead."""
         return self
 

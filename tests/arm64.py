@@ -38,7 +38,7 @@ BUILDS = {
     "arm64-i8mm-gcc": ("arm64-i8mm", "gcc", "armv8.6-a+dotprod+fp16+i8mm"),
     "arm64-base-gcc": ("arm64-base", "gcc", "armv8-a"),
     "arm64-sve128-gcc": ("arm64-sve128", "gcc", "armv9-a+sve2+i8mm+dotprod+fp16"),
-    "arm64-i8mm-clang": ("arm64-i8mm", "clang", "armv8.6-a+dotprod+fp16+i8mm"),
+    "arm64-i8mm-clang": ("arm64-i8mm-clang", "clang", "armv8.6-a+dotprod+fp16+i8mm"),
 }
 #: the qemu CPU model each build runs on: exactly its features (qemu 7.2's models; ``max`` has all of them, so the
 #: features a build must not see are switched off)

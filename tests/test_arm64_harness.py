@@ -3,9 +3,10 @@ build of ``.ci/build-llama-arm64`` (``kernels.ggml.build.detect``, which *reads*
 
 * Detection, per build (no qemu): the features read from the library are exactly those its ``-march`` implies, its
   ggml version is read from ``libggml-base``'s ``.rodata``, its compiler from the ELF ``.comment`` (GCC 12 or
-  clang 14), and it takes its path of ``kernels.ggml.build.EMULATED_PATHS`` or is refused in one line: the clang
-  build (its contraction is not proven equal to GCC's), the SVE build unless the vector length is known (it is the
-  CPU's, read at run time) and 128 bits.
+  clang 14), and it takes its path of ``kernels.ggml.build.EMULATED_PATHS`` (the clang build ``arm64-i8mm-clang``, a
+  path of its own) or is refused in one line: the SVE build unless the vector length is known (it is the CPU's, read
+  at run time) and 128 bits; a compiler neither GCC nor clang, a clang build of a path clang's is not, a library that
+  does not say who compiled it (each checked on a copy of a build's record).
 * Under qemu, per build: the library's own ``ggml_cpu_has_*()`` (after ``ggml_cpu_init``) and
   ``ggml_cpu_get_sve_cnt()`` say what was read, and a one-op graph (a Q8_0 ``mul_mat`` whose result is exact)
   goes through the worker and back.
@@ -20,6 +21,7 @@ starts (one per build, one on cortex-a76, one llama child), ~4 s of CPU each, th
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import arm64
@@ -57,10 +59,15 @@ def test_each_arm_build_is_detected_without_running_it(build):
     assert b.compiler.split()[0] == {"gcc": "GCC", "clang": "clang"}[compiler]
     assert b.compiler.split()[1].split(".")[0] == {"gcc": "12", "clang": "14"}[compiler]  # Debian 12's
     if compiler == "clang":
-        with pytest.raises(UnsupportedBuild, match=f"compiled by {b.compiler}, .* GCC builds only") as e:
-            b.path
+        other = dataclasses.replace(b, compiler="ICC 2024.1")
+        with pytest.raises(UnsupportedBuild, match="compiled by ICC 2024.1, .* for GCC and clang builds") as e:
+            other.path
         assert "\n" not in str(e.value)
-        return
+        dotprod = dataclasses.replace(b, features=FEATURES["arm64-dotprod-gcc"])  # clang's dotprod build: not emulated
+        with pytest.raises(UnsupportedBuild, match="of the clang builds --emulate=ggml follows arm64-i8mm-clang only"):
+            dotprod.path
+        with pytest.raises(UnsupportedBuild, match="does not say which compiler built it"):
+            dataclasses.replace(b, compiler=None).path
     if "sve" in b.features:  # the vector length is the CPU's: unknown on this host, refused unless 128 bits
         assert b.sve_bits is None
         for bits, words in ((None, "read at run time"), (256, "the 256-bit vector length")):
@@ -71,7 +78,8 @@ def test_each_arm_build_is_detected_without_running_it(build):
         assert b.sve_bits == arm64.sve_bits(build) == 128
     assert b.path == key and b.lanes == 4
     assert b.describe().startswith(f"ggml-cpu {emulated_path(key).name} (neon arm_fma")
-    assert "; GCC 12" in b.describe() and f"from {arm64.lib_dir(build)}, ggml {GGML_VERSION} (commit unknown)" in b.describe()
+    assert f"; {b.compiler.split()[0]} {14 if compiler == 'clang' else 12}" in b.describe()
+    assert f"from {arm64.lib_dir(build)}, ggml {GGML_VERSION} (commit unknown)" in b.describe()
 
 
 def g_report(names):

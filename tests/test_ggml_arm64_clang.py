@@ -1,12 +1,12 @@
-"""The AArch64 clang build against the GCC build, library against library: which ops give other bits (issue 39).
+"""The AArch64 clang build against the GCC build, library against library: which ops give other bits (issue 39) —
+and the ``arm64-i8mm-clang`` emulation against the clang build on every one of those cases.
 
 ``arm64-i8mm-clang`` (clang 14, Android NDK's compiler family) and ``arm64-i8mm-gcc`` (GCC 12, Linux distributions')
 compile the same vendored llama.cpp with the same flags (``-O3 -march=armv8.6-a+dotprod+fp16+i8mm``); only the
 compiler differs. refimpl's ``arm64-i8mm`` path follows the GCC build (tests/test_ggml_ops_*arm64*.py prove it op by
-op), so where the two libraries agree here the clang build equals the emulation too; where they differ the clang
-build is not emulated (kernels.ggml.build refuses it in one line; only the repacked kernels have clang recipes so
-far, ``kernels.ggml.repack_arm`` / ``repack_arm_k``, ahead of a path key). Two compiler choices make most of the
-difference, both read in ``aarch64-linux-gnu-objdump -d`` of the two ``libggml-cpu.so``:
+op), its ``arm64-i8mm-clang`` path the clang build (:func:`emulates_clang` on each case below; the op modules' clang
+cases are ``deep``). Two compiler choices make most of the difference, both read in ``aarch64-linux-gnu-objdump -d``
+of the two ``libggml-cpu.so``:
 
 * **the ACLE multiply-accumulate intrinsics** ``vmlaq_f32`` / ``vmlaq_n_f32`` / ``vmlsq_f32`` (architecturally a
   multiply then an add, two roundings): GCC 12 emits ``fmul`` + ``fadd``/``fsub``, clang 14 (``-ffp-contract=on``:
@@ -45,9 +45,16 @@ import pytest
 from ggml_graph import Graph, on_build, vp
 from gguf import GGMLQuantizationType as QT
 
+from kernels.ggml.actquant import _q8_k_rows
+from kernels.ggml.build import NotEmulated
+from kernels.ggml.flashattn_exact import flash_attn_ext
+from kernels.ggml.mulmat import mul_mat
+from kernels.ggml.ssm import gated_delta_net, ssm_conv
+
 pytestmark = pytest.mark.oracle
 
-GCC, CLANG = "arm64-i8mm-gcc", "arm64-i8mm-clang"
+GCC, CLANG = "arm64-i8mm-gcc", "arm64-i8mm-clang"  # the builds (tests/arm64.py)
+PATH = "arm64-i8mm-clang"  # the clang build's emulated path (kernels.ggml.build.EMULATED_PATHS)
 
 
 def bits(a):
@@ -65,6 +72,12 @@ def both(fn, *args):
     for build in (GCC, CLANG):
         arm64.require(build)
     return on_build(GCC, fn, *args), on_build(CLANG, fn, *args)
+
+
+def emulates_clang(clang_outs, emulated_outs, labels):
+    """Each output of the clang build equals the ``arm64-i8mm-clang`` emulation's, bit for bit."""
+    bad = [label for label, a, b in zip(labels, clang_outs, emulated_outs, strict=True) if differs(a, b)]
+    assert not bad, f"arm64-i8mm-clang differs from the clang build: {bad}"
 
 
 def g_cpy(x, gtype, ne, nbytes):
@@ -97,6 +110,8 @@ def test_mul_mat_plain_buffer():
     gcc, clang = both(g_mul_mats, cases)
     found = {qt for qt, a, b in zip(kinds, gcc, clang) if differs(a, b)}
     assert found == PLAIN_DIFFER, (sorted(q.name for q in found - PLAIN_DIFFER), sorted(q.name for q in PLAIN_DIFFER - found))
+    emulates_clang(clang, [mul_mat(w, QT(g), x, PATH, n_threads=nth) for w, g, _, x, nth in cases],
+                   [(q.name, c[3].shape[0]) for q, c in zip(kinds, cases)])
 
 
 def test_mul_mat_repacked():
@@ -120,6 +135,8 @@ def test_mul_mat_repacked():
     got = [differs(a, b) for a, b in zip(gcc, clang)]
     want = [e for pair in expect.values() for e in pair] + [True, True]
     assert got == want, [(QT(c[1]).name, c[3].shape[0], g) for c, g, w_ in zip(cases, got, want) if g != w_]
+    emulates_clang(clang, [mul_mat(w, QT(g), x, PATH, n_threads=nth, repack=True) for w, g, _, x, nth in cases],
+                   [(QT(c[1]).name, c[3].shape[0]) for c in cases])
 
 
 def test_vec_dot_f32_leftovers():
@@ -135,21 +152,28 @@ def test_vec_dot_f32_leftovers():
     for k, a, b in zip(ks, gcc, clang):
         split_gcc, split_clang = (k % 16) // 4 * 4, (k % 16) // 8 * 8
         assert differs(a, b) == (split_gcc != split_clang), (k, split_gcc, split_clang)
+    emulates_clang(clang, [mul_mat(w, QT.F32, x, PATH) for w, _, _, x, _ in cases], ks)
 
 
 def test_ssm_conv_and_gated_delta_net():
     """ssm_conv's tap loop (``sumf += s·c`` over d_conv taps) is the same in-order reduction: 3 taps (fmadd only)
     and 8 (blocks of 4 twice / of 8 once: the same rounded sums) agree, 4, 5, 13 differ — Qwen3.5's d_conv is 4.
     The gated delta net's dots are ``ggml_vec_dot_f32``: S_v = 128 agrees, S_v = 45 (13 left) differs."""
-    from test_ggml_ops_ssm import gdn_graph, gdn_inputs, hard_floats, ssm_conv_graph
+    from test_ggml_ops_ssm import gdn_graph, gdn_inputs, hard_floats, split_gdn, ssm_conv_graph
 
     rng = np.random.default_rng(3963)
     for nc, expect in ((3, False), (4, True), (5, True), (8, False), (13, True)):
         sx, c = hard_floats(rng, (2, 64, nc - 1 + 3)), hard_floats(rng, (64, nc), 0.5)
-        assert differs(*both(ssm_conv_graph, sx, c, 1)) == expect, nc
+        gcc, clang = both(ssm_conv_graph, sx, c, 1)
+        assert differs(gcc, clang) == expect, nc
+        emulates_clang([clang], [ssm_conv(sx, c, PATH)], [f"ssm_conv nc={nc}"])
     for S, expect in ((128, False), (45, True)):
         args = gdn_inputs(rng, 1, 3, 2, 2, S)
-        assert differs(*both(gdn_graph, *args, 1, 1)) == expect, S
+        gcc, clang = both(gdn_graph, *args, 1, 1)
+        assert differs(gcc, clang) == expect, S
+        out, state = gated_delta_net(*args, PATH, K=1)
+        out_ref, state_ref = split_gdn(clang, args[2].shape, 1)
+        emulates_clang([out_ref, state_ref], [out, state[None]], [f"gdn S={S} out", f"gdn S={S} state"])
 
 
 def test_flash_attention():
@@ -162,7 +186,13 @@ def test_flash_attention():
                                  ((2, 1, 1, 600, 64), np.float16, False), ((4, 2, 3, 40, 100), np.float32, True),
                                  ((4, 2, 3, 40, 64), np.float32, False), ((2, 1, 64, 96, 64), np.float32, False)]:
         q, k, v, m, scale = make(rng, *shape, dtype)
-        assert differs(*both(fa_graph, q, k, v, m, float(scale), 2)) == expect, (shape, dtype)
+        gcc, clang = both(fa_graph, q, k, v, m, float(scale), 2)
+        assert differs(gcc, clang) == expect, (shape, dtype)
+        if expect:  # an F32 K whose dot leftovers clang blocks otherwise than GCC: no model's head size, refused
+            with pytest.raises(NotEmulated, match="head size 100"):
+                flash_attn_ext(q, k, v, m, scale, PATH, n_threads=2)
+        else:
+            emulates_clang([clang], [flash_attn_ext(q, k, v, m, scale, PATH, n_threads=2)], [(shape, dtype)])
 
 
 def test_elementwise_ops_and_quantizers_agree():
@@ -217,3 +247,6 @@ def test_q8_k_quantizer_contracts_on_gcc_only():
     q_gcc, q_clang = gcc[4:260].view(np.int8), clang[4:260].view(np.int8)  # block_q8_K: d, qs[256], bsums[16]
     assert len(ties) > 100 and (q_gcc != q_clang).sum() > 50
     assert np.all(np.abs(q_gcc.astype(int) - q_clang) <= 1)
+    for fused, q in ((True, q_gcc), (False, q_clang)):  # the emulation's quantizer, as each build's mul_mat takes it
+        yq, yd, _ = _q8_k_rows(x.reshape(1, 256), fused=fused)
+        assert np.array_equal(yq[0], q) and yd[0, 0] == gcc[:4].view(np.float32)[0], fused

@@ -22,7 +22,10 @@ NEON = {"neon", "arm_fma"}
 #: the AArch64 paths and the features (ggml_cpu_has_*) of a build that takes each (.ci/build-llama-arm64's -march)
 ARM = {"arm64-base": NEON, "arm64-dotprod": NEON | {"dotprod", "fp16_va"},
        "arm64-i8mm": NEON | {"dotprod", "fp16_va", "matmul_int8"},
-       "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"}}
+       "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
+       "arm64-i8mm-clang": NEON | {"dotprod", "fp16_va", "matmul_int8"}}  # compiled by clang (COMPILER)
+#: the compiler of each AArch64 path's library here (the GCC paths': GCC 12)
+COMPILER = {"arm64-i8mm-clang": "clang 14.0.6"}
 
 
 def arm_build(features, compiler="GCC 12.2.0", sve_bits=128, gpus=()):
@@ -96,7 +99,7 @@ def test_every_reader_of_the_path_table_knows_every_path(key):
         assert key in str(e), e
     features = {**{"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "generic": set()}, **ARM}.get(key)
     assert features is not None, f"a new path {key!r}: name the features that select it here"
-    b = GgmlBuild(Path("/x/lib"), frozenset(features)) if key not in ARM else arm_build(features)
+    b = GgmlBuild(Path("/x/lib"), frozenset(features)) if key not in ARM else arm_build(features, COMPILER.get(key, "GCC 12.2.0"))
     assert b.path == key and b.lanes == entry.lanes and f"ggml-cpu {entry.name} (" in b.describe()
     assert is_arm64(key) == (key in ARM) == (key in ARM64_PATHS) == (key not in X86_SIMD_PATHS + ("generic",))
     # the column layout (kernels.ggml.columns: x86's kernels) is built for the x86 SIMD paths only, never an ARM one
@@ -154,7 +157,8 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"add": {"sme"}}, "SME"),
     ({"add": {"sme2"}}, "SME2"),
     ({"add": {"llamafile"}}, "llamafile's sgemm"),
-    ({"compiler": "clang 14.0.6"}, "compiled by clang 14.0.6"),
+    ({"compiler": "ICC 2024.1"}, "compiled by ICC 2024.1"),
+    ({"compiler": "clang 14.0.6", "remove": {"matmul_int8"}}, "of the clang builds --emulate=ggml follows arm64-i8mm-clang only"),
     ({"compiler": None}, "does not say which compiler built it"),
     ({"add": {"sve"}, "sve_bits": None}, "read at run time"),
     ({"add": {"sve"}, "sve_bits": 256}, "the 256-bit vector length"),
@@ -162,7 +166,8 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"gpus": ("vulkan",)}, "vulkan backend"),
 ])
 def test_arm64_builds_not_emulated_are_refused_in_one_line(change, words):
-    """SME, KleidiAI, llamafile on ARM, a clang build (or one that does not say), an SVE vector length other than
+    """SME, KleidiAI, llamafile on ARM, a compiler neither GCC nor clang (or one that does not say), a clang build of a
+    path other than i8mm's, an SVE vector length other than
     128 bits (or unknown: the CPU's, at run time), a feature set of no path, a GPU backend: one line naming it."""
     features = (ARM["arm64-i8mm"] | change.get("add", set())) - change.get("remove", set())
     b = arm_build(features, change.get("compiler", "GCC 12.2.0"), change.get("sve_bits", 128), change.get("gpus", ()))

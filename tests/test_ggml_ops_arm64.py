@@ -19,10 +19,11 @@ import pytest
 from ggml_graph import Graph, on_build, vp
 
 from kernels.ggml import simd, vec
+from kernels.ggml.isa import f16_code
 
 pytestmark = pytest.mark.oracle
 
-ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc"]
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]
 WITH_BASE = ARM_BUILDS + ["arm64-base-gcc"]
 DEEP_BASE = ARM_BUILDS + [pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]  # pytest -m deep
 
@@ -61,8 +62,9 @@ def assert_bits(got, want, what):
 
 @pytest.mark.parametrize("build", DEEP_BASE)
 def test_vec_dot_f32(build):
-    """ggml_vec_dot_f32: 4 accumulators of 4 lanes, vaddvq_f32, the NEON leftovers (blocks of 4, then fmadd)."""
-    lanes = simd.lanes(path_of(build))
+    """ggml_vec_dot_f32: 4 accumulators of 4 lanes, vaddvq_f32, the NEON leftovers (blocks of 4, then fmadd; clang's
+    build: of 8)."""
+    lanes = simd.simd(path_of(build)).code
     rng = np.random.default_rng(39)
     for k in (1, 3, 4, 5, 7, 12, 15, 16, 17, 23, 31, 64, 100):
         a, b = spread(rng, (5, k)), spread(rng, (3, k))
@@ -75,7 +77,7 @@ def test_vec_dot_f32(build):
 @pytest.mark.parametrize("build", ARM_BUILDS)
 def test_vec_dot_f16_half_accumulators(build):
     """ggml_vec_dot_f16: float16x8_t accumulators (every FMA rounded to half), half reduction, double tail."""
-    lanes = simd.lanes(path_of(build))
+    lanes = f16_code(path_of(build))
     rng = np.random.default_rng(40)
     for k in (8, 31, 32, 33, 64, 96 + 7, 256):
         a = spread(rng, (6, k), -4, 4).astype(np.float16)

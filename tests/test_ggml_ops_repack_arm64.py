@@ -31,7 +31,9 @@ from kernels.testing import random_rows
 
 pytestmark = pytest.mark.oracle
 
-ARM = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm"}
+ARM = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang"}
+#: the builds the tests run on (the clang build's cases: pytest -m deep)
+ARM_BUILDS = [pytest.param(b, marks=pytest.mark.deep) if "clang" in b else b for b in ARM]
 TYPES = (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
 
 
@@ -135,7 +137,7 @@ def x86_quant(w, qtype, x, path):
 # ---- tests -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", list(ARM))
+@pytest.mark.parametrize("build", ARM_BUILDS)
 def test_repack_choice(build):
     """``ggml_repack_get_optimal_repack_type``: the rows multiple of each type on this build (4 or 8)."""
     _require(build)
@@ -148,7 +150,7 @@ def test_repack_choice(build):
     assert on_build(build, g_repacks, int(QT.Q2_K), [(256, 8)], 84) == [False]  # AVX-512 only
 
 
-@pytest.mark.parametrize("build", list(ARM))
+@pytest.mark.parametrize("build", ARM_BUILDS)
 def test_mul_mat_bit_exact(build):
     _require(build)
     path = ARM[build]
@@ -177,7 +179,7 @@ def test_mul_mat_bit_exact(build):
     assert any((bits(p) != bits(y)).any() for p, y in zip(plain, got[-3:]))
 
 
-@pytest.mark.parametrize("build", list(ARM))
+@pytest.mark.parametrize("build", ARM_BUILDS)
 def test_mul_mat_id_bit_exact(build):
     _require(build)
     path = ARM[build]
@@ -218,7 +220,7 @@ def inf_scales(w, qt, rng):
     return w
 
 
-@pytest.mark.parametrize("build", list(ARM))
+@pytest.mark.parametrize("build", ARM_BUILDS)
 def test_inf_weight_scales(build):
     """Infinite and zero weight scales: the NaNs they make (inf·0, inf - inf) are ARM's default +NaN."""
     from kernels.ggml.repack_arm_k import mul_mat_repacked_arm_k
@@ -238,6 +240,9 @@ def test_inf_weight_scales(build):
     for (w, gt, _, x, _), y in zip(cases, got):
         f = mul_mat_repacked_arm if gt in map(int, REPACK_ARM_B32) else mul_mat_repacked_arm_k
         want = f(w, QT(gt), x, path)
+        if "clang" in build and gt in (QT.Q4_K, QT.Q5_K):  # clang's fmls negates its NaN operand (an inf·0 min
+            same = np.isnan(y) & np.isnan(want)  # scale, FPNeg of element 1): that NaN's sign is not modelled
+            y, want = np.where(same, np.float32(0), y), np.where(same, np.float32(0), want)
         assert np.array_equal(bits(y), bits(want)), (QT(gt).name, x.shape, np.argwhere(bits(y) != bits(want))[:4])
 
 

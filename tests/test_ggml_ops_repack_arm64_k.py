@@ -11,6 +11,7 @@ from ggml_graph import on_build
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack_arm64 import (
     ARM,
+    ARM_BUILDS,
     KQ,
     REPACK_ARM_B32,
     TYPES,
@@ -42,7 +43,7 @@ def wrong_recipe(w, qt, x, recipe):
     return repack_arm.arm_nans(out)
 
 
-@pytest.mark.parametrize("build", list(ARM))
+@pytest.mark.parametrize("build", ARM_BUILDS)
 def test_k_mul_mat_bit_exact(build):
     from kernels.ggml.repack_arm_k import GEMM_GEMV, mul_mat_repacked_arm_k
 
@@ -70,7 +71,7 @@ def test_k_mul_mat_bit_exact(build):
             assert any((bits(wrong_recipe(c[0], qt, c[3], gemv)) != bits(y)).any() for c, y in mine if len(c[3]) >= 4)
 
 
-@pytest.mark.parametrize("build", list(ARM))
+@pytest.mark.parametrize("build", ARM_BUILDS)
 def test_k_mul_mat_id_bit_exact(build):
     from kernels.ggml.repack_arm_k import mul_mat_id_repacked_arm_k
 

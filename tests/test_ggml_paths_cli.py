@@ -59,11 +59,11 @@ def prompt() -> list[int]:
 
 def library_for(path: str):
     """The :class:`kernels.ggml.build.GgmlBuild` of the first library the suite builds that takes ``path`` (an
-    AArch64 path: the GCC build of .ci/build-llama-arm64, read at the vector length qemu runs it at). Every
+    AArch64 path: its build of .ci/build-llama-arm64, read at the vector length qemu runs it at). Every
     build is required (tests/ggml_graph.py's require_build: a failure under CI=true, a skip elsewhere); a path none
     of them takes fails, except AVX-512 on a host that cannot run an AVX-512 library (the native build is then AVX2)."""
     if is_arm64(path):
-        (build,) = [b for b, (key, cc, _) in arm64.BUILDS.items() if key == path and cc == "gcc"]
+        (build,) = [b for b, (key, _, _) in arm64.BUILDS.items() if key == path]
         return build_info(build)
     builds = [build_info(b) for b in WITH_GENERIC]
     for b in builds:
@@ -197,7 +197,7 @@ def not_yet(key: str, e: BaseException):
 
 @pytest.mark.parametrize("key", ARM_KEYS)
 def test_every_command_on_an_arm64_path(key, tmp_path, monkeypatch, capsys):
-    """The AArch64 paths, each on its GCC build of .ci/build-llama-arm64, detected from the library in
+    """The AArch64 paths, each on its build of .ci/build-llama-arm64 (GCC's, and clang's i8mm), detected from the library in
     ``LLAMA_CPP_LIB_PATH`` (SVE: named, its vector length being the CPU's): ``logits`` (one token per ubatch) equals
     llama.cpp's logits computed under qemu on that library, ``run``'s greedy stream equals llama.cpp's, ``audit``
     finds it clean, ``golden make`` records the path and ``golden check`` recomputes it. One llama.cpp child under

@@ -12,9 +12,10 @@ computed here by the same kernels the one-op emulations use:
 
 ``refimpl.graph.attention.attend`` calls op by op for the other configurations (F16 K/V, flash attention).
 
-``lanes`` is the path's vec code (:func:`kernels.ggml.simd.lanes`): 16, 8, or 4 for the AArch64 NEON builds
+``lanes`` is the path's vec code (:attr:`kernels.ggml.isa.Simd.code`): 16, 8, or 4 for the AArch64 NEON builds
 (``arm64-dotprod`` / ``arm64-i8mm``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's NEON blocks;
-no llamafile there, so ``sgemm`` is False) — bit for bit against both ARM builds
+no llamafile there, so ``sgemm`` is False; ``arm64-i8mm-clang``: :data:`kernels.ggml.isa.NEON_CLANG`, the dots'
+leftovers in clang's blocks of 8, soft_max NEON's) — bit for bit against the ARM builds
 (tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash). :func:`attend_f32` lays out the cache for it and
 swaps an AArch64 path's default NaN around it (:func:`kernels.ggml.isa.nan_swap`: every op here adds, multiplies,
 compares, exponentiates and propagates NaNs); :data:`PATHS`: the paths whose graph takes it
@@ -29,7 +30,7 @@ from kernels.base.flags import jit
 from kernels.base.blocks import QT
 from kernels.ggml import mulmat
 from kernels.ggml.build import X86_SIMD_PATHS
-from kernels.ggml.isa import nan_swap
+from kernels.ggml.isa import NEON, NEON_CLANG, nan_swap, simd
 from kernels.ggml.mulmat_vec import F32_ROWS, tinyblas_rows
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
@@ -37,7 +38,7 @@ from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
 
 #: the paths whose F32-cache heads run here: the x86 SIMD paths and the AArch64 NEON builds tested against the library
 #: (``arm64-base`` and ``arm64-sve128``: op by op, ``mul_mat`` and ``soft_max``)
-PATHS = X86_SIMD_PATHS + ("arm64-dotprod", "arm64-i8mm")
+PATHS = X86_SIMD_PATHS + ("arm64-dotprod", "arm64-i8mm", "arm64-i8mm-clang")
 
 
 def attend_f32(q, k, v, n_used, mask, scale, path):
@@ -48,7 +49,7 @@ def attend_f32(q, k, v, n_used, mask, scale, path):
     T, H, D = q.shape
     Hkv, n_kv = k.shape[0], k.shape[1]
     q, k, v = (nan_swap(path, x) for x in (np.ascontiguousarray(q), k, v))  # AArch64's default NaN as x86's
-    L = mulmat.lanes(path)
+    L = simd(path, "build_attn_mha").code  # the vec code (NEON_CLANG: clang's blocks of 8 in the dots' leftovers)
     sgemm = mulmat.kernel_for(QT.F32, path, T, D, n_kv) == "sgemm"  # kqv's kernel: [D, n_kv] times p [T, n_kv]
     kq_cols, pv_cols = layouts(D, n_kv, L, sgemm)  # the layouts its products read (the rest: empty)
     none = np.zeros((Hkv, 0, 0), dtype=np.float32)
@@ -90,7 +91,7 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, sgemm, out):
             else:
                 for c in range(n_kv):
                     kq[0, t, c] = vec_dot_f32(D, k[j, c], q[t, h], lanes, acc)  # ggml_vec_dot_f32, one element
-        _soft_max_rows(kq, m, mask_of, True, scale, lanes, p)  # ggml_soft_max_ext(kq, mask, scale)
+        _soft_max_rows(kq, m, mask_of, True, scale, NEON if lanes == NEON_CLANG else lanes, p)  # ggml_soft_max_ext(kq, mask, scale)
         if sgemm:
             tinyblas_rows(vt[j], p[0], o, lanes, lanes, False)
         elif pv_cols:

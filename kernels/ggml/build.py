@@ -15,11 +15,12 @@ the compile-time features that select it; ``GgmlBuild.path``, ``describe()``, ``
 its report line) and ``kernels.ggml.simd`` (``lanes``, ``check_path``) all read it, and tests/test_ggml_paths_cli.py
 runs every command on each entry. :class:`GgmlBuild` names the path and refuses, in one line, a library whose
 kernels are not emulated — AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, a GPU backend beside the CPU one; on
-AArch64 SME, KleidiAI, llamafile's sgemm, a clang build, an SVE vector length other than 128 bits, a macOS build
+AArch64 SME, KleidiAI, llamafile's sgemm, a clang build other than i8mm's, an SVE vector length other than 128 bits, a macOS build
 (Accelerate) — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any SIMD
-(docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds: NEON (``armv8-a``), +dotprod+fp16,
-+i8mm, and SVE with i8mm at a 128-bit vector length; each names its compiler (``EmulatedPath.compiler``), since
-clang's contraction fuses other products than GCC's: a clang path is one more entry with ``compiler="clang"``. A
+(docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds — NEON (``armv8-a``), +dotprod+fp16,
++i8mm, and SVE with i8mm at a 128-bit vector length — and clang's i8mm build (``arm64-i8mm-clang``: the Android NDK's
+compiler); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
+clang fuses other products than GCC and vectorizes other reductions: a clang path is one more entry. A
 kernel whose ARM C is not emulated yet raises :class:`NotEmulated` (:func:`not_emulated`), naming the op and the path.
 
 A path can also be *named* instead of detected: ``--emulate=ggml:avx512``, ``ggml:arm64-i8mm`` …
@@ -65,8 +66,9 @@ ARM64_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve",
 # a GPU or other accelerator backend in the library folder: its ops are not ggml-cpu's
 GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "musa", "kompute", "rpc", "webgpu")
 #: the compiler of the AArch64 paths (EmulatedPath.compiler): GCC, whose contraction (-ffp-contract=fast) the ARM
-#: kernels follow; a clang build (-ffp-contract=on) fuses other products, so it would be a path of its own
-ARM64_COMPILER = "GCC"
+#: kernels follow; a clang build (-ffp-contract=on) fuses other products: its paths are entries of their own
+#: (``arm64-i8mm-clang``, compiler CLANG)
+ARM64_COMPILER, CLANG = "GCC", "clang"
 SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 
 
@@ -115,6 +117,11 @@ EMULATED_PATHS = (
     EmulatedPath("arm64-sve128", "AArch64 SVE-128 i8mm", 4, _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()),
                  f"__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a {SVE_BITS}-bit vector length", ARM64,
                  ARM64_COMPILER),
+    # the i8mm build compiled by clang (the Android NDK's compiler; -ffp-contract=on): the same C, other products fused
+    # (the vmlaq_f32 family) and other reductions vectorized (blocks of 8), so a path of its own
+    EmulatedPath("arm64-i8mm-clang", "AArch64 NEON i8mm (clang)", 4,
+                 _arm64({"dotprod", "fp16_va", "matmul_int8"}, {"sve"}),
+                 "as arm64-i8mm, compiled by clang", ARM64, "clang"),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
 #: the keys of the x86-64 SIMD paths and of the AArch64 ones: a kernel written for the one never takes the other
@@ -135,6 +142,11 @@ def emulated_path(key: str) -> EmulatedPath:
 def is_arm64(key: str) -> bool:
     """Whether ``key`` is an AArch64 path (ValueError for an unknown key)."""
     return emulated_path(key).arch == ARM64
+
+
+def by_clang(key: str) -> bool:
+    """Whether ``key`` is a clang build's path (``arm64-i8mm-clang``): clang's contraction and vectorizer."""
+    return emulated_path(key).compiler == CLANG
 
 
 class NotEmulated(UnsupportedBuild):
@@ -235,14 +247,13 @@ class GgmlBuild:
                 raise UnsupportedBuild(f"{lib} was built with {what}, which --emulate=ggml does not emulate; build it "
                                        f"with {flag}, as llama.cpp's Android guide does")
         if self.compiler is None:
-            raise UnsupportedBuild(f"{lib} does not say which compiler built it (no .comment section); the AArch64 "
-                                   f"paths are emulated for {ARM64_COMPILER} builds only: name the path "
-                                   "(--emulate=ggml:arm64-…) if it is one")
+            raise UnsupportedBuild(f"{lib} does not say which compiler built it (no .comment section), and GCC's and "
+                                   "clang's builds differ in their bits: name the path (--emulate=ggml:arm64-…)")
         cc = self.compiler.split()[0]
         if not any(p.compiler == cc for p in EMULATED_PATHS if p.arch == ARM64):
-            raise UnsupportedBuild(f"{lib} was compiled by {self.compiler}, whose floating-point contraction (clang: "
-                                   "-ffp-contract=on, within one expression) does not give the bits of GCC's (=fast); "
-                                   f"the AArch64 paths are emulated for {ARM64_COMPILER} builds only")
+            raise UnsupportedBuild(f"{lib} was compiled by {self.compiler}, whose floating-point contraction and "
+                                   f"vectorizer are not emulated; the AArch64 paths are emulated for {ARM64_COMPILER} "
+                                   f"and {CLANG} builds")
         if self.has("sve") and self.sve_bits != SVE_BITS:
             vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
                   "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
@@ -252,6 +263,10 @@ class GgmlBuild:
             if p.arch == ARM64 and p.compiler == cc and p.selected(self.features, False):
                 return p.key
         have = " ".join(f for f in ARM64_FEATURES if f in self.features) or "no NEON"
+        if cc != ARM64_COMPILER and any(p.selected(self.features, False) for p in EMULATED_PATHS if p.arch == ARM64):
+            keys = ", ".join(p.key for p in EMULATED_PATHS if p.compiler == cc)
+            raise UnsupportedBuild(f"{lib} is a {self.compiler} build for {have}; of the {cc} builds --emulate=ggml "
+                                   f"follows {keys} only (GCC's builds of every AArch64 path)")
         raise UnsupportedBuild(f"{lib} is built for {have}; --emulate=ggml follows AArch64 builds with NEON "
                                "(armv8-a), +dotprod+fp16, +i8mm, or SVE+i8mm at 128 bits")
 

@@ -88,8 +88,8 @@ from kernels.base.flags import jit
 from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
-from kernels.ggml.build import not_emulated
-from kernels.ggml.isa import NEON_F32C, SVE128, f16_code
+from kernels.ggml.build import by_clang, not_emulated
+from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128, f16_code
 from kernels.ggml.simd import AVX2, AVX512, NEON, SIMD, check_path, fma32, simd
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic, vec_mad_f16, vec_scale_f16
 from kernels.ggml.vecmath import cast_f16_to_f32, f16_value
@@ -281,7 +281,7 @@ def fa_code(path: str) -> tuple[int, bool]:
     NEON record whose F16 vectors are neither float16x8_t nor ``GGML_F32Cx4`` (``arm64-base``) — is
     :func:`kernels.ggml.build.not_emulated`, a one-line ValueError naming the op and the path."""
     s = SIMD.get(check_path(path))
-    if (s is None or s.code not in (AVX512, AVX2, NEON, SVE128, None)
+    if (s is None or s.code not in (AVX512, AVX2, NEON, NEON_CLANG, SVE128, None)
             or (s.code == NEON and not s.f16_half and s.f16_epr != 4)):  # NEON: float16x8_t or GGML_F32Cx4
         raise not_emulated("ggml_flash_attn_ext", path)
     return s.expf, s.fused
@@ -327,6 +327,9 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32, v32.shape[2], path)
     args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
     L, fused = fa_code(path)  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
+    if not k_f16 and kind != "tiled" and by_clang(path) and (DK % 16) // 4 != (DK % 16) // 8 * 2:
+        raise not_emulated(f"ggml_flash_attn_ext with an F32 K of head size {DK} (ggml_vec_dot_f32's {DK % 16} "
+                           "leftovers in clang's blocks)", path)  # no model's: head sizes are multiples of 16
     L16 = f16_code(path, "ggml_flash_attn_ext") if L == NEON else L  # arm64-base: NEON_F32C (float F16 vectors)
     if kind == "split":
         split_kv_row(*args, k_f16, v_f16, L16, fused, int(n_threads), out)

@@ -40,6 +40,11 @@ NEON_F32C = 0x204
 #: SVE loops (``svcntw()``-wide, predicated tails instead of scalar ones, their own accumulators and reductions:
 #: :mod:`kernels.ggml.sve`); kept apart from NEON's 4 so that no NEON code is taken for it silently.
 SVE128 = 0x304
+#: The code of ``arm64-i8mm-clang`` (NEON, compiled by clang): the vec functions as :data:`NEON` — the NEON intrinsics
+#: compile alike — but for the scalar in-order reductions clang's vectorizer blocks by 8 where GCC blocks by 4
+#: (``ggml_vec_dot_f32``'s leftovers, ssm_conv's taps: :func:`kernels.ggml.simd.fold_left_unfused`); kept apart
+#: from NEON so that no GCC reduction is taken for it silently. Its F16 and expf code is NEON's (:func:`f16_code`).
+NEON_CLANG = 0x404
 
 
 #: The NaN an invalid operation (inf - inf, 0·inf, 0/0, sqrt(-1), logf(-1) …) returns: x86's "real indefinite"
@@ -74,6 +79,9 @@ SIMD = {
     # GCC 12, -march=armv9-a+sve2+i8mm+dotprod+fp16 at a 128-bit vector length: SVE loops (code SVE128); the NEON
     # float16x8_t F16 macros stay defined (simd-mappings.h) for the code without an SVE branch
     "arm64-sve128": Simd("arm64-sve128", 4, SVE128, SVE128, True, 8, True, ARM_NAN),
+    # clang 14, -march=armv8.6-a+dotprod+fp16+i8mm: the NEON code, but clang's vectorizer (NEON_CLANG) and
+    # -ffp-contract=on (``fused`` is about scalar ``a*b + c`` in one expression, which clang contracts too)
+    "arm64-i8mm-clang": Simd("arm64-i8mm-clang", 4, NEON_CLANG, NEON, True, 8, True, ARM_NAN),
 }
 for _p in EMULATED_PATHS:
     assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
@@ -191,8 +199,10 @@ def follows_nans(fn):
 
 def f16_code(path: str, op: str = "vec.h's F16 vector code") -> int | None:
     """The code the F16 vec functions take on ``path``: :data:`NEON_F32C` on NEON without FP16 vector arithmetic
-    (``arm64-base``), else the path's :attr:`Simd.code`."""
+    (``arm64-base``), :data:`NEON` on ``arm64-i8mm-clang``, else the path's :attr:`Simd.code`."""
     s = simd(path, op)
+    if s.code == NEON_CLANG:  # the F16 loops are intrinsics (vfmaq_f16 …): clang's and GCC's alike
+        return NEON
     return NEON_F32C if s.code == NEON and not s.f16_half else s.code
 
 
@@ -207,6 +217,8 @@ def lanes(path: str) -> int:
     """float32 lanes of ``GGML_F32_VEC`` on ``path`` (16: ``__AVX512F__``, 8: ``__AVX2__``, 4: AArch64 NEON) — also
     the code of the compiled vec functions (:data:`NEON` …); checks the path."""
     if path not in LANES:
+        if path in SIMD:  # SVE128, NEON_CLANG: 4 lanes whose code is not 4 — never handed NEON's code
+            raise ValueError(f"ggml-cpu path {path!r}: its vec code is not its lane count; read simd(path).code")
         if path in ALL_PATHS and path != "generic":
             raise not_emulated("GGML_F32_VEC's kernels", path)
         raise ValueError(f"ggml-cpu path {path!r} has no emulated GGML_F32_VEC (expected one of {PATHS})")

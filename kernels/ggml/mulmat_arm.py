@@ -47,6 +47,12 @@ code of F32 (:func:`kernels.ggml.sve.vec_dot_f32`), Q8_0 and Q4_0 (``mulmat_arm_
 kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`kernels.ggml.sve.vec_dot_f16`), and the NEON i8mm 2-row kernels
 of Q4_0, Q4_1, Q8_0.
 
+``arm64-i8mm-clang`` (the i8mm build compiled by clang 14, ``-ffp-contract=on``; tests/test_ggml_arm64_clang.py): the
+i8mm kernels with clang's float choices — ``vmlaq_n_f32`` / ``vmlaq_f32`` / ``vmlsq_f32`` one ``fmla`` / ``fmls`` (the
+32-value blocks' lanes and 2-row kernels, Q4_K / Q6_K's 2-row kernels: ``clang`` of :mod:`kernels.ggml.mulmat_arm_q`),
+Q8_K's ``nearest_int`` not fused (``_q8_k_rows(fused=False)``), F32's leftovers in blocks of 8 (vec code
+:data:`kernels.ggml.isa.NEON_CLANG`), no USDOT tail for Q5_0 (GCC's miscompile).
+
 Other weight types raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
 stands in).
 """
@@ -58,7 +64,7 @@ import numpy as np
 from kernels.base.block import QT
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
-from kernels.ggml.isa import _has_nan, f16_code
+from kernels.ggml.isa import _has_nan, f16_code, simd
 from kernels.ggml.mulmat_vec import bf16_bits_to_f32, f16_bits_to_f32, fp32_to_fp16_values, vec_dot_float_rows
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
@@ -66,9 +72,9 @@ from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 #: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS); ``arm64-base`` (armv8-a: no
 #: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
 #: NEON kernels but F16's dot in float (:func:`kernels.ggml.vec.vec_dot_f16` with ``NEON_F32C``)
-ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128")
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang")
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
-I8MM_PATHS = ("arm64-i8mm", "arm64-sve128")
+I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-i8mm-clang")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
@@ -171,7 +177,8 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             w, xv, kind = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x), 1
         else:  # ggml_cpu_fp32_to_bf16: GGML_FP32_TO_BF16
             w, xv, kind = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x)), 2
-        vec_dot_float_rows(w, xv, out, kind, f16_code(path, "mul_mat"))  # vec.py / sve.py dots
+        code = simd(path, "mul_mat").code if kind == 0 else f16_code(path, "mul_mat")  # F32: the vectorizer's leftovers
+        vec_dot_float_rows(w, xv, out, kind, code)  # vec.py / sve.py dots
         return arm_default_nan(out)
     if nrows == 1:
         two = None
@@ -183,19 +190,20 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     else:
         two = block_mask(T, N, tensor_rows or N, n_threads, qtype, path)
     two = np.zeros((0, 0), np.bool_) if two is None else two
+    clang = build.by_clang(path)  # the vmlaq_f32 family fused, Q8_K's nearest_int not, no USDOT tail for Q5_0
     if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0 / _q8_1
         xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)
         v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
         kind = {"arm64-i8mm": mulmat_arm_q.I8MM_KIND, "arm64-sve128": mulmat_arm_q.SVE128_KIND}.get(path, {}).get(qtype, 0)
         mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
-                                  path == "arm64-base")
-    elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC
-        yq, yd, ybs = _q8_k_rows(x, fused=True)
+                                  path == "arm64-base", clang)
+    elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC (not by clang)
+        yq, yd, ybs = _q8_k_rows(x, fused=not clang)
         mulmat_arm_q.iq_rows(mulmat_arm_q.IQ[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs, out, F16_TO_F32)
     else:  # K-quants: the same activations
-        yq, yd, ybs = _q8_k_rows(x, fused=True)
+        yq, yd, ybs = _q8_k_rows(x, fused=not clang)
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
-                            out, two, F16_TO_F32, path == "arm64-sve128")
+                            out, two, F16_TO_F32, path == "arm64-sve128", clang)
     return arm_default_nan(out)
 
 

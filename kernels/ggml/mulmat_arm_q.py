@@ -36,6 +36,11 @@ the float steps are read from the disassembly of both builds (the 1-row kernels 
   - ``Q2_K`` (scale and min per 16): ``sumf = fma(float(bias), -(y.d·fp16(x.dmin)), sumf)``, then
     ``fma(float(sumi), d, sumf)``; ``Q3_K`` (values ``(low2 | hbit << 2) - 4``, scales - 32):
     ``sumf = fma(float(sumi), d, sumf)``.
+
+The clang build (``clang``: ``arm64-i8mm-clang``) contracts the ``vmlaq_f32`` family: the 1-row lanes
+``sumv[l] = fma(float(lane), dw·dx, sumv[l])``, the 2-row ``acc = fma(float(dot32), dw·dx, acc)`` (Q4_1's mins
+``summs + m·s`` rounded twice there: its products are stored to ``summs_t[]`` first), Q4_K's 2-row kernel the 1-row
+formula and Q6_K's ``acc = fma(float(sumi), d, acc)``; the scalar tails and the other types compile alike.
 """
 
 from __future__ import annotations
@@ -111,10 +116,10 @@ def _dot32(v, r, xq, t, o):
 
 
 @jit()
-def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
+def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang):
     """One element of the 1-row ``vec_dot`` (see the module docstring). ``vmull``: ``ggml_vdotq_s32`` without
     dotprod (``arm64-base``: ``vmull_s8`` + ``vpaddlq_s16``), whose lane ``l`` sums bytes 2l, 2l+1, 2l+8, 2l+9 of
-    each 16 (``sdot``'s: 4l … 4l+3)."""
+    each 16 (``sdot``'s: 4l … 4l+3). ``clang``: the clang build, whose ``vmlaq_n_f32`` is one ``fmla``."""
     nb = dw.shape[1]
     sumf = F32(0.0)
     summs, summs1 = F32(0.0), F32(0.0)
@@ -134,6 +139,7 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
     s0 = np.zeros(4, np.float32)
     s1 = np.zeros(4, np.float32)
     sve = kind == 7 or kind == 8  # SVE-128 Q8_0 / Q4_0: svmla_n_f32_x (fused), svaddv of sumv0 + sumv1
+    fused = sve or clang  # the lanes' multiply-accumulate one rounding: svmla, or clang's contracted vmlaq_n_f32
     while ib + 1 < nb:
         if kind == 4:  # Q4_1: summs += m0·s0 + m1·s1, the first product fused
             summs = F32(summs + fma32(mw[r, ib], xs[t, ib], F32(mw[r, ib + 1] * xs[t, ib + 1])))
@@ -148,7 +154,7 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
                 for e in range(4):
                     k = 32 * b + (2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e)
                     dot += np.int64(v[r, k]) * xq[t, k] + np.int64(v[r, k + 16]) * xq[t, k + 16]
-                if sve:
+                if fused:
                     if h == 0:
                         s0[lane] = fma32(F32(dot), d, s0[lane])
                     else:
@@ -185,30 +191,33 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull):
 
 
 @jit()
-def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t):
+def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang):
     """One of the four elements of the i8mm 2-row Q8_0 / Q4_0 / Q4_1 ``vec_dot`` (Q4_1: the mins in their own lane,
-    ``summs = fma(m, s, summs)`` (``fmla``), added at the end)."""
+    ``summs = fma(m, s, summs)`` (``fmla``), added at the end). ``clang``: ``vmlaq_f32`` one ``fmla``; Q4_1's
+    ``summs_t[]`` products rounded before their ``vaddq_f32`` (``=on`` does not contract across statements)."""
     acc = F32(0.0)
     summs = F32(0.0)
     for b in range(dw.shape[1]):
-        acc = F32(acc + F32(F32(_dot32(v, r, xq, t, 32 * b)) * F32(dw[r, b] * xd[t, b])))
+        dot, d = F32(_dot32(v, r, xq, t, 32 * b)), F32(dw[r, b] * xd[t, b])
+        acc = fma32(dot, d, acc) if clang else F32(acc + F32(dot * d))
         if kind == 4:
-            summs = fma32(mw[r, b], xs[t, b], summs)
+            summs = F32(summs + F32(mw[r, b] * xs[t, b])) if clang else fma32(mw[r, b], xs[t, b], summs)
     return F32(acc + summs) if kind == 4 else acc
 
 
 @jit()
-def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False):
+def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False, clang=False):
     """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 / Q8_1 activations ``xq``
     (T, K) int8, ``xd`` (T, nb), ``xs`` (T, nb) Q8_1's s (or anything: unused); ``two`` (T, N) bool: the elements of
-    2-row kernels (or (0, 0): none); ``vmull``: the lanes of ``arm64-base`` (:func:`_block32_1row`)."""
+    2-row kernels (or (0, 0): none); ``vmull``: the lanes of ``arm64-base`` (:func:`_block32_1row`); ``clang``: the
+    ``arm64-i8mm-clang`` build's contractions."""
     has_two = two.shape[0] > 0
     for t in range(xq.shape[0]):
         for r in range(v.shape[0]):
             if has_two and two[t, r]:
-                out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t)
+                out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang)
             else:
-                out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull)
+                out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang)
 
 
 @jit()
@@ -265,11 +274,12 @@ def _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t):
 
 
 @jit()
-def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False):
+def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False):
     """``out[t, r]`` for K-quant rows ``w`` (N, row bytes) and Q8_K activations (``yq`` (T, K) int8, ``yd``
     (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K); ``sve``: the
     ``arm64-sve128`` build, whose SVE 1-row kernels round as the NEON ones (their integers are the same) and whose
-    SVE+MMLA 2-row kernels fuse every step."""
+    SVE+MMLA 2-row kernels fuse every step; ``clang``: the ``arm64-i8mm-clang`` build, whose NEON 2-row kernels'
+    ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row formulas)."""
     K = yq.shape[1]
     nsb = K // 256
     q = np.empty(K, np.int32)
@@ -292,7 +302,7 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False):
                     db, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
                     if pair and sve:  # SVE+MMLA: svmla(svmla(acc, sumi, d), -dmin, bias), both fused
                         acc = fma32(F32(bias), -dm, fma32(F32(sumi), db, acc))
-                    elif pair:
+                    elif pair and not clang:
                         acc = F32(F32(acc - F32(F32(bias) * dm)) + F32(F32(sumi) * db))
                     else:
                         acc = fma32(-F32(bias), dm, acc)
@@ -307,7 +317,7 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False):
                     acc = fma32(F32(sumi), F32(yd[t, b] * d[b]), acc)
                 else:  # Q6_K, IQ4_XS
                     db = F32(d[b] * yd[t, b])
-                    if pair and sve:  # SVE+MMLA Q6_K: one svmla (fused)
+                    if pair and (sve or clang):  # SVE+MMLA Q6_K: one svmla; clang's vmlaq_f32: one fmla
                         acc = fma32(F32(sumi), db, acc)
                     elif pair:
                         acc = F32(acc + F32(F32(sumi) * db))

@@ -38,7 +38,7 @@ from kernels.base.flags import JIT_ENABLED, jit
 F32 = np.float32
 
 # The paths, their records and codes, their NaN: kernels.ggml.isa (re-exported here, where the kernels look for them)
-from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, PATHS, SIMD, SSE2, SVE128,  # noqa: F401
+from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, NEON_CLANG, PATHS, SIMD, SSE2, SVE128,  # noqa: F401
                               X86_NAN, Simd, check_path, follows_nans, lanes, nan_swap, simd)
 
 
@@ -533,6 +533,8 @@ def fold_left_unfused(count, lanes):
     leftovers; on x86 also ops.cpp ssm_conv)."""
     if lanes == NEON:
         return count & ~3
+    if lanes == NEON_CLANG:  # clang 14 (interleave 2): blocks of 8 when 8 or more are left
+        return count & ~7
     if lanes == AVX512 or lanes == AVX2:
         return count & ~(lanes // 2 - 1)
     raise ValueError("fold_left_unfused: unknown SIMD code")

@@ -31,6 +31,8 @@ fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & 
 (:func:`kernels.ggml.simd.follows_nans`).
 ``arm64-sve128`` (SVE at 128 bits, GCC): ssm_conv's taps all ``fmul z`` products added in order by ``fadda`` (no
 fused tail), the delta net's dots the SVE ``ggml_vec_dot_f32`` (:func:`kernels.ggml.sve.vec_dot_f32`).
+``arm64-i8mm-clang`` (clang 14): the same loops vectorized in blocks of 8 (``nc & ~7`` taps unfused: Qwen3.5's 4
+taps all ``fmadd``), the dots' leftovers too (code :data:`kernels.ggml.isa.NEON_CLANG`).
 
 Thread count never matters: ssm_conv splits channels, the delta net (sequence, head) pairs, each computed
 whole by one thread. NaN payloads: where two *different* NaNs meet in one x86 add, the result is the
@@ -49,14 +51,14 @@ from numba import prange
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import not_emulated
-from kernels.ggml.simd import LANES, NEON, SVE128, check_path, fma32, fold_left_unfused, follows_nans, lanes
+from kernels.ggml.simd import LANES, NEON, NEON_CLANG, SVE128, check_path, fma32, fold_left_unfused, follows_nans, lanes, simd
 from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
 def _path(path: str, op: str) -> str:
     """``path`` if ``op`` is emulated on it: the x86 paths and the AArch64 NEON ones of :data:`kernels.ggml.simd.LANES`;
     another key whose vector code is not emulated is :func:`kernels.ggml.build.not_emulated`."""
-    if check_path(path) != "generic" and path not in LANES and path != "arm64-sve128":
+    if check_path(path) != "generic" and path not in LANES and path not in ("arm64-sve128", "arm64-i8mm-clang"):
         raise not_emulated(op, path)
     return path
 
@@ -112,7 +114,8 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     # GCC's blocks: AVX-512 zmm/ymm (16, 8) → nc & ~7 taps unfused; AVX2 ymm/xmm (8, 4) → nc & ~3
     # generic (no SIMD, no FMA: docs/ggml-generic-x86.md §6): every product rounded, added in tap order
     # SVE (arm64-sve128): GCC's predicated loop, fmul z then FADDA (strictly in order) over all taps: all unfused
-    unfused = nc if path in ("generic", "arm64-sve128") else fold_left_unfused(nc, lanes(path))
+    # clang (arm64-i8mm-clang): its vectorizer's blocks of 8 → nc & ~7 (Qwen3.5's 4 taps: all fused, GCC's NEON none)
+    unfused = nc if path in ("generic", "arm64-sve128") else fold_left_unfused(nc, simd(path, "ggml_ssm_conv").code)
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]
 
@@ -121,7 +124,7 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 def _transposed(S_v: int, epr: int) -> bool:
     """Whether the delta net takes its transposed path (:func:`_transposed_rows`) for this build (Python: a kernel
     compiled for this one test would cost the first run 0.2 s)."""
-    return epr != 0 and epr != SVE128 and S_v % (4 * epr) == 0  # kernels.ggml.vec.cols_fit
+    return epr != 0 and epr != SVE128 and S_v % (4 * (NEON if epr == NEON_CLANG else epr)) == 0  # vec.cols_fit
 
 
 @jit()
@@ -140,7 +143,7 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
-    glibc = GLIBC_AARCH64 if epr == NEON or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
+    glibc = GLIBC_AARCH64 if epr == NEON or epr == NEON_CLANG or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
         iv3 = ir // H  # sequence
@@ -291,12 +294,12 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     assert q.shape[1:] == k.shape[1:] and q.shape[3] == S and H % q.shape[2] == 0 and state.shape == (n_seqs, H, S, S)
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
-    epr = 0 if path == "generic" else SVE128 if path == "arm64-sve128" else lanes(path)  # SVE: kernels.ggml.sve's dot
+    epr = 0 if path == "generic" else simd(path, "ggml_gated_delta_net").code  # SVE128: kernels.ggml.sve's dot
     if _transposed(S, epr):  # a token's S dots together, the state transposed (:func:`_head_t`)
         # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M
         # multiply-adds a token) are, builtin:kjv's 4 heads of 64 (65k) are not, whatever the prompt's length
         parallel = n_seqs * H > 1 and n_seqs * H * S * S * 4 >= SERIAL_BELOW
-        glibc = GLIBC_AARCH64 if epr == NEON else GLIBC_X86_64  # expf: the build's glibc (SVE: not transposed)
+        glibc = GLIBC_AARCH64 if epr == NEON or epr == NEON_CLANG else GLIBC_X86_64  # expf: the build's glibc (SVE: not transposed)
         _transposed_rows(parallel, glibc)(q, k, v, g, beta, state, K, epr, out, snaps)
     else:
         _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)

@@ -22,7 +22,9 @@ AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm``; that int, the ``lanes`` a
   accumulators in half (``x0 + x2``, ``x1 + x3``, their sum), then the low and high 4 lanes widened to float
   and added, ``vaddvq_f32``; the tail in double as on x86. Without FP16 vector arithmetic (``arm64-base``, code
   :data:`kernels.ggml.isa.NEON_F32C`) ``GGML_F16_VEC`` is ``GGML_F32Cx4``: x86's float loop with L = 4 (steps
-  of 16, ``vfmaq_f32``, ``vaddvq_f32``), the same double tail.
+  of 16, ``vfmaq_f32``, ``vaddvq_f32``), the same double tail. The clang build (``arm64-i8mm-clang``, code
+  :data:`kernels.ggml.isa.NEON_CLANG`): the same intrinsics, but clang's vectorizer takes ``ggml_vec_dot_f32``'s
+  leftovers in blocks of 8 rounded products (GCC's: of 4), the rest by ``fmadd``.
 * ``ggml_vec_mad_f32`` / ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f32`` / ``ggml_vec_scale_f16``
   (:func:`vec_mad_f32`, :func:`vec_mad_f16`, :func:`vec_scale_f16`): element-wise, ``fma(x, v, y)`` in every lane
   and (contracted) in the tail; on NEON the F16 ones compute in *half* on the SIMD part (``v`` rounded to half,
@@ -45,7 +47,7 @@ from kernels.base.flags import jit
 from kernels.ggml.libm import expf, expf_arm64
 from kernels.ggml.half import f16_round64, fma16
 from kernels.ggml import sve
-from kernels.ggml.isa import NEON_F32C, SVE128
+from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128
 from kernels.ggml.simd import (AVX2, AVX512, NEON, SSE2, f16_round, fma32, fold_left_unfused, hsum_fold, hsum_pairwise4,
                                v_expf, vec_reduce, vfma)
 
@@ -84,12 +86,15 @@ def vec_dot_f32(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``; ``acc``: :func:`dot_scratch`."""
     if lanes == SVE128:  # vec.cpp's SVE branch (kernels.ggml.sve)
         return sve.vec_dot_f32(n, x, y)
-    if lanes == NEON_F32C:  # arm64-base's F16 code: its GGML_F32_VEC is float32x4_t as on every NEON build
+    vectorizer = lanes  # whose blocks the leftovers take: GCC's on every code but NEON_CLANG (clang's)
+    if lanes == NEON_F32C or lanes == NEON_CLANG:  # arm64-base's F16 code, clang's NEON: GGML_F32_VEC is float32x4_t
         lanes = NEON
+    if vectorizer != NEON_CLANG:
+        vectorizer = lanes
     np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
     sumf = _simd_dot(np_, x, y, lanes, acc)
-    unfused = np_ + fold_left_unfused(n - np_, lanes)
-    for i in range(np_, unfused):  # leftovers, GCC's vector blocks: vmulps, then vaddss lane by lane
+    unfused = np_ + fold_left_unfused(n - np_, vectorizer)
+    for i in range(np_, unfused):  # leftovers, the compiler's vector blocks: vmulps / fmul, then vaddss / fadd lane by lane
         sumf = F32(sumf + F32(x[i] * y[i]))
     for i in range(unfused, n):  # the last < L/2: vfmadd231ss
         sumf = fma32(x[i], y[i], sumf)
@@ -117,6 +122,8 @@ def vec_dot_f32_cols(n, xt, y, lanes, acc, out):
     so it vectorizes over them. ``acc`` (4, ≥ lanes, ≥ m) float32 scratch. Same bits as :func:`vec_dot_f32` per
     column (tests/test_ggml_kernel_parts.py)."""
     m = xt.shape[1]
+    if lanes == NEON_CLANG:  # no leftovers here: clang's NEON code is GCC's
+        lanes = NEON
     if lanes != AVX512 and lanes != AVX2 and lanes != NEON:
         raise ValueError("vec_dot_f32_cols: unknown SIMD code")
     for j in range(4):
@@ -152,7 +159,7 @@ def vec_dot_f32_cols(n, xt, y, lanes, acc, out):
 @jit()
 def cols_fit(n, lanes):
     """Whether :func:`vec_dot_f32_cols` computes dots of length ``n`` (a whole number of ``GGML_F32_STEP``s)."""
-    return n % (4 * lanes) == 0
+    return n % (4 * (NEON if lanes == NEON_CLANG else lanes)) == 0
 
 
 @jit()

@@ -36,6 +36,7 @@ Q8_0 = 8  # ggml.h: GGML_TYPE_Q8_0
 #: build -> the features its -march implies (ggml_cpu_has_*: __ARM_NEON, __ARM_FEATURE_FMA, …)
 FEATURES = {
     "arm64-base-gcc": {"neon", "arm_fma"},
+    "arm64-base-clang": {"neon", "arm_fma"},
     "arm64-dotprod-gcc": {"neon", "arm_fma", "dotprod", "fp16_va"},
     "arm64-i8mm-gcc": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8"},
     "arm64-i8mm-clang": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8"},
@@ -64,7 +65,7 @@ def test_each_arm_build_is_detected_without_running_it(build):
             other.path
         assert "\n" not in str(e.value)
         dotprod = dataclasses.replace(b, features=FEATURES["arm64-dotprod-gcc"])  # clang's dotprod build: not emulated
-        with pytest.raises(UnsupportedBuild, match="of the clang builds --emulate=ggml follows arm64-i8mm-clang only"):
+        with pytest.raises(UnsupportedBuild, match="of the clang builds --emulate=ggml follows arm64-i8mm-clang, arm64-base-clang only"):
             dotprod.path
         with pytest.raises(UnsupportedBuild, match="does not say which compiler built it"):
             dataclasses.replace(b, compiler=None).path

@@ -14,7 +14,8 @@ Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones si
 (``armv8.6-a+dotprod+fp16+i8mm``: current phones) and ``arm64-base-gcc`` (``armv8-a``, the NDK's portable baseline: no
 dotprod, no FP16 arithmetic, nothing repacked), ``arm64-sve128-gcc`` (``armv9-a+sve2+i8mm+dotprod+fp16``, run at a
 128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's)
-and ``arm64-i8mm-clang`` (the i8mm build compiled by clang 14, as the Android NDK compiles: path ``arm64-i8mm-clang``). Each qemu run of the built-in model takes ~10-20 s here, so the
+and the i8mm and armv8-a builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
+``arm64-base-clang``: the Android guide's portable build; paths of the same names). Each qemu run of the built-in model takes ~10-20 s here, so the
 default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
 matrix (47 cases, ~17 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
 """
@@ -33,11 +34,13 @@ from test_ggml_e2e import (N_THREADS, assert_bits, assert_greedy_and_mtp_head, a
 
 pytestmark = pytest.mark.oracle
 
-BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang"]
+BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang",
+          "arm64-base-clang"]
 #: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, both builds, the draft-mtp
 #: loop and a converted K-quant file —; the others are marked ``deep`` (:func:`cases`)
 DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
            ("arm64-base-gcc", "verify-1+3"), ("arm64-sve128-gcc", "verify-1+3"), ("arm64-i8mm-clang", "verify-1+3"),
+           ("arm64-base-clang", "verify-1+3"),
            ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang")}
 
 
@@ -101,7 +104,7 @@ def test_the_paths_compute_different_bits():
     import itertools
 
     tokens = prompt()[:8]
-    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "avx512")
+    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang", "avx512")
     runs = {p: refimpl_logits(p, tokens, 4) for p in paths}
     for a, b in itertools.combinations(paths, 2):
         if {a, b} == {"arm64-i8mm", "arm64-i8mm-clang"}:
@@ -142,7 +145,7 @@ CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe
                    ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35-narrow-q8_0.gguf", "arm64-dotprod-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-clang"),
-                   ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang")]
+                   ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-clang")]
 
 
 @pytest.mark.parametrize("name,build", [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.oracle
 
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]  # arm64-base-gcc: test_base_bit_exact
 PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-base-gcc": "arm64-base",
+        "arm64-base-clang": "arm64-base-clang",
         "arm64-sve128-gcc": "arm64-sve128"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
 
@@ -281,10 +282,12 @@ def test_mixed_chunks():
 
 
 @pytest.mark.deep  # a third qemu worker (cortex-a53): pytest -m deep
-def test_base_bit_exact():
+@pytest.mark.parametrize("build", ["arm64-base-gcc", "arm64-base-clang"])
+def test_base_bit_exact(build):
     """arm64-base-gcc (armv8-a: no dotprod, no FP16 arithmetic, nothing repacked): the same kernels, with
     ggml_vdotq_s32's vmull_s8 + vpaddlq_s16 lanes (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 keep float lanes) and F16's dot
-    in float; one call to the library for every type."""
+    in float; one call to the library for every type. arm64-base-clang: the same with clang's choices (the lanes'
+    vmlaq_n_f32 fused, Q8_K's nearest_int not, F32's leftovers in blocks of 8)."""
     rng = np.random.default_rng(3913)
     cases = []
     for qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q5_1, QT.MXFP4, QT.IQ4_NL):
@@ -296,10 +299,11 @@ def test_base_bit_exact():
     for qtype in (QT.F32, QT.F16, QT.BF16):
         w = float_weights(qtype, acts(rng, 5, 100))
         cases += [(w, int(qtype), 100, acts(rng, t, 100), 1) for t in (1, 3)]
-    check("arm64-base-gcc", cases)
+    check(build, cases)
     w = weight_bytes(QT.Q8_0, 8, 64, rng)  # CPU_REPACK takes nothing on armv8-a
     x = acts(rng, 2, 64)
-    assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, "arm64-base", repack=True)), bits(mul_mat(w, QT.Q8_0, x, "arm64-base")))
+    path = PATH[build]
+    assert np.array_equal(bits(mul_mat(w, QT.Q8_0, x, path, repack=True)), bits(mul_mat(w, QT.Q8_0, x, path)))
 
 
 @pytest.mark.deep  # a fourth qemu worker (SVE at 128 bits): pytest -m deep

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.oracle
 F32 = np.float32
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]
 #: armv8-a: the same NEON code for these ops (no F16 vectors here); pytest -m deep
-WITH_BASE = ARM_BUILDS + [pytest.param("arm64-base-gcc", marks=pytest.mark.deep)]
+WITH_BASE = ARM_BUILDS + [pytest.param(b, marks=pytest.mark.deep) for b in ("arm64-base-gcc", "arm64-base-clang")]
 
 
 def path_of(build: str) -> str:

@@ -82,6 +82,8 @@ SIMD = {
     # clang 14, -march=armv8.6-a+dotprod+fp16+i8mm: the NEON code, but clang's vectorizer (NEON_CLANG) and
     # -ffp-contract=on (``fused`` is about scalar ``a*b + c`` in one expression, which clang contracts too)
     "arm64-i8mm-clang": Simd("arm64-i8mm-clang", 4, NEON_CLANG, NEON, True, 8, True, ARM_NAN),
+    # clang 14, -march=armv8-a: arm64-base's NEON code (GGML_F16_VEC = GGML_F32Cx4) with clang's vectorizer
+    "arm64-base-clang": Simd("arm64-base-clang", 4, NEON_CLANG, NEON, True, 4, False, ARM_NAN),
 }
 for _p in EMULATED_PATHS:
     assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key
@@ -199,11 +201,10 @@ def follows_nans(fn):
 
 def f16_code(path: str, op: str = "vec.h's F16 vector code") -> int | None:
     """The code the F16 vec functions take on ``path``: :data:`NEON_F32C` on NEON without FP16 vector arithmetic
-    (``arm64-base``), :data:`NEON` on ``arm64-i8mm-clang``, else the path's :attr:`Simd.code`."""
+    (``arm64-base``, ``arm64-base-clang``), :data:`NEON` on ``arm64-i8mm-clang``, else the path's :attr:`Simd.code`."""
     s = simd(path, op)
-    if s.code == NEON_CLANG:  # the F16 loops are intrinsics (vfmaq_f16 …): clang's and GCC's alike
-        return NEON
-    return NEON_F32C if s.code == NEON and not s.f16_half else s.code
+    code = NEON if s.code == NEON_CLANG else s.code  # the F16 loops are intrinsics (vfmaq_f16 …): clang's = GCC's
+    return NEON_F32C if code == NEON and not s.f16_half else code
 
 
 def check_path(path: str) -> str:

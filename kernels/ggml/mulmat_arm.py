@@ -47,8 +47,8 @@ code of F32 (:func:`kernels.ggml.sve.vec_dot_f32`), Q8_0 and Q4_0 (``mulmat_arm_
 kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`kernels.ggml.sve.vec_dot_f16`), and the NEON i8mm 2-row kernels
 of Q4_0, Q4_1, Q8_0.
 
-``arm64-i8mm-clang`` (the i8mm build compiled by clang 14, ``-ffp-contract=on``; tests/test_ggml_arm64_clang.py): the
-i8mm kernels with clang's float choices — ``vmlaq_n_f32`` / ``vmlaq_f32`` / ``vmlsq_f32`` one ``fmla`` / ``fmls`` (the
+``arm64-i8mm-clang`` / ``arm64-base-clang`` (the i8mm / armv8-a builds compiled by clang 14, ``-ffp-contract=on``;
+tests/test_ggml_arm64_clang.py): those paths' kernels with clang's float choices — ``vmlaq_n_f32`` / ``vmlaq_f32`` / ``vmlsq_f32`` one ``fmla`` / ``fmls`` (the
 32-value blocks' lanes and 2-row kernels, Q4_K / Q6_K's 2-row kernels: ``clang`` of :mod:`kernels.ggml.mulmat_arm_q`),
 Q8_K's ``nearest_int`` not fused (``_q8_k_rows(fused=False)``), F32's leftovers in blocks of 8 (vec code
 :data:`kernels.ggml.isa.NEON_CLANG`), no USDOT tail for Q5_0 (GCC's miscompile).
@@ -72,7 +72,9 @@ from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 #: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS); ``arm64-base`` (armv8-a: no
 #: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
 #: NEON kernels but F16's dot in float (:func:`kernels.ggml.vec.vec_dot_f16` with ``NEON_F32C``)
-ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang")
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang")
+#: the armv8-a builds: no dotprod (``ggml_vdotq_s32`` emulated by vmull + vpaddl), nothing repacked
+BASE_PATHS = ("arm64-base", "arm64-base-clang")
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
 I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-i8mm-clang")
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
@@ -94,7 +96,7 @@ def repacked(qtype: QT, n_rows: int, path: str = "arm64-dotprod") -> bool:
     """Whether CPU_REPACK re-lays out a weight of ``qtype`` with ``n_rows`` rows on the ARM ``path`` (the chooser
     needs dotprod or i8mm: nothing on ``arm64-base``)."""
     m = REPACK_ROWS.get(qtype)
-    return m is not None and n_rows % m == 0 and path != "arm64-base"
+    return m is not None and n_rows % m == 0 and path not in BASE_PATHS
 
 
 def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
@@ -196,7 +198,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
         kind = {"arm64-i8mm": mulmat_arm_q.I8MM_KIND, "arm64-sve128": mulmat_arm_q.SVE128_KIND}.get(path, {}).get(qtype, 0)
         mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
-                                  path == "arm64-base", clang)
+                                  path in BASE_PATHS, clang)
     elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC (not by clang)
         yq, yd, ybs = _q8_k_rows(x, fused=not clang)
         mulmat_arm_q.iq_rows(mulmat_arm_q.IQ[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs, out, F16_TO_F32)

@@ -74,6 +74,7 @@ _I8MM = {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXF
 #: code: the same bits (checked against ``arm64-sve128-gcc``).
 REPACK_ARM = {
     "arm64-base": {},
+    "arm64-base-clang": {},
     "arm64-dotprod": {QT.Q4_0: (4, "4x4"), QT.Q8_0: (4, "4x4"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
                       QT.Q4_K: (8, "8x4"), QT.Q5_K: (8, "8x4"), QT.Q6_K: (8, "8x4")},
     "arm64-i8mm": _I8MM,

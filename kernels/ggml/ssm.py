@@ -51,14 +51,14 @@ from numba import prange
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import not_emulated
-from kernels.ggml.simd import LANES, NEON, NEON_CLANG, SVE128, check_path, fma32, fold_left_unfused, follows_nans, lanes, simd
+from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, check_path, fma32, fold_left_unfused, follows_nans, simd
 from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
 def _path(path: str, op: str) -> str:
-    """``path`` if ``op`` is emulated on it: the x86 paths and the AArch64 NEON ones of :data:`kernels.ggml.simd.LANES`;
+    """``path`` if ``op`` is emulated on it: every path whose vector code :data:`kernels.ggml.simd.SIMD` records;
     another key whose vector code is not emulated is :func:`kernels.ggml.build.not_emulated`."""
-    if check_path(path) != "generic" and path not in LANES and path not in ("arm64-sve128", "arm64-i8mm-clang"):
+    if check_path(path) != "generic" and path not in SIMD:
         raise not_emulated(op, path)
     return path
 

@@ -40,6 +40,7 @@ BUILDS = {
     "arm64-sve128-gcc": ("arm64-sve128", "gcc", "armv9-a+sve2+i8mm+dotprod+fp16"),
     "arm64-i8mm-clang": ("arm64-i8mm-clang", "clang", "armv8.6-a+dotprod+fp16+i8mm"),
     "arm64-base-clang": ("arm64-base-clang", "clang", "armv8-a"),  # the Android guide's portable arm64-v8a build
+    "arm64-dotprod-clang": ("arm64-dotprod-clang", "clang", "armv8.2-a+dotprod+fp16"),
 }
 #: the qemu CPU model each build runs on: exactly its features (qemu 7.2's models; ``max`` has all of them, so the
 #: features a build must not see are switched off)
@@ -48,6 +49,7 @@ QEMU_CPU = {
     "arm64-i8mm-gcc": "max,sve=off,sme=off",
     "arm64-i8mm-clang": "max,sve=off,sme=off",
     "arm64-base-clang": "cortex-a53",
+    "arm64-dotprod-clang": "cortex-a76",
     "arm64-base-gcc": "cortex-a53",  # ARMv8.0: NEON only
     "arm64-sve128-gcc": "max,sve-default-vector-length=16,sme=off",
 }

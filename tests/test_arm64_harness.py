@@ -37,6 +37,7 @@ Q8_0 = 8  # ggml.h: GGML_TYPE_Q8_0
 FEATURES = {
     "arm64-base-gcc": {"neon", "arm_fma"},
     "arm64-base-clang": {"neon", "arm_fma"},
+    "arm64-dotprod-clang": {"neon", "arm_fma", "dotprod", "fp16_va"},
     "arm64-dotprod-gcc": {"neon", "arm_fma", "dotprod", "fp16_va"},
     "arm64-i8mm-gcc": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8"},
     "arm64-i8mm-clang": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8"},
@@ -64,9 +65,10 @@ def test_each_arm_build_is_detected_without_running_it(build):
         with pytest.raises(UnsupportedBuild, match="compiled by ICC 2024.1, .* for GCC and clang builds") as e:
             other.path
         assert "\n" not in str(e.value)
-        dotprod = dataclasses.replace(b, features=FEATURES["arm64-dotprod-gcc"])  # clang's dotprod build: not emulated
-        with pytest.raises(UnsupportedBuild, match="of the clang builds --emulate=ggml follows arm64-i8mm-clang, arm64-base-clang only"):
-            dotprod.path
+        sve = dataclasses.replace(b, features=FEATURES["arm64-sve128-gcc"], sve_bits=128)  # clang's SVE: not emulated
+        with pytest.raises(UnsupportedBuild, match="of the clang builds --emulate=ggml follows arm64-i8mm-clang, "
+                                                   "arm64-dotprod-clang, arm64-base-clang only"):
+            sve.path
         with pytest.raises(UnsupportedBuild, match="does not say which compiler built it"):
             dataclasses.replace(b, compiler=None).path
     if "sve" in b.features:  # the vector length is the CPU's: unknown on this host, refused unless 128 bits

@@ -24,9 +24,9 @@ ARM = {"arm64-base": NEON, "arm64-dotprod": NEON | {"dotprod", "fp16_va"},
        "arm64-i8mm": NEON | {"dotprod", "fp16_va", "matmul_int8"},
        "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
        "arm64-i8mm-clang": NEON | {"dotprod", "fp16_va", "matmul_int8"},  # compiled by clang (COMPILER)
-       "arm64-base-clang": NEON}
+       "arm64-base-clang": NEON, "arm64-dotprod-clang": NEON | {"dotprod", "fp16_va"}}
 #: the compiler of each AArch64 path's library here (the GCC paths': GCC 12)
-COMPILER = {"arm64-i8mm-clang": "clang 14.0.6", "arm64-base-clang": "clang 14.0.6"}
+COMPILER = {key: "clang 14.0.6" for key in ("arm64-i8mm-clang", "arm64-base-clang", "arm64-dotprod-clang")}
 
 
 def arm_build(features, compiler="GCC 12.2.0", sve_bits=128, gpus=()):
@@ -159,8 +159,8 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"add": {"sme2"}}, "SME2"),
     ({"add": {"llamafile"}}, "llamafile's sgemm"),
     ({"compiler": "ICC 2024.1"}, "compiled by ICC 2024.1"),
-    ({"compiler": "clang 14.0.6", "remove": {"matmul_int8"}},
-     "of the clang builds --emulate=ggml follows arm64-i8mm-clang, arm64-base-clang only"),
+    ({"compiler": "clang 14.0.6", "add": {"sve"}},
+     "of the clang builds --emulate=ggml follows arm64-i8mm-clang, arm64-dotprod-clang, arm64-base-clang only"),
     ({"compiler": None}, "does not say which compiler built it"),
     ({"add": {"sve"}, "sve_bits": None}, "read at run time"),
     ({"add": {"sve"}, "sve_bits": 256}, "the 256-bit vector length"),

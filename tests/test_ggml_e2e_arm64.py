@@ -14,13 +14,15 @@ Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones si
 (``armv8.6-a+dotprod+fp16+i8mm``: current phones) and ``arm64-base-gcc`` (``armv8-a``, the NDK's portable baseline: no
 dotprod, no FP16 arithmetic, nothing repacked), ``arm64-sve128-gcc`` (``armv9-a+sve2+i8mm+dotprod+fp16``, run at a
 128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's)
-and the i8mm and armv8-a builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
-``arm64-base-clang``: the Android guide's portable build; paths of the same names). Each qemu run of the built-in model takes ~10-20 s here, so the
+and the i8mm, dotprod and armv8-a builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
+``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build; paths of the same names). Each qemu run of the built-in model takes ~10-20 s here, so the
 default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
 matrix (47 cases, ~17 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -35,12 +37,13 @@ from test_ggml_e2e import (N_THREADS, assert_bits, assert_greedy_and_mtp_head, a
 pytestmark = pytest.mark.oracle
 
 BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang",
-          "arm64-base-clang"]
-#: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, both builds, the draft-mtp
-#: loop and a converted K-quant file —; the others are marked ``deep`` (:func:`cases`)
+          "arm64-base-clang", "arm64-dotprod-clang"]
+#: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, the draft-mtp loop, a
+#: converted K-quant file on GCC's and on clang's i8mm build —; the others are marked ``deep`` (:func:`cases`). Every
+#: ARM path also runs end to end against llama.cpp in the default suite through tests/test_ggml_paths_cli.py (its
+#: logits one token per ubatch, run, audit, golden): the armv8-a builds (nothing repacked) need no verify case here.
 DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
-           ("arm64-base-gcc", "verify-1+3"), ("arm64-sve128-gcc", "verify-1+3"), ("arm64-i8mm-clang", "verify-1+3"),
-           ("arm64-base-clang", "verify-1+3"),
+           ("arm64-sve128-gcc", "verify-1+3"),
            ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang")}
 
 
@@ -95,24 +98,31 @@ def test_plain_buffer_weights(build, on_build):
 
 
 def test_the_paths_compute_different_bits():
-    """Each ARM path computes other bits than x86 and than every other ARM path on the same tokens — so each test
-    above could fail on another path (dotprod and i8mm differ in their repacked gemm/gemv: 4x4 vs 4x8 blocks; base
-    repacks nothing and sums F16 in float lanes; sve128 has its own F32/F16 dots and quant kernels). The clang build
-    differs from GCC's i8mm build in the traced ssm_conv and delta-net outputs only: builtin:kjv's matmuls are Q8_0
-    repacked 4x8 (``vfmaq_f32`` in both) and quantize their activations to Q8_0, which rounds the last-bit
-    differences away — its logits are the same; so do the traced intermediates the e2e tests compare."""
+    """Each ARM path computes other bits than x86 and than every other ARM path — so each test above could fail on
+    another path (dotprod and i8mm differ in their repacked gemm/gemv: 4x4 vs 4x8 blocks; base repacks nothing and
+    sums F16 in float lanes; sve128 has its own F32/F16 dots and quant kernels; a clang build fuses other products
+    and blocks other sums). On builtin:kjv, in the logits or the traced intermediates the e2e tests compare: its
+    matmuls quantize their activations to Q8_0, which rounds some last-bit differences away (GCC's and clang's i8mm
+    builds differ in the ssm_conv and delta-net outputs only; clang's dotprod and i8mm builds, whose Q8_0 4x4 and 4x8
+    kernels are both fused, in nothing) — those pairs on the converted Q4_K_M file (K-quant 8x4 vs 8x8 kernels)."""
     import itertools
 
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import load_model
+
     tokens = prompt()[:8]
-    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang", "avx512")
+    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang",
+             "arm64-dotprod-clang", "avx512")
     runs = {p: refimpl_logits(p, tokens, 4) for p in paths}
+    q4_k_m = load_model(CONVERTED / "qwen35moe-k-q4_k_m.gguf", pack=False)
+    ids = [int(t) for t in np.random.default_rng(7).integers(1, q4_k_m.config.n_vocab, 8)]
+    converted = functools.cache(lambda p: refimpl_batches(q4_k_m, ids, emulation_ctx("ggml", ggml=p, n_threads=N_THREADS), 4))
+    same_on_kjv = set()
     for a, b in itertools.combinations(paths, 2):
-        if {a, b} == {"arm64-i8mm", "arm64-i8mm-clang"}:
-            assert not (runs[a][0] != runs[b][0]).any()
-            assert (runs[a][1]["conv_output_raw-0"] != runs[b][1]["conv_output_raw-0"]).any()
-            assert (runs[a][1]["final_output-0"] != runs[b][1]["final_output-0"]).any()
-            continue
-        assert (runs[a][0].view(np.uint32) != runs[b][0].view(np.uint32)).any(), (a, b)
+        if not any((runs[a][i][k] != runs[b][i][k]).any() for i, k in ((0, ...), *((1, k) for k in runs[a][1]))):
+            same_on_kjv.add((a, b))
+            assert (np.asarray(converted(a)).view(np.uint32) != np.asarray(converted(b)).view(np.uint32)).any(), (a, b)
+    assert same_on_kjv == {("arm64-i8mm-clang", "arm64-dotprod-clang")}, same_on_kjv
 
 
 @pytest.mark.deep

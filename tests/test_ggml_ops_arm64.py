@@ -23,7 +23,7 @@ from kernels.ggml.isa import f16_code
 
 pytestmark = pytest.mark.oracle
 
-ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep), pytest.param("arm64-dotprod-clang", marks=pytest.mark.deep)]
 WITH_BASE = ARM_BUILDS + ["arm64-base-gcc", pytest.param("arm64-base-clang", marks=pytest.mark.deep)]
 DEEP_BASE = ARM_BUILDS + [pytest.param(b, marks=pytest.mark.deep) for b in ("arm64-base-gcc", "arm64-base-clang")]  # pytest -m deep
 

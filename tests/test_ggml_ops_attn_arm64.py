@@ -30,7 +30,7 @@ from kernels.ggml.flashattn_exact import fa_code, fa_kernel, flash_attn_ext
 
 pytestmark = pytest.mark.oracle
 
-ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep), pytest.param("arm64-dotprod-clang", marks=pytest.mark.deep)]
 #: arm64-base-gcc (armv8-a): F16 vectors float32x4_t (GGML_F32Cx4) — the one-row loop's F16 code is x86's float one
 WITH_BASE = ARM_BUILDS + ["arm64-base-gcc", pytest.param("arm64-base-clang", marks=pytest.mark.deep)]
 DEEP_BASE = ARM_BUILDS + [pytest.param(b, marks=pytest.mark.deep) for b in ("arm64-base-gcc", "arm64-base-clang")]  # pytest -m deep

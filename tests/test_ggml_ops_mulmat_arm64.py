@@ -21,9 +21,9 @@ from kernels.ggml.mulmat import kernel_for, mul_mat, mul_mat_id
 
 pytestmark = pytest.mark.oracle
 
-ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]  # arm64-base-gcc: test_base_bit_exact
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep), pytest.param("arm64-dotprod-clang", marks=pytest.mark.deep)]  # arm64-base-gcc: test_base_bit_exact
 PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-base-gcc": "arm64-base",
-        "arm64-base-clang": "arm64-base-clang",
+        "arm64-base-clang": "arm64-base-clang", "arm64-dotprod-clang": "arm64-dotprod-clang",
         "arm64-sve128-gcc": "arm64-sve128"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
 

@@ -31,7 +31,8 @@ from kernels.testing import random_rows
 
 pytestmark = pytest.mark.oracle
 
-ARM = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang"}
+ARM = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang",
+       "arm64-dotprod-clang": "arm64-dotprod-clang"}
 #: the builds the tests run on (the clang build's cases: pytest -m deep)
 ARM_BUILDS = [pytest.param(b, marks=pytest.mark.deep) if "clang" in b else b for b in ARM]
 TYPES = (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4)

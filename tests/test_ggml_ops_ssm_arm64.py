@@ -19,7 +19,7 @@ from kernels.ggml.ssm import gated_delta_net, ssm_conv
 
 pytestmark = pytest.mark.oracle
 F32 = np.float32
-ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep)]
+ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep), pytest.param("arm64-dotprod-clang", marks=pytest.mark.deep)]
 #: armv8-a: the same NEON code for these ops (no F16 vectors here); pytest -m deep
 WITH_BASE = ARM_BUILDS + [pytest.param(b, marks=pytest.mark.deep) for b in ("arm64-base-gcc", "arm64-base-clang")]
 

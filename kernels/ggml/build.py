@@ -15,11 +15,11 @@ the compile-time features that select it; ``GgmlBuild.path``, ``describe()``, ``
 its report line) and ``kernels.ggml.simd`` (``lanes``, ``check_path``) all read it, and tests/test_ggml_paths_cli.py
 runs every command on each entry. :class:`GgmlBuild` names the path and refuses, in one line, a library whose
 kernels are not emulated — AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, a GPU backend beside the CPU one; on
-AArch64 SME, KleidiAI, llamafile's sgemm, a clang build other than i8mm's and armv8-a's, an SVE vector length other than 128 bits, a macOS build
+AArch64 SME, KleidiAI, llamafile's sgemm, a clang SVE build, an SVE vector length other than 128 bits, a macOS build
 (Accelerate) — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any SIMD
 (docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds — NEON (``armv8-a``), +dotprod+fp16,
-+i8mm, and SVE with i8mm at a 128-bit vector length — and clang's i8mm and armv8-a builds (``arm64-i8mm-clang``,
-``arm64-base-clang``: the Android NDK's compiler); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
++i8mm, and SVE with i8mm at a 128-bit vector length — and clang's NEON builds (``arm64-i8mm-clang``,
+``arm64-dotprod-clang``, ``arm64-base-clang``: the Android NDK's compiler); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
 clang fuses other products than GCC and vectorizes other reductions: a clang path is one more entry. A
 kernel whose ARM C is not emulated yet raises :class:`NotEmulated` (:func:`not_emulated`), naming the op and the path.
 
@@ -67,7 +67,7 @@ ARM64_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve",
 GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "musa", "kompute", "rpc", "webgpu")
 #: the compiler of the AArch64 paths (EmulatedPath.compiler): GCC, whose contraction (-ffp-contract=fast) the ARM
 #: kernels follow; a clang build (-ffp-contract=on) fuses other products: its paths are entries of their own
-#: (``arm64-i8mm-clang``, ``arm64-base-clang``: compiler CLANG)
+#: (``arm64-i8mm-clang``, ``arm64-dotprod-clang``, ``arm64-base-clang``: compiler CLANG)
 ARM64_COMPILER, CLANG = "GCC", "clang"
 SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 
@@ -122,6 +122,9 @@ EMULATED_PATHS = (
     EmulatedPath("arm64-i8mm-clang", "AArch64 NEON i8mm (clang)", 4,
                  _arm64({"dotprod", "fp16_va", "matmul_int8"}, {"sve"}),
                  "as arm64-i8mm, compiled by clang", ARM64, CLANG),
+    EmulatedPath("arm64-dotprod-clang", "AArch64 NEON dotprod (clang)", 4,
+                 _arm64({"dotprod", "fp16_va"}, {"matmul_int8", "sve"}), "as arm64-dotprod, compiled by clang", ARM64,
+                 CLANG),
     # the armv8-a build compiled by clang: the Android guide's portable arm64-v8a build (the NDK compiles with clang)
     EmulatedPath("arm64-base-clang", "AArch64 NEON (clang)", 4, _arm64(set(), {"dotprod", "fp16_va", "matmul_int8", "sve"}),
                  "as arm64-base, compiled by clang", ARM64, CLANG),

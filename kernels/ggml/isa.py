@@ -82,6 +82,7 @@ SIMD = {
     # clang 14, -march=armv8.6-a+dotprod+fp16+i8mm: the NEON code, but clang's vectorizer (NEON_CLANG) and
     # -ffp-contract=on (``fused`` is about scalar ``a*b + c`` in one expression, which clang contracts too)
     "arm64-i8mm-clang": Simd("arm64-i8mm-clang", 4, NEON_CLANG, NEON, True, 8, True, ARM_NAN),
+    "arm64-dotprod-clang": Simd("arm64-dotprod-clang", 4, NEON_CLANG, NEON, True, 8, True, ARM_NAN),
     # clang 14, -march=armv8-a: arm64-base's NEON code (GGML_F16_VEC = GGML_F32Cx4) with clang's vectorizer
     "arm64-base-clang": Simd("arm64-base-clang", 4, NEON_CLANG, NEON, True, 4, False, ARM_NAN),
 }

@@ -47,7 +47,7 @@ code of F32 (:func:`kernels.ggml.sve.vec_dot_f32`), Q8_0 and Q4_0 (``mulmat_arm_
 kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`kernels.ggml.sve.vec_dot_f16`), and the NEON i8mm 2-row kernels
 of Q4_0, Q4_1, Q8_0.
 
-``arm64-i8mm-clang`` / ``arm64-base-clang`` (the i8mm / armv8-a builds compiled by clang 14, ``-ffp-contract=on``;
+``arm64-i8mm-clang`` / ``arm64-dotprod-clang`` / ``arm64-base-clang`` (those builds compiled by clang 14, ``-ffp-contract=on``;
 tests/test_ggml_arm64_clang.py): those paths' kernels with clang's float choices — ``vmlaq_n_f32`` / ``vmlaq_f32`` / ``vmlsq_f32`` one ``fmla`` / ``fmls`` (the
 32-value blocks' lanes and 2-row kernels, Q4_K / Q6_K's 2-row kernels: ``clang`` of :mod:`kernels.ggml.mulmat_arm_q`),
 Q8_K's ``nearest_int`` not fused (``_q8_k_rows(fused=False)``), F32's leftovers in blocks of 8 (vec code
@@ -72,7 +72,8 @@ from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits
 #: the AArch64 GCC path keys this module emulates (kernels.ggml.build.EMULATED_PATHS); ``arm64-base`` (armv8-a: no
 #: dotprod — ``ggml_vdotq_s32`` emulated, the same integers —, no FP16 arithmetic, nothing repacked) runs the same
 #: NEON kernels but F16's dot in float (:func:`kernels.ggml.vec.vec_dot_f16` with ``NEON_F32C``)
-ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang")
+ARM_PATHS = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-dotprod-clang",
+             "arm64-base-clang")
 #: the armv8-a builds: no dotprod (``ggml_vdotq_s32`` emulated by vmull + vpaddl), nothing repacked
 BASE_PATHS = ("arm64-base", "arm64-base-clang")
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)

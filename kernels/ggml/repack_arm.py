@@ -81,11 +81,12 @@ REPACK_ARM = {
     "arm64-sve128": _I8MM,
     "arm64-i8mm-clang": _I8MM,
 }
-#: The AArch64 paths whose repacked kernels are emulated -> the kernels they run. ``arm64-i8mm-clang``: the clang
-#: build of the i8mm kernels (``-ffp-contract=on`` contracts ``vmlaq_f32`` / ``vmlsq_f32`` into ``fmla`` / ``fmls``,
-#: but not ``nearest_int``'s add), named here ahead of a path key for it.
+REPACK_ARM["arm64-dotprod-clang"] = REPACK_ARM["arm64-dotprod"]
+#: The AArch64 paths whose repacked kernels are emulated -> the kernels they run. ``arm64-…-clang``: the clang
+#: builds of the i8mm and dotprod kernels (``-ffp-contract=on`` contracts ``vmlaq_f32`` / ``vmlsq_f32`` into
+#: ``fmla`` / ``fmls``, but not ``nearest_int``'s add).
 KERNELS_OF = {"arm64-dotprod": "arm64-dotprod", "arm64-i8mm": "arm64-i8mm", "arm64-sve128": "arm64-i8mm",
-              "arm64-i8mm-clang": "arm64-i8mm-clang"}
+              "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-dotprod-clang": "arm64-dotprod-clang"}
 ARM_PATHS = tuple(KERNELS_OF)
 #: The 32-value block types emulated here.
 REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
@@ -95,7 +96,8 @@ FUSED = {
     (QT.Q8_0, "arm64-i8mm"): (True, True),  # gemm 4x8 (smmla) vfmaq_f32, gemv 4x8 vfmaq_f32
     **{(QT.Q4_0, p): (True, True) for p in ("arm64-dotprod", "arm64-i8mm")},  # gemm asm fmla, gemv vfmaq_f32
     **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4) for p in ("arm64-dotprod", "arm64-i8mm")},  # vmlaq_f32
-    **{(q, "arm64-i8mm-clang"): (True, True) for q in (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4)},  # clang: all fmla
+    **{(q, p): (True, True) for q in (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
+       for p in ("arm64-i8mm-clang", "arm64-dotprod-clang")},  # clang: all fmla
 }
 
 
@@ -177,7 +179,7 @@ def _rows_for(qt, parallel):
     table, ``x`` (R, K) float32 activations, quantized here (AArch64 ``quantize_row_q8_0``; ``x86_quant``: x86's, a
     wrong model for the tests), ``fused`` (R,) bool per activation row (module docstring); output row ``i`` = slot
     (t, s) of ``n_used`` per token is ``w[we[i]]`` against activation row ``t·n_x + s % n_x`` (a ``mul_mat``: 1, 1):
-    out (S, N), every NaN made AArch64's default NaN (:func:`arm_nans`)."""
+    out (S, N), every NaN made AArch64's default NaN (in the kernel, as :func:`arm_nans` does)."""
     qt = QT(qt)
     hdr, lo, hi = _constants(qt)
     q8 = qt == QT.Q8_0

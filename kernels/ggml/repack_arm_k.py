@@ -30,10 +30,10 @@ float32(fp16(dmin) · y.d)`` per super-block, ``acc = +0``; GCC 12 emits ``vfmaq
     Q6_K 8x4 gemm, 8x8 gemv and gemm:       per super-block  acc = acc + float32(float(I) · S)
 
 So the gemm rows and the gemv rows of one call differ on ``arm64-i8mm`` (Q4_K, Q5_K) and for Q6_K on
-``arm64-dotprod``. The clang build of the i8mm kernels (``arm64-i8mm-clang``, ahead of a path key) contracts every
-``vmlaq_f32`` / ``vmlsq_f32`` into ``fmla`` / ``fmls`` (:data:`FUSED_MINS`: the mins and the 8x8 gemm's step are one
-FMA each; Q6_K's 8x8 gemm fuses, its gemv's ``vmul_f32`` + ``vaddq_f32`` do not) but not ``nearest_int``'s add
-(:data:`Q8_K_FUSED`). One accumulator per output: no lanes; the thread count (whole
+``arm64-dotprod``. The clang builds (``arm64-i8mm-clang``, ``arm64-dotprod-clang``) contract every ``vmlaq_f32`` /
+``vmlsq_f32`` into ``fmla`` / ``fmls`` (:data:`FUSED_MINS`: the mins and the 8x8 gemm's step are one FMA each; Q6_K's
+gemm fuses, its gemv's ``vmul(q)_f32`` + ``vaddq_f32`` do not — the 8x4 gemv's either, which GCC contracts) but not
+``nearest_int``'s add (:data:`Q8_K_FUSED`). One accumulator per output: no lanes; the thread count (whole
 8-column chunks) changes no bit. NaNs: every output NaN is made AArch64's default +0x7fc00000
 (:func:`kernels.ggml.repack_arm.arm_nans`); a NaN weight scale's payload is not modelled.
 """
@@ -74,9 +74,13 @@ GEMM_GEMV = {(QT.Q4_K, "arm64-dotprod"): (0, 0), (QT.Q4_K, "arm64-i8mm"): (2, 1)
              (QT.Q6_K, "arm64-dotprod"): (5, 4), (QT.Q6_K, "arm64-i8mm"): (5, 5),
              (QT.Q4_K, "arm64-i8mm-clang"): (2 + FUSED_MINS, 1 + FUSED_MINS),
              (QT.Q5_K, "arm64-i8mm-clang"): (2 + FUSED_MINS, 3 + FUSED_MINS),
-             (QT.Q6_K, "arm64-i8mm-clang"): (4, 5)}
+             (QT.Q6_K, "arm64-i8mm-clang"): (4, 5),
+             (QT.Q4_K, "arm64-dotprod-clang"): (FUSED_MINS, FUSED_MINS),
+             (QT.Q5_K, "arm64-dotprod-clang"): (FUSED_MINS, FUSED_MINS),
+             (QT.Q6_K, "arm64-dotprod-clang"): (4, 5)}  # clang: 8x4's gemm vmlaq_f32 fused, its gemv's
+#: vmulq_f32 + vaddq_f32 two statements (GCC's =fast contracts them into fmla, clang's =on does not)
 #: Whether the kernels' path quantizes Q8_K with GCC's contracted nearest_int.
-Q8_K_FUSED = {"arm64-dotprod": True, "arm64-i8mm": True, "arm64-i8mm-clang": False}
+Q8_K_FUSED = {"arm64-dotprod": True, "arm64-i8mm": True, "arm64-i8mm-clang": False, "arm64-dotprod-clang": False}
 
 
 @jit()

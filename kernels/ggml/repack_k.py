@@ -177,9 +177,10 @@ def _decode_q2_k_i32(w, q, sc, mn, d, dmin, table):
 
 @jit()
 def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
-    """The core of :func:`repacked_k_rows` for Q4_K: weight rows ``w`` (N, row bytes) against the activation rows
-    ``rows`` of ``y`` (int32 (·, K)), ``yd``, ``ysub``, ``gemm``; results to ``out[orow[i], c]``. The nibbles are
-    multiplied straight from the row bytes; every integer is exact in int32 (a super-block's sum < 2^25)."""
+    """The core of :func:`_id_item` (so of :func:`repacked_k_rows`) for Q4_K: weight rows ``w`` (N, row bytes)
+    against the activation rows ``rows`` of ``y`` (int32 (·, K)), ``yd``, ``ysub``, ``gemm``; results to
+    ``out[orow[i], c]``. The nibbles are multiplied straight from the row bytes; every integer is exact in int32 (a
+    super-block's sum < 2^25)."""
     K = y.shape[1]
     nb = K // 256
     for c in range(w.shape[0]):

@@ -25,7 +25,6 @@ from test_ggml_ops_attn import check as check_path
 
 from kernels.ggml import simd
 from kernels.ggml.attn_heads import attend_f32
-from kernels.ggml.build import NotEmulated
 from kernels.ggml.flashattn_exact import fa_code, fa_kernel, flash_attn_ext
 
 pytestmark = pytest.mark.oracle
@@ -44,14 +43,7 @@ def path_of(build: str) -> str:
 
 def check(build, q, k, v, m, scale, n_threads=1):
     """Byte comparison of the ARM library and the emulation of its path (test_ggml_ops_attn.check); returns the
-    library's output. On the clang build an F32 K whose ``ggml_vec_dot_f32`` leftovers clang blocks otherwise than
-    GCC (head size % 16 in 4…7 or 12…15: no model's) takes the one-row path refused in one line, not guessed."""
-    D = q.shape[2]
-    if "clang" in build and k.dtype == np.float32 and (D % 16) // 4 != (D % 16) // 8 * 2 and (
-            fa_kernel(q.shape[1], k.shape[1], k.dtype, v.dtype, v.shape[2], path_of(build)) != "tiled"):
-        with pytest.raises(NotEmulated, match=f"F32 K of head size {D}"):
-            flash_attn_ext(q, k, v, m, scale, path_of(build), n_threads=n_threads)
-        return None
+    library's output."""
     return check_path(build, q, k, v, m, scale, n_threads, path=path_of(build))
 
 

@@ -88,7 +88,7 @@ from kernels.base.flags import jit
 from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
-from kernels.ggml.build import by_clang, not_emulated
+from kernels.ggml.build import not_emulated
 from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128, f16_code
 from kernels.ggml.simd import AVX2, AVX512, NEON, SIMD, check_path, fma32, simd
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic, vec_mad_f16, vec_scale_f16
@@ -110,7 +110,8 @@ def _to_f16(x, fused):
 
 
 @jit()
-def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, fused, q_q, vkq, acc):
+def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v_f16, lanes, fused, dot, q_q, vkq,
+              acc):
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one (query row, head) over cells
     ``ic_start … ic_end-1`` of ``k`` [n_kv, DK], ``v`` [n_kv, DV] (float32 holding F16 values when
     ``k_f16``/``v_f16``). Leaves the unnormalised VKQ in ``vkq`` (F16 values when ``v_f16``: the VKQ16
@@ -118,7 +119,9 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     ``fused`` False: ggml's generic build — the dots :func:`kernels.ggml.vec.vec_dot_generic`, no FMA. ``lanes``
     :data:`kernels.ggml.simd.NEON`: the AArch64 builds — Q to F16 by the portable conversion, the F16 dot and the
     VKQ16 updates in half precision (:func:`kernels.ggml.vec.vec_dot_f16`, ``vec_mad_f16``, ``vec_scale_f16``);
-    :data:`kernels.ggml.isa.NEON_F32C` (``arm64-base``): the same but the F16 code x86's float one."""
+    :data:`kernels.ggml.isa.NEON_F32C` (``arm64-base``): the same but the F16 code x86's float one. ``dot``: the
+    code of an F32 K's ``ggml_vec_dot_f32`` — GGML_F32_VEC's, or :data:`kernels.ggml.isa.NEON_CLANG` on a clang build
+    (its leftovers in blocks of 8)."""
     DK = q_row.size
     DV = vkq.size
     # neon: the AArch64 builds (NEON_F32C: arm64-base, F16 vectors float32x4_t); half: float16x8_t / svfloat16_t, FP16
@@ -126,7 +129,6 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     # (flash_attn_values' kernels) numba then drops the other paths' branches (kernels/base/flags.py).
     # (``neon`` spelled out each time: a variable holding the test would be a runtime value, and ``expf_on`` and
     # ``_to_f16`` would compile both glibcs' and both conversions' code.)
-    L = NEON if lanes == NEON_F32C else lanes  # GGML_F32_VEC's code (SVE128: kernels.ggml.sve's dots)
     glibc = GLIBC_AARCH64 if lanes == NEON or lanes == NEON_F32C or lanes == SVE128 else GLIBC_X86_64  # expf_on's
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
         if not k_f16:
@@ -148,7 +150,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
         elif k_f16:
             s = vec_dot_f16(DK, k[ic], q_q, lanes, acc)
         else:
-            s = vec_dot_f32(DK, k[ic], q_q, L, acc)
+            s = vec_dot_f32(DK, k[ic], q_q, dot, acc)
         s = np.float32(s * np.float32(scale))
         s = np.float32(s + mv)
         ms = np.float32(1.0)
@@ -176,7 +178,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
 
 
 @functools.cache
-def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool):
+def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool, dot: int):
     """The non-split, non-tiled path's kernel for one (K type, V type, path code, build), compile-time constants:
     only that combination's code compiles (kernels/base/flags.py, "Literal arguments are constants")."""
 
@@ -194,7 +196,7 @@ def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool):
         for h in range(n_head):
             for iq1 in range(n_q):
                 M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
-                                 k_f16, v_f16, lanes, fused, q_q, vkq, acc)
+                                 k_f16, v_f16, lanes, fused, dot, q_q, vkq, acc)
                 s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
                 for d in range(DV):
                     out[iq1, h, d] = np.float32(vkq[d] * s_inv)
@@ -203,7 +205,7 @@ def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool):
 
 
 @jit()
-def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_threads, out):
+def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, dot, n_threads, out):
     """use_split_kv_path (one query row): thread ith runs one_chunk over cells [ith*cs, min((ith+1)*cs, n_kv))
     for every head (cs = ceil(n_kv/n_threads)), then ggml_flash_attn_ext_reduce_partials combines the chunks
     of each head in order."""
@@ -226,7 +228,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, n_t
         ic_end = min(ic_start + cs, n_kv)
         for h in range(n_head):
             M, S = one_chunk(q[h, 0], k[h // group], v[h // group], mask[0], has_mask, ic_start, ic_end, scale,
-                             k_f16, v_f16, lanes, fused, q_q, part_v[ith, h], acc)
+                             k_f16, v_f16, lanes, fused, dot, q_q, part_v[ith, h], acc)
             part_m[ith, h] = M
             part_s[ith, h] = S
     for h in range(n_head):  # ggml_flash_attn_ext_reduce_partials
@@ -327,18 +329,16 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32, v32.shape[2], path)
     args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
     L, fused = fa_code(path)  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
-    if not k_f16 and kind != "tiled" and by_clang(path) and (DK % 16) // 4 != (DK % 16) // 8 * 2:
-        raise not_emulated(f"ggml_flash_attn_ext with an F32 K of head size {DK} (ggml_vec_dot_f32's {DK % 16} "
-                           "leftovers in clang's blocks)", path)  # no model's: head sizes are multiples of 16
     L16 = f16_code(path, "ggml_flash_attn_ext") if L == NEON else L  # arm64-base: NEON_F32C (float F16 vectors)
+    dot = SIMD[path].code if L == NEON else L  # an F32 K's dot: NEON, or NEON_CLANG (clang's leftover blocks)
     if kind == "split":
-        split_kv_row(*args, k_f16, v_f16, L16, fused, int(n_threads), out)
+        split_kv_row(*args, k_f16, v_f16, L16, fused, dot, int(n_threads), out)
     elif kind == "tiled":  # F32 tiles only: the same code with or without FP16 arithmetic
         # SVE: simd-gemm.h's scalar simd_gemm (off under __ARM_FEATURE_SVE) — GCC's fmadd chains in kk order, the
         # same bits as NEON's vector FMA chains —, soft_max over 64 cells (16 whole blocks, FADDV = vaddvq_f32)
         tiled_rows(*args, NEON if L == SVE128 else L, fused, int(n_threads), out)
     else:
-        one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused))(*args, out)
+        one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused), int(dot))(*args, out)
     return arm_default_nan(out) if L == NEON or L == SVE128 else out
 
 

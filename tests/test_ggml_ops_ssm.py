@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from ggml_graph import BUILDS, WITH_GENERIC, Graph, build_info, i64, on_build, require_both_paths, vp
 
+from kernels.ggml.libm import GLIBC_X86_64
 from kernels.ggml.ssm import expf, gated_delta_net, ssm_conv
 
 pytestmark = pytest.mark.oracle
@@ -244,7 +245,7 @@ def test_gated_delta_net_threads():
     g = g.reshape(1, 3, 5, 1)
     ref = np.empty_like(v)
     snaps = np.full((1, 1, 5, 128, 128), np.nan, F32)
-    ssm._transposed_rows(False, ssm.GLIBC_X86_64)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
+    ssm._transposed_rows(False, GLIBC_X86_64)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
     before = numba.get_num_threads()
     try:
         for n in (1, 2, 3):

@@ -30,7 +30,7 @@ from kernels.base.flags import jit
 from kernels.base.blocks import QT
 from kernels.ggml import mulmat
 from kernels.ggml.build import X86_SIMD_PATHS
-from kernels.ggml.isa import NEON, NEON_CLANG, nan_swap, simd
+from kernels.ggml.isa import nan_swap, simd
 from kernels.ggml.mulmat_vec import F32_ROWS, tinyblas_rows
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
@@ -58,15 +58,16 @@ def attend_f32(q, k, v, n_used, mask, scale, path):
         kt[:, :, :n_used] = k[:, :n_used].transpose(0, 2, 1)
     vt = none if pv_cols else np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
     o = np.empty((T, H, D), dtype=np.float32)
-    attn_heads_f32(q, none if kq_cols else k, kt, v, vt, cast_f16_to_f32(mask), scale, L, sgemm, o)
+    attn_heads_f32(q, none if kq_cols else k, kt, v, vt, cast_f16_to_f32(mask), scale, L, simd(path).expf, sgemm, o)
     return nan_swap(path, o)
 
 
 @jit()
-def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, sgemm, out):
+def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
     """``q`` [T, H, D], the KV view as ``k`` [Hkv, n_kv, D] or ``kt`` [Hkv, D, n_kv] (K transposed: the cells side
     by side) and ``v`` [Hkv, n_kv, D] or ``vt`` [Hkv, D, n_kv] (the transposed V cache), ``mask`` [T, n_kv] float32,
-    ``scale`` float32, ``lanes`` the path's float32 lanes, ``sgemm`` whether kqv takes tinyBLAS -> ``out`` [T, H, D].
+    ``scale`` float32, ``lanes`` the path's vec code, ``expf`` its soft_max code (:attr:`kernels.ggml.isa.Simd.expf`),
+    ``sgemm`` whether kqv takes tinyBLAS -> ``out`` [T, H, D].
     Where a dot's length is a whole number of ``GGML_F32_STEP``s (:func:`kernels.ggml.vec.cols_fit`) the
     ``vec_dot_f32``s of a row of scores, or of a head's outputs, run together across the cells or the outputs
     (:func:`kernels.ggml.vec.vec_dot_f32_cols`, the same bits), from ``kt`` / ``v``; otherwise one by one from
@@ -91,7 +92,7 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, sgemm, out):
             else:
                 for c in range(n_kv):
                     kq[0, t, c] = vec_dot_f32(D, k[j, c], q[t, h], lanes, acc)  # ggml_vec_dot_f32, one element
-        _soft_max_rows(kq, m, mask_of, True, scale, NEON if lanes == NEON_CLANG else lanes, p)  # ggml_soft_max_ext(kq, mask, scale)
+        _soft_max_rows(kq, m, mask_of, True, scale, expf, p)  # ggml_soft_max_ext(kq, mask, scale)
         if sgemm:
             tinyblas_rows(vt[j], p[0], o, lanes, lanes, False)
         elif pv_cols:

@@ -66,6 +66,8 @@ from kernels.ggml.simd import fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
 F32 = np.float32
+_DOTPROD = {QT.Q4_0: (4, "4x4"), QT.Q8_0: (4, "4x4"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
+            QT.Q4_K: (8, "8x4"), QT.Q5_K: (8, "8x4"), QT.Q6_K: (8, "8x4")}
 _I8MM = {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
          QT.Q4_K: (8, "8x8"), QT.Q5_K: (8, "8x8"), QT.Q6_K: (8, "8x8")}
 #: ``ggml_repack_get_optimal_repack_type`` on the ARM paths: type -> (rows multiple, kernel ``NB_COLSxINTER``). NEON
@@ -75,13 +77,12 @@ _I8MM = {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXF
 REPACK_ARM = {
     "arm64-base": {},
     "arm64-base-clang": {},
-    "arm64-dotprod": {QT.Q4_0: (4, "4x4"), QT.Q8_0: (4, "4x4"), QT.IQ4_NL: (4, "4x4"), QT.MXFP4: (4, "4x4"),
-                      QT.Q4_K: (8, "8x4"), QT.Q5_K: (8, "8x4"), QT.Q6_K: (8, "8x4")},
+    "arm64-dotprod": _DOTPROD,
+    "arm64-dotprod-clang": _DOTPROD,
     "arm64-i8mm": _I8MM,
     "arm64-sve128": _I8MM,
     "arm64-i8mm-clang": _I8MM,
 }
-REPACK_ARM["arm64-dotprod-clang"] = REPACK_ARM["arm64-dotprod"]
 #: The AArch64 paths whose repacked kernels are emulated -> the kernels they run. ``arm64-…-clang``: the clang
 #: builds of the i8mm and dotprod kernels (``-ffp-contract=on`` contracts ``vmlaq_f32`` / ``vmlsq_f32`` into
 #: ``fmla`` / ``fmls``, but not ``nearest_int``'s add).

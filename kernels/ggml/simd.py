@@ -38,8 +38,8 @@ from kernels.base.flags import JIT_ENABLED, jit
 F32 = np.float32
 
 # The paths, their records and codes, their NaN: kernels.ggml.isa (re-exported here, where the kernels look for them)
-from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, NEON_CLANG, PATHS, SIMD, SSE2, SVE128,  # noqa: F401
-                              X86_NAN, Simd, check_path, follows_nans, lanes, nan_swap, simd)
+from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, NEON_CLANG, NEON_F32C, PATHS, SIMD, SSE2,  # noqa: F401
+                              SVE128, X86_NAN, Simd, check_path, follows_nans, lanes, nan_swap, simd)
 
 
 def fma32_exact(a, b, c):
@@ -531,7 +531,7 @@ def fold_left_unfused(count, lanes):
     (``count`` < 16 here), blocks of 4 when ``count`` >= 4 — ``count & ~3``; the rest are scalar FMAs
     (``vfmadd231ss`` / ``fmadd``). Read from the disassembly of the builds (vec.cpp ``ggml_vec_dot_f32``'s
     leftovers; on x86 also ops.cpp ssm_conv)."""
-    if lanes == NEON:
+    if lanes == NEON or lanes == NEON_F32C:  # NEON_F32C: arm64-base's F16 code, GCC's NEON
         return count & ~3
     if lanes == NEON_CLANG:  # clang 14 (interleave 2): blocks of 8 when 8 or more are left
         return count & ~7

@@ -49,7 +49,7 @@ import numpy as np
 from numba import prange
 
 from kernels.base.flags import SERIAL_BELOW, jit
-from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf, expf_on  # expf: tests/test_ggml_ops_ssm.py
+from kernels.ggml.libm import expf, expf_on, glibc_of  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import not_emulated
 from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, check_path, fma32, fold_left_unfused, follows_nans, simd
 from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
@@ -128,13 +128,14 @@ def _transposed(S_v: int, epr: int) -> bool:
 
 
 @jit()
-def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
+def _gated_delta_net(q, k, v, g, beta, state, K, epr, glibc, out, snaps):
     """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head), where the state is not
     :func:`_transposed` (the generic and SVE builds, a head size that is not a whole number of steps; else
     :func:`_transposed_rows`).
     q [nq3, T, Hq, S], k [nk3, T, Hk, S], v [n_seqs, T, H, S], g [n_seqs, T, H, 1 or S], beta [n_seqs, T, H],
     state [n_seqs, H, S, S] (row j = value index); out [n_seqs, T, H, S], snaps [K, n_seqs, H, S, S]. ``epr`` 0:
-    ggml's generic build (the dots :func:`kernels.ggml.vec.vec_dot_generic`, ``ggml_vec_mad_f32`` a rounded product and sum)."""
+    ggml's generic build (the dots :func:`kernels.ggml.vec.vec_dot_generic`, ``ggml_vec_mad_f32`` a rounded product and sum);
+    ``glibc``: the build's ``expf`` (:func:`kernels.ggml.libm.glibc_of`)."""
     n_seqs, n_tokens, H, S_v = v.shape
     kda = g.shape[3] == S_v
     rq3 = n_seqs // q.shape[0]
@@ -143,7 +144,6 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps):
     delta = np.empty(S_v, np.float32)
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
     generic = epr == 0
-    glibc = GLIBC_AARCH64 if epr == NEON or epr == NEON_CLANG or epr == SVE128 else GLIBC_X86_64  # expf: the build's glibc (libm.expf_on)
     for ir in range(n_seqs * H):
         iv1 = ir % H  # head
         iv3 = ir // H  # sequence
@@ -295,14 +295,14 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
     epr = 0 if path == "generic" else simd(path, "ggml_gated_delta_net").code  # SVE128: kernels.ggml.sve's dot
+    glibc = glibc_of(path)  # expf: the build's glibc (libm.expf_on)
     if _transposed(S, epr):  # a token's S dots together, the state transposed (:func:`_head_t`)
         # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M
         # multiply-adds a token) are, builtin:kjv's 4 heads of 64 (65k) are not, whatever the prompt's length
         parallel = n_seqs * H > 1 and n_seqs * H * S * S * 4 >= SERIAL_BELOW
-        glibc = GLIBC_AARCH64 if epr == NEON or epr == NEON_CLANG else GLIBC_X86_64  # expf: the build's glibc (SVE: not transposed)
         _transposed_rows(parallel, glibc)(q, k, v, g, beta, state, K, epr, out, snaps)
     else:
-        _gated_delta_net(q, k, v, g, beta, state, K, epr, out, snaps)
+        _gated_delta_net(q, k, v, g, beta, state, K, epr, glibc, out, snaps)
     st = snaps[0] if K == 1 else snaps
     if seqless:
         return out[0], (st[0] if K == 1 else st[:, 0])

@@ -86,14 +86,11 @@ def vec_dot_f32(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``; ``acc``: :func:`dot_scratch`."""
     if lanes == SVE128:  # vec.cpp's SVE branch (kernels.ggml.sve)
         return sve.vec_dot_f32(n, x, y)
-    vectorizer = lanes  # whose blocks the leftovers take: GCC's on every code but NEON_CLANG (clang's)
-    if lanes == NEON_F32C or lanes == NEON_CLANG:  # arm64-base's F16 code, clang's NEON: GGML_F32_VEC is float32x4_t
-        lanes = NEON
-    if vectorizer != NEON_CLANG:
-        vectorizer = lanes
-    np_ = n & ~(4 * lanes - 1)  # GGML_F32_STEP
-    sumf = _simd_dot(np_, x, y, lanes, acc)
-    unfused = np_ + fold_left_unfused(n - np_, vectorizer)
+    # GGML_F32_VEC is float32x4_t on every NEON code (NEON_F32C: arm64-base's F16 code; NEON_CLANG: clang's builds)
+    L = NEON if lanes == NEON_F32C or lanes == NEON_CLANG else lanes
+    np_ = n & ~(4 * L - 1)  # GGML_F32_STEP
+    sumf = _simd_dot(np_, x, y, L, acc)
+    unfused = np_ + fold_left_unfused(n - np_, lanes)  # the compiler's blocks (NEON_CLANG: clang's)
     for i in range(np_, unfused):  # leftovers, the compiler's vector blocks: vmulps / fmul, then vaddss / fadd lane by lane
         sumf = F32(sumf + F32(x[i] * y[i]))
     for i in range(unfused, n):  # the last < L/2: vfmadd231ss

@@ -14,7 +14,7 @@ computed here by the same kernels the one-op emulations use:
 
 ``lanes`` is the path's vec code (:attr:`kernels.ggml.isa.Simd.code`): 16, 8, or 4 for the AArch64 NEON builds
 (``arm64-dotprod`` / ``arm64-i8mm``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's NEON blocks;
-no llamafile there, so ``sgemm`` is False; ``arm64-i8mm-clang``: :data:`kernels.ggml.isa.NEON_CLANG`, the dots'
+no llamafile there, so ``sgemm`` is False; the clang builds: :data:`kernels.ggml.isa.NEON_CLANG`, the dots'
 leftovers in clang's blocks of 8, soft_max NEON's) — bit for bit against the ARM builds
 (tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash). :func:`attend_f32` lays out the cache for it and
 swaps an AArch64 path's default NaN around it (:func:`kernels.ggml.isa.nan_swap`: every op here adds, multiplies,

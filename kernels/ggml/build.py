@@ -151,7 +151,7 @@ def is_arm64(key: str) -> bool:
 
 
 def by_clang(key: str) -> bool:
-    """Whether ``key`` is a clang build's path (``arm64-i8mm-clang``): clang's contraction and vectorizer."""
+    """Whether ``key`` is a clang build's path (``arm64-*-clang``): clang's contraction and vectorizer."""
     return emulated_path(key).compiler == CLANG
 
 

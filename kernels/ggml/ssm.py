@@ -31,7 +31,7 @@ fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & 
 (:func:`kernels.ggml.simd.follows_nans`).
 ``arm64-sve128`` (SVE at 128 bits, GCC): ssm_conv's taps all ``fmul z`` products added in order by ``fadda`` (no
 fused tail), the delta net's dots the SVE ``ggml_vec_dot_f32`` (:func:`kernels.ggml.sve.vec_dot_f32`).
-``arm64-i8mm-clang`` (clang 14): the same loops vectorized in blocks of 8 (``nc & ~7`` taps unfused: Qwen3.5's 4
+The clang builds (``arm64-*-clang``, clang 14): the same loops vectorized in blocks of 8 (``nc & ~7`` taps unfused: Qwen3.5's 4
 taps all ``fmadd``), the dots' leftovers too (code :data:`kernels.ggml.isa.NEON_CLANG`).
 
 Thread count never matters: ssm_conv splits channels, the delta net (sequence, head) pairs, each computed
@@ -114,7 +114,7 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     # GCC's blocks: AVX-512 zmm/ymm (16, 8) → nc & ~7 taps unfused; AVX2 ymm/xmm (8, 4) → nc & ~3
     # generic (no SIMD, no FMA: docs/ggml-generic-x86.md §6): every product rounded, added in tap order
     # SVE (arm64-sve128): GCC's predicated loop, fmul z then FADDA (strictly in order) over all taps: all unfused
-    # clang (arm64-i8mm-clang): its vectorizer's blocks of 8 → nc & ~7 (Qwen3.5's 4 taps: all fused, GCC's NEON none)
+    # clang (arm64-*-clang): its vectorizer's blocks of 8 → nc & ~7 (Qwen3.5's 4 taps: all fused, GCC's NEON none)
     unfused = nc if path in ("generic", "arm64-sve128") else fold_left_unfused(nc, simd(path, "ggml_ssm_conv").code)
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]

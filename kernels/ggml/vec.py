@@ -22,7 +22,7 @@ AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm``; that int, the ``lanes`` a
   accumulators in half (``x0 + x2``, ``x1 + x3``, their sum), then the low and high 4 lanes widened to float
   and added, ``vaddvq_f32``; the tail in double as on x86. Without FP16 vector arithmetic (``arm64-base``, code
   :data:`kernels.ggml.isa.NEON_F32C`) ``GGML_F16_VEC`` is ``GGML_F32Cx4``: x86's float loop with L = 4 (steps
-  of 16, ``vfmaq_f32``, ``vaddvq_f32``), the same double tail. The clang build (``arm64-i8mm-clang``, code
+  of 16, ``vfmaq_f32``, ``vaddvq_f32``), the same double tail. The clang builds (``arm64-*-clang``, code
   :data:`kernels.ggml.isa.NEON_CLANG`): the same intrinsics, but clang's vectorizer takes ``ggml_vec_dot_f32``'s
   leftovers in blocks of 8 rounded products (GCC's: of 4), the rest by ``fmadd``.
 * ``ggml_vec_mad_f32`` / ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f32`` / ``ggml_vec_scale_f16``

@@ -88,7 +88,7 @@ def _dot4_f64(w, x):
     return a0, a1, a2, a3
 
 
-@jit()
+@jit(inline=True)
 def _rows_task(kind, w, x64, out, task, row, rows):
     """Rows task·ROWS_PER_TASK … of ``out`` (``row``, ``rows``: float32 [K] / float64 [4, K] scratch)."""
     N = w.shape[0]
@@ -113,6 +113,13 @@ def _rows_task(kind, w, x64, out, task, row, rows):
                     out[t, n0 + i] = _dot_f64(rows[i], x64[t])
 
 
+@jit()
+def _rows_task_compiled(kind, w, x64, out, task, row, rows):
+    """``_rows_task`` compiled on its own, for ``_matmul_rows``' prange body (``lanes.pack``: the parallel kernels'
+    bodies)."""
+    _rows_task(kind, w, x64, out, task, row, rows)
+
+
 @per_type
 def _matmul_rows(kind):
     @jit(parallel=True, kind=kind)
@@ -120,7 +127,8 @@ def _matmul_rows(kind):
         """out[t, n] = float32(Σ_k float64(W[n, k]) * x64[t, k]) for W's rows given as bytes ``w``."""
         K = x64.shape[1]
         for task in prange((w.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            _rows_task(kind, w, x64, out, np.int64(task), np.empty(K, dtype=np.float32), np.empty((4, K), dtype=np.float64))
+            _rows_task_compiled(kind, w, x64, out, np.int64(task), np.empty(K, dtype=np.float32),
+                                np.empty((4, K), dtype=np.float64))
 
     return _matmul_rows
 

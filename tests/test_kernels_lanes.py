@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 import kernels
 from kernels.lanes import pack as lanes
 from kernels.lanes.ir import BLOCK, ISA, ISA_NAMES, LANE_TYPES, LANES, TARGET_ISA
-from kernels.matmul import _matmul_rows
+from kernels.matmul import _matmul_rows_serial
 from kernels.testing import random_rows
 
 TYPES = kernels.WEIGHT_TYPES
@@ -31,10 +31,12 @@ N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-bloc
 
 
 def rows_reference(w, qtype, x):
-    """The plain numba path, row by row (``_matmul_rows``), as float32 (T, N)."""
+    """The plain numba path, row by row (``_matmul_rows``; its serial twin, which the products' tails of a
+    few rows take too, so no type compiles a kernel for the reference alone: the twins differ only in which
+    thread computes an output, tests/test_perf_invariants.py), as float32 (T, N)."""
     w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1)
     out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
-    _matmul_rows(qtype)(w_bytes, x.astype(np.float64), out)
+    _matmul_rows_serial(qtype)(w_bytes, x.astype(np.float64), out)
     return out
 
 

@@ -43,10 +43,17 @@ What a first run pays for
     Each ``@jit`` helper is compiled on its own (its machine code cached), and numba links its IR into
     every caller, where LLVM optimizes and emits it once more: a level of compiled calls that only passes
     arguments on costs 0.1–0.4 s (a factory's closure holds the loop itself, not a call of a kernel that
-    holds it). numpy conveniences inside a kernel (``a.max()``, ``np.nonzero``, ``np.arange``, a slice
-    assignment) compile numba's implementation of each (0.1–0.4 s): small kernels loop instead. A test
-    Python can make (a shape's fit) is not a kernel. Per kernel: ``refimpl run``'s stderr on a cold
-    cache (docs/performance.md, "First run").
+    holds it). A helper decorated ``jit(inline=True)`` is not compiled on its own: numba puts its code into
+    each caller before typing it (numba's ``inline="always"``), so LLVM optimizes it once, in the kernel — the
+    lane kernels' group functions (``lanes/pack.py``, ``matmul._rows_task``): a serial lane kernel's first
+    compile 10.1 → 5.6 s for Q6_K. Not into a ``prange`` body: numba's parfor passes would analyse all that code
+    (a parallel Q6_K lane kernel 10.7 → 19.2 s), so a parallel kernel calls the same code through one compiled
+    ``*_task`` function. Not for a helper called from several places of one kernel (each place would get a
+    copy), nor where a literal argument selects most of the helper's code: numba prunes dead branches before it
+    inlines, so every branch would be compiled (LLVM drops them later). numpy conveniences inside a kernel
+    (``a.max()``, ``np.nonzero``, ``np.arange``, a slice assignment) compile numba's implementation of each
+    (0.1–0.4 s): small kernels loop instead. A test Python can make (a shape's fit) is not a kernel. Per
+    kernel: ``refimpl run``'s stderr on a cold cache (docs/performance.md, "First run").
 ``BOUNDSCHECK``
     Left at numba's default (off). Set ``NUMBA_BOUNDSCHECK=1`` to debug an out-of-range index.
 Threading layer
@@ -137,7 +144,7 @@ class Pipeline(CompilerBase):
         return [pm]
 
 
-def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
+def jit(*, parallel: bool = False, kind: int | None = None, variant: str = "", inline: bool = False):
     """The one decorator for compiled code in ``kernels/``: ``numba.njit`` with this module's flags.
 
     ``parallel=True`` only for the top-level kernels whose ``prange`` runs over independent output
@@ -147,8 +154,11 @@ def jit(*, parallel: bool = False, kind: int | None = None, variant: str = ""):
     given, is appended (``matmul_lanes_q8_0_generic``) — without ``kind`` too: a factory's twins that differ in
     what this decorator is given (``parallel``), not in what they capture, must be named apart, since numba's
     cache keys a kernel on its name, code and captured values only (``tinyblas_rows_parallel``).
+    ``inline``: numba inlines the helper's code into each caller before typing it (numba's ``inline="always"``),
+    so it is never compiled on its own (docstring: "What a first run pays for").
     """
-    njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL, pipeline_class=Pipeline)
+    njit = numba.njit(parallel=parallel, fastmath=FASTMATH, cache=CACHE, error_model=ERROR_MODEL, pipeline_class=Pipeline,
+                      inline="always" if inline else "never")
     if kind is None and not variant:
         return njit
 

@@ -397,7 +397,8 @@ def mul_mat_id_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.nda
     ``W[ids[t, s]]`` with ``quantize_row_q8_K_ref(x[t, s % n_x])``."""
     qtype = _check_path(qtype, path)
     x = np.ascontiguousarray(x, np.float32)
-    w = np.asarray(w_bytes, np.uint8)
+    w = np.asarray(w_bytes, np.uint8).view()
+    w.flags.writeable = False  # a mapped stack (read-only) and a streamed one (writable) share one compiled kernel
     ids = np.asarray(ids, np.int32)
     T, n_x, K = x.shape
     E, N = w.shape[:2]

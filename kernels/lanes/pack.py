@@ -67,10 +67,11 @@ from .ir import (_Q6_K, BLOCK, CODE_SLOTS, ISA, ISA_AVX512, ISA_NAMES, LANE_TYPE
 
 # --------------------------------------------------------------------------------------------
 # The drivers: prange over groups of LANES rows; activation rows MAX_T at a time, or (T ≥ WIDE_FROM,
-# the wide path) every block decoded once into a float64 buffer and accumulated for all T rows
+# the wide path) every block decoded once into a float64 buffer and accumulated for all T rows. Each helper is
+# inlined where it is called (``jit(inline=True)``: compiled once, in its kernel; kernels/base/flags.py)
 
 
-@jit()
+@jit(inline=True)
 def _group(kind, isa, w, row0, n_blocks, acc, x, nt):
     """acc[:nt] = the sums of rows row0 … row0+LANES−1 for activation rows x[:nt] (nt ≤ MAX_T).
     (One call per literal nt: the intrinsics are specialized on it, and on the literals ``kind``, ``isa``.)"""
@@ -84,7 +85,7 @@ def _group(kind, isa, w, row0, n_blocks, acc, x, nt):
             _block(kind, isa, acc, w, row0, blk, x, 4)
 
 
-@jit()
+@jit(inline=True)
 def _group_packed(kind, isa, p, grp, acc, x, nt):
     """``_group`` over the packed words of group ``grp`` (p: uint32 [groups, blocks, slots, LANES])."""
     acc[:] = 0.0
@@ -97,7 +98,7 @@ def _group_packed(kind, isa, p, grp, acc, x, nt):
             _packed(kind, isa, acc, p, grp, blk, x, 4)
 
 
-@jit()
+@jit(inline=True)
 def _narrow_group(kind, isa, w, g, x64, out, block, acc):
     """out[t, n] for the LANES rows of group g and every activation row t, MAX_T rows per pass
     (acc: scratch [MAX_T, LANES])."""
@@ -110,7 +111,7 @@ def _narrow_group(kind, isa, w, g, x64, out, block, acc):
                 out[t0 + t, g * LANES + i] = acc[t, i]
 
 
-@jit()
+@jit(inline=True)
 def _narrow_group_packed(kind, isa, p, g, x64, out, acc):
     """``_narrow_group`` over packed words."""
     T = x64.shape[0]
@@ -122,7 +123,7 @@ def _narrow_group_packed(kind, isa, p, g, x64, out, acc):
                 out[t0 + t, g * LANES + i] = acc[t, i]
 
 
-@jit()
+@jit(inline=True)
 def _accumulate(isa, acc, buf, x64, c0, n):
     """acc[t] += the decoded columns buf[:n] times x64[t, c0 : c0 + n], for every t: eight rows per pass
     at AVX-512 (16 accumulator registers of 32), then (and below AVX-512) MAX_T at a time."""
@@ -144,7 +145,7 @@ def _accumulate(isa, acc, buf, x64, c0, n):
             fma_cols(isa, acc, buf, x64, t0, 4, c0, n)
 
 
-@jit()
+@jit(inline=True)
 def _store(acc, out, g):
     """out[t, g·LANES + i] = acc[t, i] (rounded to float32) for every t."""
     for t in range(acc.shape[0]):
@@ -152,7 +153,7 @@ def _store(acc, out, g):
             out[t, g * LANES + i] = acc[t, i]
 
 
-@jit()
+@jit(inline=True)
 def _wide_group(kind, isa, w, g, x64, out, block, acc, buf):
     """``_narrow_group`` for T ≥ WIDE_FROM: SPAN columns at a time, each block of the group decoded once into
     ``buf`` (float64 [SPAN, LANES]) and accumulated for all T rows (acc: scratch [T, LANES]). Each sum
@@ -167,7 +168,7 @@ def _wide_group(kind, isa, w, g, x64, out, block, acc, buf):
     _store(acc, out, g)
 
 
-@jit()
+@jit(inline=True)
 def _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf):
     """``_wide_group`` over packed words."""
     K = x64.shape[1]
@@ -178,6 +179,36 @@ def _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf):
             _decode_packed(kind, isa, buf, p, g, c0 // block + b, b * block)
         _accumulate(isa, acc, buf, x64, c0, n)
     _store(acc, out, g)
+
+
+# The parallel kernels' prange bodies: the group functions above compiled on their own. A serial kernel has the
+# helpers inlined (one function for LLVM: half the first compile of a lane kernel); a prange body holding all that
+# code would make numba's parfor passes analyse it (twice the compile), so the parallel kernels call it compiled.
+
+
+@jit()
+def _narrow_group_task(kind, isa, w, g, x64, out, block, acc):
+    _narrow_group(kind, isa, w, g, x64, out, block, acc)
+
+
+@jit()
+def _narrow_group_packed_task(kind, isa, p, g, x64, out, acc):
+    _narrow_group_packed(kind, isa, p, g, x64, out, acc)
+
+
+@jit()
+def _wide_group_task(kind, isa, w, g, x64, out, block, acc, buf):
+    _wide_group(kind, isa, w, g, x64, out, block, acc, buf)
+
+
+@jit()
+def _group_packed_task(kind, isa, p, grp, acc, x, nt):
+    _group_packed(kind, isa, p, grp, acc, x, nt)
+
+
+@jit()
+def _wide_group_packed_task(kind, isa, p, g, x64, out, block, acc, buf):
+    _wide_group_packed(kind, isa, p, g, x64, out, block, acc, buf)
 
 
 def _variant(isa: int, wide: bool, experts: bool = False) -> str:
@@ -198,14 +229,14 @@ def _matmul_lanes(kind, isa=ISA, wide=False):
         def _matmul_lanes(w, x64, out, block):
             """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w``, T ≥ WIDE_FROM."""
             for g in prange(w.shape[0] // LANES):
-                _wide_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
-                            np.empty((SPAN, LANES), dtype=np.float64))
+                _wide_group_task(kind, isa, w, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
+                                 np.empty((SPAN, LANES), dtype=np.float64))
     else:
         @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
         def _matmul_lanes(w, x64, out, block):
             """out[t, n] for the first ``LANES·(N // LANES)`` rows of ``w`` (the plain path's numbers)."""
             for g in prange(w.shape[0] // LANES):
-                _narrow_group(kind, isa, w, np.int64(g), x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
+                _narrow_group_task(kind, isa, w, np.int64(g), x64, out, block, np.empty((MAX_T, LANES), dtype=np.float64))
 
     return _matmul_lanes
 
@@ -237,14 +268,14 @@ def _matmul_packed(kind, isa=ISA, wide=False):
         def _matmul_packed(p, x64, out, block):
             """``_matmul_lanes`` over packed words, T ≥ WIDE_FROM."""
             for g in prange(p.shape[0]):
-                _wide_group_packed(kind, isa, p, np.int64(g), x64, out, block, np.empty((x64.shape[0], LANES), dtype=np.float64),
-                                   np.empty((SPAN, LANES), dtype=np.float64))
+                _wide_group_packed_task(kind, isa, p, np.int64(g), x64, out, block,
+                                        np.empty((x64.shape[0], LANES), dtype=np.float64), np.empty((SPAN, LANES), dtype=np.float64))
     else:
         @jit(parallel=True, kind=kind, variant=_variant(isa, wide))
         def _matmul_packed(p, x64, out, block):
             """``_matmul_lanes`` over packed words: out[t, n] for the first ``LANES·groups`` rows."""
             for g in prange(p.shape[0]):
-                _narrow_group_packed(kind, isa, p, np.int64(g), x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
+                _narrow_group_packed_task(kind, isa, p, np.int64(g), x64, out, np.empty((MAX_T, LANES), dtype=np.float64))
 
     return _matmul_packed
 
@@ -283,7 +314,7 @@ def _matmul_packed_experts(kind, isa=ISA):
             acc = np.empty((MAX_T, LANES), dtype=np.float64)
             for job in range(c * n_jobs // n_chunks, (c + 1) * n_jobs // n_chunks):
                 i, j = job // n_groups, job % n_groups
-                _group_packed(kind, isa, p, first[i] + j, acc, x64[i : i + 1], 1)
+                _group_packed_task(kind, isa, p, first[i] + j, acc, x64[i : i + 1], 1)
                 for lane in range(LANES):
                     out[i, j * LANES + lane] = acc[0, lane]
 

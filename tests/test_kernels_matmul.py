@@ -327,3 +327,53 @@ def test_a_stale_kernel_cache_is_dropped_also_under_numba_cache_dir(tmp_path):
     assert not stale.exists()
     stamp = (directory / "numba-kernels-source.sha256").read_text()
     assert stamp != "an older source" and len(stamp) == 64
+
+
+_RACE = '''
+import sys, time
+import kernels  # noqa: F401  (kernels.base.flags locks numba's cache saves)
+from numba.core.caching import IndexDataCacheFile
+
+save_index = IndexDataCacheFile._save_index
+
+
+def slow_save_index(self, overloads):  # widen the window between reading the index and writing it
+    time.sleep(1.0)
+    save_index(self, overloads)
+
+
+IndexDataCacheFile._save_index = slow_save_index
+sys.path.insert(0, sys.argv[1])
+import racing
+
+while time.time() < float(sys.argv[3]):  # both processes compile at the same moment
+    time.sleep(0.01)
+print(racing.f(3 if sys.argv[2] == "int" else 2.5))
+'''
+
+
+def test_two_processes_caching_two_signatures_of_one_kernel_keep_both(tmp_path):
+    """Two processes compile two signatures of one cached function at the same time into one empty cache
+    (NUMBA_CACHE_DIR): each save reads the index, picks a data file and writes both under kernels.base.flags'
+    lock, so the index keeps both signatures, each naming its own machine code, and a third process loads both
+    from the cache (numba alone: both take ``.1.nbc``, one entry is lost or names the other's code)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "racing.py").write_text("import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n    return x * 2 + 1\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    root = Path(kernels.__file__).parents[1]
+    start = time.time() + 4.0
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path / "mod"), arg, str(start)], env=env, cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for arg in ("int", "float")]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    assert [out.split() for out, _ in outs] == [["7"], ["6.0"]]
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); import kernels, racing; "
+             "print(racing.f(3), racing.f(2.5), racing.f.stats.cache_hits.total(), racing.f.stats.cache_misses.total())")
+    done = subprocess.run([sys.executable, "-c", check, str(tmp_path / "mod")], env=env, cwd=root, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.split() == ["7", "6.0", "2", "0"], done.stdout + done.stderr

@@ -17,7 +17,8 @@ directly), so the flags below are the whole story of how kernel code is compiled
     numba invalidates a cached function only when *its own* source file changes, but a kernel in
     ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
     whole package and clear it when any ``kernels/*.py`` file changes — in ``kernels/__pycache__`` or, with
-    ``NUMBA_CACHE_DIR`` set, in numba's directory for this package there (:func:`cache_dirs`).
+    ``NUMBA_CACHE_DIR`` set, in numba's directory for this package there (:func:`cache_dirs`). Processes
+    that compile into one cache at once save one at a time (:func:`_lock_cache_saves`).
 One compiled copy per weight type
     A kernel that depends on the weight type is compiled once per type, for the types a model
     actually has, never for all of them: the type code ``kind`` is a compile-time constant. A
@@ -260,4 +261,38 @@ def _drop_stale_cache() -> None:
             pass
 
 
+def _lock_cache_saves() -> None:
+    """Make numba's ``IndexDataCacheFile.save`` (a compiled signature: its index entry, then its machine code) hold an
+    exclusive ``flock`` on ``<index>.lock`` while it reads the index, picks a data file and writes both.
+
+    numba picks the data file as the first number its index does not list (``<kernel>-<line>.py311.1.nbc``). Two
+    processes compiling two signatures of one kernel at once on an empty cache (the suite's workers; two ``refimpl``
+    runs; a read-only and a writable weight array) both read the index before either saves it, both pick ``.1``, and
+    one index entry then names the other signature's machine code: the next run loads it, and crashes or computes
+    with the wrong array types. Under the lock the second save reads the first one's index and takes ``.2``. Where
+    the lock file cannot be made (a read-only cache), numba saves as before."""
+    import fcntl
+
+    from numba.core.caching import IndexDataCacheFile
+
+    save = IndexDataCacheFile.save
+    if getattr(save, "locked", False):
+        return
+
+    def locked_save(self, key, data):
+        try:
+            fd = os.open(self._index_path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError:
+            return save(self, key, data)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return save(self, key, data)
+        finally:
+            os.close(fd)  # releases the lock
+
+    locked_save.locked = True
+    IndexDataCacheFile.save = locked_save
+
+
 _drop_stale_cache()
+_lock_cache_saves()

@@ -270,9 +270,11 @@ def _lock_cache_saves() -> None:
     runs; a read-only and a writable weight array) both read the index before either saves it, both pick ``.1``, and
     one index entry then names the other signature's machine code: the next run loads it, and crashes or computes
     with the wrong array types. Under the lock the second save reads the first one's index and takes ``.2``. Where
-    the lock file cannot be made (a read-only cache), numba saves as before."""
-    import fcntl
-
+    the lock file cannot be made (a read-only cache) or there is no ``flock`` (Windows), numba saves as before."""
+    try:
+        import fcntl
+    except ImportError:
+        return
     from numba.core.caching import IndexDataCacheFile
 
     save = IndexDataCacheFile.save

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from arm64 import ARM_SLOWDOWN, QEMU_CPU, require, sysroot, tools_root
+from arm64 import ARM_SLOWDOWN, QEMU_CPU, lib_dir, require, sysroot, tools_root
 from refimpl.fixtures.builtin import TRAINED_PATH
 from test_ggml_e2e import N_THREADS
 
@@ -40,18 +40,22 @@ def binary():
     return tools_root() / BUILD / "spec" / "bin" / "llama-speculative-simple"
 
 
-def speculative_simple(n_draft: int) -> tuple[str, str]:
-    """(stdout, stderr) of the binary under qemu on the i8mm CPU model."""
+def speculative_simple(n_draft: int, prompt: str = PROMPT, build: str = BUILD) -> tuple[str, str]:
+    """(stdout, stderr) of the binary under qemu on ``build``'s CPU model with ``build``'s libggml-cpu: the binary's own
+    (the i8mm build's) or, for another build, that build's libraries ahead of its RUNPATH (``LD_LIBRARY_PATH``: only
+    libggml-cpu is compiled for a -march; libllama, libggml and llama-common are the same code in every build)."""
     require(BUILD)
+    require(build)
     if not binary().exists():  # pragma: no cover - depends on the machine
         why = f"{binary()} is missing: build it with .ci/build-llama-arm64"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{why} (required under CI=true)")
         pytest.skip(why)
-    argv = ["qemu-aarch64", "-L", str(sysroot()), "-cpu", QEMU_CPU[BUILD], str(binary()), "-m", str(TRAINED_PATH),
-            "-p", PROMPT, "-n", str(N_PREDICT), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft),
+    argv = ["qemu-aarch64", "-L", str(sysroot()), "-cpu", QEMU_CPU[build], str(binary()), "-m", str(TRAINED_PATH),
+            "-p", prompt, "-n", str(N_PREDICT), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft),
             "--spec-draft-n-min", "0", "--temp", "0", "-t", str(N_THREADS), "-tb", str(N_THREADS), "-c", "256"]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=60 * ARM_SLOWDOWN)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(lib_dir(build))) if build != BUILD else None
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=60 * ARM_SLOWDOWN, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout, run.stderr
 
@@ -85,3 +89,26 @@ def test_speculative_simple_binary_writes_refimpls_text(n_draft):
     counts = {k: int(v) for k, v in re.findall(r"\b(n_predict|n_drafted|n_accept) += (\d+)", err)}
     assert counts.keys() == {"n_predict", "n_drafted", "n_accept"}, err[-2000:]
     assert counts["n_predict"] >= N_PREDICT and 0 < counts["n_accept"] <= counts["n_drafted"], counts
+
+
+def test_the_phones_binary_makes_the_predicted_flip():
+    """The flip of tests/test_audit_reproduce_arm64.py made by the binary a user runs: on the dotprod build the
+    draft-1 and draft-3 texts of the window at token 315 part at step 13 (" a" / " this"), each the recorded stream
+    that ``refimpl audit --emulate=ggml:arm64-dotprod`` calls llama.cpp's predicted one (up to the last rounds:
+    module docstring). The streams were recorded at 4 threads; the dotprod build's Q8_0 kernels split rows, not sums,
+    between threads, and 1 thread gives them too (4 spinning threads crawl under qemu on 2 cores)."""
+    from refimpl.tokenizer.vocab import Tokenizer
+    from test_audit_reproduce_arm64 import D1, D3, STEP
+
+    tok = Tokenizer.from_gguf(TRAINED_PATH)
+    recorded = {n: json.loads(path.read_text()) for n, path in ((1, D1), (3, D3))}
+    prompt = tok.decode(recorded[1]["prompt_tokens"])
+    assert tok.encode(prompt) == recorded[1]["prompt_tokens"] == recorded[3]["prompt_tokens"]
+    texts = {}
+    for n in (1, 3):
+        out, _ = speculative_simple(n, prompt, "arm64-dotprod-gcc")
+        assert out.lstrip("\n").startswith(prompt), out[:200]
+        texts[n] = out.lstrip("\n")[len(prompt):]
+        assert texts[n].startswith(tok.decode(recorded[n]["tokens"][:N_PREDICT - TAIL])), (n, texts[n])
+    before = tok.decode(recorded[1]["tokens"][:STEP])
+    assert texts[1][len(before):].startswith(" a ") and texts[3][len(before):].startswith(" this ")

@@ -306,13 +306,16 @@ def _row_bytes(qtype: QT, K: int) -> int:
 
 def _bytes(w_bytes) -> np.ndarray:
     """The weight rows as uint8: one matrix C-contiguous, a stack of experts (E, N, row bytes) with each expert's
-    rows contiguous (a view when they are — the gate or up half of a fused gate_up stack: no copy of the stack)."""
+    rows contiguous (a view when they are — the gate or up half of a fused gate_up stack: no copy of the stack).
+    Read-only, as a mapped file's are: a mapped stack and a streamed (writable) one share one compiled kernel."""
     w_bytes = np.asarray(w_bytes)
     if w_bytes.dtype != np.uint8:
         w_bytes = np.ascontiguousarray(w_bytes).view(np.uint8)
-    if w_bytes.ndim == 3 and w_bytes.strides[2] == 1 and w_bytes.strides[1] == w_bytes.shape[2]:
-        return w_bytes
-    return np.ascontiguousarray(w_bytes)
+    if not (w_bytes.ndim == 3 and w_bytes.strides[2] == 1 and w_bytes.strides[1] == w_bytes.shape[2]):
+        w_bytes = np.ascontiguousarray(w_bytes)
+    w_bytes = w_bytes.view()
+    w_bytes.flags.writeable = False
+    return w_bytes
 
 
 @jit()

@@ -55,7 +55,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.actquant import _maxps, _quantize_rows_q8_k
 from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
-from kernels.ggml.mulmat_q8 import _qt, slot_groups
+from kernels.ggml.mulmat_q8 import _bytes, _qt, slot_groups
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
@@ -397,8 +397,7 @@ def mul_mat_id_repacked_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.nda
     ``W[ids[t, s]]`` with ``quantize_row_q8_K_ref(x[t, s % n_x])``."""
     qtype = _check_path(qtype, path)
     x = np.ascontiguousarray(x, np.float32)
-    w = np.asarray(w_bytes, np.uint8).view()
-    w.flags.writeable = False  # a mapped stack (read-only) and a streamed one (writable) share one compiled kernel
+    w = _bytes(w_bytes)  # read-only: a mapped stack and a streamed one share one compiled kernel
     ids = np.asarray(ids, np.int32)
     T, n_x, K = x.shape
     E, N = w.shape[:2]

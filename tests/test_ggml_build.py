@@ -24,9 +24,10 @@ ARM = {"arm64-base": NEON, "arm64-dotprod": NEON | {"dotprod", "fp16_va"},
        "arm64-i8mm": NEON | {"dotprod", "fp16_va", "matmul_int8"},
        "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
        "arm64-i8mm-clang": NEON | {"dotprod", "fp16_va", "matmul_int8"},  # compiled by clang (COMPILER)
-       "arm64-base-clang": NEON, "arm64-dotprod-clang": NEON | {"dotprod", "fp16_va"}}
+       "arm64-base-clang": NEON, "arm64-dotprod-clang": NEON | {"dotprod", "fp16_va"},
+       "arm64-sve128-clang": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"}}
 #: the compiler of each AArch64 path's library here (the GCC paths': GCC 12)
-COMPILER = {key: "clang 14.0.6" for key in ("arm64-i8mm-clang", "arm64-base-clang", "arm64-dotprod-clang")}
+COMPILER = {key: "clang 14.0.6" for key in ARM if key.endswith("-clang")}
 
 
 def arm_build(features, compiler="GCC 12.2.0", sve_bits=128, gpus=()):
@@ -159,8 +160,7 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"add": {"sme2"}}, "SME2"),
     ({"add": {"llamafile"}}, "llamafile's sgemm"),
     ({"compiler": "ICC 2024.1"}, "compiled by ICC 2024.1"),
-    ({"compiler": "clang 14.0.6", "add": {"sve"}},
-     "of the clang builds --emulate=ggml follows arm64-i8mm-clang, arm64-dotprod-clang, arm64-base-clang only"),
+    ({"compiler": "clang 14.0.6", "add": {"sve"}, "sve_bits": 256}, "name it, --emulate=ggml:arm64-sve128-clang"),
     ({"compiler": None}, "does not say which compiler built it"),
     ({"add": {"sve"}, "sve_bits": None}, "read at run time"),
     ({"add": {"sve"}, "sve_bits": 256}, "the 256-bit vector length"),
@@ -168,8 +168,8 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"gpus": ("vulkan",)}, "vulkan backend"),
 ])
 def test_arm64_builds_not_emulated_are_refused_in_one_line(change, words):
-    """SME, KleidiAI, llamafile on ARM, a compiler neither GCC nor clang (or one that does not say), a clang build of a
-    path other than i8mm's, an SVE vector length other than
+    """SME, KleidiAI, llamafile on ARM, a compiler neither GCC nor clang (or one that does not say), an SVE vector
+    length other than
     128 bits (or unknown: the CPU's, at run time), a feature set of no path, a GPU backend: one line naming it."""
     features = (ARM["arm64-i8mm"] | change.get("add", set())) - change.get("remove", set())
     b = arm_build(features, change.get("compiler", "GCC 12.2.0"), change.get("sve_bits", 128), change.get("gpus", ()))

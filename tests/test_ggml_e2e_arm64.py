@@ -37,7 +37,7 @@ from test_ggml_e2e import (N_THREADS, assert_bits, assert_greedy_and_mtp_head, a
 pytestmark = pytest.mark.oracle
 
 BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang",
-          "arm64-base-clang", "arm64-dotprod-clang"]
+          "arm64-base-clang", "arm64-dotprod-clang", "arm64-sve128-clang"]
 #: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, the draft-mtp loop, a
 #: converted K-quant file on GCC's and on clang's i8mm build —; the others are marked ``deep`` (:func:`cases`). Every
 #: ARM path also runs end to end against llama.cpp in the default suite through tests/test_ggml_paths_cli.py (its
@@ -73,8 +73,8 @@ def on_build(monkeypatch):
 
         arm64.require(build)
         monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(arm64.lib_dir(build)))
-        if build == "arm64-sve128-gcc":  # detection refuses SVE on an x86 host (the vector length is the CPU's)
-            return "arm64-sve128"
+        if "sve" in build:  # detection refuses SVE on an x86 host (the vector length is the CPU's)
+            return arm64.BUILDS[build][0]
         return build_info(build).path
 
     return select

@@ -15,11 +15,11 @@ the compile-time features that select it; ``GgmlBuild.path``, ``describe()``, ``
 its report line) and ``kernels.ggml.simd`` (``lanes``, ``check_path``) all read it, and tests/test_ggml_paths_cli.py
 runs every command on each entry. :class:`GgmlBuild` names the path and refuses, in one line, a library whose
 kernels are not emulated — AMX, RISC-V, POWER, s390x, a pre-AVX2 x86 build, a GPU backend beside the CPU one; on
-AArch64 SME, KleidiAI, llamafile's sgemm, a clang SVE build, an SVE vector length other than 128 bits, a macOS build
+AArch64 SME, KleidiAI, llamafile's sgemm, an SVE vector length other than 128 bits, a macOS build
 (Accelerate) — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any SIMD
 (docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds — NEON (``armv8-a``), +dotprod+fp16,
-+i8mm, and SVE with i8mm at a 128-bit vector length — and clang's NEON builds (``arm64-i8mm-clang``,
-``arm64-dotprod-clang``, ``arm64-base-clang``: the Android NDK's compiler); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
++i8mm, and SVE with i8mm at a 128-bit vector length — and clang's builds of the same four (``arm64-i8mm-clang``,
+``arm64-dotprod-clang``, ``arm64-base-clang``, ``arm64-sve128-clang``: the Android NDK's compiler); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
 clang fuses other products than GCC and vectorizes other reductions: a clang path is one more entry. A
 kernel whose ARM C is not emulated yet raises :class:`NotEmulated` (:func:`not_emulated`), naming the op and the path.
 
@@ -128,11 +128,18 @@ EMULATED_PATHS = (
     # the armv8-a build compiled by clang: the Android guide's portable arm64-v8a build (the NDK compiles with clang)
     EmulatedPath("arm64-base-clang", "AArch64 NEON (clang)", 4, _arm64(set(), {"dotprod", "fp16_va", "matmul_int8", "sve"}),
                  "as arm64-base, compiled by clang", ARM64, CLANG),
+    # the SVE build compiled by clang (GGML_CPU_ALL_VARIANTS' android_armv9.0_1: armv9-a+dotprod+i8mm+fp16+sve2): the
+    # SVE intrinsics as GCC's, the NEON kernels it keeps as arm64-i8mm-clang's, and clang's own SVE choices
+    EmulatedPath("arm64-sve128-clang", "AArch64 SVE-128 i8mm (clang)", 4,
+                 _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()), "as arm64-sve128, compiled by clang",
+                 ARM64, CLANG),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
 #: the keys of the x86-64 SIMD paths and of the AArch64 ones: a kernel written for the one never takes the other
 X86_SIMD_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == X86_64 and p.lanes)
 ARM64_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == ARM64)
+#: the SVE builds' paths (:func:`by_sve`)
+SVE_PATHS = ("arm64-sve128", "arm64-sve128-clang")
 #: ``--emulate=ggml:KEY``: each path of :data:`EMULATED_PATHS` by name, no library consulted (:func:`named_path`).
 NAMED_PREFIX = "ggml:"
 NAMED_PATHS = tuple(NAMED_PREFIX + p.key for p in EMULATED_PATHS)
@@ -148,6 +155,12 @@ def emulated_path(key: str) -> EmulatedPath:
 def is_arm64(key: str) -> bool:
     """Whether ``key`` is an AArch64 path (ValueError for an unknown key)."""
     return emulated_path(key).arch == ARM64
+
+
+def by_sve(key: str) -> bool:
+    """Whether ``key`` is an SVE build's path (``arm64-sve128``, ``arm64-sve128-clang``): vec.h's SVE branches at
+    :data:`SVE_BITS` bits, the SVE ``vec_dot`` kernels of quants.c."""
+    return key in SVE_PATHS
 
 
 def by_clang(key: str) -> bool:
@@ -263,16 +276,13 @@ class GgmlBuild:
         if self.has("sve") and self.sve_bits != SVE_BITS:
             vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
                   "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
+            named = "arm64-sve128" + ("-clang" if cc == CLANG else "")
             raise UnsupportedBuild(f"{lib} runs SVE at {vl}; --emulate=ggml follows SVE at {SVE_BITS} bits only: "
-                                   f"for a {SVE_BITS}-bit CPU name it, --emulate=ggml:arm64-sve128")
+                                   f"for a {SVE_BITS}-bit CPU name it, --emulate=ggml:{named}")
         for p in EMULATED_PATHS:
             if p.arch == ARM64 and p.compiler == cc and p.selected(self.features, False):
                 return p.key
         have = " ".join(f for f in ARM64_FEATURES if f in self.features) or "no NEON"
-        if cc != ARM64_COMPILER and any(p.selected(self.features, False) for p in EMULATED_PATHS if p.arch == ARM64):
-            keys = ", ".join(p.key for p in EMULATED_PATHS if p.compiler == cc)
-            raise UnsupportedBuild(f"{lib} is a {self.compiler} build for {have}; of the {cc} builds --emulate=ggml "
-                                   f"follows {keys} only (GCC's builds of every AArch64 path)")
         raise UnsupportedBuild(f"{lib} is built for {have}; --emulate=ggml follows AArch64 builds with NEON "
                                "(armv8-a), +dotprod+fp16, +i8mm, or SVE+i8mm at 128 bits")
 

@@ -70,6 +70,8 @@ I8MM_KIND = {QT.Q5_0: 6}
 #: the kinds of ``arm64-sve128`` (SVE at 128 bits, i8mm): Q8_0 and Q4_0's 1-row kernels are SVE code (7, 8: fused
 #: lanes, one FADDV of sumv0 + sumv1); Q5_0 has the i8mm build's USDOT tail; the other 32-value types the NEON code
 SVE128_KIND = {QT.Q5_0: 6, QT.Q8_0: 7, QT.Q4_0: 8}
+#: ``arm64-sve128-clang``: the same SVE kernels; clang vectorizes no USDOT into Q5_0's tail
+SVE128_CLANG_KIND = {QT.Q8_0: 7, QT.Q4_0: 8}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
 IQ = IQ_KIND  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: :func:`iq_rows`
 KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
@@ -279,7 +281,10 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False):
     (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K); ``sve``: the
     ``arm64-sve128`` build, whose SVE 1-row kernels round as the NEON ones (their integers are the same) and whose
     SVE+MMLA 2-row kernels fuse every step; ``clang``: the ``arm64-i8mm-clang`` build, whose NEON 2-row kernels'
-    ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row formulas)."""
+    ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row formulas); both: ``arm64-sve128-clang``,
+    whose Q6_K 1-row kernel (case 128) forms the high bits with ``svand_u8_x(pg16_8, mone, …)`` — a 16-bit predicate
+    on bytes, the odd bytes inactive — as a merging ``and z, p/m`` on a copy of ``mone``: every odd code's high
+    bits read 0x30 (``(q & 15) | 48``; its ``isum_mins`` is the true one)."""
     K = yq.shape[1]
     nsb = K // 256
     q = np.empty(K, np.int32)
@@ -288,8 +293,13 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False):
     d = np.empty(nsb, np.float32)
     dmin = np.zeros(nsb, np.float32)
     has_two = two.shape[0] > 0
+    odd_hi3 = sve and clang and kind == 2  # arm64-sve128-clang's Q6_K 1-row kernel
+    q1 = np.empty(K if odd_hi3 else 0, np.int32)  # its codes
     for r in range(w.shape[0]):
         decode_row(kind, w[r], q, sc, mn, d, dmin, tab)
+        if odd_hi3:
+            for k in range(K):
+                q1[k] = (q[k] & 15) | 48 if k & 1 else q[k]  # lane k % 16 of a 16-byte vector: odd bytes inactive
         for t in range(yq.shape[0]):
             if sve and kind == 4:
                 out[t, r] = _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t)
@@ -297,7 +307,7 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False):
             pair = has_two and two[t, r]
             acc = F32(0.0)
             for b in range(nsb):
-                sumi, bias = _k_ints(kind, q, sc, mn, yq, ybs, t, b)
+                sumi, bias = _k_ints(kind, q1 if odd_hi3 and not pair else q, sc, mn, yq, ybs, t, b)
                 if kind == 0:  # Q4_K
                     db, dm = F32(yd[t, b] * d[b]), F32(yd[t, b] * dmin[b])
                     if pair and sve:  # SVE+MMLA: svmla(svmla(acc, sumi, d), -dmin, bias), both fused

@@ -136,18 +136,26 @@ def _arm_mul(a, ab, b, bb):
     return np.uint32(ARM_NAN) if p != p else np.uint32(f32_bits(p))
 
 
+#: the operand orders of the fused ``x*scale*w`` in the AArch64 builds (:func:`_rms_norm_rows_arm64`'s ``order``):
+#: GCC's NEON loop, GCC's SVE loop, clang's SVE loop. clang's NEON builds are read as GCC's (theirs — ``scale·x`` in
+#: the even 4-lane halves of a block of 8, ``x·scale`` in the odd, ``t·w`` — is not modelled: a NaN's payload only)
+GCC_NEON, GCC_SVE, CLANG_SVE = 0, 1, 2
+ORDER = {"arm64-sve128": GCC_SVE, "arm64-sve128-clang": CLANG_SVE}
+
+
 @jit()
-def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb, sve=False):
+def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb, order=GCC_NEON):
     """ops.cpp: ggml_compute_forward_rms_norm_f32 / _mul_fused as GCC 12 built it for AArch64 (both builds'
     disassembly): the same sum, mean and scale as x86 (``fmul s; fcvt d; fadd d`` in order, ``fdiv d``, ``fadd s``,
     ``fsqrt``, ``fdiv s``), so the same numbers; the products with Arm's NaN rules (:func:`_arm_mul`) in the
     operand orders GCC chose — plain: ``fmul y, scale`` everywhere (vec_scale_f32); fused ``(x*scale)*w``: with
     ``n`` ≤ 4 one scalar loop ``fmul scale, x`` then ``fmul w, t``; else ``fmul x, scale`` / ``fmul t, w`` on the
     4-wide part, and on the ``n % 4`` tail ``fmul scale, x`` then ``fmul t, w``, ``fmul t, w``, ``fmul w, t``.
-    ``sve`` (``arm64-sve128``): GCC's SVE loop (predicated, ``whilelo``) takes every element, ``fmul z, scale, x``
-    then ``fmul z, w, t`` — the orders of the ``n`` ≤ 4 loop, for any ``n``."""
+    ``order`` GCC_SVE (``arm64-sve128``): GCC's SVE loop (predicated, ``whilelo``) takes every element, ``fmul z,
+    scale, x`` then ``fmul z, w, t`` — the orders of the ``n`` ≤ 4 loop, for any ``n``; CLANG_SVE
+    (``arm64-sve128-clang``): ``fmul scale, x`` then ``fmul t, w`` in its vector loop and its scalar tail alike."""
     R, n = x.shape
-    vec_end = (n & ~3) if n > 4 and not sve else 0
+    vec_end = (n & ~3) if n > 4 and order == GCC_NEON else 0
     for r in range(R):
         s = np.float64(0.0)
         sb = np.uint32(0)
@@ -174,7 +182,9 @@ def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb, sve=False):
             else:
                 tb = _arm_mul(scale, scb, x[r, i], xb[r, i])
             t = bits_f32(tb)
-            if vec_end == 0 or i - vec_end == 2:
+            if order == CLANG_SVE:
+                yb[r, i] = _arm_mul(t, tb, w[i], wb[i])
+            elif vec_end == 0 or i - vec_end == 2:
                 yb[r, i] = _arm_mul(w[i], wb[i], t, tb)
             else:
                 yb[r, i] = _arm_mul(t, tb, w[i], wb[i])
@@ -209,7 +219,7 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     y = np.empty_like(x2)
     if simd(path, "ggml_rms_norm").nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
         _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32),
-                             path == "arm64-sve128")
+                             ORDER.get(path, GCC_NEON))
     else:
         _rms_norm_rows(x2, x2.view(np.uint32), F32(eps), w, fused, path == "generic", y, y.view(np.uint32))
     return y.reshape(x.shape)

@@ -112,7 +112,7 @@ def test_the_paths_compute_different_bits():
 
     tokens = prompt()[:8]
     paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang",
-             "arm64-dotprod-clang", "avx512")
+             "arm64-dotprod-clang", "arm64-sve128-clang", "avx512")
     runs = {p: refimpl_logits(p, tokens, 4) for p in paths}
     q4_k_m = load_model(CONVERTED / "qwen35moe-k-q4_k_m.gguf", pack=False)
     ids = [int(t) for t in np.random.default_rng(7).integers(1, q4_k_m.config.n_vocab, 8)]
@@ -150,12 +150,37 @@ def test_draft_mtp_loop_equals_llama_cpp(build, n_draft, on_build):
     assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
 
 
+def test_clang_sve_build_q6_k_rows_without_repack(on_build):
+    """``--no-repack`` on the SVE build compiled by clang (``arm64-sve128-clang``): the converted Q4_K_M file's Q6_K
+    matrices (attn_v, the shared and routed experts' ffn_down, the output) stay in a plain buffer, and its SVE 1-row
+    kernel — every row of mul_mat_id, and a batch's last row when the batch is odd — reads each odd code's high bits
+    as 3 (tests/test_ggml_ops_sve128.py says why): logits far from GCC's build, other argmaxes. refimpl's emulation
+    gives llama.cpp's bits on that build, 12-token prompt then batches of 3."""
+    import dataclasses
+
+    from test_converted import CONVERTED
+    from refimpl.model.trunk import load_model
+
+    path, model_path = on_build("arm64-sve128-clang"), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
+    m = load_model(model_path, pack=False)
+    tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 20)]
+    ctx = dataclasses.replace(emulation_ctx("ggml", ggml=path, n_threads=N_THREADS), repack=False)
+    logits = refimpl_batches(m, tokens, ctx, 3, prompt_batch=12)
+    ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, prompt_batch=12, n_batch=3, n_ubatch=512,
+                      repack=False, **F16_FLASH)
+    assert_bits("qwen35moe-k-q4_k_m.gguf arm64-sve128-clang --no-repack", logits, ref["logits"])
+    gcc_ctx = dataclasses.replace(emulation_ctx("ggml", ggml="arm64-sve128", n_threads=N_THREADS), repack=False)
+    gcc = refimpl_batches(m, tokens, gcc_ctx, 3, prompt_batch=12)
+    assert np.abs(gcc - logits).max() > 1.0 and (gcc.argmax(1) != logits.argmax(1)).any()
+
+
 #: converted files (made by llama.cpp's own convert_hf_to_gguf.py and llama-quantize) × the build they run on
 CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-gcc"),
                    ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35-narrow-q8_0.gguf", "arm64-dotprod-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-clang"),
-                   ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-clang")]
+                   ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-clang"),
+                   ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-clang")]
 
 
 @pytest.mark.parametrize("name,build", [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep)

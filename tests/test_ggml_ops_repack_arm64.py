@@ -247,11 +247,16 @@ def test_inf_weight_scales(build):
         assert np.array_equal(bits(y), bits(want)), (QT(gt).name, x.shape, np.argwhere(bits(y) != bits(want))[:4])
 
 
-def test_sve128_and_base():
-    """``arm64-base`` (NEON only) repacks nothing; ``arm64-sve128`` repacks as i8mm does and gives its bits."""
+@pytest.mark.parametrize("sve_build", ["arm64-sve128-gcc", pytest.param("arm64-sve128-clang", marks=pytest.mark.deep)])
+def test_sve128_and_base(sve_build):
+    """``arm64-base`` (NEON only) repacks nothing; ``arm64-sve128`` repacks as i8mm does and gives its bits
+    (``arm64-sve128-clang``: as ``arm64-i8mm-clang`` does)."""
     from kernels.ggml.repack_arm_k import mul_mat_repacked_arm_k
 
-    for build, path in (("arm64-base-gcc", "arm64-base"), ("arm64-sve128-gcc", "arm64-sve128")):
+    import arm64
+
+    sve_path = arm64.BUILDS[sve_build][0]
+    for build, path in (("arm64-base-gcc", "arm64-base"), (sve_build, sve_path)):
         _require(build)
         for qt in (QT.Q8_0, QT.Q4_0, QT.MXFP4, QT.Q4_K, QT.Q6_K):
             rb = {QT.Q8_0: 272, QT.Q4_0: 144, QT.MXFP4: 136, QT.Q4_K: 144, QT.Q6_K: 210}[qt]
@@ -262,9 +267,9 @@ def test_sve128_and_base():
     for qt in (QT.Q8_0, QT.Q4_K):
         w = weight_bytes(qt, 8, 256, rng)
         cases += [(w, int(qt), 256, (acts if qt == QT.Q8_0 else acts_k)(rng, t, 256), 2) for t in (2, 5)]
-    for (w, gt, _, x, _), y in zip(cases, on_build("arm64-sve128-gcc", g_mul_mats, cases)):
+    for (w, gt, _, x, _), y in zip(cases, on_build(sve_build, g_mul_mats, cases)):
         f = mul_mat_repacked_arm if gt == int(QT.Q8_0) else mul_mat_repacked_arm_k
-        assert np.array_equal(bits(y), bits(f(w, QT(gt), x, "arm64-sve128")))
+        assert np.array_equal(bits(y), bits(f(w, QT(gt), x, sve_path)))
 
 
 def test_quantizer_hard_values():

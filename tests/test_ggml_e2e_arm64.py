@@ -14,8 +14,9 @@ Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones si
 (``armv8.6-a+dotprod+fp16+i8mm``: current phones) and ``arm64-base-gcc`` (``armv8-a``, the NDK's portable baseline: no
 dotprod, no FP16 arithmetic, nothing repacked), ``arm64-sve128-gcc`` (``armv9-a+sve2+i8mm+dotprod+fp16``, run at a
 128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's)
-and the i8mm, dotprod and armv8-a builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
-``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build; paths of the same names). Each qemu run of the built-in model takes ~10-20 s here, so the
+and the i8mm, dotprod, armv8-a and SVE builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
+``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build, ``arm64-sve128-clang``: the
+``android_armv9.0_1`` variant; paths of the same names). Each qemu run of the built-in model takes ~10-20 s here, so the
 default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
 matrix (47 cases, ~17 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
 """

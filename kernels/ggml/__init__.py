@@ -14,7 +14,7 @@ against the three libggml builds):
 * ``simd`` — ``fma32``, bit casts, ``ggml_v_expf`` of each path, horizontal sums,
   ``GGML_F32_VEC_REDUCE``, GCC's split of an in-order dot loop;
 * ``half`` — AArch64's binary16 arithmetic (``fma16``: ``vfmaq_f16`` rounded once to half);
-* ``sve`` — the SVE branches of vec.h / vec.cpp at 128 bits (``arm64-sve128``);
+* ``sve`` — the SVE branches of vec.h / vec.cpp at 128 bits (``arm64-sve128``, ``arm64-sve128-clang``);
 * ``libm`` — glibc's ``expf``/``logf``/``sinf``/``cosf``/``powf``/``fmaxf``, called as libggml calls them, and
   AArch64 glibc's ``expf`` (``expf_arm64``);
 * ``vec`` — vec.cpp's shared functions: ``ggml_vec_dot_f32``/``_f16``, ``ggml_vec_max_f32``,

@@ -41,7 +41,12 @@ BUILDS = {
     "arm64-i8mm-clang": ("arm64-i8mm-clang", "clang", "armv8.6-a+dotprod+fp16+i8mm"),
     "arm64-base-clang": ("arm64-base-clang", "clang", "armv8-a"),  # the Android guide's portable arm64-v8a build
     "arm64-dotprod-clang": ("arm64-dotprod-clang", "clang", "armv8.2-a+dotprod+fp16"),
-    "arm64-sve128-clang": ("arm64-sve128-clang", "clang", "armv9-a+sve2+i8mm+dotprod+fp16"),  # android_armv9.0_1
+    "arm64-sve128-clang": ("arm64-sve128-clang14", "clang", "armv9-a+sve2+i8mm+dotprod+fp16"),  # android_armv9.0_1
+    # clang 19 (Debian 12's clang-19; the NDK r28's LLVM): the NEON builds compute clang 14's bits, the SVE build not
+    "arm64-i8mm-clang19": ("arm64-i8mm-clang", "clang19", "armv8.6-a+dotprod+fp16+i8mm"),
+    "arm64-dotprod-clang19": ("arm64-dotprod-clang", "clang19", "armv8.2-a+dotprod+fp16"),
+    "arm64-base-clang19": ("arm64-base-clang", "clang19", "armv8-a"),
+    "arm64-sve128-clang19": ("arm64-sve128-clang", "clang19", "armv9-a+sve2+i8mm+dotprod+fp16"),
 }
 #: the qemu CPU model each build runs on: exactly its features (qemu 7.2's models; ``max`` has all of them, so the
 #: features a build must not see are switched off)
@@ -54,6 +59,10 @@ QEMU_CPU = {
     "arm64-base-gcc": "cortex-a53",  # ARMv8.0: NEON only
     "arm64-sve128-gcc": "max,sve-default-vector-length=16,sme=off",
     "arm64-sve128-clang": "max,sve-default-vector-length=16,sme=off",
+    "arm64-i8mm-clang19": "max,sve=off,sme=off",
+    "arm64-dotprod-clang19": "cortex-a76",
+    "arm64-base-clang19": "cortex-a53",
+    "arm64-sve128-clang19": "max,sve-default-vector-length=16,sme=off",
 }
 #: how much longer a child under qemu may take than its x86 timeout allows
 ARM_SLOWDOWN = 10

@@ -2,11 +2,11 @@
 build of ``.ci/build-llama-arm64`` (``kernels.ggml.build.detect``, which *reads* an AArch64 library, never runs it).
 
 * Detection, per build (no qemu): the features read from the library are exactly those its ``-march`` implies, its
-  ggml version is read from ``libggml-base``'s ``.rodata``, its compiler from the ELF ``.comment`` (GCC 12 or
-  clang 14), and it takes its path of ``kernels.ggml.build.EMULATED_PATHS`` (the clang build ``arm64-i8mm-clang``, a
-  path of its own) or is refused in one line: the SVE build unless the vector length is known (it is the CPU's, read
-  at run time) and 128 bits; a compiler neither GCC nor clang, a clang build of a path clang's is not, a library that
-  does not say who compiled it (each checked on a copy of a build's record).
+  ggml version is read from ``libggml-base``'s ``.rodata``, its compiler from the ELF ``.comment`` (GCC 12, clang 14
+  or clang 19), and it takes its path of ``kernels.ggml.build.EMULATED_PATHS`` (a clang build's are paths of their
+  own; the SVE one by clang version: 14-16 or 17+) or is refused in one line: the SVE build unless the vector length
+  is known (it is the CPU's, read at run time) and 128 bits; a compiler neither GCC nor clang, a clang version not
+  checked, a library that does not say who compiled it (each checked on a copy of a build's record).
 * Under qemu, per build: the library's own ``ggml_cpu_has_*()`` (after ``ggml_cpu_init``) and
   ``ggml_cpu_get_sve_cnt()`` say what was read, and a one-op graph (a Q8_0 ``mul_mat`` whose result is exact)
   goes through the worker and back.
@@ -44,6 +44,7 @@ FEATURES = {
     "arm64-sve128-gcc": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8", "sve"},
     "arm64-sve128-clang": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8", "sve"},
 }
+FEATURES.update({b + "19": FEATURES[b] for b in list(FEATURES) if b.endswith("-clang")})
 HAS = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve", "sme", "sme2", "llamafile", "avx2", "avx512")
 
 
@@ -59,15 +60,23 @@ def test_each_arm_build_is_detected_without_running_it(build):
     b = detect(arm64.lib_dir(build))
     assert b.arm64 and not b.x86 and b.features == FEATURES[build], (march, sorted(b.features))
     assert (b.version, b.commit) == (GGML_VERSION, "unknown")  # an extracted sdist: no git checkout
-    assert b.compiler.split()[0] == {"gcc": "GCC", "clang": "clang"}[compiler]
-    assert b.compiler.split()[1].split(".")[0] == {"gcc": "12", "clang": "14"}[compiler]  # Debian 12's
-    if compiler == "clang":
+    assert b.compiler.split()[0] == {"gcc": "GCC", "clang": "clang", "clang19": "clang"}[compiler]
+    assert b.compiler_major == {"gcc": 12, "clang": 14, "clang19": 19}[compiler]  # Debian 12's
+    if compiler.startswith("clang"):
         other = dataclasses.replace(b, compiler="ICC 2024.1")
         with pytest.raises(UnsupportedBuild, match="compiled by ICC 2024.1, .* for GCC and clang builds") as e:
             other.path
         assert "\n" not in str(e.value)
         with pytest.raises(UnsupportedBuild, match="does not say which compiler built it"):
             dataclasses.replace(b, compiler=None).path
+        with pytest.raises(UnsupportedBuild, match="clang 20.1.0, a version whose builds were not checked .* name the "
+                                                   rf"path, .*--emulate=ggml:{key} \(") as e:
+            dataclasses.replace(b, compiler="clang 20.1.0", sve_bits=128).path
+        assert "\n" not in str(e.value)
+        if "sve" in b.features:  # Q6_K's inactive lanes: kept by clang 14-16, computed from clang 17 on
+            path_of = {v: dataclasses.replace(b, compiler=f"clang {v}.0.1", sve_bits=128).path for v in range(14, 20)}
+            assert path_of == {14: "arm64-sve128-clang14", 15: "arm64-sve128-clang14", 16: "arm64-sve128-clang14",
+                               17: "arm64-sve128-clang", 18: "arm64-sve128-clang", 19: "arm64-sve128-clang"}
     if "sve" in b.features:  # the vector length is the CPU's: unknown on this host, refused unless 128 bits
         assert b.sve_bits is None
         for bits, words in ((None, "read at run time"), (256, "the 256-bit vector length")):
@@ -78,7 +87,7 @@ def test_each_arm_build_is_detected_without_running_it(build):
         assert b.sve_bits == arm64.sve_bits(build) == 128
     assert b.path == key and b.lanes == 4
     assert b.describe().startswith(f"ggml-cpu {emulated_path(key).name} (neon arm_fma")
-    assert f"; {b.compiler.split()[0]} {14 if compiler == 'clang' else 12}" in b.describe()
+    assert f"; {b.compiler.split()[0]} {b.compiler_major}" in b.describe()
     assert f"from {arm64.lib_dir(build)}, ggml {GGML_VERSION} (commit unknown)" in b.describe()
 
 
@@ -114,7 +123,8 @@ def g_q8_0(w, x, _qw=None):
         return g.compute(y, (2, 4))
 
 
-@pytest.mark.parametrize("build", sorted(arm64.BUILDS))
+@pytest.mark.parametrize("build", [pytest.param(b, marks=pytest.mark.deep) if b.endswith("clang19") and "sve" not in b
+                                   else b for b in sorted(arm64.BUILDS)])  # clang 19's NEON builds: -m deep
 def test_each_arm_build_runs_a_graph_under_qemu_and_reports_what_was_read(build):
     arm64.require(build)
     has, sve_cnt, y = arm64.call(build, g_report, HAS)

@@ -25,9 +25,10 @@ ARM = {"arm64-base": NEON, "arm64-dotprod": NEON | {"dotprod", "fp16_va"},
        "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
        "arm64-i8mm-clang": NEON | {"dotprod", "fp16_va", "matmul_int8"},  # compiled by clang (COMPILER)
        "arm64-base-clang": NEON, "arm64-dotprod-clang": NEON | {"dotprod", "fp16_va"},
-       "arm64-sve128-clang": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"}}
+       "arm64-sve128-clang": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
+       "arm64-sve128-clang14": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"}}
 #: the compiler of each AArch64 path's library here (the GCC paths': GCC 12)
-COMPILER = {key: "clang 14.0.6" for key in ARM if key.endswith("-clang")}
+COMPILER = {key: "clang 14.0.6" for key in ARM if key.endswith(("-clang", "-clang14"))} | {"arm64-sve128-clang": "clang 19.1.7"}
 
 
 def arm_build(features, compiler="GCC 12.2.0", sve_bits=128, gpus=()):
@@ -160,7 +161,10 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"add": {"sme2"}}, "SME2"),
     ({"add": {"llamafile"}}, "llamafile's sgemm"),
     ({"compiler": "ICC 2024.1"}, "compiled by ICC 2024.1"),
-    ({"compiler": "clang 14.0.6", "add": {"sve"}, "sve_bits": 256}, "name it, --emulate=ggml:arm64-sve128-clang"),
+    ({"compiler": "clang 14.0.6", "add": {"sve"}, "sve_bits": 256}, "name it, --emulate=ggml:arm64-sve128-clang14"),
+    ({"compiler": "clang 18.1.3", "add": {"sve"}, "sve_bits": 256}, "name it, --emulate=ggml:arm64-sve128-clang"),
+    ({"compiler": "clang 13.0.1"}, "clang 13.0.1, a version whose builds were not checked against the emulation: "
+                                   "name the path, --emulate=ggml:arm64-i8mm-clang"),
     ({"compiler": None}, "does not say which compiler built it"),
     ({"add": {"sve"}, "sve_bits": None}, "read at run time"),
     ({"add": {"sve"}, "sve_bits": 256}, "the 256-bit vector length"),

@@ -15,8 +15,9 @@ Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones si
 dotprod, no FP16 arithmetic, nothing repacked), ``arm64-sve128-gcc`` (``armv9-a+sve2+i8mm+dotprod+fp16``, run at a
 128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's)
 and the i8mm, dotprod, armv8-a and SVE builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
-``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build, ``arm64-sve128-clang``: the
-``android_armv9.0_1`` variant; paths of the same names). Each qemu run of the built-in model takes ~10-20 s here, so the
+``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build; paths of the same names;
+``arm64-sve128-clang``: the ``android_armv9.0_1`` variant, path ``arm64-sve128-clang14``), and the same four by
+clang 19 (``arm64-*-clang19``: the NEON ones take the clang paths, the SVE one ``arm64-sve128-clang``). Each qemu run of the built-in model takes ~10-20 s here, so the
 default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
 matrix (47 cases, ~17 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
 """
@@ -38,14 +39,16 @@ from test_ggml_e2e import (N_THREADS, assert_bits, assert_greedy_and_mtp_head, a
 pytestmark = pytest.mark.oracle
 
 BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang",
-          "arm64-base-clang", "arm64-dotprod-clang", "arm64-sve128-clang"]
+          "arm64-base-clang", "arm64-dotprod-clang", "arm64-sve128-clang", "arm64-i8mm-clang19", "arm64-dotprod-clang19",
+          "arm64-base-clang19", "arm64-sve128-clang19"]
 #: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, the draft-mtp loop, a
 #: converted K-quant file on GCC's and on clang's i8mm build —; the others are marked ``deep`` (:func:`cases`). Every
 #: ARM path also runs end to end against llama.cpp in the default suite through tests/test_ggml_paths_cli.py (its
 #: logits one token per ubatch, run, audit, golden): the armv8-a builds (nothing repacked) need no verify case here.
 DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
            ("arm64-sve128-gcc", "verify-1+3"),
-           ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang")}
+           ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"),
+           ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19")}
 
 
 def cases(*axes):
@@ -113,7 +116,8 @@ def test_the_paths_compute_different_bits():
 
     tokens = prompt()[:8]
     paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang",
-             "arm64-dotprod-clang", "arm64-sve128-clang", "avx512")
+             "arm64-dotprod-clang", "arm64-sve128-clang", "avx512")  # arm64-sve128-clang14: on plain Q6_K rows only
+    #                                                                (test_clang_sve_builds_q6_k_rows_without_repack)
     runs = {p: refimpl_logits(p, tokens, 4) for p in paths}
     q4_k_m = load_model(CONVERTED / "qwen35moe-k-q4_k_m.gguf", pack=False)
     ids = [int(t) for t in np.random.default_rng(7).integers(1, q4_k_m.config.n_vocab, 8)]
@@ -151,28 +155,33 @@ def test_draft_mtp_loop_equals_llama_cpp(build, n_draft, on_build):
     assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
 
 
-def test_clang_sve_build_q6_k_rows_without_repack(on_build):
-    """``--no-repack`` on the SVE build compiled by clang (``arm64-sve128-clang``): the converted Q4_K_M file's Q6_K
-    matrices (attn_v, the shared and routed experts' ffn_down, the output) stay in a plain buffer, and its SVE 1-row
-    kernel — every row of mul_mat_id, and a batch's last row when the batch is odd — reads each odd code's high bits
-    as 3 (tests/test_ggml_ops_sve128.py says why): logits far from GCC's build, other argmaxes. refimpl's emulation
-    gives llama.cpp's bits on that build, 12-token prompt then batches of 3."""
+@pytest.mark.parametrize("build", ["arm64-sve128-clang", "arm64-sve128-clang19"])
+def test_clang_sve_builds_q6_k_rows_without_repack(build, on_build):
+    """``--no-repack`` on the SVE build compiled by clang: the converted Q4_K_M file's Q6_K matrices (attn_v, the
+    shared and routed experts' ffn_down, the output) stay in a plain buffer and take its SVE 1-row kernel — every row
+    of mul_mat_id, and a batch's last row when the batch is odd. clang 14's (``arm64-sve128-clang14``) reads each odd
+    code's high bits as 3 (tests/test_ggml_ops_sve128.py says why): logits far from GCC's build, other argmaxes;
+    clang 19's (``arm64-sve128-clang``) computes them right: within rounding of GCC's. refimpl's emulation gives
+    llama.cpp's bits on each build, 12-token prompt then batches of 3."""
     import dataclasses
 
     from test_converted import CONVERTED
     from refimpl.model.trunk import load_model
 
-    path, model_path = on_build("arm64-sve128-clang"), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
+    path, model_path = on_build(build), CONVERTED / "qwen35moe-k-q4_k_m.gguf"
     m = load_model(model_path, pack=False)
     tokens = [int(t) for t in np.random.default_rng(7).integers(1, m.config.n_vocab, 20)]
     ctx = dataclasses.replace(emulation_ctx("ggml", ggml=path, n_threads=N_THREADS), repack=False)
     logits = refimpl_batches(m, tokens, ctx, 3, prompt_batch=12)
     ref = llama_trace(model_path, tokens, (), n_threads=N_THREADS, prompt_batch=12, n_batch=3, n_ubatch=512,
                       repack=False, **F16_FLASH)
-    assert_bits("qwen35moe-k-q4_k_m.gguf arm64-sve128-clang --no-repack", logits, ref["logits"])
+    assert_bits(f"qwen35moe-k-q4_k_m.gguf {build} --no-repack", logits, ref["logits"])
     gcc_ctx = dataclasses.replace(emulation_ctx("ggml", ggml="arm64-sve128", n_threads=N_THREADS), repack=False)
     gcc = refimpl_batches(m, tokens, gcc_ctx, 3, prompt_batch=12)
-    assert np.abs(gcc - logits).max() > 1.0 and (gcc.argmax(1) != logits.argmax(1)).any()
+    if path == "arm64-sve128-clang14":
+        assert np.abs(gcc - logits).max() > 1.0 and (gcc.argmax(1) != logits.argmax(1)).any()
+    else:
+        assert np.abs(gcc - logits).max() < 1e-4
 
 
 #: converted files (made by llama.cpp's own convert_hf_to_gguf.py and llama-quantize) × the build they run on
@@ -181,7 +190,8 @@ CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-clang"),
                    ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-clang"),
-                   ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-clang")]
+                   ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-clang"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19"),
+                   ("qwen35moe-k-mxfp4_moe.gguf", "arm64-sve128-clang19")]
 
 
 @pytest.mark.parametrize("name,build", [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep)

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.oracle
 ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-clang", marks=pytest.mark.deep), pytest.param("arm64-dotprod-clang", marks=pytest.mark.deep)]  # arm64-base-gcc: test_base_bit_exact
 PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-base-gcc": "arm64-base",
         "arm64-base-clang": "arm64-base-clang", "arm64-dotprod-clang": "arm64-dotprod-clang",
-        "arm64-sve128-gcc": "arm64-sve128", "arm64-sve128-clang": "arm64-sve128-clang"}
+        "arm64-sve128-gcc": "arm64-sve128", "arm64-sve128-clang": "arm64-sve128-clang14",
+        "arm64-sve128-clang19": "arm64-sve128-clang"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
 
 
@@ -307,12 +308,14 @@ def test_base_bit_exact(build):
 
 
 @pytest.mark.deep  # a fourth qemu worker (SVE at 128 bits): pytest -m deep
-@pytest.mark.parametrize("build", ["arm64-sve128-gcc", pytest.param("arm64-sve128-clang", marks=pytest.mark.deep)])
+@pytest.mark.parametrize("build", ["arm64-sve128-gcc", *(pytest.param(b, marks=pytest.mark.deep)
+                                                         for b in ("arm64-sve128-clang", "arm64-sve128-clang19"))])
 def test_sve128_bit_exact(build):
     """arm64-sve128-gcc (SVE2 at 128 bits, i8mm): the SVE F32 dot (8 accumulators, predicated tail), Q8_0 and
     Q4_0's SVE 1-row kernels (fused lanes, one FADDV), their NEON i8mm 2-row kernels, the SVE K-quant kernels (Q2_K's
     4 float lanes; Q4_K / Q6_K's fused SVE+MMLA 2-row kernels) and the NEON kernels of the types without SVE code;
-    SVE2's widening F16 dot; one library call. arm64-sve128-clang: the same with clang's choices."""
+    SVE2's widening F16 dot; one library call. clang's builds (14: arm64-sve128-clang14, 19: arm64-sve128-clang): the
+    same with clang's choices."""
     rng = np.random.default_rng(3914)
     cases = []
     for qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.MXFP4, QT.IQ4_NL):

@@ -247,10 +247,11 @@ def test_inf_weight_scales(build):
         assert np.array_equal(bits(y), bits(want)), (QT(gt).name, x.shape, np.argwhere(bits(y) != bits(want))[:4])
 
 
-@pytest.mark.parametrize("sve_build", ["arm64-sve128-gcc", pytest.param("arm64-sve128-clang", marks=pytest.mark.deep)])
+@pytest.mark.parametrize("sve_build", ["arm64-sve128-gcc", *(pytest.param(b, marks=pytest.mark.deep)
+                                                             for b in ("arm64-sve128-clang", "arm64-sve128-clang19"))])
 def test_sve128_and_base(sve_build):
     """``arm64-base`` (NEON only) repacks nothing; ``arm64-sve128`` repacks as i8mm does and gives its bits
-    (``arm64-sve128-clang``: as ``arm64-i8mm-clang`` does)."""
+    (clang's SVE builds: as ``arm64-i8mm-clang`` does)."""
     from kernels.ggml.repack_arm_k import mul_mat_repacked_arm_k
 
     import arm64

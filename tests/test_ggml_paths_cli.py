@@ -63,7 +63,7 @@ def library_for(path: str):
     build is required (tests/ggml_graph.py's require_build: a failure under CI=true, a skip elsewhere); a path none
     of them takes fails, except AVX-512 on a host that cannot run an AVX-512 library (the native build is then AVX2)."""
     if is_arm64(path):
-        (build,) = [b for b, (key, _, _) in arm64.BUILDS.items() if key == path]
+        build = next(b for b, (key, _, _) in arm64.BUILDS.items() if key == path)  # clang's: clang 14's build first
         return build_info(build)
     builds = [build_info(b) for b in WITH_GENERIC]
     for b in builds:

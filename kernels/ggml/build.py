@@ -19,7 +19,8 @@ AArch64 SME, KleidiAI, llamafile's sgemm, an SVE vector length other than 128 bi
 (Accelerate) — rather than approximating it. ``"generic"`` is ggml's generic x86 path: a build without any SIMD
 (docs/ggml-generic-x86.md). The AArch64 paths (:data:`ARM64_PATHS`) are GCC builds — NEON (``armv8-a``), +dotprod+fp16,
 +i8mm, and SVE with i8mm at a 128-bit vector length — and clang's builds of the same four (``arm64-i8mm-clang``,
-``arm64-dotprod-clang``, ``arm64-base-clang``, ``arm64-sve128-clang``: the Android NDK's compiler); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
+``arm64-dotprod-clang``, ``arm64-base-clang``, ``arm64-sve128-clang``: the Android NDK's compiler, clang 14 to 19 —
+and ``arm64-sve128-clang14``, clang 14 to 16's SVE build, whose Q6_K dot differs); each names its compiler (``EmulatedPath.compiler``, matched against the library's ``.comment``), since
 clang fuses other products than GCC and vectorizes other reductions: a clang path is one more entry. A
 kernel whose ARM C is not emulated yet raises :class:`NotEmulated` (:func:`not_emulated`), naming the op and the path.
 
@@ -69,6 +70,10 @@ GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "mus
 #: kernels follow; a clang build (-ffp-contract=on) fuses other products: its paths are entries of their own
 #: (``arm64-i8mm-clang``, ``arm64-dotprod-clang``, ``arm64-base-clang``: compiler CLANG)
 ARM64_COMPILER, CLANG = "GCC", "clang"
+#: the clang major versions whose builds were checked against the emulation (Debian 12's clang 14 and clang 19, every
+#: path; clang 15 to 18 only where 14 and 19 differ: kernels.ggml.mulmat_arm_q.k_rows): a clang build outside them
+#: is refused unless its path is named
+CLANG_OLDEST, CLANG_NEWEST = 14, 19
 SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 
 
@@ -88,6 +93,7 @@ class EmulatedPath:
     when: str  # the compile-time condition, in words
     arch: str = X86_64  # the library's ELF machine: X86_64 or ARM64
     compiler: str | None = None  # an AArch64 path: the compiler whose builds take it (GgmlBuild.compiler's first word)
+    versions: tuple[int, int] | None = None  # the compiler's major versions whose builds take it (None: any)
 
 
 def _arm64(need: set, without: set) -> Callable[[frozenset, bool], bool]:
@@ -121,25 +127,29 @@ EMULATED_PATHS = (
     # (the vmlaq_f32 family) and other reductions vectorized (blocks of 8), so a path of its own
     EmulatedPath("arm64-i8mm-clang", "AArch64 NEON i8mm (clang)", 4,
                  _arm64({"dotprod", "fp16_va", "matmul_int8"}, {"sve"}),
-                 "as arm64-i8mm, compiled by clang", ARM64, CLANG),
+                 "as arm64-i8mm, compiled by clang", ARM64, CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
     EmulatedPath("arm64-dotprod-clang", "AArch64 NEON dotprod (clang)", 4,
                  _arm64({"dotprod", "fp16_va"}, {"matmul_int8", "sve"}), "as arm64-dotprod, compiled by clang", ARM64,
-                 CLANG),
+                 CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
     # the armv8-a build compiled by clang: the Android guide's portable arm64-v8a build (the NDK compiles with clang)
     EmulatedPath("arm64-base-clang", "AArch64 NEON (clang)", 4, _arm64(set(), {"dotprod", "fp16_va", "matmul_int8", "sve"}),
-                 "as arm64-base, compiled by clang", ARM64, CLANG),
+                 "as arm64-base, compiled by clang", ARM64, CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
     # the SVE build compiled by clang (GGML_CPU_ALL_VARIANTS' android_armv9.0_1: armv9-a+dotprod+i8mm+fp16+sve2): the
-    # SVE intrinsics as GCC's, the NEON kernels it keeps as arm64-i8mm-clang's, and clang's own SVE choices
-    EmulatedPath("arm64-sve128-clang", "AArch64 SVE-128 i8mm (clang)", 4,
-                 _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()), "as arm64-sve128, compiled by clang",
-                 ARM64, CLANG),
+    # SVE intrinsics as GCC's, the NEON kernels it keeps as arm64-i8mm-clang's, and clang's own SVE choices — which
+    # changed at clang 17: clang 14-16 keep the inactive byte lanes of Q6_K's `_x` operations (a wrong dot)
+    EmulatedPath("arm64-sve128-clang", "AArch64 SVE-128 i8mm (clang 17+)", 4,
+                 _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()), "as arm64-sve128, compiled by clang 17-19",
+                 ARM64, CLANG, (17, CLANG_NEWEST)),
+    EmulatedPath("arm64-sve128-clang14", "AArch64 SVE-128 i8mm (clang 14-16)", 4,
+                 _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()), "as arm64-sve128, compiled by clang 14-16",
+                 ARM64, CLANG, (CLANG_OLDEST, 16)),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
 #: the keys of the x86-64 SIMD paths and of the AArch64 ones: a kernel written for the one never takes the other
 X86_SIMD_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == X86_64 and p.lanes)
 ARM64_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == ARM64)
 #: the SVE builds' paths (:func:`by_sve`)
-SVE_PATHS = ("arm64-sve128", "arm64-sve128-clang")
+SVE_PATHS = ("arm64-sve128", "arm64-sve128-clang", "arm64-sve128-clang14")
 #: ``--emulate=ggml:KEY``: each path of :data:`EMULATED_PATHS` by name, no library consulted (:func:`named_path`).
 NAMED_PREFIX = "ggml:"
 NAMED_PATHS = tuple(NAMED_PREFIX + p.key for p in EMULATED_PATHS)
@@ -158,7 +168,7 @@ def is_arm64(key: str) -> bool:
 
 
 def by_sve(key: str) -> bool:
-    """Whether ``key`` is an SVE build's path (``arm64-sve128``, ``arm64-sve128-clang``): vec.h's SVE branches at
+    """Whether ``key`` is an SVE build's path (``arm64-sve128``, ``arm64-sve128-clang``, ``-clang14``): vec.h's SVE branches at
     :data:`SVE_BITS` bits, the SVE ``vec_dot`` kernels of quants.c."""
     return key in SVE_PATHS
 
@@ -229,6 +239,13 @@ class GgmlBuild:
         return feature in self.features
 
     @property
+    def compiler_major(self) -> int | None:
+        """The compiler's major version (``clang 14.0.6`` → 14), None where it does not say."""
+        words = (self.compiler or "").split()
+        head = words[1].split(".")[0] if len(words) > 1 else ""
+        return int(head) if head.isdigit() else None
+
+    @property
     def arm64(self) -> bool:
         return not self.x86 and self.machine == ARM64
 
@@ -273,15 +290,21 @@ class GgmlBuild:
             raise UnsupportedBuild(f"{lib} was compiled by {self.compiler}, whose floating-point contraction and "
                                    f"vectorizer are not emulated; the AArch64 paths are emulated for {ARM64_COMPILER} "
                                    f"and {CLANG} builds")
+        major = self.compiler_major
+        ours = [p for p in EMULATED_PATHS if p.arch == ARM64 and p.compiler == cc and p.selected(self.features, False)]
+        mine = [p for p in ours if p.versions is None or (major is not None and p.versions[0] <= major <= p.versions[1])]
         if self.has("sve") and self.sve_bits != SVE_BITS:
             vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
                   "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
-            named = "arm64-sve128" + ("-clang" if cc == CLANG else "")
+            named = " or ".join(f"--emulate=ggml:{p.key}" for p in (mine or ours)) or "--emulate=ggml:arm64-sve128"
             raise UnsupportedBuild(f"{lib} runs SVE at {vl}; --emulate=ggml follows SVE at {SVE_BITS} bits only: "
-                                   f"for a {SVE_BITS}-bit CPU name it, --emulate=ggml:{named}")
-        for p in EMULATED_PATHS:
-            if p.arch == ARM64 and p.compiler == cc and p.selected(self.features, False):
-                return p.key
+                                   f"for a {SVE_BITS}-bit CPU name it, {named}")
+        if mine:
+            return mine[0].key
+        if ours:
+            keys = " or ".join(f"--emulate=ggml:{p.key} ({p.when})" for p in ours)
+            raise UnsupportedBuild(f"{lib} was compiled by {self.compiler}, a version whose builds were not checked "
+                                   f"against the emulation: name the path, {keys}")
         have = " ".join(f for f in ARM64_FEATURES if f in self.features) or "no NEON"
         raise UnsupportedBuild(f"{lib} is built for {have}; --emulate=ggml follows AArch64 builds with NEON "
                                "(armv8-a), +dotprod+fp16, +i8mm, or SVE+i8mm at 128 bits")

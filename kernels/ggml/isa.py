@@ -85,9 +85,10 @@ SIMD = {
     "arm64-dotprod-clang": Simd("arm64-dotprod-clang", 4, NEON_CLANG, NEON, True, 8, True, ARM_NAN),
     # clang 14, -march=armv8-a: arm64-base's NEON code (GGML_F16_VEC = GGML_F32Cx4) with clang's vectorizer
     "arm64-base-clang": Simd("arm64-base-clang", 4, NEON_CLANG, NEON, True, 4, False, ARM_NAN),
-    # clang 14, -march=armv9-a+sve2+i8mm+dotprod+fp16 at 128 bits: the SVE intrinsics compile as GCC's (code SVE128);
+    # clang 14-19, -march=armv9-a+sve2+i8mm+dotprod+fp16 at 128 bits: the SVE intrinsics compile as GCC's (code SVE128);
     # clang's own choices (ssm_conv's taps, NEON kernels' contractions, Q6_K's don't-care lanes) are the ops' own
     "arm64-sve128-clang": Simd("arm64-sve128-clang", 4, SVE128, SVE128, True, 8, True, ARM_NAN),
+    "arm64-sve128-clang14": Simd("arm64-sve128-clang14", 4, SVE128, SVE128, True, 8, True, ARM_NAN),
 }
 for _p in EMULATED_PATHS:
     assert _p.key not in SIMD or SIMD[_p.key].lanes == _p.lanes, _p.key

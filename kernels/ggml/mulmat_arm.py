@@ -53,12 +53,13 @@ tests/test_ggml_arm64_clang.py): those paths' kernels with clang's float choices
 Q8_K's ``nearest_int`` not fused (``_q8_k_rows(fused=False)``), F32's leftovers in blocks of 8 (vec code
 :data:`kernels.ggml.isa.NEON_CLANG`), no USDOT tail for Q5_0 (GCC's miscompile).
 
-``arm64-sve128-clang`` (the SVE build compiled by clang 14): ``arm64-sve128``'s kernels (the SVE intrinsics compile
-alike; F32's SVE dot has no scalar leftovers) with clang's choices in the NEON kernels it keeps, as
-``arm64-i8mm-clang``'s (``clang``), Q8_K unfused, Q5_0 without the USDOT tail — and Q6_K's SVE 1-row kernel as clang
-compiles it: ACLE's ``_x`` forms leave a predicate's inactive lanes unspecified, and ``svand_u8_x(pg16_8, mone, …)``
-(a 16-bit predicate on bytes: the odd bytes inactive) is a merging ``and`` there, so every odd code reads its two
-high bits as 3 (``mulmat_arm_q.k_rows``). GCC computes every lane; clang's build gives other logits for Q6_K rows.
+``arm64-sve128-clang`` (the SVE build compiled by clang 17 to 19): ``arm64-sve128``'s kernels (the SVE intrinsics
+compile alike; F32's SVE dot has no scalar leftovers) with clang's choices in the NEON kernels it keeps, as
+``arm64-i8mm-clang``'s (``clang``), Q8_K unfused, Q5_0 without the USDOT tail. ``arm64-sve128-clang14`` (clang 14 to
+16): the same, and Q6_K's SVE 1-row kernel as those compile it: ACLE's ``_x`` forms leave a predicate's inactive
+lanes unspecified, and ``svand_u8_x(pg16_8, mone, …)`` (a 16-bit predicate on bytes: the odd bytes inactive) is a
+merging ``and`` there, so every odd code reads its two high bits as 3 (``mulmat_arm_q.k_rows``'s ``odd_hi3``). GCC
+and clang 17+ compute every lane (unpredicated ``lsl`` / ``and``).
 
 Other weight types raise :class:`kernels.ggml.build.NotEmulated` naming the op, the type and the path (no x86 kernel
 stands in).
@@ -83,10 +84,10 @@ ARM_PATHS = build.ARM64_PATHS
 #: the armv8-a builds: no dotprod (``ggml_vdotq_s32`` emulated by vmull + vpaddl), nothing repacked
 BASE_PATHS = ("arm64-base", "arm64-base-clang")
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
-I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-i8mm-clang", "arm64-sve128-clang")
+I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-i8mm-clang", "arm64-sve128-clang", "arm64-sve128-clang14")
 #: the 32-value block kernels that differ from ``mulmat_arm_q.BLOCK32``'s kind on a path
 BLOCK32_KINDS = {"arm64-i8mm": mulmat_arm_q.I8MM_KIND, "arm64-sve128": mulmat_arm_q.SVE128_KIND,
-                 "arm64-sve128-clang": mulmat_arm_q.SVE128_CLANG_KIND}
+                 "arm64-sve128-clang": mulmat_arm_q.SVE128_CLANG_KIND, "arm64-sve128-clang14": mulmat_arm_q.SVE128_CLANG_KIND}
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
@@ -215,7 +216,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     else:  # K-quants: the same activations
         yq, yd, ybs = _q8_k_rows(x, fused=not clang)
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
-                            out, two, F16_TO_F32, build.by_sve(path), clang)
+                            out, two, F16_TO_F32, build.by_sve(path), clang, path == "arm64-sve128-clang14")
     return arm_default_nan(out)
 
 

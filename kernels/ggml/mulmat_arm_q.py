@@ -70,7 +70,7 @@ I8MM_KIND = {QT.Q5_0: 6}
 #: the kinds of ``arm64-sve128`` (SVE at 128 bits, i8mm): Q8_0 and Q4_0's 1-row kernels are SVE code (7, 8: fused
 #: lanes, one FADDV of sumv0 + sumv1); Q5_0 has the i8mm build's USDOT tail; the other 32-value types the NEON code
 SVE128_KIND = {QT.Q5_0: 6, QT.Q8_0: 7, QT.Q4_0: 8}
-#: ``arm64-sve128-clang``: the same SVE kernels; clang vectorizes no USDOT into Q5_0's tail
+#: ``arm64-sve128-clang`` / ``-clang14``: the same SVE kernels; clang vectorizes no USDOT into Q5_0's tail
 SVE128_CLANG_KIND = {QT.Q8_0: 7, QT.Q4_0: 8}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
 IQ = IQ_KIND  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: :func:`iq_rows`
@@ -276,15 +276,16 @@ def _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t):
 
 
 @jit()
-def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False):
+def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False, odd_hi3=False):
     """``out[t, r]`` for K-quant rows ``w`` (N, row bytes) and Q8_K activations (``yq`` (T, K) int8, ``yd``
     (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K); ``sve``: the
     ``arm64-sve128`` build, whose SVE 1-row kernels round as the NEON ones (their integers are the same) and whose
     SVE+MMLA 2-row kernels fuse every step; ``clang``: the ``arm64-i8mm-clang`` build, whose NEON 2-row kernels'
-    ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row formulas); both: ``arm64-sve128-clang``,
-    whose Q6_K 1-row kernel (case 128) forms the high bits with ``svand_u8_x(pg16_8, mone, …)`` — a 16-bit predicate
-    on bytes, the odd bytes inactive — as a merging ``and z, p/m`` on a copy of ``mone``: every odd code's high
-    bits read 0x30 (``(q & 15) | 48``; its ``isum_mins`` is the true one)."""
+    ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row formulas); ``odd_hi3``: the SVE build
+    compiled by clang 14 to 16 (``arm64-sve128-clang14``), whose Q6_K 1-row kernel (case 128) forms the high bits with
+    ``svand_u8_x(pg16_8, mone, …)`` — a 16-bit predicate on bytes, the odd bytes inactive — as a merging ``and z,
+    p/m`` on a copy of ``mone``: every odd code's high bits read 0x30 (``(q & 15) | 48``; its ``isum_mins`` is the
+    true one)."""
     K = yq.shape[1]
     nsb = K // 256
     q = np.empty(K, np.int32)
@@ -293,7 +294,7 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False):
     d = np.empty(nsb, np.float32)
     dmin = np.zeros(nsb, np.float32)
     has_two = two.shape[0] > 0
-    odd_hi3 = sve and clang and kind == 2  # arm64-sve128-clang's Q6_K 1-row kernel
+    odd_hi3 = odd_hi3 and kind == 2  # arm64-sve128-clang14's Q6_K 1-row kernel
     q1 = np.empty(K if odd_hi3 else 0, np.int32)  # its codes
     for r in range(w.shape[0]):
         decode_row(kind, w[r], q, sc, mn, d, dmin, tab)

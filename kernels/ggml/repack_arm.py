@@ -83,13 +83,14 @@ REPACK_ARM = {
     "arm64-sve128": _I8MM,
     "arm64-i8mm-clang": _I8MM,
     "arm64-sve128-clang": _I8MM,
+    "arm64-sve128-clang14": _I8MM,
 }
 #: The AArch64 paths whose repacked kernels are emulated -> the kernels they run. ``arm64-…-clang``: the clang
 #: builds of the i8mm and dotprod kernels (``-ffp-contract=on`` contracts ``vmlaq_f32`` / ``vmlsq_f32`` into
 #: ``fmla`` / ``fmls``, but not ``nearest_int``'s add).
 KERNELS_OF = {"arm64-dotprod": "arm64-dotprod", "arm64-i8mm": "arm64-i8mm", "arm64-sve128": "arm64-i8mm",
               "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-dotprod-clang": "arm64-dotprod-clang",
-              "arm64-sve128-clang": "arm64-i8mm-clang"}
+              "arm64-sve128-clang": "arm64-i8mm-clang", "arm64-sve128-clang14": "arm64-i8mm-clang"}
 ARM_PATHS = tuple(KERNELS_OF)
 #: The 32-value block types emulated here.
 REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})

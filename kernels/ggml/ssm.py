@@ -33,7 +33,8 @@ fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & 
 fused tail), the delta net's dots the SVE ``ggml_vec_dot_f32`` (:func:`kernels.ggml.sve.vec_dot_f32`).
 The clang builds (``arm64-*-clang``, clang 14): the same loops vectorized in blocks of 8 (``nc & ~7`` taps unfused: Qwen3.5's 4
 taps all ``fmadd``), the dots' leftovers too (code :data:`kernels.ggml.isa.NEON_CLANG`); ``arm64-sve128-clang``'s
-ssm_conv as well (two unpredicated SVE vectors a step, FADDA, then ``fmadd``), its dots the SVE ``ggml_vec_dot_f32``.
+and ``-clang14``'s ssm_conv as well (two unpredicated SVE vectors a step, FADDA, then ``fmadd``), its dots the SVE
+``ggml_vec_dot_f32``.
 
 Thread count never matters: ssm_conv splits channels, the delta net (sequence, head) pairs, each computed
 whole by one thread. NaN payloads: where two *different* NaNs meet in one x86 add, the result is the
@@ -51,7 +52,7 @@ from numba import prange
 
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import expf, expf_on, glibc_of  # expf: tests/test_ggml_ops_ssm.py
-from kernels.ggml.build import not_emulated
+from kernels.ggml.build import SVE_PATHS, by_clang, not_emulated
 from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, check_path, fma32, fold_left_unfused, follows_nans, simd
 from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
@@ -117,7 +118,7 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     # SVE (arm64-sve128): GCC's predicated loop, fmul z then FADDA (strictly in order) over all taps: all unfused
     # clang (arm64-*-clang): its vectorizer's blocks of 8 → nc & ~7 (Qwen3.5's 4 taps: all fused, GCC's NEON none);
     # on SVE too (arm64-sve128-clang: two unpredicated fmul z + FADDA a step of 2·svcntw() = 8, then scalar fmadd)
-    code = NEON_CLANG if path == "arm64-sve128-clang" else simd(path, "ggml_ssm_conv").code
+    code = NEON_CLANG if path in SVE_PATHS and by_clang(path) else simd(path, "ggml_ssm_conv").code
     unfused = nc if path in ("generic", "arm64-sve128") else fold_left_unfused(nc, code)
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]

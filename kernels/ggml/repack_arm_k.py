@@ -119,7 +119,7 @@ def quantize_rows_q8_k_arm(x, qs, d, bsums, fused=True):
 
 @jit()
 def _decode(kind, wc, q, sc, mn, d, dmin, table):
-    """One plain row ``wc`` -> quants ``q`` (K,) (Q6_K: minus 32), per sub-block ``sc`` / ``mn`` (Q4_K, Q5_K: 32
+    """One plain row ``wc`` -> quants ``q`` (K,) int32 (Q6_K: minus 32), per sub-block ``sc`` / ``mn`` (Q4_K, Q5_K: 32
     values, ``get_scale_min_k4``; Q6_K: 16 values, int8 scales, no mins), per super-block ``d`` / ``dmin``."""
     for b in range(d.shape[0]):
         if kind == 2:  # Q6_K: ql[128], qh[64], scales[16], d
@@ -156,62 +156,73 @@ def _decode(kind, wc, q, sc, mn, d, dmin, table):
                 q[256 * b + 64 * j + 32 + l] = hi
 
 
+#: weight rows a parallel task decodes and multiplies (its scratch allocated once)
+ROWS = 16
+
+
 @jit(parallel=True)
 def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
     """Every element: weight rows ``w`` (N, row bytes) of ``kind`` (0 Q4_K, 1 Q5_K, 2 Q6_K) against activation
     rows ``rows`` of ``y`` (int32 (R, K)), ``yd`` (R, K/256), ``ys`` (R, K/32) bsums per 32 values, ``recipe``
-    (R,) each row's float recipe (:data:`GEMM_GEMV`); the result of row ``rows[i]`` to ``out[orow[i], c]``."""
+    (R,) each row's float recipe (:data:`GEMM_GEMV`); the result of row ``rows[i]`` to ``out[orow[i], c]``. Each
+    weight row is decoded once (int32 codes: the sub-block dots vectorize) for every activation row; the integers
+    are exact in any order, the float steps are each element's, in ggml's order."""
     K = y.shape[1]
     nb = K // 256
     sub = 16 if kind == 2 else 32
-    for c in prange(w.shape[0]):
-        q = np.empty(K, np.int64)
+    nsub = 256 // sub
+    for tile in prange((w.shape[0] + ROWS - 1) // ROWS):
+        q = np.empty(K, np.int32)
         sc = np.empty(K // sub, np.int64)
         mn = np.empty(K // sub, np.int64)
         d = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
-        _decode(kind, w[c], q, sc, mn, d, dmin, table)
-        isub = np.empty(256 // sub, np.int64)
-        for i in range(rows.shape[0]):
-            r = rows[i]
-            yr = y[r]
-            rec = recipe[r] & 7
-            fm = recipe[r] >= FUSED_MINS  # clang: vmlsq_f32 / vmlaq_f32 contracted into fmls / fmla
-            acc = F32(0.0)
-            for b in range(nb):
-                S = F32(d[b] * yd[r, b])  # vmulq_f32(d, q8_d)
-                Dm = F32(dmin[b] * yd[r, b])  # vmulq_f32(dmin, q8_d)
-                for s in range(256 // sub):
-                    p = np.int64(0)
-                    for k in range(256 * b + sub * s, 256 * b + sub * s + sub):
-                        p += q[k] * yr[k]
-                    isub[s] = sc[(256 // sub) * b + s] * p
-                if kind == 2:  # Q6_K: the super-block's integer, then one float step
-                    if rec == 4:
-                        acc = fma32(F32(isub.sum()), S, acc)  # vmulq_f32 + vaddq_f32 contracted: fmla
-                    else:
-                        acc = acc + F32(F32(isub.sum()) * S)  # vmlaq_f32 / vcombine'd halves: fmul, fadd
-                    continue
-                M = np.int64(0)
-                for k in range(4):
-                    mk = mn[8 * b + 2 * k] * ys[r, 8 * b + 2 * k] + mn[8 * b + 2 * k + 1] * ys[r, 8 * b + 2 * k + 1]
-                    M += mk
-                    if rec == 0:  # 8x4: an FMA per 64 values
-                        acc = fma32(S, F32(isub[2 * k] + isub[2 * k + 1]), acc)
-                    elif rec == 1 or rec == 3:  # 8x8 gemv: an FMA per 32 values
-                        acc = fma32(S, F32(isub[2 * k]), acc)
-                        acc = fma32(S, F32(isub[2 * k + 1]), acc)
-                        if rec == 3:  # Q5_K: the mins of these 64 values at once (vmlsq_f32: fmul, fsub)
-                            acc = fma32(-F32(mk), Dm, acc) if fm else acc - F32(Dm * F32(mk))
-                if rec == 0 or rec == 1:
-                    acc = fma32(-F32(M), Dm, acc) if fm else acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
-                elif rec == 2:  # 8x8 gemm: mins, then the super-block's integer (vmlsq_f32, vmlaq_f32)
-                    if fm:
-                        acc = fma32(F32(isub.sum()), S, fma32(-F32(M), Dm, acc))
-                    else:
-                        acc = acc - F32(F32(M) * Dm)
-                        acc = acc + F32(F32(isub.sum()) * S)
-            out[orow[i], c] = acc
+        isub = np.empty(nsub, np.int64)
+        for c in range(tile * ROWS, min(tile * ROWS + ROWS, w.shape[0])):
+            _decode(kind, w[c], q, sc, mn, d, dmin, table)
+            for i in range(rows.shape[0]):
+                r = rows[i]
+                yr = y[r]
+                rec = recipe[r] & 7
+                fm = recipe[r] >= FUSED_MINS  # clang: vmlsq_f32 / vmlaq_f32 contracted into fmls / fmla
+                acc = F32(0.0)
+                for b in range(nb):
+                    S = F32(d[b] * yd[r, b])  # vmulq_f32(d, q8_d)
+                    Dm = F32(dmin[b] * yd[r, b])  # vmulq_f32(dmin, q8_d)
+                    tot = np.int64(0)  # the super-block's integer Σ_s I_s
+                    for s in range(nsub):
+                        o = 256 * b + sub * s
+                        p = np.int64(0)
+                        for k in range(sub):
+                            p += q[o + k] * yr[o + k]
+                        isub[s] = sc[nsub * b + s] * p
+                        tot += isub[s]
+                    if kind == 2:  # Q6_K: the super-block's integer, then one float step
+                        if rec == 4:
+                            acc = fma32(F32(tot), S, acc)  # vmulq_f32 + vaddq_f32 contracted: fmla
+                        else:
+                            acc = acc + F32(F32(tot) * S)  # vmlaq_f32 / vcombine'd halves: fmul, fadd
+                        continue
+                    M = np.int64(0)
+                    for k in range(4):
+                        mk = mn[8 * b + 2 * k] * ys[r, 8 * b + 2 * k] + mn[8 * b + 2 * k + 1] * ys[r, 8 * b + 2 * k + 1]
+                        M += mk
+                        if rec == 0:  # 8x4: an FMA per 64 values
+                            acc = fma32(S, F32(isub[2 * k] + isub[2 * k + 1]), acc)
+                        elif rec == 1 or rec == 3:  # 8x8 gemv: an FMA per 32 values
+                            acc = fma32(S, F32(isub[2 * k]), acc)
+                            acc = fma32(S, F32(isub[2 * k + 1]), acc)
+                            if rec == 3:  # Q5_K: the mins of these 64 values at once (vmlsq_f32: fmul, fsub)
+                                acc = fma32(-F32(mk), Dm, acc) if fm else acc - F32(Dm * F32(mk))
+                    if rec == 0 or rec == 1:
+                        acc = fma32(-F32(M), Dm, acc) if fm else acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
+                    elif rec == 2:  # 8x8 gemm: mins, then the super-block's integer (vmlsq_f32, vmlaq_f32)
+                        if fm:
+                            acc = fma32(F32(tot), S, fma32(-F32(M), Dm, acc))
+                        else:
+                            acc = acc - F32(F32(M) * Dm)
+                            acc = acc + F32(F32(tot) * S)
+                out[orow[i], c] = acc
 
 
 def _q8_k(x, fused=True):

@@ -68,11 +68,12 @@ def _path(path: str, op: str) -> str:
 def _op(op: str):
     """Decorator: the op's ``path`` argument checked by :func:`_path` first (before :func:`follows_nans` reads it)."""
     def deco(fn):
-        sig = inspect.signature(fn)
+        at = list(inspect.signature(fn).parameters).index("path")  # where a positional ``path`` sits
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            _path(sig.bind(*args, **kwargs).arguments["path"], op)
+        def wrapper(*args, **kwargs):  # no inspect.Signature.bind per call: this runs for every layer of a decode
+            if "path" in kwargs or len(args) > at:  # (without one, fn's own TypeError names it)
+                _path(kwargs["path"] if "path" in kwargs else args[at], op)
             return fn(*args, **kwargs)
 
         return wrapper

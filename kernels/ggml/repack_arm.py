@@ -171,8 +171,8 @@ def _dot32(typingctx, w, wo, y, yo):
     return sig, codegen
 
 
-#: weight rows a task of :func:`_rows_for`'s kernel takes: per block their elements' chains of float steps run side
-#: by side (each element's own steps in order: the same bits)
+#: weight rows a task of :func:`_rows_for`'s kernel takes (each element's chain of float steps in one register, in
+#: order: the same bits; the next blocks' integer dots overlap it)
 ROW_TILE = 16
 
 
@@ -203,15 +203,14 @@ def _rows_for(qt, parallel):
         for tile in prange((N + ROW_TILE - 1) // ROW_TILE):  # independent outputs, ROW_TILE weight rows a task
             r0 = tile * ROW_TILE
             r1 = min(r0 + ROW_TILE, N)
-            acc = np.empty(ROW_TILE, F32)  # one accumulator per element, the rows' chains side by side
             for i in range(we.shape[0]):
                 t = (i // n_used) * n_x + (i % n_used) % n_x  # slot (t, s) reads activation row t·n_x + s % n_x
                 yt, wi, fu = y[t], w[we[i]], fused[t]  # wi: Q8_0 int8 (the bytes' view), else uint8
-                acc[:] = 0.0
-                for b in range(nb):
-                    o, yo, xdb = bs * b + hdr, 32 * b, xd[t, b]
-                    for r in range(r0, r1):
-                        wr = wi[r]
+                for r in range(r0, r1):  # each element's chain of float steps in order; the blocks' dots overlap it
+                    wr = wi[r]
+                    a = F32(0.0)
+                    for b in range(nb):
+                        o, yo, xdb = bs * b + hdr, 32 * b, xd[t, b]
                         s = np.int32(0)  # the exact integer dot (|s| <= 32·128·128)
                         if q8:
                             s = _dot32(wr, o, yt, yo)
@@ -226,14 +225,13 @@ def _rows_for(qt, parallel):
                             dw = tab[np.int64(wr[o - 1])]  # GGML_CPU_E8M0_TO_FP32_HALF(e)
                         d = F32(dw * xdb)  # vmulq_f32
                         if fu:
-                            acc[r - r0] = fma32(F32(s), d, acc[r - r0])  # vfmaq_f32 / fmla
+                            a = fma32(F32(s), d, a)  # vfmaq_f32 / fmla
                         else:
-                            acc[r - r0] = acc[r - r0] + F32(d * F32(s))  # vmlaq_f32: fmul, fadd
-                for r in range(r0, r1):
-                    if acc[r - r0] != acc[r - r0]:
+                            a = a + F32(d * F32(s))  # vmlaq_f32: fmul, fadd
+                    if a != a:
                         outu[i, r] = ARM_DEFAULT_NAN
                     else:
-                        out[i, r] = acc[r - r0]
+                        out[i, r] = a
 
     return _rows
 

@@ -156,6 +156,49 @@ def _decode(kind, wc, q, sc, mn, d, dmin, table):
                 q[256 * b + 64 * j + 32 + l] = hi
 
 
+@jit()
+def _sub_dots_bytes(kind, wc, yr, dots, sc, mn, d, dmin, table):
+    """Each sub-block's exact ``Σ q·y`` of plain row ``wc`` (Q4_K: ``kind`` 0, Q6_K: 2) and one activation row ``yr``
+    (int32, K) into ``dots`` (K/32 or K/16), read straight from the bytes (the codes as :func:`_decode` gives them);
+    the scales, mins, ``d`` and ``dmin`` as :func:`_decode` (its integers: the same sums)."""
+    for b in range(d.shape[0]):
+        if kind == 2:  # Q6_K: value 128n + 32m + l of ql/qh half n, stream m; group (128n + 32m + l) // 16
+            o = 210 * b
+            d[b] = fp16_at(wc, o + 208, table)
+            dmin[b] = 0.0
+            for g in range(16):
+                sc[16 * b + g] = ((np.int64(wc[o + 192 + g]) ^ 0x80) - 0x80)
+            for n in range(2):
+                ql, qh, v = o + 64 * n, o + 128 + 32 * n, 256 * b + 128 * n
+                for h in range(2):  # l in [16h, 16h + 16): groups 8n + 2m + h
+                    p0 = np.int64(0)
+                    p1 = np.int64(0)
+                    p2 = np.int64(0)
+                    p3 = np.int64(0)
+                    for l in range(16 * h, 16 * h + 16):
+                        a, c, e = np.int32(wc[ql + l]), np.int32(wc[ql + l + 32]), np.int32(wc[qh + l])
+                        p0 += (((a & 15) | ((e & 3) << 4)) - 32) * yr[v + l]
+                        p1 += (((c & 15) | (((e >> 2) & 3) << 4)) - 32) * yr[v + l + 32]
+                        p2 += (((a >> 4) | (((e >> 4) & 3) << 4)) - 32) * yr[v + l + 64]
+                        p3 += (((c >> 4) | (((e >> 6) & 3) << 4)) - 32) * yr[v + l + 96]
+                    g = 16 * b + 8 * n + h
+                    dots[g], dots[g + 2], dots[g + 4], dots[g + 6] = p0, p1, p2, p3
+            continue
+        o = 144 * b  # Q4_K: d, dmin, scales[12], qs[128]
+        d[b] = fp16_at(wc, o, table)
+        dmin[b] = fp16_at(wc, o + 2, table)
+        for j in range(8):
+            sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
+        for j in range(4):  # 32 bytes: low nibbles = sub-block 2j, high nibbles = sub-block 2j + 1
+            plo = np.int64(0)
+            phi = np.int64(0)
+            for l in range(32):
+                v = np.int32(wc[o + 16 + 32 * j + l])
+                plo += (v & 15) * yr[256 * b + 64 * j + l]
+                phi += (v >> 4) * yr[256 * b + 64 * j + 32 + l]
+            dots[8 * b + 2 * j], dots[8 * b + 2 * j + 1] = plo, phi
+
+
 #: weight rows a parallel task decodes and multiplies (its scratch allocated once)
 ROWS = 16
 
@@ -171,6 +214,7 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
     nb = K // 256
     sub = 16 if kind == 2 else 32
     nsub = 256 // sub
+    one = rows.shape[0] == 1
     for tile in prange((w.shape[0] + ROWS - 1) // ROWS):
         q = np.empty(K, np.int32)
         sc = np.empty(K // sub, np.int64)
@@ -178,8 +222,12 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
         d = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         isub = np.empty(nsub, np.int64)
+        isub_all = np.empty(K // sub, np.int64)  # one activation row: each sub-block's Σ q·y
         for c in range(tile * ROWS, min(tile * ROWS + ROWS, w.shape[0])):
-            _decode(kind, w[c], q, sc, mn, d, dmin, table)
+            if one and kind != 1:  # one activation row: its dots straight from the bytes, no decoded copy
+                _sub_dots_bytes(kind, w[c], y[rows[0]], isub_all, sc, mn, d, dmin, table)
+            else:
+                _decode(kind, w[c], q, sc, mn, d, dmin, table)
             for i in range(rows.shape[0]):
                 r = rows[i]
                 yr = y[r]
@@ -191,11 +239,14 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
                     Dm = F32(dmin[b] * yd[r, b])  # vmulq_f32(dmin, q8_d)
                     tot = np.int64(0)  # the super-block's integer Σ_s I_s
                     for s in range(nsub):
-                        o = 256 * b + sub * s
-                        p = np.int64(0)
-                        for k in range(sub):
-                            p += q[o + k] * yr[o + k]
-                        isub[s] = sc[nsub * b + s] * p
+                        if one and kind != 1:
+                            isub[s] = sc[nsub * b + s] * isub_all[nsub * b + s]
+                        else:
+                            o = 256 * b + sub * s
+                            p = np.int64(0)
+                            for k in range(sub):
+                                p += q[o + k] * yr[o + k]
+                            isub[s] = sc[nsub * b + s] * p
                         tot += isub[s]
                     if kind == 2:  # Q6_K: the super-block's integer, then one float step
                         if rec == 4:

@@ -117,17 +117,32 @@ def quantize_rows_q8_k_arm(x, qs, d, bsums, fused=True):
                 bsums[r, 16 * b + g] = s
 
 
+@jit(inline=True)
+def _scales(kind, wc, b, sc, mn, d, dmin, table):
+    """Super-block ``b`` of plain row ``wc``: its ``d`` / ``dmin`` and sub-block scales ``sc`` / ``mn`` (Q4_K, Q5_K:
+    ``get_scale_min_k4``; Q6_K: its int8 scales, no mins); returns the super-block's byte offset."""
+    if kind == 2:  # Q6_K: ql[128], qh[64], scales[16], d
+        o = 210 * b
+        d[b] = fp16_at(wc, o + 208, table)
+        dmin[b] = 0.0
+        for g in range(16):
+            sc[16 * b + g] = ((np.int64(wc[o + 192 + g]) ^ 0x80) - 0x80)
+        return o
+    o = (144 if kind == 0 else 176) * b  # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: ..., qh[32], qs[128]
+    d[b] = fp16_at(wc, o, table)
+    dmin[b] = fp16_at(wc, o + 2, table)
+    for j in range(8):
+        sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
+    return o
+
+
 @jit()
 def _decode(kind, wc, q, sc, mn, d, dmin, table):
     """One plain row ``wc`` -> quants ``q`` (K,) int32 (Q6_K: minus 32), per sub-block ``sc`` / ``mn`` (Q4_K, Q5_K: 32
     values, ``get_scale_min_k4``; Q6_K: 16 values, int8 scales, no mins), per super-block ``d`` / ``dmin``."""
     for b in range(d.shape[0]):
-        if kind == 2:  # Q6_K: ql[128], qh[64], scales[16], d
-            o = 210 * b
-            d[b] = fp16_at(wc, o + 208, table)
-            dmin[b] = 0.0
-            for g in range(16):
-                sc[16 * b + g] = ((np.int64(wc[o + 192 + g]) ^ 0x80) - 0x80)
+        o = _scales(kind, wc, b, sc, mn, d, dmin, table)
+        if kind == 2:  # Q6_K
             for n in range(2):
                 ql, qh, v = o + 64 * n, o + 128 + 32 * n, 256 * b + 128 * n
                 for l in range(32):
@@ -137,12 +152,6 @@ def _decode(kind, wc, q, sc, mn, d, dmin, table):
                     q[v + l + 64] = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
                     q[v + l + 96] = ((c >> 4) | (((h >> 6) & 3) << 4)) - 32
             continue
-        bb = 144 if kind == 0 else 176  # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: ..., qh[32], qs[128]
-        o = bb * b
-        d[b] = fp16_at(wc, o, table)
-        dmin[b] = fp16_at(wc, o + 2, table)
-        for j in range(8):
-            sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
         qs = o + 16 if kind == 0 else o + 48
         for j in range(4):  # 32 bytes: low nibbles = sub-block 2j, high nibbles = sub-block 2j + 1
             for l in range(32):
@@ -162,12 +171,8 @@ def _sub_dots_bytes(kind, wc, yr, dots, sc, mn, d, dmin, table):
     (int32, K) into ``dots`` (K/32 or K/16), read straight from the bytes (the codes as :func:`_decode` gives them);
     the scales, mins, ``d`` and ``dmin`` as :func:`_decode` (its integers: the same sums)."""
     for b in range(d.shape[0]):
+        o = _scales(kind, wc, b, sc, mn, d, dmin, table)
         if kind == 2:  # Q6_K: value 128n + 32m + l of ql/qh half n, stream m; group (128n + 32m + l) // 16
-            o = 210 * b
-            d[b] = fp16_at(wc, o + 208, table)
-            dmin[b] = 0.0
-            for g in range(16):
-                sc[16 * b + g] = ((np.int64(wc[o + 192 + g]) ^ 0x80) - 0x80)
             for n in range(2):
                 ql, qh, v = o + 64 * n, o + 128 + 32 * n, 256 * b + 128 * n
                 for h in range(2):  # l in [16h, 16h + 16): groups 8n + 2m + h
@@ -184,12 +189,7 @@ def _sub_dots_bytes(kind, wc, yr, dots, sc, mn, d, dmin, table):
                     g = 16 * b + 8 * n + h
                     dots[g], dots[g + 2], dots[g + 4], dots[g + 6] = p0, p1, p2, p3
             continue
-        o = 144 * b  # Q4_K: d, dmin, scales[12], qs[128]
-        d[b] = fp16_at(wc, o, table)
-        dmin[b] = fp16_at(wc, o + 2, table)
-        for j in range(8):
-            sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
-        for j in range(4):  # 32 bytes: low nibbles = sub-block 2j, high nibbles = sub-block 2j + 1
+        for j in range(4):  # Q4_K, 32 bytes: low nibbles = sub-block 2j, high nibbles = sub-block 2j + 1
             plo = np.int64(0)
             phi = np.int64(0)
             for l in range(32):

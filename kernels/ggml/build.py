@@ -68,7 +68,7 @@ ARM64_FEATURES = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve",
 GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "musa", "kompute", "rpc", "webgpu")
 #: the compiler of the AArch64 paths (EmulatedPath.compiler): GCC, whose contraction (-ffp-contract=fast) the ARM
 #: kernels follow; a clang build (-ffp-contract=on) fuses other products: its paths are entries of their own
-#: (``arm64-i8mm-clang``, ``arm64-dotprod-clang``, ``arm64-base-clang``: compiler CLANG)
+#: (``arm64-i8mm-clang``, ``arm64-dotprod-clang``, ``arm64-base-clang``, ``arm64-sve128-clang``, ``-clang14``: compiler CLANG)
 ARM64_COMPILER, CLANG = "GCC", "clang"
 #: the clang major versions whose builds were checked against the emulation (Debian 12's clang 14 and clang 19, every
 #: path; clang 15 to 18 only where 14 and 19 differ: kernels.ggml.mulmat_arm_q.k_rows): a clang build outside them
@@ -127,13 +127,13 @@ EMULATED_PATHS = (
     # (the vmlaq_f32 family) and other reductions vectorized (blocks of 8), so a path of its own
     EmulatedPath("arm64-i8mm-clang", "AArch64 NEON i8mm (clang)", 4,
                  _arm64({"dotprod", "fp16_va", "matmul_int8"}, {"sve"}),
-                 "as arm64-i8mm, compiled by clang", ARM64, CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
+                 "as arm64-i8mm, compiled by clang 14-19", ARM64, CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
     EmulatedPath("arm64-dotprod-clang", "AArch64 NEON dotprod (clang)", 4,
-                 _arm64({"dotprod", "fp16_va"}, {"matmul_int8", "sve"}), "as arm64-dotprod, compiled by clang", ARM64,
+                 _arm64({"dotprod", "fp16_va"}, {"matmul_int8", "sve"}), "as arm64-dotprod, compiled by clang 14-19", ARM64,
                  CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
     # the armv8-a build compiled by clang: the Android guide's portable arm64-v8a build (the NDK compiles with clang)
     EmulatedPath("arm64-base-clang", "AArch64 NEON (clang)", 4, _arm64(set(), {"dotprod", "fp16_va", "matmul_int8", "sve"}),
-                 "as arm64-base, compiled by clang", ARM64, CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
+                 "as arm64-base, compiled by clang 14-19", ARM64, CLANG, (CLANG_OLDEST, CLANG_NEWEST)),
     # the SVE build compiled by clang (GGML_CPU_ALL_VARIANTS' android_armv9.0_1: armv9-a+dotprod+i8mm+fp16+sve2): the
     # SVE intrinsics as GCC's, the NEON kernels it keeps as arm64-i8mm-clang's, and clang's own SVE choices — which
     # changed at clang 17: clang 14-16 keep the inactive byte lanes of Q6_K's `_x` operations (a wrong dot)

@@ -50,6 +50,7 @@ from kernels.ggml.repack_arm import (
     ARM_PATHS,
     REPACK_ARM,
     REPACK_ARM_B32,
+    ROW_TILE,
     arm_nans,
     check_arm_path,
     mul_mat_id_repacked_arm,
@@ -199,10 +200,6 @@ def _sub_dots_bytes(kind, wc, yr, dots, sc, mn, d, dmin, table):
             dots[8 * b + 2 * j], dots[8 * b + 2 * j + 1] = plo, phi
 
 
-#: weight rows a parallel task decodes and multiplies (its scratch allocated once)
-ROWS = 16
-
-
 @jit(parallel=True)
 def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
     """Every element: weight rows ``w`` (N, row bytes) of ``kind`` (0 Q4_K, 1 Q5_K, 2 Q6_K) against activation
@@ -214,17 +211,17 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
     nb = K // 256
     sub = 16 if kind == 2 else 32
     nsub = 256 // sub
-    one = rows.shape[0] == 1
-    for tile in prange((w.shape[0] + ROWS - 1) // ROWS):
-        q = np.empty(K, np.int32)
+    straight = rows.shape[0] == 1 and kind != 1  # one activation row: its dots straight from the bytes (Q4_K, Q6_K)
+    for tile in prange((w.shape[0] + ROW_TILE - 1) // ROW_TILE):  # ROW_TILE weight rows a task, its scratch once
+        q = np.empty(0 if straight else K, np.int32)  # the decoded codes
         sc = np.empty(K // sub, np.int64)
         mn = np.empty(K // sub, np.int64)
         d = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         isub = np.empty(nsub, np.int64)
-        isub_all = np.empty(K // sub, np.int64)  # one activation row: each sub-block's Σ q·y
-        for c in range(tile * ROWS, min(tile * ROWS + ROWS, w.shape[0])):
-            if one and kind != 1:  # one activation row: its dots straight from the bytes, no decoded copy
+        isub_all = np.empty(K // sub if straight else 0, np.int64)  # each sub-block's Σ q·y of the one row
+        for c in range(tile * ROW_TILE, min(tile * ROW_TILE + ROW_TILE, w.shape[0])):
+            if straight:
                 _sub_dots_bytes(kind, w[c], y[rows[0]], isub_all, sc, mn, d, dmin, table)
             else:
                 _decode(kind, w[c], q, sc, mn, d, dmin, table)
@@ -239,7 +236,7 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
                     Dm = F32(dmin[b] * yd[r, b])  # vmulq_f32(dmin, q8_d)
                     tot = np.int64(0)  # the super-block's integer Σ_s I_s
                     for s in range(nsub):
-                        if one and kind != 1:
+                        if straight:
                             isub[s] = sc[nsub * b + s] * isub_all[nsub * b + s]
                         else:
                             o = 256 * b + sub * s

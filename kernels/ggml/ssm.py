@@ -118,9 +118,11 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     # generic (no SIMD, no FMA: docs/ggml-generic-x86.md §6): every product rounded, added in tap order
     # SVE (arm64-sve128): GCC's predicated loop, fmul z then FADDA (strictly in order) over all taps: all unfused
     # clang (arm64-*-clang): its vectorizer's blocks of 8 → nc & ~7 (Qwen3.5's 4 taps: all fused, GCC's NEON none);
-    # on SVE too (arm64-sve128-clang: two unpredicated fmul z + FADDA a step of 2·svcntw() = 8, then scalar fmadd)
-    code = NEON_CLANG if path in SVE_PATHS and by_clang(path) else simd(path, "ggml_ssm_conv").code
-    unfused = nc if path in ("generic", "arm64-sve128") else fold_left_unfused(nc, code)
+    # on SVE too (arm64-sve128-clang, -clang14: two unpredicated fmul z + FADDA a step of 2·svcntw() = 8, then fmadd)
+    if path == "generic" or (path in SVE_PATHS and not by_clang(path)):
+        unfused = nc
+    else:
+        unfused = fold_left_unfused(nc, NEON_CLANG if path in SVE_PATHS else simd(path, "ggml_ssm_conv").code)
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]
 

@@ -155,7 +155,7 @@ def test_draft_mtp_loop_equals_llama_cpp(build, n_draft, on_build):
     assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
 
 
-@pytest.mark.parametrize("build", ["arm64-sve128-clang", "arm64-sve128-clang19"])
+@pytest.mark.parametrize("build", ["arm64-sve128-clang", pytest.param("arm64-sve128-clang19", marks=pytest.mark.deep)])
 def test_clang_sve_builds_q6_k_rows_without_repack(build, on_build):
     """``--no-repack`` on the SVE build compiled by clang: the converted Q4_K_M file's Q6_K matrices (attn_v, the
     shared and routed experts' ffn_down, the output) stay in a plain buffer and take its SVE 1-row kernel — every row

@@ -13,13 +13,13 @@ under SVE: fmadd chains, NEON's bits. Cost: one qemu worker (~7 s) and ~20 s of 
 
 The same ``-march`` compiled by clang (GGML_CPU_ALL_VARIANTS' ``android_armv9.0_1``): ``arm64-sve128-clang``
 (Debian's clang 14 → path ``arm64-sve128-clang14``) and ``arm64-sve128-clang19`` (clang 19 → ``arm64-sve128-clang``)
-run every test here too (``-m deep``), and :func:`test_the_clang_builds_against_the_gcc_build` (default) finds,
+run every test here too (``-m deep``), and :func:`test_the_clang_builds_against_the_gcc_build` (clang 14's by default, clang 19's under ``-m deep``) finds,
 library against library, what clang computes otherwise, and the emulation's bits for each: the NEON kernels the
 SVE build keeps with clang's contractions (arm64-i8mm-clang's), ssm_conv's taps in unpredicated blocks of 8 then
 ``fmadd``, the fused RMS_NORM+MUL as ``t·w`` — and, clang 14 to 16 only, Q6_K's SVE 1-row kernel reading every odd
 code's high bits as 3: ACLE's ``_x`` forms leave inactive lanes unspecified, llama.cpp predicates bytes with a 16-bit
 predicate, and those clangs keep the inactive lanes as they were (a merging ``and``): a wrong dot, which the
-emulation reproduces; GCC and clang 17+ compute every lane. Cost: two more qemu workers (~7 s each) and ~10 s.
+emulation reproduces; GCC and clang 17+ compute every lane. Cost (default): one more qemu worker (~7 s) and ~8 s.
 """
 
 import numpy as np
@@ -138,7 +138,7 @@ def test_ssm_conv_and_gated_delta_net(build):
         assert_bits((states[None] if K == 1 else states)[:written], states_ref[:written], f"gdn state S={S}")
 
 
-@pytest.mark.parametrize("clang", ["arm64-sve128-clang", "arm64-sve128-clang19"])
+@pytest.mark.parametrize("clang", ["arm64-sve128-clang", pytest.param("arm64-sve128-clang19", marks=pytest.mark.deep)])
 def test_the_clang_builds_against_the_gcc_build(clang):
     """clang's SVE builds (14 and 19) against ``arm64-sve128-gcc``, library against library (N = 8 rows, T = 1, 2, 5:
     the i8mm 2-row kernels and the 1-row ones), and the emulation against the clang library on each case:

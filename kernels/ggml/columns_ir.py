@@ -1,7 +1,8 @@
 """The K-quants' integer dots in the column layout (:mod:`kernels.ggml.columns_k`), 16 output columns at a time as
 vector IR: the exact integers ggml's ``vec_dot`` keeps in its 8 int32 lanes (with their float step, ``acc[l] =
 fma(y.d·d, float(sumi[l]), acc[l])``), or their total (the tiled kernel's ``s1``; Q4_K repacked's ``ΣI`` with
-``ΣM`` and their two FMAs, per super-block for the gemv, per 64 values for the gemm).
+``ΣM`` and their two FMAs, per super-block for the gemv, per 64 values for the gemm), or each 32-value group's
+scaled dot (the AArch64 repacked kernels' ``I_s``: :mod:`kernels.ggml.columns_arm`).
 
 The codes are laid out in quads, each tile's sub-tiles of 16 columns one after the other: the 4 values of lane
 ``l`` of 32-value group ``g`` of super-block ``blk`` (values ``256·blk + 32g + 4l … + 3``) of column ``c`` at
@@ -83,6 +84,19 @@ def kq_def(v, oj, nj, q, blk, g0, ng, c, y, sc, bs, form, total):
                 v[0, oj + j] = (0 if lane == 0 else v[0, oj + j]) + s
             else:
                 v[lane, oj + j] = s
+
+
+@jit()
+def kq_groups_def(v, q, blk, c, nj, y, sc, form):
+    """Per 32-value group (``form`` 0 Q5_K, 2 Q4_K's nibbles): ``v[g, j]`` = its sub-block scale times its exact dot
+    with ``y`` for column ``c + j`` of super-block ``blk`` — AArch64's ``I_s`` (:mod:`kernels.ggml.columns_arm`), from
+    :func:`kq_def`'s total of one group."""
+    t = np.empty((8, 16), np.int32)
+    no_bs = np.empty(0, np.int64)  # (the bsums only Q6_K's total reads)
+    for g in range(8):
+        kq_def(t, 0, nj, q, blk, g, 1, c, y, sc, no_bs, form, 1)
+        for j in range(nj):
+            v[g, j] = t[0, j]
 
 
 @jit()
@@ -184,7 +198,8 @@ if JIT_ENABLED:
         """:func:`kq_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its quads from row ``qr0`` of ``q``
         int8 (K, 16·4)), ``y`` int8 (K,), ``sc`` uint8, ``bs`` int64 (K/16,), all C-contiguous; ``form``,
         ``total``, ``ng``, ``level`` literals. ``total`` 2: the lanes go through :func:`lanes_fma_def`'s float step
-        into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``), else ``v`` int32 (8, ≥ oj + 16) takes the integers."""
+        into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``); 3: Q4_K repacked's two FMAs (:func:`q4k_fma_def`); else
+        ``v`` int32 (8, ≥ oj + 16) takes the integers (4: each group's, :func:`kq_groups_def`)."""
         flags = [_lit(a) for a in (form, total, ng, level)]
         arrays = (v, q, y, sc, bs, d, mn, dmin)
         if None in flags or not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
@@ -192,7 +207,7 @@ if JIT_ENABLED:
             return None
         fm, tot, n_g, lv = flags
         p16, nib = fm == 1, fm == 2
-        if v.dtype != (types.float32 if tot >= 2 else types.int32):
+        if v.dtype != (types.float32 if tot in (2, 3) else types.int32):
             return None
         i64 = types.int64
         sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, form, total, ng, level)
@@ -256,6 +271,10 @@ if JIT_ENABLED:
                         acc = b.add(acc, b.mul(dot, scale(srow(gs[gi], lanes[0]))))
                 return acc
 
+            if tot == 4:  # per group: v[g, oj + j] = scale_g · (the dots of its 32 values) (Q4_K's, Q5_K's I_s)
+                for g in range(8):
+                    b.store(total([g]), at(0, [k(g), oj], _V16), align=4)
+                return context.get_dummy_value()
             if tot == 1:
                 acc = total(range(n_g))
                 b.store(b.sub(acc, q8sclsub(range(8))) if p16 else acc, at(0, [k(0), oj], _V16), align=4)
@@ -317,6 +336,17 @@ if JIT_ENABLED:
             _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 0, 8, level)
 
     @jit()
+    def kq16_groups(v, q, blk, c, y, sc, form, level):
+        """:func:`kq_groups_def` for the 16 columns of a sub-tile as vector IR (``level`` as :func:`kq16`)."""
+        literally(level)
+        qr0 = _sub_tile_row(q, c)
+        bs = np.empty(0, np.int64)
+        if form == 2:
+            _kq_ir(v, 0, q, qr0, blk, 0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 4, 8, level)
+        else:
+            _kq_ir(v, 0, q, qr0, blk, 0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 4, 8, level)
+
+    @jit()
     def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, level):
         """:func:`kq_def`'s lanes for the 16 columns of a sub-tile through :func:`lanes_fma_def` into ``acc[:, o:o +
         16]`` float32, as vector IR (``level`` as :func:`kq16`)."""
@@ -340,6 +370,9 @@ if JIT_ENABLED:
             _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 8, level)
 
 else:
+
+    def kq16_groups(v, q, blk, c, y, sc, form, level):
+        kq_groups_def(v, q, blk, c, 16, y, sc, form)
 
     def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, level):
         q4k_fma_def(acc, o, np.empty((8, 16), np.int32), q, blk, step, c, 16, y, sc, ys, d, yd, mn, dmin)
@@ -376,6 +409,16 @@ def kq_fma(acc, o, v, q, blk, c, nc, y, sc, bs, d, yd, form):
 
 
 @jit()
+def kq_groups(v, q, blk, c, nc, y, sc, form):
+    """:func:`kq_groups_def` into ``v[:, :nc]`` — a whole sub-tile as vector IR (:func:`kq16_groups`), else by the
+    definition."""
+    if nc == 16:
+        kq16_groups(v, q, blk, c, y, sc, form, LEVEL)
+    else:
+        kq_groups_def(v, q, blk, c, nc, y, sc, form)
+
+
+@jit()
 def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
     """:func:`q4k_fma_def` — a whole sub-tile in one vector IR step (:func:`kq16_q4k`), else by the definition."""
     if nc == 16:
@@ -384,5 +427,5 @@ def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
         q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin)
 
 
-__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def",
+__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_groups", "kq_groups", "kq_groups_def", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def",
            "quad_row"]

@@ -38,7 +38,8 @@ The AArch64 paths (``arm64-dotprod``, ``arm64-i8mm``: GCC builds without llamafi
 take :mod:`kernels.ggml.mulmat_arm` — ``vec_dot`` per element, AArch64 activation quantizers, and on i8mm the 2-row
 ``smmla`` kernels of Q4_0, Q4_1, Q8_0, Q4_K, Q6_K in every chunk with even extents, so there the thread count,
 a fused tensor's whole row count (``tensor_rows``) and a batched product (``head``) change bits; repacked ARM weights
-take :mod:`kernels.ggml.repack_arm` / :mod:`kernels.ggml.repack_arm_k`; other ARM keys are refused.
+take :mod:`kernels.ggml.repack_arm` / :mod:`kernels.ggml.repack_arm_k`, or from their column layout (``cols``)
+:mod:`kernels.ggml.columns_arm` (the same bits); other ARM keys are refused.
 
 Emulated weight types: F32, F16, BF16, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the IQ1/2/3 codebook
 types (:mod:`kernels.ggml.mulmat_iq`: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), and (in a plain
@@ -57,7 +58,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW
 from kernels.base.blocks import row_bytes
 from kernels.ggml import columns, mulmat_arm, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
-from kernels.ggml import repack_arm, repack_arm_k
+from kernels.ggml import columns_arm, repack_arm, repack_arm_k
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat_vec import (
     bf16_bits_to_f32,
@@ -161,12 +162,13 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat(w_bytes, qtype, x)
     if mulmat_arm.is_arm(path):
-        if cols is not None:  # kernels.ggml.columns holds x86's kernels: never an ARM path's
-            raise ValueError(f"mul_mat emulation: a column layout (x86's kernels) given on the {path} path")
         if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):  # kernels.ggml.repack_arm, repack_arm_k
+            if _columns_apply_arm(cols, qtype, w_bytes.shape[0], path):
+                return columns_arm.mul_mat_cols_arm(cols, x, path)
             if qtype in repack_arm.REPACK_ARM_B32 and path in repack_arm.KERNELS_OF:  # checked above: no second check
                 return repack_arm.mul_mat_checked(w_bytes, qtype, x, path)
             return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
+        _no_columns(cols, path)
         return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows, head=head)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
@@ -184,6 +186,24 @@ def _columns_apply(cols, qtype: QT, n: int) -> bool:
     if cols.qtype != qtype or cols.n_cols != n:
         raise ValueError(f"column layout of {cols.qtype.name} × {cols.n_cols} rows given for {qtype.name} × {n} rows")
     return True
+
+
+def _columns_apply_arm(cols, qtype: QT, n: int, path: str) -> bool:
+    """:func:`_columns_apply` for a weight that CPU_REPACK takes on an AArch64 ``path``: a layout that
+    :mod:`kernels.ggml.columns_arm` runs, else ValueError."""
+    if not _columns_apply(cols, qtype, n):
+        return False
+    if not columns_arm.covers(qtype, path):
+        raise ValueError(f"mul_mat emulation: a column layout of {qtype.name} given on the {path} path, which has no "
+                         "kernel for it")
+    return True
+
+
+def _no_columns(cols, path: str) -> None:
+    """A weight in a plain buffer on an AArch64 path has no column layout (its NEON / SVE ``vec_dot``s read the
+    stored rows): ValueError where one is given."""
+    if cols is not None:
+        raise ValueError(f"mul_mat emulation: a column layout given for a weight in a plain buffer on the {path} path")
 
 
 def _repack_kernels(qtype: QT, path: str):
@@ -252,12 +272,13 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
     if check_path(path) == "generic":
         return mulmat_generic.mul_mat_id(w_bytes, qtype, x, ids)
     if mulmat_arm.is_arm(path):
-        if cols is not None:  # kernels.ggml.columns holds x86's kernels: never an ARM path's
-            raise ValueError(f"mul_mat_id emulation: a column layout (x86's kernels) given on the {path} path")
         if repack and repacked(qtype, tensor_rows or N, path):  # kernels.ggml.repack_arm, repack_arm_k
+            if _columns_apply_arm(cols, qtype, N, path):
+                return columns_arm.mul_mat_id_cols_arm(cols, x, ids, path)
             if qtype in repack_arm.REPACK_ARM_B32 and path in repack_arm.KERNELS_OF:  # checked above: no second check
                 return repack_arm.mul_mat_id_checked(w_bytes, qtype, x, ids, path)
             return repack_arm_k.repack_arm_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
+        _no_columns(cols, path)
         return mulmat_arm.mul_mat_id(w_bytes, qtype, x, ids, path, slot_groups)
     if repack and repacked(qtype, tensor_rows or N, path):
         if _columns_apply(cols, qtype, N):

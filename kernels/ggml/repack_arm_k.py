@@ -200,6 +200,42 @@ def _sub_dots_bytes(kind, wc, yr, dots, sc, mn, d, dmin, table):
             dots[8 * b + 2 * j], dots[8 * b + 2 * j + 1] = plo, phi
 
 
+@jit()
+def super_block(kind, recipe, isub, m4, d, dmin, yd, acc):
+    """One super-block's float steps of one output element (module docstring, :data:`GEMM_GEMV`'s ``recipe``),
+    after ``acc``: ``isub`` its sub-blocks' integers ``I_s`` (Q4_K, Q5_K: 8; Q6_K: ``isub[0]`` the super-block's
+    ``I``), ``m4`` the mins' integers per 64 values (``m_2k + m_2k+1``), ``d`` / ``dmin`` the weight's, ``yd`` the
+    activation's ``d``."""
+    rec = recipe & 7
+    fm = recipe >= FUSED_MINS  # clang: vmlsq_f32 / vmlaq_f32 contracted into fmls / fmla
+    S = F32(d * yd)  # vmulq_f32(d, q8_d)
+    if kind == 2:  # Q6_K: the super-block's integer, then one float step
+        if rec == 4:
+            return fma32(F32(isub[0]), S, acc)  # vmulq_f32 + vaddq_f32 contracted: fmla
+        return acc + F32(F32(isub[0]) * S)  # vmlaq_f32 / vcombine'd halves: fmul, fadd
+    Dm = F32(dmin * yd)  # vmulq_f32(dmin, q8_d)
+    tot = np.int64(0)
+    M = np.int64(0)
+    for k in range(4):
+        tot += isub[2 * k] + isub[2 * k + 1]
+        M += m4[k]
+        if rec == 0:  # 8x4: an FMA per 64 values
+            acc = fma32(S, F32(isub[2 * k] + isub[2 * k + 1]), acc)
+        elif rec == 1 or rec == 3:  # 8x8 gemv: an FMA per 32 values
+            acc = fma32(S, F32(isub[2 * k]), acc)
+            acc = fma32(S, F32(isub[2 * k + 1]), acc)
+            if rec == 3:  # Q5_K: the mins of these 64 values at once (vmlsq_f32: fmul, fsub)
+                acc = fma32(-F32(m4[k]), Dm, acc) if fm else acc - F32(Dm * F32(m4[k]))
+    if rec == 0 or rec == 1:
+        return fma32(-F32(M), Dm, acc) if fm else acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
+    if rec == 2:  # 8x8 gemm: mins, then the super-block's integer (vmlsq_f32, vmlaq_f32)
+        if fm:
+            return fma32(F32(tot), S, fma32(-F32(M), Dm, acc))
+        acc = acc - F32(F32(M) * Dm)
+        return acc + F32(F32(tot) * S)
+    return acc
+
+
 @jit(parallel=True)
 def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
     """Every element: weight rows ``w`` (N, row bytes) of ``kind`` (0 Q4_K, 1 Q5_K, 2 Q6_K) against activation
@@ -219,6 +255,7 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
         d = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         isub = np.empty(nsub, np.int64)
+        m4 = np.empty(4, np.int64)
         isub_all = np.empty(K // sub if straight else 0, np.int64)  # each sub-block's Σ q·y of the one row
         for c in range(tile * ROW_TILE, min(tile * ROW_TILE + ROW_TILE, w.shape[0])):
             if straight:
@@ -228,12 +265,8 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
             for i in range(rows.shape[0]):
                 r = rows[i]
                 yr = y[r]
-                rec = recipe[r] & 7
-                fm = recipe[r] >= FUSED_MINS  # clang: vmlsq_f32 / vmlaq_f32 contracted into fmls / fmla
                 acc = F32(0.0)
                 for b in range(nb):
-                    S = F32(d[b] * yd[r, b])  # vmulq_f32(d, q8_d)
-                    Dm = F32(dmin[b] * yd[r, b])  # vmulq_f32(dmin, q8_d)
                     tot = np.int64(0)  # the super-block's integer Σ_s I_s
                     for s in range(nsub):
                         if straight:
@@ -245,31 +278,13 @@ def _k_rows(kind, w, y, yd, ys, recipe, rows, out, orow, table):
                                 p += q[o + k] * yr[o + k]
                             isub[s] = sc[nsub * b + s] * p
                         tot += isub[s]
-                    if kind == 2:  # Q6_K: the super-block's integer, then one float step
-                        if rec == 4:
-                            acc = fma32(F32(tot), S, acc)  # vmulq_f32 + vaddq_f32 contracted: fmla
-                        else:
-                            acc = acc + F32(F32(tot) * S)  # vmlaq_f32 / vcombine'd halves: fmul, fadd
-                        continue
-                    M = np.int64(0)
-                    for k in range(4):
-                        mk = mn[8 * b + 2 * k] * ys[r, 8 * b + 2 * k] + mn[8 * b + 2 * k + 1] * ys[r, 8 * b + 2 * k + 1]
-                        M += mk
-                        if rec == 0:  # 8x4: an FMA per 64 values
-                            acc = fma32(S, F32(isub[2 * k] + isub[2 * k + 1]), acc)
-                        elif rec == 1 or rec == 3:  # 8x8 gemv: an FMA per 32 values
-                            acc = fma32(S, F32(isub[2 * k]), acc)
-                            acc = fma32(S, F32(isub[2 * k + 1]), acc)
-                            if rec == 3:  # Q5_K: the mins of these 64 values at once (vmlsq_f32: fmul, fsub)
-                                acc = fma32(-F32(mk), Dm, acc) if fm else acc - F32(Dm * F32(mk))
-                    if rec == 0 or rec == 1:
-                        acc = fma32(-F32(M), Dm, acc) if fm else acc - F32(F32(M) * Dm)  # vmlsq_f32: fmul, fsub
-                    elif rec == 2:  # 8x8 gemm: mins, then the super-block's integer (vmlsq_f32, vmlaq_f32)
-                        if fm:
-                            acc = fma32(F32(tot), S, fma32(-F32(M), Dm, acc))
-                        else:
-                            acc = acc - F32(F32(M) * Dm)
-                            acc = acc + F32(F32(tot) * S)
+                    if kind == 2:
+                        isub[0] = tot  # Q6_K: only the super-block's integer meets a float
+                    else:
+                        for k in range(4):  # the mins' integers per 64 values
+                            m4[k] = (mn[8 * b + 2 * k] * ys[r, 8 * b + 2 * k]
+                                     + mn[8 * b + 2 * k + 1] * ys[r, 8 * b + 2 * k + 1])
+                    acc = super_block(kind, recipe[r], isub, m4, d[b], dmin[b], yd[r, b], acc)
                 out[orow[i], c] = acc
 
 

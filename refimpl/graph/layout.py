@@ -15,7 +15,9 @@ import numpy as np
 
 from kernels.ggml.build import X86_SIMD_PATHS
 from kernels.ggml.columns import kind_for, layout
+from kernels.ggml.columns_arm import covers
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
+from kernels.ggml.repack_arm import ARM_PATHS
 from kernels.ggml.rows import GET_ROWS_TYPES
 from refimpl.errors import RefimplError
 from refimpl.io.packing import map_matrices, pack_targets
@@ -23,11 +25,15 @@ from refimpl.io.weights import Matrix
 
 
 def layout_target(w: Matrix, path: str, repack: bool) -> bool:
-    """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns):
-    Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not."""
-    if path not in X86_SIMD_PATHS:  # generic: its vec_dot is the generic C's; AArch64: arch/arm's kernels. The
-        return False  # layout's kernels are x86's: the rows then go to the path's own kernels
-    return kind_for(w.qtype, repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)) is not None
+    """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns): on
+    x86, Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not; on an
+    AArch64 path, the K-quants, Q4_0, IQ4_NL and MXFP4 when it repacks them (kernels.ggml.columns_arm)."""
+    is_repacked = repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)
+    if path in ARM_PATHS:  # arch/arm's repacked kernels from the layout; its plain-buffer vec_dots read the rows
+        return is_repacked and covers(w.qtype, path)
+    if path not in X86_SIMD_PATHS:  # generic: its vec_dot is the generic C's, and the rows go to it
+        return False
+    return kind_for(w.qtype, is_repacked) is not None
 
 
 def layout_bytes(weights, path: str, repack: bool, experts: bool = True) -> int:

@@ -1,0 +1,261 @@
+"""The column layout's AArch64 kernels: a matrix that llama.cpp's CPU_REPACK buffer takes on an ARM path — Q4_K,
+Q5_K, Q6_K (``q{4,5,6}_K_8x4`` / ``_8x8_q8_K``: :mod:`kernels.ggml.repack_arm_k`) and Q4_0, IQ4_NL, MXFP4 (the 32-value
+block kernels: :mod:`kernels.ggml.repack_arm`) — multiplied from :mod:`kernels.ggml.columns`'s layout, 16 outputs'
+exact integer dots at a time, with the same bits as those stored-row kernels (which the op tests hold to the
+libraries under qemu).
+
+Which register lane holds what is not part of the numerics; what is, per output element, are the integers that meet
+a float operation and the float operations in ggml's order. The AArch64 kernels meet the floats with:
+
+* **Q4_K, Q5_K**: each 32-value sub-block's ``I_s = sc_s · Σ q·y`` (the layout's codes, each group's scaled dot:
+  :func:`kernels.ggml.columns_ir.kq_groups`) and the mins' ``m_2k + m_2k+1`` per 64 values; **Q6_K**: the
+  super-block's ``I = Σ_g sc_g · Σ (q - 32)·y`` (:func:`kernels.ggml.columns_ir.kq`'s total, the -32 through the
+  bsums). Their float steps, per super-block, by :func:`kernels.ggml.repack_arm_k.super_block` — the one function
+  the stored-row kernel calls too, with the path's recipe of the gemm rows (the first ``T - T % 4``) and of the gemv
+  rows (:data:`kernels.ggml.repack_arm_k.GEMM_GEMV`). Activations: the AArch64 Q8_K quantizer.
+* **Q4_0, IQ4_NL, MXFP4**: per 32-value block the exact integer dot of the LUT values (no sign trick on ARM: ``sdot``
+  / ``smmla``), ``d = float32(d_w · d_x)``, then ``acc = fma(float(dot), d, acc)`` or ``acc + float32(d ·
+  float(dot))`` (:data:`kernels.ggml.repack_arm.FUSED`). Activations: the AArch64 Q8_0 quantizer.
+
+Every NaN of an output is made AArch64's default NaN (:func:`kernels.ggml.repack_arm.arm_nans`), as the stored-row
+kernels do. Q8_0 has no column layout here either (its stored-row kernel reads the rows in place).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from kernels.base.block import QT
+from kernels.base.flags import SERIAL_BELOW, jit
+from kernels.ggml.actquant import _quantize_rows_q8_0_arm
+from kernels.ggml.columns import TILE, Columns, _dots
+from kernels.ggml.columns_ir import kq, kq_groups
+from kernels.ggml.mulmat_q8 import slot_groups
+from kernels.ggml.repack_arm import FUSED, KERNELS_OF, REPACK_ARM, arm_nans
+from kernels.ggml.repack_arm_k import GEMM_GEMV, Q8_K_FUSED, quantize_rows_q8_k_arm, super_block
+from kernels.ggml.simd import fma32
+
+F32 = np.float32
+#: The types whose AArch64 repacked kernels run from the column layout -> kernel ``kind`` (0–2: the K-quants as
+#: ``repack_arm_k.KIND``; 3: a 32-value block type).
+KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.Q4_0: 3, QT.IQ4_NL: 3, QT.MXFP4: 3}
+
+
+def covers(qtype, path: str) -> bool:
+    """Whether a ``qtype`` matrix that the CPU_REPACK buffer takes on the AArch64 ``path`` runs from the column layout
+    here (the paths whose repacked kernels are emulated: :data:`kernels.ggml.repack_arm.KERNELS_OF`)."""
+    return path in KERNELS_OF and QT(qtype) in KIND and QT(qtype) in REPACK_ARM[path]
+
+
+@jit()
+def _tile_k(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, out, oc):
+    """Columns ``c … c + nc - 1`` of one tile of K-quant codes (``kk`` 0 Q4_K, 1 Q5_K, 2 Q6_K) against activation rows
+    ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/256), ``ys`` (R, K/32) the sums per 32 values, ``bs`` (R, K/16) the
+    bsums, ``recipe`` (R,) each row's float recipe) into ``out[orow[i], oc + j]``: sub-tile by sub-tile, super-block
+    by super-block, every row against the codes while they are in the cache; each element's float steps in order."""
+    form = 1 if kk == 2 else 2 if kk == 0 else 0  # columns_ir: Q6_K's bytes, Q4_K's nibbles, Q5_K's bytes
+    R = rows.shape[0]
+    v = np.empty((8, 16), np.int32)  # a super-block's integers (per group, or the total) per column of a sub-tile
+    isub = np.empty(8, np.int64)
+    m4 = np.zeros(4, np.int64)
+    acc = np.zeros((R, TILE), F32)
+    for w0 in range(c - c % 16, c + nc, 16):
+        cs = max(c, w0)
+        n = min(c + nc, w0 + 16) - cs
+        for b in range(yd.shape[1]):
+            for i in range(R):
+                r = rows[i]
+                if kk == 2:
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 1, 1)  # v[0]: Σ_g sc_g · Σ (q - 32)·y
+                else:
+                    kq_groups(v, q, b, cs, n, y[r], sc, form)  # v[s]: I_s
+                for j in range(n):
+                    cj = cs + j
+                    isub[0] = v[0, j]
+                    dm = F32(0.0)
+                    if kk != 2:
+                        for s in range(1, 8):
+                            isub[s] = v[s, j]
+                        for k in range(4):  # m_2k + m_2k+1
+                            s0 = 8 * b + 2 * k
+                            m4[k] = np.int64(mn[s0, cj]) * ys[r, s0] + np.int64(mn[s0 + 1, cj]) * ys[r, s0 + 1]
+                        dm = dmin[b, cj]
+                    o = cj - c
+                    acc[i, o] = super_block(kk, recipe[r], isub, m4, d[b, cj], dm, yd[r, b], acc[i, o])
+    for i in range(R):
+        for j in range(nc):
+            out[orow[i], oc + j] = acc[i, j]
+
+
+@jit()
+def _tile_b32(q, d, c, nc, y, yd, fused, rows, orow, out, oc):
+    """Columns ``c … c + nc - 1`` of one tile of 32-value blocks (``q`` (K/2, 2·TILE) the LUT values, ``d`` (K/32,
+    TILE) the weight scales) against activation rows ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/32), ``fused`` (R,)
+    1 where the row's float step is one FMA) into ``out[orow[i], oc + j]``."""
+    dots = np.empty(TILE, np.int32)
+    acc = np.empty(TILE, F32)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        yr = y[r]
+        acc[:nc] = 0
+        for b in range(yd.shape[1]):
+            _dots(q, 32 * b, c, nc, yr, 32 * b, dots)  # exact: no sign trick on ARM
+            for j in range(nc):
+                dd = F32(d[b, c + j] * yd[r, b])  # vmulq_f32
+                if fused[r]:
+                    acc[j] = fma32(F32(dots[j]), dd, acc[j])  # vfmaq_f32 / fmla
+                else:
+                    acc[j] = acc[j] + F32(dd * F32(dots[j]))  # vmlaq_f32: fmul, fadd
+        for j in range(nc):
+            out[orow[i], oc + j] = acc[j]
+
+
+@jit()
+def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, bs, recipe, rows, orow, out):
+    """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
+    c = max(c0, TILE * t)
+    nc = min(c1, TILE * t + TILE) - c
+    if kind == 3:
+        _tile_b32(q[t], d[t], c - TILE * t, nc, y, yd, recipe, rows, orow, out, c - c0)
+    else:
+        _tile_k(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, recipe, rows, orow, out,
+                c - c0)
+
+
+@jit(parallel=True)
+def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, rows, out):
+    """Every tile of ``[c0, c1)``, split between threads (each output is one thread's, computed in one order)."""
+    t0 = c0 // TILE
+    for i in prange((c1 - 1) // TILE - t0 + 1):
+        _chunk(kind, q, d, dmin, sc, mn, c0, c1, t0 + i, y, yd, ys, bs, recipe, rows, rows, out)
+
+
+@jit()
+def _tiles(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, rows, out):
+    """:func:`_tiles_parallel` on the calling thread."""
+    for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
+        _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, bs, recipe, rows, rows, out)
+
+
+@jit()
+def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, bs, recipe, order, bounds, experts, arow, out, g):
+    """Tile ``t`` of expert group ``g`` of a ``mul_mat_id``: the group's slots (their activation rows) against its
+    expert's columns."""
+    orow = order[bounds[g]:bounds[g + 1]]
+    rows = np.empty(orow.shape[0], np.int64)
+    for i in range(orow.shape[0]):
+        rows[i] = arow[orow[i]]
+    e = experts[g]
+    _chunk(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, t, y, yd, ys, bs, recipe, rows, orow, out)
+
+
+@jit(parallel=True)
+def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, bounds, experts, arow, out):
+    """Every (expert group, tile) of a ``mul_mat_id`` in one parallel region."""
+    t0 = c0 // TILE
+    nt = (c1 - 1) // TILE - t0 + 1
+    for w in prange(experts.shape[0] * nt):
+        _group(kind, q, d, dmin, sc, mn, c0, c1, t0 + w % nt, y, yd, ys, bs, recipe, order, bounds, experts, arow,
+               out, w // nt)
+
+
+@jit()
+def _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, bounds, experts, arow, out):
+    """:func:`_groups_parallel` on the calling thread."""
+    for g in range(experts.shape[0]):
+        for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
+            _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, bs, recipe, order, bounds, experts, arow, out, g)
+
+
+@jit()
+def _inputs(kind, x, q8k_fused):
+    """The activations ``x`` (R, K) float32 as the AArch64 kernels take them: (y (R, K) int8, yd, ys (R, K/32) int64
+    the sums per 32 values, bs (R, K/16) int64 the bsums) — the Q8_K quantizer (``q8k_fused``: GCC's contracted
+    ``nearest_int``) for the K-quants, the Q8_0 one (``yd`` (R, K/32); no sums) for the 32-value blocks."""
+    R, K = x.shape
+    y = np.empty((R, K), np.int8)
+    if kind == 3:
+        yd = np.empty((R, K // 32), F32)
+        _quantize_rows_q8_0_arm(x, y, yd, np.empty((R, 0), F32))
+        return y, yd, np.empty((R, 0), np.int64), np.empty((R, 0), np.int64)
+    yd = np.empty((R, K // 256), F32)
+    b16 = np.empty((R, K // 16), np.int16)
+    quantize_rows_q8_k_arm(x, y, yd, b16, q8k_fused)
+    bs = np.empty((R, K // 16), np.int64)
+    ys = np.empty((R, K // 32), np.int64)
+    for r in range(R):
+        for s in range(K // 32):  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
+            bs[r, 2 * s], bs[r, 2 * s + 1] = b16[r, 2 * s], b16[r, 2 * s + 1]
+            ys[r, s] = bs[r, 2 * s] + bs[r, 2 * s + 1]
+    return y, yd, ys, bs
+
+
+@jit()
+def _mul_mat(kind, q, d, dmin, sc, mn, c0, c1, x, q8k_fused, recipe, out):
+    y, yd, ys, bs = _inputs(kind, x, q8k_fused)
+    rows = np.empty(x.shape[0], np.int64)
+    for t in range(x.shape[0]):
+        rows[t] = t
+    if x.shape[0] * (c1 - c0) * x.shape[1] >= SERIAL_BELOW:
+        _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, rows, out)
+    else:
+        _tiles(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, rows, out)
+
+
+@jit()
+def _mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, q8k_fused, recipe, out):
+    y, yd, ys, bs = _inputs(kind, x, q8k_fused)
+    order, bounds, experts, arow = slot_groups(ids, n_x)
+    if ids.size * (c1 - c0) * x.shape[1] >= SERIAL_BELOW:
+        _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, bounds, experts, arow, out)
+    else:
+        _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, bounds, experts, arow, out)
+
+
+def _recipes(qt: QT, path: str, T: int, g: int) -> np.ndarray:
+    """(T,) int64: each activation row's float recipe on the kernels of ``path`` — rows ``t < g`` the gemm's, the rest
+    the gemv's (K-quants: :data:`GEMM_GEMV`; 32-value blocks: 1 where :data:`FUSED` says one FMA)."""
+    kp = KERNELS_OF[path]
+    gemm, gemv = GEMM_GEMV[(qt, kp)] if KIND[qt] < 3 else (int(f) for f in FUSED[(qt, kp)])
+    return np.where(np.arange(T) < g, gemm, gemv).astype(np.int64)
+
+
+def _check(cols: Columns, path: str, K: int) -> int:
+    if not covers(cols.qtype, path):
+        raise ValueError(f"column layout: {cols.qtype.name} repacked on {path} has no AArch64 kernel here")
+    if cols.K != K:
+        raise ValueError(f"column layout of K={cols.K} given for activations of K={K}")
+    return KIND[cols.qtype]
+
+
+def mul_mat_cols_arm(cols: Columns, x: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat(W, x)`` for a dense weight repacked on the AArch64 ``path``, from its column layout (``cols.q``
+    (1, …)): ``x`` (T, K) float32 -> (T, n_cols) float32, the gemm on the first ``T - T % 4`` rows and the gemv on the
+    rest (``forward_mul_mat``)."""
+    x = np.ascontiguousarray(x, F32)
+    T, K = x.shape
+    kind = _check(cols, path, K)
+    if cols.q.shape[0] != 1:
+        raise ValueError(f"column layout of E={cols.q.shape[0]} matrices given for one")
+    out = np.empty((T, cols.n_cols), F32)
+    _mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
+             Q8_K_FUSED[KERNELS_OF[path]], _recipes(cols.qtype, path, T, T - T % 4), out)
+    return arm_nans(out)
+
+
+def mul_mat_id_cols_arm(cols: Columns, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+    """``ggml_mul_mat_id(W, x, ids)`` for a stack of experts repacked on the AArch64 ``path``, from its column layout
+    (``forward_mul_mat_id``: the gemv for every routed row): ``x`` (T, n_x, K) float32, ``ids`` (T, n_used) int32
+    experts in range (the caller's check) -> (T, n_used, n_cols)."""
+    x = np.ascontiguousarray(x, F32)
+    T, n_x, K = x.shape
+    kind = _check(cols, path, K)
+    out = np.empty((T, ids.shape[1], cols.n_cols), F32)
+    _mul_mat_id(kind, cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
+                x.reshape(T * n_x, K), np.asarray(ids, np.int32), n_x, Q8_K_FUSED[KERNELS_OF[path]],
+                _recipes(cols.qtype, path, T * n_x, 0), out.reshape(T * ids.shape[1], -1))
+    return arm_nans(out)
+
+
+__all__ = ["KIND", "covers", "mul_mat_cols_arm", "mul_mat_id_cols_arm"]

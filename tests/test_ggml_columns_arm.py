@@ -1,0 +1,149 @@
+"""kernels.ggml.columns_arm (the AArch64 repacked kernels from ``--emulate=ggml``'s column layout) gives the bits of
+the stored-row kernels it stands in for: kernels.ggml.repack_arm_k (Q4_K, Q5_K, Q6_K; 8x4 on dotprod, 8x8 on i8mm)
+and kernels.ggml.repack_arm (Q4_0, IQ4_NL, MXFP4), which tests/test_ggml_ops_repack_arm64*.py prove against the
+GCC and clang libraries under qemu. Here, on the host: every kernels' path (the GCC and clang contractions), decode,
+verify and prompt row counts (gemm rows then gemv rows), the ARM quantizers' hard rows (ties, NaN, inf, zeros,
+tiny), extreme weight scales, column ranges inside and across tiles, mul_mat_id's grouping, thread counts, and a
+model loaded with the layout against one without.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from test_ggml_ops_repack_arm64 import acts, acts_k, bits, weight_bytes
+
+from kernels.ggml import columns, columns_arm, columns_ir, mulmat
+
+KQ = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+B32 = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
+#: one path per kernels' path (kernels.ggml.repack_arm.KERNELS_OF; the SVE paths run the i8mm kernels)
+PATHS = ("arm64-i8mm", "arm64-dotprod", "arm64-i8mm-clang", "arm64-dotprod-clang")
+
+
+def _acts(qt, rng, t, k):
+    return acts_k(rng, t, k) if qt in KQ else acts(rng, t, k)
+
+
+@pytest.mark.parametrize("qtype", KQ + B32, ids=[t.name for t in KQ + B32])
+def test_mul_mat_equals_stored_rows(qtype):
+    rng = np.random.default_rng(int(qtype) + 40)
+    for path in PATHS:
+        for N, K, scales in ((64, 256, "normal"), (136, 512, "normal"), (24, 256, "extreme")):
+            w = weight_bytes(qtype, N, K, rng, scales)
+            cols = columns.layout(w, qtype)
+            for T in (1, 2, 3, 4, 5, 8, 9):  # gemv; gemm rows then gemv rows (T % 4); the quantizers' hard rows
+                x = _acts(qtype, rng, T, K)
+                want = mulmat.mul_mat(w, qtype, x, path, repack=True)  # the stored-row kernels
+                got = mulmat.mul_mat(w, qtype, x, path, repack=True, cols=cols)
+                assert np.array_equal(bits(got), bits(want)), (path, N, K, scales, T)
+                assert np.array_equal(bits(columns_arm.mul_mat_cols_arm(cols, x, path)), bits(want))
+                for start, stop in ((8, 24), (60, min(N, 136))):  # inside a tile; across a tile's end
+                    if stop > start:
+                        part = columns_arm.mul_mat_cols_arm(cols.columns(start, stop), x, path)
+                        assert np.array_equal(bits(part), bits(want[:, start:stop])), (path, start, stop, T)
+
+
+@pytest.mark.parametrize("qtype", KQ + B32, ids=[t.name for t in KQ + B32])
+def test_mul_mat_id_equals_stored_rows(qtype):
+    """Every routed row through the gemv (forward_mul_mat_id), slots grouped by expert; the gate or up half of a fused
+    gate_up stack (its columns)."""
+    rng = np.random.default_rng(int(qtype) + 41)
+    stack = np.stack([weight_bytes(qtype, 80, 512, rng) for _ in range(3)])
+    cols = columns.layout(stack, qtype)
+    for path in PATHS:
+        for T, n_x in ((1, 1), (4, 1), (3, 2), (5, 2)):
+            ids = rng.integers(0, 3, (T, 2)).astype(np.int32)
+            x = _acts(qtype, rng, T * n_x, 512).reshape(T, n_x, 512)
+            want = mulmat.mul_mat_id(stack, qtype, x, ids, path, repack=True)
+            got = mulmat.mul_mat_id(stack, qtype, x, ids, path, repack=True, cols=cols)
+            assert np.array_equal(bits(got), bits(want)), (path, T, n_x)
+            half = columns_arm.mul_mat_id_cols_arm(cols.columns(40, 80), x, ids, path)
+            assert np.array_equal(bits(half), bits(want[..., 40:80])), (path, T, n_x)
+
+
+@pytest.mark.parametrize("qtype", (QT.Q4_K, QT.Q5_K), ids=["Q4_K", "Q5_K"])
+def test_group_dots_are_their_definition(qtype):
+    """Each 32-value group's scaled dot (columns_ir.kq16_groups, every level the host runs) against the definition
+    and against the arithmetic itself: extreme codes, the 6-bit scales' 63, a -128 activation."""
+    rng = np.random.default_rng(int(qtype) + 42)
+    cols = columns.layout(weight_bytes(qtype, 32, 512, rng), qtype)
+    q, sc = cols.q[0, 0], cols.sc[0, 0].copy()
+    form = 2 if qtype == QT.Q4_K else 0
+    sc[8, 16:20] = (63, 0, 63, 1)
+    y = rng.integers(-127, 128, 512).astype(np.int8)
+    y[256:259] = (-128, 127, -127)
+    for level in range(columns_ir.LEVEL + 1):
+        for blk, c in ((0, 0), (1, 16)):
+            got, want = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
+            columns_ir.kq16_groups(got, q, blk, c, y, sc, form, level)
+            columns_ir.kq_groups_def(want, q, blk, c, 16, y, sc, form)
+            assert np.array_equal(got, want), (level, blk, c)
+    total = np.zeros((8, 16), np.int32)
+    columns_ir.kq_def(total, 0, 16, q, 1, 0, 8, 16, y, sc, np.empty(0, np.int64), form, 1)
+    assert np.array_equal(want.astype(np.int64).sum(axis=0), total[0])  # the groups sum to the super-block's total
+
+
+def test_thread_count_changes_no_bit():
+    """Tiles, and mul_mat_id's (expert group, tile) items, split between 1, 2 or 3 threads: the same bits."""
+    import numba
+
+    rng = np.random.default_rng(43)
+    before = numba.get_num_threads()
+    try:
+        for qtype in (QT.Q4_K, QT.Q6_K, QT.MXFP4):
+            w = weight_bytes(qtype, 200, 1536, rng)  # 4 tiles, the last partial; parallel from one row
+            cols = columns.layout(w, qtype)
+            stack = columns.layout(np.stack([w, weight_bytes(qtype, 200, 1536, rng)]), qtype)
+            ids = np.array([[0, 1], [1, 0], [1, 1]], np.int32)
+            for T in (1, 4, 5):
+                x = _acts(qtype, rng, T, 1536)
+                outs = []
+                for nth in (1, 2, 3):
+                    numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                    outs.append((bits(columns_arm.mul_mat_cols_arm(cols, x, "arm64-i8mm")),
+                                 bits(columns_arm.mul_mat_id_cols_arm(stack, x[:3, None], ids[:min(T, 3)],
+                                                                      "arm64-i8mm") if T >= 3 else np.zeros(1))))
+                assert all(np.array_equal(o[k], outs[0][k]) for o in outs[1:] for k in (0, 1)), (qtype.name, T)
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_the_model_is_laid_out_where_the_repacked_kernels_are():
+    """``load_model(ggml=(ARM path, repack))`` lays out the matrices that path's CPU_REPACK buffer takes (K-quants,
+    MXFP4), experts included, none with ``--no-repack`` or on ``arm64-base`` (which repacks nothing); the logits of
+    the laid-out model equal those of the stored rows bit for bit (and those equal llama.cpp's:
+    tests/test_ggml_e2e_arm64.py)."""
+    from refimpl.fixtures.builtin import fixture_path
+    from refimpl.model.ops import emulation_ctx
+    from refimpl.model.state import SeqState
+    from refimpl.model.trunk import forward, load_model
+
+    for quant, laid_type in (("q4_k_m", QT.Q4_K), ("mxfp4", QT.MXFP4)):
+        path = fixture_path("tiny", quant)
+        for arm in ("arm64-i8mm", "arm64-dotprod-clang"):
+            laid = load_model(path, pack=True, ggml=(arm, True))
+            down = laid.weights.layers[0].ffn.experts.down_exps
+            assert down.qtype == laid_type and down.cols is not None, (quant, arm)
+            rows = load_model(path, pack=False)
+            ctx = emulation_ctx("ggml", ggml=arm, n_threads=2)
+            tokens = [3, 17, 5, 9, 11, 2, 8]
+            got = forward(laid, SeqState.fresh(laid.config), tokens, ctx)[0]
+            want = forward(rows, SeqState.fresh(rows.config), tokens, ctx)[0]
+            assert np.array_equal(bits(got), bits(want)), (quant, arm)
+        for arm, repack in (("arm64-i8mm", False), ("arm64-base", True)):
+            none = load_model(path, pack=True, ggml=(arm, repack))
+            assert none.weights.layers[0].ffn.experts.down_exps.cols is None, (quant, arm, repack)
+
+
+def test_layout_is_refused_where_it_does_not_apply():
+    rng = np.random.default_rng(44)
+    w = weight_bytes(QT.Q4_K, 32, 256, rng)
+    cols = columns.layout(w, QT.Q4_K)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match="column layout given for a weight in a plain buffer on the arm64-i8mm path"):
+        mulmat.mul_mat(w, QT.Q4_K, x, "arm64-i8mm", repack=False, cols=cols)
+    with pytest.raises(ValueError, match="column layout of K=256 given for activations of K=512"):
+        columns_arm.mul_mat_cols_arm(cols, np.zeros((1, 512), np.float32), "arm64-i8mm")
+    with pytest.raises(ValueError, match="Q4_K repacked on arm64-base has no AArch64 kernel here"):
+        columns_arm.mul_mat_cols_arm(cols, x, "arm64-base")
+    assert not columns_arm.covers(QT.Q8_0, "arm64-i8mm")  # its stored-row kernel reads the rows in place

@@ -4,7 +4,8 @@ and kernels.ggml.repack_arm (Q4_0, IQ4_NL, MXFP4), which tests/test_ggml_ops_rep
 GCC and clang libraries under qemu. Here, on the host: every kernels' path (the GCC and clang contractions), decode,
 verify and prompt row counts (gemm rows then gemv rows), the ARM quantizers' hard rows (ties, NaN, inf, zeros,
 tiny), extreme weight scales, column ranges inside and across tiles, mul_mat_id's grouping, thread counts, and a
-model loaded with the layout against one without.
+model loaded with the layout against one without; and a weight in a plain buffer, whose 1-row vec_dot
+(kernels.ggml.mulmat_arm_q, proven by tests/test_ggml_ops_mulmat_arm64.py) the layout serves on every ARM build.
 """
 
 import numpy as np
@@ -61,6 +62,43 @@ def test_mul_mat_id_equals_stored_rows(qtype):
             assert np.array_equal(bits(half), bits(want[..., 40:80])), (path, T, n_x)
 
 
+PLAIN = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4, QT.IQ4_NL)
+#: every vec_dot build a plain buffer meets: armv8-a (vmull lanes; nothing repacked), dotprod, i8mm, SVE-128, clang
+PLAIN_PATHS = ("arm64-base", "arm64-base-clang", "arm64-dotprod", "arm64-i8mm", "arm64-i8mm-clang", "arm64-sve128",
+               "arm64-sve128-clang", "arm64-sve128-clang14")
+
+
+@pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
+def test_plain_buffer_equals_stored_rows(qtype):
+    """A weight in a plain buffer (``arm64-base``; ``--no-repack``): its 1-row ``vec_dot`` from the layout, every
+    element of a decode, of an odd batch and of mul_mat_id; where an i8mm 2-row kernel takes elements (an even batch
+    of Q4_K / Q6_K), and for Q6_K on ``arm64-sve128-clang14`` (its wrong high bits), the stored rows — the same
+    bits either way."""
+    rng = np.random.default_rng(int(qtype) + 45)
+    w = weight_bytes(qtype, 80, 512, rng)
+    cols = columns.layout(w, qtype)
+    stack = np.stack([w, weight_bytes(qtype, 80, 512, rng)])
+    scols = columns.layout(stack, qtype)
+    for path in PLAIN_PATHS:
+        assert columns_arm.covers(qtype, path, False) == (qtype != QT.Q6_K or path != "arm64-sve128-clang14")
+        for T in (1, 3, 4, 9):
+            x = _acts(qtype, rng, T, 512)
+            want = mulmat.mul_mat(w, qtype, x, path, repack=False)
+            if columns_arm.covers(qtype, path, False):
+                got = mulmat.mul_mat(w, qtype, x, path, repack=False, cols=cols)
+                assert np.array_equal(bits(got), bits(want)), (path, T)
+                if T % 2:  # no 2-row kernel anywhere
+                    part = columns_arm.mul_mat_cols_arm(cols.columns(8, 72), x, path, repacked=False)
+                    assert np.array_equal(bits(part), bits(want[:, 8:72])), (path, T)
+                ids = rng.integers(0, 2, (T, 2)).astype(np.int32)
+                xs = x.reshape(T, 1, 512)
+                got = mulmat.mul_mat_id(stack, qtype, xs, ids, path, repack=False, cols=scols)
+                assert np.array_equal(bits(got), bits(mulmat.mul_mat_id(stack, qtype, xs, ids, path))), (path, T)
+            else:
+                with pytest.raises(ValueError, match="Q6_K in a plain buffer given on the arm64-sve128-clang14 path"):
+                    mulmat.mul_mat(w, qtype, x, path, repack=False, cols=cols)
+
+
 @pytest.mark.parametrize("qtype", (QT.Q4_K, QT.Q5_K), ids=["Q4_K", "Q5_K"])
 def test_group_dots_are_their_definition(qtype):
     """Each 32-value group's scaled dot (columns_ir.kq16_groups, every level the host runs) against the definition
@@ -110,9 +148,11 @@ def test_thread_count_changes_no_bit():
 
 def test_the_model_is_laid_out_where_the_repacked_kernels_are():
     """``load_model(ggml=(ARM path, repack))`` lays out the matrices that path's CPU_REPACK buffer takes (K-quants,
-    MXFP4), experts included, none with ``--no-repack`` or on ``arm64-base`` (which repacks nothing); the logits of
-    the laid-out model equal those of the stored rows bit for bit (and those equal llama.cpp's:
-    tests/test_ggml_e2e_arm64.py)."""
+    MXFP4), experts included, and with ``--no-repack`` or on ``arm64-base`` (which repacks nothing) those whose 1-row
+    vec_dot has a layout kernel; the logits of the laid-out model equal those of the stored rows bit for bit (and
+    those equal llama.cpp's: tests/test_ggml_e2e_arm64.py)."""
+    import dataclasses
+
     from refimpl.fixtures.builtin import fixture_path
     from refimpl.model.ops import emulation_ctx
     from refimpl.model.state import SeqState
@@ -130,9 +170,14 @@ def test_the_model_is_laid_out_where_the_repacked_kernels_are():
             got = forward(laid, SeqState.fresh(laid.config), tokens, ctx)[0]
             want = forward(rows, SeqState.fresh(rows.config), tokens, ctx)[0]
             assert np.array_equal(bits(got), bits(want)), (quant, arm)
-        for arm, repack in (("arm64-i8mm", False), ("arm64-base", True)):
-            none = load_model(path, pack=True, ggml=(arm, repack))
-            assert none.weights.layers[0].ffn.experts.down_exps.cols is None, (quant, arm, repack)
+        for arm, repack in (("arm64-i8mm", False), ("arm64-base", True)):  # a plain buffer: its 1-row vec_dot's
+            laid = load_model(path, pack=True, ggml=(arm, repack))
+            assert laid.weights.layers[0].ffn.experts.down_exps.cols is not None, (quant, arm, repack)
+            ctx = dataclasses.replace(emulation_ctx("ggml", ggml=arm, n_threads=2), repack=repack)
+            got = forward(laid, SeqState.fresh(laid.config), tokens[:5], ctx)[0]
+            want = forward(rows, SeqState.fresh(rows.config), tokens[:5], ctx)[0]
+            assert np.array_equal(bits(got), bits(want)), (quant, arm, repack)
+        assert load_model(path, pack=True, ggml=("arm64-sve128-clang14", False)).weights.output.cols is None
 
 
 def test_layout_is_refused_where_it_does_not_apply():
@@ -140,10 +185,11 @@ def test_layout_is_refused_where_it_does_not_apply():
     w = weight_bytes(QT.Q4_K, 32, 256, rng)
     cols = columns.layout(w, QT.Q4_K)
     x = rng.standard_normal((1, 256)).astype(np.float32)
-    with pytest.raises(ValueError, match="column layout given for a weight in a plain buffer on the arm64-i8mm path"):
-        mulmat.mul_mat(w, QT.Q4_K, x, "arm64-i8mm", repack=False, cols=cols)
+    q4_0 = weight_bytes(QT.Q4_0, 32, 256, rng)
+    with pytest.raises(ValueError, match="column layout of Q4_0 in a plain buffer given on the arm64-i8mm path"):
+        mulmat.mul_mat(q4_0, QT.Q4_0, x, "arm64-i8mm", repack=False, cols=columns.layout(q4_0, QT.Q4_0))
     with pytest.raises(ValueError, match="column layout of K=256 given for activations of K=512"):
         columns_arm.mul_mat_cols_arm(cols, np.zeros((1, 512), np.float32), "arm64-i8mm")
     with pytest.raises(ValueError, match="Q4_K repacked on arm64-base has no AArch64 kernel here"):
-        columns_arm.mul_mat_cols_arm(cols, x, "arm64-base")
+        columns_arm.mul_mat_cols_arm(cols, x, "arm64-base")  # it repacks nothing
     assert not columns_arm.covers(QT.Q8_0, "arm64-i8mm")  # its stored-row kernel reads the rows in place

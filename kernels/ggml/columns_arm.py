@@ -17,6 +17,19 @@ a float operation and the float operations in ggml's order. The AArch64 kernels 
   / ``smmla``), ``d = float32(d_w · d_x)``, then ``acc = fma(float(dot), d, acc)`` or ``acc + float32(d ·
   float(dot))`` (:data:`kernels.ggml.repack_arm.FUSED`). Activations: the AArch64 Q8_0 quantizer.
 
+And a weight in a **plain buffer** (``arm64-base`` repacks nothing; ``--no-repack``; rows not a multiple of 8), whose
+1-row ``vec_dot`` (``arch/arm/quants.c``: :mod:`kernels.ggml.mulmat_arm_q`) meets the floats with:
+
+* **Q4_K, Q5_K, Q6_K**: per super-block ``sumi = Σ sc·dot`` (Q6_K with the values ``q - 32``) and ``bias = Σ
+  mn·(bsum pair)``: Q4_K ``sumf = fma(-float(bias), dmin, sumf)`` then ``fma(float(sumi), d, sumf)``; Q5_K ``sumf +
+  fma(float(sumi), d, -(float(bias)·dmin))``; Q6_K ``fma(d, float(sumi), sumf)`` (``d = y.d·fp16(x.d)``, ``dmin =
+  y.d·fp16(x.dmin)``).
+* **MXFP4, IQ4_NL**: blocks in pairs, ``sumf + fma(float(sB), dB, float(sA)·dA)`` (MXFP4) or ``sumf + fma(float(sA),
+  dA, float(sB)·dB)`` (IQ4_NL), an odd last block ``fma(float(sumi), d, sumf)``.
+
+An element that takes an i8mm 2-row kernel (a verify batch with ``--no-repack`` on an i8mm path), Q6_K on
+``arm64-sve128-clang14`` (its wrong high bits) and the other types (Q8_0's and Q4_0's lanes) read the stored rows.
+
 Every NaN of an output is made AArch64's default NaN (:func:`kernels.ggml.repack_arm.arm_nans`), as the stored-row
 kernels do. Q8_0 has no column layout here either (its stored-row kernel reads the rows in place).
 """
@@ -28,7 +41,9 @@ from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit
-from kernels.ggml.actquant import _quantize_rows_q8_0_arm
+from kernels.ggml import mulmat_arm
+from kernels.ggml.actquant import _quantize_rows_q8_0_arm, _quantize_rows_q8_k
+from kernels.ggml.build import by_clang
 from kernels.ggml.columns import TILE, Columns, _dots
 from kernels.ggml.columns_ir import kq, kq_groups
 from kernels.ggml.mulmat_q8 import slot_groups
@@ -40,12 +55,20 @@ F32 = np.float32
 #: The types whose AArch64 repacked kernels run from the column layout -> kernel ``kind`` (0–2: the K-quants as
 #: ``repack_arm_k.KIND``; 3: a 32-value block type).
 KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.Q4_0: 3, QT.IQ4_NL: 3, QT.MXFP4: 3}
+#: The types whose plain-buffer 1-row ``vec_dot`` runs from the column layout -> kernel ``kind`` (4–6: Q4_K, Q5_K,
+#: Q6_K; 7: MXFP4, 8: IQ4_NL).
+PLAIN_KIND = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6, QT.MXFP4: 7, QT.IQ4_NL: 8}
 
 
-def covers(qtype, path: str) -> bool:
-    """Whether a ``qtype`` matrix that the CPU_REPACK buffer takes on the AArch64 ``path`` runs from the column layout
-    here (the paths whose repacked kernels are emulated: :data:`kernels.ggml.repack_arm.KERNELS_OF`)."""
-    return path in KERNELS_OF and QT(qtype) in KIND and QT(qtype) in REPACK_ARM[path]
+def covers(qtype, path: str, repacked: bool = True) -> bool:
+    """Whether a ``qtype`` matrix runs from the column layout here on the AArch64 ``path``: ``repacked`` (the
+    CPU_REPACK buffer takes it) on the paths whose repacked kernels are emulated
+    (:data:`kernels.ggml.repack_arm.KERNELS_OF`), else in a plain buffer on every emulated AArch64 path."""
+    qt = QT(qtype)
+    if repacked:
+        return path in KERNELS_OF and qt in KIND and qt in REPACK_ARM[path]
+    return (qt in PLAIN_KIND and mulmat_arm.emulated(qt, path)
+            and not (qt == QT.Q6_K and path == "arm64-sve128-clang14"))  # its 1-row Q6_K's wrong high bits
 
 
 @jit()
@@ -112,12 +135,83 @@ def _tile_b32(q, d, c, nc, y, yd, fused, rows, orow, out, oc):
 
 
 @jit()
+def _tile_k1(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, rows, orow, out, oc):
+    """The plain buffer's 1-row ``vec_dot`` (module docstring) of K-quant codes (``kk`` 0 Q4_K, 1 Q5_K, 2 Q6_K) for
+    columns ``c … c + nc - 1`` of one tile, as :func:`_tile_k`'s arguments."""
+    form = 1 if kk == 2 else 2 if kk == 0 else 0
+    R = rows.shape[0]
+    v = np.empty((8, 16), np.int32)
+    acc = np.zeros((R, TILE), F32)
+    for w0 in range(c - c % 16, c + nc, 16):
+        cs = max(c, w0)
+        n = min(c + nc, w0 + 16) - cs
+        for b in range(yd.shape[1]):
+            for i in range(R):
+                r = rows[i]
+                kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], form, 1)  # v[0]: sumi (Q6_K: of q - 32)
+                for j in range(n):
+                    cj = cs + j
+                    o = cj - c
+                    db = F32(yd[r, b] * d[b, cj])
+                    if kk == 2:
+                        acc[i, o] = fma32(db, F32(v[0, j]), acc[i, o])
+                        continue
+                    bias = np.int64(0)
+                    for s in range(8 * b, 8 * b + 8):
+                        bias += np.int64(mn[s, cj]) * ys[r, s]
+                    dm = F32(yd[r, b] * dmin[b, cj])
+                    if kk == 0:  # Q4_K: fmsub, then fmadd
+                        acc[i, o] = fma32(F32(v[0, j]), db, fma32(-F32(bias), dm, acc[i, o]))
+                    else:  # Q5_K: fnmsub, then fadd
+                        acc[i, o] = acc[i, o] + fma32(F32(v[0, j]), db, -F32(F32(bias) * dm))
+    for i in range(R):
+        for j in range(nc):
+            out[orow[i], oc + j] = acc[i, j]
+
+
+@jit()
+def _tile_b32_1(mx, q, d, c, nc, y, yd, rows, orow, out, oc):
+    """The plain buffer's 1-row ``vec_dot`` of MXFP4 (``mx``) or IQ4_NL: blocks in pairs, one product rounded and the
+    other fused (module docstring); ``q``, ``d`` as :func:`_tile_b32`."""
+    nb = yd.shape[1]
+    da = np.empty(TILE, np.int32)
+    db = np.empty(TILE, np.int32)
+    acc = np.empty(TILE, F32)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        yr = y[r]
+        acc[:nc] = 0
+        b = 0
+        while b + 1 < nb:
+            _dots(q, 32 * b, c, nc, yr, 32 * b, da)
+            _dots(q, 32 * b + 32, c, nc, yr, 32 * b + 32, db)
+            for j in range(nc):
+                fa, fb = F32(yd[r, b] * d[b, c + j]), F32(yd[r, b + 1] * d[b + 1, c + j])
+                if mx:
+                    acc[j] = acc[j] + fma32(F32(db[j]), fb, F32(F32(da[j]) * fa))
+                else:
+                    acc[j] = acc[j] + fma32(F32(da[j]), fa, F32(F32(db[j]) * fb))
+            b += 2
+        if b < nb:
+            _dots(q, 32 * b, c, nc, yr, 32 * b, da)
+            for j in range(nc):
+                acc[j] = fma32(F32(da[j]), F32(yd[r, b] * d[b, c + j]), acc[j])
+        for j in range(nc):
+            out[orow[i], oc + j] = acc[j]
+
+
+@jit()
 def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, bs, recipe, rows, orow, out):
     """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
     c = max(c0, TILE * t)
     nc = min(c1, TILE * t + TILE) - c
     if kind == 3:
         _tile_b32(q[t], d[t], c - TILE * t, nc, y, yd, recipe, rows, orow, out, c - c0)
+    elif kind >= 7:
+        _tile_b32_1(kind == 7, q[t], d[t], c - TILE * t, nc, y, yd, rows, orow, out, c - c0)
+    elif kind >= 4:
+        _tile_k1(kind - 4, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, rows, orow, out,
+                 c - c0)
     else:
         _tile_k(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, recipe, rows, orow, out,
                 c - c0)
@@ -172,16 +266,20 @@ def _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, boun
 def _inputs(kind, x, q8k_fused):
     """The activations ``x`` (R, K) float32 as the AArch64 kernels take them: (y (R, K) int8, yd, ys (R, K/32) int64
     the sums per 32 values, bs (R, K/16) int64 the bsums) — the Q8_K quantizer (``q8k_fused``: GCC's contracted
-    ``nearest_int``) for the K-quants, the Q8_0 one (``yd`` (R, K/32); no sums) for the 32-value blocks."""
+    ``nearest_int``) for the K-quants, the Q8_0 one (``yd`` (R, K/32); no sums) for the 32-value blocks (``kind`` as
+    :data:`KIND`, :data:`PLAIN_KIND`)."""
     R, K = x.shape
     y = np.empty((R, K), np.int8)
-    if kind == 3:
+    if kind == 3 or kind >= 7:
         yd = np.empty((R, K // 32), F32)
         _quantize_rows_q8_0_arm(x, y, yd, np.empty((R, 0), F32))
         return y, yd, np.empty((R, 0), np.int64), np.empty((R, 0), np.int64)
     yd = np.empty((R, K // 256), F32)
     b16 = np.empty((R, K // 16), np.int16)
-    quantize_rows_q8_k_arm(x, y, yd, b16, q8k_fused)
+    if kind >= 4:  # the plain buffer's from_float: quantize_row_q8_K_ref (the same recipe, libggml-base's code)
+        _quantize_rows_q8_k(x, y, yd, b16, q8k_fused)
+    else:
+        quantize_rows_q8_k_arm(x, y, yd, b16, q8k_fused)
     bs = np.empty((R, K // 16), np.int64)
     ys = np.empty((R, K // 32), np.int64)
     for r in range(R):
@@ -213,49 +311,59 @@ def _mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, q8k_fused, recipe
         _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, bounds, experts, arow, out)
 
 
-def _recipes(qt: QT, path: str, T: int, g: int) -> np.ndarray:
+def _recipes(qt: QT, path: str, T: int, g: int, repacked: bool = True) -> np.ndarray:
     """(T,) int64: each activation row's float recipe on the kernels of ``path`` — rows ``t < g`` the gemm's, the rest
-    the gemv's (K-quants: :data:`GEMM_GEMV`; 32-value blocks: 1 where :data:`FUSED` says one FMA)."""
+    the gemv's (K-quants: :data:`GEMM_GEMV`; 32-value blocks: 1 where :data:`FUSED` says one FMA); a plain buffer's
+    1-row kernels: one recipe (none to pass)."""
+    if not repacked:
+        return np.zeros(T, np.int64)
     kp = KERNELS_OF[path]
     gemm, gemv = GEMM_GEMV[(qt, kp)] if KIND[qt] < 3 else (int(f) for f in FUSED[(qt, kp)])
     return np.where(np.arange(T) < g, gemm, gemv).astype(np.int64)
 
 
-def _check(cols: Columns, path: str, K: int) -> int:
-    if not covers(cols.qtype, path):
-        raise ValueError(f"column layout: {cols.qtype.name} repacked on {path} has no AArch64 kernel here")
+def _check(cols: Columns, path: str, K: int, repacked: bool) -> int:
+    if not covers(cols.qtype, path, repacked):
+        where = "repacked" if repacked else "in a plain buffer"
+        raise ValueError(f"column layout: {cols.qtype.name} {where} on {path} has no AArch64 kernel here")
     if cols.K != K:
         raise ValueError(f"column layout of K={cols.K} given for activations of K={K}")
-    return KIND[cols.qtype]
+    return KIND[cols.qtype] if repacked else PLAIN_KIND[cols.qtype]
 
 
-def mul_mat_cols_arm(cols: Columns, x: np.ndarray, path: str) -> np.ndarray:
+def _q8k_fused(path: str, repacked: bool) -> bool:
+    """Whether ``path``'s Q8_K quantizer contracts ``nearest_int``'s product (GCC does, clang does not)."""
+    return Q8_K_FUSED[KERNELS_OF[path]] if repacked else not by_clang(path)
+
+
+def mul_mat_cols_arm(cols: Columns, x: np.ndarray, path: str, repacked: bool = True) -> np.ndarray:
     """``ggml_mul_mat(W, x)`` for a dense weight repacked on the AArch64 ``path``, from its column layout (``cols.q``
     (1, …)): ``x`` (T, K) float32 -> (T, n_cols) float32, the gemm on the first ``T - T % 4`` rows and the gemv on the
-    rest (``forward_mul_mat``)."""
+    rest (``forward_mul_mat``); not ``repacked``: the plain buffer's 1-row ``vec_dot`` for every element (the caller
+    knows that no element takes an i8mm 2-row kernel: :func:`kernels.ggml.mulmat_arm.block_mask`)."""
     x = np.ascontiguousarray(x, F32)
     T, K = x.shape
-    kind = _check(cols, path, K)
+    kind = _check(cols, path, K, repacked)
     if cols.q.shape[0] != 1:
         raise ValueError(f"column layout of E={cols.q.shape[0]} matrices given for one")
     out = np.empty((T, cols.n_cols), F32)
     _mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
-             Q8_K_FUSED[KERNELS_OF[path]], _recipes(cols.qtype, path, T, T - T % 4), out)
+             _q8k_fused(path, repacked), _recipes(cols.qtype, path, T, T - T % 4, repacked), out)
     return arm_nans(out)
 
 
-def mul_mat_id_cols_arm(cols: Columns, x: np.ndarray, ids: np.ndarray, path: str) -> np.ndarray:
+def mul_mat_id_cols_arm(cols: Columns, x: np.ndarray, ids: np.ndarray, path: str, repacked: bool = True) -> np.ndarray:
     """``ggml_mul_mat_id(W, x, ids)`` for a stack of experts repacked on the AArch64 ``path``, from its column layout
-    (``forward_mul_mat_id``: the gemv for every routed row): ``x`` (T, n_x, K) float32, ``ids`` (T, n_used) int32
-    experts in range (the caller's check) -> (T, n_used, n_cols)."""
+    (``forward_mul_mat_id``: the gemv for every routed row; not ``repacked``: the 1-row ``vec_dot``): ``x`` (T, n_x,
+    K) float32, ``ids`` (T, n_used) int32 experts in range (the caller's check) -> (T, n_used, n_cols)."""
     x = np.ascontiguousarray(x, F32)
     T, n_x, K = x.shape
-    kind = _check(cols, path, K)
+    kind = _check(cols, path, K, repacked)
     out = np.empty((T, ids.shape[1], cols.n_cols), F32)
     _mul_mat_id(kind, cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
-                x.reshape(T * n_x, K), np.asarray(ids, np.int32), n_x, Q8_K_FUSED[KERNELS_OF[path]],
-                _recipes(cols.qtype, path, T * n_x, 0), out.reshape(T * ids.shape[1], -1))
+                x.reshape(T * n_x, K), np.asarray(ids, np.int32), n_x, _q8k_fused(path, repacked),
+                _recipes(cols.qtype, path, T * n_x, 0, repacked), out.reshape(T * ids.shape[1], -1))
     return arm_nans(out)
 
 
-__all__ = ["KIND", "covers", "mul_mat_cols_arm", "mul_mat_id_cols_arm"]
+__all__ = ["KIND", "PLAIN_KIND", "covers", "mul_mat_cols_arm", "mul_mat_id_cols_arm"]

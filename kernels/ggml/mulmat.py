@@ -168,7 +168,10 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
             if qtype in repack_arm.REPACK_ARM_B32 and path in repack_arm.KERNELS_OF:  # checked above: no second check
                 return repack_arm.mul_mat_checked(w_bytes, qtype, x, path)
             return repack_arm_k.repack_arm_kernels(qtype, path)[0](w_bytes, qtype, x, path)
-        _no_columns(cols, path)
+        if (_columns_apply_arm(cols, qtype, w_bytes.shape[0], path, False) and head is None
+                and mulmat_arm.block_mask(x.shape[0], w_bytes.shape[0], tensor_rows or w_bytes.shape[0], n_threads,
+                                          qtype, path) is None):  # every element the 1-row vec_dot
+            return columns_arm.mul_mat_cols_arm(cols, x, path, repacked=False)
         return mulmat_arm.compute(w_bytes, qtype, x, path, n_threads, tensor_rows=tensor_rows, head=head)
     if repack and repacked(qtype, tensor_rows or w_bytes.shape[0], path):
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
@@ -188,22 +191,16 @@ def _columns_apply(cols, qtype: QT, n: int) -> bool:
     return True
 
 
-def _columns_apply_arm(cols, qtype: QT, n: int, path: str) -> bool:
-    """:func:`_columns_apply` for a weight that CPU_REPACK takes on an AArch64 ``path``: a layout that
-    :mod:`kernels.ggml.columns_arm` runs, else ValueError."""
+def _columns_apply_arm(cols, qtype: QT, n: int, path: str, repacked: bool = True) -> bool:
+    """:func:`_columns_apply` on an AArch64 ``path``, for a weight that CPU_REPACK takes (``repacked``) or one in a
+    plain buffer: a layout that :mod:`kernels.ggml.columns_arm` runs, else ValueError."""
     if not _columns_apply(cols, qtype, n):
         return False
-    if not columns_arm.covers(qtype, path):
-        raise ValueError(f"mul_mat emulation: a column layout of {qtype.name} given on the {path} path, which has no "
-                         "kernel for it")
+    if not columns_arm.covers(qtype, path, repacked):
+        where = "" if repacked else " in a plain buffer"
+        raise ValueError(f"mul_mat emulation: a column layout of {qtype.name}{where} given on the {path} path, which "
+                         "has no kernel for it")
     return True
-
-
-def _no_columns(cols, path: str) -> None:
-    """A weight in a plain buffer on an AArch64 path has no column layout (its NEON / SVE ``vec_dot``s read the
-    stored rows): ValueError where one is given."""
-    if cols is not None:
-        raise ValueError(f"mul_mat emulation: a column layout given for a weight in a plain buffer on the {path} path")
 
 
 def _repack_kernels(qtype: QT, path: str):
@@ -278,7 +275,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
             if qtype in repack_arm.REPACK_ARM_B32 and path in repack_arm.KERNELS_OF:  # checked above: no second check
                 return repack_arm.mul_mat_id_checked(w_bytes, qtype, x, ids, path)
             return repack_arm_k.repack_arm_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
-        _no_columns(cols, path)
+        if _columns_apply_arm(cols, qtype, N, path, False):  # every routed row the 1-row vec_dot
+            return columns_arm.mul_mat_id_cols_arm(cols, x, ids, path, repacked=False)
         return mulmat_arm.mul_mat_id(w_bytes, qtype, x, ids, path, slot_groups)
     if repack and repacked(qtype, tensor_rows or N, path):
         if _columns_apply(cols, qtype, N):

@@ -13,11 +13,10 @@ import weakref
 
 import numpy as np
 
-from kernels.ggml.build import X86_SIMD_PATHS
+from kernels.ggml.build import X86_SIMD_PATHS, is_arm64
 from kernels.ggml.columns import kind_for, layout
 from kernels.ggml.columns_arm import covers
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
-from kernels.ggml.repack_arm import ARM_PATHS
 from kernels.ggml.rows import GET_ROWS_TYPES
 from refimpl.errors import RefimplError
 from refimpl.io.packing import map_matrices, pack_targets
@@ -27,10 +26,11 @@ from refimpl.io.weights import Matrix
 def layout_target(w: Matrix, path: str, repack: bool) -> bool:
     """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns): on
     x86, Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not; on an
-    AArch64 path, the K-quants, Q4_0, IQ4_NL and MXFP4 when it repacks them (kernels.ggml.columns_arm)."""
+    AArch64 path, the K-quants, Q4_0, IQ4_NL and MXFP4 when it repacks them, the K-quants, MXFP4 and IQ4_NL when it
+    does not (kernels.ggml.columns_arm)."""
     is_repacked = repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)
-    if path in ARM_PATHS:  # arch/arm's repacked kernels from the layout; its plain-buffer vec_dots read the rows
-        return is_repacked and covers(w.qtype, path)
+    if is_arm64(path):  # arch/arm's repacked kernels, or its plain buffer's 1-row vec_dots, from the layout
+        return covers(w.qtype, path, is_repacked)
     if path not in X86_SIMD_PATHS:  # generic: its vec_dot is the generic C's, and the rows go to it
         return False
     return kind_for(w.qtype, is_repacked) is not None

@@ -206,10 +206,14 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     clang = build.by_clang(path)  # the vmlaq_f32 family fused, Q8_K's nearest_int not, no USDOT tail for Q5_0
     if qtype in mulmat_arm_q.BLOCK32:  # activations: AArch64 quantize_row_q8_0 / _q8_1
         xq, xd, xs = _q8_0_rows_arm(x, qtype in mulmat_arm_q.Q8_1_TYPES)
-        v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
+        raw = qtype == QT.Q8_0  # its stored bytes read in place (no decoded copy of the matrix per product)
+        if raw:
+            v, dw, mw = np.ascontiguousarray(w_bytes).view(np.int8), _NO_SCALES, _NO_SCALES
+        else:
+            v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
         kind = BLOCK32_KINDS.get(path, {}).get(qtype, 0)
         mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
-                                  path in BASE_PATHS, clang)
+                                  path in BASE_PATHS, clang, raw)
     elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC (not by clang)
         yq, yd, ybs = _q8_k_rows(x, fused=not clang)
         mulmat_arm_q.iq_rows(mulmat_arm_q.IQ[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs, out, F16_TO_F32)
@@ -218,6 +222,9 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
                             out, two, F16_TO_F32, build.by_sve(path), clang, path == "arm64-sve128-clang14")
     return arm_default_nan(out)
+
+
+_NO_SCALES = np.zeros((0, 0), np.float32)  # Q8_0's scales are read from its bytes
 
 
 def arm_default_nan(out: np.ndarray) -> np.ndarray:

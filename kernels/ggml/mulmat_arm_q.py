@@ -46,10 +46,11 @@ formula and Q6_K's ``acc = fma(float(sumi), d, acc)``; the scalar tails and the 
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.floats import E8M0_HALF
-from kernels.base.flags import jit
+from kernels.base.flags import JIT_ENABLED, jit
 from kernels.ggml.mulmat_iq import KIND as IQ_KIND
 from kernels.ggml.mulmat_iq import decode_row as iq_decode_row
 from kernels.ggml.mulmat_k import decode_row
@@ -74,6 +75,8 @@ SVE128_KIND = {QT.Q5_0: 6, QT.Q8_0: 7, QT.Q4_0: 8}
 SVE128_CLANG_KIND = {QT.Q8_0: 7, QT.Q4_0: 8}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
 IQ = IQ_KIND  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: :func:`iq_rows`
+#: weight rows a parallel task takes (:func:`block32_rows`)
+ROW_TILE = 16
 KQUANTS = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.IQ4_XS: 3, QT.Q2_K: 4, QT.Q3_K: 5}
 
 
@@ -110,18 +113,145 @@ def decode_block32(w_bytes: np.ndarray, qtype: QT):
 
 
 @jit()
-def _dot32(v, r, xq, t, o):
+def _dot32(v, r, xq, t, o, vo=-1):
+    """The exact dot of weight values ``v[r, vo:vo + 32]`` (``vo`` -1: ``o``) and activations ``xq[t, o:o + 32]``."""
+    vo = o if vo < 0 else vo
     s = 0
     for j in range(32):
-        s += np.int64(v[r, o + j]) * xq[t, o + j]
+        s += np.int64(v[r, vo + j]) * xq[t, o + j]
     return s
 
 
 @jit()
-def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang):
+def _wblock(v, dw, r, b, raw, tab):
+    """Block ``b`` of weight row ``r``: (the offset of its 32 values in ``v[r]``, its scale) — decoded rows (``v`` the
+    values, ``dw`` the scales), or with ``raw`` Q8_0's stored bytes as int8 (34 a block: the fp16 ``d`` through
+    ``tab``, then the values), read in place."""
+    if raw:
+        o = 34 * b
+        return o + 2, tab[(np.int64(v[r, o]) & 255) | ((np.int64(v[r, o + 1]) & 255) << 8)]
+    return 32 * b, dw[r, b]
+
+
+@jit()
+def _lanes32_def(w, wo, y, yo, vmull):
+    """The 4 int32 lanes of ``ggml_vdotq_s32`` over one 32-value block (``w[wo:wo + 32]``, ``y[yo:yo + 32]``, 1-D
+    int8), both 16-byte halves summed: lane ``l`` takes bytes ``4l … 4l+3`` (``sdot``) or, with ``vmull``
+    (``arm64-base``: ``vmull_s8`` + ``vpaddlq_s16``), bytes ``2l, 2l+1, 2l+8, 2l+9`` of each half. Exact: |lane| <=
+    8·128·128."""
+    a0 = np.int32(0)
+    a1 = np.int32(0)
+    a2 = np.int32(0)
+    a3 = np.int32(0)
+    for lane in range(4):
+        dot = np.int32(0)
+        for e in range(4):
+            k = 2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e
+            dot += (np.int32(w[wo + k]) * np.int32(y[yo + k])
+                    + np.int32(w[wo + k + 16]) * np.int32(y[yo + k + 16]))
+        if lane == 0:
+            a0 = dot
+        elif lane == 1:
+            a1 = dot
+        elif lane == 2:
+            a2 = dot
+        else:
+            a3 = dot
+    return a0, a1, a2, a3
+
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _lanes32(typingctx, w, wo, y, yo, vmull):
+        """:func:`_lanes32_def` as target-independent IR: the 32 products sign-extended to i32, the halves added,
+        then each lane's 4 bytes gathered by shuffles (both lane orders, one selected by ``vmull``)."""
+        if not (isinstance(w, types.Array) and isinstance(y, types.Array) and w.ndim == y.ndim == 1):
+            return None
+        sig = types.UniTuple(types.int32, 4)(w, wo, y, yo, vmull)
+
+        def codegen(context, b, signature, args):
+            i32 = ir.IntType(32)
+            v8, v32 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(i32, 32)
+
+            def load(i):  # 32 bytes from element args[i + 1] of array args[i]
+                data = context.make_array(signature.args[i])(context, b, args[i]).data
+                return b.sext(b.load(b.bitcast(b.gep(data, [args[i + 1]]), v8.as_pointer()), align=1), v32)
+
+            def pick(vec, idx):
+                return b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(i32, len(idx)), idx))
+
+            p = b.mul(load(0), load(2))
+            h = b.add(pick(p, list(range(16))), pick(p, list(range(16, 32))))  # (16,): the two halves summed
+            sdot = [pick(h, [4 * l + e for l in range(4)]) for e in range(4)]
+            vmul = [pick(h, [2 * l + (e & 1) + 8 * (e >> 1) for l in range(4)]) for e in range(4)]
+            lanes_s = b.add(b.add(sdot[0], sdot[1]), b.add(sdot[2], sdot[3]))
+            lanes_v = b.add(b.add(vmul[0], vmul[1]), b.add(vmul[2], vmul[3]))
+            flag = context.cast(b, args[4], signature.args[4], types.boolean)
+            lanes = b.select(b.trunc(flag, ir.IntType(1)) if flag.type != ir.IntType(1) else flag, lanes_v, lanes_s)
+            vals = [b.extract_element(lanes, ir.Constant(i32, l)) for l in range(4)]
+            return context.make_tuple(b, signature.return_type, vals)
+
+        return sig, codegen
+else:
+    _lanes32 = _lanes32_def
+
+
+@jit()
+def _lanes_1row(kind, v, dw, r, xq, xd, t, vmull, fused, raw, tab):
+    """:func:`_block32_1row` of the kinds without mins (Q8_0, Q4_0, Q5_0: 0, 1, 6, 7, 8), its lanes in registers: the
+    same float steps, in the same order (``raw``, ``tab``: :func:`_wblock`)."""
+    nb = xd.shape[1]
+    vr, xr = v[r], xq[t]
+    a0, a1, a2, a3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)  # sumv0
+    b0, b1, b2, b3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)  # sumv1
+    ib = 0
+    while ib + 1 < nb:
+        vo, dwb = _wblock(v, dw, r, ib, raw, tab)
+        d = F32(dwb * xd[t, ib])
+        l0, l1, l2, l3 = _lanes32(vr, np.int64(vo), xr, np.int64(32 * ib), vmull)
+        if fused:
+            a0, a1, a2, a3 = fma32(F32(l0), d, a0), fma32(F32(l1), d, a1), fma32(F32(l2), d, a2), fma32(F32(l3), d, a3)
+        else:
+            a0, a1 = F32(a0 + F32(F32(l0) * d)), F32(a1 + F32(F32(l1) * d))
+            a2, a3 = F32(a2 + F32(F32(l2) * d)), F32(a3 + F32(F32(l3) * d))
+        vo, dwb = _wblock(v, dw, r, ib + 1, raw, tab)
+        d = F32(dwb * xd[t, ib + 1])
+        l0, l1, l2, l3 = _lanes32(vr, np.int64(vo), xr, np.int64(32 * ib + 32), vmull)
+        if fused:
+            b0, b1, b2, b3 = fma32(F32(l0), d, b0), fma32(F32(l1), d, b1), fma32(F32(l2), d, b2), fma32(F32(l3), d, b3)
+        else:
+            b0, b1 = F32(b0 + F32(F32(l0) * d)), F32(b1 + F32(F32(l1) * d))
+            b2, b3 = F32(b2 + F32(F32(l2) * d)), F32(b3 + F32(F32(l3) * d))
+        ib += 2
+    if kind == 7 or kind == 8:  # SVE: one FADDV of sumv0 + sumv1
+        sumf = F32(F32(F32(a0 + b0) + F32(a1 + b1)) + F32(F32(a2 + b2) + F32(a3 + b3)))
+    else:
+        sumf = F32(F32(F32(a0 + a1) + F32(a2 + a3)) + F32(F32(b0 + b1) + F32(b2 + b3)))
+    for b in range(ib, nb):  # the odd last block
+        vo, dwb = _wblock(v, dw, r, b, raw, tab)
+        if kind == 6:  # Q5_0 on arm64-i8mm: GCC's USDOT reads the values v - 16 as unsigned bytes
+            dot = 0
+            for j in range(32):
+                dot += (np.int64(v[r, vo + j]) & 255) * xq[t, 32 * b + j]
+            sumf = fma32(F32(dot), F32(dwb * xd[t, b]), sumf)
+        elif kind == 0 or kind == 7:
+            sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b, vo)), F32(dwb * xd[t, b]), sumf)
+        else:
+            sumf = fma32(F32(F32(_dot32(v, r, xq, t, 32 * b, vo)) * dwb), xd[t, b], sumf)
+    return sumf
+
+
+@jit()
+def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang, s0, s1):
     """One element of the 1-row ``vec_dot`` (see the module docstring). ``vmull``: ``ggml_vdotq_s32`` without
     dotprod (``arm64-base``: ``vmull_s8`` + ``vpaddlq_s16``), whose lane ``l`` sums bytes 2l, 2l+1, 2l+8, 2l+9 of
-    each 16 (``sdot``'s: 4l … 4l+3). ``clang``: the clang build, whose ``vmlaq_n_f32`` is one ``fmla``."""
+    each 16 (``sdot``'s: 4l … 4l+3). ``clang``: the clang build, whose ``vmlaq_n_f32`` is one ``fmla``. ``s0``, ``s1``
+    (4,) float32 scratch: ``sumv0``, ``sumv1``."""
     nb = dw.shape[1]
     sumf = F32(0.0)
     summs, summs1 = F32(0.0), F32(0.0)
@@ -138,8 +268,8 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang):
         for b in range(ib, nb):
             sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b)), F32(xd[t, b] * dw[r, b]), sumf)
         return sumf
-    s0 = np.zeros(4, np.float32)
-    s1 = np.zeros(4, np.float32)
+    s0[:] = 0
+    s1[:] = 0
     sve = kind == 7 or kind == 8  # SVE-128 Q8_0 / Q4_0: svmla_n_f32_x (fused), svaddv of sumv0 + sumv1
     fused = sve or clang  # the lanes' multiply-accumulate one rounding: svmla, or clang's contracted vmlaq_n_f32
     while ib + 1 < nb:
@@ -151,11 +281,9 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang):
         for h in range(2):
             b = ib + h
             d = F32(dw[r, b] * xd[t, b])
+            dots = _lanes32(v[r], np.int64(32 * b), xq[t], np.int64(32 * b), vmull)
             for lane in range(4):
-                dot = 0
-                for e in range(4):
-                    k = 32 * b + (2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e)
-                    dot += np.int64(v[r, k]) * xq[t, k] + np.int64(v[r, k + 16]) * xq[t, k + 16]
+                dot = dots[lane]
                 if fused:
                     if h == 0:
                         s0[lane] = fma32(F32(dot), d, s0[lane])
@@ -193,33 +321,39 @@ def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang):
 
 
 @jit()
-def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang):
+def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang, raw, tab):
     """One of the four elements of the i8mm 2-row Q8_0 / Q4_0 / Q4_1 ``vec_dot`` (Q4_1: the mins in their own lane,
     ``summs = fma(m, s, summs)`` (``fmla``), added at the end). ``clang``: ``vmlaq_f32`` one ``fmla``; Q4_1's
     ``summs_t[]`` products rounded before their ``vaddq_f32`` (``=on`` does not contract across statements)."""
     acc = F32(0.0)
     summs = F32(0.0)
-    for b in range(dw.shape[1]):
-        dot, d = F32(_dot32(v, r, xq, t, 32 * b)), F32(dw[r, b] * xd[t, b])
+    for b in range(xd.shape[1]):
+        vo, dwb = _wblock(v, dw, r, b, raw, tab)
+        dot, d = F32(_dot32(v, r, xq, t, 32 * b, vo)), F32(dwb * xd[t, b])
         acc = fma32(dot, d, acc) if clang else F32(acc + F32(dot * d))
         if kind == 4:
             summs = F32(summs + F32(mw[r, b] * xs[t, b])) if clang else fma32(mw[r, b], xs[t, b], summs)
     return F32(acc + summs) if kind == 4 else acc
 
 
-@jit()
-def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False, clang=False):
+@jit(parallel=True)
+def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False, clang=False, raw=False, tab=F16_TO_F32):
     """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 / Q8_1 activations ``xq``
     (T, K) int8, ``xd`` (T, nb), ``xs`` (T, nb) Q8_1's s (or anything: unused); ``two`` (T, N) bool: the elements of
     2-row kernels (or (0, 0): none); ``vmull``: the lanes of ``arm64-base`` (:func:`_block32_1row`); ``clang``: the
-    ``arm64-i8mm-clang`` build's contractions."""
+    ``arm64-i8mm-clang`` build's contractions; ``raw``: ``v`` Q8_0's stored rows as int8, read in place (``dw``
+    unused; :func:`_wblock`). Every element is computed alone: the weight rows split between threads change no bit."""
     has_two = two.shape[0] > 0
-    for t in range(xq.shape[0]):
-        for r in range(v.shape[0]):
-            if has_two and two[t, r]:
-                out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang)
-            else:
-                out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang)
+    for tile in prange((v.shape[0] + ROW_TILE - 1) // ROW_TILE):  # independent elements: ROW_TILE weight rows a task
+        s = np.empty((2, 4), np.float32)
+        for r in range(tile * ROW_TILE, min(tile * ROW_TILE + ROW_TILE, v.shape[0])):
+            for t in range(xq.shape[0]):
+                if has_two and two[t, r]:
+                    out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang, raw, tab)
+                elif kind == 2 or kind == 3 or kind == 4 or kind == 5:  # MXFP4, IQ4_NL; Q4_1, Q5_1 (the mins)
+                    out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang, s[0], s[1])
+                else:
+                    out[t, r] = _lanes_1row(kind, v, dw, r, xq, xd, t, vmull, clang or kind == 7 or kind == 8, raw, tab)
 
 
 @jit()

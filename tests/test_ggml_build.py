@@ -105,14 +105,15 @@ def test_every_reader_of_the_path_table_knows_every_path(key):
     b = GgmlBuild(Path("/x/lib"), frozenset(features)) if key not in ARM else arm_build(features, COMPILER.get(key, "GCC 12.2.0"))
     assert b.path == key and b.lanes == entry.lanes and f"ggml-cpu {entry.name} (" in b.describe()
     assert is_arm64(key) == (key in ARM) == (key in ARM64_PATHS) == (key not in X86_SIMD_PATHS + ("generic",))
-    # the column layout (kernels.ggml.columns: x86's kernels) is built for the x86 SIMD paths only, never an ARM one
+    # the column layout is built for the x86 SIMD paths' kernels (kernels.ggml.columns) and every AArch64 path's
+    # (kernels.ggml.columns_arm: a plain buffer's Q4_K here), never the generic path's
     from types import SimpleNamespace
 
     from kernels.base.blocks import QT
     from refimpl.graph.layout import layout_target
 
     q4_k = SimpleNamespace(qtype=QT.Q4_K, stored_rows=None, shape=(64, 256))
-    assert layout_target(q4_k, key, False) == (key in X86_SIMD_PATHS)
+    assert layout_target(q4_k, key, False) == (key in X86_SIMD_PATHS or key in ARM)
     assert describe_named(key).startswith(f"ggml-cpu {entry.name} (named, not detected")
 
 

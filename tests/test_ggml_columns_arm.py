@@ -62,7 +62,7 @@ def test_mul_mat_id_equals_stored_rows(qtype):
             assert np.array_equal(bits(half), bits(want[..., 40:80])), (path, T, n_x)
 
 
-PLAIN = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4, QT.IQ4_NL)
+PLAIN = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4, QT.IQ4_NL, QT.Q8_0, QT.Q4_0)
 #: every vec_dot build a plain buffer meets: armv8-a (vmull lanes; nothing repacked), dotprod, i8mm, SVE-128, clang
 PLAIN_PATHS = ("arm64-base", "arm64-base-clang", "arm64-dotprod", "arm64-i8mm", "arm64-i8mm-clang", "arm64-sve128",
                "arm64-sve128-clang", "arm64-sve128-clang14")
@@ -70,19 +70,20 @@ PLAIN_PATHS = ("arm64-base", "arm64-base-clang", "arm64-dotprod", "arm64-i8mm", 
 
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
 def test_plain_buffer_equals_stored_rows(qtype):
-    """A weight in a plain buffer (``arm64-base``; ``--no-repack``): its 1-row ``vec_dot`` from the layout, every
-    element of a decode, of an odd batch and of mul_mat_id; where an i8mm 2-row kernel takes elements (an even batch
-    of Q4_K / Q6_K), and for Q6_K on ``arm64-sve128-clang14`` (its wrong high bits), the stored rows — the same
-    bits either way."""
+    """A weight in a plain buffer (``arm64-base``; ``--no-repack``): its 1-row ``vec_dot`` from the layout (Q8_0's
+    and Q4_0's lanes in sdot's and vmull's orders, SVE's sum), every element of a decode, of an odd batch and of
+    mul_mat_id; where an i8mm 2-row kernel takes elements (an even batch of Q4_K / Q6_K / Q8_0 / Q4_0), and for Q6_K
+    on ``arm64-sve128-clang14`` (its wrong high bits), the stored rows — the same bits either way."""
     rng = np.random.default_rng(int(qtype) + 45)
-    w = weight_bytes(qtype, 80, 512, rng)
+    K = 512 if qtype in KQ else 480  # the 32-value blocks: an odd count (the last block's own step)
+    w = weight_bytes(qtype, 80, K, rng)
     cols = columns.layout(w, qtype)
-    stack = np.stack([w, weight_bytes(qtype, 80, 512, rng)])
+    stack = np.stack([w, weight_bytes(qtype, 80, K, rng)])
     scols = columns.layout(stack, qtype)
     for path in PLAIN_PATHS:
         assert columns_arm.covers(qtype, path, False) == (qtype != QT.Q6_K or path != "arm64-sve128-clang14")
         for T in (1, 3, 4, 9):
-            x = _acts(qtype, rng, T, 512)
+            x = _acts(qtype, rng, T, K)
             want = mulmat.mul_mat(w, qtype, x, path, repack=False)
             if columns_arm.covers(qtype, path, False):
                 got = mulmat.mul_mat(w, qtype, x, path, repack=False, cols=cols)
@@ -91,12 +92,35 @@ def test_plain_buffer_equals_stored_rows(qtype):
                     part = columns_arm.mul_mat_cols_arm(cols.columns(8, 72), x, path, repacked=False)
                     assert np.array_equal(bits(part), bits(want[:, 8:72])), (path, T)
                 ids = rng.integers(0, 2, (T, 2)).astype(np.int32)
-                xs = x.reshape(T, 1, 512)
+                xs = x.reshape(T, 1, K)
                 got = mulmat.mul_mat_id(stack, qtype, xs, ids, path, repack=False, cols=scols)
                 assert np.array_equal(bits(got), bits(mulmat.mul_mat_id(stack, qtype, xs, ids, path))), (path, T)
             else:
                 with pytest.raises(ValueError, match="Q6_K in a plain buffer given on the arm64-sve128-clang14 path"):
                     mulmat.mul_mat(w, qtype, x, path, repack=False, cols=cols)
+
+
+def test_lane_dots_are_their_definition():
+    """ggml_vdotq_s32's lanes from the pairs layout (vector IR) against the definition, and the definition against
+    the bytes themselves in both lane orders: -128 and 127 on both sides."""
+    rng = np.random.default_rng(46)
+    w = weight_bytes(QT.Q8_0, 32, 64, rng)
+    w[3, 2:6] = np.array([-128, 127, -128, 127], np.int8).view(np.uint8)
+    cols = columns.layout(w, QT.Q8_0)
+    q = cols.q[0, 0]
+    y = rng.integers(-128, 128, 64).astype(np.int8)
+    y[:4] = (-128, 127, -128, -128)
+    values = w.reshape(32, 2, 34)[:, :, 2:].view(np.int8).reshape(32, 64).astype(np.int64)
+    for vmull in (False, True):
+        for k0, c in ((0, 0), (32, 16)):
+            got, want = np.zeros((4, 16), np.int32), np.zeros((4, 16), np.int32)
+            columns_arm.lane_dots(got, q, k0, c, 16, y, k0, vmull)
+            columns_arm.lane_dots_def(want, q, k0, c, 16, y, k0, vmull)
+            assert np.array_equal(got, want), (vmull, k0, c)
+            for lane in range(4):
+                idx = [2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e for e in range(4)]
+                idx += [i + 16 for i in idx]
+                assert np.array_equal(want[lane], (values[c:c + 16][:, [k0 + i for i in idx]] * y[[k0 + i for i in idx]]).sum(1))
 
 
 @pytest.mark.parametrize("qtype", (QT.Q4_K, QT.Q5_K), ids=["Q4_K", "Q5_K"])
@@ -177,7 +201,8 @@ def test_the_model_is_laid_out_where_the_repacked_kernels_are():
             got = forward(laid, SeqState.fresh(laid.config), tokens[:5], ctx)[0]
             want = forward(rows, SeqState.fresh(rows.config), tokens[:5], ctx)[0]
             assert np.array_equal(bits(got), bits(want)), (quant, arm, repack)
-        assert load_model(path, pack=True, ggml=("arm64-sve128-clang14", False)).weights.output.cols is None
+        if quant == "q4_k_m":  # its LM head is Q6_K: the stored rows on clang 14's SVE build
+            assert load_model(path, pack=True, ggml=("arm64-sve128-clang14", False)).weights.output.cols is None
 
 
 def test_layout_is_refused_where_it_does_not_apply():
@@ -186,8 +211,13 @@ def test_layout_is_refused_where_it_does_not_apply():
     cols = columns.layout(w, QT.Q4_K)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     q4_0 = weight_bytes(QT.Q4_0, 32, 256, rng)
-    with pytest.raises(ValueError, match="column layout of Q4_0 in a plain buffer given on the arm64-i8mm path"):
-        mulmat.mul_mat(q4_0, QT.Q4_0, x, "arm64-i8mm", repack=False, cols=columns.layout(q4_0, QT.Q4_0))
+    q5_0 = weight_bytes(QT.Q5_0, 32, 256, rng)
+    assert not columns_arm.covers(QT.Q5_0, "arm64-i8mm", False)
+    with pytest.raises(ValueError, match="column layout: Q5_0 has none"):
+        columns.layout(q5_0, QT.Q5_0)
+    laid = columns.layout(q4_0, QT.Q4_0)  # every Q4_0 row count: its layout on a plain buffer on arm64-base too
+    assert np.array_equal(bits(mulmat.mul_mat(q4_0, QT.Q4_0, x, "arm64-base", repack=True, cols=laid)),
+                          bits(mulmat.mul_mat(q4_0, QT.Q4_0, x, "arm64-base", repack=True)))
     with pytest.raises(ValueError, match="column layout of K=256 given for activations of K=512"):
         columns_arm.mul_mat_cols_arm(cols, np.zeros((1, 512), np.float32), "arm64-i8mm")
     with pytest.raises(ValueError, match="Q4_K repacked on arm64-base has no AArch64 kernel here"):

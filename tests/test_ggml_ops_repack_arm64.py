@@ -355,7 +355,7 @@ KQ = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 def test_mulmat_dispatch():
     """kernels.ggml.mulmat sends a repacked weight on an ARM path here, or with its column layout to
     kernels.ggml.columns_arm (never to the x86 repack or column kernels); an ARM path meeting an x86 repack kernel,
-    or a column layout of a plain-buffer weight whose vec_dot has none there (Q4_0's lanes), raises."""
+    raises; a plain buffer's Q4_0 from its layout gives the stored rows' bits."""
     from kernels.ggml import repack, repack_k
     from kernels.ggml.columns import layout
     from kernels.ggml.mulmat import mul_mat, mul_mat_id, repack_emulated
@@ -380,8 +380,11 @@ def test_mulmat_dispatch():
         cols, x1 = layout(w, QT.Q4_0), np.ones((1, 32), np.float32)  # repacked: kernels.ggml.columns_arm, same bits
         assert np.array_equal(bits(mul_mat(w, QT.Q4_0, x1, path, repack=True, cols=cols)),
                               bits(mul_mat(w, QT.Q4_0, x1, path, repack=True)))
-        with pytest.raises(ValueError, match=f"column layout of Q4_0 in a plain buffer given on the {path} path"):
-            mul_mat(w, QT.Q4_0, x1, path, repack=False, cols=cols)  # its NEON vec_dot's lanes read the rows
+        q4_1 = weight_bytes(QT.Q4_1, 8, 32, rng)  # Q4_1's mins: no layout kernel; Q4_0's lanes have one
+        assert np.array_equal(bits(mul_mat(w, QT.Q4_0, x1, path, repack=False, cols=cols)),
+                              bits(mul_mat(w, QT.Q4_0, x1, path, repack=False)))
+        with pytest.raises(ValueError, match="column layout: Q4_1 has none"):
+            layout(q4_1, QT.Q4_1)
         with pytest.raises(ValueError, match=path):
             repack_k.mul_mat_repacked_k(weight_bytes(QT.Q4_K, 8, 256, rng), QT.Q4_K, np.ones((1, 256), np.float32),
                                         path)

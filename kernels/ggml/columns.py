@@ -29,8 +29,9 @@ bytes), and the column range ``[c0, c1)`` a product
 reads (a fused gate_up tensor's gate or up rows), stored tile by tile (:data:`TILE` outputs in one piece, so a
 tile's weights are read in one stream). Bytes: ~1.2–1.8 × the stored matrix.
 
-Q8_0 has no column layout: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
-in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block).
+Q8_0 has no x86 kernel here: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
+in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block). Its
+layout (the values in pairs, as above) serves the AArch64 1-row ``vec_dot`` (:mod:`kernels.ggml.columns_arm`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ from kernels.ggml.vecmath import F16_TO_F32
 F32 = np.float32
 REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repacked kernels' formulas (above)
 PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
-KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with a column layout
-_BLOCK = {QT.Q4_0: (18, 32), QT.IQ4_NL: (18, 32), QT.MXFP4: (17, 32), QT.Q4_K: (144, 256), QT.Q5_K: (176, 256),
+KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with an x86 kernel on the column layout
+#: the types with a column layout: :data:`KIND`'s, and Q8_0 (its values as they are: the AArch64 1-row vec_dot's lanes,
+#: :mod:`kernels.ggml.columns_arm`; no x86 kernel takes it)
+LAID_OUT = frozenset(KIND) | {QT.Q8_0}
+_BLOCK = {QT.Q8_0: (34, 32), QT.Q4_0: (18, 32), QT.IQ4_NL: (18, 32), QT.MXFP4: (17, 32), QT.Q4_K: (144, 256), QT.Q5_K: (176, 256),
           QT.Q6_K: (210, 256)}  # bytes and values per block
 TILE = 64  # output columns per work item (a multiple of 16; prange splits the tiles)
 
@@ -119,8 +123,8 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
     from kernels.ggml.repack import _TYPES
 
     qtype = QT(qtype)
-    if qtype not in KIND:
-        raise ValueError(f"column layout: {qtype.name} has none (types: {', '.join(t.name for t in KIND)})")
+    if qtype not in LAID_OUT:
+        raise ValueError(f"column layout: {qtype.name} has none (types: {', '.join(t.name for t in LAID_OUT)})")
     w = np.asarray(w_bytes, np.uint8)
     w3 = w[None] if w.ndim == 2 else w  # (E, N, row bytes)
     E, N, rb = w3.shape
@@ -141,6 +145,10 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
         we = np.ascontiguousarray(w3[e])
         if values == 256:
             lay_k(PLAIN_KIND[qtype] - 3, we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
+        elif qtype == QT.Q8_0:  # value j of a block: byte 2 + j
+            blocks = we.reshape(N, K // 32, 34)
+            q[e] = blocks[:, :, 2:].view(np.int8).reshape(N, K // 2, 2).transpose(1, 0, 2).reshape(K // 2, 2 * N)
+            d[e] = F16_TO_F32[blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)].T
         else:
             lut, hdr, tab = _TYPES[qtype]
             _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, q[e], d[e])
@@ -415,4 +423,4 @@ def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: 
     return out
 
 
-__all__ = ["Columns", "KIND", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols"]
+__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols"]

@@ -17,6 +17,12 @@ from kernels.ggml import columns, columns_arm, columns_ir, mulmat
 
 KQ = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 B32 = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
+
+
+def by_type(types, default):
+    """pytest params of ``types``, those not in ``default`` with ``-m deep`` (each type compiles its own kernels:
+    ~5-8 s a kernel on a cold cache; the suite's budget)."""
+    return [pytest.param(t, id=t.name, marks=() if t in default else pytest.mark.deep) for t in types]
 #: one path per kernels' path (kernels.ggml.repack_arm.KERNELS_OF; the SVE paths run the i8mm kernels)
 PATHS = ("arm64-i8mm", "arm64-dotprod", "arm64-i8mm-clang", "arm64-dotprod-clang")
 
@@ -25,7 +31,7 @@ def _acts(qt, rng, t, k):
     return acts_k(rng, t, k) if qt in KQ else acts(rng, t, k)
 
 
-@pytest.mark.parametrize("qtype", KQ + B32, ids=[t.name for t in KQ + B32])
+@pytest.mark.parametrize("qtype", by_type(KQ + B32, (QT.Q4_K,)))
 def test_mul_mat_equals_stored_rows(qtype):
     rng = np.random.default_rng(int(qtype) + 40)
     for path in PATHS:
@@ -44,7 +50,7 @@ def test_mul_mat_equals_stored_rows(qtype):
                         assert np.array_equal(bits(part), bits(want[:, start:stop])), (path, start, stop, T)
 
 
-@pytest.mark.parametrize("qtype", KQ + B32, ids=[t.name for t in KQ + B32])
+@pytest.mark.parametrize("qtype", by_type(KQ + B32, (QT.Q4_K,)))
 def test_mul_mat_id_equals_stored_rows(qtype):
     """Every routed row through the gemv (forward_mul_mat_id), slots grouped by expert; the gate or up half of a fused
     gate_up stack (its columns)."""
@@ -68,7 +74,7 @@ PLAIN_PATHS = ("arm64-base", "arm64-base-clang", "arm64-dotprod", "arm64-i8mm", 
                "arm64-sve128-clang", "arm64-sve128-clang14")
 
 
-@pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
+@pytest.mark.parametrize("qtype", by_type(PLAIN, (QT.Q8_0,)))
 def test_plain_buffer_equals_stored_rows(qtype):
     """A weight in a plain buffer (``arm64-base``; ``--no-repack``): its 1-row ``vec_dot`` from the layout (Q8_0's
     and Q4_0's lanes in sdot's and vmull's orders, SVE's sum), every element of a decode, of an odd batch and of
@@ -145,32 +151,51 @@ def test_group_dots_are_their_definition(qtype):
     assert np.array_equal(want.astype(np.int64).sum(axis=0), total[0])  # the groups sum to the super-block's total
 
 
-def test_thread_count_changes_no_bit():
+@pytest.mark.parametrize("qtype", by_type((QT.Q4_K, QT.Q6_K, QT.MXFP4), (QT.Q4_K,)))
+def test_thread_count_changes_no_bit(qtype):
     """Tiles, and mul_mat_id's (expert group, tile) items, split between 1, 2 or 3 threads: the same bits."""
     import numba
 
     rng = np.random.default_rng(43)
     before = numba.get_num_threads()
     try:
-        for qtype in (QT.Q4_K, QT.Q6_K, QT.MXFP4):
-            w = weight_bytes(qtype, 200, 1536, rng)  # 4 tiles, the last partial; parallel from one row
-            cols = columns.layout(w, qtype)
-            stack = columns.layout(np.stack([w, weight_bytes(qtype, 200, 1536, rng)]), qtype)
-            ids = np.array([[0, 1], [1, 0], [1, 1]], np.int32)
-            for T in (1, 4, 5):
-                x = _acts(qtype, rng, T, 1536)
-                outs = []
-                for nth in (1, 2, 3):
-                    numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
-                    outs.append((bits(columns_arm.mul_mat_cols_arm(cols, x, "arm64-i8mm")),
-                                 bits(columns_arm.mul_mat_id_cols_arm(stack, x[:3, None], ids[:min(T, 3)],
-                                                                      "arm64-i8mm") if T >= 3 else np.zeros(1))))
-                assert all(np.array_equal(o[k], outs[0][k]) for o in outs[1:] for k in (0, 1)), (qtype.name, T)
+        w = weight_bytes(qtype, 200, 1536, rng)  # 4 tiles, the last partial; parallel from one row
+        cols = columns.layout(w, qtype)
+        stack = columns.layout(np.stack([w, weight_bytes(qtype, 200, 1536, rng)]), qtype)
+        ids = np.array([[0, 1], [1, 0], [1, 1]], np.int32)
+        for T in (1, 4, 5):
+            x = _acts(qtype, rng, T, 1536)
+            outs = []
+            for nth in (1, 2, 3):
+                numba.set_num_threads(min(nth, numba.config.NUMBA_NUM_THREADS))
+                outs.append((bits(columns_arm.mul_mat_cols_arm(cols, x, "arm64-i8mm")),
+                             bits(columns_arm.mul_mat_id_cols_arm(stack, x[:3, None], ids[:min(T, 3)],
+                                                                  "arm64-i8mm") if T >= 3 else np.zeros(1))))
+            assert all(np.array_equal(o[k], outs[0][k]) for o in outs[1:] for k in (0, 1)), (qtype.name, T)
     finally:
         numba.set_num_threads(before)
 
 
-def test_the_model_is_laid_out_where_the_repacked_kernels_are():
+def test_the_builtin_model_on_arm64_base_is_laid_out():
+    """builtin:kjv (Q8_0) on ``arm64-base``, which repacks nothing: every matrix laid out for its 1-row vec_dot's
+    lanes, the logits equal those of the stored rows bit for bit."""
+    from refimpl.fixtures.builtin import TRAINED_PATH
+    from refimpl.model.ops import emulation_ctx
+    from refimpl.model.state import SeqState
+    from refimpl.model.trunk import forward, load_model
+
+    laid, rows = load_model(TRAINED_PATH, pack=True, ggml=("arm64-base", True)), load_model(TRAINED_PATH, pack=False)
+    assert laid.weights.output.cols is not None and laid.weights.layers[0].ffn.experts.down_exps.cols is not None
+    ctx = emulation_ctx("ggml", ggml="arm64-base", n_threads=2)
+    tokens = [3, 17, 5, 9, 11, 2, 8]
+    got = forward(laid, SeqState.fresh(laid.config), tokens, ctx)[0]
+    want = forward(rows, SeqState.fresh(rows.config), tokens, ctx)[0]
+    assert np.array_equal(bits(got), bits(want))
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("quant,laid_type", [("q4_k_m", QT.Q4_K), ("mxfp4", QT.MXFP4)])
+def test_the_model_is_laid_out_where_the_repacked_kernels_are(quant, laid_type):
     """``load_model(ggml=(ARM path, repack))`` lays out the matrices that path's CPU_REPACK buffer takes (K-quants,
     MXFP4), experts included, and with ``--no-repack`` or on ``arm64-base`` (which repacks nothing) those whose 1-row
     vec_dot has a layout kernel; the logits of the laid-out model equal those of the stored rows bit for bit (and
@@ -182,27 +207,26 @@ def test_the_model_is_laid_out_where_the_repacked_kernels_are():
     from refimpl.model.state import SeqState
     from refimpl.model.trunk import forward, load_model
 
-    for quant, laid_type in (("q4_k_m", QT.Q4_K), ("mxfp4", QT.MXFP4)):
-        path = fixture_path("tiny", quant)
-        for arm in ("arm64-i8mm", "arm64-dotprod-clang"):
-            laid = load_model(path, pack=True, ggml=(arm, True))
-            down = laid.weights.layers[0].ffn.experts.down_exps
-            assert down.qtype == laid_type and down.cols is not None, (quant, arm)
-            rows = load_model(path, pack=False)
-            ctx = emulation_ctx("ggml", ggml=arm, n_threads=2)
-            tokens = [3, 17, 5, 9, 11, 2, 8]
-            got = forward(laid, SeqState.fresh(laid.config), tokens, ctx)[0]
-            want = forward(rows, SeqState.fresh(rows.config), tokens, ctx)[0]
-            assert np.array_equal(bits(got), bits(want)), (quant, arm)
-        for arm, repack in (("arm64-i8mm", False), ("arm64-base", True)):  # a plain buffer: its 1-row vec_dot's
-            laid = load_model(path, pack=True, ggml=(arm, repack))
-            assert laid.weights.layers[0].ffn.experts.down_exps.cols is not None, (quant, arm, repack)
-            ctx = dataclasses.replace(emulation_ctx("ggml", ggml=arm, n_threads=2), repack=repack)
-            got = forward(laid, SeqState.fresh(laid.config), tokens[:5], ctx)[0]
-            want = forward(rows, SeqState.fresh(rows.config), tokens[:5], ctx)[0]
-            assert np.array_equal(bits(got), bits(want)), (quant, arm, repack)
-        if quant == "q4_k_m":  # its LM head is Q6_K: the stored rows on clang 14's SVE build
-            assert load_model(path, pack=True, ggml=("arm64-sve128-clang14", False)).weights.output.cols is None
+    path = fixture_path("tiny", quant)
+    for arm in ("arm64-i8mm", "arm64-dotprod-clang"):
+        laid = load_model(path, pack=True, ggml=(arm, True))
+        down = laid.weights.layers[0].ffn.experts.down_exps
+        assert down.qtype == laid_type and down.cols is not None, (quant, arm)
+        rows = load_model(path, pack=False)
+        ctx = emulation_ctx("ggml", ggml=arm, n_threads=2)
+        tokens = [3, 17, 5, 9, 11, 2, 8]
+        got = forward(laid, SeqState.fresh(laid.config), tokens, ctx)[0]
+        want = forward(rows, SeqState.fresh(rows.config), tokens, ctx)[0]
+        assert np.array_equal(bits(got), bits(want)), (quant, arm)
+    for arm, repack in (("arm64-i8mm", False), ("arm64-base", True)):  # a plain buffer: its 1-row vec_dot's
+        laid = load_model(path, pack=True, ggml=(arm, repack))
+        assert laid.weights.layers[0].ffn.experts.down_exps.cols is not None, (quant, arm, repack)
+        ctx = dataclasses.replace(emulation_ctx("ggml", ggml=arm, n_threads=2), repack=repack)
+        got = forward(laid, SeqState.fresh(laid.config), tokens[:5], ctx)[0]
+        want = forward(rows, SeqState.fresh(rows.config), tokens[:5], ctx)[0]
+        assert np.array_equal(bits(got), bits(want)), (quant, arm, repack)
+    if quant == "q4_k_m":  # its LM head is Q6_K: the stored rows on clang 14's SVE build
+        assert load_model(path, pack=True, ggml=("arm64-sve128-clang14", False)).weights.output.cols is None
 
 
 def test_layout_is_refused_where_it_does_not_apply():

@@ -44,7 +44,7 @@ import numpy as np
 from numba import prange
 
 from kernels.base.block import QT
-from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit
+from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit, per_type
 from kernels.ggml import mulmat_arm, mulmat_arm_q
 from kernels.ggml.actquant import _quantize_rows_q8_0_arm, _quantize_rows_q8_k
 from kernels.ggml.build import by_clang
@@ -81,7 +81,6 @@ def _tile_k(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, ou
     ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/256), ``ys`` (R, K/32) the sums per 32 values, ``bs`` (R, K/16) the
     bsums, ``recipe`` (R,) each row's float recipe) into ``out[orow[i], oc + j]``: sub-tile by sub-tile, super-block
     by super-block, every row against the codes while they are in the cache; each element's float steps in order."""
-    form = 1 if kk == 2 else 2 if kk == 0 else 0  # columns_ir: Q6_K's bytes, Q4_K's nibbles, Q5_K's bytes
     R = rows.shape[0]
     v = np.empty((8, 16), np.int32)  # a super-block's integers (per group, or the total) per column of a sub-tile
     isub = np.empty(8, np.int64)
@@ -93,10 +92,12 @@ def _tile_k(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, ou
         for b in range(yd.shape[1]):
             for i in range(R):
                 r = rows[i]
-                if kk == 2:
+                if kk == 2:  # columns_ir's forms (constants): 1 Q6_K's bytes, 2 Q4_K's nibbles, 0 Q5_K's bytes
                     kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 1, 1)  # v[0]: Σ_g sc_g · Σ (q - 32)·y
+                elif kk == 0:
+                    kq_groups(v, q, b, cs, n, y[r], sc, 2)  # v[s]: I_s
                 else:
-                    kq_groups(v, q, b, cs, n, y[r], sc, form)  # v[s]: I_s
+                    kq_groups(v, q, b, cs, n, y[r], sc, 0)
                 for j in range(n):
                     cj = cs + j
                     isub[0] = v[0, j]
@@ -142,7 +143,6 @@ def _tile_b32(q, d, c, nc, y, yd, fused, rows, orow, out, oc):
 def _tile_k1(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, rows, orow, out, oc):
     """The plain buffer's 1-row ``vec_dot`` (module docstring) of K-quant codes (``kk`` 0 Q4_K, 1 Q5_K, 2 Q6_K) for
     columns ``c … c + nc - 1`` of one tile, as :func:`_tile_k`'s arguments."""
-    form = 1 if kk == 2 else 2 if kk == 0 else 0
     R = rows.shape[0]
     v = np.empty((8, 16), np.int32)
     acc = np.zeros((R, TILE), F32)
@@ -152,7 +152,12 @@ def _tile_k1(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, rows, orow, out, oc):
         for b in range(yd.shape[1]):
             for i in range(R):
                 r = rows[i]
-                kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], form, 1)  # v[0]: sumi (Q6_K: of q - 32)
+                if kk == 2:  # v[0]: sumi (Q6_K: of q - 32), columns_ir's form a constant
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 1, 1)
+                elif kk == 0:
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 2, 1)
+                else:
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 0, 1)
                 for j in range(n):
                     cj = cs + j
                     o = cj - c
@@ -388,14 +393,7 @@ def _tile_lanes(q, d, c, nc, y, yd, recipe, rows, orow, out, oc):
                 for st in range(ns):
                     cs = max(c, w0 + 16 * st)
                     n = min(c + nc, w0 + 16 * st + 16) - cs
-                    if vmull and fused:  # the two flags as constants: each combination's code alone
-                        lanes_step(acc[st], h, q, 32 * b, cs, n, yr, 32 * b, True, d, b, yd[r, b], True, lanes, dj)
-                    elif vmull:
-                        lanes_step(acc[st], h, q, 32 * b, cs, n, yr, 32 * b, True, d, b, yd[r, b], False, lanes, dj)
-                    elif fused:
-                        lanes_step(acc[st], h, q, 32 * b, cs, n, yr, 32 * b, False, d, b, yd[r, b], True, lanes, dj)
-                    else:
-                        lanes_step(acc[st], h, q, 32 * b, cs, n, yr, 32 * b, False, d, b, yd[r, b], False, lanes, dj)
+                    lanes_step(acc[st], h, q, 32 * b, cs, n, yr, 32 * b, vmull, d, b, yd[r, b], fused, lanes, dj)
             ib += 2
         for st in range(ns):
             cs = max(c, w0 + 16 * st)
@@ -532,6 +530,24 @@ def _mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, q8k_fused, recipe
         _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, bs, recipe, order, bounds, experts, arow, out)
 
 
+@per_type
+def _kernels(qt, repacked):
+    """(mul_mat, mul_mat_id) compiled for one type's kernel (``repacked`` or a plain buffer's): its ``kind`` a
+    constant, so each type compiles its own code alone (kernels/base/flags.py, "One compiled copy per weight type")."""
+    kind = (KIND if repacked else PLAIN_KIND)[QT(qt)]
+    name = "cols_arm" if repacked else "cols_arm_plain"
+
+    @jit(kind=qt, variant=name)
+    def mul_mat(q, d, dmin, sc, mn, c0, c1, x, q8k_fused, recipe, out):
+        _mul_mat(kind, q, d, dmin, sc, mn, c0, c1, x, q8k_fused, recipe, out)
+
+    @jit(kind=qt, variant=name + "_id")
+    def mul_mat_id(q, d, dmin, sc, mn, c0, c1, x, ids, n_x, q8k_fused, recipe, out):
+        _mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, q8k_fused, recipe, out)
+
+    return mul_mat, mul_mat_id
+
+
 def _recipes(qt: QT, path: str, T: int, g: int, repacked: bool = True) -> np.ndarray:
     """(T,) int64: each activation row's float recipe on the kernels of ``path`` — rows ``t < g`` the gemm's, the rest
     the gemv's (K-quants: :data:`GEMM_GEMV`; 32-value blocks: 1 where :data:`FUSED` says one FMA); a plain buffer's
@@ -568,12 +584,13 @@ def mul_mat_cols_arm(cols: Columns, x: np.ndarray, path: str, repacked: bool = T
     knows that no element takes an i8mm 2-row kernel: :func:`kernels.ggml.mulmat_arm.block_mask`)."""
     x = np.ascontiguousarray(x, F32)
     T, K = x.shape
-    kind = _check(cols, path, K, repacked)
+    _check(cols, path, K, repacked)
     if cols.q.shape[0] != 1:
         raise ValueError(f"column layout of E={cols.q.shape[0]} matrices given for one")
     out = np.empty((T, cols.n_cols), F32)
-    _mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
-             _q8k_fused(path, repacked), _recipes(cols.qtype, path, T, T - T % 4, repacked), out)
+    _kernels(cols.qtype, repacked)[0](cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0,
+                                      cols.c0 + cols.n_cols, x, _q8k_fused(path, repacked),
+                                      _recipes(cols.qtype, path, T, T - T % 4, repacked), out)
     return arm_nans(out)
 
 
@@ -583,11 +600,11 @@ def mul_mat_id_cols_arm(cols: Columns, x: np.ndarray, ids: np.ndarray, path: str
     K) float32, ``ids`` (T, n_used) int32 experts in range (the caller's check) -> (T, n_used, n_cols)."""
     x = np.ascontiguousarray(x, F32)
     T, n_x, K = x.shape
-    kind = _check(cols, path, K, repacked)
+    _check(cols, path, K, repacked)
     out = np.empty((T, ids.shape[1], cols.n_cols), F32)
-    _mul_mat_id(kind, cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
-                x.reshape(T * n_x, K), np.asarray(ids, np.int32), n_x, _q8k_fused(path, repacked),
-                _recipes(cols.qtype, path, T * n_x, 0, repacked), out.reshape(T * ids.shape[1], -1))
+    _kernels(cols.qtype, repacked)[1](cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
+                                      x.reshape(T * n_x, K), np.asarray(ids, np.int32), n_x, _q8k_fused(path, repacked),
+                                      _recipes(cols.qtype, path, T * n_x, 0, repacked), out.reshape(T * ids.shape[1], -1))
     return arm_nans(out)
 
 

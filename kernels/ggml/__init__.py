@@ -41,7 +41,8 @@ against the three libggml builds):
   the dispatch among them, with the formulas; ``mulmat_generic`` — the generic path's (the ``_ref`` activation
   quantizers, then ``actdots``' generic dots);
 * ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster);
-  ``columns_ir`` — its K-quant integer steps, 16 columns at a time, as vector IR.
+  ``columns_ir`` — its K-quant integer steps, 16 columns at a time, as vector IR; ``columns_arm`` — the AArch64
+  paths' kernels (the CPU_REPACK ones and a plain buffer's 1-row ``vec_dot``) on the same layout.
 
 Approximate (llama.cpp to float-accumulation noise; path-independent):
 

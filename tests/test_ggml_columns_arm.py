@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack_arm64 import acts, acts_k, bits, weight_bytes
 
-from kernels.ggml import columns, columns_arm, columns_ir, mulmat
+from kernels.ggml import columns, columns_arm, columns_arm_lanes, columns_ir, mulmat
 
 KQ = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 B32 = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
@@ -120,8 +120,8 @@ def test_lane_dots_are_their_definition():
     for vmull in (False, True):
         for k0, c in ((0, 0), (32, 16)):
             got, want = np.zeros((4, 16), np.int32), np.zeros((4, 16), np.int32)
-            columns_arm.lane_dots(got, q, k0, c, 16, y, k0, vmull)
-            columns_arm.lane_dots_def(want, q, k0, c, 16, y, k0, vmull)
+            columns_arm_lanes.lane_dots(got, q, k0, c, 16, y, k0, vmull)
+            columns_arm_lanes.lane_dots_def(want, q, k0, c, 16, y, k0, vmull)
             assert np.array_equal(got, want), (vmull, k0, c)
             for lane in range(4):
                 idx = [2 * lane + (e & 1) + 8 * (e >> 1) if vmull else 4 * lane + e for e in range(4)]

@@ -42,7 +42,8 @@ against the three libggml builds):
   quantizers, then ``actdots``' generic dots);
 * ``columns``, ``columns_k`` — the column layout ``--pack`` builds for the SIMD paths' kernels (same bits, faster);
   ``columns_ir`` — its K-quant integer steps, 16 columns at a time, as vector IR; ``columns_arm`` — the AArch64
-  paths' kernels (the CPU_REPACK ones and a plain buffer's 1-row ``vec_dot``) on the same layout.
+  paths' kernels (the CPU_REPACK ones and a plain buffer's 1-row ``vec_dot``) on the same layout, with
+  ``columns_arm_lanes`` — Q8_0's and Q4_0's ``ggml_vdotq_s32`` lanes.
 
 Approximate (llama.cpp to float-accumulation noise; path-independent):
 

@@ -77,11 +77,12 @@ def covers(qtype, path: str, repacked: bool = True) -> bool:
 
 
 @jit()
-def _tile_k(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, out, oc):
+def _tile_k(kk, plain, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, out, oc):
     """Columns ``c … c + nc - 1`` of one tile of K-quant codes (``kk`` 0 Q4_K, 1 Q5_K, 2 Q6_K) against activation rows
     ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/256), ``ys`` (R, K/32) the sums per 32 values, ``bs`` (R, K/16) the
-    bsums, ``recipe`` (R,) each row's float recipe) into ``out[orow[i], oc + j]``: sub-tile by sub-tile, super-block
-    by super-block, every row against the codes while they are in the cache; each element's float steps in order."""
+    bsums, ``recipe`` (R,) each row's float recipe) into ``out[orow[i], oc + j]``: the repacked kernels' recipes, or
+    (``plain``) a plain buffer's 1-row ``vec_dot`` (module docstring). Sub-tile by sub-tile, super-block by
+    super-block, every row against the codes while they are in the cache; each element's float steps in order."""
     R = rows.shape[0]
     v = np.empty((8, 16), np.int32)  # a super-block's integers (per group, or the total) per column of a sub-tile
     isub = np.empty(8, np.int64)
@@ -95,12 +96,20 @@ def _tile_k(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, ou
                 r = rows[i]
                 if kk == 2:  # columns_ir's forms (constants): 1 Q6_K's bytes, 2 Q4_K's nibbles, 0 Q5_K's bytes
                     kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 1, 1)  # v[0]: Σ_g sc_g · Σ (q - 32)·y
+                elif plain and kk == 0:
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 2, 1)  # v[0]: sumi
+                elif plain:
+                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 0, 1)
                 elif kk == 0:
                     kq_groups(v, q, b, cs, n, y[r], sc, 2)  # v[s]: I_s
                 else:
                     kq_groups(v, q, b, cs, n, y[r], sc, 0)
                 for j in range(n):
                     cj = cs + j
+                    o = cj - c
+                    if plain:
+                        acc[i, o] = _vec_dot_step(kk, v[0, j], mn, ys[r], b, cj, d[b, cj], dmin, yd[r, b], acc[i, o])
+                        continue
                     isub[0] = v[0, j]
                     dm = F32(0.0)
                     if kk != 2:
@@ -110,11 +119,26 @@ def _tile_k(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, recipe, rows, orow, ou
                             s0 = 8 * b + 2 * k
                             m4[k] = np.int64(mn[s0, cj]) * ys[r, s0] + np.int64(mn[s0 + 1, cj]) * ys[r, s0 + 1]
                         dm = dmin[b, cj]
-                    o = cj - c
                     acc[i, o] = super_block(kk, recipe[r], isub, m4, d[b, cj], dm, yd[r, b], acc[i, o])
     for i in range(R):
         for j in range(nc):
             out[orow[i], oc + j] = acc[i, j]
+
+
+@jit()
+def _vec_dot_step(kk, sumi, mn, ysr, b, cj, dw, dmin, yd, acc):
+    """A plain buffer's 1-row ``vec_dot``, super-block ``b`` of column ``cj`` (module docstring): ``sumi`` its integer,
+    the mins ``mn`` against the activation row's sums per 32 values ``ysr``, ``dw`` its ``d``."""
+    db = F32(yd * dw)
+    if kk == 2:  # Q6_K
+        return fma32(db, F32(sumi), acc)
+    bias = np.int64(0)
+    for s in range(8 * b, 8 * b + 8):
+        bias += np.int64(mn[s, cj]) * ysr[s]
+    dm = F32(yd * dmin[b, cj])
+    if kk == 0:  # Q4_K: fmsub, then fmadd
+        return fma32(F32(sumi), db, fma32(-F32(bias), dm, acc))
+    return acc + fma32(F32(sumi), db, -F32(F32(bias) * dm))  # Q5_K: fnmsub, then fadd
 
 
 @jit()
@@ -138,45 +162,6 @@ def _tile_b32(q, d, c, nc, y, yd, fused, rows, orow, out, oc):
                     acc[j] = acc[j] + F32(dd * F32(dots[j]))  # vmlaq_f32: fmul, fadd
         for j in range(nc):
             out[orow[i], oc + j] = acc[j]
-
-
-@jit()
-def _tile_k1(kk, q, d, dmin, sc, mn, c, nc, y, yd, ys, bs, rows, orow, out, oc):
-    """The plain buffer's 1-row ``vec_dot`` (module docstring) of K-quant codes (``kk`` 0 Q4_K, 1 Q5_K, 2 Q6_K) for
-    columns ``c … c + nc - 1`` of one tile, as :func:`_tile_k`'s arguments."""
-    R = rows.shape[0]
-    v = np.empty((8, 16), np.int32)
-    acc = np.zeros((R, TILE), F32)
-    for w0 in range(c - c % 16, c + nc, 16):
-        cs = max(c, w0)
-        n = min(c + nc, w0 + 16) - cs
-        for b in range(yd.shape[1]):
-            for i in range(R):
-                r = rows[i]
-                if kk == 2:  # v[0]: sumi (Q6_K: of q - 32), columns_ir's form a constant
-                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 1, 1)
-                elif kk == 0:
-                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 2, 1)
-                else:
-                    kq(v, q, b, 0, 8, cs, n, y[r], sc, bs[r], 0, 1)
-                for j in range(n):
-                    cj = cs + j
-                    o = cj - c
-                    db = F32(yd[r, b] * d[b, cj])
-                    if kk == 2:
-                        acc[i, o] = fma32(db, F32(v[0, j]), acc[i, o])
-                        continue
-                    bias = np.int64(0)
-                    for s in range(8 * b, 8 * b + 8):
-                        bias += np.int64(mn[s, cj]) * ys[r, s]
-                    dm = F32(yd[r, b] * dmin[b, cj])
-                    if kk == 0:  # Q4_K: fmsub, then fmadd
-                        acc[i, o] = fma32(F32(v[0, j]), db, fma32(-F32(bias), dm, acc[i, o]))
-                    else:  # Q5_K: fnmsub, then fadd
-                        acc[i, o] = acc[i, o] + fma32(F32(v[0, j]), db, -F32(F32(bias) * dm))
-    for i in range(R):
-        for j in range(nc):
-            out[orow[i], oc + j] = acc[i, j]
 
 
 @jit()
@@ -222,11 +207,11 @@ def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, bs, recipe, rows, oro
     elif kind >= 7:
         _tile_b32_1(kind == 7, q[t], d[t], c - TILE * t, nc, y, yd, rows, orow, out, c - c0)
     elif kind >= 4:
-        _tile_k1(kind - 4, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, rows, orow, out,
-                 c - c0)
+        _tile_k(kind - 4, True, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, recipe, rows, orow,
+                out, c - c0)
     else:
-        _tile_k(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, recipe, rows, orow, out,
-                c - c0)
+        _tile_k(kind, False, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, bs, recipe, rows, orow,
+                out, c - c0)
 
 
 @jit(parallel=True)

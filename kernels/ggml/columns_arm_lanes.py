@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.columns import TILE
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
@@ -158,6 +159,64 @@ if JIT_ENABLED:
 
         return sig, codegen
 
+    @intrinsic
+    def _lanes_tile_ir(typingctx, acc, q, y, yd, d, npairs, vmull, fused):
+        """:func:`_lanes_step16_ir` for a whole tile (4 sub-tiles of 16 columns) and every pair of blocks ``0 …
+        2·npairs - 1`` in one loop, the 4 × 2 × 4 accumulators in registers (stored to ``acc`` (4, 2, 4, 16) float32
+        at the end, after they start from it): the same float operations per column, in the same order. ``yd`` (nb,)
+        the activation row's scales."""
+        if not (_arrays_ok(acc, q, y, yd, d) and acc.dtype == d.dtype == yd.dtype == types.float32
+                and q.dtype == y.dtype == types.int8):
+            return None
+        sig = types.void(acc, q, y, yd, d, types.int64, vmull, fused)
+
+        def codegen(context, b, signature, args):
+            ts = signature.args
+            aa, qa, ya, yda, da = (context.make_array(ts[i])(context, b, args[i]) for i in range(5))
+            l64, i32, f16 = ir.IntType(64), ir.IntType(32), ir.VectorType(ir.FloatType(), 16)
+            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(f16, [f16] * 3), "llvm.fma.v16f32")
+            vm, use_fma = _flag(context, b, args[6], ts[6]), _flag(context, b, args[7], ts[7])
+
+            def k(n):
+                return ir.Constant(l64, n)
+
+            def acc_ptr(st, h, lane):
+                return b.bitcast(cgutils.get_item_pointer(context, b, ts[0], aa, [k(st), k(h), k(lane), k(0)]),
+                                 f16.as_pointer())
+
+            slots = {}
+            for key in ((st, h, lane) for st in range(4) for h in range(2) for lane in range(4)):
+                slots[key] = cgutils.alloca_once(b, f16)  # promoted to registers by LLVM
+                b.store(b.load(acc_ptr(*key), align=4), slots[key])
+            with cgutils.for_range(b, args[5]) as loop:
+                for h in range(2):
+                    blk = b.add(b.mul(loop.index, k(2)), k(h))
+                    k0 = b.mul(blk, k(32))
+                    ydv = b.load(cgutils.get_item_pointer(context, b, ts[3], yda, [blk]))
+                    ydv = b.shuffle_vector(b.insert_element(ir.Constant(f16, None), ydv, ir.Constant(i32, 0)),
+                                           ir.Constant(f16, None), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+                    for st in range(4):
+                        vecs = _lanes16(context, b, ts[1], qa, k0, k(16 * st), ts[2], ya, k0, vm)
+                        pd = cgutils.get_item_pointer(context, b, ts[4], da, [blk, k(16 * st)])
+                        dj = b.fmul(b.load(b.bitcast(pd, f16.as_pointer()), align=4), ydv)  # vmulq_f32
+                        for lane, vec in enumerate(vecs):
+                            a, fl = b.load(slots[st, h, lane]), b.sitofp(vec, f16)
+                            if use_fma is True or use_fma is False:
+                                new = b.call(fma, [fl, dj, a]) if use_fma else b.fadd(a, b.fmul(fl, dj))
+                            else:
+                                new = b.select(use_fma, b.call(fma, [fl, dj, a]), b.fadd(a, b.fmul(fl, dj)))
+                            b.store(new, slots[st, h, lane])
+            for key, slot in slots.items():
+                b.store(b.load(slot), acc_ptr(*key), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def lanes_tile(acc, q, y, yd, d, npairs, vmull, fused):
+        """:func:`_lanes_tile_ir` (a whole tile, every pair of blocks)."""
+        _lanes_tile_ir(acc, q, y, yd, d, np.int64(npairs), vmull, fused)
+
     @jit()
     def lanes_step(acc, h, q, k0, c, nc, y, yo, vmull, d, blk, yd, fused, lanes, dj):
         """:func:`_tile_lanes`'s float step of one block — 16 columns as vector IR, else by the definitions."""
@@ -176,6 +235,15 @@ if JIT_ENABLED:
             lane_dots_def(lanes, q, k0, c, nc, y, yo, vmull)
 else:
     lane_dots = lane_dots_def
+
+    def lanes_tile(acc, q, y, yd, d, npairs, vmull, fused):
+        lanes = np.empty((4, 16), np.int32)
+        dj = np.empty(16, F32)
+        for ib in range(npairs):
+            for h in range(2):
+                for st in range(4):
+                    lanes_step_def(acc[st], h, q, 64 * ib + 32 * h, 16 * st, 16, y, 64 * ib + 32 * h, vmull, d,
+                                   2 * ib + h, yd[2 * ib + h], fused, lanes, dj)
 
     def lanes_step(acc, h, q, k0, c, nc, y, yo, vmull, d, blk, yd, fused, lanes, dj):
         lanes_step_def(acc, h, q, k0, c, nc, y, yo, vmull, d, blk, yd, fused, lanes, dj)
@@ -199,6 +267,9 @@ def tile_lanes(q, d, c, nc, y, yd, recipe, rows, orow, out, oc):
         lk, vmull, fused = recipe[r] & 15, (recipe[r] >> 4) & 1 == 1, (recipe[r] >> 5) & 1 == 1
         acc[:] = 0
         ib = 0
+        if c == 0 and nc == TILE and ns == 4:  # a whole tile: every pair of blocks in one vector loop
+            lanes_tile(acc, q, yr, yd[r], d, nb // 2, vmull, fused)
+            ib = nb - nb % 2
         while ib + 1 < nb:
             for h in range(2):
                 b = ib + h
@@ -229,4 +300,4 @@ def tile_lanes(q, d, c, nc, y, yd, recipe, rows, orow, out, oc):
                 out[orow[i], oc + cs - c + j] = sumf
 
 
-__all__ = ["lane_dots", "lane_dots_def", "lanes_step", "lanes_step_def", "tile_lanes"]
+__all__ = ["lane_dots", "lane_dots_def", "lanes_step", "lanes_step_def", "lanes_tile", "tile_lanes"]

@@ -45,12 +45,13 @@ from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
-from kernels.ggml import mulmat_arm, mulmat_arm_q
+from kernels.ggml import mulmat_arm
 from kernels.ggml.actquant import _quantize_rows_q8_0_arm, _quantize_rows_q8_k
 from kernels.ggml.build import by_clang
 from kernels.ggml.columns import TILE, Columns, _dots
 from kernels.ggml.columns_arm_lanes import tile_lanes
 from kernels.ggml.columns_ir import kq, kq_groups
+from kernels.ggml.mulmat_k import pair_sums
 from kernels.ggml.mulmat_q8 import slot_groups
 from kernels.ggml.repack_arm import FUSED, KERNELS_OF, REPACK_ARM, arm_nans
 from kernels.ggml.repack_arm_k import GEMM_GEMV, Q8_K_FUSED, quantize_rows_q8_k_arm, super_block
@@ -277,13 +278,7 @@ def _inputs(kind, x, q8k_fused):
         _quantize_rows_q8_k(x, y, yd, b16, q8k_fused)
     else:
         quantize_rows_q8_k_arm(x, y, yd, b16, q8k_fused)
-    bs = np.empty((R, K // 16), np.int64)
-    ys = np.empty((R, K // 32), np.int64)
-    for r in range(R):
-        for s in range(K // 32):  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
-            bs[r, 2 * s], bs[r, 2 * s + 1] = b16[r, 2 * s], b16[r, 2 * s + 1]
-            ys[r, s] = bs[r, 2 * s] + bs[r, 2 * s + 1]
-    return y, yd, ys, bs
+    return y, yd, pair_sums(b16), b16.astype(np.int64)  # vpaddq_s16 (no int16 wrap: |sum| <= 32·128)
 
 
 @jit()
@@ -333,21 +328,20 @@ def _recipes(qt: QT, path: str, T: int, g: int, repacked: bool = True) -> np.nda
     if not repacked:  # one recipe: the lanes' kernel (its kind, arm64-base's vmull, fused) or none to pass
         if PLAIN_KIND[qt] != 9:
             return np.zeros(T, np.int64)
-        lk = mulmat_arm.BLOCK32_KINDS.get(path, {}).get(qt, 0) or mulmat_arm_q.BLOCK32[qt][1]
-        fused = by_clang(path) or lk in (7, 8)
+        lk = mulmat_arm.block32_kind(qt, path)
+        fused = by_clang(path) or lk in (7, 8)  # as mulmat_arm_q.block32_rows: clang's fmla, SVE's svmla
         return np.full(T, lk + 16 * (path in mulmat_arm.BASE_PATHS) + 32 * fused, np.int64)
     kp = KERNELS_OF[path]
     gemm, gemv = GEMM_GEMV[(qt, kp)] if KIND[qt] < 3 else (int(f) for f in FUSED[(qt, kp)])
     return np.where(np.arange(T) < g, gemm, gemv).astype(np.int64)
 
 
-def _check(cols: Columns, path: str, K: int, repacked: bool) -> int:
+def _check(cols: Columns, path: str, K: int, repacked: bool) -> None:
     if not covers(cols.qtype, path, repacked):
         where = "repacked" if repacked else "in a plain buffer"
         raise ValueError(f"column layout: {cols.qtype.name} {where} on {path} has no AArch64 kernel here")
     if cols.K != K:
         raise ValueError(f"column layout of K={cols.K} given for activations of K={K}")
-    return KIND[cols.qtype] if repacked else PLAIN_KIND[cols.qtype]
 
 
 def _q8k_fused(path: str, repacked: bool) -> bool:

@@ -427,5 +427,5 @@ def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
         q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin)
 
 
-__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_groups", "kq_groups", "kq_groups_def", "kq16_q4k", "kq_def", "kq_fma", "kq_q4k", "lanes_fma_def", "q4k_fma_def",
-           "quad_row"]
+__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_groups", "kq16_q4k", "kq_def", "kq_fma", "kq_groups", "kq_groups_def",
+           "kq_q4k", "lanes_fma_def", "q4k_fma_def", "quad_row"]

@@ -37,7 +37,7 @@ build contracts into one ``fmla``) are in :mod:`kernels.ggml.mulmat_arm_q`, with
 ``arm64-base`` (armv8-a) runs the same kernels with nrows 1 and GCC's same float choices (the float instructions of
 every ``vec_dot`` read in the three builds agree up to scheduling), but ``ggml_vdotq_s32`` is emulated with
 ``vmull_s8`` + ``vpaddlq_s16``: the same sums, other lanes — which matters where lanes are float accumulators (Q8_0,
-Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._block32_1row``'s ``vmull``) — and F16's dot is in float
+Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._lanes_1row``'s ``vmull``) — and F16's dot is in float
 (:func:`kernels.ggml.vec.vec_dot_f16` with ``NEON_F32C``).
 
 ``arm64-sve128`` (SVE2 at 128 bits, with i8mm): the NEON kernels of the i8mm build where its ``vec_dot`` has no SVE
@@ -211,8 +211,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             v, dw, mw = np.ascontiguousarray(w_bytes).view(np.int8), _NO_SCALES, _NO_SCALES
         else:
             v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
-        kind = BLOCK32_KINDS.get(path, {}).get(qtype, 0)
-        mulmat_arm_q.block32_rows(kind or mulmat_arm_q.BLOCK32[qtype][1], v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
+        mulmat_arm_q.block32_rows(block32_kind(qtype, path), v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
                                   path in BASE_PATHS, clang, raw)
     elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC (not by clang)
         yq, yd, ybs = _q8_k_rows(x, fused=not clang)
@@ -225,6 +224,12 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
 
 
 _NO_SCALES = np.zeros((0, 0), np.float32)  # Q8_0's scales are read from its bytes
+
+
+def block32_kind(qtype: QT, path: str) -> int:
+    """The :data:`kernels.ggml.mulmat_arm_q.BLOCK32` kernel ``kind`` of a 32-value type's 1-row ``vec_dot`` on the ARM
+    ``path`` (its own kind where :data:`BLOCK32_KINDS` says the path's build differs)."""
+    return BLOCK32_KINDS.get(path, {}).get(qtype) or mulmat_arm_q.BLOCK32[qtype][1]
 
 
 def arm_default_nan(out: np.ndarray) -> np.ndarray:

@@ -202,15 +202,24 @@ else:
 
 
 @jit()
-def _lanes_1row(kind, v, dw, r, xq, xd, t, vmull, fused, raw, tab):
-    """:func:`_block32_1row` of the kinds without mins (Q8_0, Q4_0, Q5_0: 0, 1, 6, 7, 8), its lanes in registers: the
-    same float steps, in the same order (``raw``, ``tab``: :func:`_wblock`)."""
+def _lanes_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, fused, raw, tab):
+    """One element of the 1-row ``vec_dot`` of the lane kernels (module docstring: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 —
+    kinds 0, 1, 4–8): blocks in pairs, each block's 4 ``ggml_vdotq_s32`` lanes (:func:`_lanes32`; ``vmull``: the
+    ``arm64-base`` order) into ``sumv0`` (even blocks) or ``sumv1`` (odd), lane by lane ``sumv + float(lane)·d``
+    rounded twice or (``fused``: clang's ``vmlaq_n_f32``, SVE's ``svmla``) once, Q4_1's / Q5_1's mins beside; the
+    lanes' sums, then an odd last block. ``raw``, ``tab``: :func:`_wblock`."""
     nb = xd.shape[1]
     vr, xr = v[r], xq[t]
     a0, a1, a2, a3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)  # sumv0
     b0, b1, b2, b3 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)  # sumv1
+    summs, summs1 = F32(0.0), F32(0.0)
     ib = 0
     while ib + 1 < nb:
+        if kind == 4:  # Q4_1: summs += m0·s0 + m1·s1, the first product fused
+            summs = F32(summs + fma32(mw[r, ib], xs[t, ib], F32(mw[r, ib + 1] * xs[t, ib + 1])))
+        elif kind == 5:  # Q5_1: summs0 += m0·s0, summs1 += m1·s1 (fused)
+            summs = fma32(mw[r, ib], xs[t, ib], summs)
+            summs1 = fma32(mw[r, ib + 1], xs[t, ib + 1], summs1)
         vo, dwb = _wblock(v, dw, r, ib, raw, tab)
         d = F32(dwb * xd[t, ib])
         l0, l1, l2, l3 = _lanes32(vr, np.int64(vo), xr, np.int64(32 * ib), vmull)
@@ -232,6 +241,10 @@ def _lanes_1row(kind, v, dw, r, xq, xd, t, vmull, fused, raw, tab):
         sumf = F32(F32(F32(a0 + b0) + F32(a1 + b1)) + F32(F32(a2 + b2) + F32(a3 + b3)))
     else:
         sumf = F32(F32(F32(a0 + a1) + F32(a2 + a3)) + F32(F32(b0 + b1) + F32(b2 + b3)))
+    if kind == 4 or kind == 5:
+        sumf = F32(sumf + summs)
+        if kind == 5:
+            sumf = F32(sumf + summs1)
     for b in range(ib, nb):  # the odd last block
         vo, dwb = _wblock(v, dw, r, b, raw, tab)
         if kind == 6:  # Q5_0 on arm64-i8mm: GCC's USDOT reads the values v - 16 as unsigned bytes
@@ -241,82 +254,32 @@ def _lanes_1row(kind, v, dw, r, xq, xd, t, vmull, fused, raw, tab):
             sumf = fma32(F32(dot), F32(dwb * xd[t, b]), sumf)
         elif kind == 0 or kind == 7:
             sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b, vo)), F32(dwb * xd[t, b]), sumf)
-        else:
+        elif kind == 1 or kind == 8:
             sumf = fma32(F32(F32(_dot32(v, r, xq, t, 32 * b, vo)) * dwb), xd[t, b], sumf)
+        else:  # Q4_1, Q5_1: sumf += (d_w·d_x)·sumi + m·s, the first product fused
+            sumi = F32(_dot32(v, r, xq, t, 32 * b, vo))
+            sumf = F32(sumf + fma32(F32(dwb * xd[t, b]), sumi, F32(mw[r, b] * xs[t, b])))
     return sumf
 
 
 @jit()
-def _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang, s0, s1):
-    """One element of the 1-row ``vec_dot`` (see the module docstring). ``vmull``: ``ggml_vdotq_s32`` without
-    dotprod (``arm64-base``: ``vmull_s8`` + ``vpaddlq_s16``), whose lane ``l`` sums bytes 2l, 2l+1, 2l+8, 2l+9 of
-    each 16 (``sdot``'s: 4l … 4l+3). ``clang``: the clang build, whose ``vmlaq_n_f32`` is one ``fmla``. ``s0``, ``s1``
-    (4,) float32 scratch: ``sumv0``, ``sumv1``."""
+def _pairs_1row(kind, v, dw, r, xq, xd, t):
+    """One element of the 1-row ``vec_dot`` of MXFP4 (``kind`` 2) or IQ4_NL (3), blocks in pairs: ``sumf += dA·sA +
+    dB·sB`` (``d = dx·dw``), one product rounded and the other fused (module docstring); an odd last block
+    ``fma(float(sumi), d, sumf)``."""
     nb = dw.shape[1]
     sumf = F32(0.0)
-    summs, summs1 = F32(0.0), F32(0.0)
     ib = 0
-    if kind == 2 or kind == 3:  # MXFP4 (the first block's product rounded, the second's fused), IQ4_NL (the other way round)
-        while ib + 1 < nb:
-            da, db = F32(xd[t, ib] * dw[r, ib]), F32(xd[t, ib + 1] * dw[r, ib + 1])
-            sa, sb = F32(_dot32(v, r, xq, t, 32 * ib)), F32(_dot32(v, r, xq, t, 32 * ib + 32))
-            if kind == 2:
-                sumf = F32(sumf + fma32(sb, db, F32(sa * da)))
-            else:
-                sumf = F32(sumf + fma32(sa, da, F32(sb * db)))
-            ib += 2
-        for b in range(ib, nb):
-            sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b)), F32(xd[t, b] * dw[r, b]), sumf)
-        return sumf
-    s0[:] = 0
-    s1[:] = 0
-    sve = kind == 7 or kind == 8  # SVE-128 Q8_0 / Q4_0: svmla_n_f32_x (fused), svaddv of sumv0 + sumv1
-    fused = sve or clang  # the lanes' multiply-accumulate one rounding: svmla, or clang's contracted vmlaq_n_f32
     while ib + 1 < nb:
-        if kind == 4:  # Q4_1: summs += m0·s0 + m1·s1, the first product fused
-            summs = F32(summs + fma32(mw[r, ib], xs[t, ib], F32(mw[r, ib + 1] * xs[t, ib + 1])))
-        elif kind == 5:  # Q5_1: summs0 += m0·s0, summs1 += m1·s1 (fused)
-            summs = fma32(mw[r, ib], xs[t, ib], summs)
-            summs1 = fma32(mw[r, ib + 1], xs[t, ib + 1], summs1)
-        for h in range(2):
-            b = ib + h
-            d = F32(dw[r, b] * xd[t, b])
-            dots = _lanes32(v[r], np.int64(32 * b), xq[t], np.int64(32 * b), vmull)
-            for lane in range(4):
-                dot = dots[lane]
-                if fused:
-                    if h == 0:
-                        s0[lane] = fma32(F32(dot), d, s0[lane])
-                    else:
-                        s1[lane] = fma32(F32(dot), d, s1[lane])
-                elif h == 0:
-                    s0[lane] = F32(s0[lane] + F32(F32(dot) * d))
-                else:
-                    s1[lane] = F32(s1[lane] + F32(F32(dot) * d))
+        da, db = F32(xd[t, ib] * dw[r, ib]), F32(xd[t, ib + 1] * dw[r, ib + 1])
+        sa, sb = F32(_dot32(v, r, xq, t, 32 * ib)), F32(_dot32(v, r, xq, t, 32 * ib + 32))
+        if kind == 2:
+            sumf = F32(sumf + fma32(sb, db, F32(sa * da)))
+        else:
+            sumf = F32(sumf + fma32(sa, da, F32(sb * db)))
         ib += 2
-    if sve:
-        for lane in range(4):
-            s0[lane] = F32(s0[lane] + s1[lane])
-        sumf = F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3]))  # FADDV: (l0 + l1) + (l2 + l3)
-    else:
-        sumf = F32(F32(F32(s0[0] + s0[1]) + F32(s0[2] + s0[3])) + F32(F32(s1[0] + s1[1]) + F32(s1[2] + s1[3])))
-    if kind >= 4:
-        sumf = F32(sumf + summs)
-        if kind == 5:
-            sumf = F32(sumf + summs1)
     for b in range(ib, nb):
-        sumi = F32(_dot32(v, r, xq, t, 32 * b))
-        if kind == 6:  # Q5_0 on arm64-i8mm: GCC's USDOT reads the values v - 16 as unsigned bytes
-            dot = 0
-            for j in range(32):
-                dot += (np.int64(v[r, 32 * b + j]) & 255) * xq[t, 32 * b + j]
-            sumf = fma32(F32(dot), F32(dw[r, b] * xd[t, b]), sumf)
-        elif kind == 0 or kind == 7:
-            sumf = fma32(sumi, F32(dw[r, b] * xd[t, b]), sumf)
-        elif kind == 1 or kind == 8:
-            sumf = fma32(F32(sumi * dw[r, b]), xd[t, b], sumf)
-        else:  # Q4_1, Q5_1: sumf += (d_w·d_x)·sumi + m·s, the first product fused
-            sumf = F32(sumf + fma32(F32(dw[r, b] * xd[t, b]), sumi, F32(mw[r, b] * xs[t, b])))
+        sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b)), F32(xd[t, b] * dw[r, b]), sumf)
     return sumf
 
 
@@ -340,20 +303,20 @@ def _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang, raw, tab):
 def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False, clang=False, raw=False, tab=F16_TO_F32):
     """``out[t, r]`` for decoded 32-value weight rows (:func:`decode_block32`) and Q8_0 / Q8_1 activations ``xq``
     (T, K) int8, ``xd`` (T, nb), ``xs`` (T, nb) Q8_1's s (or anything: unused); ``two`` (T, N) bool: the elements of
-    2-row kernels (or (0, 0): none); ``vmull``: the lanes of ``arm64-base`` (:func:`_block32_1row`); ``clang``: the
+    2-row kernels (or (0, 0): none); ``vmull``: the lanes of ``arm64-base`` (:func:`_lanes_1row`); ``clang``: the
     ``arm64-i8mm-clang`` build's contractions; ``raw``: ``v`` Q8_0's stored rows as int8, read in place (``dw``
     unused; :func:`_wblock`). Every element is computed alone: the weight rows split between threads change no bit."""
     has_two = two.shape[0] > 0
+    fused = clang or kind == 7 or kind == 8  # the lanes' multiply-accumulate: clang's fmla, SVE's svmla
     for tile in prange((v.shape[0] + ROW_TILE - 1) // ROW_TILE):  # independent elements: ROW_TILE weight rows a task
-        s = np.empty((2, 4), np.float32)
         for r in range(tile * ROW_TILE, min(tile * ROW_TILE + ROW_TILE, v.shape[0])):
             for t in range(xq.shape[0]):
                 if has_two and two[t, r]:
                     out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang, raw, tab)
-                elif kind == 2 or kind == 3 or kind == 4 or kind == 5:  # MXFP4, IQ4_NL; Q4_1, Q5_1 (the mins)
-                    out[t, r] = _block32_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, clang, s[0], s[1])
+                elif kind == 2 or kind == 3:  # MXFP4, IQ4_NL
+                    out[t, r] = _pairs_1row(kind, v, dw, r, xq, xd, t)
                 else:
-                    out[t, r] = _lanes_1row(kind, v, dw, r, xq, xd, t, vmull, clang or kind == 7 or kind == 8, raw, tab)
+                    out[t, r] = _lanes_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, fused, raw, tab)
 
 
 @jit()

@@ -49,8 +49,11 @@ def pytest_configure(config):
     cleared there (kernels/base/flags.py), before pytest-xdist's workers start and compile into it. In a
     worker, one numba thread: the workers share the cores (a parallel region's barrier then waits on
     a busy core), and the thread count never changes a bit (docs/numerics.md); the tests that vary it
-    set it themselves."""
+    set it themselves. No first run's second process (refimpl/cli/compile_ahead.py) beside a test that calls
+    ``refimpl run --emulate=ggml`` on a cold cache: tests/test_compile_ahead.py starts it where it is tested."""
     import kernels  # noqa: F401
+
+    os.environ["REFIMPL_COMPILE_AHEAD"] = "0"
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import numba

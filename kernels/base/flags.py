@@ -18,7 +18,10 @@ directly), so the flags below are the whole story of how kernel code is compiled
     ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
     whole package and clear it when any ``kernels/*.py`` file changes — in ``kernels/__pycache__`` or, with
     ``NUMBA_CACHE_DIR`` set, in numba's directory for this package there (:func:`cache_dirs`). Processes
-    that compile into one cache at once save one at a time (:func:`_lock_cache_saves`).
+    that compile into one cache at once save one at a time (:func:`_lock_cache_saves`), and compile each
+    kernel once: a process about to compile a kernel that another one is compiling waits for it and loads
+    its machine code from the cache (:func:`_lock_compiles`; the first run's second process,
+    ``refimpl/cli/compile_ahead.py``, relies on it).
 One compiled copy per weight type
     A kernel that depends on the weight type is compiled once per type, for the types a model
     actually has, never for all of them: the type code ``kind`` is a compile-time constant. A
@@ -91,7 +94,7 @@ from pathlib import Path
 
 import numba
 from numba import types
-from numba.core import ir
+from numba.core import ir, sigutils
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.untyped_passes import InlineClosureLikes
@@ -217,12 +220,16 @@ def cache_dirs() -> list[Path]:
     ``kernels/base/``, ``kernels/lanes/`` …), or with ``NUMBA_CACHE_DIR`` set, numba's subdirectory for
     each folder there (named as numba's ``UserProvidedCacheLocator`` names it)."""
     folders = sorted({path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts})
+    return [cache_dir(folder) for folder in folders]
+
+
+def cache_dir(folder: Path) -> Path:
+    """Where numba caches the kernels of one source folder (:func:`cache_dirs`)."""
     if numba.config.CACHE_DIR:
         from numba.core.caching import UserProvidedCacheLocator
 
-        return [Path(numba.config.CACHE_DIR) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "x.py"))
-                for folder in folders]
-    return [folder / "__pycache__" for folder in folders]
+        return Path(numba.config.CACHE_DIR) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "x.py"))
+    return folder / "__pycache__"
 
 
 def _source_digest() -> str:
@@ -259,6 +266,68 @@ def _drop_stale_cache() -> None:
             stamp_file.write_text(stamp)
         except OSError:  # read-only tree: numba falls back to its user-wide cache directory
             pass
+
+
+COMPILE_WAIT_S = 60.0  # the longest a process waits for another one's compile of a kernel before compiling it too
+
+
+def _flock(path: str, wait_s: float):
+    """An exclusive ``flock`` on ``path`` (created if missing), waited for at most ``wait_s`` seconds: the open file
+    descriptor (closing it releases the lock), or None when the file cannot be made, the system has no ``flock``
+    (Windows), or the wait ran out."""
+    import time
+
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except (ImportError, OSError):
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.005)
+        except OSError:
+            os.close(fd)
+            return None
+
+
+def _lock_compiles() -> None:
+    """Make numba's ``Dispatcher.compile`` (a kernel's new signature: loaded from the cache, or compiled and saved)
+    hold an exclusive ``flock`` on ``<index>.compiling`` while it looks in the cache, compiles and saves.
+
+    Two processes that need one kernel on an empty cache (two ``refimpl`` runs, the suite's workers, a run and its
+    compile-ahead process) would otherwise both compile it; under the lock the second one waits and then finds the
+    first one's machine code in the cache (``Dispatcher.compile`` looks there first). One lock per kernel, all of its
+    signatures: the kernels call each other without cycles, so two processes each holding one kernel's lock while
+    waiting for a callee's never wait for each other. A kernel already compiled in this process takes no lock; a
+    kernel without a disk cache neither. After :data:`COMPILE_WAIT_S` (another process stopped while holding it) a
+    process compiles the kernel itself, as it would without the lock: the same machine code."""
+    from numba.core.dispatcher import Dispatcher
+
+    compile_ = Dispatcher.compile
+    if getattr(compile_, "locked", False):
+        return
+
+    def locked_compile(self, sig):
+        index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
+        if index is None or self.overloads.get(tuple(sigutils.normalize_signature(sig)[0])) is not None:
+            return compile_(self, sig)
+        fd = _flock(index + ".compiling", COMPILE_WAIT_S)
+        try:
+            return compile_(self, sig)
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the lock
+
+    locked_compile.locked = True
+    Dispatcher.compile = locked_compile
 
 
 def _lock_cache_saves() -> None:
@@ -298,3 +367,4 @@ def _lock_cache_saves() -> None:
 
 _drop_stale_cache()
 _lock_cache_saves()
+_lock_compiles()

@@ -62,15 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser().parse_args(argv)
         check_numerics(args)  # a flag combination that cannot work is refused before any work
         with np.errstate(all="ignore"):  # IEEE arithmetic as in C: inf/NaN weights compute, silently (refimpl.model.ops.ieee)
             if args.func in _NO_KERNELS:
                 return args.func(args)
+            from refimpl.cli import compile_ahead
             from refimpl.cli.compile_report import compile_report
 
-            with compile_report():  # the first run's "compiling kernels …" lines
-                return args.func(args)
+            # run --emulate=ggml on an empty numba cache: a second process compiles the kernels the run meets last
+            args.compile_ahead = compile_ahead.start(args, argv) if args.func is run.cmd_run else None
+            try:
+                with compile_report(ahead=args.compile_ahead is not None):  # the first run's "compiling kernels …" lines
+                    return args.func(args)
+            finally:
+                if args.compile_ahead is not None:
+                    args.compile_ahead.close()
     except RefimplError as exc:
         print(f"refimpl: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -23,6 +23,8 @@ import time
 
 from numba.core import event
 
+from refimpl.cli.compile_ahead import ENV
+
 
 _ACTIVE: list["CompileReport"] = []  # the reports listening now (``compile_report`` blocks)
 
@@ -31,8 +33,9 @@ class CompileReport(event.Listener):
     """Listener for ``numba:compile``: a header at the first compilation, one line per top-level kernel
     (one that Python called, with everything it pulled in), and :meth:`close`'s summary."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, ahead: bool = False):
         self.stream = stream
+        self.ahead = ahead  # a second process compiles beside this one (refimpl/cli/compile_ahead.py)
         self.types: list[str] = []  # the model's weight types, for the header (:func:`name_types`)
         self.depth = 0
         self.t0 = 0.0
@@ -65,14 +68,16 @@ class CompileReport(event.Listener):
     def close(self) -> None:
         """The summary line, when anything was compiled."""
         if self.kernels:
-            self._write(f"refimpl: compiled {self.kernels} kernel{'s' if self.kernels != 1 else ''} in {self.seconds:.1f} s")
+            beside = f" (a second process compiled others beside it: {ENV}=0 turns it off)" if self.ahead else ""
+            self._write(f"refimpl: compiled {self.kernels} kernel{'s' if self.kernels != 1 else ''} in {self.seconds:.1f} s"
+                        + beside)
 
 
 class compile_report:
     """``with compile_report():`` — report numba compilations on stderr during the block."""
 
-    def __init__(self, stream=None):
-        self.report = CompileReport(stream)
+    def __init__(self, stream=None, ahead: bool = False):
+        self.report = CompileReport(stream, ahead)
 
     def __enter__(self) -> CompileReport:
         event.register("numba:compile", self.report)

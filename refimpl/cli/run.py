@@ -74,6 +74,8 @@ def cmd_run(args) -> int:
         prompt = tok.encode(args.prompt, parse_special=True, faults=args.faults)
         if not prompt:
             raise RefimplError("the prompt encodes to no tokens")
+    if getattr(args, "compile_ahead", None) is not None:  # the first run's second process walks this prompt's shapes
+        args.compile_ahead.begin(len(prompt))
     spec = _speculative_options(args, model, ctx)
     stream = _TextStream(tok) if not args.json else None
     bar = tqdm(total=args.n_predict, desc="generating", unit="tok", file=sys.stderr, disable=None, leave=False)

@@ -80,6 +80,7 @@ from refimpl.io.expert_slices import (
     expert_tensors,
     is_expert_tensor,
 )
+from refimpl.io.meminfo import mem_available
 from refimpl.io.weights import Matrix
 
 __all__ = [
@@ -475,18 +476,6 @@ class RoutedExperts:
 
 
 # ---- budget and dense pinning -------------------------------------------------------------------
-
-
-def mem_available() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def cache_budget(cache_mb, *, file_bytes: int | None = None, resident_bytes: int = 0) -> int:

@@ -1,0 +1,130 @@
+"""The first run's second process: ``refimpl run --emulate=ggml`` on an empty numba cache compiles ~20 kernels one
+after the other (docs/performance.md, "First run"); a child process started beside it compiles the kernels the run
+will meet last (:func:`refimpl.graph.ahead.walk`) into the same cache, so the two cores share the compiling. A
+kernel both need is compiled by one and loaded by the other (kernels/base/flags.py ``_lock_compiles``): the run's
+numbers are the same with or without the child, which only ever adds machine code to the cache.
+
+When: ``refimpl run`` with ``--emulate=ggml``; numba's cache on and holding no kernel of ``kernels/ggml`` (a fresh
+clone, a new ``NUMBA_CACHE_DIR``, a change to ``kernels/``); the model file at most :data:`MAX_MEMORY_SHARE` of
+MemAvailable (the child loads it too); ``REFIMPL_COMPILE_AHEAD`` not ``0`` (the switch: ``0`` compiles in the run
+alone, as before). The run names the child in its compile report's summary line.
+
+How: the child (``python -m refimpl.cli.compile_ahead MODEL_PATH ARGS…``: the run's own arguments) loads the model
+as the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), then
+walks the prompt's first ubatch and one decoded token. The run stops it when it ends (:meth:`Helper.close`):
+numba writes its cache files by rename, so a child stopped in a save leaves no torn file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+#: The child loads the model file too (its matrices mapped, the ggml layout copied): only for a file that is at
+#: most this share of MemAvailable.
+MAX_MEMORY_SHARE = 0.125
+ENV = "REFIMPL_COMPILE_AHEAD"
+
+
+def _model_path(args) -> str:
+    """The file the run will load (MODEL, -m or the built-in model; a built-in one is built here if missing)."""
+    from refimpl.fixtures.builtin import TRAINED_SPEC, resolve_model
+
+    return str(resolve_model(str(getattr(args, "m", None) or args.model or TRAINED_SPEC)))
+
+
+def ggml_cache_dir() -> Path:
+    """Where numba caches ``kernels/ggml``'s kernels (``kernels.base.flags.cache_dir``), worked out without importing
+    ``kernels`` (and numba: ~0.4 s the child would start later): the folder's ``__pycache__``, or with
+    ``NUMBA_CACHE_DIR`` numba's subfolder for it there (``UserProvidedCacheLocator``: the folder's name and the
+    sha1 of its path)."""
+    folder = Path(importlib.util.find_spec("kernels").submodule_search_locations[0]).resolve() / "ggml"
+    base = os.environ.get("NUMBA_CACHE_DIR")
+    if base:
+        return Path(base) / f"{folder.name}_{hashlib.sha1(str(folder).encode()).hexdigest()}"
+    return folder / "__pycache__"
+
+
+def wanted(args) -> str | None:
+    """The model path to hand a child, or None when a run with these arguments starts none (the module docstring)."""
+    from refimpl.cli.common import emulate_family
+    from refimpl.io.meminfo import mem_available
+
+    if os.environ.get(ENV, "1") == "0" or os.environ.get("NUMBA_DISABLE_JIT") == "1" or emulate_family(args) != "ggml":
+        return None
+    if any(ggml_cache_dir().glob("*.nbi")):  # a kernel of kernels/ggml is cached: not a first run
+        return None
+    try:
+        path = _model_path(args)
+        size = os.path.getsize(path)
+    except Exception:  # a bad MODEL: the run says so, in its own words
+        return None
+    available = mem_available()
+    return path if available is not None and size <= MAX_MEMORY_SHARE * available else None
+
+
+class Helper:
+    """The child process of one run: :meth:`begin` hands it the prompt's length, :meth:`close` ends it."""
+
+    def __init__(self, path: str, argv: list[str]):
+        env = dict(os.environ, **{ENV: "0"})  # the child starts no child
+        self.proc = subprocess.Popen([sys.executable, "-m", "refimpl.cli.compile_ahead", path, *argv], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def begin(self, n_tokens: int) -> None:
+        """The run is about to compute its prompt of ``n_tokens`` tokens: the child walks it."""
+        try:
+            self.proc.stdin.write(f"{n_tokens}\n".encode())
+            self.proc.stdin.close()
+        except OSError:  # the child is gone: the run compiles alone
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
+
+def start(args, argv: list[str]) -> Helper | None:
+    """A :class:`Helper` for ``refimpl run`` with ``args`` (parsed from ``argv``), or None (:func:`wanted`)."""
+    path = wanted(args)
+    return Helper(path, argv) if path is not None else None
+
+
+def _child(path: str, argv: list[str]) -> None:
+    """The child: the run's model and ``Ctx``; the prompt's length from stdin; the walk."""
+    import dataclasses
+
+    from refimpl.cli import build_parser
+    from refimpl.cli.common import ctx_from_args, load
+    from refimpl.graph.ahead import walk
+    from refimpl.model.load import PACK_FLAGS
+    from refimpl.model.state import SeqState
+
+    args = build_parser().parse_args(argv)
+    args.m, args.model = None, path
+    ctx = dataclasses.replace(ctx_from_args(args), announce=None)
+    plain = not (args.mtp or args.ngram or args.csv)  # as cmd_run loads it
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain,
+                 ggml=(ctx.ggml, ctx.repack))
+    state = SeqState.fresh(model.config)
+    walk(model, state, 1, ctx, "last")  # a one-token prompt's shapes, before the run knows its prompt
+    line = sys.stdin.readline()
+    if not line.strip():  # the run ended before its prompt
+        return
+    if int(line) > 1:
+        walk(model, state, min(int(line), ctx.n_ubatch), ctx, "last")  # the prompt's first ubatch
+    walk(model.packed(), state, 1, ctx, "all")  # a decoded token (after the first one: the deferred layout)
+
+
+if __name__ == "__main__":
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        _child(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,169 @@
+"""The first run's second process (refimpl/cli/compile_ahead.py, refimpl/graph/ahead.py) and the lock it relies on
+(kernels/base/flags.py ``_lock_compiles``): a process about to compile a kernel that another one is compiling waits
+for it and loads its machine code; the child's walk compiles every kernel ``refimpl run --emulate=ggml`` calls; the
+child starts only on an empty cache, for the ggml numerics, and never changes a token.
+
+How much the child saves depends on the CPU, so it is measured (docs/performance.md, "First run"), not asserted.
+"""
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import pytest
+from numba.core import sigutils
+from numba.core.dispatcher import Dispatcher
+
+import kernels
+from kernels.base import flags
+from refimpl.cli import compile_ahead, main
+from refimpl.fixtures.builtin import TRAINED_PATH
+
+ROOT = Path(kernels.__file__).parents[1]
+
+_WAITER = '''
+import sys
+import kernels  # noqa: F401  (kernels.base.flags locks numba's compiles)
+from numba.core import event
+sys.path.insert(0, sys.argv[1])
+import racing
+
+compiled = []
+event.register("numba:compile", type("L", (event.Listener,), {
+    "on_start": lambda self, ev: compiled.append(ev.data["dispatcher"].py_func.__name__),
+    "on_end": lambda self, ev: None})())
+if sys.argv[2] == "nolock":  # a process that compiles without waiting (the lock taken by the test)
+    kernels.base.flags._flock = lambda path, wait_s: None
+print("calling", flush=True)
+print(racing.f(3), compiled, racing.f.stats.cache_hits.total(), flush=True)
+'''
+
+
+def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
+    """The test holds the lock of a cached kernel, as a process compiling it would: a second process calling it
+    waits (numba alone would compile it at once); a third one, told to ignore the lock, compiles and saves it;
+    once the lock is released the waiting process finds the kernel in the cache and compiles nothing."""
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "racing.py").write_text("import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n    return x * 2 + 1\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    where = ("import sys; sys.path.insert(0, sys.argv[1]); import kernels, racing; "
+             "print(racing.f._cache._cache_file._index_path)")
+    index = subprocess.run([sys.executable, "-c", where, str(tmp_path / "mod")], env=env, cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    os.makedirs(os.path.dirname(index), exist_ok=True)
+    held = flags._flock(index + ".compiling", 0.0)
+    assert held is not None
+    run = lambda mode: subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path / "mod"), mode], env=env, cwd=ROOT,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waiter = run("lock")
+        assert waiter.stdout.readline().strip() == "calling", waiter.stderr.read()
+        with pytest.raises(subprocess.TimeoutExpired):  # numba alone compiles f in ~0.1 s and exits
+            waiter.wait(timeout=3.0)
+        out, err = run("nolock").communicate(timeout=120)
+        assert out.split("\n")[1] == "7 ['f'] 0", err  # compiled (and saved) beside the held lock
+    finally:
+        os.close(held)  # releases it
+    out, err = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, err
+    assert out.strip() == "7 [] 1"  # nothing compiled: f came from the cache
+
+
+def test_the_ggml_cache_folder_is_numbas(monkeypatch, tmp_path):
+    """compile_ahead works out kernels/ggml's cache folder without importing numba: the same folder as
+    kernels.base.flags.cache_dir, with and without NUMBA_CACHE_DIR."""
+    for cache in (None, str(tmp_path)):
+        if cache is None:
+            monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("NUMBA_CACHE_DIR", cache)
+        monkeypatch.setattr(numba.config, "CACHE_DIR", cache or "")
+        assert compile_ahead.ggml_cache_dir() == flags.cache_dir(flags.PACKAGE / "ggml")
+
+
+def _args(*argv):
+    from refimpl.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_the_child_starts_only_for_a_first_ggml_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    ggml = _args("run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2")
+    assert compile_ahead.wanted(ggml) == str(TRAINED_PATH)  # an empty cache
+    assert compile_ahead.wanted(_args("run", str(TRAINED_PATH), "--tokens", "1,2")) is None  # the plain numerics
+    assert compile_ahead.wanted(_args("run", str(tmp_path / "missing.gguf"), "--emulate=ggml")) is None  # the run says why
+    import refimpl.io.meminfo as meminfo
+
+    monkeypatch.setattr(meminfo, "mem_available", lambda: 8 * os.path.getsize(TRAINED_PATH) - 1)
+    assert compile_ahead.wanted(ggml) is None  # the child's copy of the model would not fit
+    monkeypatch.undo()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(compile_ahead.ENV, "0")
+    assert compile_ahead.wanted(ggml) is None  # turned off
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    compile_ahead.ggml_cache_dir().mkdir(parents=True)
+    (compile_ahead.ggml_cache_dir() / "mulmat_q8.q8_0_mul_mat-244.py311.nbi").write_bytes(b"")
+    assert compile_ahead.wanted(ggml) is None  # not a first run
+
+
+def test_a_child_that_failed_is_closed_quietly():
+    helper = compile_ahead.Helper("/nonexistent.gguf", ["run", "--emulate=ggml"])
+    helper.proc.wait(timeout=120)  # the child says why on its stderr (not kept) and exits
+    helper.begin(5)
+    helper.close()
+    assert helper.proc.returncode not in (None, 0)
+
+
+def test_the_walk_compiles_every_kernel_of_the_run(monkeypatch, capsys):
+    """In one process: the child's walk (its model, its Ctx, a 5-token prompt) and then ``refimpl run`` with that
+    prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the graph but
+    not reached by the walk fails this)."""
+    pytest.importorskip("llama_cpp")  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path)
+    tokens = "1,2,3,4,5"
+    argv = ["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", tokens, "-n", "3"]
+    met = []
+    compile_ = Dispatcher.compile
+
+    def recorded(self, sig):
+        key = tuple(sigutils.normalize_signature(sig)[0])
+        if self.overloads.get(key) is None:
+            met.append((self.py_func.__qualname__, key))
+        return compile_(self, sig)
+
+    monkeypatch.setattr(Dispatcher, "compile", recorded)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("5\n"))
+    compile_ahead._child(str(TRAINED_PATH), argv)
+    assert met  # the walk met kernels (compiled or loaded)
+    walked = len(met)
+    assert main(argv) == 0
+    assert met[walked:] == []
+    assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.deep
+def test_a_first_ggml_run_with_its_child_prints_what_the_warm_run_prints(tmp_path):
+    """``refimpl run --emulate=ggml`` on an empty cache starts the child (its report says so), prints what the warm
+    run then prints from the cache, and leaves no child behind."""
+    pytest.importorskip("llama_cpp")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), **{compile_ahead.ENV: "1"})
+    argv = [sys.executable, "-m", "refimpl", "run", str(TRAINED_PATH), "--emulate=ggml", "-p", "In the beginning",
+            "-n", "16"]
+    cold = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert cold.returncode == 0, cold.stderr
+    assert "(a second process compiled others beside it: REFIMPL_COMPILE_AHEAD=0 turns it off)" in cold.stderr
+    children = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"refimpl.cli.compile_ahead\0" + str(TRAINED_PATH).encode() in cmdline.read_bytes():
+                children.append(cmdline.parent.name)
+        except OSError:  # a process that ended meanwhile
+            pass
+    assert children == []
+    warm = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert warm.returncode == 0 and "compil" not in warm.stderr, warm.stderr
+    assert warm.stdout == cold.stdout and cold.stdout.strip()

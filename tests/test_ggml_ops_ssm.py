@@ -245,7 +245,7 @@ def test_gated_delta_net_threads():
     g = g.reshape(1, 3, 5, 1)
     ref = np.empty_like(v)
     snaps = np.full((1, 1, 5, 128, 128), np.nan, F32)
-    ssm._transposed_rows(False, GLIBC_X86_64)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
+    ssm._transposed_rows(False, GLIBC_X86_64, False)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
     before = numba.get_num_threads()
     try:
         for n in (1, 2, 3):

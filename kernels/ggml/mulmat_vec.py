@@ -114,23 +114,25 @@ def vec_dot_bf16(n, x, y, L):
 
 
 @functools.cache
-def float_rows(kind: int):
-    """:func:`vec_dot_float_rows` for one ``kind``, a compile-time constant: only that kind's dot compiles. ``L``
-    stays an argument: as a constant (only its path's branches compiled, 3.4 -> 1.4 s) LLVM made the F32 rows
-    ~10% slower (512 x 256, T = 1)."""
+def float_rows(kind: int, lanes: int = -1):
+    """:func:`vec_dot_float_rows` for one ``kind`` and, given, one path's SIMD code ``lanes``, each a compile-time
+    constant: only that kind's dot and that path's branches compile (F32: 2.9 -> 1.3 s of a first run, the same
+    speed: 256 x 2048 and 512 x 256, T = 1 and 4, *EPYC* 2026-12-05). With ``lanes`` -1 the kernel reads the code from
+    its argument ``L`` (:data:`F32_ROWS`, for compiled callers that pass the code on)."""
 
-    @jit()
+    @jit(variant="" if lanes < 0 else f"l{lanes}")
     def vec_dot_float_rows(w, x, out, L):
+        code = L if lanes < 0 else lanes
         K = w.shape[1]
         acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
         for t in range(x.shape[0]):
             for r in range(w.shape[0]):
                 if kind == 0:
-                    out[t, r] = vec_dot_f32(K, w[r], x[t], L, acc)
+                    out[t, r] = vec_dot_f32(K, w[r], x[t], code, acc)
                 elif kind == 1:
-                    out[t, r] = vec_dot_f16(K, w[r], x[t], L, acc)
+                    out[t, r] = vec_dot_f16(K, w[r], x[t], code, acc)
                 else:
-                    out[t, r] = vec_dot_bf16(K, w[r], x[t], L)
+                    out[t, r] = vec_dot_bf16(K, w[r], x[t], code)
 
     return vec_dot_float_rows
 
@@ -138,7 +140,7 @@ def float_rows(kind: int):
 def vec_dot_float_rows(w, x, out, kind: int, L: int) -> None:
     """``out[t, r] = vec_dot(w[r], x[t])`` for ``kind`` 0 = F32, 1 = F16, 2 = BF16 (values as float32); ``L``: the
     path's SIMD code (AArch64: :func:`kernels.ggml.isa.f16_code`, which the F32 dot reads as NEON on arm64-base)."""
-    float_rows(int(kind))(w, x, out, L)
+    float_rows(int(kind), int(L))(w, x, out, L)
 
 
 F32_ROWS = float_rows(0)  # vec_dot_float_rows(…, 0, L) for compiled callers: F32_ROWS(w, x, out, L)

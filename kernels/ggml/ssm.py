@@ -259,17 +259,18 @@ def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kd
 
 
 @functools.cache
-def _transposed_rows(parallel: bool, glibc: int):
+def _transposed_rows(parallel: bool, glibc: int, kda: bool):
     """:func:`_gated_delta_net`'s transposed path (:func:`_head_t` per row; only where :func:`_transposed`), with the
     (sequence, head) rows split between threads when ``parallel``, as ggml splits them (each row whole on one thread:
     the same bits at any thread count). A kernel apart from :func:`_gated_delta_net`, whose other path a run that
     takes this one never compiles (kernels/base/flags.py); ``glibc`` (the build's ``expf``, :func:`kernels.ggml.libm.expf_on`)
-    a constant too: only that one compiles."""
+    and ``kda`` (a gate per key column, not per head) constants too: only that one compiles (``kda``: 0.2 s of a first
+    run). The SIMD code ``epr`` stays an argument: as a constant LLVM unrolls its lane loops, +0.5 s."""
 
     def gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps):
         n_seqs, n_tokens, H, S_v = v.shape
         scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
-        rq3, rk3, kda = n_seqs // q.shape[0], n_seqs // k.shape[0], g.shape[3] == S_v
+        rq3, rk3 = n_seqs // q.shape[0], n_seqs // k.shape[0]
         for ir in prange(n_seqs * H):  # range when not parallel
             _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
         return out
@@ -307,7 +308,7 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
         # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M
         # multiply-adds a token) are, builtin:kjv's 4 heads of 64 (65k) are not, whatever the prompt's length
         parallel = n_seqs * H > 1 and n_seqs * H * S * S * 4 >= SERIAL_BELOW
-        _transposed_rows(parallel, glibc)(q, k, v, g, beta, state, K, epr, out, snaps)
+        _transposed_rows(parallel, glibc, g.shape[3] == S)(q, k, v, g, beta, state, K, epr, out, snaps)
     else:
         _gated_delta_net(q, k, v, g, beta, state, K, epr, glibc, out, snaps)
     st = snaps[0] if K == 1 else snaps

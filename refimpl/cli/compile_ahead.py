@@ -113,13 +113,11 @@ def _child(path: str, argv: list[str]) -> None:
     plain = not (args.mtp or args.ngram or args.csv)  # as cmd_run loads it
     model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain,
                  ggml=(ctx.ggml, ctx.repack))
-    state = SeqState.fresh(model.config)
-    walk(model, state, 1, ctx, "last")  # a one-token prompt's shapes, before the run knows its prompt
-    line = sys.stdin.readline()
+    line = sys.stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
     if not line.strip():  # the run ended before its prompt
         return
-    if int(line) > 1:
-        walk(model, state, min(int(line), ctx.n_ubatch), ctx, "last")  # the prompt's first ubatch
+    state = SeqState.fresh(model.config)
+    walk(model, state, min(int(line), ctx.n_ubatch), ctx, "last")  # the prompt's first ubatch
     walk(model.packed(), state, 1, ctx, "all")  # a decoded token (after the first one: the deferred layout)
 
 

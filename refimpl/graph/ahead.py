@@ -1,55 +1,76 @@
-"""The graph's blocks in the order a second process compiles their kernels ahead of a first run
-(``refimpl/cli/compile_ahead.py``): numba compiles each kernel on its first call, so a run on an empty cache
-compiles ~20 kernels one after the other, in the order :func:`refimpl.graph.trunk.ubatch` meets them — the
-input embedding, then per layer the norm, the mixer (the delta net first in qwen35moe), the FFN — and on a
-machine with a second core the other process compiles from the other end: the attention core (RoPE, the cache
-write, ``build_attn_mha``), the FFN, the attention layer, the LM head, the delta-net layer. Where both need one
-kernel, one compiles and the other waits for it and loads it (kernels/base/flags.py ``_lock_compiles``).
+"""The graph's ops in the order a second process compiles their kernels ahead of a first run
+(``refimpl/cli/compile_ahead.py``). numba compiles each kernel on its first call, so a run on an empty cache
+compiles ~20 kernels one after the other, in the order :func:`refimpl.graph.trunk.ubatch` meets them: the input
+embedding, the norm, the projections (one Q8_0 kernel serves them all), the delta net's conv and fused op, the
+FFN's router, softmax, top-k and experts, the shared expert's F32 gate, attention's RoPE, cache write and
+``build_attn_mha``, the LM head. The other process takes them from the other end, each step's own op on stand-in
+inputs (no projection before it, which the run compiles first): the fused delta net, ``build_attn_mha``'s core,
+then the FFN backwards — the shared expert's gate, ``ggml_sum_rows``, the top-k, the softmax — and last the whole
+blocks, for anything those missed. Where both need one kernel, one compiles it and the other waits and loads it
+(kernels/base/flags.py ``_lock_compiles``). On *EPYC*, builtin:kjv, the two meet after ~8 s of compiling each
+(docs/performance.md, "First run").
 
-The blocks run on stand-in activations of the run's shapes and types (what numba compiles for): a hidden state of
-small normal values, the state a fresh sequence starts from, the run's ``Ctx``. Their numbers are thrown away;
-the run's own numbers never depend on this walk (the kernels compiled are the same machine code either way).
+Stand-ins have the run's shapes and types (what numba compiles for): small normal values, the state a fresh
+sequence starts from, the run's ``Ctx``. Their numbers are thrown away; the run's own never depend on this walk
+(the kernels are the same machine code whichever process compiles them). tests/test_compile_ahead.py checks that
+the walk meets every kernel the run calls.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kernels.ggml import vecmath
+from kernels.base.blocks import QT
+from kernels.ggml import mulmat, mulmat_q8, rows, vecmath
 from refimpl.graph.attention import attend, build_layer_attn, rope
-from refimpl.graph.deltanet import build_layer_attn_linear
+from refimpl.graph.deltanet import build_layer_attn_linear, gated_delta_net, key_heads
 from refimpl.graph.moe import build_layer_ffn
-from refimpl.graph.ops import F32, get_rows, output_rows, rms_norm_w, sigmoid
+from refimpl.graph.ops import F32, get_rows, mul_mat, output_rows, rms_norm_w, sigmoid, soft_max
 
 
 def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
-    """One ubatch of ``n_tokens`` tokens at ``state`` (a fresh :class:`refimpl.model.state.SeqState`), block by
-    block, last-met kernels first (the module docstring); ``outputs`` as :func:`refimpl.graph.trunk.forward`'s."""
+    """One ubatch of ``n_tokens`` tokens at ``state`` (a fresh :class:`refimpl.model.state.SeqState`), the run's
+    last-met kernels first (the module docstring); ``outputs`` as :func:`refimpl.graph.trunk.forward`'s."""
     c, w = model.config, model.weights
     T = n_tokens
     rng = np.random.default_rng(0)
-    x = (0.1 * rng.standard_normal((T, c.n_embd))).astype(F32)  # [T, E]: a stand-in hidden state
+    normal = lambda *shape: (0.1 * rng.standard_normal(shape)).astype(F32)  # a stand-in activation
+    x = normal(T, c.n_embd)  # [T, E]
     positions = state.n_past + np.arange(T, dtype=np.int32)  # [T]
     attn = [il for il in range(c.n_layer) if not c.is_recurrent[il]]
     linear = [il for il in range(c.n_layer) if c.is_recurrent[il]]
     with model.stream_phase("prompt" if T > 1 else "decode", positions):
-        if attn:  # build_layer_attn's steps 2-4 on stand-in q, k, v (no projection: the run compiles that first)
-            il = attn[0]
-            H, Hkv, D = c.n_head, c.n_head_kv, c.head_dim
-            q = (0.1 * rng.standard_normal((T, H, D))).astype(F32)  # [T, H, D]
-            k = (0.1 * rng.standard_normal((T, Hkv, D))).astype(F32)  # [T, Hkv, D]
-            v = (0.1 * rng.standard_normal((T, Hkv, D))).astype(F32)  # [T, Hkv, D]
-            q, k = rope(q, k, positions, c.n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]
+        if c.n_expert:  # mul_mat_id's grouping of the rows by expert, a part of the Q8_0 kernel the run compiles first
+            mulmat_q8.slot_groups(np.zeros((T, c.n_expert_used), np.int32), np.int64(1))
+        if linear:  # build_layer_attn_linear's fused op (the conv window: the state's rows and T stand-in rows)
+            il, Hk, Hv, S = linear[0], c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+            st = state.layers[il]
+            window = np.concatenate([st.conv, normal(T, st.conv.shape[1])])  # [Kc−1+T, C]
+            beta = sigmoid(normal(T, Hv), ctx)  # [T, Hv]
+            g = -np.abs(normal(T, Hv))  # [T, Hv]: a decay, ≤ 0
+            gated_delta_net(normal(T, Hk, S), normal(T, Hk, S), normal(T, Hv, S), g, beta, key_heads(c), window, st, il,
+                            ctx, state.n_rs_seq + 1, c.ssm_d_conv)  # [T, Hv, S]
+        if attn:  # build_layer_attn's RoPE, cache write and build_attn_mha
+            il, H, Hkv, D = attn[0], c.n_head, c.n_head_kv, c.head_dim
+            q, k = rope(normal(T, H, D), normal(T, Hkv, D), positions, c.n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]
+            v = normal(T, Hkv, D)  # [T, Hkv, D]
             if ctx.kv_f16:
                 k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
-            kv = state.layers[il].append(k, v, positions)
-            o = attend(q, kv, positions, c, ctx).reshape(T, H * D)  # [T, H, D] -> [T, HD]
-            o * sigmoid(o, ctx)  # [T, HD]: the gate
-        build_layer_ffn(w.layers[-1].ffn, c, x, c.n_layer - 1, ctx)  # [T, E]
+            attend(q, state.layers[il].append(k, v, positions), positions, c, ctx)  # [T, H, D]
+        ffn = w.layers[-1].ffn
+        if getattr(ffn, "ffn_gate_inp_shexp", None) is not None:  # build_moe_ffn backwards: the shared expert's gate
+            gate_row = np.ascontiguousarray(ffn.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1).view(np.uint8)  # [1, 4E]
+            sigmoid(mulmat.mul_mat(gate_row, QT.F32, x, ctx.ggml, ctx.n_threads)[:, 0], ctx)  # [T]
+        if c.n_expert:  # the weights' sum, the top-k, the softmax, the router
+            vecmath.sum_rows(np.abs(normal(T, c.n_expert_used)), ctx.ggml)  # [T, 1]
+            rows.argsort_desc(normal(T, c.n_expert))  # [T, X]
+            soft_max(normal(T, c.n_expert), ctx)  # [T, X]
+            mul_mat(ffn.ffn_gate_inp, x, ctx)  # [T, X]
+        build_layer_ffn(ffn, c, x, c.n_layer - 1, ctx)  # [T, E]: the whole blocks, for anything missed
         if attn:
             build_layer_attn(w.layers[attn[0]].mixer, c, x, positions, state.layers[attn[0]], attn[0], ctx)  # [T, E]
         output_rows(w.output, rms_norm_w(x, w.output_norm, c.rms_eps, ctx), outputs, ctx)  # [T or 1, V]
         if linear:
-            il = linear[0]
-            build_layer_attn_linear(w.layers[il].mixer, c, x, state.layers[il], il, ctx, keep=state.n_rs_seq + 1)
+            build_layer_attn_linear(w.layers[linear[0]].mixer, c, x, state.layers[linear[0]], linear[0], ctx,
+                                    keep=state.n_rs_seq + 1)  # [T, E]
         get_rows(w.token_embd, np.zeros(T, np.int64), ctx)  # [T, E]

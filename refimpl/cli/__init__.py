@@ -9,7 +9,8 @@ Contract (what lives in this folder):
   file), ``trace``, ``golden`` (make, check), ``audit`` (streams, goldens, KL-divergence base files), ``validate`` (llama-server endpoints
   driven with a prompt suite, each answer audited), ``plot``. ``common`` holds what they share: the parser class, MODEL and its loading,
   ``--tokens``, the numerics flags (``--emulate``, ``--flash-attn``, ``--kv-type``, ``--kernel``) and their
-  ``Ctx``, the scale-out flags. ``compile_report`` prints the first run's "compiling kernels" lines.
+  ``Ctx``, the scale-out flags. ``compile_report`` prints the first run's "compiling kernels" lines;
+  ``compile_ahead`` starts the process that compiles beside a first ``run --emulate=ggml``.
 * A command parses flags, checks them, and calls the library; the work itself lives below. Heavy imports
   (the model, numba) stay inside the ``cmd_*`` functions.
 * Every flag combination either works or is refused: bad input (bad flags, unreadable or unsupported

@@ -15,7 +15,8 @@ unary ops, ``ggml_get_rows``; the ubatch loop; the LM head's rows) → ``attenti
 the F16 cache write, ``build_attn_mha`` over the padded KV view) → ``deltanet`` (``build_layer_attn_linear``:
 ``ggml_ssm_conv`` and the fused ``ggml_gated_delta_net``) → ``moe`` (``build_moe_ffn`` and the shared expert,
 ``build_ffn``) → ``trunk`` (``graph::graph``: the layer loop per ubatch) → ``mtp`` (``graph_mtp``) → ``layout``
-(which weights ggml-cpu can run here, and the column layout ``--pack`` builds for its kernels).
+(which weights ggml-cpu can run here, and the column layout ``--pack`` builds for its kernels) → ``ahead`` (the ops in
+the order a second process compiles their kernels beside a first run).
 
 Where a step is the same view or the same float32 operation as in the reference (a reshape, a residual add), the
 code here says so as deliberately parallel: each side reads as one numerics, without the other.

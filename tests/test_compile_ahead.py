@@ -6,7 +6,6 @@ child starts only on an empty cache, for the ggml numerics, and never changes a 
 How much the child saves depends on the CPU, so it is measured (docs/performance.md, "First run"), not asserted.
 """
 
-import io
 import os
 import subprocess
 import sys
@@ -14,12 +13,10 @@ from pathlib import Path
 
 import numba
 import pytest
-from numba.core import sigutils
-from numba.core.dispatcher import Dispatcher
 
 import kernels
 from kernels.base import flags
-from refimpl.cli import compile_ahead, main
+from refimpl.cli import compile_ahead
 from refimpl.fixtures.builtin import TRAINED_PATH
 
 ROOT = Path(kernels.__file__).parents[1]
@@ -112,37 +109,53 @@ def test_the_child_starts_only_for_a_first_ggml_run(monkeypatch, tmp_path):
 
 
 def test_a_child_that_failed_is_closed_quietly():
-    helper = compile_ahead.Helper("/nonexistent.gguf", ["run", "--emulate=ggml"])
+    helper = compile_ahead.Helper(b"not a pickle")
     helper.proc.wait(timeout=120)  # the child says why on its stderr (not kept) and exits
     helper.begin(5)
     helper.close()
     assert helper.proc.returncode not in (None, 0)
 
 
-def test_the_walk_compiles_every_kernel_of_the_run(monkeypatch, capsys):
-    """In one process: the child's walk (its model, its Ctx, a 5-token prompt) and then ``refimpl run`` with that
-    prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the graph but
-    not reached by the walk fails this)."""
+_WALK_THEN_RUN = '''
+import io, json, pickle, sys
+from numba.core import sigutils
+from numba.core.dispatcher import Dispatcher
+from refimpl.cli import build_parser, compile_ahead, main
+
+met = []
+compile_ = Dispatcher.compile
+
+
+def recorded(self, sig):
+    key = tuple(sigutils.normalize_signature(sig)[0])
+    if self.overloads.get(key) is None:
+        met.append(self.py_func.__qualname__ + str(key))
+    return compile_(self, sig)
+
+
+Dispatcher.compile = recorded
+argv = json.loads(sys.argv[1])
+fields = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if k != "func"}
+compile_ahead._child(io.BytesIO(pickle.dumps(fields) + b"5\\n"))
+walked = len(met)
+assert main(argv) == 0
+print(json.dumps({"walked": walked, "then": met[walked:]}))
+'''
+
+
+def test_the_walk_compiles_every_kernel_of_the_run():
+    """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
+    prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the graph but not
+    reached by the walk fails this)."""
     pytest.importorskip("llama_cpp")  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path)
-    tokens = "1,2,3,4,5"
-    argv = ["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", tokens, "-n", "3"]
-    met = []
-    compile_ = Dispatcher.compile
+    import json
 
-    def recorded(self, sig):
-        key = tuple(sigutils.normalize_signature(sig)[0])
-        if self.overloads.get(key) is None:
-            met.append((self.py_func.__qualname__, key))
-        return compile_(self, sig)
-
-    monkeypatch.setattr(Dispatcher, "compile", recorded)
-    monkeypatch.setattr(sys, "stdin", io.StringIO("5\n"))
-    compile_ahead._child(str(TRAINED_PATH), argv)
-    assert met  # the walk met kernels (compiled or loaded)
-    walked = len(met)
-    assert main(argv) == 0
-    assert met[walked:] == []
-    assert capsys.readouterr().out.strip()
+    argv = ["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
+    done = subprocess.run([sys.executable, "-c", _WALK_THEN_RUN, json.dumps(argv)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["walked"] > 0 and result["then"] == []
 
 
 @pytest.mark.deep

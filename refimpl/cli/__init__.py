@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     try:
-        argv = sys.argv[1:] if argv is None else list(argv)
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         check_numerics(args)  # a flag combination that cannot work is refused before any work
         with np.errstate(all="ignore"):  # IEEE arithmetic as in C: inf/NaN weights compute, silently (refimpl.model.ops.ieee)
             if args.func in _NO_KERNELS:
@@ -73,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             from refimpl.cli.compile_report import compile_report
 
             # run --emulate=ggml on an empty numba cache: a second process compiles the kernels the run meets last
-            args.compile_ahead = compile_ahead.start(args, argv) if args.func is run.cmd_run else None
-            try:
-                with compile_report(ahead=args.compile_ahead is not None):  # the first run's "compiling kernels …" lines
+            args.compile_ahead = compile_ahead.start(args) if args.func is run.cmd_run else None
+            try:  # the first run's "compiling kernels …" lines
+                with compile_report(note=compile_ahead.NOTE if args.compile_ahead is not None else ""):
                     return args.func(args)
             finally:
                 if args.compile_ahead is not None:

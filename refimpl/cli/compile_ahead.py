@@ -9,7 +9,7 @@ clone, a new ``NUMBA_CACHE_DIR``, a change to ``kernels/``); the model file at m
 MemAvailable (the child loads it too); ``REFIMPL_COMPILE_AHEAD`` not ``0`` (the switch: ``0`` compiles in the run
 alone, as before). The run names the child in its compile report's summary line.
 
-How: the child (``python -m refimpl.cli.compile_ahead MODEL_PATH ARGS…``: the run's own arguments) loads the model
+How: the child (``python -m refimpl.cli.compile_ahead``, handed the run's parsed flags on its stdin) loads the model
 as the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), then
 walks the prompt's first ubatch and one decoded token. The run stops it when it ends (:meth:`Helper.close`):
 numba writes its cache files by rename, so a child stopped in a save leaves no torn file.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from pathlib import Path
 #: most this share of MemAvailable.
 MAX_MEMORY_SHARE = 0.125
 ENV = "REFIMPL_COMPILE_AHEAD"
+#: What the run's compile summary adds when a child ran (refimpl.cli.compile_report).
+NOTE = f" (a second process compiled others beside it: {ENV}=0 turns it off)"
 
 
 def _model_path(args) -> str:
@@ -68,52 +71,62 @@ def wanted(args) -> str | None:
 
 
 class Helper:
-    """The child process of one run: :meth:`begin` hands it the prompt's length, :meth:`close` ends it."""
+    """The child process of one run: started with the run's arguments, :meth:`begin` hands it the prompt's length,
+    :meth:`close` ends it."""
 
-    def __init__(self, path: str, argv: list[str]):
+    def __init__(self, flags: bytes):
         env = dict(os.environ, **{ENV: "0"})  # the child starts no child
-        self.proc = subprocess.Popen([sys.executable, "-m", "refimpl.cli.compile_ahead", path, *argv], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([sys.executable, "-m", "refimpl.cli.compile_ahead"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._send(flags)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except OSError:  # the child is gone: the run compiles alone
+            pass
 
     def begin(self, n_tokens: int) -> None:
         """The run is about to compute its prompt of ``n_tokens`` tokens: the child walks it."""
-        try:
-            self.proc.stdin.write(f"{n_tokens}\n".encode())
-            self.proc.stdin.close()
-        except OSError:  # the child is gone: the run compiles alone
-            pass
+        self._send(f"{n_tokens}\n".encode())
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        if not self.proc.stdin.closed:
+        try:
             self.proc.stdin.close()
+        except OSError:
+            pass
 
 
-def start(args, argv: list[str]) -> Helper | None:
-    """A :class:`Helper` for ``refimpl run`` with ``args`` (parsed from ``argv``), or None (:func:`wanted`)."""
+def start(args) -> Helper | None:
+    """A :class:`Helper` for ``refimpl run`` with ``args``, or None (:func:`wanted`)."""
     path = wanted(args)
-    return Helper(path, argv) if path is not None else None
+    if path is None:
+        return None
+    fields = {k: v for k, v in vars(args).items() if k not in ("func", "compile_ahead")}
+    return Helper(pickle.dumps(dict(fields, m=None, model=path)))  # the run's flags, its model file named
 
 
-def _child(path: str, argv: list[str]) -> None:
-    """The child: the run's model and ``Ctx``; the prompt's length from stdin; the walk."""
+def _child(stdin) -> None:
+    """The child: the run's flags (pickled) and then the prompt's length from ``stdin``; the run's model and ``Ctx``;
+    the walk."""
+    import argparse
     import dataclasses
 
-    from refimpl.cli import build_parser
     from refimpl.cli.common import ctx_from_args, load
     from refimpl.graph.ahead import walk
     from refimpl.model.load import PACK_FLAGS
     from refimpl.model.state import SeqState
 
-    args = build_parser().parse_args(argv)
-    args.m, args.model = None, path
+    args = argparse.Namespace(**pickle.load(stdin))
     ctx = dataclasses.replace(ctx_from_args(args), announce=None)
     plain = not (args.mtp or args.ngram or args.csv)  # as cmd_run loads it
     model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain,
                  ggml=(ctx.ggml, ctx.repack))
-    line = sys.stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
+    line = stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
     if not line.strip():  # the run ended before its prompt
         return
     state = SeqState.fresh(model.config)
@@ -125,4 +138,4 @@ if __name__ == "__main__":
     import numpy as np
 
     with np.errstate(all="ignore"):
-        _child(sys.argv[1], sys.argv[2:])
+        _child(sys.stdin.buffer)

@@ -23,8 +23,6 @@ import time
 
 from numba.core import event
 
-from refimpl.cli.compile_ahead import ENV
-
 
 _ACTIVE: list["CompileReport"] = []  # the reports listening now (``compile_report`` blocks)
 
@@ -33,9 +31,9 @@ class CompileReport(event.Listener):
     """Listener for ``numba:compile``: a header at the first compilation, one line per top-level kernel
     (one that Python called, with everything it pulled in), and :meth:`close`'s summary."""
 
-    def __init__(self, stream=None, ahead: bool = False):
+    def __init__(self, stream=None, note: str = ""):
         self.stream = stream
-        self.ahead = ahead  # a second process compiles beside this one (refimpl/cli/compile_ahead.py)
+        self.note = note  # the summary's last words (refimpl/cli/compile_ahead.py: a second process compiled too)
         self.types: list[str] = []  # the model's weight types, for the header (:func:`name_types`)
         self.depth = 0
         self.t0 = 0.0
@@ -68,16 +66,15 @@ class CompileReport(event.Listener):
     def close(self) -> None:
         """The summary line, when anything was compiled."""
         if self.kernels:
-            beside = f" (a second process compiled others beside it: {ENV}=0 turns it off)" if self.ahead else ""
             self._write(f"refimpl: compiled {self.kernels} kernel{'s' if self.kernels != 1 else ''} in {self.seconds:.1f} s"
-                        + beside)
+                        + self.note)
 
 
 class compile_report:
     """``with compile_report():`` — report numba compilations on stderr during the block."""
 
-    def __init__(self, stream=None, ahead: bool = False):
-        self.report = CompileReport(stream, ahead)
+    def __init__(self, stream=None, note: str = ""):
+        self.report = CompileReport(stream, note)
 
     def __enter__(self) -> CompileReport:
         event.register("numba:compile", self.report)

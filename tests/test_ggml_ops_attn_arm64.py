@@ -200,9 +200,11 @@ def attn_graph(q, k, vt, mask, scale):
         return g.compute(out, (T, H, D), n_threads=2)
 
 
-@pytest.mark.parametrize("build", ARM_BUILDS)
+@pytest.mark.parametrize("build", WITH_BASE + [pytest.param(b, marks=pytest.mark.deep) for b in
+                                                ("arm64-sve128-gcc", "arm64-sve128-clang", "arm64-sve128-clang19")])
 def test_attention_without_flash(build):
-    """K·Q and P·V as ggml_vec_dot_f32 (NEON: 4 × 4 lanes, vaddvq, blocks-of-4 leftovers), soft_max's NEON blocks;
+    """K·Q and P·V as ggml_vec_dot_f32 (NEON: 4 × 4 lanes, vaddvq, blocks-of-4 leftovers; SVE: its loop, one dot at
+    a time), soft_max's NEON or SVE blocks;
     D and n_kv multiples of 16 (the products across columns) and not (one by one); through
     :func:`kernels.ggml.attn_heads.attend_f32` as the graph calls it. NaNs (the 3rd shape): made (K·Q = +inf, then
     inf - inf: ARM's +qNaN) and given (x86's default NaN in Q, ARM's and one with a payload in V)."""

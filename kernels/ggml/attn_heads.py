@@ -13,9 +13,10 @@ computed here by the same kernels the one-op emulations use:
 ``refimpl.graph.attention.attend`` calls op by op for the other configurations (F16 K/V, flash attention).
 
 ``lanes`` is the path's vec code (:attr:`kernels.ggml.isa.Simd.code`): 16, 8, or 4 for the AArch64 NEON builds
-(``arm64-dotprod`` / ``arm64-i8mm``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's NEON blocks;
-no llamafile there, so ``sgemm`` is False; the clang builds: :data:`kernels.ggml.isa.NEON_CLANG`, the dots'
-leftovers in clang's blocks of 8, soft_max NEON's) — bit for bit against the ARM builds
+(``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's
+NEON blocks; no llamafile there, so ``sgemm`` is False; the clang builds: :data:`kernels.ggml.isa.NEON_CLANG`, the
+dots' leftovers in clang's blocks of 8, soft_max NEON's; the SVE builds: :data:`kernels.ggml.isa.SVE128`, the dots
+one by one) — bit for bit against the ARM builds
 (tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash). :func:`attend_f32` lays out the cache for it and
 swaps an AArch64 path's default NaN around it (:func:`kernels.ggml.isa.nan_swap`: every op here adds, multiplies,
 compares, exponentiates and propagates NaNs); :data:`PATHS`: the paths whose graph takes it
@@ -29,16 +30,15 @@ import numpy as np
 from kernels.base.flags import jit
 from kernels.base.blocks import QT
 from kernels.ggml import mulmat
-from kernels.ggml.build import X86_SIMD_PATHS
-from kernels.ggml.isa import nan_swap, simd
+from kernels.ggml.isa import SIMD, nan_swap, simd
 from kernels.ggml.mulmat_vec import F32_ROWS, tinyblas_rows
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
 
 
-#: the paths whose F32-cache heads run here: the x86 SIMD paths and the AArch64 NEON builds tested against the library
-#: (``arm64-base`` and ``arm64-sve128``: op by op, ``mul_mat`` and ``soft_max``)
-PATHS = X86_SIMD_PATHS + ("arm64-dotprod", "arm64-i8mm", "arm64-i8mm-clang")
+#: the paths whose F32-cache heads run here: every path with ggml's vector code (not x86's generic build), each
+#: tested against its library (tests/test_ggml_ops_attn_arm64.py; SVE's dots one by one: :func:`cols_fit` is False)
+PATHS = tuple(key for key, s in SIMD.items() if s.code is not None)
 
 
 def attend_f32(q, k, v, n_used, mask, scale, path):

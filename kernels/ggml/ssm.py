@@ -208,16 +208,15 @@ def _snapshot(dst, M, transposed):
 
 
 @jit()
-def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc):
+def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work, acc):
     """Row ``ir`` = (sequence, head) of :func:`_gated_delta_net` with the head's state held transposed, ``Mt[i, j] =
     M[j, i]`` (key index i, value index j), so that a token's S_v dots ``dot(M[j], k)`` and ``dot(M[j], q)`` run
     together across j (:func:`kernels.ggml.vec.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the
-    per-column KDA gate and ``ggml_vec_mad_f32`` are the same operation on each element in either layout. Same bits."""
+    per-column KDA gate and ``ggml_vec_mad_f32`` are the same operation on each element in either layout. Same bits.
+    ``work`` (3, S_v) and ``acc`` (4, 16, S_v) float32: the row's scratch, made by the caller before its threads start
+    (allocated here, in each thread, it made a 2-thread call 2.5 × slower on some hosts: glibc's per-thread arenas)."""
     n_seqs, n_tokens, H, S_v = v.shape
-    delta = np.empty(S_v, np.float32)
-    dots = np.empty(S_v, np.float32)
-    acc = np.empty((4, 16, S_v), np.float32)
-    gk = np.empty(S_v, np.float32)
+    delta, dots, gk = work[0], work[1], work[2]  # [S_v] each
     iv1 = ir % H  # head
     iv3 = ir // H  # sequence
     iq1 = iv1 % q.shape[2]  # value head iv1 reads q/k head iv1 % H_k (tiled broadcast)
@@ -271,8 +270,10 @@ def _transposed_rows(parallel: bool, glibc: int, kda: bool):
         n_seqs, n_tokens, H, S_v = v.shape
         scale = np.float32(np.float32(1.0) / np.float32(math.sqrt(np.float32(S_v))))  # 1.0f / sqrtf((float) S_v)
         rq3, rk3 = n_seqs // q.shape[0], n_seqs // k.shape[0]
+        work = np.empty((n_seqs * H, 3, S_v), np.float32)  # [rows, 3, S_v]: each row's delta, dots, gate
+        acc = np.empty((n_seqs * H, 4, 16, S_v), np.float32)  # [rows, 4, 16, S_v]: its vec_dot_f32_cols accumulators
         for ir in prange(n_seqs * H):  # range when not parallel
-            _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc)
+            _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work[ir], acc[ir])
         return out
 
     return jit(parallel=parallel, variant="parallel" if parallel else "")(gated_delta_net_t)  # twins named apart

@@ -245,7 +245,7 @@ def q8_0_mul_mat(w, x, out, tab):
     quantized (``from_float``, ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32), then ``ggml_vec_dot_q8_0_q8_0`` for
     every element (:func:`_q8_0_dot`) — as :func:`q8_0_mul_mat_id` of a stack of one expert that every row takes:
     its one group is every row in order, exactly ``ggml_mul_mat``'s elements, and one compiled kernel serves both
-    (1.3 s of a first run; `_run` compiled into each was most of both)."""
+    (1.3 s of a first run: :func:`_run`, compiled into each, was most of both)."""
     w3 = w[None].view()  # (1, N, K/32·34): read-only, as a mapped file's (one compiled signature for both)
     w3.flags.writeable = False
     q8_0_mul_mat_id(w3, np.zeros((x.shape[0], 1), np.int32), x[:, None, :], out[:, None, :], tab)

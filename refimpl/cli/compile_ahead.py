@@ -12,7 +12,8 @@ alone, as before). The run names the child in its compile report's summary line.
 How: the child (``python -m refimpl.cli.compile_ahead``, handed the run's parsed flags on its stdin) loads the model
 as the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), then
 walks the prompt's first ubatch and one decoded token. The run stops it when it ends (:meth:`Helper.close`):
-numba writes its cache files by rename, so a child stopped in a save leaves no torn file.
+numba writes its cache files by rename, so a child stopped in a save leaves no torn file (at worst an index entry
+whose machine code it had not written yet: the next run compiles that kernel again).
 """
 
 from __future__ import annotations
@@ -107,7 +108,11 @@ def start(args) -> Helper | None:
     if path is None:
         return None
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "compile_ahead")}
-    return Helper(pickle.dumps(dict(fields, m=None, model=path)))  # the run's flags, its model file named
+    try:
+        flags = pickle.dumps(dict(fields, m=None, model=path))  # the run's flags, its model file named
+    except Exception:  # a flag value pickle cannot carry: the run compiles alone
+        return None
+    return Helper(flags)
 
 
 def _child(stdin) -> None:

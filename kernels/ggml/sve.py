@@ -78,6 +78,33 @@ def vec_dot_f32(n, x, y):
 
 
 @jit()
+def vec_dot_f32_cols(n, xt, y, acc, out):
+    """``out[c] = vec_dot_f32(n, xt[:, c], y)`` for every column ``c`` of ``xt`` (n, m) at once, any ``n``: each
+    column's 8 × 4 accumulators fed the same fused products in the same order (the leftovers into ``sum1``), then the
+    same tree and FADDV — every operation lane-wise across the columns. ``acc`` (4, ≥ 8, ≥ m) float32 scratch
+    (accumulator ``j``, lane ``l`` in ``acc[j // 2, 4 * (j % 2) + l]``). Same bits as :func:`vec_dot_f32` per column
+    (tests/test_ggml_kernel_parts.py)."""
+    m = xt.shape[1]
+    np1 = n & ~31
+    for j in range(4):
+        for lane in range(8):
+            acc[j, lane, :m] = F32(0.0)
+    for i in range(n):
+        j = ((i % 32) // 4) if i < np1 else 0
+        a, yi, row = acc[j // 2, 4 * (j % 2) + i % 4], y[i], xt[i]
+        for c in range(m):
+            a[c] = fma32(row[c], yi, a[c])
+    for c in range(m):
+        for lane in range(4):  # GGML_F32xt_REDUCE, lane-wise: (1+2) + (3+4), (5+6) + (7+8), their sum
+            a12 = F32(acc[0, lane, c] + acc[0, 4 + lane, c])
+            a34 = F32(acc[1, lane, c] + acc[1, 4 + lane, c])
+            a56 = F32(acc[2, lane, c] + acc[2, 4 + lane, c])
+            a78 = F32(acc[3, lane, c] + acc[3, 4 + lane, c])
+            acc[0, lane, c] = F32(F32(a12 + a34) + F32(a56 + a78))
+        out[c] = _faddv4(acc[0, 0, c], acc[0, 1, c], acc[0, 2, c], acc[0, 3, c])
+
+
+@jit()
 def vec_dot_f16(n, x, y):
     """vec.cpp ggml_vec_dot_f16, the SVE branch at 128 bits (``x``, ``y``: F16 values as float32): float
     accumulators by FMLALB / FMLALT (module docstring); returns the float32 result."""

@@ -155,8 +155,9 @@ def vec_dot_f32_cols(n, xt, y, lanes, acc, out):
 
 @jit()
 def cols_fit(n, lanes):
-    """Whether :func:`vec_dot_f32_cols` computes dots of length ``n`` (a whole number of ``GGML_F32_STEP``s)."""
-    return n % (4 * (NEON if lanes == NEON_CLANG else lanes)) == 0
+    """Whether :func:`vec_dot_f32_cols` computes dots of length ``n`` (a whole number of ``GGML_F32_STEP``s; never
+    SVE's, whose twin is :func:`kernels.ggml.sve.vec_dot_f32_cols`)."""
+    return lanes != SVE128 and n % (4 * (NEON if lanes == NEON_CLANG else lanes)) == 0
 
 
 @jit()

@@ -18,7 +18,8 @@ lanes, ``svcnth()`` = 8 half lanes, and a *predicated* last block (``svwhilelt``
   rounds ``v`` to half once, then *every* element (the predicated tail too) is one half FMA ``fma16(x, vh, y)`` /
   one half product ``y·vh`` — NEON computes its tail in float.
 
-* ``ggml_vec_dot_f32`` (:func:`vec_dot_f32`): 8 fused accumulators of 4 lanes, predicated tail, FADDV.
+* ``ggml_vec_dot_f32`` (:func:`vec_dot_f32`): 8 fused accumulators of 4 lanes, predicated tail, FADDV; many of them
+  side by side (:func:`vec_dot_f32_cols`: the F32-cache attention's K·Q and P·V, :mod:`kernels.ggml.attn_heads`).
 
 :mod:`kernels.ggml.vec`'s functions take these for the code ``SVE128``.
 Other vector lengths are refused (kernels.ggml.build: ``SVE_BITS``).

@@ -59,7 +59,7 @@ def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
         waiter = run("lock")
         assert waiter.stdout.readline().strip() == "calling", waiter.stderr.read()
         with pytest.raises(subprocess.TimeoutExpired):  # numba alone compiles f in ~0.1 s and exits
-            waiter.wait(timeout=3.0)
+            waiter.wait(timeout=1.5)
         out, err = run("nolock").communicate(timeout=120)
         assert out.split("\n")[1] == "7 ['f'] 0", err  # compiled (and saved) beside the held lock
     finally:

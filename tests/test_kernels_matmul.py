@@ -333,6 +333,9 @@ _RACE = '''
 import sys, time
 import kernels  # noqa: F401  (kernels.base.flags locks numba's cache saves)
 from numba.core.caching import IndexDataCacheFile
+from numba.core.dispatcher import Dispatcher
+
+Dispatcher.compile = Dispatcher.compile.__wrapped__  # no compile lock: the two compiles meet at the save
 
 save_index = IndexDataCacheFile._save_index
 
@@ -356,7 +359,8 @@ def test_two_processes_caching_two_signatures_of_one_kernel_keep_both(tmp_path):
     """Two processes compile two signatures of one cached function at the same time into one empty cache
     (NUMBA_CACHE_DIR): each save reads the index, picks a data file and writes both under kernels.base.flags'
     lock, so the index keeps both signatures, each naming its own machine code, and a third process loads both
-    from the cache (numba alone: both take ``.1.nbc``, one entry is lost or names the other's code)."""
+    from the cache (numba alone: both take ``.1.nbc``, one entry is lost or names the other's code). The processes
+    take off the per-kernel compile lock (``_lock_compiles``), which would otherwise make the second one wait."""
     import os
     import subprocess
     import sys

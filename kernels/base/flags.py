@@ -87,6 +87,7 @@ much slower.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -271,10 +272,10 @@ def _drop_stale_cache() -> None:
 COMPILE_WAIT_S = 60.0  # the longest a process waits for another one's compile of a kernel before compiling it too
 
 
-def _flock(path: str, wait_s: float):
-    """An exclusive ``flock`` on ``path`` (created if missing), waited for at most ``wait_s`` seconds: the open file
-    descriptor (closing it releases the lock), or None when the file cannot be made, the system has no ``flock``
-    (Windows), or the wait ran out."""
+def _flock(path: str, wait_s: float | None):
+    """An exclusive ``flock`` on ``path`` (created if missing), waited for at most ``wait_s`` seconds (None: as long as
+    it takes): the open file descriptor (closing it releases the lock), or None when the file cannot be made, the
+    system has no ``flock`` (Windows), or the wait ran out."""
     import time
 
     try:
@@ -283,10 +284,10 @@ def _flock(path: str, wait_s: float):
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     except (ImportError, OSError):
         return None
-    deadline = time.monotonic() + wait_s
+    deadline = None if wait_s is None else time.monotonic() + wait_s
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
             if time.monotonic() >= deadline:
@@ -296,6 +297,17 @@ def _flock(path: str, wait_s: float):
         except OSError:
             os.close(fd)
             return None
+
+
+@contextlib.contextmanager
+def _held(path: str, wait_s: float | None = None):
+    """The block runs holding :func:`_flock`'s lock on ``path``, or without one where it cannot be had."""
+    fd = _flock(path, wait_s)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _lock_compiles() -> None:
@@ -315,16 +327,13 @@ def _lock_compiles() -> None:
     if getattr(compile_, "locked", False):
         return
 
+    @functools.wraps(compile_)  # its __wrapped__: numba's own (tests race saves without this lock)
     def locked_compile(self, sig):
         index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
         if index is None or self.overloads.get(tuple(sigutils.normalize_signature(sig)[0])) is not None:
             return compile_(self, sig)
-        fd = _flock(index + ".compiling", COMPILE_WAIT_S)
-        try:
+        with _held(index + ".compiling", COMPILE_WAIT_S):
             return compile_(self, sig)
-        finally:
-            if fd is not None:
-                os.close(fd)  # releases the lock
 
     locked_compile.locked = True
     Dispatcher.compile = locked_compile
@@ -340,10 +349,6 @@ def _lock_cache_saves() -> None:
     one index entry then names the other signature's machine code: the next run loads it, and crashes or computes
     with the wrong array types. Under the lock the second save reads the first one's index and takes ``.2``. Where
     the lock file cannot be made (a read-only cache) or there is no ``flock`` (Windows), numba saves as before."""
-    try:
-        import fcntl
-    except ImportError:
-        return
     from numba.core.caching import IndexDataCacheFile
 
     save = IndexDataCacheFile.save
@@ -351,15 +356,8 @@ def _lock_cache_saves() -> None:
         return
 
     def locked_save(self, key, data):
-        try:
-            fd = os.open(self._index_path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
-        except OSError:
+        with _held(self._index_path + ".lock"):
             return save(self, key, data)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return save(self, key, data)
-        finally:
-            os.close(fd)  # releases the lock
 
     locked_save.locked = True
     IndexDataCacheFile.save = locked_save

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.base.blocks import QT
-from kernels.ggml import mulmat, mulmat_q8, rows, vecmath
-from refimpl.graph.attention import attend, build_layer_attn, rope
+from kernels.ggml import mulmat_q8, rows, vecmath
+from refimpl.graph.attention import build_attn, build_layer_attn, rope
 from refimpl.graph.deltanet import build_layer_attn_linear, gated_delta_net, key_heads
-from refimpl.graph.moe import build_layer_ffn
+from refimpl.graph.moe import build_layer_ffn, shared_gate_logits
 from refimpl.graph.ops import F32, get_rows, mul_mat, output_rows, rms_norm_w, sigmoid, soft_max
 
 
@@ -53,14 +52,10 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
         if attn:  # build_layer_attn's RoPE, cache write and build_attn_mha
             il, H, Hkv, D = attn[0], c.n_head, c.n_head_kv, c.head_dim
             q, k = rope(normal(T, H, D), normal(T, Hkv, D), positions, c.n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]
-            v = normal(T, Hkv, D)  # [T, Hkv, D]
-            if ctx.kv_f16:
-                k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
-            attend(q, state.layers[il].append(k, v, positions), positions, c, ctx)  # [T, H, D]
+            build_attn(q, k, normal(T, Hkv, D), positions, state.layers[il], c, ctx)  # [T, H, D]
         ffn = w.layers[-1].ffn
         if getattr(ffn, "ffn_gate_inp_shexp", None) is not None:  # build_moe_ffn backwards: the shared expert's gate
-            gate_row = np.ascontiguousarray(ffn.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1).view(np.uint8)  # [1, 4E]
-            sigmoid(mulmat.mul_mat(gate_row, QT.F32, x, ctx.ggml, ctx.n_threads)[:, 0], ctx)  # [T]
+            sigmoid(shared_gate_logits(ffn, x, ctx), ctx)  # [T]
         if c.n_expert:  # the weights' sum, the top-k, the softmax, the router
             vecmath.sum_rows(np.abs(normal(T, c.n_expert_used)), ctx.ggml)  # [T, 1]
             rows.argsort_desc(normal(T, c.n_expert))  # [T, X]

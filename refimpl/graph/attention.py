@@ -6,7 +6,7 @@
    ``Qcur = ggml_view_3d`` of the queries, RMS-normed with ``attn_q_norm`` (the fused RMS_NORM+MUL);
    ``gate = ggml_cont_2d`` of the gate halves. ``Kcur``, ``Vcur``: ``ggml_mul_mat``; K normed like Q.
 2. RoPE (:func:`rope`): ``ggml_rope_multi`` IMROPE with positions (p, p, p, 0) per text token, or NEOX.
-3. ``build_attn`` (llama-graph.cpp): K and V stored into the cache with ``ggml_set_rows`` — an F16 cache
+3. ``build_attn`` (llama-graph.cpp, :func:`build_attn`): K and V stored into the cache with ``ggml_set_rows`` — an F16 cache
    rounds them — then ``build_attn_mha`` over the KV view of :func:`kv_view_cells` cells (:func:`attend`).
 4. ``cur = ggml_mul(cur, ggml_sigmoid(gate))``, ``ggml_mul_mat(wo, cur)``.
 
@@ -48,11 +48,8 @@ def build_layer_attn(w, c, a: np.ndarray, positions: np.ndarray, kv, il: int, ct
     ctx.cb(prefix + "Kcur", il, k)
     ctx.cb(prefix + "Vcur", il, v)
 
-    if ctx.kv_f16:  # ggml_set_rows into an F16 cache: F32 -> F16 (flash attention casts an F32 cache itself)
-        k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
-    kv = kv.append(k, v, positions)
-
-    o = attend(q, kv, positions, c, ctx).reshape(T, H * D)  # [T, H, D] -> [T, HD]
+    o, kv = build_attn(q, k, v, positions, kv, c, ctx)
+    o = o.reshape(T, H * D)  # [T, H, D] -> [T, HD]
     ctx.cb(prefix + "attn_pregate", il, o)
     o = ctx.cb(prefix + "attn_gated", il, o * sigmoid(gate, ctx))  # [T, HD]: ggml_mul (one float32 product)
     return ctx.cb(prefix + "attn_output", il, mul_mat(w.attn_output, o, ctx)), kv
@@ -67,6 +64,15 @@ def rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, n_rot: int, c, ctx
         return tuple(ggml_rope.rope_multi(x, pos4, n_rot, c.rope_sections, GGML_ROPE_TYPE_IMROPE, c.rope_freq_base,
                                           ctx.ggml, c.rope_freq_scale) for x in (q, k))
     return tuple(ggml_rope.rope_neox(x, pos, n_rot, c.rope_freq_base, ctx.ggml, c.rope_freq_scale) for x in (q, k))
+
+
+def build_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, kv, c, ctx):
+    """``build_attn``: K and V [T, Hkv, D] stored into the cache (``ggml_set_rows``; an F16 cache rounds them), then
+    :func:`attend` of q [T, H, D]. Returns (o [T, H, D], the cache with the T new cells)."""
+    if ctx.kv_f16:  # ggml_set_rows into an F16 cache: F32 -> F16 (flash attention casts an F32 cache itself)
+        k, v = vecmath.cast_f16(k).astype(F32), vecmath.cast_f16(v).astype(F32)
+    kv = kv.append(k, v, positions)
+    return attend(q, kv, positions, c, ctx), kv
 
 
 def kv_cache_cells(c, ctx) -> int:

@@ -66,12 +66,17 @@ def build_moe_ffn(w, c, x: np.ndarray, il: int, ctx, prefix: str = "") -> tuple[
     ctx.cb(prefix + "ffn_moe_out", il, moe_out)
 
     shexp = ctx.cb(prefix + "ffn_shexp", il, build_ffn(w.ffn_gate_shexp, w.ffn_up_shexp, w.ffn_down_shexp, x, il, ctx, prefix))
-    gate_row = np.ascontiguousarray(w.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1).view(np.uint8)  # [1, 4E] bytes
-    shared_gate = mulmat.mul_mat(gate_row, QT.F32, x, ctx.ggml, ctx.n_threads)[:, 0]  # [T]: ggml_mul_mat of the F32 [E] weight, one output row
-    shared_gate = ctx.cb("moe.shared_gate", il, sigmoid(shared_gate, ctx))
+    shared_gate = ctx.cb("moe.shared_gate", il, sigmoid(shared_gate_logits(w, x, ctx), ctx))  # [T]
     ctx.cb(prefix + "shared_expert_gate_sigmoid", il, shared_gate)
     out = moe_out + shexp * shared_gate[:, None]  # [T, E]: ggml_mul (broadcast), ggml_add
     return ctx.cb(prefix + "ffn_out", il, out), sel, weights
+
+
+def shared_gate_logits(w, x: np.ndarray, ctx) -> np.ndarray:
+    """The shared expert's gate before its sigmoid: ``ggml_mul_mat`` of the F32 [E] weight ``ffn_gate_inp_shexp``
+    (one output row) and x [T, E] -> [T]."""
+    gate_row = np.ascontiguousarray(w.ffn_gate_inp_shexp, dtype=F32).reshape(1, -1).view(np.uint8)  # [1, 4E] bytes
+    return mulmat.mul_mat(gate_row, QT.F32, x, ctx.ggml, ctx.n_threads)[:, 0]  # [T]
 
 
 def expert_stack(experts, which: str, sel: np.ndarray) -> tuple[np.ndarray, object, np.ndarray, int, object]:

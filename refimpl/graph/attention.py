@@ -6,8 +6,8 @@
    ``Qcur = ggml_view_3d`` of the queries, RMS-normed with ``attn_q_norm`` (the fused RMS_NORM+MUL);
    ``gate = ggml_cont_2d`` of the gate halves. ``Kcur``, ``Vcur``: ``ggml_mul_mat``; K normed like Q.
 2. RoPE (:func:`rope`): ``ggml_rope_multi`` IMROPE with positions (p, p, p, 0) per text token, or NEOX.
-3. ``build_attn`` (llama-graph.cpp, :func:`build_attn`): K and V stored into the cache with ``ggml_set_rows`` — an F16 cache
-   rounds them — then ``build_attn_mha`` over the KV view of :func:`kv_view_cells` cells (:func:`attend`).
+3. ``build_attn`` (llama-graph.cpp, :func:`build_attn`): K and V stored into the cache with ``ggml_set_rows`` — an
+   F16 cache rounds them — then ``build_attn_mha`` over the KV view of :func:`kv_view_cells` cells (:func:`attend`).
 4. ``cur = ggml_mul(cur, ggml_sigmoid(gate))``, ``ggml_mul_mat(wo, cur)``.
 
 The reference computes the same layer in :mod:`refimpl.model.attention`; the traced names are the same

@@ -63,15 +63,21 @@ class Parser(argparse.ArgumentParser):
         return None
 
 
-def default_model(arg: str | None) -> str:
-    """MODEL as given, or ``builtin:kjv`` (the built-in trained model) with a note on stderr."""
+def default_model(arg: str | None, note: bool = True) -> str:
+    """MODEL as given, or ``builtin:kjv`` (the built-in trained model) with a note on stderr (``note``)."""
     from refimpl.fixtures.builtin import TRAINED_DESCRIPTION, TRAINED_SPEC, resolve_model
 
     if arg is not None:
         return arg
-    print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
-          f"({resolve_model(TRAINED_SPEC)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
+    if note:
+        print(f"refimpl: no model given; using the built-in trained model {TRAINED_SPEC}: {TRAINED_DESCRIPTION} "
+              f"({resolve_model(TRAINED_SPEC)}). Name a GGUF, or builtin:tiny for the synthetic fixture.", file=sys.stderr)
     return TRAINED_SPEC
+
+
+def model_given(args) -> str | None:
+    """MODEL or -m (:func:`load` refuses both), None when neither is given."""
+    return getattr(args, "m", None) or args.model
 
 
 def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
@@ -83,7 +89,7 @@ def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None):
     (refimpl.graph.layout.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.load.Model.packed)."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
-    return load_named(default_model(getattr(args, "m", None) or args.model), cache_mb, pack=pack, defer_pack=defer_pack,
+    return load_named(default_model(model_given(args)), cache_mb, pack=pack, defer_pack=defer_pack,
                       ggml=ggml if ggml is not None else ggml_layout(args))
 
 

@@ -35,10 +35,12 @@ NOTE = f" (a second process compiled others beside it: {ENV}=0 turns it off)"
 
 
 def _model_path(args) -> str:
-    """The file the run will load (MODEL, -m or the built-in model; a built-in one is built here if missing)."""
-    from refimpl.fixtures.builtin import TRAINED_SPEC, resolve_model
+    """The file the run will load (:func:`refimpl.cli.common.load`'s choice, without its note; a built-in one is
+    built here if missing)."""
+    from refimpl.cli.common import default_model, model_given
+    from refimpl.fixtures.builtin import resolve_model
 
-    return str(resolve_model(str(getattr(args, "m", None) or args.model or TRAINED_SPEC)))
+    return str(resolve_model(str(default_model(model_given(args), note=False))))
 
 
 def ggml_cache_dir() -> Path:

@@ -259,22 +259,30 @@ def test_the_model_is_laid_out_where_the_kernels_are():
 def test_interpreted_kernels_give_the_same_bits(tmp_path):
     """NUMBA_DISABLE_JIT=1 (every kernel as Python: coverage, pdb, the compiler ruled out): the layout and its
     products — the dots by their definitions, tiles split between threads by ``range`` — give the compiled bits."""
-    import os
-    import subprocess
-    import sys
-
     rng = np.random.default_rng(9)
     cases = {}
     for qtype, repacked, T in ((QT.Q4_K, True, 5), (QT.MXFP4, True, 5), (QT.Q6_K, False, 3), (QT.Q5_K, False, 8)):
         w = weight_bytes(qtype, 40, 256, rng)
         x = acts(rng, T, 256)
         cases[qtype.name] = (w, x, columns.mul_mat_cols(columns.layout(w, qtype), x, repacked))
+    assert_interpreted(tmp_path, cases, "from kernels.ggml import columns; "
+                       "np.savez('out.npz', **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
+                       "z[n + '_1'], n in ('Q4_K', 'MXFP4')) for n in ('Q4_K', 'MXFP4', 'Q6_K', 'Q5_K')})", 600)
+
+
+def assert_interpreted(tmp_path, cases: dict, code: str, timeout: int) -> None:
+    """``cases`` {name: (weights, activations, the compiled product)} saved as ``in.npz`` (``z[name + '_0']`` …);
+    ``code`` run by a new Python under NUMBA_DISABLE_JIT=1 in ``tmp_path`` (numpy as ``np``, ``QT``, ``z`` given)
+    writes ``out.npz``, whose ``name`` must equal the compiled product bit for bit."""
+    import os
+    import subprocess
+    import sys
+
     np.savez(tmp_path / "in.npz", **{f"{n}_{i}": a for n, c in cases.items() for i, a in enumerate(c)})
-    code = ("import numpy as np; from gguf import GGMLQuantizationType as QT; from kernels.ggml import columns; "
-            "z = np.load('in.npz'); np.savez('out.npz', **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
-            "z[n + '_1'], n in ('Q4_K', 'MXFP4')) for n in ('Q4_K', 'MXFP4', 'Q6_K', 'Q5_K')})")
+    code = "import numpy as np; from gguf import GGMLQuantizationType as QT; z = np.load('in.npz'); " + code
     env = dict(os.environ, NUMBA_DISABLE_JIT="1")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     out = np.load(tmp_path / "out.npz")
     for name, (_, _, compiled) in cases.items():

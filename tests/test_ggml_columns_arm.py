@@ -11,6 +11,7 @@ model loaded with the layout against one without; and a weight in a plain buffer
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from test_ggml_columns import assert_interpreted
 from test_ggml_ops_repack_arm64 import acts, acts_k, bits, weight_bytes
 
 from kernels.ggml import columns, columns_arm, columns_arm_lanes, columns_ir, mulmat
@@ -253,27 +254,16 @@ def test_layout_is_refused_where_it_does_not_apply():
 def test_interpreted_kernels_give_the_same_bits(tmp_path):
     """NUMBA_DISABLE_JIT=1: the AArch64 layout kernels as Python (the integer steps by their definitions, a whole
     tile's lanes loop included) give the compiled bits — a repacked Q4_K and a plain buffer's Q8_0, a tile and a tail."""
-    import os
-    import subprocess
-    import sys
-
     rng = np.random.default_rng(47)
     cases = {}
     for qtype, path, repacked, K in ((QT.Q4_K, "arm64-i8mm", True, 256), (QT.Q8_0, "arm64-base", False, 96)):
         w = weight_bytes(qtype, 72, K, rng)
         x = _acts(qtype, rng, 5, K)
         cases[qtype.name] = (w, x, columns_arm.mul_mat_cols_arm(columns.layout(w, qtype), x, path, repacked))
-    np.savez(tmp_path / "in.npz", **{f"{n}_{i}": a for n, c in cases.items() for i, a in enumerate(c)})
-    code = ("import numpy as np; from gguf import GGMLQuantizationType as QT; from kernels.ggml import columns, columns_arm; "
-            "z = np.load('in.npz'); a = {'Q4_K': ('arm64-i8mm', True), 'Q8_0': ('arm64-base', False)}; "
-            "np.savez('out.npz', **{n: columns_arm.mul_mat_cols_arm(columns.layout(z[n + '_0'], QT[n]), z[n + '_1'], *a[n]) "
-            "for n in a})")
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    out = np.load(tmp_path / "out.npz")
-    for name, (_, _, compiled) in cases.items():
-        assert np.array_equal(bits(out[name]), bits(compiled)), name
+    assert_interpreted(tmp_path, cases, "from kernels.ggml import columns, columns_arm; "
+                       "a = {'Q4_K': ('arm64-i8mm', True), 'Q8_0': ('arm64-base', False)}; "
+                       "np.savez('out.npz', **{n: columns_arm.mul_mat_cols_arm(columns.layout(z[n + '_0'], QT[n]), "
+                       "z[n + '_1'], *a[n]) for n in a})", 900)
 
 
 @pytest.mark.deep

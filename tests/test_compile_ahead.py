@@ -15,6 +15,7 @@ import numba
 import pytest
 
 import kernels
+from conftest import require_llama_cpp
 from kernels.base import flags
 from refimpl.cli import compile_ahead
 from refimpl.fixtures.builtin import TRAINED_PATH
@@ -147,7 +148,7 @@ def test_the_walk_compiles_every_kernel_of_the_run():
     """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
     prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the graph but not
     reached by the walk fails this)."""
-    pytest.importorskip("llama_cpp")  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path)
+    require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
     import json
 
     argv = ["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
@@ -162,7 +163,7 @@ def test_the_walk_compiles_every_kernel_of_the_run():
 def test_a_first_ggml_run_with_its_child_prints_what_the_warm_run_prints(tmp_path):
     """``refimpl run --emulate=ggml`` on an empty cache starts the child (its report says so), prints what the warm
     run then prints from the cache, and leaves no child behind."""
-    pytest.importorskip("llama_cpp")
+    require_llama_cpp()
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), **{compile_ahead.ENV: "1"})
     argv = [sys.executable, "-m", "refimpl", "run", str(TRAINED_PATH), "--emulate=ggml", "-p", "In the beginning",
             "-n", "16"]

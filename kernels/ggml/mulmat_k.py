@@ -45,6 +45,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _quantize_rows_q8_k
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
+from kernels.ggml.rows_k_ir import q4_k_lanes, q6_k_lanes
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
@@ -63,10 +64,10 @@ ROWS = 64  # weight rows per work item of the parallel vec_dot (an expert's 2048
 
 
 @jit()
-def decode_row(kind, w, q, sc, mn, d, dmin, table):
+def decode_row(kind, w, q, sc, mn, d, dmin, table, codes=True):
     """One weight row's bytes ``w`` -> ``q`` (K,) integer values (unsigned codes; IQ4_XS: table values; Q3_K:
     signed ``code - 4``), ``sc`` (K/32 or K/16) scales, ``mn`` (as many) mins, ``d`` / ``dmin`` (K/256) fp16 scales
-    as float32."""
+    as float32. ``codes=False`` (Q4_K, Q6_K): the scales alone, ``q`` untouched."""
     for b in range(d.shape[0]):
         if kind == 0 or kind == 1:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
             o = (144 if kind == 0 else 176) * b
@@ -74,6 +75,8 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
             dmin[b] = fp16_at(w, o + 2, table)
             for j in range(8):
                 sc[8 * b + j], mn[8 * b + j] = k_scale_min(w, o + 4, j)
+            if not codes:
+                continue
             qo = o + (16 if kind == 0 else 48)
             qh = w[o + 16:o + 48]  # Q5_K's fifth bits (views: the loops below vectorize)
             for c in range(4):  # 32 bytes: low nibbles = values 64c + l, high nibbles = 64c + 32 + l
@@ -93,6 +96,8 @@ def decode_row(kind, w, q, sc, mn, d, dmin, table):
             for j in range(16):
                 v = np.int64(w[o + 192 + j])
                 sc[16 * b + j] = v - 256 if v > 127 else v
+            if not codes:
+                continue
             for h in range(2):
                 ql = w[o + 64 * h:o + 64 * h + 64]  # views: the loop below vectorizes
                 qh = w[o + 128 + 32 * h:o + 160 + 32 * h]
@@ -184,7 +189,10 @@ def _vec_dot_for(qt, parallel):
         K = yq.shape[1]
         nb = K // 256
         sub = 32 if kind <= 1 or kind == 3 else 16
-        y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        from_bytes = kind == 0 or kind == 2  # Q4_K, Q6_K: the codes' dots read the row bytes (kernels.ggml.rows_k_ir)
+        y = np.empty((yq.shape[0], 0), np.int32) if from_bytes else yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        if w.strides[2] != 1:  # kernels.ggml.rows_k_ir reads each weight row as contiguous bytes
+            raise ValueError("the weight rows must be contiguous")
         nt = (w.shape[1] + ROWS - 1) // ROWS
         for item in prange(experts.shape[0] * nt):
             # int32 buffers: every integer here is one of ggml's int32 lanes (exact, no wrap)
@@ -197,7 +205,8 @@ def _vec_dot_for(qt, parallel):
             grp, r0 = item // nt, ROWS * (item % nt)
             orow = order[bounds[grp]:bounds[grp + 1]]
             for r in range(r0, min(r0 + ROWS, w.shape[1])):
-                decode_row(kind, w[experts[grp], r], q, sc, mn, d, dmin, table)
+                wr = w[experts[grp], r]
+                decode_row(kind, wr, q, sc, mn, d, dmin, table, not from_bytes)
                 for j in range(orow.shape[0]):
                     t = arow[orow[j]]
                     yt = y[t]
@@ -225,6 +234,14 @@ def _vec_dot_for(qt, parallel):
                                     for i in range(4):
                                         k = o + 4 * lane + i
                                         v[lane] = np.int32(v[lane] + np.int32(_prod(q[k], yt[k], True) * sc[8 * b + g]))
+                        elif kind == 0:  # the nibbles' lanes straight from the row bytes (vector IR)
+                            lv = q4_k_lanes(wr, 144 * b + 16, yq[t], 256 * b, sc, 8 * b, 4)
+                            for lane in range(8):
+                                v[lane] = lv[lane]
+                        elif kind == 2:
+                            lv = q6_k_lanes(wr, 210 * b, yq[t], 256 * b, sc, 16 * b)
+                            for lane in range(8):
+                                v[lane] = lv[lane]
                         else:
                             _superblock_lanes(v, q, yt, sc, b, sub)
                         for lane in range(8):

@@ -56,6 +56,7 @@ from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.actquant import _maxps, _quantize_rows_q8_k
 from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _bytes, _qt, slot_groups
+from kernels.ggml.rows_k_ir import q4_k_total
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import k_scale_min
@@ -178,9 +179,9 @@ def _decode_q2_k_i32(w, q, sc, mn, d, dmin, table):
 @jit()
 def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
     """The core of :func:`_id_item` (so of :func:`repacked_k_rows`) for Q4_K: weight rows ``w`` (N, row bytes)
-    against the activation rows ``rows`` of ``y`` (int32 (·, K)), ``yd``, ``ysub``, ``gemm``; results to
-    ``out[orow[i], c]``. The nibbles are multiplied straight from the row bytes; every integer is exact in int32 (a
-    super-block's sum < 2^25)."""
+    against the activation rows ``rows`` of ``y`` (int8 (·, K), the Q8_K quants), ``yd``, ``ysub``, ``gemm``;
+    results to ``out[orow[i], c]``. The nibbles' dots come straight from the row bytes
+    (:func:`kernels.ggml.rows_k_ir.q4_k_total`: ``ΣI``, exact in int32 — a super-block's sum < 2^25)."""
     K = y.shape[1]
     nb = K // 256
     for c in range(w.shape[0]):
@@ -196,34 +197,16 @@ def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, i
             yr = y[r]
             acc = F32(0.0)
             accm = F32(0.0)
-            per_sb = gemm[r]  # gemm: an FMA per 64 values (two sub-blocks); gemv: per super-block
+            step = 1 if gemm[r] else 4  # gemm: an FMA per 64 values (two sub-blocks); gemv: per super-block
             for b in range(nb):
                 ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
                 dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
-                ii = np.int64(0)
-                mi = np.int64(0)
-                for cc in range(4):  # 32 bytes: low nibbles = sub-block 2cc, high nibbles = sub-block 2cc + 1
-                    qo = 144 * b + 16 + 32 * cc
-                    yo = 256 * b + 64 * cc
-                    qs = wc[qo:qo + 32]
-                    ylo = yr[yo:yo + 32]
-                    yhi = yr[yo + 32:yo + 64]
-                    plo = np.int32(0)
-                    phi = np.int32(0)
-                    for l in range(32):
-                        v = np.int32(qs[l])
-                        plo = np.int32(plo + np.int32((v & 15) * ylo[l]))
-                        phi = np.int32(phi + np.int32((v >> 4) * yhi[l]))
-                    s = 8 * b + 2 * cc
-                    ii += np.int64(sc[s]) * plo + np.int64(sc[s + 1]) * phi
-                    mi += np.int64(mn[s]) * ysub[r, s] + np.int64(mn[s + 1]) * ysub[r, s + 1]
-                    if per_sb:
-                        acc = fma32(F32(ii), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
-                        accm = fma32(F32(mi), dm, accm)
-                        ii = np.int64(0)
-                        mi = np.int64(0)
-                if not per_sb:
-                    acc = fma32(F32(ii), ds, acc)
+                for cc in range(0, 4, step):  # 32 bytes a chunk: low nibbles = sub-block 2cc, high = 2cc + 1
+                    ii = q4_k_total(wc, 144 * b + 16 + 32 * cc, yr, 256 * b + 64 * cc, sc, 8 * b + 2 * cc, step)
+                    mi = np.int64(0)
+                    for s in range(8 * b + 2 * cc, 8 * b + 2 * (cc + step)):
+                        mi += np.int64(mn[s]) * ysub[r, s]
+                    acc = fma32(F32(ii), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
                     accm = fma32(F32(mi), dm, accm)
             out[orow[i], c] = acc - accm  # _mm*_sub_ps(acc_rows, acc_min_rows)
 
@@ -272,7 +255,7 @@ ROWS = 64  # weight rows per work item of the parallel kernels (an expert's 512 
 
 
 @jit()
-def _id_item(kind, w, y, yd, ysub, gemm, arow, order, bounds, experts, out, table, g, c0):
+def _id_item(kind, w, yq, y, yd, ysub, gemm, arow, order, bounds, experts, out, table, g, c0):
     """Weight rows ``[c0, c0 + ROWS)`` of expert group ``g`` (:func:`repacked_k_id`): every output element of the
     item computed here, whole, in ggml's order."""
     c1 = min(c0 + ROWS, w.shape[1])
@@ -280,10 +263,10 @@ def _id_item(kind, w, y, yd, ysub, gemm, arow, order, bounds, experts, out, tabl
     rows = np.empty(orow.shape[0], np.int64)
     for i in range(orow.shape[0]):
         rows[i] = arow[orow[i]]
-    q, sc, mn, d, dmin, isum = _work_buffers(kind, y.shape[1])
+    q, sc, mn, d, dmin, isum = _work_buffers(kind, yq.shape[1])
     wg, og = w[experts[g], c0:c1], out[:, c0:c1]
     if kind == 0:
-        _q4_k_rows_into(wg, y, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
+        _q4_k_rows_into(wg, yq, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
     else:
         _q2_k_rows_into(wg, y, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
 
@@ -297,10 +280,13 @@ def _id_for(parallel):
         """``w`` (E, N, row bytes); the output slots ``order[bounds[g]:bounds[g+1]]`` (rows of ``out`` (slots,
         N)) go through expert ``experts[g]``, slot ``j`` with activation row ``arow[j]`` of ``yq`` / ``yd`` /
         ``ysub``, the gemm's FMAs where ``gemm[arow[j]]``, else the gemv's."""
-        y = yq.astype(np.int32)  # (R, K): the Q8_K quants widened once for the int32 dots
+        # Q2_K's int32 dots take the Q8_K quants widened once (R, K); Q4_K's vector IR the bytes
+        y = yq.astype(np.int32) if kind == 1 else np.empty((yq.shape[0], 0), np.int32)
+        if w.strides[2] != 1:  # kernels.ggml.rows_k_ir reads each weight row as contiguous bytes
+            raise ValueError("the weight rows must be contiguous")
         nt = (w.shape[1] + ROWS - 1) // ROWS
         for i in prange(experts.shape[0] * nt):
-            _id_item(kind, w, y, yd, ysub, gemm, arow, order, bounds, experts, out, table, i // nt, ROWS * (i % nt))
+            _id_item(kind, w, yq, y, yd, ysub, gemm, arow, order, bounds, experts, out, table, i // nt, ROWS * (i % nt))
 
     return repacked_k_id
 

@@ -1,0 +1,223 @@
+"""The integer dots of Q4_K and Q6_K super-blocks read straight from the stored rows, as vector IR — the weights
+llama.cpp keeps in their GGUF layout at run time: the routed experts of a model whose column layout
+(:mod:`kernels.ggml.columns`) does not fit in memory, multiplied from the memory map or the streamer's slices.
+
+Two results per super-block, both exact integers:
+
+* **lanes** — ``arch/x86/quants.c``'s ``vec_dot`` keeps a super-block's integer dot in 8 int32 lanes, lane ``l``
+  summing bytes ``4l … 4l+3`` of each of the 8 32-value loads (``maddubs`` + ``madd_epi16`` by the sub-block
+  scale): :mod:`kernels.ggml.mulmat_k`'s ``vec_dot`` takes them lane by lane into its float lanes;
+* **total** — the sum of those lanes: ``Σ_s scale_s · Σ w·q8`` over the sub-blocks read, Q4_K's ``ΣI`` of the
+  repacked gemv (per super-block) and gemm (per 64 values) of :mod:`kernels.ggml.repack_k`.
+
+A 32-value load's codes (Q4_K: the low or high nibbles of 32 bytes, 0…15; Q6_K: 4 low bits and 2 high bits,
+0…63) times 32 Q8 bytes, 4 products to an int32, is one ``vpdpbusd`` (``LEVEL`` 2, AVX512-VNNI: unsigned codes
+times signed bytes) — exactly the lanes above —, or ggml's own AVX2 pair ``vpmaddubsw`` + ``vpmaddwd`` with ones
+(``LEVEL`` 1; no int16 pair saturates: 63·128·2 < 2^15), or target-independent IR (``LEVEL`` 0). The scale
+multiplies the lane (``|dot| ≤ 63·128·4``, a scale ``|s| ≤ 128``: no int32 sum of a super-block wraps). Integers
+are exact: which integers are summed is ggml's, the order and register never matter; every level gives the same
+bits (tests/test_ggml_rows_k.py). The float steps stay with the callers, in ggml's order.
+
+:func:`q4_k_lanes_def` and :func:`q6_k_lanes_def` are the definitions (and, with ``NUMBA_DISABLE_JIT=1``, the
+path). The level is fixed per process (:data:`LEVEL`, as :mod:`kernels.ggml.mulmat_q8_ir`'s).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml import mulmat_q8_ir
+
+#: The instructions of the integer steps (2: AVX512-VNNI, 1: AVX2, 0: target-independent IR): the numba target's,
+#: capped by flags.KERNEL_ISA (:data:`kernels.ggml.mulmat_q8_ir.LEVEL`).
+LEVEL = mulmat_q8_ir.LEVEL if JIT_ENABLED else 0
+
+
+def q4_k_lanes_def(w, wo, y, yo, sc, so, n):
+    """The 8 int32 lanes of ``n`` 64-value chunks of a Q4_K super-block: chunk ``c`` is the 32 bytes
+    ``w[wo + 32c …]`` — low nibbles values ``64c + l`` (sub-block ``2c``), high nibbles ``64c + 32 + l`` (sub-block
+    ``2c + 1``) —, ``y[yo + 64c …]`` their Q8 bytes, ``sc[so + 2c]``, ``sc[so + 2c + 1]`` the sub-blocks' scales.
+    Lane ``l`` sums ``scale · code · y`` over bytes ``4l … 4l+3`` of each 32-value load. ``w`` uint8, ``y`` int8,
+    ``sc`` int32, all 1-D; returns a tuple of 8 Python ints."""
+    v = [0] * 8
+    for c in range(n):
+        for h in range(2):  # the low nibbles, then the high ones
+            s = int(sc[so + 2 * c + h])
+            for k in range(32):
+                code = (int(w[wo + 32 * c + k]) >> (4 * h)) & 15
+                v[k // 4] += s * code * int(y[yo + 64 * c + 32 * h + k])
+    return tuple(v)
+
+
+def q6_k_lanes_def(w, wo, y, yo, sc, so):
+    """The 8 int32 lanes of the Q6_K super-block at ``w[wo …]`` (``ql[128]``, ``qh[64]``; value ``128h + 32j + l``
+    of half ``h`` is ``ql[64h + l + 32(j % 2)]``'s nibble ``j // 2`` with ``qh[32h + l]``'s bits ``2j, 2j+1`` above
+    it, unsigned 0…63): lane ``l`` sums ``scale · code · y`` over bytes ``4l … 4l+3`` of each 32-value load ``g``,
+    the scale ``sc[so + 2g]`` for lanes 0–3 and ``sc[so + 2g + 1]`` for lanes 4–7 (a scale per 16 values), ``y[yo
+    …]`` the super-block's 256 Q8 bytes. Before ggml's ``q8sclsub`` (the codes' bias of 32: the caller's)."""
+    v = [0] * 8
+    for g in range(8):
+        h, j = divmod(g, 4)
+        for k in range(32):
+            low = (int(w[wo + 64 * h + k + 32 * (j % 2)]) >> (4 * (j // 2))) & 15
+            high = (int(w[wo + 128 + 32 * h + k]) >> (2 * j)) & 3
+            s = int(sc[so + 2 * g + k // 16])
+            v[k // 4] += s * (low | high << 4) * int(y[yo + 32 * g + k])
+    return tuple(v)
+
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    _B32, _W16, _V8 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
+
+    def _call(b, name, ret, *args):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ret, [a.type for a in args]), name)
+        return b.call(fn, list(args))
+
+    def _udot(b, level, codes, ys):
+        """<8 x i32>: lane ``l`` = ``Σ_{i<4} codes[4l + i] · ys[4l + i]`` (codes unsigned ≤ 63, ys signed), two
+        <32 x i8>: ``vpdpbusd`` (``level`` 2), ``vpmaddubsw`` + ``vpmaddwd`` with ones (1), plain IR (0)."""
+        if level == 2:
+            zero = ir.Constant(_V8, [0] * 8)
+            return _call(b, "llvm.x86.avx512.vpdpbusd.256", _V8, zero, b.bitcast(codes, _V8), b.bitcast(ys, _V8))
+        if level == 1:
+            pairs = _call(b, "llvm.x86.avx2.pmadd.ub.sw", _W16, codes, ys)
+            return _call(b, "llvm.x86.avx2.pmadd.wd", _V8, pairs, ir.Constant(_W16, [1] * 16))
+        v32 = ir.VectorType(_i32, 32)
+        p = b.mul(b.zext(codes, v32), b.sext(ys, v32))
+        acc = None
+        for i in range(4):
+            part = b.shuffle_vector(p, p, ir.Constant(_V8, list(range(i, 32, 4))))
+            acc = part if acc is None else b.add(acc, part)
+        return acc
+
+    def _splat8(b, x):
+        return b.shuffle_vector(b.insert_element(ir.Constant(_V8, None), x, ir.Constant(_i32, 0)),
+                                ir.Constant(_V8, None), ir.Constant(_V8, [0] * 8))
+
+    def _halves8(b, lo, hi):
+        """<8 x i32>: ``lo`` in lanes 0–3, ``hi`` in lanes 4–7."""
+        v = b.insert_element(b.insert_element(ir.Constant(ir.VectorType(_i32, 2), None), lo, ir.Constant(_i32, 0)),
+                             hi, ir.Constant(_i32, 1))
+        return b.shuffle_vector(v, v, ir.Constant(_V8, [0] * 4 + [1] * 4))
+
+    def _typed(w, y, sc):
+        arrays = (w, y, sc)
+        return (all(isinstance(a, types.Array) and a.ndim == 1 and a.layout in "CA" for a in arrays)
+                and w.dtype == types.uint8 and y.dtype == types.int8 and sc.dtype == types.int32)
+
+    def _ptrs(context, b, sig, args):
+        """(the i8* of ``w`` and ``y`` at their offsets, the i32* of ``sc`` at its): each a contiguous row (the
+        callers' contract: their kernels check the weight stack's rows once, before their threads start)."""
+        w, y, sc = (context.make_array(sig.args[i])(context, b, args[i]) for i in (0, 2, 4))
+        return (b.gep(b.bitcast(w.data, _i8.as_pointer()), [args[1]]), b.gep(b.bitcast(y.data, _i8.as_pointer()), [args[3]]),
+                b.gep(sc.data, [args[5]]))
+
+    def _load32(b, p, off):
+        return b.load(b.bitcast(b.gep(p, [off]), _B32.as_pointer()), align=1)
+
+    def _result(context, b, sig, acc, total):
+        if total:
+            return _call(b, "llvm.vector.reduce.add.v8i32", _i32, acc)
+        lanes = [b.extract_element(acc, ir.Constant(_i32, i)) for i in range(8)]
+        return context.make_tuple(b, sig.return_type, lanes)
+
+    def _q4_k_ir(level, total, typingctx, w, wo, y, yo, sc, so, n):
+        """:func:`q4_k_lanes_def` (``total``: the sum of its lanes, an int32) for one instruction level."""
+        if not _typed(w, y, sc):
+            return None
+        i64 = types.int64
+        ret = types.int32 if total else types.UniTuple(types.int32, 8)
+        sig = ret(w, i64, y, i64, sc, i64, i64)
+
+        def codegen(context, b, signature, args):
+            wp, yp, sp = _ptrs(context, b, signature, args)
+            accp = cgutils.alloca_once_value(b, ir.Constant(_V8, [0] * 8))
+            with cgutils.for_range(b, args[6]) as loop:
+                c = loop.index
+                byte = _load32(b, wp, b.mul(c, ir.Constant(_i64, 32)))
+                acc = b.load(accp)
+                for h in range(2):  # low nibbles: sub-block 2c; high: 2c + 1
+                    codes = b.and_(b.lshr(byte, ir.Constant(_B32, [4] * 32)) if h else byte, ir.Constant(_B32, [15] * 32))
+                    ys = _load32(b, yp, b.add(b.mul(c, ir.Constant(_i64, 64)), ir.Constant(_i64, 32 * h)))
+                    s = b.load(b.gep(sp, [b.add(b.mul(c, ir.Constant(_i64, 2)), ir.Constant(_i64, h))]))
+                    acc = b.add(acc, b.mul(_udot(b, level, codes, ys), _splat8(b, s)))
+                b.store(acc, accp)
+            return _result(context, b, signature, b.load(accp), total)
+
+        return sig, codegen
+
+    def _q6_k_ir(level, total, typingctx, w, wo, y, yo, sc, so):
+        """:func:`q6_k_lanes_def` (``total``: the sum of its lanes) for one instruction level."""
+        if not _typed(w, y, sc):
+            return None
+        i64 = types.int64
+        ret = types.int32 if total else types.UniTuple(types.int32, 8)
+        sig = ret(w, i64, y, i64, sc, i64)
+
+        def codegen(context, b, signature, args):
+            wp, yp, sp = _ptrs(context, b, signature, args)
+
+            def k(x):
+                return ir.Constant(_i64, x)
+
+            m4, m2 = ir.Constant(_B32, [15] * 32), ir.Constant(_B32, [3] * 32)
+            acc = ir.Constant(_V8, [0] * 8)
+            for h in range(2):
+                ql = [_load32(b, wp, k(64 * h + 32 * i)) for i in range(2)]
+                qh = _load32(b, wp, k(128 + 32 * h))
+                for j in range(4):
+                    low = b.and_(b.lshr(ql[j % 2], ir.Constant(_B32, [4 * (j // 2)] * 32)), m4)
+                    high = b.shl(b.and_(b.lshr(qh, ir.Constant(_B32, [2 * j] * 32)), m2), ir.Constant(_B32, [4] * 32))
+                    g = 4 * h + j
+                    ys = _load32(b, yp, k(32 * g))
+                    scale = _halves8(b, b.load(b.gep(sp, [k(2 * g)])), b.load(b.gep(sp, [k(2 * g + 1)])))
+                    acc = b.add(acc, b.mul(_udot(b, level, b.or_(low, high), ys), scale))
+            return _result(context, b, signature, acc, total)
+
+        return sig, codegen
+
+    def make(kind: str, level: int, total: bool = False):
+        """The intrinsic of ``kind`` ("q4_k" or "q6_k") for instruction level ``level`` (:data:`LEVEL`; the tests
+        build each one); ``total``: the sum of the lanes instead of the lanes."""
+        return intrinsic(functools.partial(_q4_k_ir if kind == "q4_k" else _q6_k_ir, level, total))
+
+    _q4_k_lanes, _q4_k_total = make("q4_k", LEVEL), make("q4_k", LEVEL, True)
+    _q6_k_lanes = make("q6_k", LEVEL)
+
+    @jit(inline=True)
+    def q4_k_lanes(w, wo, y, yo, sc, so, n):
+        """:func:`q4_k_lanes_def` as vector IR: a tuple of 8 int32."""
+        return _q4_k_lanes(w, np.int64(wo), y, np.int64(yo), sc, np.int64(so), np.int64(n))
+
+    @jit(inline=True)
+    def q4_k_total(w, wo, y, yo, sc, so, n):
+        """The sum of :func:`q4_k_lanes_def`'s lanes (an int32) as vector IR."""
+        return _q4_k_total(w, np.int64(wo), y, np.int64(yo), sc, np.int64(so), np.int64(n))
+
+    @jit(inline=True)
+    def q6_k_lanes(w, wo, y, yo, sc, so):
+        """:func:`q6_k_lanes_def` as vector IR: a tuple of 8 int32."""
+        return _q6_k_lanes(w, np.int64(wo), y, np.int64(yo), sc, np.int64(so))
+
+else:
+
+    def q4_k_lanes(w, wo, y, yo, sc, so, n):
+        return tuple(np.int32(x) for x in q4_k_lanes_def(w, wo, y, yo, sc, so, n))
+
+    def q4_k_total(w, wo, y, yo, sc, so, n):
+        return np.int32(sum(q4_k_lanes_def(w, wo, y, yo, sc, so, n)))
+
+    def q6_k_lanes(w, wo, y, yo, sc, so):
+        return tuple(np.int32(x) for x in q6_k_lanes_def(w, wo, y, yo, sc, so))
+
+
+__all__ = ["LEVEL", "q4_k_lanes", "q4_k_lanes_def", "q4_k_total", "q6_k_lanes", "q6_k_lanes_def"]

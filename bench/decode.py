@@ -198,10 +198,12 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     llama.cpp (one child, a context per configuration the rows are compared with) on one file."""
     import numba
 
+    from refimpl.io.malloc import reuse_freed_memory
     from refimpl.model.ops import Ctx
     from refimpl.model.trunk import load_model
 
     numba.set_num_threads(args.threads)
+    reuse_freed_memory()  # as the refimpl command does (refimpl.io.malloc)
     ctx = Ctx(act_quant=True) if args.emulate == "act" else Ctx()
     path = model_path(preset, quant)
     # {row: (model, ctx, llama.cpp configuration, prompt positions per forward call)}

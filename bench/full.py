@@ -62,9 +62,11 @@ def _load(args, cache_mb):
     ``--threads``, ``--emulate`` —, its numerics, seconds to load)."""
     import numba
 
+    from refimpl.io.malloc import reuse_freed_memory
     from refimpl.model.load import PACK_FLAGS, load_model
 
     numba.set_num_threads(args.threads)
+    reuse_freed_memory()  # as the refimpl command does (refimpl.io.malloc)
     ctx = _ctx(args)
     t0 = time.perf_counter()
     model = load_model(args.model, cache_mb, progress=False, pack=PACK_FLAGS[args.pack],

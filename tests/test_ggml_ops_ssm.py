@@ -181,6 +181,7 @@ def test_gated_delta_net_bit_exact(build, case, hard):
     written = min(T, K)  # ggml writes the last min(T, K) snapshot slots
     st = states[None] if K == 1 else states
     assert_bits(st[:written], states_ref[:written], f"gdn state {case} on {path}")
+    assert np.isnan(st[written:]).all(), "the slots ggml leaves unwritten are NaN"
 
 
 @pytest.mark.parametrize("build", WITH_GENERIC)

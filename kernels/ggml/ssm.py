@@ -304,7 +304,8 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     beta = beta.reshape(n_seqs, n_tokens, H)  # [n_seqs, T, H]
     assert q.shape[1:] == k.shape[1:] and q.shape[3] == S and H % q.shape[2] == 0 and state.shape == (n_seqs, H, S, S)
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
-    snaps = np.full((K, n_seqs, H, S, S), np.nan, np.float32)
+    snaps = np.empty((K, n_seqs, H, S, S), np.float32)  # the kernels write every slot < n_tokens, whole
+    snaps[n_tokens:] = np.nan  # the slots ggml leaves unwritten
     epr = 0 if path == "generic" else simd(path, "ggml_gated_delta_net").code  # SVE128: kernels.ggml.sve's dot
     glibc = glibc_of(path)  # expf: the build's glibc (libm.expf_on)
     if _transposed(S, epr):  # a token's S dots together, the state transposed (:func:`_head_t`)

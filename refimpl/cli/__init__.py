@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         with np.errstate(all="ignore"):  # IEEE arithmetic as in C: inf/NaN weights compute, silently (refimpl.model.ops.ieee)
             if args.func in _NO_KERNELS:
                 return args.func(args)
+            from refimpl.io.malloc import reuse_freed_memory
+
+            reuse_freed_memory()  # the same large arrays every token: from the heap, not fresh pages
             from refimpl.cli import compile_ahead
             from refimpl.cli.compile_report import compile_report
 

@@ -78,7 +78,8 @@ def top_k_p(logits: np.ndarray, k: int = DRAFT_TOP_K) -> float:
     """p of the most likely token after ``top_k(k)``: softmax over the k largest logits only
     (``llama_sampler_top_k`` then ``llama_sampler_softmax_impl``, float32: p = e^0 / Σ e^(l−max)).
     logits [V] -> float."""
-    top = np.sort(logits.astype(F32))[-k:]  # [k]
+    x = logits.astype(F32)  # [V]
+    top = np.sort(np.partition(x, x.size - k)[-k:] if k < x.size else x)[-k:]  # [k]: the k largest, ascending
     return float(F32(1.0) / np.sum(np.exp(top - top[-1]), dtype=F32))
 
 

@@ -31,10 +31,15 @@ def test_levels_equal_the_definitions(level):
     if level > rows_k_ir.LEVEL:
         pytest.skip(f"the host runs levels up to {rows_k_ir.LEVEL}")
     q4, q4_total, q6 = rows_k_ir.make("q4_k", level), rows_k_ir.make("q4_k", level, True), rows_k_ir.make("q6_k", level)
+    q4_block = rows_k_ir.make("q4_k_block", level)
 
     @numba.njit
     def run(w, wo, y, yo, sc, so, n):
         return q4(w, wo, y, yo, sc, so, n), q4_total(w, wo, y, yo, sc, so, n), q6(w, wo, y, yo, sc, so)
+
+    @numba.njit
+    def block(w, wo, y, yo, ys, so):
+        return q4_block(w, wo, y, yo, ys, so)
 
     rng = np.random.default_rng(5)
     for i, (w, y, sc) in enumerate(_cases(rng)):
@@ -46,6 +51,8 @@ def test_levels_equal_the_definitions(level):
         assert lanes4 == want4, (i, n)
         assert total4 == sum(want4)
         assert lanes6 == rows_k_ir.q6_k_lanes_def(w, wo, y, yo, sc, so), i
+        ys = rng.integers(-4096, 4097, 40).astype(np.int64)  # sums of 32 Q8 bytes
+        assert block(w, wo, y, yo, ys, so) == rows_k_ir.q4_k_block_def(w, wo, y, yo, ys, so), i
 
 
 def test_definitions_are_the_decoded_rows():
@@ -69,3 +76,19 @@ def test_definitions_are_the_decoded_rows():
         got = (rows_k_ir.q4_k_lanes_def(w, 16, y, 0, sc, 0, 4) if kind == 0 else
                rows_k_ir.q6_k_lanes_def(w, 0, y, 0, sc, 0))
         assert got == tuple(int(x) for x in v), kind
+
+
+def test_block_definition_decodes_get_scale_min_k4():
+    """q4_k_block_def's scales and mins are get_scale_min_k4's (kernels.plain.dequant.k_scale_min), its ΣI the
+    lanes' sums with them, its ΣM the mins times the sums."""
+    from kernels.plain.dequant import k_scale_min
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        w = rng.integers(0, 256, 144, dtype=np.uint8)
+        y = rng.integers(-127, 128, 256, dtype=np.int8)
+        ys = rng.integers(-4096, 4097, 8).astype(np.int64)
+        sc, mn = (np.array(v, np.int32) for v in zip(*(k_scale_min(w, 4, j) for j in range(8))))
+        want = [sum(rows_k_ir.q4_k_lanes_def(w, 16 + 32 * c, y, 64 * c, sc, 2 * c, 1)) for c in range(4)]
+        want += [int(mn[2 * c]) * int(ys[2 * c]) + int(mn[2 * c + 1]) * int(ys[2 * c + 1]) for c in range(4)]
+        assert rows_k_ir.q4_k_block_def(w, 0, y, 0, ys, 0) == tuple(want)

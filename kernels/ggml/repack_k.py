@@ -56,10 +56,9 @@ from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.actquant import _maxps, _quantize_rows_q8_k
 from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _bytes, _qt, slot_groups
-from kernels.ggml.rows_k_ir import q4_k_total
+from kernels.ggml.rows_k_ir import q4_k_block
 from kernels.ggml.simd import fma32, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
-from kernels.plain.dequant import k_scale_min
 
 #: Weight types emulated here, and the paths on which llama.cpp repacks them (``ne[1] % 8 == 0`` per expert).
 REPACK_K = frozenset({QT.Q4_K, QT.Q2_K})
@@ -180,34 +179,32 @@ def _decode_q2_k_i32(w, q, sc, mn, d, dmin, table):
 def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
     """The core of :func:`_id_item` (so of :func:`repacked_k_rows`) for Q4_K: weight rows ``w`` (N, row bytes)
     against the activation rows ``rows`` of ``y`` (int8 (·, K), the Q8_K quants), ``yd``, ``ysub``, ``gemm``;
-    results to ``out[orow[i], c]``. The nibbles' dots come straight from the row bytes
-    (:func:`kernels.ggml.rows_k_ir.q4_k_total`: ``ΣI``, exact in int32 — a super-block's sum < 2^25)."""
+    results to ``out[orow[i], c]``. Each super-block's integers — ``ΣI`` and ``ΣM`` per 64 values, the scales and
+    mins decoded from its bytes — come straight from the row (:func:`kernels.ggml.rows_k_ir.q4_k_block`; exact
+    in int32: a super-block's sum < 2^25)."""
     K = y.shape[1]
     nb = K // 256
     for c in range(w.shape[0]):
         wc = w[c]
-        for b in range(nb):  # scales and mins of the row (get_scale_min_k4), fp16 d / dmin
-            o = 144 * b
-            d[b] = fp16_at(wc, o, table)
-            dmin[b] = fp16_at(wc, o + 2, table)
-            for j in range(8):
-                sc[8 * b + j], mn[8 * b + j] = k_scale_min(wc, o + 4, j)
+        for b in range(nb):  # fp16 d / dmin of the row
+            d[b] = fp16_at(wc, 144 * b, table)
+            dmin[b] = fp16_at(wc, 144 * b + 2, table)
         for i in range(rows.shape[0]):
             r = rows[i]
-            yr = y[r]
+            yr, ys = y[r], ysub[r]
             acc = F32(0.0)
             accm = F32(0.0)
-            step = 1 if gemm[r] else 4  # gemm: an FMA per 64 values (two sub-blocks); gemv: per super-block
             for b in range(nb):
                 ds = d[b] * yd[r, b]  # _mm*_mul_ps(col_scale_f32, row_scale_f32)
                 dm = dmin[b] * yd[r, b]  # _mm*_mul_ps(col_dmin_f32, row_scale_f32)
-                for cc in range(0, 4, step):  # 32 bytes a chunk: low nibbles = sub-block 2cc, high = 2cc + 1
-                    ii = q4_k_total(wc, 144 * b + 16 + 32 * cc, yr, 256 * b + 64 * cc, sc, 8 * b + 2 * cc, step)
-                    mi = np.int64(0)
-                    for s in range(8 * b + 2 * cc, 8 * b + 2 * (cc + step)):
-                        mi += np.int64(mn[s]) * ysub[r, s]
-                    acc = fma32(F32(ii), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
-                    accm = fma32(F32(mi), dm, accm)
+                t = q4_k_block(wc, 144 * b, yr, 256 * b, ys, 8 * b)  # (ΣI, ΣM) of each 64 values
+                if gemm[r]:  # an FMA per 64 values (two sub-blocks)
+                    for cc in range(4):
+                        acc = fma32(F32(t[cc]), ds, acc)  # _mm*_fmadd_ps(cvtepi32_ps(iacc), ds, acc)
+                        accm = fma32(F32(t[4 + cc]), dm, accm)
+                else:  # the gemv: one per super-block
+                    acc = fma32(F32(t[0] + t[1] + t[2] + t[3]), ds, acc)
+                    accm = fma32(F32(t[4] + t[5] + t[6] + t[7]), dm, accm)
             out[orow[i], c] = acc - accm  # _mm*_sub_ps(acc_rows, acc_min_rows)
 
 

@@ -52,6 +52,23 @@ def q4_k_lanes_def(w, wo, y, yo, sc, so, n):
     return tuple(v)
 
 
+def q4_k_block_def(w, wo, y, yo, ys, so):
+    """The exact integers of the Q4_K super-block at ``w[wo …]`` (144 bytes: fp16 d, dmin, ``scales[12]``,
+    ``qs[128]``) against its 256 Q8 bytes ``y[yo …]`` and their sums per 32 values ``ys[so …]`` (8), per 64-value
+    chunk ``c``: ``I_c = sc[2c]·Σ lo·y + sc[2c+1]·Σ hi·y`` and ``M_c = mn[2c]·ys[2c] + mn[2c+1]·ys[2c+1]`` — the
+    6-bit scales and mins of ``get_scale_min_k4`` decoded from the bytes. Returns ``(I_0 … I_3, M_0 … M_3)``."""
+    sc, mn = [0] * 8, [0] * 8
+    q = [int(v) for v in w[wo + 4:wo + 16]]
+    for j in range(8):
+        if j < 4:
+            sc[j], mn[j] = q[j] & 63, q[j + 4] & 63
+        else:
+            sc[j], mn[j] = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+    lanes = [sum(q4_k_lanes_def(w, wo + 16 + 32 * c, y, yo + 64 * c, np.array(sc, np.int32), 2 * c, 1)) for c in range(4)]
+    mins = [mn[2 * c] * int(ys[so + 2 * c]) + mn[2 * c + 1] * int(ys[so + 2 * c + 1]) for c in range(4)]
+    return tuple(lanes + mins)
+
+
 def q6_k_lanes_def(w, wo, y, yo, sc, so):
     """The 8 int32 lanes of the Q6_K super-block at ``w[wo …]`` (``ql[128]``, ``qh[64]``; value ``128h + 32j + l``
     of half ``h`` is ``ql[64h + l + 32(j % 2)]``'s nibble ``j // 2`` with ``qh[32h + l]``'s bits ``2j, 2j+1`` above
@@ -109,10 +126,11 @@ if JIT_ENABLED:
                              hi, ir.Constant(_i32, 1))
         return b.shuffle_vector(v, v, ir.Constant(_V8, [0] * 4 + [1] * 4))
 
+    def _vector(a, dtype):
+        return isinstance(a, types.Array) and a.ndim == 1 and a.layout in "CA" and a.dtype == dtype
+
     def _typed(w, y, sc):
-        arrays = (w, y, sc)
-        return (all(isinstance(a, types.Array) and a.ndim == 1 and a.layout in "CA" for a in arrays)
-                and w.dtype == types.uint8 and y.dtype == types.int8 and sc.dtype == types.int32)
+        return _vector(w, types.uint8) and _vector(y, types.int8) and _vector(sc, types.int32)
 
     def _ptrs(context, b, sig, args):
         """(the i8* of ``w`` and ``y`` at their offsets, the i32* of ``sc`` at its): each a contiguous row (the
@@ -185,13 +203,67 @@ if JIT_ENABLED:
 
         return sig, codegen
 
+    def _q4_k_block_ir(level, typingctx, w, wo, y, yo, ys, so):
+        """:func:`q4_k_block_def` for one instruction level: the scales and mins decoded with vector shuffles
+        from the 12 bytes, each chunk's two sub-block dots scaled and summed, the mins times the sums."""
+        if not (_vector(w, types.uint8) and _vector(y, types.int8) and _vector(ys, types.int64)):
+            return None
+        i64 = types.int64
+        sig = types.UniTuple(types.int32, 8)(w, i64, y, i64, ys, i64)
+
+        def codegen(context, b, signature, args):
+            wa, ya, sa = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 2, 4))
+            wp = b.gep(b.bitcast(wa.data, _i8.as_pointer()), [args[1]])
+            yp = b.gep(b.bitcast(ya.data, _i8.as_pointer()), [args[3]])
+            sp = b.gep(sa.data, [args[5]])
+
+            def k(x):
+                return ir.Constant(_i64, x)
+
+            def const8(v):
+                return ir.Constant(_V8, v)
+
+            def pick(v, idx):
+                return b.shuffle_vector(v, v, ir.Constant(_V8, idx))
+
+            v16 = ir.VectorType(_i8, 16)
+            s = b.zext(b.load(b.bitcast(b.gep(wp, [k(4)]), v16.as_pointer()), align=1), ir.VectorType(_i32, 16))
+            a_ = pick(s, [0, 1, 2, 3, 8, 9, 10, 11])  # q[j] (j < 4), q[j + 4] (j >= 4)
+            b_ = pick(s, [4, 5, 6, 7, 0, 1, 2, 3])  # q[j + 4] (j < 4), q[j - 4] (j >= 4)
+            c_ = pick(s, [0, 1, 2, 3, 4, 5, 6, 7])  # q[j]
+            first = ir.Constant(ir.VectorType(ir.IntType(1), 8), [1] * 4 + [0] * 4)
+            hi2 = b.shl(b.lshr(b_, const8([6] * 8)), const8([4] * 8))
+            sc = b.select(first, b.and_(a_, const8([63] * 8)), b.or_(b.and_(a_, const8([15] * 8)), hi2))
+            mn = b.select(first, b.and_(b_, const8([63] * 8)),
+                          b.or_(b.lshr(a_, const8([4] * 8)), b.shl(b.lshr(c_, const8([6] * 8)), const8([4] * 8))))
+            ysv = b.trunc(b.load(b.bitcast(sp, ir.VectorType(_i64, 8).as_pointer()), align=8), _V8)
+            mins = b.mul(mn, ysv)  # mn[s]·ys[s]
+            out = []
+            for c in range(4):
+                byte = _load32(b, wp, k(16 + 32 * c))
+                acc = None
+                for h in range(2):
+                    codes = b.and_(b.lshr(byte, ir.Constant(_B32, [4] * 32)) if h else byte, ir.Constant(_B32, [15] * 32))
+                    dot = _udot(b, level, codes, _load32(b, yp, k(64 * c + 32 * h)))
+                    term = b.mul(dot, _splat8(b, b.extract_element(sc, ir.Constant(_i32, 2 * c + h))))
+                    acc = term if acc is None else b.add(acc, term)
+                out.append(_call(b, "llvm.vector.reduce.add.v8i32", _i32, acc))
+            for c in range(4):
+                out.append(b.add(b.extract_element(mins, ir.Constant(_i32, 2 * c)),
+                                 b.extract_element(mins, ir.Constant(_i32, 2 * c + 1))))
+            return context.make_tuple(b, signature.return_type, out)
+
+        return sig, codegen
+
     def make(kind: str, level: int, total: bool = False):
         """The intrinsic of ``kind`` ("q4_k" or "q6_k") for instruction level ``level`` (:data:`LEVEL`; the tests
         build each one); ``total``: the sum of the lanes instead of the lanes."""
+        if kind == "q4_k_block":
+            return intrinsic(functools.partial(_q4_k_block_ir, level))
         return intrinsic(functools.partial(_q4_k_ir if kind == "q4_k" else _q6_k_ir, level, total))
 
     _q4_k_lanes, _q4_k_total = make("q4_k", LEVEL), make("q4_k", LEVEL, True)
-    _q6_k_lanes = make("q6_k", LEVEL)
+    _q6_k_lanes, _q4_k_block = make("q6_k", LEVEL), make("q4_k_block", LEVEL)
 
     @jit(inline=True)
     def q4_k_lanes(w, wo, y, yo, sc, so, n):
@@ -202,6 +274,11 @@ if JIT_ENABLED:
     def q4_k_total(w, wo, y, yo, sc, so, n):
         """The sum of :func:`q4_k_lanes_def`'s lanes (an int32) as vector IR."""
         return _q4_k_total(w, np.int64(wo), y, np.int64(yo), sc, np.int64(so), np.int64(n))
+
+    @jit(inline=True)
+    def q4_k_block(w, wo, y, yo, ys, so):
+        """:func:`q4_k_block_def` as vector IR: a tuple of 8 int32."""
+        return _q4_k_block(w, np.int64(wo), y, np.int64(yo), ys, np.int64(so))
 
     @jit(inline=True)
     def q6_k_lanes(w, wo, y, yo, sc, so):
@@ -216,8 +293,12 @@ else:
     def q4_k_total(w, wo, y, yo, sc, so, n):
         return np.int32(sum(q4_k_lanes_def(w, wo, y, yo, sc, so, n)))
 
+    def q4_k_block(w, wo, y, yo, ys, so):
+        return tuple(np.int32(x) for x in q4_k_block_def(w, wo, y, yo, ys, so))
+
     def q6_k_lanes(w, wo, y, yo, sc, so):
         return tuple(np.int32(x) for x in q6_k_lanes_def(w, wo, y, yo, sc, so))
 
 
-__all__ = ["LEVEL", "q4_k_lanes", "q4_k_lanes_def", "q4_k_total", "q6_k_lanes", "q6_k_lanes_def"]
+__all__ = ["LEVEL", "q4_k_block", "q4_k_block_def", "q4_k_lanes", "q4_k_lanes_def", "q4_k_total", "q6_k_lanes",
+           "q6_k_lanes_def"]

@@ -65,7 +65,9 @@ def cmd_run(args) -> int:
     ctx = ctx_from_args(args)  # before loading: --emulate=ggml names (or refuses) the libggml it follows first
     plain = not (args.mtp or args.ngram or args.csv)  # plain greedy: the matrices are packed after the first token
     ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml)
+    # --route-trace: its writer reads the streamer's routing hook (set below), so the experts are streamed
+    routed = _no_route if args.route_trace is not None else None
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml, on_route=routed)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:
@@ -90,8 +92,9 @@ def cmd_run(args) -> int:
     else:
         from refimpl.decode.speculative import speculative_generate
 
+        s = model.streamer  # None: the routed experts memory-mapped (--emulate=ggml, a file that fits in memory)
         out, stats = speculative_generate(model, prompt, args.n_predict, ctx, **spec, **kwargs,
-                                          bytes_read=model.streamer.bytes_read, counters=model.streamer.counters.columns)
+                                          bytes_read=s.bytes_read if s else None, counters=s.counters.columns if s else None)
     bar.close()
     if trace is not None:
         trace.close()
@@ -104,13 +107,18 @@ def cmd_run(args) -> int:
         if stats is not None:
             result["stats"] = stats.counters()
             result["rounds"] = stats.rounds()  # the round audit's input (refimpl.oracle.rounds)
-        result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
-        result["stats"]["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
+        if model.streamer is not None:
+            result.setdefault("stats", {})["streamer"] = model.streamer.stats(len(out))
+        result.setdefault("stats", {})["packed_bytes"] = model.packed_bytes  # --pack: 0 when the matrices are not packed
         print(json.dumps(result, ensure_ascii=False))
     if stats is not None:
         _report_speculative(args, model, tok, stats)
-    for line in model.streamer.summary_lines(len(out), mtp=args.mtp):
-        print(line, file=sys.stderr)
+    if model.streamer is not None:
+        for line in model.streamer.summary_lines(len(out), mtp=args.mtp):
+            print(line, file=sys.stderr)
+    elif model.config.is_moe:
+        print("stream: none — the routed experts are read from the memory map (--emulate=ggml and --cache-mb auto: the "
+              "file fits in memory; --cache-mb N streams them)", file=sys.stderr)
     if trace is not None:
         print(f"wrote {trace.path}: {trace.n_rows} routing rows (one per position and layer)", file=sys.stderr)
     return 0
@@ -124,6 +132,10 @@ def _injected(args):
     for f in faults:
         print(f"refimpl: injected fault {f.name} ({f.bug_class}: {f.title}); the output is wrong on purpose", file=sys.stderr)
     return faults
+
+
+def _no_route(routes) -> None:
+    """The streamer's routing hook until :func:`_route_trace` attaches its writer."""
 
 
 def _route_trace(args, model):

@@ -26,7 +26,8 @@ streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.io.streamer) and de
 
 ``--emulate=ggml`` runs the same three in the bit-exact path (``refimpl run --emulate=ggml``: every op as the
 libggml-cpu llama-cpp-python loads computes it, with llama.cpp's defaults: F16 K/V, flash attention, its CPU_REPACK),
-the model loaded as that command loads it (the dense weights in the column layout when that fits), and the audit as
+the model loaded as that command loads it (the dense weights in the column layout when that fits; with ``--cache-mb
+auto`` and a file that fits in memory the routed experts memory-mapped, not streamed: refimpl.model.load), and the audit as
 ``refimpl audit MODEL A B --emulate=ggml --draft 3`` runs it (experts memory-mapped: that command streams none): a
 stream pair (A random ids, B the same with its middle
 token changed: a divergence, so both tails are walked), then llama.cpp's own draft-3 stream predicted
@@ -85,18 +86,26 @@ def _child(args) -> None:
     """Load, generate, print one JSON line."""
     from refimpl.decode.speculative import speculative_generate
 
+    from refimpl.io.streamer import dense_tensors
+
     model, ctx, load_s = _load(args, args.cache_mb)
-    s = model.streamer
+    s = model.streamer  # None: --emulate=ggml mapped the experts (auto, and the file fits in memory)
     prompt = random_prompt(args.prompt_len)
     stamps = []
     t0 = time.perf_counter()
     out, st = speculative_generate(model, prompt, args.n, ctx, source="mtp" if args.mtp else None, n_draft=3,
                                    on_token=lambda _: stamps.append(time.perf_counter()),
-                                   bytes_read=s.bytes_read, counters=s.counters.columns)
+                                   bytes_read=s.bytes_read if s else None, counters=s.counters.columns if s else None)
     total_s = time.perf_counter() - t0
-    stats = s.stats(len(out))
-    gen = [c for name, c in stats["phases"].items() if name != "prompt"]
-    hits, misses = sum(c["hits"] for c in gen), sum(c["misses"] for c in gen)
+    if s is not None:
+        stats = s.stats(len(out))
+        gen = [c for name, c in stats["phases"].items() if name != "prompt"]
+        hits, misses = sum(c["hits"] for c in gen), sum(c["misses"] for c in gen)
+    else:
+        dense = sum(dense_tensors(model.file.gguf).values())
+        stats = {"bytes_per_token": None, "cache_peak_bytes": 0, "dense_bytes": dense,
+                 "expert_bytes": sum(t.n_bytes for t in model.file.gguf.tensors.values()) - dense}
+        hits = misses = 0
     print(json.dumps({
         "tokens": out, "load_s": load_s, "total_s": total_s, "prompt_and_first_s": stamps[0] - t0,
         "tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
@@ -228,7 +237,8 @@ def main(argv=None) -> int:
     print("-" * len(hdr))
     for label, r in rows.items():
         acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
-        print(f"{label:<21} {r['tok_s']:6.2f} {r['bytes_per_token'] / MIB:9.1f} {100 * r['hit_rate']:7.1f}% "
+        read = f"{r['bytes_per_token'] / MIB:9.1f}" if r["bytes_per_token"] is not None else f"{'mapped':>9}"
+        print(f"{label:<21} {r['tok_s']:6.2f} {read} {100 * r['hit_rate']:7.1f}% "
               f"{r['peak_rss'] / MIB:12.0f} {(r['vm_hwm'] or 0) / MIB:8.0f} {r['cache_peak'] / MIB:14.0f} "
               f"{r['dense_bytes'] / MIB:9.0f} {r['packed_bytes'] / MIB:10.0f} {r['n_decodes']:7d} {acc:>9}")
     plain = rows[pre + "plain"]

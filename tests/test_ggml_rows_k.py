@@ -31,7 +31,7 @@ def test_levels_equal_the_definitions(level):
     if level > rows_k_ir.LEVEL:
         pytest.skip(f"the host runs levels up to {rows_k_ir.LEVEL}")
     q4, q4_total, q6 = rows_k_ir.make("q4_k", level), rows_k_ir.make("q4_k", level, True), rows_k_ir.make("q6_k", level)
-    q4_block = rows_k_ir.make("q4_k_block", level)
+    q4_block, q6_fma = rows_k_ir.make("q4_k_block", level), rows_k_ir.make("q6_k_fma", level)
 
     @numba.njit
     def run(w, wo, y, yo, sc, so, n):
@@ -40,6 +40,10 @@ def test_levels_equal_the_definitions(level):
     @numba.njit
     def block(w, wo, y, yo, ys, so):
         return q4_block(w, wo, y, yo, ys, so)
+
+    @numba.njit
+    def fma6(w, wo, y, yo, bs, bo, db, acc):
+        q6_fma(w, wo, y, yo, bs, bo, db, acc)
 
     rng = np.random.default_rng(5)
     for i, (w, y, sc) in enumerate(_cases(rng)):
@@ -53,6 +57,13 @@ def test_levels_equal_the_definitions(level):
         assert lanes6 == rows_k_ir.q6_k_lanes_def(w, wo, y, yo, sc, so), i
         ys = rng.integers(-4096, 4097, 40).astype(np.int64)  # sums of 32 Q8 bytes
         assert block(w, wo, y, yo, ys, so) == rows_k_ir.q4_k_block_def(w, wo, y, yo, ys, so), i
+        bs = rng.integers(-2032, 2033, 40).astype(np.int64)  # bsums of 16 Q8 bytes
+        db = np.float32(rng.standard_normal() * 1e-3)
+        acc = rng.standard_normal(8).astype(np.float32)
+        want = acc.copy()
+        rows_k_ir.q6_k_fma_def(w, wo, y, yo, bs, so, db, want)
+        fma6(w, wo, y, yo, bs, so, db, acc)
+        assert np.array_equal(acc.view(np.uint32), want.view(np.uint32)), i
 
 
 def test_definitions_are_the_decoded_rows():

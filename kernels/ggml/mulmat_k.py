@@ -45,7 +45,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _quantize_rows_q8_k
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
-from kernels.ggml.rows_k_ir import q4_k_lanes, q6_k_lanes
+from kernels.ggml.rows_k_ir import q4_k_lanes, q6_k_fma
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
@@ -206,7 +206,11 @@ def _vec_dot_for(qt, parallel):
             orow = order[bounds[grp]:bounds[grp + 1]]
             for r in range(r0, min(r0 + ROWS, w.shape[1])):
                 wr = w[experts[grp], r]
-                decode_row(kind, wr, q, sc, mn, d, dmin, table, not from_bytes)
+                if kind == 2:  # Q6_K: its d alone (q6_k_fma reads the scales from the bytes)
+                    for b in range(nb):
+                        d[b] = fp16_at(wr, 210 * b + 208, table)
+                else:
+                    decode_row(kind, wr, q, sc, mn, d, dmin, table, not from_bytes)
                 for j in range(orow.shape[0]):
                     t = arow[orow[j]]
                     yt = y[t]
@@ -238,10 +242,9 @@ def _vec_dot_for(qt, parallel):
                             lv = q4_k_lanes(wr, 144 * b + 16, yq[t], 256 * b, sc, 8 * b, 4)
                             for lane in range(8):
                                 v[lane] = lv[lane]
-                        elif kind == 2:
-                            lv = q6_k_lanes(wr, 210 * b, yq[t], 256 * b, sc, 16 * b)
-                            for lane in range(8):
-                                v[lane] = lv[lane]
+                        elif kind == 2:  # the lanes, q8sclsub and the FMA straight from the row bytes
+                            q6_k_fma(wr, 210 * b, yq[t], 256 * b, ybs16[t], 16 * b, db, acc)
+                            continue
                         else:
                             _superblock_lanes(v, q, yt, sc, b, sub)
                         for lane in range(8):

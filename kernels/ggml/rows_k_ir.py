@@ -86,6 +86,20 @@ def q6_k_lanes_def(w, wo, y, yo, sc, so):
     return tuple(v)
 
 
+def q6_k_fma_def(w, wo, y, yo, bs, bo, db, acc):
+    """vec_dot's step of the Q6_K super-block at ``w[wo …]`` (``ql``, ``qh``, ``scales[16]`` int8, fp16 d): lane
+    ``l`` of :func:`q6_k_lanes_def` with the block's own scales, less ``q8sclsub`` = ``32·(bs[bo + 2l]·sc[2l] + bs[bo
+    + 2l + 1]·sc[2l + 1])`` (``bs`` the Q8_K bsums), then ``acc[l] = fma(db, float(sumi_l), acc[l])``
+    (``_mm256_fmadd_ps``; ``db`` = ``y.d · d``, ``acc`` float32 (8,))."""
+    from kernels.ggml.simd import fma32
+
+    sc = np.array([int(v) - 256 * (int(v) >> 7) for v in w[wo + 192:wo + 208]], np.int32)
+    lanes = q6_k_lanes_def(w, wo, y, yo, sc, 0)
+    for lane in range(8):
+        s = lanes[lane] - 32 * (int(bs[bo + 2 * lane]) * int(sc[2 * lane]) + int(bs[bo + 2 * lane + 1]) * int(sc[2 * lane + 1]))
+        acc[lane] = fma32(np.float32(db), np.float32(s), acc[lane])
+
+
 if JIT_ENABLED:
     from llvmlite import ir
     from numba import types
@@ -173,6 +187,24 @@ if JIT_ENABLED:
 
         return sig, codegen
 
+    def _q6_lanes(b, level, wp, yp, scale_of):
+        """<8 x i32>: :func:`q6_k_lanes_def`'s lanes of the super-block at ``wp`` against ``yp``, ``scale_of(g)`` the
+        <8 x i32> scales of load ``g`` (lanes 0–3, 4–7)."""
+        def k(x):
+            return ir.Constant(_i64, x)
+
+        m4, m2 = ir.Constant(_B32, [15] * 32), ir.Constant(_B32, [3] * 32)
+        acc = ir.Constant(_V8, [0] * 8)
+        for h in range(2):
+            ql = [_load32(b, wp, k(64 * h + 32 * i)) for i in range(2)]
+            qh = _load32(b, wp, k(128 + 32 * h))
+            for j in range(4):
+                low = b.and_(b.lshr(ql[j % 2], ir.Constant(_B32, [4 * (j // 2)] * 32)), m4)
+                high = b.shl(b.and_(b.lshr(qh, ir.Constant(_B32, [2 * j] * 32)), m2), ir.Constant(_B32, [4] * 32))
+                g = 4 * h + j
+                acc = b.add(acc, b.mul(_udot(b, level, b.or_(low, high), _load32(b, yp, k(32 * g))), scale_of(g)))
+        return acc
+
     def _q6_k_ir(level, total, typingctx, w, wo, y, yo, sc, so):
         """:func:`q6_k_lanes_def` (``total``: the sum of its lanes) for one instruction level."""
         if not _typed(w, y, sc):
@@ -184,22 +216,46 @@ if JIT_ENABLED:
         def codegen(context, b, signature, args):
             wp, yp, sp = _ptrs(context, b, signature, args)
 
-            def k(x):
-                return ir.Constant(_i64, x)
+            def scale_of(g):
+                return _halves8(b, b.load(b.gep(sp, [ir.Constant(_i64, 2 * g)])), b.load(b.gep(sp, [ir.Constant(_i64, 2 * g + 1)])))
 
-            m4, m2 = ir.Constant(_B32, [15] * 32), ir.Constant(_B32, [3] * 32)
-            acc = ir.Constant(_V8, [0] * 8)
-            for h in range(2):
-                ql = [_load32(b, wp, k(64 * h + 32 * i)) for i in range(2)]
-                qh = _load32(b, wp, k(128 + 32 * h))
-                for j in range(4):
-                    low = b.and_(b.lshr(ql[j % 2], ir.Constant(_B32, [4 * (j // 2)] * 32)), m4)
-                    high = b.shl(b.and_(b.lshr(qh, ir.Constant(_B32, [2 * j] * 32)), m2), ir.Constant(_B32, [4] * 32))
-                    g = 4 * h + j
-                    ys = _load32(b, yp, k(32 * g))
-                    scale = _halves8(b, b.load(b.gep(sp, [k(2 * g)])), b.load(b.gep(sp, [k(2 * g + 1)])))
-                    acc = b.add(acc, b.mul(_udot(b, level, b.or_(low, high), ys), scale))
-            return _result(context, b, signature, acc, total)
+            return _result(context, b, signature, _q6_lanes(b, level, wp, yp, scale_of), total)
+
+        return sig, codegen
+
+    def _q6_k_fma_ir(level, typingctx, w, wo, y, yo, bs, bo, db, acc):
+        """:func:`q6_k_fma_def` for one instruction level: the int8 scales from the block's bytes, the lanes, less
+        ``q8sclsub``, then one <8 x float> FMA into ``acc``."""
+        if not (_vector(w, types.uint8) and _vector(y, types.int8) and _vector(bs, types.int64)
+                and _vector(acc, types.float32) and acc.layout == "C"):
+            return None
+        i64 = types.int64
+        sig = types.void(w, i64, y, i64, bs, i64, types.float32, acc)
+
+        def codegen(context, b, signature, args):
+            wa, ya, ba, aa = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 2, 4, 7))
+            wp = b.gep(b.bitcast(wa.data, _i8.as_pointer()), [args[1]])
+            yp = b.gep(b.bitcast(ya.data, _i8.as_pointer()), [args[3]])
+            bp = b.gep(ba.data, [args[5]])
+            v16 = ir.VectorType(_i32, 16)
+            sc = b.sext(b.load(b.bitcast(b.gep(wp, [ir.Constant(_i64, 192)]), ir.VectorType(_i8, 16).as_pointer()), align=1), v16)
+
+            def scale_of(g):
+                return b.shuffle_vector(sc, sc, ir.Constant(_V8, [2 * g] * 4 + [2 * g + 1] * 4))
+
+            lanes = _q6_lanes(b, level, wp, yp, scale_of)
+            bsv = b.trunc(b.load(b.bitcast(bp, ir.VectorType(_i64, 16).as_pointer()), align=8), v16)
+            prod = b.mul(bsv, sc)  # bs[g]·sc[g], g < 16
+            pairs = b.add(b.shuffle_vector(prod, prod, ir.Constant(_V8, list(range(0, 16, 2)))),
+                          b.shuffle_vector(prod, prod, ir.Constant(_V8, list(range(1, 16, 2)))))
+            sumi = b.sub(lanes, b.shl(pairs, ir.Constant(_V8, [5] * 8)))  # q8sclsub = (bsums · scales pairwise) << 5
+            f8 = ir.VectorType(ir.FloatType(), 8)
+            pa = b.bitcast(aa.data, f8.as_pointer())
+            dbv = b.shuffle_vector(b.insert_element(ir.Constant(f8, None), args[6], ir.Constant(_i32, 0)),
+                                   ir.Constant(f8, None), ir.Constant(_V8, [0] * 8))
+            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(f8, [f8] * 3), "llvm.fma.v8f32")
+            b.store(b.call(fma, [dbv, b.sitofp(sumi, f8), b.load(pa, align=4)]), pa, align=4)  # _mm256_fmadd_ps
+            return context.get_dummy_value()
 
         return sig, codegen
 
@@ -260,10 +316,12 @@ if JIT_ENABLED:
         build each one); ``total``: the sum of the lanes instead of the lanes."""
         if kind == "q4_k_block":
             return intrinsic(functools.partial(_q4_k_block_ir, level))
+        if kind == "q6_k_fma":
+            return intrinsic(functools.partial(_q6_k_fma_ir, level))
         return intrinsic(functools.partial(_q4_k_ir if kind == "q4_k" else _q6_k_ir, level, total))
 
     _q4_k_lanes, _q4_k_total = make("q4_k", LEVEL), make("q4_k", LEVEL, True)
-    _q6_k_lanes, _q4_k_block = make("q6_k", LEVEL), make("q4_k_block", LEVEL)
+    _q6_k_lanes, _q4_k_block, _q6_k_fma = make("q6_k", LEVEL), make("q4_k_block", LEVEL), make("q6_k_fma", LEVEL)
 
     @jit(inline=True)
     def q4_k_lanes(w, wo, y, yo, sc, so, n):
@@ -279,6 +337,11 @@ if JIT_ENABLED:
     def q4_k_block(w, wo, y, yo, ys, so):
         """:func:`q4_k_block_def` as vector IR: a tuple of 8 int32."""
         return _q4_k_block(w, np.int64(wo), y, np.int64(yo), ys, np.int64(so))
+
+    @jit(inline=True)
+    def q6_k_fma(w, wo, y, yo, bs, bo, db, acc):
+        """:func:`q6_k_fma_def` as vector IR."""
+        _q6_k_fma(w, np.int64(wo), y, np.int64(yo), bs, np.int64(bo), np.float32(db), acc)
 
     @jit(inline=True)
     def q6_k_lanes(w, wo, y, yo, sc, so):
@@ -299,6 +362,8 @@ else:
     def q6_k_lanes(w, wo, y, yo, sc, so):
         return tuple(np.int32(x) for x in q6_k_lanes_def(w, wo, y, yo, sc, so))
 
+    q6_k_fma = q6_k_fma_def
 
-__all__ = ["LEVEL", "q4_k_block", "q4_k_block_def", "q4_k_lanes", "q4_k_lanes_def", "q4_k_total", "q6_k_lanes",
-           "q6_k_lanes_def"]
+
+__all__ = ["LEVEL", "q4_k_block", "q4_k_block_def", "q4_k_lanes", "q4_k_lanes_def", "q4_k_total", "q6_k_fma",
+           "q6_k_fma_def", "q6_k_lanes", "q6_k_lanes_def"]

@@ -45,7 +45,7 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _quantize_rows_q8_k
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
-from kernels.ggml.rows_k_ir import q4_k_lanes, q6_k_fma
+from kernels.ggml.rows_k_ir import q4_k_lanes, q4_k_total, q6_k_fma, q6_k_lanes
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
@@ -315,15 +315,20 @@ def _tiled_for(parallel):
         sub = 32 if kind <= 1 or kind == 3 else 16
         bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS and Q3_K q already hold the signed value
         has_min = kind <= 1 or kind == 4
-        y = yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        from_bytes = kind == 0 or kind == 2  # Q4_K, Q6_K: the codes' dots read the row bytes (kernels.ggml.rows_k_ir)
+        y = np.empty((yq.shape[0], 0), np.int32) if from_bytes else yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        if w.strides[1] != 1:  # kernels.ggml.rows_k_ir reads each weight row as contiguous bytes
+            raise ValueError("the weight rows must be contiguous")
         for blk in prange((w.shape[0] + ROWS - 1) // ROWS):
             q, sc, mn = np.empty(K, np.int32), np.empty(K // sub, np.int32), np.zeros(K // sub, np.int32)
             d, dmin = np.empty(nb, np.float32), np.zeros(nb, np.float32)
             v = np.empty(8, np.int32)
             for r in range(ROWS * blk, min(ROWS * blk + ROWS, w.shape[0])):
-                decode_row(kind, w[r], q, sc, mn, d, dmin, table)
-                for k in range(K):
-                    q[k] -= bias  # the signed weight value w
+                wr = w[r]
+                decode_row(kind, wr, q, sc, mn, d, dmin, table, not from_bytes)
+                if not from_bytes:
+                    for k in range(K):
+                        q[k] -= bias  # the signed weight value w
                 for t in range(yq.shape[0]):
                     acc = np.float32(0.0)
                     yt = y[t]
@@ -335,6 +340,14 @@ def _tiled_for(parallel):
                                 for k in range(sub * s, sub * s + sub):
                                     raw += _prod(np.int64(q[k]), np.int64(yt[k]), True)
                                 s1 += np.int64(sc[s]) * raw
+                        elif kind == 0:  # the unsigned nibbles: w = code
+                            s1 = np.int64(q4_k_total(wr, 144 * b + 16, yq[t], 256 * b, sc, 8 * b, 4))
+                        elif kind == 2:  # w = code - 32: Σ_s sc_s·(Σ code·q8 − 32·bsum_s)
+                            lv = q6_k_lanes(wr, 210 * b, yq[t], 256 * b, sc, 16 * b)
+                            for lane in range(8):
+                                s1 += np.int64(lv[lane])
+                            for s in range(16 * b, 16 * b + 16):
+                                s1 -= 32 * np.int64(sc[s]) * np.int64(ybs16[t, s])
                         else:
                             _superblock_lanes(v, q, yt, sc, b, sub)
                             for lane in range(8):

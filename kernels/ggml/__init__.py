@@ -34,7 +34,8 @@ against the three libggml builds):
 * ``mulmat_vec`` — float vec_dots and llamafile's float tinyBLAS; ``mulmat_q8`` — the Q8_0-activation kernels
   of Q8_0 and MXFP4 weights (vec_dot, ``tinyBLAS_Q0_AVX``) and the argument checks every ``mul_mat`` shares,
   with ``mulmat_q8_ir`` — its block dot as LLVM IR in ggml's own instructions; ``mulmat_q`` — the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL); ``mulmat_k`` — the K-quants'
-  vec_dot and tiled kernels; ``mulmat_iq`` — the codebook types; ``repack``, ``repack_k`` — weights in
+  vec_dot and tiled kernels, with ``rows_k_ir`` — Q4_K's and Q6_K's super-block integers as vector IR on the stored
+  rows (also ``repack_k``'s); ``mulmat_iq`` — the codebook types; ``repack``, ``repack_k`` — weights in
   llama.cpp's CPU_REPACK buffer (Q4_0, IQ4_NL, MXFP4; Q4_K, Q2_K); ``repack_arm``, ``repack_arm_k`` — that buffer on
   the AArch64 paths (Q8_0, Q4_0, IQ4_NL, MXFP4; Q4_K, Q5_K, Q6_K; the dispatch ``mulmat`` calls); ``mulmat_arm``,
   ``mulmat_arm_q`` — the plain-buffer weights on the AArch64 paths (every type; the i8mm 2-row kernels); ``mulmat`` — ``ggml_mul_mat``/``_id``:

@@ -539,6 +539,27 @@ def test_ggml_auto_maps_a_file_that_fits(make_fixture, monkeypatch):
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_pinned_experts_read_ahead_when_the_file_fits(make_fixture, monkeypatch):
+    """Pinned (memory-mapped) routed experts: load_model asks the kernel to read the file ahead (MADV_WILLNEED) when it
+    fits in memory, and not when it does not (it would push its own pages out) nor for streamed experts."""
+    import refimpl.io.gguf_file as G
+    import refimpl.io.streamer as S
+    import refimpl.model.load as M
+
+    asked = []
+    real = G.GGUFFile.will_need
+    monkeypatch.setattr(G.GGUFFile, "will_need", lambda self: asked.append(self.path) or real(self))
+    path = make_fixture("tiny", "q4_k_m")
+    load_model(path, pack=False)
+    assert asked == [path]
+    load_model(path, cache_mb=0, pack=False)
+    assert asked == [path]
+    monkeypatch.setattr(M, "fits_in_memory", lambda *a: False)
+    load_model(path, pack=False)
+    assert asked == [path]
+    assert S.fits_in_memory(1) and not S.fits_in_memory(1 << 60)
+
+
 def _refimpl(*args, check=True):
     proc = subprocess.run([sys.executable, "-m", "refimpl", *map(str, args)], capture_output=True, text=True, timeout=600)
     if check:

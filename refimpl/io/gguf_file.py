@@ -33,6 +33,7 @@ allocated for it), an unknown value or tensor type, a duplicate key or tensor, t
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -344,6 +345,20 @@ class GGUFFile:
         return [value] * n
 
     # ---- tensor data --------------------------------------------------------------------------
+
+    def will_need(self) -> bool:
+        """Ask the kernel to read the whole file into the page cache in the background (``MADV_WILLNEED``): its
+        pages then come in by large sequential reads instead of one fault at a time as the first tokens touch
+        them. Only for a file that fits in memory (the caller's rule). Returns whether it was asked."""
+        mm = getattr(self._map, "_mmap", None)
+        advice = getattr(mmap, "MADV_WILLNEED", None)
+        if mm is None or advice is None:
+            return False
+        try:
+            mm.madvise(advice)
+        except OSError:
+            return False
+        return True
 
     def raw(self, name: str) -> np.ndarray:
         """Read-only view of a tensor's data in the memory map (see the class docstring)."""

@@ -86,7 +86,8 @@ from refimpl.io.weights import Matrix
 __all__ = [
     "AUTO_FALLBACK_BYTES", "AUTO_FRACTION", "AUTO_HEADROOM", "EXPERT_KINDS", "MIB", "PAGE", "PHASES", "PIN_BAR_MIN_BYTES", "READ_THREADS",
     "ExpertStreamer", "ExpertTensor", "PhaseCounters", "RoutedExperts", "Routes", "SliceBuffers", "SliceCache", "SliceKey",
-    "StreamCounters", "StreamedExperts", "cache_budget", "dense_tensors", "expert_tensors", "is_expert_tensor", "mem_available", "pin_dense",
+    "StreamCounters", "StreamedExperts", "cache_budget", "dense_tensors", "expert_tensors", "fits_in_memory", "is_expert_tensor",
+    "mem_available", "pin_dense",
 ]
 
 MIB = 1 << 20
@@ -476,6 +477,13 @@ class RoutedExperts:
 
 
 # ---- budget and dense pinning -------------------------------------------------------------------
+
+
+def fits_in_memory(file_bytes: int, resident_bytes: int = 0) -> bool:
+    """Whether a file of ``file_bytes`` fits in MemAvailable beside ``resident_bytes`` and AUTO_HEADROOM (the page
+    cache can then keep all of it)."""
+    avail = mem_available()
+    return avail is not None and file_bytes + resident_bytes + AUTO_HEADROOM <= avail
 
 
 def cache_budget(cache_mb, *, file_bytes: int | None = None, resident_bytes: int = 0) -> int:

@@ -18,7 +18,7 @@ from refimpl.graph.layout import ggml_layout, layout_bytes
 from refimpl.io.config import Config
 from refimpl.io.load import ModelFile, open_model
 from refimpl.io.packing import pack_weights, packable_bytes, packed_nbytes
-from refimpl.io.streamer import ExpertStreamer, cache_budget, dense_tensors, mem_available, pin_dense
+from refimpl.io.streamer import ExpertStreamer, cache_budget, dense_tensors, fits_in_memory, mem_available, pin_dense
 from refimpl.io.weights import Weights, load_weights
 
 
@@ -98,6 +98,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
             budget = None  # the page cache holds the file: its map serves ggml's kernels without a copy
     if budget is None:
         weights = load_weights(m)
+        if m.config.is_moe and fits_in_memory(os.path.getsize(m.gguf.path)):
+            m.gguf.will_need()  # the routed experts' pages read ahead, not faulted in one by one by the first tokens
     else:
         streamer = ExpertStreamer.open(m, budget, on_route=on_route)
         streamer.dense_bytes = pin_dense(m.gguf, progress=progress)

@@ -1,6 +1,6 @@
 """refimpl.io.malloc: the refimpl command's allocator policy — a large block freed and allocated again comes back
-from the heap without a page fault; REFIMPL_MALLOC_REUSE=0 leaves glibc's defaults (each such block fresh pages).
-Run in child processes: the policy is process-wide."""
+from the heap without a page fault; REFIMPL_MALLOC_REUSE=0 leaves glibc's defaults. Run in child processes: the
+policy is process-wide."""
 
 from __future__ import annotations
 
@@ -33,9 +33,8 @@ def test_freed_blocks_are_reused():
     applied, faults = _child("1")
     assert applied
     assert faults < 10, f"{faults} page faults per 100 MiB block with the policy"
-    applied, faults = _child("0")
+    applied, _ = _child("0")  # glibc's defaults: how many faults then depends on the kernel's page sizes, not asserted
     assert not applied
-    assert faults > 100, f"glibc's default maps a 100 MiB block afresh: {faults} faults"
 
 
 def test_the_command_applies_it(make_fixture, monkeypatch):

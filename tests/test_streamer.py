@@ -516,7 +516,8 @@ def test_load_model_gives_auto_the_file_size(make_fixture, monkeypatch):
 def test_ggml_auto_maps_a_file_that_fits(make_fixture, monkeypatch):
     """--emulate=ggml with --cache-mb auto: where the budget would be 0 (the file fits in memory) the routed experts
     are pinned (memory-map views: ggml's kernels read the stored rows there), unless a routing hook asks for the
-    streamer; a budget above 0, a number, or the plain path keep the streamer. Same logits either way."""
+    streamer; a budget above 0, a number, or the plain path keep the streamer. (Pinned experts' bits in the ggml
+    path: tests/test_ggml_e2e.py.)"""
     import refimpl.model.load as M
 
     path = make_fixture("tiny", "q4_k_m")
@@ -528,15 +529,7 @@ def test_ggml_auto_maps_a_file_that_fits(make_fixture, monkeypatch):
     assert load_model(path, cache_mb="0", ggml=ggml, pack=False).streamer is not None
     assert load_model(path, cache_mb="auto", pack=False).streamer is not None
     monkeypatch.setattr(M, "cache_budget", lambda mb, **kw: 64 * MIB)
-    streamed = load_model(path, cache_mb="auto", ggml=ggml, pack=False)
-    assert streamed.streamer is not None
-    from refimpl.model.ctx import emulation_ctx
-
-    ctx = emulation_ctx("ggml")
-    prompt = [1, 2, 3, 4, 5]
-    a = forward(mapped, SeqState.fresh(mapped.config), prompt, ctx)[0]
-    b = forward(streamed, SeqState.fresh(streamed.config), prompt, ctx)[0]
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert load_model(path, cache_mb="auto", ggml=ggml, pack=False).streamer is not None
 
 
 def test_pinned_experts_read_ahead_when_the_file_fits(make_fixture, monkeypatch):

@@ -33,7 +33,8 @@ Two kernels, chosen by the number of activation rows (``tiled/tiled.cpp: ggml_ti
 
 Weights are decoded one row at a time inside the kernels (:func:`decode_row`: per-value integers ``q`` —
 unsigned codes, IQ4_XS table values, Q3_K signed values —, per-sub-block ``sc`` and ``mn``, the fp16
-super-block scales as float32, converted like ``vcvtph2ps``).
+super-block scales as float32, converted like ``vcvtph2ps``) — except Q4_K's and Q6_K's codes, whose integer dots
+:mod:`kernels.ggml.rows_k_ir` forms from the row bytes as vector IR (the same integers).
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ def _vec_dot_for(qt, parallel):
         nb = K // 256
         sub = 32 if kind <= 1 or kind == 3 else 16
         from_bytes = kind == 0 or kind == 2  # Q4_K, Q6_K: the codes' dots read the row bytes (kernels.ggml.rows_k_ir)
-        y = np.empty((yq.shape[0], 0), np.int32) if from_bytes else yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        # (T, K): the Q8_K quants widened once for the int32 dots; (T, 0) where the row bytes are read
+        y = np.empty((yq.shape[0], 0), np.int32) if from_bytes else yq.astype(np.int32)
         if w.strides[2] != 1:  # kernels.ggml.rows_k_ir reads each weight row as contiguous bytes
             raise ValueError("the weight rows must be contiguous")
         nt = (w.shape[1] + ROWS - 1) // ROWS
@@ -316,7 +318,8 @@ def _tiled_for(parallel):
         bias = 32 if kind == 2 else 0  # Q6_K codes are w + 32; IQ4_XS and Q3_K q already hold the signed value
         has_min = kind <= 1 or kind == 4
         from_bytes = kind == 0 or kind == 2  # Q4_K, Q6_K: the codes' dots read the row bytes (kernels.ggml.rows_k_ir)
-        y = np.empty((yq.shape[0], 0), np.int32) if from_bytes else yq.astype(np.int32)  # (T, K): the Q8_K quants widened once
+        # (T, K): the Q8_K quants widened once for the int32 dots; (T, 0) where the row bytes are read
+        y = np.empty((yq.shape[0], 0), np.int32) if from_bytes else yq.astype(np.int32)
         if w.strides[1] != 1:  # kernels.ggml.rows_k_ir reads each weight row as contiguous bytes
             raise ValueError("the weight rows must be contiguous")
         for blk in prange((w.shape[0] + ROWS - 1) // ROWS):

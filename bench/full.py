@@ -27,7 +27,7 @@ streamed through an LRU cache of ``--cache-mb`` MiB (refimpl.io.streamer) and de
 ``--emulate=ggml`` runs the same three in the bit-exact path (``refimpl run --emulate=ggml``: every op as the
 libggml-cpu llama-cpp-python loads computes it, with llama.cpp's defaults: F16 K/V, flash attention, its CPU_REPACK),
 the model loaded as that command loads it (the dense weights in the column layout when that fits; with ``--cache-mb
-auto`` and a file that fits in memory the routed experts memory-mapped, not streamed: refimpl.model.load), and the audit as
+auto`` at a budget of 0 — the full fixture in 24 GiB — the routed experts memory-mapped, not streamed: refimpl.model.load), and the audit as
 ``refimpl audit MODEL A B --emulate=ggml --draft 3`` runs it (experts memory-mapped: that command streams none): a
 stream pair (A random ids, B the same with its middle
 token changed: a divergence, so both tails are walked), then llama.cpp's own draft-3 stream predicted
@@ -89,7 +89,7 @@ def _child(args) -> None:
     from refimpl.io.streamer import dense_tensors
 
     model, ctx, load_s = _load(args, args.cache_mb)
-    s = model.streamer  # None: --emulate=ggml mapped the experts (auto, and the file fits in memory)
+    s = model.streamer  # None: --emulate=ggml mapped the experts (auto's budget 0)
     prompt = random_prompt(args.prompt_len)
     stamps = []
     t0 = time.perf_counter()

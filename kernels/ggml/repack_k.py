@@ -176,7 +176,7 @@ def _decode_q2_k_i32(w, q, sc, mn, d, dmin, table):
 
 
 @jit()
-def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, isum, table):
+def _q4_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, d, dmin, table):
     """The core of :func:`_id_item` (so of :func:`repacked_k_rows`) for Q4_K: weight rows ``w`` (N, row bytes)
     against the activation rows ``rows`` of ``y`` (int8 (·, K), the Q8_K quants), ``yd``, ``ysub``, ``gemm``;
     results to ``out[orow[i], c]``. Each super-block's integers — ``ΣI`` and ``ΣM`` per 64 values, the scales and
@@ -241,11 +241,11 @@ def _q2_k_rows_into(w, y, yd, ysub, gemm, rows, out, orow, q, sc, mn, d, dmin, i
 
 
 @jit()
-def _work_buffers(kind, K):
-    sub = 32 if kind == 0 else 16
+def _work_buffers(K):
+    """Q2_K's per-row scratch: codes, scales and mins per 16 values, d / dmin, the scaled sums per sub-block."""
     nb = K // 256
-    return (np.empty(K, np.int32), np.empty(K // sub, np.int32), np.empty(K // sub, np.int32),
-            np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(K // sub, np.int64))
+    return (np.empty(K, np.int32), np.empty(K // 16, np.int32), np.empty(K // 16, np.int32),
+            np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(K // 16, np.int64))
 
 
 ROWS = 64  # weight rows per work item of the parallel kernels (an expert's 512 gate rows: 8 items)
@@ -260,11 +260,12 @@ def _id_item(kind, w, yq, y, yd, ysub, gemm, arow, order, bounds, experts, out, 
     rows = np.empty(orow.shape[0], np.int64)
     for i in range(orow.shape[0]):
         rows[i] = arow[orow[i]]
-    q, sc, mn, d, dmin, isum = _work_buffers(kind, yq.shape[1])
     wg, og = w[experts[g], c0:c1], out[:, c0:c1]
-    if kind == 0:
-        _q4_k_rows_into(wg, yq, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
+    if kind == 0:  # the super-blocks' integers from the bytes: only d / dmin per row
+        nb = yq.shape[1] // 256
+        _q4_k_rows_into(wg, yq, yd, ysub, gemm, rows, og, orow, np.empty(nb, np.float32), np.empty(nb, np.float32), table)
     else:
+        q, sc, mn, d, dmin, isum = _work_buffers(yq.shape[1])
         _q2_k_rows_into(wg, y, yd, ysub, gemm, rows, og, orow, q, sc, mn, d, dmin, isum, table)
 
 

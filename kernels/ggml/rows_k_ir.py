@@ -2,13 +2,15 @@
 llama.cpp keeps in their GGUF layout at run time: the routed experts of a model whose column layout
 (:mod:`kernels.ggml.columns`) does not fit in memory, multiplied from the memory map or the streamer's slices.
 
-Two results per super-block, both exact integers:
+What they give per super-block, all from exact integers:
 
 * **lanes** — ``arch/x86/quants.c``'s ``vec_dot`` keeps a super-block's integer dot in 8 int32 lanes, lane ``l``
   summing bytes ``4l … 4l+3`` of each of the 8 32-value loads (``maddubs`` + ``madd_epi16`` by the sub-block
-  scale): :mod:`kernels.ggml.mulmat_k`'s ``vec_dot`` takes them lane by lane into its float lanes;
-* **total** — the sum of those lanes: ``Σ_s scale_s · Σ w·q8`` over the sub-blocks read, Q4_K's ``ΣI`` of the
-  repacked gemv (per super-block) and gemm (per 64 values) of :mod:`kernels.ggml.repack_k`.
+  scale): :mod:`kernels.ggml.mulmat_k`'s ``vec_dot`` takes them lane by lane into its float lanes (Q6_K's whole
+  step, ``q8sclsub`` and the 8-lane FMA included, is :func:`q6_k_fma_def`);
+* **total** — the sum of those lanes: ``Σ_s scale_s · Σ w·q8`` over the sub-blocks read (the tiled kernel's ``s1``);
+* **block** — Q4_K's ``ΣI`` and ``ΣM`` per 64 values with the scales and mins decoded from the bytes
+  (:func:`q4_k_block_def`): the repacked gemv and gemm of :mod:`kernels.ggml.repack_k`.
 
 A 32-value load's codes (Q4_K: the low or high nibbles of 32 bytes, 0…15; Q6_K: 4 low bits and 2 high bits,
 0…63) times 32 Q8 bytes, 4 products to an int32, is one ``vpdpbusd`` (``LEVEL`` 2, AVX512-VNNI: unsigned codes
@@ -16,10 +18,9 @@ times signed bytes) — exactly the lanes above —, or ggml's own AVX2 pair ``v
 (``LEVEL`` 1; no int16 pair saturates: 63·128·2 < 2^15), or target-independent IR (``LEVEL`` 0). The scale
 multiplies the lane (``|dot| ≤ 63·128·4``, a scale ``|s| ≤ 128``: no int32 sum of a super-block wraps). Integers
 are exact: which integers are summed is ggml's, the order and register never matter; every level gives the same
-bits (tests/test_ggml_rows_k.py). The float steps stay with the callers, in ggml's order.
+bits (tests/test_ggml_rows_k.py). The float steps stay with the callers, in ggml's order (but Q6_K's FMA).
 
-:func:`q4_k_lanes_def` and :func:`q6_k_lanes_def` are the definitions (and, with ``NUMBA_DISABLE_JIT=1``, the
-path). The level is fixed per process (:data:`LEVEL`, as :mod:`kernels.ggml.mulmat_q8_ir`'s).
+The ``*_def`` functions are the definitions (and, with ``NUMBA_DISABLE_JIT=1``, the path). The level is fixed per process (:data:`LEVEL`, as :mod:`kernels.ggml.mulmat_q8_ir`'s).
 """
 
 from __future__ import annotations
@@ -146,12 +147,15 @@ if JIT_ENABLED:
     def _typed(w, y, sc):
         return _vector(w, types.uint8) and _vector(y, types.int8) and _vector(sc, types.int32)
 
-    def _ptrs(context, b, sig, args):
-        """(the i8* of ``w`` and ``y`` at their offsets, the i32* of ``sc`` at its): each a contiguous row (the
-        callers' contract: their kernels check the weight stack's rows once, before their threads start)."""
-        w, y, sc = (context.make_array(sig.args[i])(context, b, args[i]) for i in (0, 2, 4))
-        return (b.gep(b.bitcast(w.data, _i8.as_pointer()), [args[1]]), b.gep(b.bitcast(y.data, _i8.as_pointer()), [args[3]]),
-                b.gep(sc.data, [args[5]]))
+    def _ptrs(context, b, sig, args, arrays=(0, 2, 4)):
+        """The pointers of the arrays at ``arrays`` of the signature, each at its offset (the argument after it): the
+        weight row and Q8 row as i8*, the rest as their element type. Each a contiguous row (the callers' contract:
+        their kernels check the weight stack's rows once, before their threads start)."""
+        out = []
+        for i in arrays:
+            data = context.make_array(sig.args[i])(context, b, args[i]).data
+            out.append(b.gep(b.bitcast(data, _i8.as_pointer()) if i in (0, 2) else data, [args[i + 1]]))
+        return out
 
     def _load32(b, p, off):
         return b.load(b.bitcast(b.gep(p, [off]), _B32.as_pointer()), align=1)
@@ -161,6 +165,17 @@ if JIT_ENABLED:
             return _call(b, "llvm.vector.reduce.add.v8i32", _i32, acc)
         lanes = [b.extract_element(acc, ir.Constant(_i32, i)) for i in range(8)]
         return context.make_tuple(b, sig.return_type, lanes)
+
+    def _nibble_dots(b, level, wp, yp, wo, yo, scale_lo, scale_hi):
+        """<8 x i32>: one Q4_K chunk's lanes — the 32 bytes at ``wp + wo``, low nibbles against ``yp + yo`` times
+        ``scale_lo``, high nibbles against ``yp + yo + 32`` times ``scale_hi`` (i32 scalars)."""
+        byte = _load32(b, wp, wo)
+        acc = None
+        for h, scale in enumerate((scale_lo, scale_hi)):
+            codes = b.and_(b.lshr(byte, ir.Constant(_B32, [4] * 32)) if h else byte, ir.Constant(_B32, [15] * 32))
+            term = b.mul(_udot(b, level, codes, _load32(b, yp, b.add(yo, ir.Constant(_i64, 32 * h)))), _splat8(b, scale))
+            acc = term if acc is None else b.add(acc, term)
+        return acc
 
     def _q4_k_ir(level, total, typingctx, w, wo, y, yo, sc, so, n):
         """:func:`q4_k_lanes_def` (``total``: the sum of its lanes, an int32) for one instruction level."""
@@ -175,14 +190,10 @@ if JIT_ENABLED:
             accp = cgutils.alloca_once_value(b, ir.Constant(_V8, [0] * 8))
             with cgutils.for_range(b, args[6]) as loop:
                 c = loop.index
-                byte = _load32(b, wp, b.mul(c, ir.Constant(_i64, 32)))
-                acc = b.load(accp)
-                for h in range(2):  # low nibbles: sub-block 2c; high: 2c + 1
-                    codes = b.and_(b.lshr(byte, ir.Constant(_B32, [4] * 32)) if h else byte, ir.Constant(_B32, [15] * 32))
-                    ys = _load32(b, yp, b.add(b.mul(c, ir.Constant(_i64, 64)), ir.Constant(_i64, 32 * h)))
-                    s = b.load(b.gep(sp, [b.add(b.mul(c, ir.Constant(_i64, 2)), ir.Constant(_i64, h))]))
-                    acc = b.add(acc, b.mul(_udot(b, level, codes, ys), _splat8(b, s)))
-                b.store(acc, accp)
+                s_lo = b.gep(sp, [b.mul(c, ir.Constant(_i64, 2))])  # sub-blocks 2c (low nibbles), 2c + 1 (high)
+                dots = _nibble_dots(b, level, wp, yp, b.mul(c, ir.Constant(_i64, 32)), b.mul(c, ir.Constant(_i64, 64)),
+                                    b.load(s_lo), b.load(b.gep(s_lo, [ir.Constant(_i64, 1)])))
+                b.store(b.add(b.load(accp), dots), accp)
             return _result(context, b, signature, b.load(accp), total)
 
         return sig, codegen
@@ -233,10 +244,8 @@ if JIT_ENABLED:
         sig = types.void(w, i64, y, i64, bs, i64, types.float32, acc)
 
         def codegen(context, b, signature, args):
-            wa, ya, ba, aa = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 2, 4, 7))
-            wp = b.gep(b.bitcast(wa.data, _i8.as_pointer()), [args[1]])
-            yp = b.gep(b.bitcast(ya.data, _i8.as_pointer()), [args[3]])
-            bp = b.gep(ba.data, [args[5]])
+            wp, yp, bp = _ptrs(context, b, signature, args)
+            aa = context.make_array(signature.args[7])(context, b, args[7])
             v16 = ir.VectorType(_i32, 16)
             sc = b.sext(b.load(b.bitcast(b.gep(wp, [ir.Constant(_i64, 192)]), ir.VectorType(_i8, 16).as_pointer()), align=1), v16)
 
@@ -268,10 +277,7 @@ if JIT_ENABLED:
         sig = types.UniTuple(types.int32, 8)(w, i64, y, i64, ys, i64)
 
         def codegen(context, b, signature, args):
-            wa, ya, sa = (context.make_array(signature.args[i])(context, b, args[i]) for i in (0, 2, 4))
-            wp = b.gep(b.bitcast(wa.data, _i8.as_pointer()), [args[1]])
-            yp = b.gep(b.bitcast(ya.data, _i8.as_pointer()), [args[3]])
-            sp = b.gep(sa.data, [args[5]])
+            wp, yp, sp = _ptrs(context, b, signature, args)
 
             def k(x):
                 return ir.Constant(_i64, x)
@@ -296,14 +302,9 @@ if JIT_ENABLED:
             mins = b.mul(mn, ysv)  # mn[s]·ys[s]
             out = []
             for c in range(4):
-                byte = _load32(b, wp, k(16 + 32 * c))
-                acc = None
-                for h in range(2):
-                    codes = b.and_(b.lshr(byte, ir.Constant(_B32, [4] * 32)) if h else byte, ir.Constant(_B32, [15] * 32))
-                    dot = _udot(b, level, codes, _load32(b, yp, k(64 * c + 32 * h)))
-                    term = b.mul(dot, _splat8(b, b.extract_element(sc, ir.Constant(_i32, 2 * c + h))))
-                    acc = term if acc is None else b.add(acc, term)
-                out.append(_call(b, "llvm.vector.reduce.add.v8i32", _i32, acc))
+                scales = [b.extract_element(sc, ir.Constant(_i32, 2 * c + h)) for h in (0, 1)]
+                out.append(_call(b, "llvm.vector.reduce.add.v8i32", _i32,
+                                 _nibble_dots(b, level, wp, yp, k(16 + 32 * c), k(64 * c), *scales)))
             for c in range(4):
                 out.append(b.add(b.extract_element(mins, ir.Constant(_i32, 2 * c)),
                                  b.extract_element(mins, ir.Constant(_i32, 2 * c + 1))))
@@ -312,8 +313,8 @@ if JIT_ENABLED:
         return sig, codegen
 
     def make(kind: str, level: int, total: bool = False):
-        """The intrinsic of ``kind`` ("q4_k" or "q6_k") for instruction level ``level`` (:data:`LEVEL`; the tests
-        build each one); ``total``: the sum of the lanes instead of the lanes."""
+        """The intrinsic of ``kind`` — "q4_k", "q6_k" (lanes; ``total``: their sum), "q4_k_block", "q6_k_fma" — for
+        instruction level ``level`` (:data:`LEVEL`; the tests build each one)."""
         if kind == "q4_k_block":
             return intrinsic(functools.partial(_q4_k_block_ir, level))
         if kind == "q6_k_fma":

@@ -86,7 +86,7 @@ from refimpl.io.weights import Matrix
 __all__ = [
     "AUTO_FALLBACK_BYTES", "AUTO_FRACTION", "AUTO_HEADROOM", "EXPERT_KINDS", "MIB", "PAGE", "PHASES", "PIN_BAR_MIN_BYTES", "READ_THREADS",
     "ExpertStreamer", "ExpertTensor", "PhaseCounters", "RoutedExperts", "Routes", "SliceBuffers", "SliceCache", "SliceKey",
-    "StreamCounters", "StreamedExperts", "cache_budget", "dense_tensors", "expert_tensors", "fits_in_memory", "is_expert_tensor",
+    "StreamCounters", "StreamedExperts", "cache_budget", "dense_tensors", "expert_tensors", "fits_in_memory", "is_auto", "is_expert_tensor",
     "mem_available", "pin_dense",
 ]
 
@@ -486,6 +486,11 @@ def fits_in_memory(file_bytes: int, resident_bytes: int = 0) -> bool:
     return avail is not None and file_bytes + resident_bytes + AUTO_HEADROOM <= avail
 
 
+def is_auto(cache_mb) -> bool:
+    """Whether ``--cache-mb`` is ``auto`` (any case, spaces around)."""
+    return isinstance(cache_mb, str) and cache_mb.strip().lower() == "auto"
+
+
 def cache_budget(cache_mb, *, file_bytes: int | None = None, resident_bytes: int = 0) -> int:
     """``--cache-mb`` in bytes: a whole number of MiB ≥ 0, or ``"auto"``: AUTO_FRACTION (half) of
     MemAvailable at the time of the call (AUTO_FALLBACK_BYTES, 1 GiB, if /proc/meminfo is missing) —
@@ -496,7 +501,7 @@ def cache_budget(cache_mb, *, file_bytes: int | None = None, resident_bytes: int
     memory it took would push other slices of the file out to the disk: on the 20.2 GiB full-size
     fixture in 24 GiB (a 2-core Sapphire Rapids VM, AVX-512 kernels), budget 0 decoded 1.43-1.48 tok/s
     and half of MemAvailable 1.14-1.34."""
-    if isinstance(cache_mb, str) and cache_mb.strip().lower() == "auto":
+    if is_auto(cache_mb):
         avail = mem_available()
         if avail is None:
             return AUTO_FALLBACK_BYTES

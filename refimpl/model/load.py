@@ -18,7 +18,8 @@ from refimpl.graph.layout import ggml_layout, layout_bytes
 from refimpl.io.config import Config
 from refimpl.io.load import ModelFile, open_model
 from refimpl.io.packing import pack_weights, packable_bytes, packed_nbytes
-from refimpl.io.streamer import ExpertStreamer, cache_budget, dense_tensors, fits_in_memory, mem_available, pin_dense
+from refimpl.io.streamer import (ExpertStreamer, cache_budget, dense_tensors, fits_in_memory, is_auto, mem_available,
+                                 pin_dense)
 from refimpl.io.weights import Weights, load_weights
 
 
@@ -63,10 +64,6 @@ PACK_FLAGS = {"auto": "auto", "on": True, "off": False}  # --pack auto|on|off (c
 _PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes: 276 / 210)
 
 
-def _auto(cache_mb) -> bool:
-    return isinstance(cache_mb, str) and cache_mb.strip().lower() == "auto"
-
-
 def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
                pack: bool | str = "auto", defer_pack: bool = False, ggml: tuple[str, bool] | None = None) -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
@@ -82,7 +79,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
     instead of the lane copies; ``"auto"`` lays out everything when it fits, else all but the pinned routed experts
     when that fits (they are then multiplied from the memory map's stored rows). With ``ggml``, ``cache_mb="auto"``
-    where the whole file fits in memory (the budget would be 0) pins the routed experts too, unless ``on_route``
+    where its budget comes to 0 (the file fits in memory with no room left for a private cache) pins the routed
+    experts too, unless ``on_route``
     asks for the streamer's routing: ggml's kernels read the stored rows where the map has them, where a budget-0
     stream copies every token's experts first (the 40-layer full fixture, *EPYC*, 2026-12-05, 2 threads: 211 ms a
     token mapped, 623 ms streamed, 314 ms of it waiting for the reads)."""
@@ -94,7 +92,7 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         dense = sum(dense_tensors(m.gguf).values())
         budget = cache_budget(cache_mb, file_bytes=os.path.getsize(m.gguf.path),
                               resident_bytes=0 if pack is False else int(dense * _PACK_GROWTH))  # packed copies, at most
-        if budget == 0 and ggml is not None and on_route is None and _auto(cache_mb):
+        if budget == 0 and ggml is not None and on_route is None and is_auto(cache_mb):
             budget = None  # the page cache holds the file: its map serves ggml's kernels without a copy
     if budget is None:
         weights = load_weights(m)

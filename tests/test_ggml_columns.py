@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack import acts
 
-from kernels.ggml import columns, columns_ir, columns_k, mulmat
+from kernels.ggml import columns, columns_ir, columns_k, columns_q4k, mulmat
 from kernels.ggml.simd import _cols_dot16_def, cols_dot16
 from kernels.testing import random_rows
 
@@ -66,7 +66,8 @@ def test_quad_dots_are_their_definitions(qtype):
     """The K-quants' vector IR (kernels.ggml.columns_ir, every level the host runs: VNNI's vpdpbusd + vpdpwssd,
     AVX2's vpmaddubsw + vpmaddwd, the target-independent twin) against the definitions, for a sub-tile of 16
     columns: vec_dot's 8 lanes (Q6_K with q8sclsub) and their float step (Q5_K, Q6_K: also kernels.ggml.columns_k's
-    step for several activation rows), the tiled kernel's totals, Q4_K repacked's gemv and gemm steps; extreme
+    step for several activation rows), the tiled kernel's totals, Q4_K repacked's gemv and gemm steps (also
+    kernels.ggml.columns_q4k's whole sub-tile for several rows); extreme
     codes, scales and activations (Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
     rng = np.random.default_rng(int(qtype))
     w = weight_bytes(qtype, 64, 512, rng)
@@ -100,6 +101,20 @@ def test_quad_dots_are_their_definitions(qtype):
                     columns_ir.q4k_fma_def(want, 3, np.zeros((8, 16), np.int32), q, blk, step, c, 16, y, sc, bs, d,
                                            np.float32(0.37), mn, dmin)
                     assert np.array_equal(bits(got), bits(want)), (level, blk, c, step)
+        if form == 2:  # columns_q4k: a whole sub-tile, every super-block, several activation rows in one step
+            ys2 = np.stack([y, np.roll(y, 7), -np.roll(y, 3)])
+            ys2[1, 5] = -128
+            sums = np.ascontiguousarray(np.stack([bs, bs[::-1], -bs])[:, :16])  # the sums per 32 values
+            yd = rng.standard_normal((3, 2)).astype(np.float32)
+            rows = np.array([2, 0, 1, 2, 1])
+            for sel in (np.array([0, 1, 2, 3]), np.array([4]), np.array([3, 1])):
+                for step in (2, 8):
+                    for c in (16, 48):
+                        acc = rng.standard_normal((5, 2, 24)).astype(np.float32)
+                        got, want = acc.copy(), acc.copy()
+                        columns_q4k.q4k_sub_tile16(got, 5, q, c, ys2, rows, sel, sc, sums, d, yd, mn, dmin, step, level)
+                        columns_q4k.q4k_sub_tile_def(want, 5, q, c, 16, ys2, rows, sel, sc, sums, d, yd, mn, dmin, step)
+                        assert np.array_equal(bits(got), bits(want)), (level, sel, step, c)
         if form != 2:  # columns_k.lanes_rows: every super-block, each lane's codes for several activation rows
             ys = np.stack([y, np.roll(y, 7), np.roll(y, -3)])
             bss = np.stack([bs, bs[::-1], -bs])

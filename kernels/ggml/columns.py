@@ -10,7 +10,8 @@ integer dot and the float operations on it, in ggml's order, which the kernels h
 * **Q4_0, IQ4_NL, MXFP4 repacked** (``gemv/gemm_q4_b32_8x8_q8_0_lut_avx``, :mod:`kernels.ggml.repack`): one
   accumulator, ``acc = fma(float(dot_b), float32(d_w · d_x), acc)``; the gemv rows (``t >= exact_rows``) with the
   same -128 sign trick, the gemm rows exact. The nibbles are stored decoded through the kernel's LUT.
-* **Q4_K repacked** (``gemv/gemm_q4_K_8x8_q8_K``, :mod:`kernels.ggml.repack_k`): the 32-value sub-block dots
+* **Q4_K repacked** (``gemv/gemm_q4_K_8x8_q8_K``, :mod:`kernels.ggml.repack_k`; here
+  :mod:`kernels.ggml.columns_q4k`): the 32-value sub-block dots
   times the 6-bit scales and the mins times the Q8_K sums, summed in integers, then ``acc = fma(float(ΣI),
   float32(d · y.d), acc)`` and ``accm = fma(float(ΣM), float32(dmin · y.d), accm)`` per super-block (gemv) or
   per 64 values (gemm rows), ``out = acc - accm``. The nibbles are stored as int8 values, the scales and mins
@@ -48,7 +49,7 @@ from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
-from kernels.ggml.columns_ir import kq_q4k
+from kernels.ggml.columns_q4k import tile_q4k
 from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -191,27 +192,6 @@ def _dots(q, k0, c, nc, y, yo, out):
 
 
 @jit()
-def _tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc):
-    """Q4_K repacked (kind 2) for :func:`_tile`: per super-block, every row against its codes while they are in the
-    cache; the integers ``ΣI = Σ sc·dot`` (:func:`kernels.ggml.columns_ir.kq`, the quads' totals) and ``ΣM = Σ
-    mn·Σy`` per super-block (gemv) or per 64 values (gemm rows)."""
-    R = rows.shape[0]
-    v = np.empty((8, 16), np.int32)
-    acc = np.zeros((R, 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
-    for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once
-        cs = max(c, w0)
-        n = min(c + nc, w0 + 16) - cs
-        for b in range(yd.shape[1]):
-            for i in range(R):
-                r = rows[i]
-                step = 2 if gemm[r] else 8  # gemm: an FMA per 64 values; gemv: per super-block
-                kq_q4k(acc[i], cs - c, v, q, b, step, cs, n, y[r], sc, ys[r], d, yd[r, b], mn, dmin)
-    for i in range(R):
-        for j in range(nc):
-            out[orow[i], oc + j] = acc[i, 0, j] - acc[i, 1, j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
-
-
-@jit()
 def _wrap128(q, k0, c, nc, y, yo, out):
     """The ``maddubs`` sign trick of a block whose activations hold a -128: against a negative weight ``w`` that
     byte counts ``+128·w``, not the exact ``-128·w`` (:func:`kernels.ggml.mulmat_q8._sign_dot`)."""
@@ -230,13 +210,13 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     TILE) …) against activation rows ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R,
     K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks holding a -128, ``gemm`` (R,) the rows taking the
     gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (2:
-    :func:`_tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
+    :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
     float32."""
     if kind >= 3:
         tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
     if kind == 2:
-        _tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
+        tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
     for i in range(rows.shape[0]):
         r = rows[i]

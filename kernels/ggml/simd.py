@@ -29,8 +29,6 @@ and FMAs.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
@@ -372,8 +370,12 @@ def v_expf_avx512(x):
     if abs(n) > np.float32(192):  # d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), 192, _CMP_GT_OQ)
         return np.float32(0.0) if n <= np.float32(0) else np.float32(np.inf)  # blend(n <= 0, INFINITY, zero)
     j = fma32(fma32(fma32(EXP_C5, b, EXP_C4), u, fma32(EXP_C3, b, EXP_C2)), u, fma32(EXP_C1, b, ONE))
-    # _mm512_scalef_ps(j, n): |n| <= 192 is an integer here, j·2**n is exact in float64, one rounding to float32
-    return np.float32(math.ldexp(np.float64(j), int(n)))
+    # _mm512_scalef_ps(j, n): |n| <= 192 is an integer here, j·2**n is exact in float64, one rounding to float32;
+    # 2**n as the product of two float32 powers of two (each |exponent| <= 96), not a libm ldexp call
+    ni = np.int64(n)
+    h = ni >> 1
+    two_n = np.float64(bits_f32((127 + h) << 23)) * np.float64(bits_f32((127 + ni - h) << 23))
+    return np.float32(np.float64(j) * two_n)
 
 
 @jit()

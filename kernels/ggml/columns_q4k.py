@@ -1,0 +1,214 @@
+"""Q4_K repacked (``gemv/gemm_q4_K_8x8_q8_K``, :mod:`kernels.ggml.repack_k`) in the column layout, a whole sub-tile
+of 16 output columns against every activation row in one compiled step.
+
+Per output element the numerics are :func:`kernels.ggml.columns_ir.q4k_fma_def`'s, super-block by super-block in K
+order: the exact integers ``ΣI = Σ_s sc_s·Σ q·y`` and ``ΣM = Σ_s mn_s·Σ y`` over a super-block (the gemv's rows) or
+over each 64 values (the gemm's rows, ``ggml_quantize_mat_q8_K_4x8``'s groups of 4), then ``acc = fma(float(ΣI),
+d·y.d, acc)`` and ``accm = fma(float(ΣM), dmin·y.d, accm)``, and ``out = acc - accm``.
+
+What this module changes is only where the work is shared. A gemm row's 64 values of a sub-tile are 16 code vectors
+(8 loads of 64 bytes, each holding two quad rows as nibbles): they are loaded and unpacked once for all the gemm rows
+(a verify batch's 4, a prompt's hundreds), then each row forms its dots from them (``vpdpbusd`` on AVX512-VNNI,
+:func:`kernels.ggml.columns_ir._dpbusd`). The gemv's rows (a decode's one token, the tail of a batch, every routed
+row of ``mul_mat_id``) loop over their super-blocks inside the same step. Either way one call per sub-tile, not one
+per super-block and row: at decode widths the calls had cost more than the dots. The gemm prefetches its codes
+:data:`AHEAD` bytes ahead (its rows take long enough per 64 values for the hardware prefetcher to fall behind).
+
+Measured (real2's 8192 × 2048 ``attn_qkv``, 2 threads, EPYC, 2026-12-06, the weights out of the cache): one row
+0.9 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.base.flags import JIT_ENABLED, jit
+from kernels.ggml.columns_ir import LEVEL, kq_q4k, q4k_fma_def
+
+F32 = np.float32
+#: Software prefetch distance of the gemm's codes (bytes): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC,
+#: 1.6 -> 1.3 ms a product (the gemv's rows stream fast enough without; prefetching them cost the experts ~10 %).
+AHEAD = 2048
+
+
+@jit()
+def q4k_sub_tile_def(acc, o, q, c, nc, y, rows, sel, sc, ys, d, yd, mn, dmin, step):
+    """The definition: columns ``c … c + nc - 1`` of one sub-tile, every super-block, for the activation rows
+    ``rows[sel[m]]`` (``y`` int8 (T, K), ``ys`` int64 (T, K/32) the Q8_K sums per 32 values, ``yd`` float32 (T,
+    K/256)), each through ``step`` groups per FMA (2: the gemm, 8: the gemv) into ``acc[sel[m], 0 / 1, o:o + nc]``
+    (:func:`kernels.ggml.columns_ir.q4k_fma_def` per super-block and row)."""
+    v = np.empty((8, 16), np.int32)
+    for b in range(d.shape[0]):
+        for m in range(sel.shape[0]):
+            i = sel[m]
+            r = rows[i]
+            q4k_fma_def(acc[i], o, v, q, b, step, c, nc, y[r], sc, ys[r], d, yd[r, b], mn, dmin)
+
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba import literally, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from kernels.ggml.columns_ir import _dpbusd, _lit, _splat, _sub_tile_row
+    from kernels.lanes.ir import _prefetch
+
+    _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    _V16, _B64, _F16 = ir.VectorType(_i32, 16), ir.VectorType(_i8, 64), ir.VectorType(ir.FloatType(), 16)
+
+    @intrinsic
+    def _q4k_sub_tile_ir(typingctx, acc, o, q, qr0, c, y, rows, sel, sc, ys, d, yd, mn, dmin, step, level):
+        """:func:`q4k_sub_tile_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its nibble quads from
+        row ``qr0`` of ``q`` int8 (K/2, 16·4)), ``acc`` float32 (R, 2, ≥ o + 16), ``rows`` / ``sel`` int64, ``sc`` /
+        ``mn`` uint8 (K/32, ≥ c + 16), ``d`` / ``dmin`` float32 (K/256, ≥ c + 16), all C-contiguous; ``step`` (2,
+        8) and ``level`` literals. Step 2 (the gemm): per super-block and 64 values, the 16 code vectors unpacked
+        once, then every row's two FMAs from them. Step 8 (the gemv): row by row, super-block by super-block."""
+        flags = [_lit(a) for a in (step, level)]
+        arrays = (acc, q, y, rows, sel, sc, ys, d, yd, mn, dmin)
+        if None in flags or flags[0] not in (2, 8) or not (
+                all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
+                and q.dtype == y.dtype == types.int8 and acc.dtype == types.float32 and acc.ndim == 3):
+            return None
+        n_g, lv = flags
+        i64 = types.int64
+        sig = types.void(acc, i64, q, i64, i64, y, rows, sel, sc, ys, d, yd, mn, dmin, step, level)
+
+        def codegen(context, b, signature, args):
+            ts = signature.args
+            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13)}
+            o, qr0, c = args[1], args[3], args[4]
+            zero = ir.Constant(_V16, [0] * 16)
+            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
+
+            def k(n):
+                return ir.Constant(_i64, n)
+
+            def item(i, idx):
+                return cgutils.get_item_pointer(context, b, ts[i], arr[i], idx)
+
+            def at(i, idx, t):
+                return b.bitcast(item(i, idx), t.as_pointer())
+
+            def codes(blk, g, lane):  # quad row 8g + lane of the super-block: a nibble of row (8g + lane) // 2
+                r = 8 * g + lane
+                row = b.add(qr0, b.add(b.mul(blk, k(32)), k(r // 2)))
+                cb = b.load(at(2, [row, k(0)], _B64), align=1)
+                cb = b.lshr(cb, ir.Constant(_B64, [4] * 64)) if r % 2 else cb  # low nibbles even rows, high odd
+                return b.bitcast(b.and_(cb, ir.Constant(_B64, [15] * 64)), _V16)
+
+            def sub_block(i, row):  # the 16 columns' scale / min bytes of sub-block row ``row``
+                return b.zext(b.load(at(i, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
+
+            def groups(blk, r, g1, cv, scl, mnv):  # ΣI, ΣM of groups g1 … g1 + len(cv) - 1 for activation row r
+                y0 = at(5, [r, b.mul(blk, k(256))], _i8)
+                ii, mi = zero, zero
+                for gi, lanes in enumerate(cv):
+                    dot = zero
+                    for lane, codes_l in enumerate(lanes):  # scale · (the 4-value dots of the group's 8 lanes)
+                        y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * (g1 + gi) + lane))]), _i32.as_pointer()), align=1)
+                        dot = _dpbusd(b, lv, dot, codes_l, _splat(b, y4))
+                    ii = b.add(ii, b.mul(dot, scl[gi]))
+                    ysum = b.trunc(b.load(item(9, [r, b.add(b.mul(blk, k(8)), k(g1 + gi))])), _i32)
+                    mi = b.add(mi, b.mul(mnv[gi], _splat(b, ysum)))  # mn·Σy
+                return ii, mi
+
+            def fmas(blk, i, r, ii, mi):  # acc = fma(float(ΣI), d·y.d, acc); accm = fma(float(ΣM), dmin·y.d, accm)
+                ydv = _splat(b, b.load(item(11, [r, blk])), _F16)
+                dy = b.fmul(b.load(at(10, [blk, c], _F16), align=4), ydv)  # d · y.d
+                dmy = b.fmul(b.load(at(13, [blk, c], _F16), align=4), ydv)  # dmin · y.d
+                for h, (s, f) in enumerate(((ii, dy), (mi, dmy))):
+                    p = at(0, [i, k(h), o], _F16)
+                    b.store(b.call(fma, [b.sitofp(s, _F16), f, b.load(p, align=4)]), p, align=4)
+
+            n_blk = cgutils.unpack_tuple(b, arr[10].shape, 2)[0]
+            n_sel = cgutils.unpack_tuple(b, arr[7].shape, 1)[0]
+
+            def chunk(blk, g1, ng, ahead=False):  # groups g1 … g1 + ng - 1: their code vectors, scales and mins
+                base = b.mul(blk, k(8))
+                if ahead:  # the gemm's rows take long enough per chunk for the hardware prefetcher to fall behind
+                    _prefetch(b, item(2, [b.add(qr0, b.add(b.mul(blk, k(32)), k(4 * g1))), k(0)]), AHEAD, 64 * 4 * ng)
+                cv = [[codes(blk, g, lane) for lane in range(8)] for g in range(g1, g1 + ng)]
+                rws = [b.add(base, k(g)) for g in range(g1, g1 + ng)]
+                return cv, [sub_block(8, rw) for rw in rws], [sub_block(12, rw) for rw in rws]
+
+            if n_g == 2:  # the gemm: per 64 values, the codes once for every row
+                with cgutils.for_range(b, n_blk) as blk_loop:
+                    blk = blk_loop.index
+                    for g1 in range(0, 8, 2):
+                        cv, scl, mnv = chunk(blk, g1, 2, True)
+                        with cgutils.for_range(b, n_sel) as m_loop:
+                            i = b.load(item(7, [m_loop.index]))
+                            r = b.load(item(6, [i]))
+                            fmas(blk, i, r, *groups(blk, r, g1, cv, scl, mnv))
+            else:  # the gemv: row by row, an FMA per super-block
+                with cgutils.for_range(b, n_sel) as m_loop:
+                    i = b.load(item(7, [m_loop.index]))
+                    r = b.load(item(6, [i]))
+                    with cgutils.for_range(b, n_blk) as blk_loop:
+                        blk = blk_loop.index
+                        ii, mi = zero, zero
+                        for g1 in range(0, 8, 2):
+                            s, t = groups(blk, r, g1, *chunk(blk, g1, 2))
+                            ii, mi = b.add(ii, s), b.add(mi, t)
+                        fmas(blk, i, r, ii, mi)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @jit()
+    def q4k_sub_tile16(acc, o, q, c, y, rows, sel, sc, ys, d, yd, mn, dmin, step, level):
+        """:func:`q4k_sub_tile_def` for the 16 columns ``c … c + 15`` of a sub-tile as vector IR (``level``
+        :data:`kernels.ggml.columns_ir.LEVEL`)."""
+        literally(level)
+        qr0 = _sub_tile_row(q, c)
+        if step == 2:  # the literals the IR is built for, one branch each
+            _q4k_sub_tile_ir(acc, o, q, qr0, c, y, rows, sel, sc, ys, d, yd, mn, dmin, 2, level)
+        else:
+            _q4k_sub_tile_ir(acc, o, q, qr0, c, y, rows, sel, sc, ys, d, yd, mn, dmin, 8, level)
+
+else:
+
+    def q4k_sub_tile16(acc, o, q, c, y, rows, sel, sc, ys, d, yd, mn, dmin, step, level):
+        q4k_sub_tile_def(acc, o, q, c, 16, y, rows, sel, sc, ys, d, yd, mn, dmin, step)
+
+
+@jit()
+def tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc):
+    """Columns ``c … c + nc - 1`` of one tile of Q4_K repacked (``q`` (K/2, 16·4) its sub-tiles' nibble quads,
+    ``d`` / ``dmin`` (K/256, TILE), ``sc`` / ``mn`` (K/32, TILE)) against the Q8_K activation rows ``rows`` (``y``
+    (T, K) int8, ``yd`` (T, K/256), ``ys`` (T, K/32) the sums per 32 values, ``gemm`` (T,) the rows taking the
+    gemm's FMA per 64 values) into ``out[orow[i], oc + j]``: whole sub-tiles as vector IR (:func:`q4k_sub_tile16`),
+    a partial one by the definition (:func:`kernels.ggml.columns_ir.kq_q4k`)."""
+    R = rows.shape[0]
+    acc = np.zeros((R, 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
+    n_gemm = 0
+    for i in range(R):
+        n_gemm += gemm[rows[i]]
+    by_step = (np.empty(n_gemm, np.int64), np.empty(R - n_gemm, np.int64))  # the rows of each formula
+    n = [0, 0]
+    for i in range(R):
+        h = 0 if gemm[rows[i]] else 1
+        by_step[h][n[h]] = i
+        n[h] += 1
+    v = np.empty((8, 16), np.int32)
+    for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once
+        cs = max(c, w0)
+        w = min(c + nc, w0 + 16) - cs
+        if w == 16:
+            for h in range(2):
+                if by_step[h].shape[0]:
+                    q4k_sub_tile16(acc, cs - c, q, cs, y, rows, by_step[h], sc, ys, d, yd, mn, dmin, 2 if h == 0 else 8,
+                                   LEVEL)
+            continue
+        for b in range(yd.shape[1]):
+            for i in range(R):
+                r = rows[i]
+                step = 2 if gemm[r] else 8  # gemm: an FMA per 64 values; gemv: per super-block
+                kq_q4k(acc[i], cs - c, v, q, b, step, cs, w, y[r], sc, ys[r], d, yd[r, b], mn, dmin)
+    for i in range(R):
+        for j in range(nc):
+            out[orow[i], oc + j] = acc[i, 0, j] - acc[i, 1, j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
+
+
+__all__ = ["q4k_sub_tile16", "q4k_sub_tile_def", "tile_q4k"]

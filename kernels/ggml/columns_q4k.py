@@ -15,7 +15,7 @@ per super-block and row: at decode widths the calls had cost more than the dots.
 :data:`AHEAD` bytes ahead (its rows take long enough per 64 values for the hardware prefetcher to fall behind).
 
 Measured (real2's 8192 × 2048 ``attn_qkv``, 2 threads, EPYC, 2026-12-06, the weights out of the cache): one row
-0.9 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms.
+0.6 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kernels.ggml.columns_ir import LEVEL, kq_q4k, q4k_fma_def
 
 F32 = np.float32
 #: Software prefetch distance of the gemm's codes (bytes): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC,
-#: 1.6 -> 1.3 ms a product (the gemv's rows stream fast enough without; prefetching them cost the experts ~10 %).
+#: 0.8 -> 0.65 ms a product (the gemv's rows stream fast enough without; prefetching them cost the experts ~10 %).
 AHEAD = 2048
 
 

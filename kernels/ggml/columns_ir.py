@@ -182,6 +182,18 @@ if JIT_ENABLED:
             return b.add(acc, _join(b, *(_madd(b, u, w) for u, w in zip(_halves(b, dot, _W16), _halves(b, lo, _W16)))))
         return b.add(acc, _x86(b, "llvm.x86.avx512.pmaddw.d.512", _V16, b.bitcast(dot, _W32), b.bitcast(lo, _W32)))
 
+    def _dot_scaled(b, level, acc, codes, y4, scale):
+        """``acc + scale · (the 4-value dots of codes and y4)`` per int32 (codes unsigned <= 63, ``scale`` the
+        sign-extended byte): on AVX2 (``level`` 1) ``vpmaddubsw``'s pair sums times the (scale, scale) int16 pair by one
+        ``vpmaddwd`` — ggml's own AVX2 order of work, no ``vpmaddwd`` with ones (a pair is at most 2·63·128 < 2^15, a
+        product with the scale 2^21); else :func:`_scaled` of :func:`_dpbusd`. The same integer either way."""
+        if level != 1:
+            return _scaled(b, level, acc, _dpbusd(b, level, ir.Constant(_V16, [0] * 16), codes, y4), scale)
+        pair = b.or_(b.and_(scale, ir.Constant(_V16, [0xFFFF] * 16)), b.shl(scale, ir.Constant(_V16, [16] * 16)))
+        dots = [_madd(b, _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _W16, u, w), s)
+                for u, w, s in zip(_halves(b, codes, _B32), _halves(b, y4, _B32), _halves(b, pair, _W16))]
+        return b.add(acc, _join(b, *dots))
+
     @jit()
     def _sub_tile_row(q, c):
         """The first quad row of column ``c``'s sub-tile in a tile ``q`` (K, 64) (its rows of 64 bytes, as the IR

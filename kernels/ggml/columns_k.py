@@ -107,7 +107,7 @@ if JIT_ENABLED:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from kernels.ggml.columns_ir import _dpbusd, _lit, _scaled, _splat, _sub_tile_row
+    from kernels.ggml.columns_ir import _dot_scaled, _lit, _scaled, _splat, _sub_tile_row
 
     _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     _V16, _F16 = ir.VectorType(_i32, 16), ir.VectorType(ir.FloatType(), 16)
@@ -157,7 +157,7 @@ if JIT_ENABLED:
                 s = zero
                 for g in range(8):  # scale · the 4-value dots of the lane's group g
                     y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
-                    s = _scaled(b, lv, s, _dpbusd(b, lv, zero, codes[g], _splat(b, y4)), scales[g])
+                    s = _dot_scaled(b, lv, s, codes[g], _splat(b, y4), scales[g])
                 if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
                     t = zero
                     for h in (0, 1):

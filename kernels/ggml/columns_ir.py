@@ -182,6 +182,24 @@ if JIT_ENABLED:
             return b.add(acc, _join(b, *(_madd(b, u, w) for u, w in zip(_halves(b, dot, _W16), _halves(b, lo, _W16)))))
         return b.add(acc, _x86(b, "llvm.x86.avx512.pmaddw.d.512", _V16, b.bitcast(dot, _W32), b.bitcast(lo, _W32)))
 
+    def _k(n):
+        return ir.Constant(_i64, n)
+
+    class _Args:
+        """An intrinsic's codegen view of its arguments: the arrays at positions ``arrays`` (:meth:`item`: an
+        element's pointer, :meth:`at`: as a pointer to ``t``) and the <16 x float> FMA."""
+
+        def __init__(self, context, b, signature, args, arrays):
+            self.context, self.b, self.ts = context, b, signature.args
+            self.arr = {i: context.make_array(self.ts[i])(context, b, args[i]) for i in arrays}
+            self.fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
+
+        def item(self, i, idx):
+            return cgutils.get_item_pointer(self.context, self.b, self.ts[i], self.arr[i], idx)
+
+        def at(self, i, idx, t):
+            return self.b.bitcast(self.item(i, idx), t.as_pointer())
+
     def _dot_scaled(b, level, acc, codes, y4, scale):
         """``acc + scale · (the 4-value dots of codes and y4)`` per int32 (codes unsigned <= 63, ``scale`` the
         sign-extended byte): on AVX2 (``level`` 1) ``vpmaddubsw``'s pair sums times the (scale, scale) int16 pair by one

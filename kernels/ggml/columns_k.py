@@ -107,7 +107,7 @@ if JIT_ENABLED:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from kernels.ggml.columns_ir import _dot_scaled, _lit, _scaled, _splat, _sub_tile_row
+    from kernels.ggml.columns_ir import _Args, _dot_scaled, _k, _lit, _scaled, _splat, _sub_tile_row
 
     _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     _V16, _F16 = ir.VectorType(_i32, 16), ir.VectorType(ir.FloatType(), 16)
@@ -133,20 +133,10 @@ if JIT_ENABLED:
         sig = types.void(acc, i64, q, i64, i64, y, rows, sc, bs, d, yd, form, level)
 
         def codegen(context, b, signature, args):
-            ts = signature.args
-            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 5, 6, 7, 8, 9, 10)}
+            a = _Args(context, b, signature, args, (0, 2, 5, 6, 7, 8, 9, 10))
+            item, at, fma, k, arr = a.item, a.at, a.fma, _k, a.arr
             o, qr0, c = args[1], args[3], args[4]
             zero = ir.Constant(_V16, [0] * 16)
-            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
-
-            def k(n):
-                return ir.Constant(_i64, n)
-
-            def item(i, idx):
-                return cgutils.get_item_pointer(context, b, ts[i], arr[i], idx)
-
-            def at(i, idx, t):
-                return b.bitcast(item(i, idx), t.as_pointer())
 
             def scale(row):  # the 16 columns' scale bytes of sub-block row ``row``, sign-extended
                 return b.sext(b.load(at(7, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)

@@ -51,7 +51,7 @@ if JIT_ENABLED:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from kernels.ggml.columns_ir import _dpbusd, _lit, _splat, _sub_tile_row
+    from kernels.ggml.columns_ir import _Args, _dpbusd, _k, _lit, _splat, _sub_tile_row
     from kernels.lanes.ir import _prefetch
 
     _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -75,20 +75,10 @@ if JIT_ENABLED:
         sig = types.void(acc, i64, q, i64, i64, y, rows, sel, sc, ys, d, yd, mn, dmin, step, level)
 
         def codegen(context, b, signature, args):
-            ts = signature.args
-            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13)}
+            a = _Args(context, b, signature, args, (0, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13))
+            item, at, fma, k, arr = a.item, a.at, a.fma, _k, a.arr
             o, qr0, c = args[1], args[3], args[4]
             zero = ir.Constant(_V16, [0] * 16)
-            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_F16, [_F16] * 3), "llvm.fma.v16f32")
-
-            def k(n):
-                return ir.Constant(_i64, n)
-
-            def item(i, idx):
-                return cgutils.get_item_pointer(context, b, ts[i], arr[i], idx)
-
-            def at(i, idx, t):
-                return b.bitcast(item(i, idx), t.as_pointer())
 
             def codes(blk, g, lane):  # quad row 8g + lane of the super-block: a nibble of row (8g + lane) // 2
                 r = 8 * g + lane

@@ -66,8 +66,8 @@ def test_quad_dots_are_their_definitions(qtype):
     """The K-quants' vector IR (kernels.ggml.columns_ir, every level the host runs: VNNI's vpdpbusd + vpdpwssd,
     AVX2's vpmaddubsw + vpmaddwd, the target-independent twin) against the definitions, for a sub-tile of 16
     columns: vec_dot's 8 lanes (Q6_K with q8sclsub) and their float step (Q5_K, Q6_K: also kernels.ggml.columns_k's
-    step for several activation rows), the tiled kernel's totals, Q4_K repacked's gemv and gemm steps (also
-    kernels.ggml.columns_q4k's whole sub-tile for several rows); extreme
+    step for several activation rows), the tiled kernel's totals, Q4_K repacked's gemv and gemm steps (a whole sub-tile
+    for several rows: kernels.ggml.columns_q4k); extreme
     codes, scales and activations (Q6_K's scale bytes -128 and 127, the 6-bit scales' 63, a -128 activation)."""
     rng = np.random.default_rng(int(qtype))
     w = weight_bytes(qtype, 64, 512, rng)
@@ -94,13 +94,6 @@ def test_quad_dots_are_their_definitions(qtype):
             columns_ir.kq_fma(want, 5, v, q, blk, c, 15, y, sc, bs, d, np.float32(0.37), form)  # by the definitions
             columns_ir.kq_fma(want, 20, v, q, blk, c + 15, 1, y, sc, bs, d, np.float32(0.37), form)
             assert np.array_equal(bits(got), bits(want)), (level, blk, c)
-            if qtype == QT.Q4_K:
-                for step in (2, 8):
-                    got, want = acc[:2].copy(), acc[:2].copy()
-                    columns_ir.kq16_q4k(got, 3, q, blk, step, c, y, sc, bs, d, np.float32(0.37), mn, dmin, level)
-                    columns_ir.q4k_fma_def(want, 3, np.zeros((8, 16), np.int32), q, blk, step, c, 16, y, sc, bs, d,
-                                           np.float32(0.37), mn, dmin)
-                    assert np.array_equal(bits(got), bits(want)), (level, blk, c, step)
         if form == 2:  # columns_q4k: a whole sub-tile, every super-block, several activation rows in one step
             ys2 = np.stack([y, np.roll(y, 7), -np.roll(y, 3)])
             ys2[1, 5] = -128

@@ -1,8 +1,9 @@
 """The K-quants' integer dots in the column layout (:mod:`kernels.ggml.columns_k`), 16 output columns at a time as
 vector IR: the exact integers ggml's ``vec_dot`` keeps in its 8 int32 lanes (with their float step, ``acc[l] =
-fma(y.d·d, float(sumi[l]), acc[l])``), or their total (the tiled kernel's ``s1``; Q4_K repacked's ``ΣI`` with
-``ΣM`` and their two FMAs, per super-block for the gemv, per 64 values for the gemm), or each 32-value group's
-scaled dot (the AArch64 repacked kernels' ``I_s``: :mod:`kernels.ggml.columns_arm`).
+fma(y.d·d, float(sumi[l]), acc[l])``), or their total (the tiled kernel's ``s1``), or each 32-value group's
+scaled dot (the AArch64 repacked kernels' ``I_s``: :mod:`kernels.ggml.columns_arm`). Q4_K repacked's ``ΣI`` with
+``ΣM`` and their two FMAs (:func:`q4k_fma_def`, the definition) run a whole sub-tile per step in
+:mod:`kernels.ggml.columns_q4k`.
 
 The codes are laid out in quads, each tile's sub-tiles of 16 columns one after the other: the 4 values of lane
 ``l`` of 32-value group ``g`` of super-block ``blk`` (values ``256·blk + 32g + 4l … + 3``) of column ``c`` at
@@ -224,27 +225,26 @@ if JIT_ENABLED:
         return x.literal_value if isinstance(x, types.IntegerLiteral) else None
 
     @intrinsic
-    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, mn, dmin, form, total, ng, level):
+    def _kq_ir(typingctx, v, oj, q, qr0, blk, g0, c, y, sc, bs, d, yd, form, total, ng, level):
         """:func:`kq_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its quads from row ``qr0`` of ``q``
         int8 (K, 16·4)), ``y`` int8 (K,), ``sc`` uint8, ``bs`` int64 (K/16,), all C-contiguous; ``form``,
         ``total``, ``ng``, ``level`` literals. ``total`` 2: the lanes go through :func:`lanes_fma_def`'s float step
-        into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``); 3: Q4_K repacked's two FMAs (:func:`q4k_fma_def`); else
-        ``v`` int32 (8, ≥ oj + 16) takes the integers (4: each group's, :func:`kq_groups_def`)."""
+        into ``v`` float32 (8, ≥ oj + 16) (``d``, ``yd``); else ``v`` int32 (8, ≥ oj + 16) takes the integers (4: each group's, :func:`kq_groups_def`)."""
         flags = [_lit(a) for a in (form, total, ng, level)]
-        arrays = (v, q, y, sc, bs, d, mn, dmin)
+        arrays = (v, q, y, sc, bs, d)
         if None in flags or not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
                                  and q.dtype == y.dtype == types.int8):
             return None
         fm, tot, n_g, lv = flags
         p16, nib = fm == 1, fm == 2
-        if v.dtype != (types.float32 if tot in (2, 3) else types.int32):
+        if v.dtype != (types.float32 if tot == 2 else types.int32):
             return None
         i64 = types.int64
-        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, mn, dmin, form, total, ng, level)
+        sig = types.void(v, i64, q, i64, i64, i64, i64, y, sc, bs, d, types.float32, form, total, ng, level)
 
         def codegen(context, b, signature, args):
             ts = signature.args
-            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 7, 8, 9, 10, 12, 13)}
+            arr = {i: context.make_array(ts[i])(context, b, args[i]) for i in (0, 2, 7, 8, 9, 10)}
             oj, qr0, blk, g0, c = args[1], args[3], args[4], args[5], args[6]
 
             def at(i, idx, vt):
@@ -309,24 +309,6 @@ if JIT_ENABLED:
                 acc = total(range(n_g))
                 b.store(b.sub(acc, q8sclsub(range(8))) if p16 else acc, at(0, [k(0), oj], _V16), align=4)
                 return context.get_dummy_value()
-            if tot == 3:  # Q4_K repacked: per super-block (gemv) or per 64 values (gemm, ``ng`` 2)
-                pa, pm = at(0, [k(0), oj], _F16), at(0, [k(1), oj], _F16)
-                fa, fm = b.load(pa, align=4), b.load(pm, align=4)
-                dy = b.fmul(b.load(at(10, [blk, c], _F16), align=4), ydv)  # d · y.d
-                dmy = b.fmul(b.load(at(13, [blk, c], _F16), align=4), ydv)  # dmin · y.d
-                for g1 in range(0, 8, n_g):
-                    mi = zero  # ΣM = Σ mn·Σy
-                    for g in range(g1, g1 + n_g):
-                        row = srow(g, 0)
-                        ysum = b.trunc(b.load(cgutils.get_item_pointer(context, b, ts[9], arr[9], [row])), _i32)
-                        mnv = b.zext(b.load(at(12, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
-                        mi = b.add(mi, b.mul(mnv, _splat(b, ysum)))
-                    ii = total(range(g1, g1 + n_g))
-                    fa = b.call(fma, [b.sitofp(ii, _F16), dy, fa])  # acc = fma(ΣI, d·y.d, acc)
-                    fm = b.call(fma, [b.sitofp(mi, _F16), dmy, fm])
-                b.store(fa, pa, align=4)
-                b.store(fm, pm, align=4)
-                return context.get_dummy_value()
             db = b.fmul(ydv, b.load(at(10, [blk, c], _F16), align=4))  # y.d * d
             accs = [b.sub(zero, q8sclsub([lane])) if p16 else zero for lane in range(8)]
             for g in range(8):  # the codes in address order
@@ -346,24 +328,23 @@ if JIT_ENABLED:
     @jit()
     def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, level):
         """:func:`kq_def` for the 16 columns ``c … c + 15`` of a sub-tile (``c`` a multiple of 16) as vector IR
-        (``level`` :data:`LEVEL`). The combinations the kernels use: lanes (8 groups), totals of 8
-        groups, Q4_K's totals of 2 groups (the gemm's 64 values)."""
+        (``level`` :data:`LEVEL`). The combinations the kernels use: lanes (8 groups), totals of 8 groups."""
         literally(level)
         qr0 = _sub_tile_row(q, c)
         if form == 1:  # the literals the IR is built for, one branch each
             if total:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 1, 8, level)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), 1, 1, 8, level)
             else:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 1, 0, 8, level)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), 1, 0, 8, level)
         elif form == 2:
             if total:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 1, 8, level)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), 2, 1, 8, level)
             else:
-                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 0, 8, level)
+                _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), 2, 0, 8, level)
         elif total:
-            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 1, 8, level)
+            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), 0, 1, 8, level)
         else:
-            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 0, 8, level)
+            _kq_ir(v, oj, q, qr0, blk, g0, c, y, sc, bs, bs, F32(0), 0, 0, 8, level)
 
     @jit()
     def kq16_groups(v, q, blk, c, y, sc, form, level):
@@ -372,9 +353,9 @@ if JIT_ENABLED:
         qr0 = _sub_tile_row(q, c)
         bs = np.empty(0, np.int64)
         if form == 2:
-            _kq_ir(v, 0, q, qr0, blk, 0, c, y, sc, bs, bs, F32(0), sc, bs, 2, 4, 8, level)
+            _kq_ir(v, 0, q, qr0, blk, 0, c, y, sc, bs, bs, F32(0), 2, 4, 8, level)
         else:
-            _kq_ir(v, 0, q, qr0, blk, 0, c, y, sc, bs, bs, F32(0), sc, bs, 0, 4, 8, level)
+            _kq_ir(v, 0, q, qr0, blk, 0, c, y, sc, bs, bs, F32(0), 0, 4, 8, level)
 
     @jit()
     def kq16_fma(acc, o, q, blk, c, y, sc, bs, d, yd, form, level):
@@ -383,29 +364,16 @@ if JIT_ENABLED:
         literally(level)
         qr0 = _sub_tile_row(q, c)
         if form == 1:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 1, 2, 8, level)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), 1, 2, 8, level)
         elif form == 2:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 2, 2, 8, level)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), 2, 2, 8, level)
         else:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), sc, d, 0, 2, 8, level)
-
-    @jit()
-    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, level):
-        """:func:`q4k_fma_def` for the 16 columns of a sub-tile as vector IR (``level`` as :func:`kq16`)."""
-        literally(level)
-        qr0 = _sub_tile_row(q, c)
-        if step == 2:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 2, level)
-        else:
-            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, ys, d, F32(yd), mn, dmin, 2, 3, 8, level)
+            _kq_ir(acc, o, q, qr0, blk, 0, c, y, sc, bs, d, F32(yd), 0, 2, 8, level)
 
 else:
 
     def kq16_groups(v, q, blk, c, y, sc, form, level):
         kq_groups_def(v, q, blk, c, 16, y, sc, form)
-
-    def kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, level):
-        q4k_fma_def(acc, o, np.empty((8, 16), np.int32), q, blk, step, c, 16, y, sc, ys, d, yd, mn, dmin)
 
     def kq16(v, oj, q, blk, g0, ng, c, y, sc, bs, form, total, level):
         kq_def(v, oj, 16, q, blk, g0, ng, c, y, sc, bs, form, total)
@@ -448,14 +416,5 @@ def kq_groups(v, q, blk, c, nc, y, sc, form):
         kq_groups_def(v, q, blk, c, nc, y, sc, form)
 
 
-@jit()
-def kq_q4k(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
-    """:func:`q4k_fma_def` — a whole sub-tile in one vector IR step (:func:`kq16_q4k`), else by the definition."""
-    if nc == 16:
-        kq16_q4k(acc, o, q, blk, step, c, y, sc, ys, d, yd, mn, dmin, LEVEL)
-    else:
-        q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin)
-
-
-__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_groups", "kq16_q4k", "kq_def", "kq_fma", "kq_groups", "kq_groups_def",
-           "kq_q4k", "lanes_fma_def", "q4k_fma_def", "quad_row"]
+__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_groups", "kq_def", "kq_fma", "kq_groups", "kq_groups_def",
+           "lanes_fma_def", "q4k_fma_def", "quad_row"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.columns_ir import LEVEL, kq_q4k, q4k_fma_def
+from kernels.ggml.columns_ir import LEVEL, q4k_fma_def
 
 F32 = np.float32
 #: Software prefetch distance of the gemm's codes (bytes): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC,
@@ -169,33 +169,32 @@ def tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc):
     ``d`` / ``dmin`` (K/256, TILE), ``sc`` / ``mn`` (K/32, TILE)) against the Q8_K activation rows ``rows`` (``y``
     (T, K) int8, ``yd`` (T, K/256), ``ys`` (T, K/32) the sums per 32 values, ``gemm`` (T,) the rows taking the
     gemm's FMA per 64 values) into ``out[orow[i], oc + j]``: whole sub-tiles as vector IR (:func:`q4k_sub_tile16`),
-    a partial one by the definition (:func:`kernels.ggml.columns_ir.kq_q4k`)."""
+    a partial one by the definition (:func:`q4k_sub_tile_def`)."""
     R = rows.shape[0]
     acc = np.zeros((R, 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
+    order = np.empty(R, np.int64)  # the rows' indices: the gemm's (an FMA per 64 values) first, then the gemv's
     n_gemm = 0
     for i in range(R):
-        n_gemm += gemm[rows[i]]
-    by_step = (np.empty(n_gemm, np.int64), np.empty(R - n_gemm, np.int64))  # the rows of each formula
-    n = [0, 0]
+        if gemm[rows[i]]:
+            order[n_gemm] = i
+            n_gemm += 1
+    m = n_gemm
     for i in range(R):
-        h = 0 if gemm[rows[i]] else 1
-        by_step[h][n[h]] = i
-        n[h] += 1
-    v = np.empty((8, 16), np.int32)
+        if not gemm[rows[i]]:
+            order[m] = i
+            m += 1
     for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once
         cs = max(c, w0)
         w = min(c + nc, w0 + 16) - cs
-        if w == 16:
-            for h in range(2):
-                if by_step[h].shape[0]:
-                    q4k_sub_tile16(acc, cs - c, q, cs, y, rows, by_step[h], sc, ys, d, yd, mn, dmin, 2 if h == 0 else 8,
-                                   LEVEL)
-            continue
-        for b in range(yd.shape[1]):
-            for i in range(R):
-                r = rows[i]
-                step = 2 if gemm[r] else 8  # gemm: an FMA per 64 values; gemv: per super-block
-                kq_q4k(acc[i], cs - c, v, q, b, step, cs, w, y[r], sc, ys[r], d, yd[r, b], mn, dmin)
+        for h in range(2):
+            sel = order[:n_gemm] if h == 0 else order[n_gemm:]
+            step = 2 if h == 0 else 8
+            if sel.shape[0] == 0:
+                continue
+            if w == 16:
+                q4k_sub_tile16(acc, cs - c, q, cs, y, rows, sel, sc, ys, d, yd, mn, dmin, step, LEVEL)
+            else:  # the last sub-tile of a matrix whose rows are not a multiple of 16
+                q4k_sub_tile_def(acc, cs - c, q, cs, w, y, rows, sel, sc, ys, d, yd, mn, dmin, step)
     for i in range(R):
         for j in range(nc):
             out[orow[i], oc + j] = acc[i, 0, j] - acc[i, 1, j]  # _mm*_sub_ps(acc_rows, acc_min_rows)

@@ -266,7 +266,7 @@ if JIT_ENABLED:
             q0 = cgutils.get_item_pointer(context, b, ts[2], arr[2], [b.add(qr0, qrow), k(0)])
             y0 = b.bitcast(cgutils.get_item_pointer(context, b, ts[7], arr[7], [b.mul(qr, k(4))]), _i8.as_pointer())
 
-            def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g`` (rows of 64 bytes)
+            def operands(g, lane):  # lane ``lane`` of group ``g0 + g``: its codes (rows of 64 bytes), its 4 Q8 bytes splat
                 r = 8 * g + lane
                 codes = b.load(b.bitcast(b.gep(q0, [k(64 * (r // 2 if nib else 8 * lane + g))]), _V16.as_pointer()),
                                align=1)
@@ -275,7 +275,10 @@ if JIT_ENABLED:
                     cb = b.lshr(cb, ir.Constant(_B64, [4] * 64)) if r % 2 else cb
                     codes = b.bitcast(b.and_(cb, ir.Constant(_B64, [15] * 64)), _V16)
                 y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
-                return _dpbusd(b, lv, acc, codes, _splat(b, y4))
+                return codes, _splat(b, y4)
+
+            def quad(g, lane, acc):  # acc + the 4-value dots of lane ``lane`` of group ``g0 + g``
+                return _dpbusd(b, lv, acc, *operands(g, lane))
 
             def srow(g, lane):
                 return b.add(base, k(2 * g + lane // 4) if p16 else b.add(g0, k(g)))
@@ -314,7 +317,7 @@ if JIT_ENABLED:
             for g in range(8):  # the codes in address order
                 scales = [scale(srow(g, 0)), scale(srow(g, 4))] if p16 else [scale(srow(g, 0))] * 2
                 for lane in range(8):
-                    accs[lane] = _scaled(b, lv, accs[lane], quad(g, lane, zero), scales[lane // 4])
+                    accs[lane] = _dot_scaled(b, lv, accs[lane], *operands(g, lane), scales[lane // 4])
             for lane, acc in enumerate(accs):
                 if tot == 2:  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
                     pf = at(0, [k(lane), oj], _F16)

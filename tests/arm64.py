@@ -47,7 +47,17 @@ BUILDS = {
     "arm64-dotprod-clang19": ("arm64-dotprod-clang", "clang19", "armv8.2-a+dotprod+fp16"),
     "arm64-base-clang19": ("arm64-base-clang", "clang19", "armv8-a"),
     "arm64-sve128-clang19": ("arm64-sve128-clang", "clang19", "armv9-a+sve2+i8mm+dotprod+fp16"),
+    # clang 17 and 18 (ziglang's: the NDK r26's and r27's LLVM majors): the paths of clang 19's builds
+    **{f"arm64-{kind}-clang{v}": (path, f"clang{v}", march) for v in (17, 18)
+       for kind, path, march in (("i8mm", "arm64-i8mm-clang", "armv8.6-a+dotprod+fp16+i8mm"),
+                                 ("dotprod", "arm64-dotprod-clang", "armv8.2-a+dotprod+fp16"),
+                                 ("base", "arm64-base-clang", "armv8-a"),
+                                 ("sve128", "arm64-sve128-clang", "armv9-a+sve2+i8mm+dotprod+fp16"))},
 }
+#: the builds .ci/build-llama-arm64 makes only when named or with ``ARM64_ALL=1`` (its ALL_ONLY): clang 17's and 18's
+#: but the two the default suite runs; the tests on them are ``deep``
+ALL_ONLY = frozenset({"arm64-i8mm-clang17", "arm64-dotprod-clang17", "arm64-base-clang17", "arm64-dotprod-clang18",
+                      "arm64-base-clang18", "arm64-sve128-clang18"})
 #: the qemu CPU model each build runs on: exactly its features (qemu 7.2's models; ``max`` has all of them, so the
 #: features a build must not see are switched off)
 QEMU_CPU = {
@@ -64,6 +74,7 @@ QEMU_CPU = {
     "arm64-base-clang19": "cortex-a53",
     "arm64-sve128-clang19": "max,sve-default-vector-length=16,sme=off",
 }
+QEMU_CPU.update({f"{b[:-2]}{v}": QEMU_CPU[b] for b in list(QEMU_CPU) if b.endswith("clang19") for v in (17, 18)})
 #: how much longer a child under qemu may take than its x86 timeout allows
 ARM_SLOWDOWN = 10
 #: pure-Python packages of this venv the aarch64 Python imports (x86 extension modules in them are not matched by
@@ -120,7 +131,8 @@ def missing(build: str) -> str | None:
     for need, what in ((lib_dir(build) / "libggml-cpu.so", "the library"),
                        (sysroot() / "usr/bin/python3.11", "the aarch64 Python")):
         if not need.exists():
-            return f"{need} ({what}) is missing: build it with .ci/build-llama-arm64"
+            how = f" {build}" if build in ALL_ONLY else ""
+            return f"{need} ({what}) is missing: build it with .ci/build-llama-arm64{how}"
     for tool in ("qemu-aarch64",):
         if not any((Path(p) / tool).is_file() for p in os.environ.get("PATH", "").split(os.pathsep)):
             return f"{tool} is not installed (Debian: apt-get install qemu-user)"

@@ -2,8 +2,8 @@
 build of ``.ci/build-llama-arm64`` (``kernels.ggml.build.detect``, which *reads* an AArch64 library, never runs it).
 
 * Detection, per build (no qemu): the features read from the library are exactly those its ``-march`` implies, its
-  ggml version is read from ``libggml-base``'s ``.rodata``, its compiler from the ELF ``.comment`` (GCC 12, clang 14
-  or clang 19), and it takes its path of ``kernels.ggml.build.EMULATED_PATHS`` (a clang build's are paths of their
+  ggml version is read from ``libggml-base``'s ``.rodata``, its compiler from the ELF ``.comment`` (GCC 12, clang 14,
+  17, 18 or 19), and it takes its path of ``kernels.ggml.build.EMULATED_PATHS`` (a clang build's are paths of their
   own; the SVE one by clang version: 14-16 or 17+) or is refused in one line: the SVE build unless the vector length
   is known (it is the CPU's, read at run time) and 128 bits; a compiler neither GCC nor clang, a clang version not
   checked, a library that does not say who compiled it (each checked on a copy of a build's record).
@@ -44,7 +44,7 @@ FEATURES = {
     "arm64-sve128-gcc": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8", "sve"},
     "arm64-sve128-clang": {"neon", "arm_fma", "dotprod", "fp16_va", "matmul_int8", "sve"},
 }
-FEATURES.update({b + "19": FEATURES[b] for b in list(FEATURES) if b.endswith("-clang")})
+FEATURES.update({b + v: FEATURES[b] for b in list(FEATURES) if b.endswith("-clang") for v in ("17", "18", "19")})
 HAS = ("neon", "arm_fma", "fp16_va", "dotprod", "matmul_int8", "sve", "sme", "sme2", "llamafile", "avx2", "avx512")
 
 
@@ -53,15 +53,33 @@ def test_every_arm_build_of_the_ci_has_its_features_listed_here():
     assert {key for key, _, _ in arm64.BUILDS.values()} == set(ARM64_PATHS)
 
 
-@pytest.mark.parametrize("build", sorted(arm64.BUILDS))
+def test_the_harness_lists_the_builds_of_the_build_script():
+    """tests/arm64.py's BUILDS (compiler, -march) and ALL_ONLY are .ci/build-llama-arm64's BUILDS and ALL_ONLY."""
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parent.parent / ".ci" / "build-llama-arm64").read_text()
+
+    def listed(array):
+        body = re.search(rf"^{array}=\(\n(.*?)^\)", script, re.M | re.S).group(1)
+        return {name: (cc, march) for name, cc, march in re.findall(r'^\s*"(\S+) (\S+) (\S+)"', body, re.M)}
+
+    default, all_only = listed("BUILDS"), listed("ALL_ONLY")
+    assert {**default, **all_only} == {name: (cc, march) for name, (_, cc, march) in arm64.BUILDS.items()}
+    assert set(all_only) == arm64.ALL_ONLY and not set(default) & arm64.ALL_ONLY
+
+
+@pytest.mark.parametrize("build", [pytest.param(b, marks=pytest.mark.deep) if b in arm64.ALL_ONLY else b
+                                   for b in sorted(arm64.BUILDS)])
 def test_each_arm_build_is_detected_without_running_it(build):
     arm64.require(build)
     key, compiler, march = arm64.BUILDS[build]
     b = detect(arm64.lib_dir(build))
     assert b.arm64 and not b.x86 and b.features == FEATURES[build], (march, sorted(b.features))
     assert (b.version, b.commit) == (GGML_VERSION, "unknown")  # an extracted sdist: no git checkout
-    assert b.compiler.split()[0] == {"gcc": "GCC", "clang": "clang", "clang19": "clang"}[compiler]
-    assert b.compiler_major == {"gcc": 12, "clang": 14, "clang19": 19}[compiler]  # Debian 12's
+    assert b.compiler.split()[0] == ("GCC" if compiler == "gcc" else "clang")
+    # Debian 12's GCC, clang and clang-19; ziglang 0.12.0's and 0.13.0's clang
+    assert b.compiler_major == {"gcc": 12, "clang": 14, "clang17": 17, "clang18": 18, "clang19": 19}[compiler]
     if compiler.startswith("clang"):
         other = dataclasses.replace(b, compiler="ICC 2024.1")
         with pytest.raises(UnsupportedBuild, match="compiled by ICC 2024.1, .* for GCC and clang builds") as e:
@@ -123,8 +141,9 @@ def g_q8_0(w, x, _qw=None):
         return g.compute(y, (2, 4))
 
 
-@pytest.mark.parametrize("build", [pytest.param(b, marks=pytest.mark.deep) if b.endswith("clang19") and "sve" not in b
-                                   else b for b in sorted(arm64.BUILDS)])  # clang 19's NEON builds: -m deep
+@pytest.mark.parametrize("build", [pytest.param(b, marks=pytest.mark.deep)
+                                   if b[-2:] in ("17", "18") or b.endswith("clang19") and "sve" not in b
+                                   else b for b in sorted(arm64.BUILDS)])  # clang 17, 18, and 19's NEON builds: -m deep
 def test_each_arm_build_runs_a_graph_under_qemu_and_reports_what_was_read(build):
     arm64.require(build)
     has, sve_cnt, y = arm64.call(build, g_report, HAS)

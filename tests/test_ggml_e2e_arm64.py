@@ -17,9 +17,11 @@ dotprod, no FP16 arithmetic, nothing repacked), ``arm64-sve128-gcc`` (``armv9-a+
 and the i8mm, dotprod, armv8-a and SVE builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
 ``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build; paths of the same names;
 ``arm64-sve128-clang``: the ``android_armv9.0_1`` variant, path ``arm64-sve128-clang14``), and the same four by
-clang 19 (``arm64-*-clang19``: the NEON ones take the clang paths, the SVE one ``arm64-sve128-clang``). Each qemu run of the built-in model takes ~10-20 s here, so the
+clang 19 (``arm64-*-clang19``: the NEON ones take the clang paths, the SVE one ``arm64-sve128-clang``), and by clang 17
+and 18 (``arm64-*-clang17``, ``-clang18``: the Android NDK r26's and r27's LLVM majors, the paths of clang 19's). Each qemu run of the built-in model takes ~10-20 s here, so the
 default suite runs one case of each kind (:data:`DEFAULT`) and ``pytest -m deep tests/test_ggml_e2e_arm64.py`` the whole
-matrix (47 cases, ~17 min on one core; AMD EPYC Zen 4 host, qemu-aarch64 7.2, 2026-12-04).
+matrix (208 cases; clang 17's and 18's 84 of them, with the harness's 16, took 6 min 19 s on 2 workers; AMD EPYC Zen 4 host, qemu-aarch64 7.2,
+2026-12-06).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ pytestmark = pytest.mark.oracle
 
 BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang",
           "arm64-base-clang", "arm64-dotprod-clang", "arm64-sve128-clang", "arm64-i8mm-clang19", "arm64-dotprod-clang19",
-          "arm64-base-clang19", "arm64-sve128-clang19"]
+          "arm64-base-clang19", "arm64-sve128-clang19",
+          *(f"arm64-{kind}-clang{v}" for v in (17, 18) for kind in ("i8mm", "dotprod", "base", "sve128"))]
 #: the cases of the default suite — repacked gemm and gemv rows, both K/V configurations, the draft-mtp loop, a
 #: converted K-quant file on GCC's and on clang's i8mm build —; the others are marked ``deep`` (:func:`cases`). Every
 #: ARM path also runs end to end against llama.cpp in the default suite through tests/test_ggml_paths_cli.py (its
@@ -48,7 +51,8 @@ BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128
 DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
            ("arm64-sve128-gcc", "verify-1+3"),
            ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"),
-           ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19")}
+           ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang18"),
+           "arm64-sve128-clang17"}
 
 
 def cases(*axes):
@@ -155,13 +159,15 @@ def test_draft_mtp_loop_equals_llama_cpp(build, n_draft, on_build):
     assert ours == (theirs.n_drafted, theirs.n_accepted, theirs.n_decodes, theirs.n_drafted_steps)
 
 
-@pytest.mark.parametrize("build", ["arm64-sve128-clang", pytest.param("arm64-sve128-clang19", marks=pytest.mark.deep)])
+@pytest.mark.parametrize("build", [pytest.param(b, marks=() if b in DEFAULT or b == "arm64-sve128-clang" else pytest.mark.deep)
+                                   for b in ("arm64-sve128-clang", "arm64-sve128-clang17", "arm64-sve128-clang18",
+                                             "arm64-sve128-clang19")])
 def test_clang_sve_builds_q6_k_rows_without_repack(build, on_build):
     """``--no-repack`` on the SVE build compiled by clang: the converted Q4_K_M file's Q6_K matrices (attn_v, the
     shared and routed experts' ffn_down, the output) stay in a plain buffer and take its SVE 1-row kernel — every row
     of mul_mat_id, and a batch's last row when the batch is odd. clang 14's (``arm64-sve128-clang14``) reads each odd
     code's high bits as 3 (tests/test_ggml_ops_sve128.py says why): logits far from GCC's build, other argmaxes;
-    clang 19's (``arm64-sve128-clang``) computes them right: within rounding of GCC's. refimpl's emulation gives
+    clang 17's, 18's and 19's (``arm64-sve128-clang``) compute them right: within rounding of GCC's. refimpl's emulation gives
     llama.cpp's bits on each build, 12-token prompt then batches of 3."""
     import dataclasses
 
@@ -191,7 +197,11 @@ CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-clang"),
                    ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-clang"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-clang"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19"),
-                   ("qwen35moe-k-mxfp4_moe.gguf", "arm64-sve128-clang19")]
+                   ("qwen35moe-k-mxfp4_moe.gguf", "arm64-sve128-clang19"),
+                   *((name, f"arm64-{kind}-clang{v}") for v in (17, 18)
+                     for name, kind in (("qwen35moe-k-q4_k_m.gguf", "i8mm"), ("qwen35moe-k-mxfp4_moe.gguf", "sve128"),
+                                        ("qwen35moe-k-q4_k_m.gguf", "sve128"), ("qwen35-narrow-q8_0.gguf", "dotprod"),
+                                        ("qwen35moe-k-mxfp4_moe.gguf", "base")))]
 
 
 @pytest.mark.parametrize("name,build", [pytest.param(*c, marks=() if c in DEFAULT else pytest.mark.deep)

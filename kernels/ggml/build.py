@@ -70,9 +70,10 @@ GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "opencl", "cann", "mus
 #: kernels follow; a clang build (-ffp-contract=on) fuses other products: its paths are entries of their own
 #: (``arm64-i8mm-clang``, ``arm64-dotprod-clang``, ``arm64-base-clang``, ``arm64-sve128-clang``, ``-clang14``: compiler CLANG)
 ARM64_COMPILER, CLANG = "GCC", "clang"
-#: the clang major versions whose builds were checked against the emulation (Debian 12's clang 14 and clang 19, every
-#: path; clang 15 to 18 only where 14 and 19 differ: kernels.ggml.mulmat_arm_q.k_rows): a clang build outside them
-#: is refused unless its path is named
+#: the clang major versions whose builds were checked against the emulation (Debian 12's clang 14 and clang 19, and the
+#: clang 17 and 18 of PyPI's ziglang wheels — the Android NDK r25's to r28's LLVM majors —, every path; clang 15 and
+#: 16 only where 14 and 19 differ: kernels.ggml.mulmat_arm_q.k_rows): a clang build outside them is refused unless its
+#: path is named
 CLANG_OLDEST, CLANG_NEWEST = 14, 19
 SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 

@@ -10,7 +10,11 @@ Both contexts share the weights (loaded, and repacked by CPU_REPACK, once); n_ct
 (llama-bench's), one sequence. ``python bench/_llama.py PATH --threads T [--no-extra-bufts]`` is the child; then
 per stdin line ``{"cfg": NAME, "prompt": [...], "n": N}`` it decodes the prompt one token at a time, then N greedy
 tokens (timed), and prints ``{"tok_s": …, "tokens": [...]}``; ``{"cfg": NAME, "pp": [...]}`` times one
-``llama_decode`` of the whole prompt from an empty context (logits of the last position only, as ``llama-bench -p``).
+``llama_decode`` of the whole prompt from an empty context (logits of the last position only, as ``llama-bench -p``);
+``{"cfg": NAME, "verify": [...], "drafts": [...], "reps": R}`` decodes the prompt but its last token in one batch,
+then times R times, alternately, a ``llama_decode`` of the last token and one of the last token and the drafts (a
+1+N verify batch, the logits of every position) — each after the other, so the context grows by N + 2 a repetition
+(llama.cpp's recurrent state has no rollback to a position) — and prints ``{"decode_s": [...], "verify_s": [...]}``.
 """
 
 from __future__ import annotations
@@ -68,6 +72,27 @@ def _child(path: str, threads: int, extra_bufts: bool) -> int:
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,))
         return int(np.argmax(logits))
 
+    def batch_s(ctx, tokens: list[int], pos: int, outputs: str) -> float:
+        """Seconds of one llama_decode of ``tokens`` at ``pos``… (``outputs``: "all" or "last" positions' logits)."""
+        batch.n_tokens = len(tokens)
+        for i, tok in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = tok, pos + i, 1, 0
+            batch.logits[i] = int(outputs == "all" or i == len(tokens) - 1)
+        t0 = time.perf_counter()
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError(f"llama_decode of {len(tokens)} tokens failed at position {pos}")
+        return time.perf_counter() - t0
+
+    def verify_s(ctx, prompt: list[int], drafts: list[int], reps: int) -> dict:
+        pos = len(prompt) - 1
+        batch_s(ctx, prompt[:-1], 0, "last")
+        one, many = [], []
+        for _ in range(reps + 1):  # the first pair warms up
+            one.append(batch_s(ctx, prompt[-1:], pos, "all"))
+            many.append(batch_s(ctx, [prompt[-1], *drafts], pos + 1, "all"))
+            pos += 2 + len(drafts)
+        return {"decode_s": one[1:], "verify_s": many[1:]}
+
     def prompt_tok_s(ctx, tokens: list[int]) -> float:
         batch.n_tokens = len(tokens)
         for i, tok in enumerate(tokens):
@@ -85,6 +110,9 @@ def _child(path: str, threads: int, extra_bufts: bool) -> int:
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         if "pp" in req:
             print(json.dumps({"tok_s": prompt_tok_s(ctx, req["pp"])}), flush=True)
+            continue
+        if "verify" in req:
+            print(json.dumps(verify_s(ctx, req["verify"], req["drafts"], req["reps"])), flush=True)
             continue
         prompt = req["prompt"]
         for pos, tok in enumerate(prompt):
@@ -111,6 +139,11 @@ class LlamaDecoder:
 
     def run(self, prompt: list[int], n: int, cfg: str = "bench") -> dict:
         return self._ask({"cfg": cfg, "prompt": prompt, "n": n})
+
+    def verify(self, prompt: list[int], drafts: list[int], reps: int, cfg: str = "bench") -> list[float]:
+        """llama.cpp's per-repetition verify(1+N) / decode time ratios (N = len(drafts)), timed alternately."""
+        res = self._ask({"cfg": cfg, "verify": prompt, "drafts": drafts, "reps": reps})
+        return [v / d for d, v in zip(res["decode_s"], res["verify_s"])]
 
     def prompt(self, tokens: list[int], cfg: str = "bench") -> float:
         """Prompt-processing tok/s of one batch of ``tokens`` from an empty context."""

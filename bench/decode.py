@@ -35,7 +35,10 @@ For every (model, mix), in one run:
 * **verify / decode** — refimpl's time for one verify batch of 1+3 positions (``forward`` of 4 tokens
   after the prompt: the last token and three drafts, phase ``verify``) divided by its time for one
   single-token decode from the same state; the two are timed alternately ``--verify-reps`` times and
-  the medians divided. States are immutable, so every repetition starts from the same state.
+  the medians divided. States are immutable, so every repetition starts from the same state. Beside it, llama.cpp's
+  own ratio (``llama.cpp verify/decode``, the row's configuration): a ``llama_decode`` of 1 token and one of 4 (the
+  last token and three of its greedy tokens, every position's logits), alternately ``--verify-reps`` times after
+  the prompt — one after the other, as its recurrent state cannot be rolled back (bench/_llama.py).
 
 * **``--emulate=ggml``** adds the ggml rows: the same greedy decode and prompt with ``Ctx.ggml`` (every op as the
   loaded libggml-cpu computes it, bit for bit; ``emulation_ctx("ggml")`` with ``n_threads`` = ``--threads``,
@@ -249,6 +252,8 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
                     llama.run(prompt, 2, cfg)
                 line += "\n    prompt " + _round_line(rows, pp_ours, pp_theirs, cfgs)
             print(f"  round {r + 1}: decode {line}", file=sys.stderr, flush=True)
+        # llama.cpp's own verify(1+3) / decode, the drafts its greedy tokens (as refimpl's below are its own)
+        llama_verify = {cfg: llama.verify(prompt, their_tokens[cfg][:3], args.verify_reps, cfg) for cfg in cfgs}
     finally:
         llama.__exit__()
     plain = [v for v in args.variants]
@@ -259,6 +264,7 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
         row = {"model": preset, "quant": quant, "variant": name, "mib": path.stat().st_size / MIB,
                "llama": label(cfg), "ours": ours[name], "theirs": theirs[cfg],
                "ratio": [a / b for a, b in zip(ours[name], theirs[cfg])], "verify": vrs, "decode_s": d, "verify_s": vs,
+               "llama_verify": llama_verify[cfg],
                "same_tokens": tokens[name] == their_tokens[cfg],
                "pp": args.pp, "pp_logits": "all" if args.pp_all_logits else "last", "pp_llama": label(cfg, pp_extra),
                "pp_ours": pp_ours[name], "pp_theirs": pp_theirs[cfg],
@@ -369,13 +375,14 @@ def print_tables(rows: list[dict], args) -> None:
     """The decode table, the ggml / plain table and the prompt table, every row with its llama.cpp configuration."""
     print()
     hdr = (f"{'model':<7} {'mix':<7} {'MiB':>5} {'refimpl':<7} | {'refimpl tok/s':>18} | {'llama.cpp':<23} | "
-           f"{'llama.cpp tok/s':>18} | {'refimpl / llama.cpp':>19} | {'verify(1+3)/decode':>18} | same tokens")
+           f"{'llama.cpp tok/s':>18} | {'refimpl / llama.cpp':>19} | {'verify(1+3)/decode':>18} | "
+           f"{'llama.cpp verify/decode':>23} | same tokens")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['model']:<7} {r['quant']:<7} {r['mib']:5.0f} {r['variant']:<7} | {_range(r['ours']):>18} | "
               f"{r['llama']:<23} | {_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
-              f"{'yes' if r['same_tokens'] else 'no'}")
+              f"{_range(r['llama_verify']):>23} | {'yes' if r['same_tokens'] else 'no'}")
     ggml = [r for r in rows if "vs_plain" in r]
     if ggml and args.variants:
         hdr = f"\n{'model':<7} {'mix':<7} {'row':<7} | {'ggml / plain ' + '(' + ', '.join(args.variants) + ')':>40} | ggml numerics"

@@ -13,11 +13,14 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_repack import acts
 
-from kernels.ggml import columns, columns_ir, columns_k, columns_q4k, mulmat
+from kernels.ggml import columns, columns_b32, columns_ir, columns_k, columns_q4k, mulmat
 from kernels.ggml.simd import _cols_dot16_def, cols_dot16
 from kernels.testing import random_rows
 
 TYPES = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4, QT.Q4_K)  # repacked by llama.cpp (its default CPU_REPACK buffer)
+#: (type, nibbles): the 32-value block types in both layouts (values in pairs; 4-bit codes, kernels.ggml.columns_b32)
+LAYOUTS = [(t, False) for t in TYPES] + [(t, True) for t in columns_b32.TYPES]
+LAYOUT_IDS = [t.name + ("-nibbles" if nib else "") for t, nib in LAYOUTS]
 PLAIN = (QT.Q4_K, QT.Q5_K, QT.Q6_K)  # in a plain buffer: vec_dot below 8 rows, the tiled kernel from 8
 
 
@@ -44,13 +47,13 @@ def test_cols_dot16_is_its_definition():
         assert got[3] == sum(int(q[(k0 + l) // 2, 2 * c + (k0 + l) % 2]) * int(y[yo + l]) for l in range(32))
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
-def test_mul_mat_equals_stored_rows(qtype):
+@pytest.mark.parametrize("qtype,nibbles", LAYOUTS, ids=LAYOUT_IDS)
+def test_mul_mat_equals_stored_rows(qtype, nibbles):
     rng = np.random.default_rng(int(qtype))
     for N, K in ((64, 256), (136, 512)):  # 136: a tile of 8, and 16-column steps with a scalar tail
         w = weight_bytes(qtype, N, K, rng)
-        cols = columns.layout(w, qtype)
-        assert cols.n_cols == N and cols.K == K
+        cols = columns.layout(w, qtype, nibbles)
+        assert cols.n_cols == N and cols.K == K and cols.nibbles == nibbles
         for T in (1, 2, 3, 4, 5, 9):  # gemv only; gemm rows + gemv rows; the special activation rows at 9
             x = acts(rng, T, K)
             want = mulmat.mul_mat(w, qtype, x, "avx512", repack=True)  # the repacked kernels on the stored rows
@@ -180,12 +183,12 @@ def test_plain_buffer_mul_mat_id_equals_stored_rows(qtype):
         assert np.array_equal(bits(half), bits(want[..., 40:80])), T
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
-def test_mul_mat_id_equals_stored_rows(qtype):
+@pytest.mark.parametrize("qtype,nibbles", LAYOUTS, ids=LAYOUT_IDS)
+def test_mul_mat_id_equals_stored_rows(qtype, nibbles):
     rng = np.random.default_rng(100 + int(qtype))
     E, N, K = 6, 80, 256
     w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
-    cols = columns.layout(w, qtype)
+    cols = columns.layout(w, qtype, nibbles)
     for T, n_x, n_used in ((1, 1, 2), (3, 2, 2), (9, 1, 3)):
         x = acts(rng, T * n_x, K).reshape(T, n_x, K)
         ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
@@ -194,6 +197,43 @@ def test_mul_mat_id_equals_stored_rows(qtype):
         assert np.array_equal(bits(mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=True, cols=cols)), bits(want))
         half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids)  # the up half of a fused gate_up stack
         assert np.array_equal(bits(half), bits(want[..., 40:80]))
+
+
+@pytest.mark.parametrize("qtype", columns_b32.TYPES, ids=[t.name for t in columns_b32.TYPES])
+def test_nibble_sub_tile_is_its_definition(qtype):
+    """The codes' layout holds each value's code where columns_b32's docstring says, and its vector step
+    (``vpshufb``, ``vpdpbusd``, ``− off·Σy``) gives the definition's accumulators — extreme codes and activations
+    (±127, the -128 of a gemm row, whose dot is exact), one row or several, in any order — on a host with AVX-512
+    VNNI; elsewhere the definition runs."""
+    rng = np.random.default_rng(int(qtype))
+    t = columns_b32.TYPES.index(qtype)
+    N, K = 64, 256
+    w = weight_bytes(qtype, N, K, rng)
+    w[:3, :] = w[5, :]  # equal rows, and rows of extreme codes below
+    cols = columns.layout(w, qtype, nibbles=True)
+    hdr = 1 if qtype == QT.MXFP4 else 2
+    blocks = w.reshape(N, K // 32, hdr + 16)
+    codes = np.concatenate([blocks[:, :, hdr:] & 15, blocks[:, :, hdr:] >> 4], axis=2).reshape(N, K)  # (N, K)
+    q, d = cols.q[0, 0], cols.d[0, 0]
+    for c in range(N):
+        for k in range(0, K, 7):
+            assert columns_b32._code(q, (c // 16) * (K // 8), k // 32, c % 16, k % 32) == codes[c, k]
+    y = rng.integers(-127, 128, (5, K)).astype(np.int8)
+    y[1, :] = 127
+    y[2, :] = -127
+    y[3, :32] = -128  # a gemm row's -128: the exact dot (gemv rows with one take the definition, not the IR)
+    yd = rng.uniform(0.01, 2.0, (5, K // 32)).astype(np.float32)
+    ys = y.reshape(5, K // 32, 32).astype(np.int64).sum(axis=2)
+    rows = np.array([4, 0, 1, 2, 3], np.int64)
+    gemm = np.ones(5, np.bool_)
+    m128 = np.zeros((5, K // 32), np.bool_)
+    for sel in (np.arange(5), np.array([3]), np.array([4, 2, 0])):
+        for c in (0, 16, 48):
+            got, want = np.zeros((5, 64), np.float32), np.zeros((5, 64), np.float32)
+            got[:, :] = want[:, :] = rng.standard_normal((5, 64)).astype(np.float32)  # accumulated onto
+            columns_b32.b32_sub_tile16(got, 8, q, c, y, yd, ys, rows, sel, d, t)
+            columns_b32.b32_sub_tile_def(want, 8, q, c, 16, y, yd, rows, sel, d, m128, gemm, t)
+            assert np.array_equal(bits(got), bits(want)), (sel, c)
 
 
 def test_thread_count_changes_no_bit():

@@ -9,7 +9,9 @@ integer dot and the float operations on it, in ggml's order, which the kernels h
 
 * **Q4_0, IQ4_NL, MXFP4 repacked** (``gemv/gemm_q4_b32_8x8_q8_0_lut_avx``, :mod:`kernels.ggml.repack`): one
   accumulator, ``acc = fma(float(dot_b), float32(d_w · d_x), acc)``; the gemv rows (``t >= exact_rows``) with the
-  same -128 sign trick, the gemm rows exact. The nibbles are stored decoded through the kernel's LUT.
+  same -128 sign trick, the gemm rows exact. The nibbles are stored decoded through the kernel's LUT (values in
+  pairs, every path), or on AVX-512 VNNI as the 4-bit codes themselves, half the bytes
+  (:mod:`kernels.ggml.columns_b32`: ``vpshufb`` decodes them in the vector step).
 * **Q4_K repacked** (``gemv/gemm_q4_K_8x8_q8_K``, :mod:`kernels.ggml.repack_k`; here
   :mod:`kernels.ggml.columns_q4k`): the 32-value sub-block dots
   times the 6-bit scales and the mins times the Q8_K sums, summed in integers, then ``acc = fma(float(ΣI),
@@ -28,7 +30,8 @@ k % 2]``, two neighbouring values side by side (:func:`kernels.ggml.simd.cols_do
 K/32 or K/256, N) float32 (the K-quants' scales and mins (E, K/32 or K/16, N) uint8: Q6_K's int8 scales as their
 bytes), and the column range ``[c0, c1)`` a product
 reads (a fused gate_up tensor's gate or up rows), stored tile by tile (:data:`TILE` outputs in one piece, so a
-tile's weights are read in one stream). Bytes: ~1.2–1.8 × the stored matrix.
+tile's weights are read in one stream). Bytes: ~1.1–1.2 × the stored matrix (Q4_K, and the 32-value types as codes),
+~1.3–1.6 × (Q5_K, Q6_K), ~2.1 × (the 32-value types as values).
 
 Q8_0 has no x86 kernel here: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
 in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block). Its
@@ -49,12 +52,15 @@ from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
+from kernels.ggml.columns_b32 import TYPES as B32_NIBBLE_TYPES, pack as pack_nibbles, tile_b32
 from kernels.ggml.columns_q4k import tile_q4k
 from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
 F32 = np.float32
 REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repacked kernels' formulas (above)
+#: kind 1's formula from the 4-bit codes (kernels.ggml.columns_b32), one kind per type (its LUT): 6 + its index there
+NIBBLE_KIND = {t: 6 + i for i, t in enumerate(B32_NIBBLE_TYPES)}
 PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
 KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with an x86 kernel on the column layout
 #: the types with a column layout: :data:`KIND`'s, and Q8_0 (its values as they are: the AArch64 1-row vec_dot's lanes,
@@ -71,7 +77,8 @@ class Columns:
 
     qtype: QT
     q: np.ndarray  # (E, N/TILE, K/2, 2·TILE) int8: the values, neighbouring pairs side by side
-    #                (the K-quants: (E, N/TILE, K, 64), quads by sub-tile of 16 outputs)
+    #                (the K-quants: (E, N/TILE, K, 64), quads by sub-tile of 16 outputs; ``nibbles``: (E, N/TILE,
+    #                K/2, 64) the 4-bit codes, kernels.ggml.columns_b32)
     d: np.ndarray  # (E, N/TILE, K/32 or K/256, TILE) float32: d (Q4_0, IQ4_NL), E8M0_HALF[e] (MXFP4), the K-quants' d
     dmin: np.ndarray  # (E, N/TILE, K/256, TILE) float32: Q4_K's / Q5_K's dmin; (…, 0, TILE) otherwise
     sc: np.ndarray  # (E, N/TILE, K/32, TILE) uint8: 6-bit sub-block scales (Q6_K: K/16 int8 scale bytes); (…, 0, TILE) otherwise
@@ -79,6 +86,7 @@ class Columns:
     n: int  # N: the matrix's rows (the tiles pad them to a multiple of TILE)
     c0: int = 0
     c1: int | None = None  # None: every column
+    nibbles: bool = False  # Q4_0 / IQ4_NL / MXFP4: ``q`` (E, N/TILE, K/2, 64) their codes (kernels.ggml.columns_b32)
 
     @property
     def n_cols(self) -> int:
@@ -86,7 +94,7 @@ class Columns:
 
     @property
     def K(self) -> int:
-        return self.q.shape[2] * self.q.shape[3] // TILE * (2 if self.qtype == QT.Q4_K else 1)  # Q4_K: 2 codes a byte
+        return self.q.shape[2] * self.q.shape[3] // TILE * (2 if self.qtype == QT.Q4_K or self.nibbles else 1)  # 2 codes a byte
 
     def columns(self, start: int, stop: int) -> "Columns":
         """Outputs ``start … stop-1`` of this layout (the gate or up rows of a fused gate_up stack)."""
@@ -118,9 +126,28 @@ def _lay_q4_b32(w, hdr, lut, tab, q, d):
                 q[16 * b + 8 + j // 2, 2 * c + j % 2] = lut[v >> 4]  # value 32b + j + 16
 
 
-def layout(w_bytes: np.ndarray, qtype) -> Columns:
+@jit()
+def _codes_q4_b32(w, hdr, tab, q, d):
+    """Q4_0 / IQ4_NL / MXFP4 rows -> ``q`` (K/4, 4N) their 4-bit codes in quads (value ``k`` of output ``c`` at ``[k //
+    4, 4c + k % 4]``; value ``j`` of a block the low nibble of byte ``j``, value ``j + 16`` its high nibble), ``d``
+    (K/32, N) as :func:`_lay_q4_b32`'s."""
+    bs = hdr + 16
+    for c in range(w.shape[0]):
+        wc = w[c]
+        for b in range(d.shape[0]):
+            o = bs * b
+            d[b, c] = tab[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)] if hdr == 2 else tab[np.int64(wc[o])]
+            for j in range(16):
+                v = wc[o + hdr + j]
+                q[8 * b + j // 4, 4 * c + j % 4] = v & 15
+                q[8 * b + 4 + j // 4, 4 * c + j % 4] = v >> 4
+
+
+def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
     """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
-    expert matrices, of a type in :data:`KIND`."""
+    expert matrices, of a type in :data:`KIND`. ``nibbles``: Q4_0, IQ4_NL and MXFP4 as their 4-bit codes (the x86
+    kernels of :mod:`kernels.ggml.columns_b32`, half the bytes; ``columns_b32.NIBBLES`` says where they are fast),
+    not their values in pairs (every path's kernels)."""
     from kernels.ggml.repack import _TYPES
 
     qtype = QT(qtype)
@@ -131,10 +158,11 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
     E, N, rb = w3.shape
     per_block, values = _BLOCK[qtype]
     K = rb // per_block * values
+    nibbles = nibbles and qtype in NIBBLE_KIND
     if rb % per_block:
         raise ValueError(f"column layout: rows of {rb} bytes are not whole {qtype.name} blocks")
-    per = 4 if values == 256 else 2  # values side by side: quads (the K-quants, columns_ir), else pairs
-    q = np.empty((E, K // per, per * N), np.int8)
+    per = 4 if values == 256 or nibbles else 2  # values side by side: quads (the K-quants, codes), else pairs
+    q = np.empty((E, K // per, per * N), np.uint8 if nibbles else np.int8)
     if values == 256:
         nsub, nmin = (K // 16, 0) if qtype == QT.Q6_K else (K // 32, K // 32)
         d, dmin = np.empty((E, K // 256, N), F32), np.empty((E, K // 256 if nmin else 0, N), F32)
@@ -150,6 +178,9 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
             blocks = we.reshape(N, K // 32, 34)
             q[e] = blocks[:, :, 2:].view(np.int8).reshape(N, K // 2, 2).transpose(1, 0, 2).reshape(K // 2, 2 * N)
             d[e] = F16_TO_F32[blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)].T
+        elif nibbles:
+            _, hdr, tab = _TYPES[qtype]
+            _codes_q4_b32(we, hdr, tab, q[e], d[e])
         else:
             lut, hdr, tab = _TYPES[qtype]
             _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, q[e], d[e])
@@ -168,7 +199,8 @@ def layout(w_bytes: np.ndarray, qtype) -> Columns:
             a = a.reshape(*a.shape[:3], -1, 8, 8, 64).swapaxes(-3, -2)
         return np.ascontiguousarray(a).reshape(E, nt, -1, 64)
 
-    return Columns(qtype, quads(q) if per == 4 else tiled(q, 2), tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N)
+    laid = pack_nibbles(tiled(q, 4)) if nibbles else quads(q) if per == 4 else tiled(q, 2)
+    return Columns(qtype, laid, tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N, nibbles=nibbles)
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,6 +244,9 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (2:
     :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
     float32."""
+    if kind >= 6:
+        tile_b32(kind - 6, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc)
+        return
     if kind >= 3:
         tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
@@ -279,14 +314,26 @@ def _inputs(kind, x, g):
     T, K = x.shape
     gemm = np.zeros(T, np.bool_)
     gemm[:g] = True
-    if kind >= 3:
+    if 3 <= kind <= 5:
         yq, yd, ys32, ys16 = q8_k_inputs(x)
         return yq, yd, ys16 if kind == 5 else ys32, np.zeros((T, 0), np.bool_), gemm
     if kind == 2:
         yq, yd, bs = q8_k_mat_inputs(x, g)
         return yq, yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
     xq, xd = _q8_0_quantize(x)
+    if kind >= 6:  # the codes' kernel: each block's activation sum (columns_b32)
+        return xq, xd, _block_sums(xq), _blocks_m128(xq), gemm
     return xq, xd, np.zeros((T, 0), np.int64), _blocks_m128(xq), gemm
+
+
+@jit()
+def _block_sums(xq):
+    """(T, K/32) int64: the sum of each 32-value block of the Q8_0 activations ``xq`` (T, K)."""
+    s = np.zeros((xq.shape[0], xq.shape[1] // 32), np.int64)
+    for t in range(xq.shape[0]):
+        for k in range(xq.shape[1]):
+            s[t, k // 32] += xq[t, k]
+    return s
 
 
 @jit()
@@ -309,7 +356,7 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bo
     rows = np.empty(orow.shape[0], np.int64)
     for i in range(orow.shape[0]):
         rows[i] = arow[orow[i]]
-    if kind >= 3:
+    if 3 <= kind <= 5:
         gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
     _chunk(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
 
@@ -360,7 +407,7 @@ def _kind(cols: Columns, repacked: bool) -> int:
     kind = kind_for(cols.qtype, repacked)
     if kind is None:
         raise ValueError(f"column layout: {cols.qtype.name} {'repacked' if repacked else 'in a plain buffer'} has no kernel here")
-    return kind
+    return NIBBLE_KIND[cols.qtype] if cols.nibbles else kind
 
 
 def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndarray:
@@ -373,7 +420,7 @@ def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndar
     if cols.q.shape[0] != 1 or cols.K != K:
         raise ValueError(f"column layout of (E={cols.q.shape[0]}, K={cols.K}): not one matrix of K={K}")
     out = np.empty((T, cols.n_cols), F32)
-    g = (T if T >= TILED_MIN_ROWS else 0) if kind >= 3 else T - T % 4  # the rows taking the tiled kernel / the gemm
+    g = (T if T >= TILED_MIN_ROWS else 0) if 3 <= kind <= 5 else T - T % 4  # the rows taking the tiled kernel / the gemm
     cols_mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
                  g, out)
     return out

@@ -15,6 +15,7 @@ import numpy as np
 
 from kernels.ggml.build import X86_SIMD_PATHS, is_arm64
 from kernels.ggml.columns import kind_for, layout
+from kernels.ggml.columns_b32 import NIBBLES
 from kernels.ggml.columns_arm import covers
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
 from kernels.ggml.rows import GET_ROWS_TYPES
@@ -37,7 +38,7 @@ def layout_target(w: Matrix, path: str, repack: bool) -> bool:
 
 
 def layout_bytes(weights, path: str, repack: bool, experts: bool = True) -> int:
-    """Bytes :func:`ggml_layout` would add (~1.8 × a 4-bit matrix, 1.3–1.6 × a Q6_K or Q5_K one, rounded up to 2 ×)."""
+    """Bytes :func:`ggml_layout` would add (~1.1–2.1 × a 4-bit matrix, 1.3–1.6 × a Q6_K or Q5_K one, rounded up to 2 ×)."""
     return sum(2 * int(np.asarray(w.raw).nbytes) for w in pack_targets(weights, experts) if layout_target(w, path, repack))
 
 
@@ -45,8 +46,10 @@ def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     """``--emulate=ggml``'s packing: ``obj`` (the :class:`refimpl.io.weights.Weights`, or any part of them) with every
     matrix that ggml-cpu's ``path`` multiplies by a kernel of :mod:`kernels.ggml.columns` also held in that column
     layout (``Matrix.cols``: routed experts included when pinned and ``experts``, as a stack; the embedding table left
-    alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once."""
-    return map_matrices(obj, lambda m: dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype))
+    alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once.
+    On x86 with AVX-512 VNNI, Q4_0 / IQ4_NL / MXFP4 are laid out as their 4-bit codes (``columns_b32.NIBBLES``)."""
+    nibbles = NIBBLES and not is_arm64(path)  # the AArch64 kernels (kernels.ggml.columns_arm) read the values in pairs
+    return map_matrices(obj, lambda m: dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, nibbles))
                         if layout_target(m, path, repack) else m, experts)
 
 

@@ -202,9 +202,9 @@ def test_mul_mat_id_equals_stored_rows(qtype, nibbles):
 @pytest.mark.parametrize("qtype", columns_b32.TYPES, ids=[t.name for t in columns_b32.TYPES])
 def test_nibble_sub_tile_is_its_definition(qtype):
     """The codes' layout holds each value's code where columns_b32's docstring says, and its vector step
-    (``vpshufb``, ``vpdpbusd``, ``− off·Σy``) gives the definition's accumulators — extreme codes and activations
-    (±127, the -128 of a gemm row, whose dot is exact), one row or several, in any order — on a host with AVX-512
-    VNNI; elsewhere the definition runs."""
+    (``vpshufb``, ``vpdpbusd`` or AVX2's pairs, ``− off·Σy``) gives the definition's accumulators — extreme codes and
+    activations (±127, the -128 of a gemm row, whose dot is exact), one row or several, in any order — at every
+    instruction level this host runs and the type allows (columns_b32.VECTOR)."""
     rng = np.random.default_rng(int(qtype))
     t = columns_b32.TYPES.index(qtype)
     N, K = 64, 256
@@ -227,13 +227,16 @@ def test_nibble_sub_tile_is_its_definition(qtype):
     rows = np.array([4, 0, 1, 2, 3], np.int64)
     gemm = np.ones(5, np.bool_)
     m128 = np.zeros((5, K // 32), np.bool_)
-    for sel in (np.arange(5), np.array([3]), np.array([4, 2, 0])):
-        for c in (0, 16, 48):
-            got, want = np.zeros((5, 64), np.float32), np.zeros((5, 64), np.float32)
-            got[:, :] = want[:, :] = rng.standard_normal((5, 64)).astype(np.float32)  # accumulated onto
-            columns_b32.b32_sub_tile16(got, 8, q, c, y, yd, ys, rows, sel, d, t)
-            columns_b32.b32_sub_tile_def(want, 8, q, c, 16, y, yd, rows, sel, d, m128, gemm, t)
-            assert np.array_equal(bits(got), bits(want)), (sel, c)
+    levels = [lv for lv in (2, 1) if lv <= columns_ir.LEVEL and (lv == 2 or qtype != QT.IQ4_NL)]
+    assert (max(levels) if levels else 0) == columns_b32.VECTOR[t]
+    for level in levels:
+        for sel in (np.arange(5), np.array([3]), np.array([4, 2, 0])):
+            for c in (0, 16, 48):
+                got, want = np.zeros((5, 64), np.float32), np.zeros((5, 64), np.float32)
+                got[:, :] = want[:, :] = rng.standard_normal((5, 64)).astype(np.float32)  # accumulated onto
+                columns_b32.b32_sub_tile16(got, 8, q, c, y, yd, ys, rows, sel, d, t, level)
+                columns_b32.b32_sub_tile_def(want, 8, q, c, 16, y, yd, rows, sel, d, m128, gemm, t)
+                assert np.array_equal(bits(got), bits(want)), (level, sel, c)
 
 
 def test_thread_count_changes_no_bit():

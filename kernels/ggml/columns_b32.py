@@ -16,7 +16,9 @@ sums ``u·y`` over 4 values for 16 columns at once, and ``Σu·y − OFF·Σy`` 
 the block's 32 activations). A gemv row whose block holds a -128 (the Q8_0 quantizer's extreme: rare) takes the
 definition, :func:`b32_sub_tile_def`, which the tests hold the IR to.
 
-AVX-512 VNNI hosts only (:data:`NIBBLES`); elsewhere the layout keeps the pairs of values (``vpmaddwd``).
+Where: AVX-512 VNNI (``vpdpbusd``, ``vpshufb`` of 64 bytes) for the three types; AVX2 (``vpshufb`` per 32 bytes,
+``vpmaddubsw`` + ``vpmaddwd``) for Q4_0 and MXFP4, whose ``u ≤ 24`` keeps ``vpmaddubsw``'s int16 pair sums exact —
+not IQ4_NL's ``u ≤ 240`` (:func:`fast`). Elsewhere the layout keeps the pairs of values (``vpmaddwd``).
 """
 
 from __future__ import annotations
@@ -30,15 +32,23 @@ from kernels.ggml.repack import _TYPES
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
-#: Whether ``--emulate=ggml`` lays these types out as codes (the vector step needs AVX-512 VNNI's ``vpdpbusd`` and
-#: AVX-512BW's ``vpshufb`` of 64 bytes)
-NIBBLES = JIT_ENABLED and LEVEL == 2
 #: the types, in the order of their kernels' ``kind - 6`` (:data:`kernels.ggml.columns.KIND`)
 TYPES = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
 #: per type, the LUT: the value of each code (kernels.ggml.repack's, as the repacked kernels read them)
 LUT = np.stack([_TYPES[t][0] for t in TYPES]).astype(np.int8)  # (3, 16)
 OFF = -LUT.min(axis=1).astype(np.int64)  # (3,): u = value + OFF is 0 … 255 (IQ4_NL: 113 + 127 = 240)
 U_TAB = np.tile((LUT.astype(np.int64) + OFF[:, None]).astype(np.uint8), (1, 4))  # (3, 64): vpshufb's 4 lanes
+#: per type, the instruction level its vector step runs at here (columns_ir.LEVEL: 2 VNNI, 1 AVX2), or 0: none —
+#: AVX2's vpmaddubsw sums two u·y in int16, exact while 2·max(u)·128 < 2^15 (Q4_0 15, MXFP4 24; not IQ4_NL's 240)
+VECTOR = np.array([LEVEL if JIT_ENABLED and (LEVEL == 2 or LEVEL == 1 and 2 * int(u.max()) * 128 < 2**15) else 0
+                   for u in U_TAB], np.int64)
+#: whether some type here has a vector step (:func:`fast`)
+NIBBLES = bool(VECTOR.any())
+
+
+def fast(qtype) -> bool:
+    """Whether ``--emulate=ggml`` lays ``qtype`` out as codes here (its vector step runs on this host)."""
+    return qtype in TYPES and bool(VECTOR[TYPES.index(qtype)])
 
 
 def pack(codes: np.ndarray) -> np.ndarray:
@@ -84,28 +94,39 @@ def b32_sub_tile_def(acc, o, q, c, nc, y, yd, rows, sel, d, m128, gemm, t):
 
 if JIT_ENABLED:
     from llvmlite import ir
-    from numba import types
+    from numba import literally, types
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from kernels.ggml.columns_ir import _Args, _dpbusd, _k, _splat, _x86
+    from kernels.ggml.columns_ir import _B32, _V8, _Args, _dpbusd, _halves, _join, _k, _lit, _splat, _x86
 
     _i8, _i32 = ir.IntType(8), ir.IntType(32)
     _V16, _B64, _F16 = ir.VectorType(_i32, 16), ir.VectorType(_i8, 64), ir.VectorType(ir.FloatType(), 16)
 
+    def _pshufb(b, level, table, codes):
+        """``table[lane16 + codes[i]]`` for the 64 bytes (codes 0 … 15): ``vpshufb`` of 64 bytes (``level`` 2), or of
+        each 32-byte half (1)."""
+        if level == 2:
+            return _x86(b, "llvm.x86.avx512.pshuf.b.512", _B64, table, codes)
+        halves = [b.bitcast(_x86(b, "llvm.x86.avx2.pshuf.b", _B32, t, c_), _V8)
+                  for t, c_ in zip(_halves(b, table, _B32), _halves(b, codes, _B32))]
+        return b.bitcast(_join(b, *halves), _B64)
+
     @intrinsic
-    def _b32_sub_tile_ir(typingctx, acc, o, q, qr0, c, y, yd, ys, rows, sel, d, tab, off):
+    def _b32_sub_tile_ir(typingctx, acc, o, q, qr0, c, y, yd, ys, rows, sel, d, tab, off, level):
         """:func:`b32_sub_tile_def` for the 16 columns of a sub-tile (``c`` a multiple of 16, its nibble rows from row
         ``qr0`` of ``q`` int8 (K/2, 64)) and rows free of the sign trick (gemm rows, or gemv rows without a -128):
         ``acc`` float32 (R, ≥ o + 16), ``ys`` int64 (T, K/32) the blocks' activation sums, ``tab`` uint8 (64,)
         :data:`U_TAB`'s row of the type, ``off`` its :data:`OFF`; all C-contiguous. Per row, block by block: 8
         ``vpdpbusd`` of the ``vpshufb``-decoded codes with the activations' 4-byte groups, ``− off·Σy``, the FMA."""
         arrays = (acc, q, y, yd, ys, rows, sel, d, tab)
-        if not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays) and q.dtype == y.dtype == types.int8
-                and acc.dtype == types.float32 and acc.ndim == 2 and tab.dtype == types.uint8):
+        lv = _lit(level)
+        if lv not in (1, 2) or not (all(isinstance(a, types.Array) and a.layout == "C" for a in arrays)
+                                     and q.dtype == y.dtype == types.int8 and acc.dtype == types.float32
+                                     and acc.ndim == 2 and tab.dtype == types.uint8):
             return None
         i64 = types.int64
-        sig = types.void(acc, i64, q, i64, i64, y, yd, ys, rows, sel, d, tab, i64)
+        sig = types.void(acc, i64, q, i64, i64, y, yd, ys, rows, sel, d, tab, i64, level)
 
         def codegen(context, b, signature, args):
             a = _Args(context, b, signature, args, (0, 2, 5, 6, 7, 8, 9, 10, 11))
@@ -126,9 +147,9 @@ if JIT_ENABLED:
                     for v in range(4):  # values 4v … 4v + 3 (low nibbles) and 16 + 4v … (high) of 16 columns
                         cb = b.load(at(2, [b.add(qr0, b.add(b.mul(blk, k(4)), k(v))), k(0)], _B64), align=1)
                         for h, codes in enumerate((b.and_(cb, low), b.lshr(cb, ir.Constant(_B64, [4] * 64)))):
-                            u = _x86(b, "llvm.x86.avx512.pshuf.b.512", _B64, table, codes)  # u = LUT value + off
+                            u = _pshufb(b, lv, table, codes)  # u = LUT value + off
                             y4 = b.load(b.bitcast(b.gep(y0, [k(16 * h + 4 * v)]), _i32.as_pointer()), align=1)
-                            dot = _dpbusd(b, 2, dot, b.bitcast(u, _V16), _splat(b, y4))
+                            dot = _dpbusd(b, lv, dot, b.bitcast(u, _V16), _splat(b, y4))
                     ysum = b.trunc(b.load(item(7, [r, blk])), _i32)
                     dot = b.sub(dot, _splat(b, b.mul(off, ysum)))  # Σu·y − off·Σy: the exact dot
                     dy = b.fmul(b.load(at(10, [blk, c], _F16), align=4), _splat(b, b.load(item(6, [r, blk])), _F16))
@@ -138,13 +159,22 @@ if JIT_ENABLED:
         return sig, codegen
 
     @jit()
-    def b32_sub_tile16(acc, o, q, c, y, yd, ys, rows, sel, d, t):
-        """:func:`_b32_sub_tile_ir` for columns ``c … c + 15`` of type ``t`` (rows free of the sign trick)."""
-        _b32_sub_tile_ir(acc, o, q, (c // 16) * (q.shape[0] // 4), c, y, yd, ys, rows, sel, d, U_TAB[t], OFF[t])
+    def b32_sub_tile16(acc, o, q, c, y, yd, ys, rows, sel, d, t, level):
+        """:func:`_b32_sub_tile_ir` for columns ``c … c + 15`` of type ``t`` (rows free of the sign trick) at
+        instruction level ``level``, a literal (2 or 1; 0, a host without either: the definition), so that only
+        the host's instructions are compiled."""
+        literally(level)
+        if level == 0:
+            n = y.shape[0]
+            b32_sub_tile_def(acc, o, q, c, 16, y, yd, rows, sel, d, np.zeros((n, d.shape[0]), np.bool_),
+                             np.ones(n, np.bool_), t)
+        else:
+            _b32_sub_tile_ir(acc, o, q, (c // 16) * (q.shape[0] // 4), c, y, yd, ys, rows, sel, d, U_TAB[t], OFF[t],
+                             level)
 
 else:
 
-    def b32_sub_tile16(acc, o, q, c, y, yd, ys, rows, sel, d, t):
+    def b32_sub_tile16(acc, o, q, c, y, yd, ys, rows, sel, d, t, level):
         n = y.shape[0]
         b32_sub_tile_def(acc, o, q, c, 16, y, yd, rows, sel, d, np.zeros((n, d.shape[0]), np.bool_),
                          np.ones(n, np.bool_), t)
@@ -182,18 +212,20 @@ def tile_b32(t, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc):
             order[m] = i
             m += 1
     n_trick = R - n_ir
+    level = VECTOR[t]
     for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once a row
         cs = max(c, w0)
         w = min(c + nc, w0 + 16) - cs
-        if w == 16 and NIBBLES and n_ir:
-            b32_sub_tile16(acc, cs - c, q, cs, y, yd, ys, rows, order[:n_ir], d, t)
+        if w == 16 and level and n_ir:  # level: VECTOR[t], which is LEVEL where not 0
+            b32_sub_tile16(acc, cs - c, q, cs, y, yd, ys, rows, order[:n_ir], d, t, LEVEL)
             if n_trick:
                 b32_sub_tile_def(acc, cs - c, q, cs, w, y, yd, rows, order[n_ir:], d, m128, gemm, t)
-        else:  # the last sub-tile of a matrix whose rows are not a multiple of 16, or no VNNI
+        else:  # the last sub-tile of a matrix whose rows are not a multiple of 16, or no vector step here
             b32_sub_tile_def(acc, cs - c, q, cs, w, y, yd, rows, order, d, m128, gemm, t)
     for i in range(R):
         for j in range(nc):
             out[orow[i], oc + j] = acc[i, j]
 
 
-__all__ = ["LUT", "NIBBLES", "OFF", "TYPES", "U_TAB", "b32_sub_tile16", "b32_sub_tile_def", "pack", "tile_b32"]
+__all__ = ["LUT", "NIBBLES", "OFF", "TYPES", "U_TAB", "VECTOR", "b32_sub_tile16", "b32_sub_tile_def", "fast", "pack",
+           "tile_b32"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from kernels.ggml.build import X86_SIMD_PATHS, is_arm64
 from kernels.ggml.columns import kind_for, layout
-from kernels.ggml.columns_b32 import NIBBLES
+from kernels.ggml.columns_b32 import fast as codes_fast
 from kernels.ggml.columns_arm import covers
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
 from kernels.ggml.rows import GET_ROWS_TYPES
@@ -47,10 +47,12 @@ def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     matrix that ggml-cpu's ``path`` multiplies by a kernel of :mod:`kernels.ggml.columns` also held in that column
     layout (``Matrix.cols``: routed experts included when pinned and ``experts``, as a stack; the embedding table left
     alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once.
-    On x86 with AVX-512 VNNI, Q4_0 / IQ4_NL / MXFP4 are laid out as their 4-bit codes (``columns_b32.NIBBLES``)."""
-    nibbles = NIBBLES and not is_arm64(path)  # the AArch64 kernels (kernels.ggml.columns_arm) read the values in pairs
-    return map_matrices(obj, lambda m: dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, nibbles))
-                        if layout_target(m, path, repack) else m, experts)
+    On x86, Q4_0 / IQ4_NL / MXFP4 are laid out as their 4-bit codes where their vector step runs (``columns_b32.fast``:
+    AVX-512 VNNI; AVX2 for Q4_0 and MXFP4); the AArch64 kernels (kernels.ggml.columns_arm) read the values in pairs."""
+    def laid(m):
+        return dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, codes_fast(m.qtype) and not is_arm64(path)))
+
+    return map_matrices(obj, lambda m: laid(m) if layout_target(m, path, repack) else m, experts)
 
 
 def check_ggml_weights(gguf, path: str, repack: bool) -> None:

@@ -110,10 +110,11 @@ class Columns:
 
 
 @jit()
-def _lay_q4_b32(w, hdr, lut, tab, q, d):
-    """Q4_0 / IQ4_NL / MXFP4 rows (per block: ``hdr`` scale bytes, 16 nibble bytes) -> ``q`` (K/2, 2N) the LUT
-    values (value ``j``: low nibble of byte ``j``, value ``j + 16``: its high nibble), ``d`` (K/32, N) the scale
-    through ``tab`` (fp16 bits, or the E8M0 byte)."""
+def _lay_q4_b32(w, hdr, lut, tab, per, q, d):
+    """Q4_0 / IQ4_NL / MXFP4 rows (per block: ``hdr`` scale bytes, 16 nibble bytes; value ``j`` the low nibble of byte
+    ``j``, value ``j + 16`` its high nibble) -> ``q``: ``per`` 2, (K/2, 2N) the LUT values in pairs (value ``k`` of
+    output ``c`` at ``[k // 2, 2c + k % 2]``); ``per`` 4, (K/4, 4N) the 4-bit codes in quads (``[k // 4, 4c + k %
+    4]``: :mod:`kernels.ggml.columns_b32`); ``d`` (K/32, N) the scale through ``tab`` (fp16 bits, or the E8M0 byte)."""
     bs = hdr + 16
     for c in range(w.shape[0]):
         wc = w[c]
@@ -122,25 +123,10 @@ def _lay_q4_b32(w, hdr, lut, tab, q, d):
             d[b, c] = tab[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)] if hdr == 2 else tab[np.int64(wc[o])]
             for j in range(16):
                 v = np.int64(wc[o + hdr + j])
-                q[16 * b + j // 2, 2 * c + j % 2] = lut[v & 15]  # value 32b + j
-                q[16 * b + 8 + j // 2, 2 * c + j % 2] = lut[v >> 4]  # value 32b + j + 16
-
-
-@jit()
-def _codes_q4_b32(w, hdr, tab, q, d):
-    """Q4_0 / IQ4_NL / MXFP4 rows -> ``q`` (K/4, 4N) their 4-bit codes in quads (value ``k`` of output ``c`` at ``[k //
-    4, 4c + k % 4]``; value ``j`` of a block the low nibble of byte ``j``, value ``j + 16`` its high nibble), ``d``
-    (K/32, N) as :func:`_lay_q4_b32`'s."""
-    bs = hdr + 16
-    for c in range(w.shape[0]):
-        wc = w[c]
-        for b in range(d.shape[0]):
-            o = bs * b
-            d[b, c] = tab[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)] if hdr == 2 else tab[np.int64(wc[o])]
-            for j in range(16):
-                v = wc[o + hdr + j]
-                q[8 * b + j // 4, 4 * c + j % 4] = v & 15
-                q[8 * b + 4 + j // 4, 4 * c + j % 4] = v >> 4
+                for h in range(2):  # value 32b + j, then 32b + j + 16
+                    code = (v >> (4 * h)) & 15
+                    k = 32 * b + 16 * h + j
+                    q[k // per, per * c + k % per] = lut[code] if per == 2 else code
 
 
 def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
@@ -178,12 +164,9 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
             blocks = we.reshape(N, K // 32, 34)
             q[e] = blocks[:, :, 2:].view(np.int8).reshape(N, K // 2, 2).transpose(1, 0, 2).reshape(K // 2, 2 * N)
             d[e] = F16_TO_F32[blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)].T
-        elif nibbles:
-            _, hdr, tab = _TYPES[qtype]
-            _codes_q4_b32(we, hdr, tab, q[e], d[e])
         else:
             lut, hdr, tab = _TYPES[qtype]
-            _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, q[e], d[e])
+            _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, per, q[e], d[e])
     nt = -(-N // TILE)  # tiles of TILE outputs, each stored in one piece (the last padded with zeros)
 
     def tiled(a, per):  # (E, rows, per·N) -> (E, nt, rows, per·TILE)

@@ -32,7 +32,7 @@ from kernels.ggml.repack import _TYPES
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
-#: the types, in the order of their kernels' ``kind - 6`` (:data:`kernels.ggml.columns.KIND`)
+#: the types, in the order of their kernels' ``kind - 6`` (:data:`kernels.ggml.columns.NIBBLE_KIND`)
 TYPES = (QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
 #: per type, the LUT: the value of each code (kernels.ggml.repack's, as the repacked kernels read them)
 LUT = np.stack([_TYPES[t][0] for t in TYPES]).astype(np.int8)  # (3, 16)
@@ -52,9 +52,8 @@ def fast(qtype) -> bool:
 
 
 def pack(codes: np.ndarray) -> np.ndarray:
-    """Codes in quads (E, K/4, 4·N·) by tile — (E, nt, K/4, 4·TILE): value ``k`` of a tile's column ``c`` at ``[k // 4,
-    4c + k % 4]`` — -> (E, nt, K/2, 64) the nibble rows (module docstring): sub-tile by sub-tile, block by block, 4
-    rows each."""
+    """Codes in quads, tile by tile — (E, nt, K/4, 4·TILE): value ``k`` of a tile's column ``c`` at ``[k // 4, 4c + k %
+    4]`` — -> (E, nt, K/2, 64) the nibble rows (module docstring): sub-tile by sub-tile, block by block, 4 rows each."""
     E, nt, K4, w = codes.shape
     a = codes.reshape(E, nt, K4 // 8, 8, w // 64, 64).transpose(0, 1, 4, 2, 3, 5)  # (E, nt, sub, blk, 8 quad rows, 64)
     a = a[..., 0:4, :] | (a[..., 4:8, :] << 4)  # values 4v … of the block low, 16 + 4v … high

@@ -94,14 +94,7 @@ def _child(path: str, threads: int, extra_bufts: bool) -> int:
         return {"decode_s": one[1:], "verify_s": many[1:]}
 
     def prompt_tok_s(ctx, tokens: list[int]) -> float:
-        batch.n_tokens = len(tokens)
-        for i, tok in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = tok, i, 1, 0
-            batch.logits[i] = int(i == len(tokens) - 1)
-        t0 = time.perf_counter()
-        if L.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed on the prompt")
-        return len(tokens) / (time.perf_counter() - t0)
+        return len(tokens) / batch_s(ctx, tokens, 0, "last")
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

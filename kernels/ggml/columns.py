@@ -132,7 +132,7 @@ def _lay_q4_b32(w, hdr, lut, tab, per, q, d):
 def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
     """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
     expert matrices, of a type in :data:`KIND`. ``nibbles``: Q4_0, IQ4_NL and MXFP4 as their 4-bit codes (the x86
-    kernels of :mod:`kernels.ggml.columns_b32`, half the bytes; ``columns_b32.NIBBLES`` says where they are fast),
+    kernels of :mod:`kernels.ggml.columns_b32`, half the bytes; ``columns_b32.fast`` says where they are fast),
     not their values in pairs (every path's kernels)."""
     from kernels.ggml.repack import _TYPES
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from kernels.base.block import QT
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.columns_ir import LEVEL
+from kernels.ggml.columns_ir import LEVEL, first_rows
 from kernels.ggml.repack import _TYPES
 from kernels.ggml.simd import fma32
 
@@ -42,8 +42,6 @@ U_TAB = np.tile((LUT.astype(np.int64) + OFF[:, None]).astype(np.uint8), (1, 4)) 
 #: AVX2's vpmaddubsw sums two u·y in int16, exact while 2·max(u)·128 < 2^15 (Q4_0 15, MXFP4 24; not IQ4_NL's 240)
 VECTOR = np.array([LEVEL if JIT_ENABLED and (LEVEL == 2 or LEVEL == 1 and 2 * int(u.max()) * 128 < 2**15) else 0
                    for u in U_TAB], np.int64)
-#: whether some type here has a vector step (:func:`fast`)
-NIBBLES = bool(VECTOR.any())
 
 
 def fast(qtype) -> bool:
@@ -89,6 +87,14 @@ def b32_sub_tile_def(acc, o, q, c, nc, y, yd, rows, sel, d, m128, gemm, t):
                     if wrap and yv == -128 and v < 0:  # the gemv's sign trick: |w| · sign(-128, w) wraps to -128
                         s += 256 * v
                 acc[i, o + j] = fma32(F32(s), F32(d[b, c + j] * yd[r, b]), acc[i, o + j])
+
+
+@jit()
+def _sub_tile16_def(acc, o, q, c, y, yd, rows, sel, d, t):
+    """:func:`b32_sub_tile_def` for 16 columns and rows free of the sign trick (:func:`b32_sub_tile16`'s contract),
+    where no vector step runs."""
+    n = y.shape[0]
+    b32_sub_tile_def(acc, o, q, c, 16, y, yd, rows, sel, d, np.zeros((n, d.shape[0]), np.bool_), np.ones(n, np.bool_), t)
 
 
 if JIT_ENABLED:
@@ -164,9 +170,7 @@ if JIT_ENABLED:
         the host's instructions are compiled."""
         literally(level)
         if level == 0:
-            n = y.shape[0]
-            b32_sub_tile_def(acc, o, q, c, 16, y, yd, rows, sel, d, np.zeros((n, d.shape[0]), np.bool_),
-                             np.ones(n, np.bool_), t)
+            _sub_tile16_def(acc, o, q, c, y, yd, rows, sel, d, t)
         else:
             _b32_sub_tile_ir(acc, o, q, (c // 16) * (q.shape[0] // 4), c, y, yd, ys, rows, sel, d, U_TAB[t], OFF[t],
                              level)
@@ -174,9 +178,7 @@ if JIT_ENABLED:
 else:
 
     def b32_sub_tile16(acc, o, q, c, y, yd, ys, rows, sel, d, t, level):
-        n = y.shape[0]
-        b32_sub_tile_def(acc, o, q, c, 16, y, yd, rows, sel, d, np.zeros((n, d.shape[0]), np.bool_),
-                         np.ones(n, np.bool_), t)
+        _sub_tile16_def(acc, o, q, c, y, yd, rows, sel, d, t)
 
 
 @jit()
@@ -199,17 +201,10 @@ def tile_b32(t, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc):
     trick, the others and a partial sub-tile by the definition."""
     R = rows.shape[0]
     acc = np.zeros((R, 64), F32)  # TILE = 64 columns at most
-    order = np.empty(R, np.int64)  # the rows' indices: those the IR takes first, then the sign trick's
-    n_ir = 0
+    free = np.empty(R, np.bool_)
     for i in range(R):
-        if not _sign_trick(rows[i], m128, gemm):
-            order[n_ir] = i
-            n_ir += 1
-    m = n_ir
-    for i in range(R):
-        if _sign_trick(rows[i], m128, gemm):
-            order[m] = i
-            m += 1
+        free[i] = not _sign_trick(rows[i], m128, gemm)
+    order, n_ir = first_rows(free)  # the rows' indices: those the IR takes first, then the sign trick's
     n_trick = R - n_ir
     level = VECTOR[t]
     for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once a row
@@ -226,5 +221,5 @@ def tile_b32(t, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc):
             out[orow[i], oc + j] = acc[i, j]
 
 
-__all__ = ["LUT", "NIBBLES", "OFF", "TYPES", "U_TAB", "VECTOR", "b32_sub_tile16", "b32_sub_tile_def", "fast", "pack",
+__all__ = ["LUT", "OFF", "TYPES", "U_TAB", "VECTOR", "b32_sub_tile16", "b32_sub_tile_def", "fast", "pack",
            "tile_b32"]

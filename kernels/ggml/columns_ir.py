@@ -126,6 +126,26 @@ def q4k_fma_def(acc, o, v, q, blk, step, c, nc, y, sc, ys, d, yd, mn, dmin):
             acc[1, o + j] = fma32(F32(mi), F32(dmin[blk, c + j] * yd), acc[1, o + j])
 
 
+@jit()
+def first_rows(first):
+    """(order, n): the indices ``0 … R-1`` of ``first`` (R,) bool, those where it holds first, then the others,
+    each part in index order; ``n`` how many hold — the rows a sub-tile step takes in one kind of pass before the
+    rest (columns_q4k: the gemm's; columns_b32: those free of the sign trick)."""
+    R = first.shape[0]
+    order = np.empty(R, np.int64)
+    n = 0
+    for i in range(R):
+        if first[i]:
+            order[n] = i
+            n += 1
+    m = n
+    for i in range(R):
+        if not first[i]:
+            order[m] = i
+            m += 1
+    return order, n
+
+
 if JIT_ENABLED:
     from llvmlite import ir
     from numba import literally, types
@@ -419,5 +439,5 @@ def kq_groups(v, q, blk, c, nc, y, sc, form):
         kq_groups_def(v, q, blk, c, nc, y, sc, form)
 
 
-__all__ = ["LEVEL", "kq", "kq16", "kq16_fma", "kq16_groups", "kq_def", "kq_fma", "kq_groups", "kq_groups_def",
+__all__ = ["LEVEL", "first_rows", "kq", "kq16", "kq16_fma", "kq16_groups", "kq_def", "kq_fma", "kq_groups", "kq_groups_def",
            "lanes_fma_def", "q4k_fma_def", "quad_row"]

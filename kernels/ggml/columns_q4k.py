@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.columns_ir import LEVEL, q4k_fma_def
+from kernels.ggml.columns_ir import LEVEL, first_rows, q4k_fma_def
 
 F32 = np.float32
 #: Software prefetch distance of the gemm's codes (bytes): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC,
@@ -172,17 +172,8 @@ def tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc):
     a partial one by the definition (:func:`q4k_sub_tile_def`)."""
     R = rows.shape[0]
     acc = np.zeros((R, 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
-    order = np.empty(R, np.int64)  # the rows' indices: the gemm's (an FMA per 64 values) first, then the gemv's
-    n_gemm = 0
-    for i in range(R):
-        if gemm[rows[i]]:
-            order[n_gemm] = i
-            n_gemm += 1
-    m = n_gemm
-    for i in range(R):
-        if not gemm[rows[i]]:
-            order[m] = i
-            m += 1
+    # the rows' indices: the gemm's (an FMA per 64 values) first, then the gemv's
+    order, n_gemm = first_rows(gemm[rows])
     for w0 in range(c - c % 16, c + nc, 16):  # sub-tiles of 16 columns, each streamed once
         cs = max(c, w0)
         w = min(c + nc, w0 + 16) - cs

@@ -41,7 +41,7 @@ def build_dir(build: str) -> Path | None:
 
         return arm64.lib_dir(build)
     root = Path(os.environ.get("LLAMA_TOOLS_DIR") or Path(__file__).resolve().parent.parent / "build" / "llama-tools")
-    return root / f"ggml-{build}" / "lib"  # avx2, generic: .ci/build-llama-tools
+    return root / f"ggml-{build}" / "lib"  # avx2, avx2-zen, generic: .ci/build-llama-tools
 
 
 def require_build(build: str) -> None:
@@ -234,6 +234,10 @@ def _native_dir() -> Path:
 BUILDS = ["native", "avx2"]
 #: and ggml's generic x86 path (no SIMD: docs/ggml-generic-x86.md), for the ops emulated on it so far
 WITH_GENERIC = BUILDS + ["generic"]
+#: the AVX2 build with GCC tuned for AMD Zen (.ci/build-llama-tools: -mtune=znver3; path avx2-zen): it differs from the
+#: avx2 build in MXFP4's and IQ4_NL's odd tail only (kernels.ggml.tuning), so only their tests and the path tests run it
+ZEN = "avx2-zen"
+X86_BUILDS = WITH_GENERIC + [ZEN]
 
 
 @functools.cache
@@ -254,7 +258,8 @@ def both_paths() -> bool:
     llama-cpp-python's native build is itself an AVX2 build (and an AVX-512 library cannot run there), so a
     comparison of the two libraries that expects different bits has nothing to compare; the emulation's own
     paths (pure software) can still be compared with each other on any host."""
-    return build_info("native").path != build_info("avx2").path
+    return build_info("native").lanes != build_info("avx2").lanes  # (an AVX2 native build may differ from the AVX2
+    # one by GCC's tuning alone: kernels.ggml.tuning; the tests of that compare the paths themselves)
 
 
 def require_both_paths() -> None:

@@ -162,28 +162,48 @@ def test_validate_says_reproduced_or_not(tmp_path, capsys):
 FLIP = [727, 1441, 44, 267, 1613, 277, 44, 267, 517, 115, 266, 118, 1249, 44, 267, 1542, 115, 266, 118, 1249, 44, 267,
         923, 338, 322, 1303, 44, 267, 1501, 271, 522, 333, 368, 1351, 104, 324, 976, 46, 298, 722, 1587, 328, 325, 391,
         44, 835, 44, 383, 497, 337, 500, 398, 58, 888, 690, 356, 495, 1639, 256, 398, 46, 298, 322, 368]
+#: 80 tokens of the same text (Genesis 20:10-12, "… said unto Abraham, What sawest thou, … and she became my wife.
+#: And"): on the AVX2 builds (both GCC tunings) the 80-row prompt batch computes 258 ' the', the 79-row batch + 1+3
+#: verify 309 ' he' (found as FLIP was, on the avx2 path; FLIP flips on the AVX-512 build only)
+FLIP_AVX2 = [391, 322, 1303, 44, 1054, 831, 388, 359, 44, 297, 359, 592, 846, 442, 858, 63, 298, 1303, 391, 44, 1450, 296, 1774,
+             44, 368, 774, 433, 258, 1025, 268, 390, 337, 345, 287, 442, 740, 59, 267, 334, 395, 1770, 375, 319, 383, 976, 501,
+             1719, 46, 298, 837, 2005, 2034, 519, 337, 383, 1867, 59, 519, 337, 258, 1119, 268, 383, 540, 44, 446, 345, 258,
+             1119, 268, 383, 1121, 59, 267, 519, 2025, 383, 976, 46, 298]
+#: the flip of each ISA's builds: (prompt, the one-batch prompt's token, the draft-3 loop's first token)
+FLIPS = {16: (FLIP, 1587, 1351), 8: (FLIP_AVX2, 258, 309)}
+
+
+def _flip() -> tuple[list[int], int, int]:
+    """The flip of the libggml llama-cpp-python loads (its float lanes: AVX-512 or AVX2)."""
+    from ggml_graph import build_info
+
+    return FLIPS[build_info("native").lanes]
 
 
 def test_a_real_flip_is_predicted(tmp_path, capsys):
-    """llama.cpp's own draft-3 loop flips the first token of FLIP against its one-batch prompt; the prediction
-    says which schedule computes which token, and the gate follows the schedule given."""
+    """llama.cpp's own draft-3 loop flips the first token of the native build's flip (FLIPS) against its one-batch
+    prompt; the prediction says which schedule computes which token, and the gate follows the schedule given."""
     import numpy as np
 
     from llama_spec import llama_speculative
     from llama_trace import llama_trace
 
-    one_batch = llama_trace(TRAINED_PATH, FLIP, (), n_threads=1, n_batch=512, n_ubatch=512, type_k="f16", type_v="f16",
-                            flash_attn="on")["logits"][-1]
-    d3 = llama_speculative(TRAINED_PATH, FLIP, 8, n_draft=3, defaults=True, n_threads=1).tokens
-    assert int(np.argmax(one_batch)) == 1587 and d3[0] == 1351
+    from refimpl.tokenizer import Tokenizer
+
+    prompt, plain, drafted = _flip()
+    piece = Tokenizer.from_gguf(TRAINED_PATH).decode
+    one_batch = llama_trace(TRAINED_PATH, prompt, (), n_threads=1, n_batch=512, n_ubatch=512, type_k="f16",
+                            type_v="f16", flash_attn="on")["logits"][-1]
+    d3 = llama_speculative(TRAINED_PATH, prompt, 8, n_draft=3, defaults=True, n_threads=1).tokens
+    assert int(np.argmax(one_batch)) == plain and d3[0] == drafted
     path = tmp_path / "d3.json"
-    path.write_text(json.dumps({"prompt_tokens": FLIP, "tokens": d3}))
+    path.write_text(json.dumps({"prompt_tokens": prompt, "tokens": d3}))
     code, out = audit(capsys, str(TRAINED_PATH), str(path), "--emulate=ggml", "--draft", "3")
     assert code == 0, out
     assert "  verdict: near-tie" in out and "  reproduced: llama.cpp's 1+3 verify computes this token" in out
     code, out = audit(capsys, str(TRAINED_PATH), str(path), "--emulate=ggml")  # plain decode: not what it computes
-    assert code == 1 and "  not reproduced: A differs from llama.cpp's predicted plain stream at step 0 (A has 1351 'ara', " \
-                          "llama.cpp's prompt batch computes 1587 'ime')" in out
+    assert code == 1 and (f"  not reproduced: A differs from llama.cpp's predicted plain stream at step 0 (A has {drafted} "
+                          f"{piece([drafted])!r}, llama.cpp's prompt batch computes {plain} {piece([plain])!r})") in out, out
 
 
 def test_llama_server_prompt_batches():
@@ -197,15 +217,16 @@ def test_llama_server_prompt_batches():
 
 
 def test_schedule_replays_the_engines_own_rounds(tmp_path, capsys):
-    """``--schedule FILE``: the engine's logged rounds (here llama.cpp's own draft-3 loop on FLIP, whose first token
-    flips against the one-batch prompt) are rebuilt as llama.cpp's verify batches: the prediction is the stream,
+    """``--schedule FILE``: the engine's logged rounds (here llama.cpp's own draft-3 loop on the native build's flip,
+    whose first token flips against the one-batch prompt) are rebuilt as llama.cpp's verify batches: the prediction is the stream,
     round for round (accepted and drafted counts, draft ids), and the flip is reproduced by the 1+3 verify."""
     from llama_spec import llama_speculative
 
-    run = llama_speculative(TRAINED_PATH, FLIP, 8, n_draft=3, defaults=True, n_threads=1)
+    prompt = _flip()[0]
+    run = llama_speculative(TRAINED_PATH, prompt, 8, n_draft=3, defaults=True, n_threads=1)
     rounds = [{"accepted": len(r["ids"]) - 1, "drafted": len(r["drafts"]), "drafts": list(r["drafts"])} for r in run.rounds]
     log = tmp_path / "engine.json"
-    log.write_text(json.dumps({"prompt_tokens": FLIP, "tokens": run.tokens, "rounds": rounds}))
+    log.write_text(json.dumps({"prompt_tokens": prompt, "tokens": run.tokens, "rounds": rounds}))
     code, out = audit(capsys, str(TRAINED_PATH), str(log), "--emulate=ggml", "--schedule", str(log), "--json")
     rep = json.loads(out)
     pred = rep["reproduce"]["predictions"]["A"]

@@ -51,7 +51,7 @@ def test_the_native_build_reports_its_compile_time_flags():
     b = build_info("native")
     cpu = ctypes.CDLL(str(b.lib_dir / "libggml-cpu.so"))
     assert b.has("avx512") == bool(cpu.ggml_cpu_has_avx512()) and b.has("avx2") == bool(cpu.ggml_cpu_has_avx2())
-    assert b.path in ("avx512", "avx2")  # CI hosts are x86-64 with AVX2 at least (the emulated paths)
+    assert b.path in ("avx512", "avx2", "avx2-zen")  # CI hosts are x86-64 with AVX2 at least (the emulated paths)
     assert b.lanes == (16 if b.has("avx512") else 8)
 
 
@@ -100,9 +100,10 @@ def test_every_reader_of_the_path_table_knows_every_path(key):
         assert simd.lanes(key) == entry.lanes
     except ValueError as e:
         assert key in str(e), e
-    features = {**{"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "generic": set()}, **ARM}.get(key)
+    features = {**{"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "avx2-zen": X86_AVX2, "generic": set()}, **ARM}.get(key)
     assert features is not None, f"a new path {key!r}: name the features that select it here"
-    b = GgmlBuild(Path("/x/lib"), frozenset(features)) if key not in ARM else arm_build(features, COMPILER.get(key, "GCC 12.2.0"))
+    b = (GgmlBuild(Path("/x/lib"), frozenset(features), fma_chains=entry.chains) if key not in ARM
+         else arm_build(features, COMPILER.get(key, "GCC 12.2.0")))
     assert b.path == key and b.lanes == entry.lanes and f"ggml-cpu {entry.name} (" in b.describe()
     assert is_arm64(key) == (key in ARM) == (key in ARM64_PATHS) == (key not in X86_SIMD_PATHS + ("generic",))
     # the column layout is built for the x86 SIMD paths' kernels (kernels.ggml.columns) and every AArch64 path's
@@ -117,8 +118,47 @@ def test_every_reader_of_the_path_table_knows_every_path(key):
     assert describe_named(key).startswith(f"ggml-cpu {entry.name} (named, not detected")
 
 
+def test_gccs_tuning_of_an_x86_build_is_its_own_path():
+    """The same ISA, two GCC tunings (kernels.ggml.tuning): AVX2 fused → avx2, split → avx2-zen; AVX-512 split →
+    avx512 (a Zen 4 build); an AVX-512 build with fused chains (generic or Intel tuning) is refused in one line, and
+    so is an FMA build whose tuning was not probed."""
+    assert GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), fma_chains="fused").path == "avx2"
+    assert GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), fma_chains="split").path == "avx2-zen"
+    assert GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2 | {"avx512"}), fma_chains="split").path == "avx512"
+    for features, chains, words in ((X86_AVX2 | {"avx512"}, "fused", "an AVX-512 build that fuses a loop-carried"),
+                                    (X86_AVX2, None, "an AVX2 build that rounds in a way not probed")):
+        with pytest.raises(UnsupportedBuild, match=re.escape(words)) as e:
+            GgmlBuild(Path("/x/lib"), frozenset(features), fma_chains=chains).path
+        assert "\n" not in str(e.value) and "/x/lib" in str(e.value)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("build", ["native", "avx2"])
+def test_the_probe_tells_each_builds_tuning(build):
+    """kernels.ggml.tuning.probe_fma_chains on the suite's x86 builds: the AVX2 build (-DGGML_NATIVE=OFF: GCC's
+    generic tuning) fuses, and whatever the native build computes is one of the two candidates, which the emulation
+    of each path reproduces (mxfp4_rows with and without the fused tail on the probe's blocks)."""
+    import ctypes
+
+    from kernels.ggml import tuning
+    from kernels.ggml.mulmat import mul_mat
+    from kernels.base.blocks import QT
+
+    b = build_info(build)
+    chains = tuning.probe_fma_chains(ctypes.CDLL(str(b.lib_dir / "libggml-cpu.so")))
+    assert chains == b.fma_chains and (build != "avx2" or chains == tuning.FUSED)
+    assert b.path == {"fused": "avx2", "split": "avx512" if b.has("avx512") else "avx2-zen"}[chains]
+    w = np.frombuffer(tuning.TAIL_CASE.mxfp4, np.uint8).reshape(1, -1)
+    q8 = np.frombuffer(tuning.TAIL_CASE.q8_0, np.uint8).reshape(3, 34)
+    d = q8[:, :2].copy().view(np.float16).astype(np.float32)  # (3, 1)
+    x = (q8[:, 2:].view(np.int8).astype(np.float32) * d).reshape(1, 96)  # quantize_row_q8_0 gives the blocks back
+    for path, want in (("avx2", tuning.TAIL_CASE.fused), ("avx2-zen", tuning.TAIL_CASE.split),
+                       ("avx512", tuning.TAIL_CASE.split)):
+        assert mul_mat(w, QT.MXFP4, x, path)[0, 0] == want, path
+
+
 def test_another_ggml_version_is_refused_in_one_line_unless_accepted():
-    b = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), version="0.26.1", commit="abc1234")
+    b = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), fma_chains="fused", version="0.26.1", commit="abc1234")
     with pytest.raises(UnsupportedBuild) as e:
         b.check_version()
     msg = str(e.value)
@@ -126,10 +166,10 @@ def test_another_ggml_version_is_refused_in_one_line_unless_accepted():
     assert "--ggml-version-ok" in msg
     assert b.check_version(accept_other=True) == "0.26.1"
     assert b.describe().endswith(f"from /x/lib, ggml 0.26.1 (commit abc1234; the emulation follows ggml {GGML_VERSION}'s kernels)")
-    silent = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), version=None)  # a libggml-base without ggml_version()
+    silent = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), fma_chains="fused", version=None)  # a libggml-base without ggml_version()
     with pytest.raises(UnsupportedBuild, match="does not report its version"):
         silent.check_version()
-    same = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), version=GGML_VERSION, commit="unknown")
+    same = GgmlBuild(Path("/x/lib"), frozenset(X86_AVX2), fma_chains="fused", version=GGML_VERSION, commit="unknown")
     assert same.check_version() is None and same.describe().endswith(f"from /x/lib, ggml {GGML_VERSION} (commit unknown)")
 
 

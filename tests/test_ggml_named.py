@@ -103,7 +103,7 @@ def test_named_path_needs_no_llama_cpp_python(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv, says", [
     (["--emulate=ggml:avx3"], "unknown ggml-cpu path 'avx3': the named paths are ggml:avx512 (AVX-512), ggml:avx2 (AVX2), "
-                              "ggml:generic (generic x86)"),
+                              "ggml:avx2-zen (AVX2 (tuned for AMD Zen)), ggml:generic (generic x86)"),
     (["--emulate", "ggml:neon"], "unknown ggml-cpu path 'neon'"),  # taken as --emulate's value, not as MODEL
     (["--emulate=ggml:avx2", "--ggml-version-ok"], f"--ggml-version-ok accepts a loaded libggml of another ggml version; "
                                                    f"--emulate=ggml:avx2 loads none (it follows ggml {GGML_VERSION}'s kernels)"),

@@ -2,9 +2,9 @@
 (kernels.ggml.mulmat_q), weights in a plain buffer (``Graph.tensor``, never the CPU_REPACK buffer), bit for bit
 against both libggml builds.
 
-ISA dependence (disassembly of both ``libggml-cpu.so``): only IQ4_NL's ``vec_dot`` odd-block tail differs
-(``vmulss`` + ``vaddss`` on avx512, ``vfmadd231ss`` on avx2) — ``test_legacy_bit_exact`` asserts the paths
-differ there. Everything else runs the same ``__AVX2__`` C code or the same tiled float formula in both builds
+Build dependence (disassembly of the libggml-cpu builds): only IQ4_NL's ``vec_dot`` odd-block tail differs, by GCC's
+tuning rather than the ISA (``vmulss`` + ``vaddss`` tuned for AMD Zen: avx512, avx2-zen; ``vfmadd231ss`` with the
+generic or an Intel tuning: avx2; kernels.ggml.tuning) — ``test_legacy_bit_exact`` asserts the tunings differ there. Everything else runs the same ``__AVX2__`` C code or the same tiled float formula in both builds
 (``dpbusd`` vs ``maddubs`` + ``madd``: the same integers). Each test also asserts that a plausible wrong model
 differs on its data: the portable C formula (``ggml_vec_dot_*_generic``: ``sumf += float(sumi)·d``), vec_dot's
 formula on a tiled shape, tinyBLAS's formula where ggml takes vec_dot (mul_mat_id, IQ4_NL at T = 1).
@@ -12,13 +12,14 @@ formula on a tiled shape, tinyBLAS's formula where ggml takes vec_dot (mul_mat_i
 
 import numpy as np
 import pytest
-from ggml_graph import BUILDS, build_info, on_build
+from ggml_graph import BUILDS, ZEN, build_info, on_build
 from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_mulmat import acts, bits, check, g_mul_mat_id, weight_bytes
 
 from kernels.ggml import mulmat_k, mulmat_q
 from kernels.ggml.actquant import _q8_0_rows
 from kernels.ggml.mulmat import kernel_for, mul_mat, mul_mat_id
+from kernels.ggml.simd import simd
 from kernels.ggml.vecmath import F16_TO_F32
 
 pytestmark = pytest.mark.oracle
@@ -118,11 +119,16 @@ def test_legacy_bit_exact(build, qtype):
     # can fail: the portable C formula differs on the ordinary cases
     assert any((bits(generic_legacy(c[0], qtype, c[3])) != bits(y)).any() for c, y in zip(cases[:40], got))
     if qtype == QT.IQ4_NL:
-        other = "avx2" if path == "avx512" else "avx512"
+        other = "avx2" if simd(path).split_chains else "avx2-zen"  # the other GCC tuning (kernels.ggml.tuning)
         t1 = [(c, y) for c, y in zip(cases, got) if c[3].shape[0] == 1 and c[2] in (96, 160, 288)]
         assert any((bits(mul_mat(c[0], qtype, c[3], other)) != bits(y)).any() for c, y in t1)  # the odd tail
         # vec_dot (block pairs) is not tinyBLAS (one accumulator) at T = 1
         assert any((bits(mulmat_q.mul_mat_q(c[0], qtype, c[3], path, True)) != bits(y)).any() for c, y in t1)
+
+
+def test_iq4_nl_on_the_avx2_build_tuned_for_zen():
+    """IQ4_NL's odd tail on the AVX2 build GCC tuned for AMD Zen (avx2-zen: split, where the avx2 build fuses)."""
+    test_legacy_bit_exact(ZEN, QT.IQ4_NL)
 
 
 @pytest.mark.parametrize("build", BUILDS)

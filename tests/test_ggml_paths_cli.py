@@ -32,7 +32,7 @@ import arm64
 import numpy as np
 import pytest
 from conftest import require_llama_tool
-from ggml_graph import WITH_GENERIC, both_paths, build_info
+from ggml_graph import X86_BUILDS, both_paths, build_info
 from llama_ref import llama_run
 from llama_trace import llama_trace
 
@@ -65,14 +65,14 @@ def library_for(path: str):
     if is_arm64(path):
         build = next(b for b, (key, _, _) in arm64.BUILDS.items() if key == path)  # clang's: clang 14's build first
         return build_info(build)
-    builds = [build_info(b) for b in WITH_GENERIC]
+    builds = [build_info(b) for b in X86_BUILDS]
     for b in builds:
         if b.path == path:
             return b
     if path == "avx512" and not both_paths():  # pragma: no cover - depends on the host
         pytest.skip("this host cannot run an AVX-512 libggml: the native build is an AVX2 one")
     pytest.fail(f"no library the suite builds takes the {path!r} path of kernels.ggml.build.EMULATED_PATHS "  # pragma: no cover
-                f"(builds: {', '.join(f'{w} {b.path}' for w, b in zip(WITH_GENERIC, builds))}): add one to "
+                f"(builds: {', '.join(f'{w} {b.path}' for w, b in zip(X86_BUILDS, builds))}): add one to "
                 ".ci/build-llama-tools and tests/ggml_graph.py")
 
 
@@ -176,7 +176,7 @@ def test_the_suite_builds_a_library_for_every_path_of_the_table():
     """The libraries the suite builds take paths of the table, and every path of the table is taken by one (on a
     host that runs AVX-512; elsewhere the native build is AVX2 and the AVX-512 path has no library here). The ARM
     builds: each GCC build takes its path (the clang build is refused: tests/test_arm64_harness.py)."""
-    taken = {build_info(b).path for b in WITH_GENERIC} | {library_for(k).path for k in ARM_KEYS}
+    taken = {build_info(b).path for b in X86_BUILDS} | {library_for(k).path for k in ARM_KEYS}
     keys = {p.key for p in EMULATED_PATHS}
     assert taken <= keys
     assert keys - taken == (set() if both_paths() else {"avx512"}), (

@@ -3,10 +3,12 @@ the older approximate emulation of its activation quantization, integer dots and
 
 Modules in reading order:
 
-Bit-exact, per path (``"avx512"`` / ``"avx2"`` / ``"generic"``, ggml's x86 build without SIMD; tested byte for byte
-against the three libggml builds):
+Bit-exact, per path (``"avx512"`` / ``"avx2"`` / ``"avx2-zen"`` / ``"generic"``, ggml's x86 build without SIMD;
+tested byte for byte against the four x86 libggml builds, and the AArch64 paths under qemu):
 
 * ``build`` — which path the loaded libggml-cpu takes (its compile-time ``ggml_cpu_has_*``), or a refusal;
+* ``tuning`` — how GCC tuned an x86 build (for AMD Zen or not: whether a loop-carried ``s += a*b`` is one FMA), told by
+  one call of its MXFP4 dot;
 * ``elf`` — a shared library read, never run (an AArch64 libggml-cpu in an x86 process): the constants its
   ``ggml_cpu_has_*`` return, the compiler of its ``.comment``;
 * ``isa`` — the per-path record (``simd(path)``: lanes, the SIMD and expf codes, fused, half F16 accumulation),

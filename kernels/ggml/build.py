@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from kernels.ggml import elf as _elf
+from kernels.ggml import tuning as _tuning
 from kernels.ggml.elf import ARM64, X86_64, Elf
 
 #: The ggml whose ggml-cpu kernels the emulation follows: ``ggml_version()`` of the llama.cpp vendored in
@@ -95,6 +96,7 @@ class EmulatedPath:
     arch: str = X86_64  # the library's ELF machine: X86_64 or ARM64
     compiler: str | None = None  # an AArch64 path: the compiler whose builds take it (GgmlBuild.compiler's first word)
     versions: tuple[int, int] | None = None  # the compiler's major versions whose builds take it (None: any)
+    chains: str | None = None  # an x86 FMA path: how GCC's tuning rounds a loop-carried s += a*b (kernels.ggml.tuning)
 
 
 def _arm64(need: set, without: set) -> Callable[[frozenset, bool], bool]:
@@ -105,8 +107,17 @@ def _arm64(need: set, without: set) -> Callable[[frozenset, bool], bool]:
 #: Every emulated path, in the order :attr:`GgmlBuild.path` tries them (the first whose ``selected`` holds). A new
 #: path is added here, and only here; tests/test_ggml_paths_cli.py then runs every command on it.
 EMULATED_PATHS = (
-    EmulatedPath("avx512", "AVX-512", 16, lambda f, x86: "avx512" in f, "__AVX512F__: 16 float lanes"),
-    EmulatedPath("avx2", "AVX2", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f, "__AVX2__ with FMA and F16C: 8 lanes"),
+    # x86: the ISA (ggml_cpu_has_*) and GCC's tuning (kernels.ggml.tuning: probed). The AVX-512 path is a build tuned for
+    # AMD Zen (-march=native on a Zen 4 EPYC), where a loop-carried s += a*b stays a product and an add ("split")
+    EmulatedPath("avx512", "AVX-512", 16, lambda f, x86: "avx512" in f,
+                 "__AVX512F__: 16 float lanes; GCC tuned for AMD Zen (split FMA chains)", chains=_tuning.SPLIT),
+    # AVX2 with GCC's generic or an Intel tuning (-DGGML_NATIVE=OFF, as release builds; -march=native on Intel)
+    EmulatedPath("avx2", "AVX2", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f and "avx512" not in f,
+                 "__AVX2__ with FMA and F16C: 8 lanes; GCC's generic or an Intel tuning (fused FMA chains)",
+                 chains=_tuning.FUSED),
+    # AVX2 tuned for AMD Zen (-march=native on a Zen 2/3 EPYC or Ryzen): AVX2's kernels, MXFP4 / IQ4_NL's odd tail split
+    EmulatedPath("avx2-zen", "AVX2 (tuned for AMD Zen)", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f and "avx512" not in f,
+                 "__AVX2__ with FMA and F16C: 8 lanes; GCC tuned for AMD Zen (split FMA chains)", chains=_tuning.SPLIT),
     EmulatedPath("generic", "generic x86", None, lambda f, x86: x86 and not f & set(X86_FEATURES),
                  "x86-64 without any of X86_FEATURES: no GGML_SIMD, scalar loops, no FMA"),
     # AArch64 (the phone's CPU), GCC builds: NEON's float32x4_t, GGML_F32_EPR = 4 (simd-mappings.h)
@@ -235,6 +246,7 @@ class GgmlBuild:
     machine: str | None = None  # not x86: the ELF e_machine in words (ARM64 "AArch64", "RISC-V", …)
     compiler: str | None = None  # from the ELF .comment: "GCC 12.2.0", "clang 14.0.6" (None: not recorded)
     sve_bits: int | None = None  # an SVE build: the vector length of the CPU that runs it (None: not known here)
+    fma_chains: str | None = None  # an x86 FMA build: "fused" or "split" (kernels.ggml.tuning.probe_fma_chains)
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -266,9 +278,16 @@ class GgmlBuild:
         if self.has("amx_int8"):
             raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} was built with AMX, whose tile kernels "
                                    "--emulate=ggml does not follow; build llama-cpp-python with -DGGML_AMX_INT8=OFF")
-        for p in EMULATED_PATHS:
-            if p.selected(self.features, self.x86):
+        ours = [p for p in EMULATED_PATHS if p.selected(self.features, self.x86)]
+        for p in ours:
+            if p.chains is None or p.chains == self.fma_chains:
                 return p.key
+        if ours:  # the ISA is emulated, GCC's tuning of it not
+            how = {_tuning.FUSED: "fuses a loop-carried s += a*b into an FMA (GCC's generic or an Intel tuning)",
+                   _tuning.SPLIT: "keeps a loop-carried s += a*b a product and an add (GCC tuned for AMD Zen)"}
+            raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} is an {emulated_path(ours[0].key).name} build "
+                                   f"that {how.get(self.fma_chains, 'rounds in a way not probed')}; --emulate=ggml "
+                                   f"follows {', '.join(f'{p.key} ({p.when})' for p in ours)}")
         have = " ".join(f for f in X86_FEATURES if f in self.features) or "no SIMD on a CPU other than x86-64"
         raise UnsupportedBuild(f"the libggml-cpu in {self.lib_dir} is built for {have}; --emulate=ggml follows "
                                "x86-64 builds with AVX2+FMA+F16C, AVX-512, or no SIMD at all")
@@ -425,14 +444,23 @@ def detect(directory: Path | None = None, sve_bits: int | None = None) -> GgmlBu
     x86 = elf.machine == X86_64
     if x86:
         try:
-            cpu = ctypes.CDLL(str(so))
+            # its own symbols first (RTLD_DEEPBIND): in a process that holds another libggml-cpu already, the probe's
+            # vec_dot would otherwise be that library's (the type-traits table's pointers are interposable)
+            cpu = ctypes.CDLL(str(so), mode=ctypes.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0))
         except OSError as e:
             raise UnsupportedBuild(f"cannot open {so}: {e}") from None
         features = frozenset(f for f in X86_FEATURES + OTHER_FEATURES
                              if hasattr(cpu, f"ggml_cpu_has_{f}") and getattr(cpu, f"ggml_cpu_has_{f}")())
+        chains = None
+        if "fma" in features:  # GCC's tuning: asked by one MXFP4 dot (kernels.ggml.tuning)
+            try:
+                chains = _tuning.probe_fma_chains(cpu)
+            except ValueError as e:
+                raise UnsupportedBuild(f"{so}: {e}, which --emulate=ggml tells GCC's tuning of it by") from None
     else:
         features = read_features(elf)
     gpus = tuple(b for b in GPU_BACKENDS if any(directory.glob(f"libggml-{b}*")))
     version, commit = read_version(directory)
     sve = (sve_bits or host_sve_bits()) if "sve" in features else None
-    return GgmlBuild(directory, features, gpus, x86, version, commit, None if x86 else elf.machine, elf.compiler(), sve)
+    return GgmlBuild(directory, features, gpus, x86, version, commit, None if x86 else elf.machine, elf.compiler(), sve,
+                     chains if x86 else None)

@@ -64,11 +64,15 @@ class Simd:
     f16_epr: int | None  # GGML_F16_EPR: 8 on NEON with FP16 arithmetic (float16x8_t: *half* accumulators)
     f16_half: bool  # GGML_F16_VEC is float16x8_t (``__ARM_FEATURE_FP16_VECTOR_ARITHMETIC``): F16 FMAs round to half
     nan: int = 0xFFC00000  # the float32 NaN an invalid operation returns (x86's "real indefinite"; ARM_NAN on AArch64)
+    # x86: GCC tuned for AMD Zen keeps a loop-carried scalar ``s += a*b`` a product and an add (kernels.ggml.tuning):
+    # MXFP4's and IQ4_NL's odd last block (split_chains); the generic and Intel tunings fuse it
+    split_chains: bool = False
 
 
 #: Every path whose vector code is emulated, by key (checked against EMULATED_PATHS' lanes at import).
 SIMD = {
-    "avx512": Simd("avx512", 16, AVX512, AVX512, True, 16, False),
+    "avx512": Simd("avx512", 16, AVX512, AVX512, True, 16, False, split_chains=True),  # GCC tuned for AMD Zen
+    "avx2-zen": Simd("avx2-zen", 8, AVX2, AVX2, True, 8, False, split_chains=True),  # AVX2's code, tuned for AMD Zen
     "avx2": Simd("avx2", 8, AVX2, AVX2, True, 8, False),
     "generic": Simd("generic", None, None, SSE2, False, None, False),
     # GCC 12, -march=armv8.2-a+dotprod+fp16 / armv8.6-a+…+i8mm: the same NEON code for every op here (disassembly)

@@ -80,7 +80,7 @@ from kernels.ggml.mulmat_q8 import (  # Q8_0 and MXFP4 kernels, the argument che
     q8_0_mul_mat_id,
     slot_groups,
 )
-from kernels.ggml.simd import PATHS, check_path, lanes
+from kernels.ggml.simd import PATHS, check_path, lanes, simd
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits  # ggml-impl.h: ggml_compute_fp32_to_bf16
 
@@ -97,6 +97,7 @@ FLOAT_KIND = {QT.F32: 0, QT.F16: 1, QT.BF16: 2}
 #: ``forward_mul_mat_id``): :mod:`kernels.ggml.repack` (Q4_0, IQ4_NL, MXFP4) and :mod:`kernels.ggml.repack_k` (Q4_K,
 #: and Q2_K, repacked by AVX-512 builds only).
 REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
+            "avx2-zen": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),  # GCC's tuning picks no buffer
             "avx512": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4, QT.Q2_K}),
             "generic": frozenset()}  # without AVX2 the repack chooser picks nothing
 
@@ -237,7 +238,7 @@ def _compute(w_bytes, qtype, x, path, how):
         return out
     if qtype == QT.MXFP4:
         xq, xd, _ = _q8_0_rows(x, False)  # x86 quantize_row_q8_0; xd holds the fp16 d values
-        mxfp4_rows(*_mxfp4_weights(w_bytes), xq, xd, out, path == "avx2")
+        mxfp4_rows(*_mxfp4_weights(w_bytes), xq, xd, out, not simd(path).split_chains)  # the odd tail: tuning.py
         return out
     if qtype in mulmat_k.KQUANT_TYPES:
         return mulmat_k.mul_mat_k(w_bytes, qtype, x, path, how == "tiled")

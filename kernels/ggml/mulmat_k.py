@@ -47,7 +47,7 @@ from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _quantize_rows_q8_k
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
 from kernels.ggml.rows_k_ir import q4_k_lanes, q4_k_total, q6_k_fma, q6_k_lanes
-from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold
+from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 from kernels.plain.dequant import IQ4NL_VALUES, k_scale_min
 
@@ -420,7 +420,7 @@ def mul_mat_id_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, pat
         r = arow[slots]
         part = np.empty((len(slots), N), np.float32)
         tiled_k_rows(KIND[qtype], np.ascontiguousarray(w_bytes[experts[g]]), yq[r], yd[r], ysum32[r], ybs[r],
-                     qtype == QT.IQ4_XS and path == "avx2", part, F16_TO_F32)
+                     qtype == QT.IQ4_XS and lanes(path) == 8, part, F16_TO_F32)
         out[slots] = part
     return out.reshape(T, ids.shape[1], N)
 
@@ -432,7 +432,7 @@ def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool)
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
     w = np.ascontiguousarray(w_bytes, np.uint8)
     if tiled:
-        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, qtype == QT.IQ4_XS and path == "avx2", out, F16_TO_F32)
+        tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, qtype == QT.IQ4_XS and lanes(path) == 8, out, F16_TO_F32)
     else:
         vec_dot_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, out, F16_TO_F32)
     return out

@@ -35,7 +35,7 @@ from kernels.base.block import QT
 from kernels.base.flags import jit
 from kernels.ggml import mulmat_q8 as _mm
 from kernels.ggml.actquant import _q8_0_rows
-from kernels.ggml.simd import fma32, hsum_fold
+from kernels.ggml.simd import fma32, hsum_fold, simd
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES
 
@@ -117,7 +117,7 @@ def mul_mat_q(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, sgemm: bool)
     elif qtype == QT.IQ4_NL and not sgemm:
         xq, xd, _ = _q8_0_rows(x, False)  # x86 quantize_row_q8_0
         v, d, _ = decode(w_bytes, qtype)
-        _mm.mxfp4_rows(v.astype(np.int8), F16_TO_F32[d], xq, xd, out, path == "avx2")
+        _mm.mxfp4_rows(v.astype(np.int8), F16_TO_F32[d], xq, xd, out, not simd(path).split_chains)
     else:  # Q4_0, Q5_0 (vec_dot or tinyBLAS), IQ4_NL (tinyBLAS): Q8_0's formula
         _mm.q8_0_mul_mat(as_q8_0(w_bytes, qtype), x, out, F16_TO_F32)
     return out

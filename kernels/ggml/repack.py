@@ -62,7 +62,7 @@ from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
 #: The paths whose repacked kernels are these (x86 AVX2 / AVX-512; AArch64: :mod:`kernels.ggml.repack_arm`).
-X86_PATHS = ("avx512", "avx2")
+X86_PATHS = ("avx512", "avx2", "avx2-zen")
 #: The weight types whose repacked x86 kernels are ``gemv/gemm_q4_b32_8x8_q8_0_lut_avx`` (emulated here).
 REPACK_Q4_B32 = frozenset({QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
 

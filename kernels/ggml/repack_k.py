@@ -62,7 +62,7 @@ from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 
 #: Weight types emulated here, and the paths on which llama.cpp repacks them (``ne[1] % 8 == 0`` per expert).
 REPACK_K = frozenset({QT.Q4_K, QT.Q2_K})
-REPACK_K_PATHS = {QT.Q4_K: ("avx512", "avx2"),  # ggml_cpu_has_avx2()
+REPACK_K_PATHS = {QT.Q4_K: ("avx512", "avx2", "avx2-zen"),  # ggml_cpu_has_avx2()
                   QT.Q2_K: ("avx512",)}  # ggml_cpu_has_avx512(): the AVX2-only build leaves Q2_K in plain rows
 KIND = {QT.Q4_K: 0, QT.Q2_K: 1}
 BLOCK_BYTES = {QT.Q4_K: 144, QT.Q2_K: 84}

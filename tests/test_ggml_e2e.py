@@ -242,6 +242,7 @@ def test_cli_names_the_build_and_matches_llama_cpp(build, on_build, tmp_path, ca
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("emulating ")]
     assert said == [f"emulating {build_info(build).describe()}"]
     assert said[0].startswith({"avx512": "emulating ggml-cpu AVX-512 (", "avx2": "emulating ggml-cpu AVX2 (",
+                               "avx2-zen": "emulating ggml-cpu AVX2 (tuned for AMD Zen) (",
                                "generic": "emulating ggml-cpu generic x86 (no SIMD) from"}[path])
     ref = llama_trace(TRAINED_PATH, tokens, (), n_threads=N_THREADS, n_batch=512, n_ubatch=512, type_k="f16",
                       type_v="f16", flash_attn="on")

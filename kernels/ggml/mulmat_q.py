@@ -17,8 +17,8 @@ Q5_0 ``(q | qh_bit << 4) - 16``, IQ4_NL ``kvalues_iq4nl[q]``; Q4_1 ``q`` and Q5_
   and run through :func:`kernels.ggml.mulmat.q8_0_mul_mat` — the same operations.
 * IQ4_NL ``vec_dot`` (``T = 1`` and ``mul_mat_id``): ``ggml_vec_dot_iq4_nl_q8_0`` is MXFP4's structure — block
   pairs into two 8-lane accumulators, ``d = y.d·x.d``, ``hsum_float_8(accum1 + accum2)``, an odd last block
-  by the scalar tail ``sumf += d·float(Σ w·q8)``, compiled ``vmulss`` + ``vaddss`` on avx512 and
-  ``vfmadd231ss`` on avx2 (disassembly of both ``libggml-cpu.so``): :func:`kernels.ggml.mulmat.mxfp4_rows`.
+  by the scalar tail ``sumf += d·float(Σ w·q8)``, compiled ``vmulss`` + ``vaddss`` by GCC tuned for AMD Zen
+  (avx512, avx2-zen) and ``vfmadd231ss`` otherwise (avx2; :mod:`kernels.ggml.tuning`): :func:`kernels.ggml.mulmat.mxfp4_rows`.
 * Q4_1, Q5_1 (``ggml_vec_dot_q4_1_q8_1``, ``_q5_1_q8_1``; llamafile has no case for them: always ``vec_dot``):
   ``acc[l] = fma(x.d·y.d, float(dot_l), acc[l])``, ``summs = fma(x.m, y.s, summs)`` (GCC contracts
   ``summs += m·s`` to ``vfmadd231ss`` in both builds), result ``hsum_float_8(acc) + summs`` (``vaddss`` with the

@@ -125,7 +125,7 @@ def _mxfp4_dot(wv, we, r, xq, xd, t, fused_tail, acc):
 # The work split: weight rows outer (each read once for all its activation rows), blocks of ROWS between threads
 
 ROWS = 32  # weight rows per work item
-Q8_0_KIND, MXFP4_KIND, MXFP4_FUSED_KIND = 0, 1, 2  # the element formula (mxfp4 with the avx2 build's fused tail)
+Q8_0_KIND, MXFP4_KIND, MXFP4_FUSED_KIND = 0, 1, 2  # the element formula (mxfp4 with a fused tail: kernels.ggml.tuning)
 
 
 @jit()
@@ -271,8 +271,9 @@ def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
 
     ``wv`` (N, K) int8 the ``kvalues_mxfp4`` values, ``we`` (N, K/32) float32 ``E8M0_TO_FP32_HALF`` scales.
     Blocks go in pairs to two 8-lane accumulators (even blocks ``accum1``, odd ``accum2``); their lane-wise
-    sum is reduced by ``hsum_float_8``; an odd last block is added by the scalar tail, which GCC compiled
-    as ``vmulss`` + ``vaddss`` on avx512 and contracted to ``vfmadd231ss`` on avx2 (``fused_tail``).
+    sum is reduced by ``hsum_float_8``; an odd last block is added by the scalar tail, which GCC tuned for AMD Zen
+    compiles as ``vmulss`` + ``vaddss`` (avx512, avx2-zen) and its other tunings contract to ``vfmadd231ss`` (avx2:
+    ``fused_tail``; :mod:`kernels.ggml.tuning`).
     """
     w3, ws, order, bounds, experts, arow = _dense(wv, we, xq.shape[0])
     _run(MXFP4_FUSED_KIND if fused_tail else MXFP4_KIND, _readonly(w3), ws, np.empty(0, np.float32), xq, xd, order,

@@ -5,7 +5,9 @@ ggml-cpu picks its SIMD code at *compile* time (``#if defined(__AVX512F__)`` …
 of the host: an AVX2-only build runs its AVX2 kernels on an AVX-512 machine. ``ggml_cpu_has_<feature>()`` reports
 exactly those compile-time flags (``ggml-cpu.c``), and :func:`detect` reads them from the library that
 llama-cpp-python loads: ``$LLAMA_CPP_LIB_PATH`` when set (``llama_cpp/llama_cpp.py`` reads the same variable), else
-the package's ``lib/`` folder. An x86-64 library is asked (ctypes); any other — an AArch64 build, which this x86
+the package's ``lib/`` folder. An x86-64 library is asked (ctypes) — its features, and how GCC tuned it, by one
+call of its own MXFP4 dot (:mod:`kernels.ggml.tuning`: a Zen-tuned build rounds MXFP4's and IQ4_NL's odd tail
+twice, so ``avx2-zen`` is a path of its own) —; any other — an AArch64 build, which this x86
 process cannot load — is *read*, never run (:func:`read_elf`): each ``ggml_cpu_has_*`` compiles to "return
 constant" (``mov w0, #imm; ret``), taken from its ``.dynsym`` address in ``.text``; the compiler is the ELF
 ``.comment``'s (GCC's ``-ffp-contract=fast`` fuses products into adds where clang's ``on`` may not).

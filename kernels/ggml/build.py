@@ -101,6 +101,11 @@ class EmulatedPath:
     chains: str | None = None  # an x86 FMA path: how GCC's tuning rounds a loop-carried s += a*b (kernels.ggml.tuning)
 
 
+def _avx2(f: frozenset, x86: bool) -> bool:
+    """An x86 AVX2 path (either GCC tuning): AVX2 with FMA and F16C, no AVX-512."""
+    return {"avx2", "fma", "f16c"} <= f and "avx512" not in f
+
+
 def _arm64(need: set, without: set) -> Callable[[frozenset, bool], bool]:
     """An AArch64 path: NEON with FMA (every AArch64 compiler defines both) and ``need``, none of ``without``."""
     return lambda f, x86: not x86 and {"neon", "arm_fma"} | need <= f and not f & without
@@ -114,11 +119,11 @@ EMULATED_PATHS = (
     EmulatedPath("avx512", "AVX-512", 16, lambda f, x86: "avx512" in f,
                  "__AVX512F__: 16 float lanes; GCC tuned for AMD Zen (split FMA chains)", chains=_tuning.SPLIT),
     # AVX2 with GCC's generic or an Intel tuning (-DGGML_NATIVE=OFF, as release builds; -march=native on Intel)
-    EmulatedPath("avx2", "AVX2", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f and "avx512" not in f,
+    EmulatedPath("avx2", "AVX2", 8, _avx2,
                  "__AVX2__ with FMA and F16C: 8 lanes; GCC's generic or an Intel tuning (fused FMA chains)",
                  chains=_tuning.FUSED),
     # AVX2 tuned for AMD Zen (-march=native on a Zen 2/3 EPYC or Ryzen): AVX2's kernels, MXFP4 / IQ4_NL's odd tail split
-    EmulatedPath("avx2-zen", "AVX2 (tuned for AMD Zen)", 8, lambda f, x86: {"avx2", "fma", "f16c"} <= f and "avx512" not in f,
+    EmulatedPath("avx2-zen", "AVX2 (tuned for AMD Zen)", 8, _avx2,
                  "__AVX2__ with FMA and F16C: 8 lanes; GCC tuned for AMD Zen (split FMA chains)", chains=_tuning.SPLIT),
     EmulatedPath("generic", "generic x86", None, lambda f, x86: x86 and not f & set(X86_FEATURES),
                  "x86-64 without any of X86_FEATURES: no GGML_SIMD, scalar loops, no FMA"),
@@ -444,6 +449,7 @@ def detect(directory: Path | None = None, sve_bits: int | None = None) -> GgmlBu
                                "or a build that loads backends at run time, which --emulate=ggml does not follow")
     elf = read_elf(so)
     x86 = elf.machine == X86_64
+    chains = None  # an x86 FMA build's GCC tuning (kernels.ggml.tuning)
     if x86:
         try:
             # its own symbols first (RTLD_DEEPBIND): in a process that holds another libggml-cpu already, the probe's
@@ -453,8 +459,7 @@ def detect(directory: Path | None = None, sve_bits: int | None = None) -> GgmlBu
             raise UnsupportedBuild(f"cannot open {so}: {e}") from None
         features = frozenset(f for f in X86_FEATURES + OTHER_FEATURES
                              if hasattr(cpu, f"ggml_cpu_has_{f}") and getattr(cpu, f"ggml_cpu_has_{f}")())
-        chains = None
-        if "fma" in features:  # GCC's tuning: asked by one MXFP4 dot (kernels.ggml.tuning)
+        if "fma" in features:  # asked by one MXFP4 dot
             try:
                 chains = _tuning.probe_fma_chains(cpu)
             except ValueError as e:
@@ -465,4 +470,4 @@ def detect(directory: Path | None = None, sve_bits: int | None = None) -> GgmlBu
     version, commit = read_version(directory)
     sve = (sve_bits or host_sve_bits()) if "sve" in features else None
     return GgmlBuild(directory, features, gpus, x86, version, commit, None if x86 else elf.machine, elf.compiler(), sve,
-                     chains if x86 else None)
+                     chains)

@@ -80,6 +80,7 @@ from kernels.ggml.mulmat_q8 import (  # Q8_0 and MXFP4 kernels, the argument che
     q8_0_mul_mat_id,
     slot_groups,
 )
+from kernels.ggml.build import X86_SIMD_PATHS
 from kernels.ggml.simd import PATHS, check_path, lanes, simd
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.ggml.vecmath import cast_bf16 as fp32_to_bf16_bits  # ggml-impl.h: ggml_compute_fp32_to_bf16
@@ -96,9 +97,9 @@ FLOAT_KIND = {QT.F32: 0, QT.F16: 1, QT.BF16: 2}
 #: ``ggml_mul_mat`` / ``ggml_mul_mat_id`` on it runs that buffer's gemm/gemv (``forward_mul_mat``,
 #: ``forward_mul_mat_id``): :mod:`kernels.ggml.repack` (Q4_0, IQ4_NL, MXFP4) and :mod:`kernels.ggml.repack_k` (Q4_K,
 #: and Q2_K, repacked by AVX-512 builds only).
-REPACKED = {"avx2": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),
-            "avx2-zen": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4}),  # GCC's tuning picks no buffer
-            "avx512": frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4, QT.Q2_K}),
+#: The chooser reads the ISA only (ggml_cpu_has_avx2 / _avx512), never GCC's tuning.
+REPACKED = {**{p: frozenset({QT.Q4_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4} | ({QT.Q2_K} if lanes(p) == 16 else set()))
+               for p in X86_SIMD_PATHS},
             "generic": frozenset()}  # without AVX2 the repack chooser picks nothing
 
 

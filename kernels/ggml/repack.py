@@ -56,13 +56,15 @@ from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.base.floats import E8M0_HALF
 from kernels.ggml.actquant import _q8_0_rows, _quantize_rows_q8_0
+from kernels.ggml.build import X86_SIMD_PATHS
 from kernels.ggml.mulmat_q8 import _bytes, _check, _qt, slot_groups
 from kernels.ggml.simd import fma32
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
-#: The paths whose repacked kernels are these (x86 AVX2 / AVX-512; AArch64: :mod:`kernels.ggml.repack_arm`).
-X86_PATHS = ("avx512", "avx2", "avx2-zen")
+#: The paths whose repacked kernels are these: every x86 SIMD path (AVX2 / AVX-512, either GCC tuning; AArch64:
+#: :mod:`kernels.ggml.repack_arm`).
+X86_PATHS = X86_SIMD_PATHS
 #: The weight types whose repacked x86 kernels are ``gemv/gemm_q4_b32_8x8_q8_0_lut_avx`` (emulated here).
 REPACK_Q4_B32 = frozenset({QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
 

@@ -54,6 +54,7 @@ from numba import prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.actquant import _maxps, _quantize_rows_q8_k
+from kernels.ggml.build import X86_SIMD_PATHS
 from kernels.ggml.mulmat_k import pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _bytes, _qt, slot_groups
 from kernels.ggml.rows_k_ir import q4_k_block
@@ -62,8 +63,9 @@ from kernels.ggml.vecmath import F16_TO_F32, fp16_at
 
 #: Weight types emulated here, and the paths on which llama.cpp repacks them (``ne[1] % 8 == 0`` per expert).
 REPACK_K = frozenset({QT.Q4_K, QT.Q2_K})
-REPACK_K_PATHS = {QT.Q4_K: ("avx512", "avx2", "avx2-zen"),  # ggml_cpu_has_avx2()
-                  QT.Q2_K: ("avx512",)}  # ggml_cpu_has_avx512(): the AVX2-only build leaves Q2_K in plain rows
+REPACK_K_PATHS = {QT.Q4_K: X86_SIMD_PATHS,  # ggml_cpu_has_avx2(): every x86 SIMD path
+                  QT.Q2_K: tuple(p for p in X86_SIMD_PATHS if lanes(p) == 16)}  # ggml_cpu_has_avx512(): the AVX2
+# builds leave Q2_K in plain rows
 KIND = {QT.Q4_K: 0, QT.Q2_K: 1}
 BLOCK_BYTES = {QT.Q4_K: 144, QT.Q2_K: 84}
 F32 = np.float32

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.plain.dequant import MXFP4_VALUES  # kvalues_mxfp4: twice each FP4 value, as the integer dot takes it
+
 GGML_TYPE_MXFP4 = 39  # ggml.h
 FUSED, SPLIT = "fused", "split"
 
 _F16_ONE, _F16_ONE_ULP = 0x3C00, 0x3C01  # fp16 1.0 and 1 + 2^-10
-_E8M0_ONE = 128  # GGML_E8M0_TO_FP32_HALF(128) = 1.0 (the code's value is kvalues_mxfp4[c], doubled by "HALF")
-_CODE_12, _CODE_1 = 7, 1  # kvalues_mxfp4: code 7 is 12, code 1 is 1
+_E8M0_ONE = 128  # GGML_E8M0_TO_FP32_HALF(128) = 1.0: the dot is then Σ kvalues_mxfp4[c]·q exactly
+_CODE_12, _CODE_1 = 7, 1  # MXFP4_VALUES[7] = 12, MXFP4_VALUES[1] = 1
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ def _tail_case() -> TailCase:
     q8 = bytearray()
     for b, d in enumerate((_F16_ONE, _F16_ONE, _F16_ONE_ULP)):
         q8 += int(d).to_bytes(2, "little") + q[b].tobytes()
-    s_pair, s_tail = -47371, 47371
+    sums = (MXFP4_VALUES[w].astype(np.int64) * q).sum(axis=1)  # each block's integer dot
+    s_pair, s_tail = int(sums[0] + sums[1]), int(sums[2])  # -47371, 47371
     d_tail = np.float64(np.array([_F16_ONE_ULP], np.uint16).view(np.float16)[0])
     p = d_tail * s_tail  # exact in float64 (26 bits)
     fused = np.float32(p + s_pair)  # one rounding of the exact value (the float64 sum is exact too)

@@ -30,15 +30,21 @@ IDS = [t.name for t in TYPES]
 N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-blocks, two wide-path spans
 
 
+def stored(w):
+    """The rows' bytes as ``kernels.matmul`` hands them to the kernels: C-contiguous uint8 (N, row bytes), read-only
+    — a writable array would compile each kernel it meets once more (numba types the two apart), for the tests
+    alone."""
+    w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(len(w), -1).view()
+    w_bytes.flags.writeable = False
+    return w_bytes
+
+
 def rows_reference(w, qtype, x):
     """The plain numba path, row by row (``_matmul_rows``; its serial twin, which the products' tails of a
     few rows take too, so no type compiles a kernel for the reference alone: the twins differ only in which
-    thread computes an output, tests/test_perf_invariants.py), as float32 (T, N). The bytes read-only, as
-    ``kernels.matmul`` hands them (a writable array would compile the kernel once more: numba types it apart)."""
-    w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1).view()
-    w_bytes.flags.writeable = False
+    thread computes an output, tests/test_perf_invariants.py), as float32 (T, N)."""
     out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
-    _matmul_rows_serial(qtype)(w_bytes, x.astype(np.float64), out)
+    _matmul_rows_serial(qtype)(stored(w), x.astype(np.float64), out)
     return out
 
 
@@ -119,7 +125,7 @@ def test_codes_with_one_non_finite_scale(qtype):
             got, got_raw = np.zeros((T, 32), np.float32), np.zeros((T, 32), np.float32)
             lanes.matmul_packed(p, x[:T].astype(np.float64), got, level)
             assert_same_bits(got, ref, f"packed, {ISA_NAMES[level]}, T={T}", nan_ok=True)
-            assert lanes.matmul_lanes(wb, qtype, x[:T].astype(np.float64), got_raw, level) == 32
+            assert lanes.matmul_lanes(stored(wb), qtype, x[:T].astype(np.float64), got_raw, level) == 32
             assert_same_bits(got_raw, ref, f"raw, {ISA_NAMES[level]}, T={T}", nan_ok=True)
 
 
@@ -219,7 +225,7 @@ def test_k_quant_float64_route(qtype, monkeypatch):
         ref = rows_reference(w, qtype, x64[:T].astype(np.float32))
         for level in range(TARGET_ISA + 1):
             got_raw, got_packed = np.zeros((T, len(w)), np.float32), np.zeros((T, len(w)), np.float32)
-            lanes.matmul_lanes(np.ascontiguousarray(w), qtype, x64[:T], got_raw, level)
+            lanes.matmul_lanes(stored(w), qtype, x64[:T], got_raw, level)
             lanes.matmul_packed(p, x64[:T], got_packed, level)
             assert_same_bits(got_raw, ref, f"raw, {ISA_NAMES[level]}, T={T}")
             assert_same_bits(got_packed, ref, f"packed, {ISA_NAMES[level]}, T={T}")
@@ -251,7 +257,7 @@ def test_isa_levels_give_the_same_bits(qtype):
     raw and packed, narrow (and, for one type, wide). (On an ARM64 host only the generic level exists.)"""
     rng = np.random.default_rng([int(qtype), 10])
     w = random_rows(qtype, 32, K, rng, scales="extreme")
-    wb = np.ascontiguousarray(w).view(np.uint8)
+    wb = stored(w)
     p = kernels.pack(w, qtype)
     x64 = activations(rng, 9).astype(np.float64)
     for T in (1, 9) if qtype == QT.MXFP4 else (1,):  # the wide path decodes with the same emitters
@@ -305,10 +311,10 @@ def act_reference(w, qtype, x):
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     if kernels.layout(qtype).vec_dot_type == QT.Q8_0:
         qs, d, _ = _q8_0_rows(x, with_s=False)
-        actdots._matmul_q8_0(int(qtype))(w, qs, d, out)
+        actdots._matmul_q8_0(int(qtype))(stored(w), qs, d, out)
     else:
         qs, d, bsums = _q8_k_rows(x)
-        actdots._matmul_q8_k(int(qtype))(w, qs, d, bsums, out)
+        actdots._matmul_q8_k(int(qtype))(stored(w), qs, d, bsums, out)
     return out
 
 
@@ -337,7 +343,7 @@ def test_act_quant_isa_levels_give_the_same_bits():
     from kernels.lanes.act import matmul_act_lanes
 
     rng = np.random.default_rng(13)
-    w = random_rows(QT.MXFP4, 32, K, rng, scales="extreme")
+    w = stored(random_rows(QT.MXFP4, 32, K, rng, scales="extreme"))
     qs, d, _ = _q8_0_rows(activations(rng, 4), with_s=False)
     yx = np.zeros((4, 1), np.int16)
     want = np.zeros((4, 32), np.float32)

@@ -227,6 +227,9 @@ def _compute(w_bytes, qtype, x, path, how):
             w, xv = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x)
         else:
             w, xv = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x))
+        if w.flags.writeable:  # F16 / BF16 widened here: read-only as F32's mapped rows, one compiled kernel for all
+            w = w.view()
+            w.flags.writeable = False
         if how == "sgemm":
             dp = kind == 2 and path == "avx512"
             big = x.shape[0] * w.shape[0] * w.shape[1] >= SERIAL_BELOW  # flags.SERIAL_BELOW: threads, same bits

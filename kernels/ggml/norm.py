@@ -209,7 +209,8 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     """
     x = _check(x, path)
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)  # [R, n]
+    x2 = x.reshape(-1, n).view()  # [R, n]
+    x2.flags.writeable = False  # read-only whatever the caller's array is: one compiled kernel (it only reads x)
     fused = w is not None
     w = np.ascontiguousarray(w, dtype=np.float32) if fused else _no_weight(n)
     if w.shape != (n,):

@@ -39,7 +39,7 @@ from kernels.base.block import QT
 from kernels.base.blocks_iq import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGNS
 from kernels.base.flags import jit
 from kernels.ggml.actquant import _q8_k_rows
-from kernels.ggml.mulmat_q8 import _qt
+from kernels.ggml.mulmat_q8 import _bytes, _qt
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -221,7 +221,7 @@ def mul_mat_iq(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool
     if qtype not in IQ_TYPES:
         raise ValueError(f"mul_mat_iq: {qtype.name} is not an IQ1/2/3 type")
     x = np.ascontiguousarray(x, np.float32)
-    w = np.ascontiguousarray(w_bytes, np.uint8)
+    w = _bytes(w_bytes)  # read-only, as a mapped file's rows: one compiled kernel whoever calls
     kind = KIND[qtype]
     if x.shape[1] % 256 or w.shape[1] != x.shape[1] // 256 * BLOCK_BYTES[kind]:
         raise ValueError(f"weights must be (N, {x.shape[1] // 256 * BLOCK_BYTES[kind]}) bytes, got {w.shape}")

@@ -45,7 +45,7 @@ from numba import prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type
 from kernels.ggml.actquant import _quantize_rows_q8_k
-from kernels.ggml.mulmat_q8 import _qt, slot_groups
+from kernels.ggml.mulmat_q8 import _bytes, _qt, slot_groups
 from kernels.ggml.rows_k_ir import q4_k_lanes, q4_k_total, q6_k_fma, q6_k_lanes
 from kernels.ggml.simd import dot32_lanes, fma32, hsum_fold, lanes
 from kernels.ggml.vecmath import F16_TO_F32, fp16_at
@@ -404,6 +404,7 @@ def mul_mat_id_k(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, pat
     groups of fewer than ``TILED_MIN_ROWS`` rows through vec_dot in one compiled call, each larger group through
     the tiled kernel."""
     qtype = _qt(qtype)
+    w_bytes = _bytes(w_bytes)  # read-only, as a mapped file's rows: one compiled kernel whoever calls
     T, n_x, K = x.shape
     N = w_bytes.shape[1]
     yq, yd, ysum32, ybs = q8_k_inputs(np.ascontiguousarray(x.reshape(T * n_x, K), np.float32))
@@ -430,7 +431,7 @@ def mul_mat_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, tiled: bool)
     qtype = _qt(qtype)
     yq, yd, ysum32, ybs = q8_k_inputs(np.ascontiguousarray(x, np.float32))
     out = np.empty((x.shape[0], w_bytes.shape[0]), np.float32)
-    w = np.ascontiguousarray(w_bytes, np.uint8)
+    w = _bytes(w_bytes)  # read-only, as a mapped file's rows: one compiled kernel whoever calls
     if tiled:
         tiled_k_rows(KIND[qtype], w, yq, yd, ysum32, ybs, qtype == QT.IQ4_XS and lanes(path) == 8, out, F16_TO_F32)
     else:

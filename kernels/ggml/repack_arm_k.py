@@ -309,6 +309,9 @@ def _check(qtype, path: str) -> QT:
 
 
 def _run(w, qt, y, yd, ys, recipe, rows, out, orow):
+    if w.flags.writeable:  # read-only, as a mapped file's rows: one compiled _k_rows whoever calls
+        w = w.view()
+        w.flags.writeable = False
     _k_rows(KIND[qt], w, y, yd, ys, recipe, rows, out, orow, F16_TO_F32)
 
 

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType as QT
 import kernels
 from kernels.lanes import pack as lanes
 from kernels.lanes.ir import BLOCK, ISA, ISA_NAMES, LANE_TYPES, LANES, TARGET_ISA
+from kernels.base.flags import read_only
 from kernels.matmul import _matmul_rows_serial
 from kernels.testing import random_rows
 
@@ -34,9 +35,7 @@ def stored(w):
     """The rows' bytes as ``kernels.matmul`` hands them to the kernels: C-contiguous uint8 (N, row bytes), read-only
     — a writable array would compile each kernel it meets once more (numba types the two apart), for the tests
     alone."""
-    w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(len(w), -1).view()
-    w_bytes.flags.writeable = False
-    return w_bytes
+    return read_only(np.ascontiguousarray(w).view(np.uint8).reshape(len(w), -1))
 
 
 def rows_reference(w, qtype, x):

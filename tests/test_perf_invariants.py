@@ -20,6 +20,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import kernels
+from kernels.base.flags import read_only
 from kernels.matmul import _matmul_rows
 from conftest import require_llama_cpp
 from kernels.testing import random_rows
@@ -35,8 +36,7 @@ N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-bloc
 def rows_reference(w, qtype, x):
     """The plain numba path, row by row (``_matmul_rows``), as float32 (T, N); the bytes read-only, as
     ``kernels.matmul`` hands them (a writable array would compile the kernel once more)."""
-    w_bytes = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1).view()
-    w_bytes.flags.writeable = False
+    w_bytes = read_only(np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1))
     out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
     _matmul_rows(qtype)(w_bytes, x.astype(np.float64), out)
     return out

@@ -38,7 +38,7 @@ Literal arguments are constants
     taken. A path's kernel compiles its own code alone, not every path's (seconds on the first run). It
     never changes a result: the pruned branch is one that this value never takes. The other side: a helper
     compiles once per constant it is called with (and once more for each array that differs only in being
-    read-only): an index or bound that selects no code is passed as ``np.int64(c)``, not ``c``. A constant
+    read-only: the entry points hand their kernels :func:`read_only` views): an index or bound that selects no code is passed as ``np.int64(c)``, not ``c``. A constant
     that selects code pays where it prunes a branch; where it only unrolls a loop, LLVM takes longer (the
     delta net's ``lanes``: +0.4 s), and it stays an argument. A constant held in a variable
     (``neon = lanes == NEON or …``, ``glibc = … if neon else …``) is a runtime value again: test the
@@ -176,6 +176,17 @@ def jit(*, parallel: bool = False, kind: int | None = None, variant: str = "", i
         return njit(py_func)
 
     return named
+
+
+def read_only(a):
+    """``a`` as a read-only view (itself when it is one). numba compiles a kernel once per signature, and an array's
+    writability is part of it. Weights come read-only from a mapped file, so an entry point hands the arrays its kernel
+    only reads through this, and whoever calls (a mapped file, an array made in memory, a test's) shares one compiled
+    copy (the module docstring, "Literal arguments are constants")."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 def per_type(factory):

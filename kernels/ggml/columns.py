@@ -46,7 +46,7 @@ import numpy as np
 from numba import prange
 
 from kernels.base.block import QT
-from kernels.base.flags import SERIAL_BELOW, jit
+from kernels.base.flags import SERIAL_BELOW, jit, read_only
 from kernels.ggml.columns_k import KQ_KIND, lay_k, tile_k
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
@@ -157,8 +157,7 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
         d, dmin = np.empty((E, K // 32, N), F32), np.empty((E, 0, N), F32)
         sc, mn = np.empty((E, 0, N), np.uint8), np.empty((E, 0, N), np.uint8)
     for e in range(E):
-        we = np.ascontiguousarray(w3[e]).view()
-        we.flags.writeable = False  # as a mapped file's rows: one compiled lay_k whoever calls
+        we = read_only(np.ascontiguousarray(w3[e]))  # as a mapped file's rows: one compiled lay_k whoever calls
         if values == 256:
             lay_k(PLAIN_KIND[qtype] - 3, we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
         elif qtype == QT.Q8_0:  # value j of a block: byte 2 + j

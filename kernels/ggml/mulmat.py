@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.block import QT
-from kernels.base.flags import SERIAL_BELOW
+from kernels.base.flags import SERIAL_BELOW, read_only
 from kernels.base.blocks import row_bytes
 from kernels.ggml import columns, mulmat_arm, mulmat_generic, mulmat_iq, mulmat_k, mulmat_q, repack, repack_k
 from kernels.ggml import columns_arm, repack_arm, repack_arm_k
@@ -227,9 +227,7 @@ def _compute(w_bytes, qtype, x, path, how):
             w, xv = f16_bits_to_f32(w_bytes.view(np.uint16)), fp32_to_fp16_values(x)
         else:
             w, xv = bf16_bits_to_f32(w_bytes.view(np.uint16)), bf16_bits_to_f32(fp32_to_bf16_bits(x))
-        if w.flags.writeable:  # F16 / BF16 widened here: read-only as F32's mapped rows, one compiled kernel for all
-            w = w.view()
-            w.flags.writeable = False
+        w = read_only(w)  # F16 / BF16 widened here: read-only as F32's mapped rows, one compiled kernel for all
         if how == "sgemm":
             dp = kind == 2 and path == "avx512"
             big = x.shape[0] * w.shape[0] * w.shape[1] >= SERIAL_BELOW  # flags.SERIAL_BELOW: threads, same bits

@@ -70,6 +70,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.block import QT
+from kernels.base.flags import read_only
 from kernels.ggml import build, mulmat_arm_q
 from kernels.ggml.actquant import _q8_0_rows_arm, _q8_k_rows
 from kernels.ggml.isa import _has_nan, f16_code, simd
@@ -172,15 +173,6 @@ def block_mask(T: int, N: int, rows: int, n_threads: int, qtype: QT, path: str):
 # Entry points (called by kernels.ggml.mulmat for an ARM path)
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """``a`` as a read-only view (the kernels only read it): a mapped file's rows and an array made here then share
-    one compiled kernel (numba types the two apart)."""
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
-
-
 def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads: int = 1, nrows: int = 0,
             tensor_rows: int | None = None, head: tuple[int, int] | None = None):
     """``ggml_mul_mat(W, x)`` on an ARM path, weights in a plain buffer: ``w_bytes`` (N, row bytes) uint8, ``x``
@@ -220,7 +212,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
             v, dw, mw = np.ascontiguousarray(w_bytes).view(np.int8), _NO_SCALES, _NO_SCALES
         else:
             v, dw, mw = mulmat_arm_q.decode_block32(w_bytes, qtype)
-        v, dw, mw = _read_only(v), _read_only(dw), _read_only(mw)  # stored or decoded: one compiled block32_rows
+        v, dw, mw = read_only(v), read_only(dw), read_only(mw)  # stored or decoded: one compiled block32_rows
         mulmat_arm_q.block32_rows(block32_kind(qtype, path), v, dw, mw, xq, xd, xs if xs.size else xd, out, two,
                                   path in BASE_PATHS, clang, raw)
     elif qtype in mulmat_arm_q.IQ:  # quantize_row_q8_K_ref, its nearest_int contracted by GCC (not by clang)

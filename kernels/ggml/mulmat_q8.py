@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
 from kernels.base.floats import E8M0_HALF
-from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit
+from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit, read_only
 from kernels.ggml.actquant import _quantize_rows_q8_0
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.plain.dequant import MXFP4_VALUES
@@ -246,8 +246,7 @@ def q8_0_mul_mat(w, x, out, tab):
     every element (:func:`_q8_0_dot`) — as :func:`q8_0_mul_mat_id` of a stack of one expert that every row takes:
     its one group is every row in order, exactly ``ggml_mul_mat``'s elements, and one compiled kernel serves both
     (1.3 s of a first run: :func:`_run`, compiled into each, was most of both)."""
-    w3 = w[None].view()  # (1, N, K/32·34): read-only, as a mapped file's (one compiled signature for both)
-    w3.flags.writeable = False
+    w3 = read_only(w[None])  # (1, N, K/32·34): read-only, as a mapped file's (one compiled signature for both)
     q8_0_mul_mat_id(w3, np.zeros((x.shape[0], 1), np.int32), x[:, None, :], out[:, None, :], tab)
 
 
@@ -315,8 +314,7 @@ def _bytes(w_bytes) -> np.ndarray:
         w_bytes = np.ascontiguousarray(w_bytes).view(np.uint8)
     if not (w_bytes.ndim == 3 and w_bytes.strides[2] == 1 and w_bytes.strides[1] == w_bytes.shape[2]):
         w_bytes = np.ascontiguousarray(w_bytes)
-    w_bytes = w_bytes.view()
-    w_bytes.flags.writeable = False
+    w_bytes = read_only(w_bytes.view())
     return w_bytes
 
 

@@ -43,7 +43,7 @@ import functools
 
 import numpy as np
 
-from kernels.base.flags import jit
+from kernels.base.flags import jit, read_only
 from kernels.ggml.libm import fmaxf
 from kernels.ggml.simd import ARM_NAN, bits_f32, check_path, f32_bits, nan_swap, simd
 
@@ -209,15 +209,12 @@ def rms_norm(x: np.ndarray, eps: float, path: str, w: np.ndarray | None = None) 
     """
     x = _check(x, path)
     n = x.shape[-1]
-    x2 = x.reshape(-1, n).view()  # [R, n]
-    x2.flags.writeable = False  # read-only whatever the caller's array is: one compiled kernel (it only reads x)
+    x2 = read_only(x.reshape(-1, n))  # [R, n]: read-only whatever the caller's array is, one compiled kernel
     fused = w is not None
     w = np.ascontiguousarray(w, dtype=np.float32) if fused else _no_weight(n)
     if w.shape != (n,):
         raise ValueError(f"rms_norm weight must have shape ({n},), got {w.shape}")
-    if w.flags.writeable:  # as read-only as a mapped file's weights (_no_weight)
-        w = w.view()
-        w.flags.writeable = False
+    w = read_only(w)  # as a mapped file's weights (_no_weight)
     y = np.empty_like(x2)
     if simd(path, "ggml_rms_norm").nan == ARM_NAN:  # AArch64: the same numbers, Arm's NaNs
         _rms_norm_rows_arm64(x2, x2.view(np.uint32), F32(eps), w, w.view(np.uint32), fused, y.view(np.uint32),

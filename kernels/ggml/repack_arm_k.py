@@ -44,7 +44,7 @@ import numpy as np
 from numba import prange
 
 from kernels.base.block import QT
-from kernels.base.flags import jit
+from kernels.base.flags import jit, read_only
 from kernels.ggml.mulmat_q8 import _qt, slot_groups
 from kernels.ggml.repack_arm import (
     ARM_PATHS,
@@ -309,10 +309,7 @@ def _check(qtype, path: str) -> QT:
 
 
 def _run(w, qt, y, yd, ys, recipe, rows, out, orow):
-    if w.flags.writeable:  # read-only, as a mapped file's rows: one compiled _k_rows whoever calls
-        w = w.view()
-        w.flags.writeable = False
-    _k_rows(KIND[qt], w, y, yd, ys, recipe, rows, out, orow, F16_TO_F32)
+    _k_rows(KIND[qt], read_only(w), y, yd, ys, recipe, rows, out, orow, F16_TO_F32)
 
 
 def mul_mat_repacked_arm_k(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str) -> np.ndarray:

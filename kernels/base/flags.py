@@ -38,11 +38,11 @@ Literal arguments are constants
     taken. A path's kernel compiles its own code alone, not every path's (seconds on the first run). It
     never changes a result: the pruned branch is one that this value never takes. The other side: a helper
     compiles once per constant it is called with (and once more for each array that differs only in being
-    read-only: the entry points hand their kernels :func:`read_only` views): an index or bound that selects no code is passed as ``np.int64(c)``, not ``c``. A constant
-    that selects code pays where it prunes a branch; where it only unrolls a loop, LLVM takes longer (the
-    delta net's ``lanes``: +0.4 s), and it stays an argument. A constant held in a variable
-    (``neon = lanes == NEON or …``, ``glibc = … if neon else …``) is a runtime value again: test the
-    argument where the branch is, or capture the constant in a factory's closure.
+    read-only: the entry points hand their kernels :func:`read_only` views): an index or bound that selects no
+    code is passed as ``np.int64(c)``, not ``c``. A constant that selects code pays where it prunes a branch;
+    where it only unrolls a loop, LLVM takes longer (the delta net's ``lanes``: +0.4 s), and it stays an argument.
+    A constant held in a variable (``neon = lanes == NEON or …``, ``glibc = … if neon else …``) is a runtime value
+    again: test the argument where the branch is, or capture the constant in a factory's closure.
 What a first run pays for
     Each ``@jit`` helper is compiled on its own (its machine code cached), and numba links its IR into
     every caller, where LLVM optimizes and emits it once more: a level of compiled calls that only passes

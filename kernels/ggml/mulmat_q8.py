@@ -314,8 +314,7 @@ def _bytes(w_bytes) -> np.ndarray:
         w_bytes = np.ascontiguousarray(w_bytes).view(np.uint8)
     if not (w_bytes.ndim == 3 and w_bytes.strides[2] == 1 and w_bytes.strides[1] == w_bytes.shape[2]):
         w_bytes = np.ascontiguousarray(w_bytes)
-    w_bytes = read_only(w_bytes.view())
-    return w_bytes
+    return read_only(w_bytes)
 
 
 @jit()

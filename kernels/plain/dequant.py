@@ -21,7 +21,7 @@ from numba import prange
 
 from kernels.base.blocks import QT, WEIGHT_TYPES, weight_layout
 from .dequant_iq import _deq_iq1_m, _deq_iq1_s, _deq_iq2_s, _deq_iq2_xs, _deq_iq2_xxs, _deq_iq3_s, _deq_iq3_xxs, _deq_tq1_0, _deq_tq2_0
-from kernels.base.flags import SERIAL_BELOW, by_type, jit, per_type
+from kernels.base.flags import SERIAL_BELOW, by_type, jit, per_type, read_only
 from kernels.base.floats import E8M0_HALF, f16_at
 
 #: The 16 values of a 4-bit MXFP4 code: twice the E2M1 values (``kvalues_mxfp4``).
@@ -384,8 +384,7 @@ def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray,
     else:
         allowed = "uint8" + (f" or {np.dtype(native).name}" if native is not None else "")
         raise ValueError(f"{what} for {cls.qtype.name} must be {allowed}, got {raw.dtype}")
-    raw = np.ascontiguousarray(raw).view()
-    raw.flags.writeable = False  # one compiled signature, whether or not the caller's array is a read-only map
+    raw = read_only(np.ascontiguousarray(raw))  # one compiled signature, whether or not the caller's array is a map
     n_bytes = raw.shape[-1]
     if n_bytes % cls.type_size:
         raise ValueError(

@@ -125,10 +125,10 @@ def _mxfp4_dot(wv, we, r, xq, xd, t, fused_tail, acc):
 # The work split: weight rows outer (each read once for all its activation rows), blocks of ROWS between threads
 
 ROWS = 32  # weight rows per work item
-Q8_0_KIND, MXFP4_KIND, MXFP4_FUSED_KIND = 0, 1, 2  # the element formula (mxfp4 with a fused tail: kernels.ggml.tuning)
+Q8_0_KIND, MXFP4_KIND = 0, 1  # the element formula: a literal argument, so a kernel compiles its own alone
 
 
-@jit()
+@jit(inline=True)
 def _q8_0_item(we, tab, xq, xd, slots, arow, r0, r1, out):
     """Q8_0 weight rows ``r0 … r1-1`` of ``we`` (N, row bytes) against the activation rows ``arow[s]`` of the
     slots ``s`` in ``slots`` into ``out[s, r]``, by tiles of :func:`_q8_0_tile`: four slots per weight row
@@ -157,12 +157,12 @@ def _q8_0_item(we, tab, xq, xd, slots, arow, r0, r1, out):
 
 
 @jit()
-def _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc):
+def _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc):
     """Work item ``i``: rows ``ROWS·c …`` of expert ``experts[g]`` (``i = g·chunks + c``) against the activation
     rows ``arow[order[j]]`` of group ``g``'s slots ``j`` into ``out[order[j], r]``; the weight row outer, so a
     row's bytes stay in L1 while every slot of the group reads them. ``kind``: the formula (:data:`Q8_0_KIND`
-    …), ``w`` (E, N, row) int8 (Q8_0: the stored bytes; MXFP4: the values), ``ws`` (E, N, K/32) the MXFP4
-    scales (Q8_0: unused)."""
+    …; ``fused_tail``: MXFP4's, :func:`mxfp4_rows`), ``w`` (E, N, row) int8 (Q8_0: the stored bytes; MXFP4: the
+    values), ``ws`` (E, N, K/32) the MXFP4 scales (Q8_0: unused)."""
     N = w.shape[1]
     chunks = -(-N // ROWS)
     g, c = i // chunks, i % chunks
@@ -174,7 +174,7 @@ def _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc):
         return
     for r in range(r0, r1):
         for s in slots:
-            out[s, r] = _mxfp4_dot(w[e], ws[e], r, xq, xd, arow[s], kind == MXFP4_FUSED_KIND, acc)
+            out[s, r] = _mxfp4_dot(w[e], ws[e], r, xq, xd, arow[s], fused_tail, acc)
 
 
 def _readonly_def(a):
@@ -199,23 +199,24 @@ _readonly = _readonly_ir if JIT_ENABLED else _readonly_def
 
 
 @jit(parallel=True)
-def _items_parallel(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
+def _items_parallel(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
     """Every work item, split between threads (each output is one thread's, computed in one order)."""
     for i in prange(experts.shape[0] * -(-w.shape[1] // ROWS)):
         # np.int64: prange's index is unsigned, and _item compiled for it would be a second copy
-        _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, np.int64(i), np.empty((3, 8), np.float32))
+        _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, np.int64(i),
+              np.empty((3, 8), np.float32))
 
 
 @jit()
-def _run(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
+def _run(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
     """``out[order[j], :]`` for every slot ``j`` of every group (:func:`_item`): on the calling thread below
     :data:`SERIAL_BELOW` multiply-adds, else split between threads — the same bits."""
     if order.shape[0] * w.shape[1] * xq.shape[1] >= SERIAL_BELOW:
-        _items_parallel(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out)
+        _items_parallel(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out)
     else:
         acc = np.empty((3, 8), np.float32)
         for i in range(experts.shape[0] * -(-w.shape[1] // ROWS)):
-            _item(kind, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc)
+            _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc)
 
 
 @jit()
@@ -231,7 +232,7 @@ def _dense(w, ws, T):
     return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows, bounds, experts, rows)
 
 
-@jit()
+@jit(inline=True)
 def _q8_0_quantize(x):
     """The activations converted to Q8_0 (x86 ``quantize_row_q8_0``, :mod:`kernels.ggml.actquant`): (qs, d)."""
     xq = np.empty(x.shape, np.int8)
@@ -260,7 +261,7 @@ def q8_0_mul_mat_id(w, ids, x, out, tab):
     xq, xd = _q8_0_quantize(x.reshape(T * n_x, K))
     order, bounds, experts, arow = slot_groups(ids, n_x)
     ws = np.empty((w.shape[0], w.shape[1], 0), np.float32)
-    _run(Q8_0_KIND, _readonly(w), ws, tab, xq, xd, order, bounds, experts, arow,
+    _run(Q8_0_KIND, False, _readonly(w), ws, tab, xq, xd, order, bounds, experts, arow,
          out.reshape(T * ids.shape[1], out.shape[2]))
 
 
@@ -275,7 +276,7 @@ def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
     ``fused_tail``; :mod:`kernels.ggml.tuning`).
     """
     w3, ws, order, bounds, experts, arow = _dense(wv, we, xq.shape[0])
-    _run(MXFP4_FUSED_KIND if fused_tail else MXFP4_KIND, _readonly(w3), ws, np.empty(0, np.float32), xq, xd, order,
+    _run(MXFP4_KIND, fused_tail, _readonly(w3), ws, np.empty(0, np.float32), xq, xd, order,
          bounds, experts, arow, out)
 
 

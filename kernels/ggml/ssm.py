@@ -259,6 +259,12 @@ def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kd
             _snapshot(snaps[slot, iv3, iv1], Mt, True)
 
 
+# _head_t for the serial kernel: numba puts the row's code into the kernel's loop, so LLVM compiles it once, there
+# (kernels/base/flags.py, "What a first run pays for"; builtin:kjv's first run: 5.0 → 3.3 s for this kernel). A prange
+# body calls the compiled _head_t instead (numba's parfor passes would analyse the inlined code).
+_head_t_inline = jit(inline=True)(_head_t.py_func)
+
+
 @functools.cache
 def _transposed_rows(parallel: bool, glibc: int, kda: bool):
     """:func:`_gated_delta_net`'s transposed path (:func:`_head_t` per row; only where :func:`_transposed`), with the
@@ -275,7 +281,13 @@ def _transposed_rows(parallel: bool, glibc: int, kda: bool):
         work = np.empty((n_seqs * H, 3, S_v), np.float32)  # [rows, 3, S_v]: each row's delta, dots, gate
         acc = np.empty((n_seqs * H, 4, 16, S_v), np.float32)  # [rows, 4, 16, S_v]: its vec_dot_f32_cols accumulators
         for ir in prange(n_seqs * H):  # range when not parallel
-            _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work[ir], acc[ir])
+            if parallel:  # a constant: only one of the two calls is compiled
+                # np.int64: prange's index is unsigned, and _head_t compiled for it would be a second copy
+                _head_t(np.int64(ir), q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work[ir],
+                        acc[ir])
+            else:
+                _head_t_inline(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work[ir],
+                               acc[ir])
         return out
 
     return jit(parallel=parallel, variant="parallel" if parallel else "")(gated_delta_net_t)  # twins named apart

@@ -1,5 +1,5 @@
 """The first run's second process (refimpl/cli/compile_ahead.py, refimpl/graph/ahead.py) and the lock it relies on
-(kernels/base/flags.py ``_lock_compiles``): a process about to compile a kernel that another one is compiling waits
+(kernels/base/cache.py ``_lock_compiles``): a process about to compile a kernel that another one is compiling waits
 for it and loads its machine code; the child's walk compiles every kernel ``refimpl run --emulate=ggml`` calls; the
 child starts only on an empty cache, for the ggml numerics, and never changes a token.
 
@@ -16,7 +16,7 @@ import pytest
 
 import kernels
 from conftest import require_llama_cpp
-from kernels.base import flags
+from kernels.base import cache
 from refimpl.cli import compile_ahead
 from refimpl.fixtures.builtin import TRAINED_PATH
 
@@ -24,7 +24,7 @@ ROOT = Path(kernels.__file__).parents[1]
 
 _WAITER = '''
 import sys
-import kernels  # noqa: F401  (kernels.base.flags locks numba's compiles)
+import kernels  # noqa: F401  (kernels.base.cache locks numba's compiles)
 from numba.core import event
 sys.path.insert(0, sys.argv[1])
 import racing
@@ -34,7 +34,7 @@ event.register("numba:compile", type("L", (event.Listener,), {
     "on_start": lambda self, ev: compiled.append(ev.data["dispatcher"].py_func.__name__),
     "on_end": lambda self, ev: None})())
 if sys.argv[2] == "nolock":  # a process that compiles without waiting (the lock taken by the test)
-    kernels.base.flags._flock = lambda path, wait_s: None
+    kernels.base.cache._flock = lambda path, wait_s: None
 print("calling", flush=True)
 print(racing.f(3), compiled, racing.f.stats.cache_hits.total(), flush=True)
 '''
@@ -52,7 +52,7 @@ def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
     index = subprocess.run([sys.executable, "-c", where, str(tmp_path / "mod")], env=env, cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.strip()
     os.makedirs(os.path.dirname(index), exist_ok=True)
-    held = flags._flock(index + ".compiling", 0.0)
+    held = cache._flock(index + ".compiling", 0.0)
     assert held is not None
     run = lambda mode: subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path / "mod"), mode], env=env, cwd=ROOT,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -72,14 +72,17 @@ def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
 
 def test_the_ggml_cache_folder_is_numbas(monkeypatch, tmp_path):
     """compile_ahead works out kernels/ggml's cache folder without importing numba: the same folder as
-    kernels.base.flags.cache_dir, with and without NUMBA_CACHE_DIR."""
-    for cache in (None, str(tmp_path)):
-        if cache is None:
-            monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-        else:
-            monkeypatch.setenv("NUMBA_CACHE_DIR", cache)
-        monkeypatch.setattr(numba.config, "CACHE_DIR", cache or "")
-        assert compile_ahead.ggml_cache_dir() == flags.cache_dir(flags.PACKAGE / "ggml")
+    kernels.base.cache.cache_dir, in the tree, under NUMBA_CACHE_DIR, under REFIMPL_KERNEL_CACHE, and with both."""
+    for numba_dir, shared in ((None, None), (str(tmp_path / "numba"), None), (None, str(tmp_path / "shared")),
+                              (str(tmp_path / "numba"), str(tmp_path / "shared"))):
+        for name, value in (("NUMBA_CACHE_DIR", numba_dir), (cache.SHARED_ENV, shared)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        monkeypatch.setattr(numba.config, "CACHE_DIR", numba_dir or "")
+        assert compile_ahead.ggml_cache_dir() == cache.cache_dir(cache.PACKAGE / "ggml")
+    assert cache.cache_dir(cache.PACKAGE / "ggml").parent == tmp_path / "numba"  # NUMBA_CACHE_DIR wins
 
 
 def _args(*argv):

@@ -12,16 +12,12 @@ directly), so the flags below are the whole story of how kernel code is compiled
     IEEE semantics for division like C (``x/0`` is ``inf``/``nan``, no ``ZeroDivisionError``), and
     no per-division check in the hot loops. Our kernels guard their divisions the way llama.cpp does.
 ``CACHE = True``
-    Compiled machine code is cached on disk (``kernels/__pycache__/*.nbi, *.nbc``). Caching never
-    changes results, it only skips recompilation. One trap, handled by :func:`_drop_stale_cache`:
-    numba invalidates a cached function only when *its own* source file changes, but a kernel in
-    ``matmul.py`` has the decoders of ``dequant.py`` compiled into it; so we key the cache on the
-    whole package and clear it when any ``kernels/*.py`` file changes — in ``kernels/__pycache__`` or, with
-    ``NUMBA_CACHE_DIR`` set, in numba's directory for this package there (:func:`cache_dirs`). Processes
-    that compile into one cache at once save one at a time (:func:`_lock_cache_saves`), and compile each
-    kernel once: a process about to compile a kernel that another one is compiling waits for it and loads
-    its machine code from the cache (:func:`_lock_compiles`; the first run's second process,
-    ``refimpl/cli/compile_ahead.py``, relies on it).
+    Compiled machine code is cached on disk: in each ``kernels/`` folder's ``__pycache__`` (``*.nbi``, ``*.nbc``),
+    under ``NUMBA_CACHE_DIR``, or shared by every checkout of the same kernels under ``REFIMPL_KERNEL_CACHE``.
+    Caching never changes results, it only skips recompilation. :mod:`kernels.base.cache` says
+    where, drops the cache when any ``kernels/**/*.py`` changes (numba alone would keep a kernel of ``matmul.py``
+    whose decoders, compiled into it from ``dequant.py``, changed), and makes processes that share one cache
+    compile each kernel once.
 One compiled copy per weight type
     A kernel that depends on the weight type is compiled once per type, for the types a model
     actually has, never for all of them: the type code ``kind`` is a compile-time constant. A
@@ -87,19 +83,18 @@ much slower.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import os
-from pathlib import Path
 
 import numba
 from numba import types
-from numba.core import ir, sigutils
+from numba.core import ir
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.untyped_passes import InlineClosureLikes
 from numba.extending import overload
+
+from kernels.base import cache
 
 FASTMATH = False
 ERROR_MODEL = "numpy"
@@ -109,6 +104,7 @@ CACHE = True
 JIT_ENABLED = not numba.config.DISABLE_JIT
 KERNEL_ISA = os.environ.get("REFIMPL_KERNEL_ISA", "auto")  # lane kernels' instruction-set level (docstring)
 SERIAL_BELOW = 1 << 18  # multiply-adds under which a kernel runs on the calling thread (docstring)
+cache.install(CACHE)  # numba's disk cache: located, dropped when stale, shared (kernels.base.cache)
 
 
 @register_pass(mutates_CFG=False, analysis_only=False)
@@ -222,158 +218,3 @@ def by_type(table: dict):
         return switch
 
     return wrap
-
-
-PACKAGE = Path(__file__).resolve().parents[1]  # kernels/
-
-
-def cache_dirs() -> list[Path]:
-    """Where numba caches this package's kernels: each source folder's ``__pycache__`` (``kernels/``,
-    ``kernels/base/``, ``kernels/lanes/`` …), or with ``NUMBA_CACHE_DIR`` set, numba's subdirectory for
-    each folder there (named as numba's ``UserProvidedCacheLocator`` names it)."""
-    folders = sorted({path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts})
-    return [cache_dir(folder) for folder in folders]
-
-
-def cache_dir(folder: Path) -> Path:
-    """Where numba caches the kernels of one source folder (:func:`cache_dirs`)."""
-    if numba.config.CACHE_DIR:
-        from numba.core.caching import UserProvidedCacheLocator
-
-        return Path(numba.config.CACHE_DIR) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "x.py"))
-    return folder / "__pycache__"
-
-
-def _source_digest() -> str:
-    """sha256 over every ``kernels/**/*.py``, names relative to the package."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts):
-        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def _drop_stale_cache() -> None:
-    """Delete numba's cached kernels (:func:`cache_dirs`) when any ``kernels/**/*.py`` changed.
-
-    The package-wide source hash is stored next to each folder's cache files. Also with
-    ``NUMBA_CACHE_DIR``: numba's own per-file invalidation would keep a kernel of ``lanes/pack.py`` whose
-    IR, emitted by ``lanes/ir.py``, changed. A read-only tree (no ``NUMBA_CACHE_DIR``) makes numba fall
-    back to its user-wide cache directory, which is left to numba's per-file invalidation.
-    """
-    if not CACHE or os.environ.get("NUMBA_DISABLE_JIT") == "1":
-        return
-    stamp = _source_digest()
-    for directory in cache_dirs():
-        stamp_file = directory / "numba-kernels-source.sha256"
-        try:
-            if stamp_file.read_text() == stamp:
-                continue
-        except OSError:
-            pass
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            for pattern in ("*.nbi", "*.nbc"):
-                for stale in directory.glob(pattern):
-                    stale.unlink(missing_ok=True)
-            stamp_file.write_text(stamp)
-        except OSError:  # read-only tree: numba falls back to its user-wide cache directory
-            pass
-
-
-COMPILE_WAIT_S = 60.0  # the longest a process waits for another one's compile of a kernel before compiling it too
-
-
-def _flock(path: str, wait_s: float | None):
-    """An exclusive ``flock`` on ``path`` (created if missing), waited for at most ``wait_s`` seconds (None: as long as
-    it takes): the open file descriptor (closing it releases the lock), or None when the file cannot be made, the
-    system has no ``flock`` (Windows), or the wait ran out."""
-    import time
-
-    try:
-        import fcntl
-
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    except (ImportError, OSError):
-        return None
-    deadline = None if wait_s is None else time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.005)
-        except OSError:
-            os.close(fd)
-            return None
-
-
-@contextlib.contextmanager
-def _held(path: str, wait_s: float | None = None):
-    """The block runs holding :func:`_flock`'s lock on ``path``, or without one where it cannot be had."""
-    fd = _flock(path, wait_s)
-    try:
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # releases the lock
-
-
-def _lock_compiles() -> None:
-    """Make numba's ``Dispatcher.compile`` (a kernel's new signature: loaded from the cache, or compiled and saved)
-    hold an exclusive ``flock`` on ``<index>.compiling`` while it looks in the cache, compiles and saves.
-
-    Two processes that need one kernel on an empty cache (two ``refimpl`` runs, the suite's workers, a run and its
-    compile-ahead process) would otherwise both compile it; under the lock the second one waits and then finds the
-    first one's machine code in the cache (``Dispatcher.compile`` looks there first). One lock per kernel, all of its
-    signatures: the kernels call each other without cycles, so two processes each holding one kernel's lock while
-    waiting for a callee's never wait for each other. A kernel already compiled in this process takes no lock; a
-    kernel without a disk cache neither. After :data:`COMPILE_WAIT_S` (another process stopped while holding it) a
-    process compiles the kernel itself, as it would without the lock: the same machine code."""
-    from numba.core.dispatcher import Dispatcher
-
-    compile_ = Dispatcher.compile
-    if getattr(compile_, "locked", False):
-        return
-
-    @functools.wraps(compile_)  # its __wrapped__: numba's own (tests race saves without this lock)
-    def locked_compile(self, sig):
-        index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
-        if index is None or self.overloads.get(tuple(sigutils.normalize_signature(sig)[0])) is not None:
-            return compile_(self, sig)
-        with _held(index + ".compiling", COMPILE_WAIT_S):
-            return compile_(self, sig)
-
-    locked_compile.locked = True
-    Dispatcher.compile = locked_compile
-
-
-def _lock_cache_saves() -> None:
-    """Make numba's ``IndexDataCacheFile.save`` (a compiled signature: its index entry, then its machine code) hold an
-    exclusive ``flock`` on ``<index>.lock`` while it reads the index, picks a data file and writes both.
-
-    numba picks the data file as the first number its index does not list (``<kernel>-<line>.py311.1.nbc``). Two
-    processes compiling two signatures of one kernel at once on an empty cache (the suite's workers; two ``refimpl``
-    runs; a read-only and a writable weight array) both read the index before either saves it, both pick ``.1``, and
-    one index entry then names the other signature's machine code: the next run loads it, and crashes or computes
-    with the wrong array types. Under the lock the second save reads the first one's index and takes ``.2``. Where
-    the lock file cannot be made (a read-only cache) or there is no ``flock`` (Windows), numba saves as before."""
-    from numba.core.caching import IndexDataCacheFile
-
-    save = IndexDataCacheFile.save
-    if getattr(save, "locked", False):
-        return
-
-    def locked_save(self, key, data):
-        with _held(self._index_path + ".lock"):
-            return save(self, key, data)
-
-    locked_save.locked = True
-    IndexDataCacheFile.save = locked_save
-
-
-_drop_stale_cache()
-_lock_cache_saves()
-_lock_compiles()

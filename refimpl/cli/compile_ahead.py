@@ -1,7 +1,7 @@
 """The first run's second process: ``refimpl run --emulate=ggml`` on an empty numba cache compiles ~20 kernels one
 after the other (docs/performance.md, "First run"); a child process started beside it compiles the kernels the run
 will meet last (:func:`refimpl.graph.ahead.walk`) into the same cache, so the two cores share the compiling. A
-kernel both need is compiled by one and loaded by the other (kernels/base/flags.py ``_lock_compiles``): the run's
+kernel both need is compiled by one and loaded by the other (kernels/base/cache.py ``_lock_compiles``): the run's
 numbers are the same with or without the child, which only ever adds machine code to the cache.
 
 When: ``refimpl run`` with ``--emulate=ggml``; numba's cache on and holding no kernel of ``kernels/ggml`` (a fresh
@@ -19,6 +19,7 @@ whose machine code it had not written yet: the next run compiles that kernel aga
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import pickle
@@ -44,14 +45,23 @@ def _model_path(args) -> str:
 
 
 def ggml_cache_dir() -> Path:
-    """Where numba caches ``kernels/ggml``'s kernels (``kernels.base.flags.cache_dir``), worked out without importing
-    ``kernels`` (and numba: ~0.4 s the child would start later): the folder's ``__pycache__``, or with
+    """Where numba caches ``kernels/ggml``'s kernels (``kernels.base.cache.cache_dir``), worked out without importing
+    ``kernels`` (and numba: ~0.4 s the child would start later): the folder's ``__pycache__``; with
     ``NUMBA_CACHE_DIR`` numba's subfolder for it there (``UserProvidedCacheLocator``: the folder's name and the
-    sha1 of its path)."""
-    folder = Path(importlib.util.find_spec("kernels").submodule_search_locations[0]).resolve() / "ggml"
+    sha1 of its path); with ``REFIMPL_KERNEL_CACHE`` (and no ``NUMBA_CACHE_DIR``) the shared key's ``ggml`` folder
+    (``kernels.base.cache.shared_key``: the kernels' hash, numba's and Python's versions)."""
+    package = Path(importlib.util.find_spec("kernels").submodule_search_locations[0]).resolve()
+    folder = package / "ggml"
     base = os.environ.get("NUMBA_CACHE_DIR")
     if base:
         return Path(base) / f"{folder.name}_{hashlib.sha1(str(folder).encode()).hexdigest()}"
+    shared = os.environ.get("REFIMPL_KERNEL_CACHE")
+    if shared:
+        digest = hashlib.sha256()
+        for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        version = f"numba{importlib.metadata.version('numba')}-py{sys.version_info[0]}{sys.version_info[1]}"
+        return Path(shared).expanduser().resolve() / f"{digest.hexdigest()[:16]}-{version}" / "ggml"
     return folder / "__pycache__"
 
 

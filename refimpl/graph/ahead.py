@@ -7,7 +7,7 @@ FFN's router, softmax, top-k and experts, the shared expert's F32 gate, attentio
 inputs (no projection before it, which the run compiles first): the fused delta net, ``build_attn_mha``'s core,
 then the FFN backwards — the shared expert's gate, ``ggml_sum_rows``, the top-k, the softmax — and last the whole
 blocks, for anything those missed. Where both need one kernel, one compiles it and the other waits and loads it
-(kernels/base/flags.py ``_lock_compiles``). On *EPYC*, builtin:kjv, the two meet after ~8 s of compiling each
+(kernels/base/cache.py ``_lock_compiles``). On *EPYC*, builtin:kjv, the two meet after ~8 s of compiling each
 (docs/performance.md, "First run").
 
 Stand-ins have the run's shapes and types (what numba compiles for): small normal values, the state a fresh

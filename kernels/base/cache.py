@@ -262,7 +262,6 @@ def _shared_locator():
         CacheImpl._locator_classes.insert(0, SharedCacheLocator)
 
 
-
 def install(enabled: bool) -> None:
     """What :mod:`kernels.base.flags` runs on import, with its ``CACHE``: the shared locator, the drop of a stale
     cache (only where caching is ``enabled``), the two locks. Idempotent."""

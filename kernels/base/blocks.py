@@ -428,6 +428,10 @@ def _type_name(qtype) -> str:
 def layout(qtype: GGMLQuantizationType) -> type[Block]:
     """The block layout class of ``qtype``; ``ValueError`` naming the type if it is not supported."""
     try:
+        return _LAYOUTS[qtype]  # a type code or either enum's member (an IntEnum hashes as its int): no enum call
+    except (KeyError, TypeError):
+        pass
+    try:
         return _LAYOUTS[GGMLQuantizationType(qtype)]
     except (ValueError, KeyError):
         supported = ", ".join(q.name for q in _LAYOUTS)

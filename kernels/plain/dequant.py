@@ -364,6 +364,9 @@ def _dequantize_rows_serial(kind):
     return _dequantize_rows_serial
 
 
+_NATIVE = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}  # float types also taken as their values
+
+
 def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray, int]:
     """Validate ``raw`` as GGUF data of ``qtype``; return (C-contiguous uint8 bytes view, n_cols).
 
@@ -375,7 +378,7 @@ def as_row_bytes(raw: np.ndarray, qtype, what: str = "raw") -> tuple[np.ndarray,
     raw = np.asarray(raw)
     if raw.ndim == 0:
         raise ValueError(f"{what} for {cls.qtype.name} must have at least one axis")
-    native = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}.get(cls.qtype)
+    native = _NATIVE.get(cls.qtype)
     if raw.dtype == np.uint8:
         pass
     elif native is not None and raw.dtype == native:

@@ -39,6 +39,17 @@ def require_llama_tool(name: str) -> Path:
     return tool
 
 
+def stored(w):
+    """Weight rows' bytes as ``kernels.matmul`` hands them to the kernels: C-contiguous uint8 (N, row bytes),
+    read-only — a writable array would compile each kernel it meets once more (numba types the two apart), for
+    the tests alone."""
+    import numpy as np
+
+    from kernels.base.flags import read_only
+
+    return read_only(np.ascontiguousarray(w).view(np.uint8).reshape(len(w), -1))
+
+
 def require_distributed():
     """Import distributed (Dask's, the ``cluster`` extra)."""
     return _require("distributed", "distributed", "cluster")

@@ -22,20 +22,13 @@ from gguf import GGMLQuantizationType as QT
 import kernels
 from kernels.lanes import pack as lanes
 from kernels.lanes.ir import BLOCK, ISA, ISA_NAMES, LANE_TYPES, LANES, TARGET_ISA
-from kernels.base.flags import read_only
 from kernels.matmul import _matmul_rows_serial
+from conftest import stored
 from kernels.testing import random_rows
 
 TYPES = kernels.WEIGHT_TYPES
 IDS = [t.name for t in TYPES]
 N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-blocks, two wide-path spans
-
-
-def stored(w):
-    """The rows' bytes as ``kernels.matmul`` hands them to the kernels: C-contiguous uint8 (N, row bytes), read-only
-    — a writable array would compile each kernel it meets once more (numba types the two apart), for the tests
-    alone."""
-    return read_only(np.ascontiguousarray(w).view(np.uint8).reshape(len(w), -1))
 
 
 def rows_reference(w, qtype, x):

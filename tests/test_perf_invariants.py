@@ -20,9 +20,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import kernels
-from kernels.base.flags import read_only
 from kernels.matmul import _matmul_rows
-from conftest import require_llama_cpp
+from conftest import require_llama_cpp, stored
 from kernels.testing import random_rows
 from refimpl.fixtures.builtin import fixture_path
 from refimpl.model.trunk import forward, load_model
@@ -34,11 +33,10 @@ N, K = 37, 512  # two 16-row groups and a tail of 5 rows; two K-quant super-bloc
 
 
 def rows_reference(w, qtype, x):
-    """The plain numba path, row by row (``_matmul_rows``), as float32 (T, N); the bytes read-only, as
-    ``kernels.matmul`` hands them (a writable array would compile the kernel once more)."""
-    w_bytes = read_only(np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], -1))
+    """The plain numba path, row by row (``_matmul_rows``), as float32 (T, N), from the bytes as ``kernels.matmul``
+    hands them (conftest's ``stored``)."""
     out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
-    _matmul_rows(qtype)(w_bytes, x.astype(np.float64), out)
+    _matmul_rows(qtype)(stored(w), x.astype(np.float64), out)
     return out
 
 

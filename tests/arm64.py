@@ -38,6 +38,7 @@ BUILDS = {
     "arm64-i8mm-gcc": ("arm64-i8mm", "gcc", "armv8.6-a+dotprod+fp16+i8mm"),
     "arm64-base-gcc": ("arm64-base", "gcc", "armv8-a"),
     "arm64-sve128-gcc": ("arm64-sve128", "gcc", "armv9-a+sve2+i8mm+dotprod+fp16"),
+    "arm64-sve256-gcc": ("arm64-sve256", "gcc", "armv9-a+sve2+i8mm+dotprod+fp16"),
     "arm64-i8mm-clang": ("arm64-i8mm-clang", "clang", "armv8.6-a+dotprod+fp16+i8mm"),
     "arm64-base-clang": ("arm64-base-clang", "clang", "armv8-a"),  # the Android guide's portable arm64-v8a build
     "arm64-dotprod-clang": ("arm64-dotprod-clang", "clang", "armv8.2-a+dotprod+fp16"),
@@ -68,6 +69,7 @@ QEMU_CPU = {
     "arm64-dotprod-clang": "cortex-a76",
     "arm64-base-gcc": "cortex-a53",  # ARMv8.0: NEON only
     "arm64-sve128-gcc": "max,sve-default-vector-length=16,sme=off",
+    "arm64-sve256-gcc": "max,sve-default-vector-length=32,sme=off",
     "arm64-sve128-clang": "max,sve-default-vector-length=16,sme=off",
     "arm64-i8mm-clang19": "max,sve=off,sme=off",
     "arm64-dotprod-clang19": "cortex-a76",
@@ -90,8 +92,22 @@ def sysroot() -> Path:
     return tools_root() / "arm64-sysroot"
 
 
+#: builds that are another build's libraries on another CPU: an SVE library reads its vector length at run time, so
+#: ``arm64-sve256-gcc`` is ``arm64-sve128-gcc``'s files run at 256 bits (a folder of links, so that the folder names
+#: the build: :func:`build_of`)
+SAME_LIBRARY = {"arm64-sve256-gcc": "arm64-sve128-gcc"}
+
+
 def lib_dir(build: str) -> Path:
-    return tools_root() / build / "lib"
+    d = tools_root() / build / "lib"
+    if build in SAME_LIBRARY:
+        src = tools_root() / SAME_LIBRARY[build] / "lib"
+        if src.is_dir() and not (d / "libggml-cpu.so").exists():
+            d.mkdir(parents=True, exist_ok=True)
+            for f in src.iterdir():
+                if not (d / f.name).is_symlink():
+                    (d / f.name).symlink_to(f.resolve())
+    return d
 
 
 def sve_bits(build: str) -> int | None:

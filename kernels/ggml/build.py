@@ -78,7 +78,6 @@ ARM64_COMPILER, CLANG = "GCC", "clang"
 #: 16 only where 14 and 19 differ: kernels.ggml.mulmat_arm_q.k_rows): a clang build outside them is refused unless its
 #: path is named
 CLANG_OLDEST, CLANG_NEWEST = 14, 19
-SVE_BITS = 128  # the SVE vector length emulated (svcntb() * 8 of the CPU: the library reads it at run time)
 
 
 class UnsupportedBuild(ValueError):
@@ -99,6 +98,7 @@ class EmulatedPath:
     compiler: str | None = None  # an AArch64 path: the compiler whose builds take it (GgmlBuild.compiler's first word)
     versions: tuple[int, int] | None = None  # the compiler's major versions whose builds take it (None: any)
     chains: str | None = None  # an x86 FMA path: how GCC's tuning rounds a loop-carried s += a*b (kernels.ggml.tuning)
+    sve_bits: int | None = None  # an SVE path: the vector length it follows (svcntb() * 8 of the CPU, read at run time)
 
 
 def _avx2(f: frozenset, x86: bool) -> bool:
@@ -140,8 +140,13 @@ EMULATED_PATHS = (
     # SVE: the vector length is the CPU's (svcntb() at run time); simd-mappings.h's GGML_F32_EPR 8 is not what the
     # SVE loops step by (vec.h: ggml_cpu_get_sve_cnt() * 8 / 32 = 4 lanes at 128 bits)
     EmulatedPath("arm64-sve128", "AArch64 SVE-128 i8mm", 4, _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()),
-                 f"__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a {SVE_BITS}-bit vector length", ARM64,
-                 ARM64_COMPILER),
+                 "__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a 128-bit vector length", ARM64,
+                 ARM64_COMPILER, sve_bits=128),
+    # the same library on a 256-bit SVE CPU (Neoverse V1: Graviton3): svcntw() = 8 float lanes in vec.h's loops, the
+    # 256-bit branches of quants.c's SVE vec_dot kernels and of repack.cpp's
+    EmulatedPath("arm64-sve256", "AArch64 SVE-256 i8mm", 8, _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()),
+                 "__ARM_FEATURE_SVE with i8mm, dotprod and FP16 arithmetic, run at a 256-bit vector length", ARM64,
+                 ARM64_COMPILER, sve_bits=256),
     # the i8mm build compiled by clang (the Android NDK's compiler; -ffp-contract=on): the same C, other products fused
     # (the vmlaq_f32 family) and other reductions vectorized (blocks of 8), so a path of its own
     EmulatedPath("arm64-i8mm-clang", "AArch64 NEON i8mm (clang)", 4,
@@ -158,17 +163,17 @@ EMULATED_PATHS = (
     # changed at clang 17: clang 14-16 keep the inactive byte lanes of Q6_K's `_x` operations (a wrong dot)
     EmulatedPath("arm64-sve128-clang", "AArch64 SVE-128 i8mm (clang 17+)", 4,
                  _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()), "as arm64-sve128, compiled by clang 17-19",
-                 ARM64, CLANG, (17, CLANG_NEWEST)),
+                 ARM64, CLANG, (17, CLANG_NEWEST), sve_bits=128),
     EmulatedPath("arm64-sve128-clang14", "AArch64 SVE-128 i8mm (clang 14-16)", 4,
                  _arm64({"dotprod", "fp16_va", "matmul_int8", "sve"}, set()), "as arm64-sve128, compiled by clang 14-16",
-                 ARM64, CLANG, (CLANG_OLDEST, 16)),
+                 ARM64, CLANG, (CLANG_OLDEST, 16), sve_bits=128),
 )
 PATHS_BY_KEY = {p.key: p for p in EMULATED_PATHS}
 #: the keys of the x86-64 SIMD paths and of the AArch64 ones: a kernel written for the one never takes the other
 X86_SIMD_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == X86_64 and p.lanes)
 ARM64_PATHS = tuple(p.key for p in EMULATED_PATHS if p.arch == ARM64)
 #: the SVE builds' paths (:func:`by_sve`)
-SVE_PATHS = ("arm64-sve128", "arm64-sve128-clang", "arm64-sve128-clang14")
+SVE_PATHS = tuple(p.key for p in EMULATED_PATHS if p.sve_bits)
 #: ``--emulate=ggml:KEY``: each path of :data:`EMULATED_PATHS` by name, no library consulted (:func:`named_path`).
 NAMED_PREFIX = "ggml:"
 NAMED_PATHS = tuple(NAMED_PREFIX + p.key for p in EMULATED_PATHS)
@@ -187,8 +192,8 @@ def is_arm64(key: str) -> bool:
 
 
 def by_sve(key: str) -> bool:
-    """Whether ``key`` is an SVE build's path (``arm64-sve128``, ``arm64-sve128-clang``, ``-clang14``): vec.h's SVE branches at
-    :data:`SVE_BITS` bits, the SVE ``vec_dot`` kernels of quants.c."""
+    """Whether ``key`` is an SVE build's path (``arm64-sve128``, ``arm64-sve128-clang``, ``-clang14``, ``arm64-sve256``):
+    vec.h's SVE branches at the path's ``sve_bits``, the SVE ``vec_dot`` kernels of quants.c."""
     return key in SVE_PATHS
 
 
@@ -320,12 +325,18 @@ class GgmlBuild:
         major = self.compiler_major
         ours = [p for p in EMULATED_PATHS if p.arch == ARM64 and p.compiler == cc and p.selected(self.features, False)]
         mine = [p for p in ours if p.versions is None or (major is not None and p.versions[0] <= major <= p.versions[1])]
-        if self.has("sve") and self.sve_bits != SVE_BITS:
-            vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
-                  "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
-            named = " or ".join(f"--emulate=ggml:{p.key}" for p in (mine or ours)) or "--emulate=ggml:arm64-sve128"
-            raise UnsupportedBuild(f"{lib} runs SVE at {vl}; --emulate=ggml follows SVE at {SVE_BITS} bits only: "
-                                   f"for a {SVE_BITS}-bit CPU name it, {named}")
+        if self.has("sve"):
+            at = [p for p in (mine or ours) if p.sve_bits == self.sve_bits]
+            if not at:
+                vl = (f"the {self.sve_bits}-bit vector length of this CPU" if self.sve_bits else
+                      "a vector length that is the CPU's, read at run time (svcntb()), which this host cannot tell")
+                lengths = sorted({p.sve_bits for p in (mine or ours)})
+                named = ", ".join(f"--emulate=ggml:{p.key} ({p.sve_bits} bits)" for p in (mine or ours))
+                raise UnsupportedBuild(f"{lib} runs SVE at {vl}; --emulate=ggml follows this build's SVE at "
+                                       f"{' and '.join(map(str, lengths)) or 'no vector length'} bits: for such a CPU name its path, "
+                                       f"{named or '--emulate=ggml:arm64-sve128'}")
+            mine = [p for p in mine if p.sve_bits == self.sve_bits]
+            ours = [p for p in ours if p.sve_bits == self.sve_bits]
         if mine:
             return mine[0].key
         if ours:
@@ -334,7 +345,7 @@ class GgmlBuild:
                                    f"against the emulation: name the path, {keys}")
         have = " ".join(f for f in ARM64_FEATURES if f in self.features) or "no NEON"
         raise UnsupportedBuild(f"{lib} is built for {have}; --emulate=ggml follows AArch64 builds with NEON "
-                               "(armv8-a), +dotprod+fp16, +i8mm, or SVE+i8mm at 128 bits")
+                               "(armv8-a), +dotprod+fp16, +i8mm, or SVE+i8mm at 128 bits (GCC: also 256)")
 
     @property
     def lanes(self) -> int | None:

@@ -40,6 +40,9 @@ NEON_F32C = 0x204
 #: SVE loops (``svcntw()``-wide, predicated tails instead of scalar ones, their own accumulators and reductions:
 #: :mod:`kernels.ggml.sve`); kept apart from NEON's 4 so that no NEON code is taken for it silently.
 SVE128 = 0x304
+#: The code of ``arm64-sve256`` (the same SVE build on a 256-bit CPU): vec.h / vec.cpp's SVE loops at ``svcntw()`` = 8
+#: float lanes (:mod:`kernels.ggml.sve`); kept apart from AVX2's 8 and from SVE128.
+SVE256 = 0x504
 #: The code of ``arm64-i8mm-clang`` (NEON, compiled by clang): the vec functions as :data:`NEON` — the NEON intrinsics
 #: compile alike — but for the scalar in-order reductions clang's vectorizer blocks by 8 where GCC blocks by 4
 #: (``ggml_vec_dot_f32``'s leftovers, ssm_conv's taps: :func:`kernels.ggml.simd.fold_left_unfused`); kept apart
@@ -83,6 +86,8 @@ SIMD = {
     # GCC 12, -march=armv9-a+sve2+i8mm+dotprod+fp16 at a 128-bit vector length: SVE loops (code SVE128); the NEON
     # float16x8_t F16 macros stay defined (simd-mappings.h) for the code without an SVE branch
     "arm64-sve128": Simd("arm64-sve128", 4, SVE128, SVE128, True, 8, True, ARM_NAN),
+    # the same GCC build at a 256-bit vector length: 8 float lanes in the SVE loops (code SVE256)
+    "arm64-sve256": Simd("arm64-sve256", 8, SVE256, SVE256, True, 8, True, ARM_NAN),
     # clang 14, -march=armv8.6-a+dotprod+fp16+i8mm: the NEON code, but clang's vectorizer (NEON_CLANG) and
     # -ffp-contract=on (``fused`` is about scalar ``a*b + c`` in one expression, which clang contracts too)
     "arm64-i8mm-clang": Simd("arm64-i8mm-clang", 4, NEON_CLANG, NEON, True, 8, True, ARM_NAN),

@@ -23,12 +23,15 @@ NEON = {"neon", "arm_fma"}
 ARM = {"arm64-base": NEON, "arm64-dotprod": NEON | {"dotprod", "fp16_va"},
        "arm64-i8mm": NEON | {"dotprod", "fp16_va", "matmul_int8"},
        "arm64-sve128": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
+       "arm64-sve256": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},  # the same build on a 256-bit CPU (SVE_BITS)
        "arm64-i8mm-clang": NEON | {"dotprod", "fp16_va", "matmul_int8"},  # compiled by clang (COMPILER)
        "arm64-base-clang": NEON, "arm64-dotprod-clang": NEON | {"dotprod", "fp16_va"},
        "arm64-sve128-clang": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"},
        "arm64-sve128-clang14": NEON | {"dotprod", "fp16_va", "matmul_int8", "sve"}}
 #: the compiler of each AArch64 path's library here (the GCC paths': GCC 12)
 COMPILER = {key: "clang 14.0.6" for key in ARM if key.endswith(("-clang", "-clang14"))} | {"arm64-sve128-clang": "clang 19.1.7"}
+#: the SVE vector length of the CPU running each SVE path's library (the others: 128)
+SVE_BITS = {"arm64-sve256": 256}
 
 
 def arm_build(features, compiler="GCC 12.2.0", sve_bits=128, gpus=()):
@@ -103,7 +106,7 @@ def test_every_reader_of_the_path_table_knows_every_path(key):
     features = {**{"avx512": X86_AVX2 | {"avx512"}, "avx2": X86_AVX2, "avx2-zen": X86_AVX2, "generic": set()}, **ARM}.get(key)
     assert features is not None, f"a new path {key!r}: name the features that select it here"
     b = (GgmlBuild(Path("/x/lib"), frozenset(features), fma_chains=entry.chains) if key not in ARM
-         else arm_build(features, COMPILER.get(key, "GCC 12.2.0")))
+         else arm_build(features, COMPILER.get(key, "GCC 12.2.0"), SVE_BITS.get(key, 128)))
     assert b.path == key and b.lanes == entry.lanes and f"ggml-cpu {entry.name} (" in b.describe()
     assert is_arm64(key) == (key in ARM) == (key in ARM64_PATHS) == (key not in X86_SIMD_PATHS + ("generic",))
     # the column layout is built for the x86 SIMD paths' kernels (kernels.ggml.columns) and every AArch64 path's
@@ -202,20 +205,23 @@ def test_llama_cpp_lib_path_chooses_the_library(monkeypatch):
     ({"add": {"sme2"}}, "SME2"),
     ({"add": {"llamafile"}}, "llamafile's sgemm"),
     ({"compiler": "ICC 2024.1"}, "compiled by ICC 2024.1"),
-    ({"compiler": "clang 14.0.6", "add": {"sve"}, "sve_bits": 256}, "name it, --emulate=ggml:arm64-sve128-clang14"),
-    ({"compiler": "clang 18.1.3", "add": {"sve"}, "sve_bits": 256}, "name it, --emulate=ggml:arm64-sve128-clang"),
+    ({"compiler": "clang 14.0.6", "add": {"sve"}, "sve_bits": 256},
+     "follows this build's SVE at 128 bits: for such a CPU name its path, --emulate=ggml:arm64-sve128-clang14 (128 bits)"),
+    ({"compiler": "clang 18.1.3", "add": {"sve"}, "sve_bits": 256}, "name its path, --emulate=ggml:arm64-sve128-clang "),
     ({"compiler": "clang 13.0.1"}, "clang 13.0.1, a version whose builds were not checked against the emulation: "
                                    "name the path, --emulate=ggml:arm64-i8mm-clang"),
     ({"compiler": None}, "does not say which compiler built it"),
     ({"add": {"sve"}, "sve_bits": None}, "read at run time"),
-    ({"add": {"sve"}, "sve_bits": 256}, "the 256-bit vector length"),
+    ({"add": {"sve"}, "sve_bits": 512}, "the 512-bit vector length of this CPU; --emulate=ggml follows this build's SVE "
+                                         "at 128 and 256 bits: for such a CPU name its path, --emulate=ggml:arm64-sve128 "
+                                         "(128 bits), --emulate=ggml:arm64-sve256 (256 bits)"),
     ({"remove": {"dotprod"}}, "is built for neon arm_fma fp16_va matmul_int8"),  # i8mm without dotprod
     ({"gpus": ("vulkan",)}, "vulkan backend"),
 ])
 def test_arm64_builds_not_emulated_are_refused_in_one_line(change, words):
     """SME, KleidiAI, llamafile on ARM, a compiler neither GCC nor clang (or one that does not say), an SVE vector
-    length other than
-    128 bits (or unknown: the CPU's, at run time), a feature set of no path, a GPU backend: one line naming it."""
+    length not emulated for its compiler (GCC: 128 and 256 bits; clang: 128), or unknown (the CPU's, at run time), a
+    feature set of no path, a GPU backend: one line naming it."""
     features = (ARM["arm64-i8mm"] | change.get("add", set())) - change.get("remove", set())
     b = arm_build(features, change.get("compiler", "GCC 12.2.0"), change.get("sve_bits", 128), change.get("gpus", ()))
     with pytest.raises(UnsupportedBuild, match=re.escape(words)) as e:

@@ -15,8 +15,9 @@ computed here by the same kernels the one-op emulations use:
 ``lanes`` is the path's vec code (:attr:`kernels.ggml.isa.Simd.code`): 16, 8, or 4 for the AArch64 NEON builds
 (``arm64-dotprod`` / ``arm64-i8mm`` / ``arm64-base``: ``ggml_vec_dot_f32``'s 4 × 4 lanes and ``vaddvq_f32``, soft_max's
 NEON blocks; no llamafile there, so ``sgemm`` is False; the clang builds: :data:`kernels.ggml.isa.NEON_CLANG`, the
-dots' leftovers in clang's blocks of 8, soft_max NEON's; the SVE builds: :data:`kernels.ggml.isa.SVE128`, SVE's
-dot side by side, :func:`kernels.ggml.sve.vec_dot_f32_cols`) — bit for bit against the ARM builds
+dots' leftovers in clang's blocks of 8, soft_max NEON's; the SVE builds: :data:`kernels.ggml.isa.SVE128` and
+:data:`kernels.ggml.isa.SVE256`, SVE's dot at ``svcntw()`` lanes side by side, :func:`kernels.ggml.sve.vec_dot_f32_cols`,
+soft_max SVE's blocks) — bit for bit against the ARM builds
 (tests/test_ggml_ops_attn_arm64.py: test_attention_without_flash). :func:`attend_f32` lays out the cache for it and
 swaps an AArch64 path's default NaN around it (:func:`kernels.ggml.isa.nan_swap`: every op here adds, multiplies,
 compares, exponentiates and propagates NaNs); :data:`PATHS`: the paths whose graph takes it
@@ -30,7 +31,7 @@ import numpy as np
 from kernels.base.flags import jit
 from kernels.base.blocks import QT
 from kernels.ggml import mulmat, sve
-from kernels.ggml.isa import SIMD, SVE128, nan_swap, simd
+from kernels.ggml.isa import SIMD, SVE128, SVE256, nan_swap, simd
 from kernels.ggml.mulmat_vec import F32_ROWS, tinyblas_rows
 from kernels.ggml.vec import cols_fit, vec_dot_f32, vec_dot_f32_cols
 from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
@@ -77,7 +78,7 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
     Hkv, n_kv = v.shape[0], v.shape[1]
     group = H // Hkv
     acc = np.empty((4, 16), np.float32)  # vec.dot_scratch: the accumulators of vec_dot_f32
-    acc_cols = np.empty((4, 16, max(n_kv, D)), np.float32)
+    acc_cols = np.empty((4, 16, max(n_kv, D)), np.float32)  # SVE at 256 bits: 8 accumulators × 8 lanes
     kq = np.empty((1, T, n_kv), np.float32)  # [1, T, n_kv]: one head's scores
     p = np.empty((1, T, n_kv), np.float32)  # [1, T, n_kv]: its probabilities
     m = mask.reshape(1, T, n_kv)
@@ -87,8 +88,8 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
     for h in range(H):
         j = h // group
         for t in range(T):
-            if kq_cols and lanes == SVE128:
-                sve.vec_dot_f32_cols(D, kt[j], q[t, h], acc_cols, kq[0, t])  # ggml_vec_dot_f32 per cell, SVE's
+            if kq_cols and (lanes == SVE128 or lanes == SVE256):  # ggml_vec_dot_f32 per cell, SVE's
+                sve.vec_dot_f32_cols(D, kt[j], q[t, h], acc_cols, kq[0, t], sve.svcntw(lanes))
             elif kq_cols:
                 vec_dot_f32_cols(D, kt[j], q[t, h], lanes, acc_cols, kq[0, t])  # ggml_vec_dot_f32 per cell
             else:
@@ -97,9 +98,9 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
         _soft_max_rows(kq, m, mask_of, True, scale, expf, p)  # ggml_soft_max_ext(kq, mask, scale)
         if sgemm:
             tinyblas_rows(vt[j], p[0], o, lanes, lanes, False)
-        elif pv_cols and lanes == SVE128:
-            for t in range(T):
-                sve.vec_dot_f32_cols(n_kv, v[j], p[0, t], acc_cols, o[t])  # ggml_vec_dot_f32 per output, SVE's
+        elif pv_cols and (lanes == SVE128 or lanes == SVE256):
+            for t in range(T):  # ggml_vec_dot_f32 per output, SVE's
+                sve.vec_dot_f32_cols(n_kv, v[j], p[0, t], acc_cols, o[t], sve.svcntw(lanes))
         elif pv_cols:
             for t in range(T):
                 vec_dot_f32_cols(n_kv, v[j], p[0, t], lanes, acc_cols, o[t])  # ggml_vec_dot_f32 per output
@@ -112,7 +113,8 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
 def layouts(D, n_kv, lanes, sgemm):
     """(K·Q from ``kt``, P·V from ``v``): which of :func:`attn_heads_f32`'s products run across cells / outputs (SVE's
     at any length: :func:`kernels.ggml.sve.vec_dot_f32_cols`)."""
-    return lanes == SVE128 or cols_fit(D, lanes), (lanes == SVE128 or cols_fit(n_kv, lanes)) and not sgemm
+    sve_ = lanes == SVE128 or lanes == SVE256
+    return sve_ or cols_fit(D, lanes), (sve_ or cols_fit(n_kv, lanes)) and not sgemm
 
 
 __all__ = ["PATHS", "attend_f32", "attn_heads_f32", "layouts"]

@@ -74,8 +74,15 @@ a generated NaN is ARM's default +qNaN (:func:`arm_default_nan`). ``arm64-base``
 arithmetic: ``GGML_F16_VEC`` is ``GGML_F32Cx4``, code :data:`kernels.ggml.isa.NEON_F32C`) runs the same loops with
 x86's *float* F16 code — K·Q in 4 × 4 float lanes (steps of 16, ``vaddvq_f32``, double tail), VKQ16 updated by
 float FMAs / products with ``vs`` / ``ms`` in float, each rounded once to half — and AArch64's glibc, ``fmaxnm``,
-portable Q conversion and NaN, so the half overflow above does not happen there. Other ARM keys
-(``arm64-sve128``: SVE code) are refused by :func:`fa_code`.
+portable Q conversion and NaN, so the half overflow above does not happen there.
+
+The SVE library (``arm64-sve128``, ``arm64-sve256``: codes :data:`kernels.ggml.isa.SVE128` / ``SVE256``, the
+vector length read at run time): the one-row loop as NEON's but with vec.h's SVE functions at ``svcntw()`` lanes
+(:mod:`kernels.ggml.sve`: K·Q in *float* lanes by FMLALB/FMLALT, ``ggml_vec_mad_f16`` a half FMA on every element,
+``ggml_vec_scale_f16`` a half product but for the values past its one leftover vector); the tiled path only where
+``DV % svcntw() == 0`` (:func:`fa_kernel`), with simd-gemm.h's scalar loops (the same FMA chains) and SVE's soft_max
+blocks (at 128 bits NEON's bits; at 256 8 lanes and a FADDV of 8). A path whose vector code is not emulated is
+refused by :func:`fa_code`.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
 from kernels.ggml.build import not_emulated
-from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128, f16_code
+from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128, SVE256, f16_code
 from kernels.ggml.simd import AVX2, AVX512, NEON, SIMD, check_path, fma32, simd
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32, vec_dot_generic, vec_mad_f16, vec_scale_f16
 from kernels.ggml.vecmath import cast_f16_to_f32, f16_value
@@ -129,11 +136,11 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
     # (flash_attn_values' kernels) numba then drops the other paths' branches (kernels/base/flags.py).
     # (``neon`` spelled out each time: a variable holding the test would be a runtime value, and ``expf_on`` and
     # ``_to_f16`` would compile both glibcs' and both conversions' code.)
-    glibc = GLIBC_AARCH64 if lanes == NEON or lanes == NEON_F32C or lanes == SVE128 else GLIBC_X86_64  # expf_on's
+    glibc = GLIBC_AARCH64 if lanes == NEON or lanes == NEON_F32C or lanes == SVE128 or lanes == SVE256 else GLIBC_X86_64
     for d in range(DK):  # q_to_vec_dot: ggml_cpu_fp32_to_fp16 (NEON: no SIMD loop, GGML_CPU_FP32_TO_FP16) / fp32
         if not k_f16:
             q_q[d] = q_row[d]
-        elif lanes == NEON or lanes == NEON_F32C or lanes == SVE128:
+        elif lanes == NEON or lanes == NEON_F32C or lanes == SVE128 or lanes == SVE256:
             q_q[d] = _to_f16(q_row[d], False)
         else:
             q_q[d] = _to_f16(q_row[d], fused)
@@ -159,7 +166,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
             m_old = M
             M = s
             ms = expf_on(np.float32(m_old - M), glibc)
-            if (lanes == NEON or lanes == SVE128) and v_f16:  # float16x8_t: vmulq_f16 by ms rounded to half, then the tail in float
+            if (lanes == NEON or lanes == SVE128 or lanes == SVE256) and v_f16:  # half products by ms rounded to half
                 vec_scale_f16(DV, vkq, ms, lanes)
             else:
                 for d in range(DV):  # ggml_vec_scale_f16 / ggml_vec_scale_f32 (elementwise)
@@ -167,7 +174,7 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
                     vkq[d] = _to_f16(t, fused) if v_f16 else t
         else:
             vs = expf_on(np.float32(s - M), glibc)
-        if (lanes == NEON or lanes == SVE128) and v_f16:  # float16x8_t: vfmaq_f16 by vs rounded to half (one half rounding), the tail in float
+        if (lanes == NEON or lanes == SVE128 or lanes == SVE256) and v_f16:  # half FMAs by vs rounded to half
             vec_mad_f16(DV, vkq, v[ic], vs, lanes)
         else:
             for d in range(DV):  # ggml_vec_mad_f16 / ggml_vec_mad_f32: fma(v, vs, y) in every lane and in the tail
@@ -212,7 +219,7 @@ def split_kv_row(q, k, v, mask, has_mask, scale, k_f16, v_f16, lanes, fused, dot
     n_head, _, DK = q.shape
     group = n_head // k.shape[0]
     n_kv = k.shape[1]
-    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128
+    neon = lanes == NEON or lanes == NEON_F32C or lanes == SVE128 or lanes == SVE256
     glibc = GLIBC_AARCH64 if neon else GLIBC_X86_64
     DV = v.shape[2]
     cs = (n_kv + n_threads - 1) // n_threads  # chunk_size
@@ -271,7 +278,7 @@ def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype, DV: int | None = None, path
     if same and n_q == 1 and n_kv >= SPLIT_KV_MIN:
         return "split"
     if same and n_q >= GGML_FA_TILE_Q:
-        if path is not None and fa_code(path)[0] in (NEON, SVE128) and DV % simd(path).lanes:  # SVE: svcntw()
+        if path is not None and fa_code(path)[0] in (NEON, SVE128, SVE256) and DV % simd(path).lanes:  # SVE: svcntw()
             return "one_row"
         return "tiled"
     return "one_row"
@@ -279,11 +286,10 @@ def fa_kernel(n_q: int, n_kv: int, k_dtype, v_dtype, DV: int | None = None, path
 
 def fa_code(path: str) -> tuple[int, bool]:
     """(the vec / expf code, whether GCC fused) of ``path`` for the kernels above. A path whose flash attention is
-    not emulated — one whose vector code :data:`kernels.ggml.simd.SIMD` does not know, ``arm64-sve128``, or a
-    NEON record whose F16 vectors are neither float16x8_t nor ``GGML_F32Cx4`` (``arm64-base``) — is
-    :func:`kernels.ggml.build.not_emulated`, a one-line ValueError naming the op and the path."""
+    not emulated — one whose vector code :data:`kernels.ggml.simd.SIMD` does not know, or a NEON record whose F16
+    vectors are neither float16x8_t nor ``GGML_F32Cx4`` (``arm64-base``) — is :func:`kernels.ggml.build.not_emulated`, a one-line ValueError naming the op and the path."""
     s = SIMD.get(check_path(path))
-    if (s is None or s.code not in (AVX512, AVX2, NEON, NEON_CLANG, SVE128, None)
+    if (s is None or s.code not in (AVX512, AVX2, NEON, NEON_CLANG, SVE128, SVE256, None)
             or (s.code == NEON and not s.f16_half and s.f16_epr != 4)):  # NEON: float16x8_t or GGML_F32Cx4
         raise not_emulated("ggml_flash_attn_ext", path)
     return s.expf, s.fused
@@ -335,11 +341,12 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
         split_kv_row(*args, k_f16, v_f16, L16, fused, dot, int(n_threads), out)
     elif kind == "tiled":  # F32 tiles only: the same code with or without FP16 arithmetic
         # SVE: simd-gemm.h's scalar simd_gemm (off under __ARM_FEATURE_SVE) — GCC's fmadd chains in kk order, the
-        # same bits as NEON's vector FMA chains —, soft_max over 64 cells (16 whole blocks, FADDV = vaddvq_f32)
+        # same bits as NEON's vector FMA chains —, soft_max over 64 cells: at 128 bits 16 whole blocks (FADDV =
+        # vaddvq_f32: NEON's code), at 256 bits 8 blocks of 8 lanes (SVE256: kernels.ggml.sve)
         tiled_rows(*args, NEON if L == SVE128 else L, fused, int(n_threads), out)
     else:
         one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused), int(dot))(*args, out)
-    return arm_default_nan(out) if L == NEON or L == SVE128 else out
+    return arm_default_nan(out) if L == NEON or L == SVE128 or L == SVE256 else out
 
 
 def arm_default_nan(out: np.ndarray) -> np.ndarray:

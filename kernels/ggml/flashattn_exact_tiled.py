@@ -34,6 +34,9 @@ with finite inputs the tiled result does not depend on n_threads.
 AArch64 (``lanes`` = :data:`kernels.ggml.simd.NEON`): ``simd_gemm`` is the same FMA chains (``GEMM_RM = GEMM_RN = 2``:
 GCC does not define ``__ARM_NEON__``; the scalar tail columns are ``fmadd`` chains and never run, DV being a multiple
 of 4 here), soft_max NEON blocks of 4, ``fmaxf`` GCC's inlined ``fmaxnm`` (:func:`fmax_path`), ``expf`` AArch64 glibc's.
+The SVE library at 256 bits (``lanes`` = :data:`kernels.ggml.isa.SVE256`): simd-gemm.h is off under SVE (its scalar
+loops: the same FMA chains), soft_max SVE's blocks of 8 lanes with a FADDV of 8 (:mod:`kernels.ggml.sve`), the rest
+as NEON's; at 128 bits its soft_max is NEON's bits (16 whole blocks, FADDV = ``vaddvq_f32``): ``lanes`` NEON.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from numba import prange
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on, fmaxf
-from kernels.ggml.simd import NEON, f32_bits, fma32
+from kernels.ggml.simd import NEON, SVE256, f32_bits, fma32
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 NINF = np.float32(-np.inf)
@@ -117,9 +120,9 @@ def _tile(q, k, v, mask, has_mask, scale, lanes, fused, h, kvh, iq1, rows, out, 
                     row[tk] = np.float32(0.0)
                 continue
             m_old = M[tq]
-            m_new = fmax_path(m_old, tile_max, lanes == NEON)  # ARM: fmaxnm
+            m_new = fmax_path(m_old, tile_max, lanes == NEON or lanes == SVE256)  # ARM: fmaxnm
             if m_new > m_old:
-                ms = expf_on(np.float32(m_old - m_new), GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64)
+                ms = expf_on(np.float32(m_old - m_new), GLIBC_AARCH64 if lanes == NEON or lanes == SVE256 else GLIBC_X86_64)
                 for d in range(DV):
                     VKQ[tq, d] = np.float32(VKQ[tq, d] * ms)
                 S[tq] = np.float32(S[tq] * ms)

@@ -140,7 +140,8 @@ def _arm_mul(a, ab, b, bb):
 #: GCC's NEON loop, GCC's SVE loop, clang's SVE loop. clang's NEON builds are read as GCC's (theirs — ``scale·x`` in
 #: the even 4-lane halves of a block of 8, ``x·scale`` in the odd, ``t·w`` — is not modelled: a NaN's payload only)
 GCC_NEON, GCC_SVE, CLANG_SVE = 0, 1, 2
-ORDER = {"arm64-sve128": GCC_SVE, "arm64-sve128-clang": CLANG_SVE, "arm64-sve128-clang14": CLANG_SVE}
+ORDER = {"arm64-sve128": GCC_SVE, "arm64-sve256": GCC_SVE, "arm64-sve128-clang": CLANG_SVE,
+         "arm64-sve128-clang14": CLANG_SVE}
 
 
 @jit()
@@ -151,10 +152,10 @@ def _rms_norm_rows_arm64(x, xb, eps, w, wb, fused, yb, order=GCC_NEON):
     operand orders GCC chose — plain: ``fmul y, scale`` everywhere (vec_scale_f32); fused ``(x*scale)*w``: with
     ``n`` ≤ 4 one scalar loop ``fmul scale, x`` then ``fmul w, t``; else ``fmul x, scale`` / ``fmul t, w`` on the
     4-wide part, and on the ``n % 4`` tail ``fmul scale, x`` then ``fmul t, w``, ``fmul t, w``, ``fmul w, t``.
-    ``order`` GCC_SVE (``arm64-sve128``): GCC's SVE loop (predicated, ``whilelo``) takes every element, ``fmul z,
-    scale, x`` then ``fmul z, w, t`` — the orders of the ``n`` ≤ 4 loop, for any ``n``; CLANG_SVE
-    (``arm64-sve128-clang``, ``-clang14``): ``fmul scale, x`` then ``fmul t, w`` in its vector loop and its scalar tail
-    alike."""
+    ``order`` GCC_SVE (``arm64-sve128``; ``arm64-sve256``, the same loop at any length): GCC's SVE loop (predicated,
+    ``whilelo``) takes every element, ``fmul z, scale, x`` then ``fmul z, w, t`` — the orders of the ``n`` ≤ 4 loop, for
+    any ``n``; CLANG_SVE (``arm64-sve128-clang``, ``-clang14``): ``fmul scale, x`` then ``fmul t, w`` in its vector loop
+    and its scalar tail alike."""
     R, n = x.shape
     vec_end = (n & ~3) if n > 4 and order == GCC_NEON else 0
     for r in range(R):

@@ -37,7 +37,7 @@ F32 = np.float32
 
 # The paths, their records and codes, their NaN: kernels.ggml.isa (re-exported here, where the kernels look for them)
 from kernels.ggml.isa import (ALL_PATHS, ARM_NAN, AVX2, AVX512, LANES, NEON, NEON_CLANG, NEON_F32C, PATHS, SIMD, SSE2,  # noqa: F401
-                              SVE128, X86_NAN, Simd, check_path, follows_nans, lanes, nan_swap, simd)
+                              SVE128, SVE256, X86_NAN, Simd, check_path, follows_nans, lanes, nan_swap, simd)
 
 
 def fma32_exact(a, b, c):
@@ -445,7 +445,7 @@ def v_expf(x, code):
     :data:`SSE2` for the generic x86 build), one lane."""
     if code == AVX512:
         return v_expf_avx512(x)
-    if code == AVX2 or code == NEON or code == SVE128:  # SVE's svfloat32_t ggml_v_expf: NEON's FMAs, lane for lane
+    if code == AVX2 or code == NEON or code == SVE128 or code == SVE256:  # SVE's ggml_v_expf: NEON's FMAs, lane for lane
         return v_expf_avx2(x)
     if code == SSE2:
         return v_expf_sse2(x)
@@ -455,6 +455,8 @@ def v_expf(x, code):
 @jit()
 def expf_block(code):
     """The block width of vec.cpp's silu / swiglu / soft_max loops for expf code ``code``."""
+    if code == SVE256:  # svcntw() = 8, the last block predicated
+        return 8
     return 4 if code == SSE2 or code == SVE128 else code  # SVE128: svcntw() = 4, the last block predicated
 
 

@@ -31,6 +31,8 @@ fold-left blocks are 4 wide (``fmul v.4s`` then ``fadd s`` lane by lane: ``nc & 
 (:func:`kernels.ggml.simd.follows_nans`).
 ``arm64-sve128`` (SVE at 128 bits, GCC): ssm_conv's taps all ``fmul z`` products added in order by ``fadda`` (no
 fused tail), the delta net's dots the SVE ``ggml_vec_dot_f32`` (:func:`kernels.ggml.sve.vec_dot_f32`).
+``arm64-sve256`` (the same library at 256 bits): ssm_conv the same (FADDA is in order at any length), the delta net's
+dots SVE's at 8 lanes (8 accumulators over steps of 64, FADDV of 8 lanes: they differ from 128 bits').
 The clang builds (``arm64-*-clang``, clang 14): the same loops vectorized in blocks of 8 (``nc & ~7`` taps unfused: Qwen3.5's 4
 taps all ``fmadd``), the dots' leftovers too (code :data:`kernels.ggml.isa.NEON_CLANG`); ``arm64-sve128-clang``'s
 and ``-clang14``'s ssm_conv as well (two unpredicated SVE vectors a step, FADDA, then ``fmadd``), its dots the SVE
@@ -53,7 +55,7 @@ from numba import prange
 from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import expf, expf_on, glibc_of  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import SVE_PATHS, by_clang, not_emulated
-from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, check_path, fma32, fold_left_unfused, follows_nans, simd
+from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, SVE256, check_path, fma32, fold_left_unfused, follows_nans, simd
 from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
@@ -131,7 +133,7 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 def _transposed(S_v: int, epr: int) -> bool:
     """Whether the delta net takes its transposed path (:func:`_transposed_rows`) for this build (Python: a kernel
     compiled for this one test would cost the first run 0.2 s)."""
-    return epr != 0 and epr != SVE128 and S_v % (4 * (NEON if epr == NEON_CLANG else epr)) == 0  # vec.cols_fit
+    return epr not in (0, SVE128, SVE256) and S_v % (4 * (NEON if epr == NEON_CLANG else epr)) == 0  # vec.cols_fit
 
 
 @jit()
@@ -318,7 +320,7 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
     out = np.empty((n_seqs, n_tokens, H, S), np.float32)
     snaps = np.empty((K, n_seqs, H, S, S), np.float32)  # the kernels write every slot < n_tokens, whole
     snaps[n_tokens:] = np.nan  # the slots ggml leaves unwritten
-    epr = 0 if path == "generic" else simd(path, "ggml_gated_delta_net").code  # SVE128: kernels.ggml.sve's dot
+    epr = 0 if path == "generic" else simd(path, "ggml_gated_delta_net").code  # SVE128/256: kernels.ggml.sve's dot
     glibc = glibc_of(path)  # expf: the build's glibc (libm.expf_on)
     if _transposed(S, epr):  # a token's S dots together, the state transposed (:func:`_head_t`)
         # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M

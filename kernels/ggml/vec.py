@@ -36,6 +36,12 @@ AArch64 NEON paths ``arm64-dotprod`` / ``arm64-i8mm``; that int, the ``lanes`` a
   (:func:`kernels.ggml.simd.hsum_fold` on both paths) added to a double; the tail with libm ``expf``,
   each value added to the double.
 
+The SVE builds (codes :data:`kernels.ggml.isa.SVE128`, :data:`kernels.ggml.isa.SVE256`: one GCC library whose loops
+read the vector length at run time) take vec.h / vec.cpp's SVE branches at ``svcntw()`` = 4 or 8 float lanes
+(:mod:`kernels.ggml.sve`, :func:`kernels.ggml.sve.svcntw`): ``vec_dot_f32``, ``vec_dot_f16``, ``vec_soft_max_f32``,
+``vec_mad_f16``, ``vec_scale_f16`` pass them on; :func:`vec_dot_f32_cols` / :func:`cols_fit` never take them (SVE's
+twin: :func:`kernels.ggml.sve.vec_dot_f32_cols`).
+
 Inputs are float32 arrays (F16 values held as float32: exact).
 """
 
@@ -47,7 +53,7 @@ from kernels.base.flags import jit
 from kernels.ggml.libm import expf, expf_arm64
 from kernels.ggml.half import f16_round64, fma16
 from kernels.ggml import sve
-from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128
+from kernels.ggml.isa import NEON_CLANG, NEON_F32C, SVE128, SVE256
 from kernels.ggml.simd import (AVX2, AVX512, NEON, SSE2, f16_round, fma32, fold_left_unfused, hsum_fold, hsum_pairwise4,
                                v_expf, vec_reduce, vfma)
 
@@ -84,8 +90,8 @@ def _simd_dot(np_, x, y, lanes, acc):
 @jit()
 def vec_dot_f32(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f32 (the ``GGML_SIMD`` x86 branch) of ``x[:n]``, ``y[:n]``; ``acc``: :func:`dot_scratch`."""
-    if lanes == SVE128:  # vec.cpp's SVE branch (kernels.ggml.sve)
-        return sve.vec_dot_f32(n, x, y)
+    if lanes == SVE128 or lanes == SVE256:  # vec.cpp's SVE branch at svcntw() lanes (kernels.ggml.sve)
+        return sve.vec_dot_f32(n, x, y, sve.svcntw(lanes))
     # GGML_F32_VEC is float32x4_t on every NEON code (NEON_F32C: arm64-base's F16 code; NEON_CLANG: clang's builds)
     L = NEON if lanes == NEON_F32C or lanes == NEON_CLANG else lanes
     np_ = n & ~(4 * L - 1)  # GGML_F32_STEP
@@ -157,7 +163,7 @@ def vec_dot_f32_cols(n, xt, y, lanes, acc, out):
 def cols_fit(n, lanes):
     """Whether :func:`vec_dot_f32_cols` computes dots of length ``n`` (a whole number of ``GGML_F32_STEP``s; never
     SVE's, whose twin is :func:`kernels.ggml.sve.vec_dot_f32_cols`)."""
-    return lanes != SVE128 and n % (4 * (NEON if lanes == NEON_CLANG else lanes)) == 0
+    return lanes != SVE128 and lanes != SVE256 and n % (4 * (NEON if lanes == NEON_CLANG else lanes)) == 0
 
 
 @jit()
@@ -188,8 +194,8 @@ def _simd_dot_f16_half(np_, x, y, acc):
 def vec_dot_f16(n, x, y, lanes, acc):
     """vec.cpp: ggml_vec_dot_f16 of ``x[:n]``, ``y[:n]`` (F16 values as float32): SIMD part (float on x86, half
     accumulators on NEON: :func:`_simd_dot_f16_half`), double tail; ``acc``: :func:`dot_scratch`."""
-    if lanes == SVE128:  # vec.cpp's SVE branch: float accumulators (kernels.ggml.sve)
-        return sve.vec_dot_f16(n, x, y)
+    if lanes == SVE128 or lanes == SVE256:  # vec.cpp's SVE branch: float accumulators (kernels.ggml.sve)
+        return sve.vec_dot_f16(n, x, y, sve.svcntw(lanes))
     if lanes == NEON:
         np_ = n & ~31  # GGML_F16_STEP = 32 (GGML_F16_EPR 8)
         sumf = np.float64(_simd_dot_f16_half(np_, x, y, acc))
@@ -221,8 +227,8 @@ def vec_soft_max_f32(n, y, x, mx, lanes):
     """vec.cpp: ggml_vec_soft_max_f32: ``y[i] = exp(x[i] - max)`` (``y`` may be ``x``); returns the double sum.
     ``lanes``: the expf code of the path (:func:`kernels.ggml.simd.expf_lanes`): AVX512, AVX2, NEON, or SSE2 for
     ggml's generic x86 build (its ``__SSE2__`` branch)."""
-    if lanes == SVE128:  # the SVE branch: predicated last block, FADDV per block (kernels.ggml.sve)
-        return sve.vec_soft_max_f32(n, y, x, mx)
+    if lanes == SVE128 or lanes == SVE256:  # the SVE branch: predicated last block, FADDV per block (kernels.ggml.sve)
+        return sve.vec_soft_max_f32(n, y, x, mx, sve.svcntw(lanes))
     total = np.float64(0.0)  # ggml_float sum
     width = 4 if lanes == SSE2 or lanes == NEON else lanes
     if lanes != AVX512 and lanes != AVX2 and lanes != NEON and lanes != SSE2:
@@ -259,7 +265,7 @@ def vec_mad_f16(n, y, x, v, lanes):
     (float16x8_t): the ``n & ~31`` SIMD part computes in half — ``vdupq_n_f16(v)`` rounds ``v`` to half, one
     ``fmla v.8h`` rounding — the tail as x86. (The conversions round to nearest even; the tail's
     ``GGML_CPU_FP32_TO_FP16`` is the portable one on NEON, which differs from the hardware's only on NaN.)"""
-    if lanes == SVE128:  # vec.h's SVE branch: half FMAs on every element (kernels.ggml.sve)
+    if lanes == SVE128 or lanes == SVE256:  # vec.h's SVE branch: half FMAs on every element (kernels.ggml.sve)
         sve.vec_mad_f16(n, y, x, v)
         return
     np_ = 0
@@ -278,8 +284,8 @@ def vec_mad_f16(n, y, x, v, lanes):
 def vec_scale_f16(n, y, v, lanes):
     """vec.h: ggml_vec_scale_f16 on F16 values held as float32: x86 and the tail ``fp16(y[i]*v)`` in float; NEON's
     ``n & ~31`` SIMD part ``vmulq_f16`` in half with ``v`` rounded to half."""
-    if lanes == SVE128:  # vec.h's SVE branch: half products on every element (kernels.ggml.sve)
-        sve.vec_scale_f16(n, y, v)
+    if lanes == SVE128 or lanes == SVE256:  # vec.h's SVE branch: half products, one predicated leftover vector (kernels.ggml.sve)
+        sve.vec_scale_f16(n, y, v, sve.svcntw(lanes))
         return
     np_ = 0
     if lanes == NEON:

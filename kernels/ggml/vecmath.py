@@ -57,7 +57,7 @@ import numpy as np
 
 from kernels.base.flags import jit
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on, glibc_of, logf
-from kernels.ggml.simd import NEON, SVE128, check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
+from kernels.ggml.simd import NEON, SVE128, SVE256, check_path, expf_block, expf_lanes, f32_bits, fma32, follows_nans, v_expf
 from kernels.ggml.vec import vec_max_f32, vec_soft_max_f32
 
 
@@ -212,7 +212,7 @@ def _silu_for(lanes: int):
         glibc = GLIBC_AARCH64 if lanes == NEON else GLIBC_X86_64  # the scalar tail's libm expf
         for r in range(x.shape[0]):
             n = x.shape[1]
-            last = n + width - 1 if lanes == SVE128 else n  # SVE: svwhilelt_b32 predicates the last block, no tail
+            last = n + width - 1 if lanes == SVE128 or lanes == SVE256 else n  # SVE: svwhilelt_b32 predicates the last block
             i = 0
             while i + width - 1 < last:  # for (; i + 15 < n; i += 16) — AVX2: i + 7 < n, i += 8; SSE2, NEON: 4
                 for lane in range(min(width, n - i)):

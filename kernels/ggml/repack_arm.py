@@ -1,8 +1,8 @@
 """``ggml_mul_mat`` / ``ggml_mul_mat_id`` of a weight in llama.cpp's ``CPU_REPACK`` buffer on the AArch64 GCC
-builds (paths ``arm64-dotprod``, ``arm64-i8mm``), bit for bit: Q8_0, Q4_0, IQ4_NL and MXFP4 (the 32-value
-block types, Q8_0 activations). The K-quants, and the dispatch :mod:`kernels.ggml.mulmat` calls, are
-:mod:`kernels.ggml.repack_arm_k`. The weights are taken in the
-plain GGUF layout: the interleaving changes no value, only where the bytes sit.
+builds (paths ``arm64-dotprod``, ``arm64-i8mm``, and the SVE build at 128 and 256 bits: ``arm64-sve128``,
+``arm64-sve256``), bit for bit: Q8_0, Q4_0, IQ4_NL and MXFP4 (the 32-value block types, Q8_0 activations). The
+K-quants, and the dispatch :mod:`kernels.ggml.mulmat` calls, are :mod:`kernels.ggml.repack_arm_k`. The weights are
+taken in the plain GGUF layout: the interleaving changes no value, only where the bytes sit.
 
 Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
 
@@ -11,6 +11,10 @@ Source (vendored llama.cpp, ``ggml/src/ggml-cpu``):
   ``8x4`` (dotprod). The 32-value types need ``ne[1] % 4 == 0`` rows, the K-quants ``% 8``. (Q1_0 too, not
   emulated; Q2_K is repacked by AVX-512 only.) ``arm64-base`` (NEON alone) repacks nothing; ``arm64-sve128`` takes
   the i8mm choices and runs the i8mm NEON code (the SVE bodies are for 256-bit vectors): :data:`KERNELS_OF`.
+  ``arm64-sve256`` (the same SVE library where ``svcntb() == 32``) takes them too but for Q4_0 with ``ne[1] % 8 ==
+  0``, ``q4_0_8x8`` (``ggml_cpu_get_sve_cnt() == QK8_0``), and runs the SVE bodies of ``ggml_gemv_q4_0_8x8_q8_0``,
+  ``ggml_gemm_q4_0_8x8_q8_0`` and ``ggml_gemm_q8_0_4x8_q8_0`` (``svcntb() * 8 == 256``): the bits of the i8mm
+  kernels, by construction (:data:`FUSED`; Q4_K's 256-bit gemm is :mod:`kernels.ggml.repack_arm_k`'s).
 * ``repack.cpp: forward_mul_mat`` quantizes the activation rows in groups of four with
   ``arch/arm/repack.cpp: ggml_quantize_mat_q8_0_4x4`` / ``_4x8`` and the last ``T % 4`` rows with ``from_float``
   = ``arch/arm/quants.c: quantize_row_q8_0``. All three are one float recipe (:func:`quantize_q8_0_arm`):
@@ -34,7 +38,12 @@ against ``kvalues_mxfp4``, the E2M1 values doubled)::
 
 Which one (:data:`FUSED`, read off ``aarch64-linux-gnu-objdump -d libggml-cpu.so`` of both builds): Q4_0 gemv and
 gemm (4x4, 4x8) and Q8_0 gemv (4x4, 4x8) and Q8_0 gemm 4x8 (i8mm) fuse; Q8_0 gemm 4x4 (dotprod) and every IQ4_NL
-and MXFP4 kernel do not. So on ``arm64-dotprod`` a Q8_0 gemm row and a gemv row of the same activations differ,
+and MXFP4 kernel do not; on ``arm64-sve256`` the 256-bit SVE bodies fuse as the i8mm code does — Q4_0 8x8's gemv
+asm ``sdot``s the nibbles as ``16·(n-8)``, shifts the sum right by 4 (exact) and ``fmla``s it with ``fmul(d_w, d_x)``;
+its gemm asm ``fmla``s ``float(16·dot)`` with ``fmul(fscale(d_w, -4), d_x)`` — ``d_w/16`` exact (an fp16 value
+is >= 2^-24), the product ``float32(d_w·d_x)/16`` exactly (no float32 subnormal: ``|d_w·d_x| >= 2^-48``), so
+the same FMA of the same real product —, and Q8_0 4x8's SVE gemm is ``svmla_f32`` (``fmla``) of
+``svmul_lane_f32(d_w, d_x)``. So on ``arm64-dotprod`` a Q8_0 gemm row and a gemv row of the same activations differ,
 and Q8_0's bits differ between the two GCC builds; the other types give the same bits on both. (The clang build,
 ``-ffp-contract=on``, contracts ``vmlaq_f32`` too: every kernel fuses — ``arm64-i8mm-clang`` in
 :data:`KERNELS_OF`, checked against that build.) One float accumulator per output: no lanes, no horizontal sum,
@@ -74,6 +83,9 @@ _I8MM = {QT.Q4_0: (4, "4x8"), QT.Q8_0: (4, "4x8"), QT.IQ4_NL: (4, "4x4"), QT.MXF
 #: alone (``arm64-base``) repacks nothing (every ARM choice needs dotprod or i8mm); SVE at 128 bits takes the i8mm
 #: choices (Q4_0's 8x8 needs ``svcntb() == 32``) and, its SVE kernel bodies being for 256 bits only, the NEON i8mm
 #: code: the same bits (checked against ``arm64-sve128-gcc``).
+#: ``arm64-sve256``: the i8mm choices, and Q4_0's ``8x8`` where ``ne[1] % 8 == 0`` (``svcntb() == QK8_0``; else
+#: ``4x8``, rows % 4: the same bits, module docstring)
+_SVE256 = {**_I8MM, QT.Q4_0: (4, "8x8")}
 REPACK_ARM = {
     "arm64-base": {},
     "arm64-base-clang": {},
@@ -84,13 +96,16 @@ REPACK_ARM = {
     "arm64-i8mm-clang": _I8MM,
     "arm64-sve128-clang": _I8MM,
     "arm64-sve128-clang14": _I8MM,
+    "arm64-sve256": _SVE256,
 }
 #: The AArch64 paths whose repacked kernels are emulated -> the kernels they run. ``arm64-…-clang``: the clang
 #: builds of the i8mm and dotprod kernels (``-ffp-contract=on`` contracts ``vmlaq_f32`` / ``vmlsq_f32`` into
-#: ``fmla`` / ``fmls``, but not ``nearest_int``'s add).
+#: ``fmla`` / ``fmls``, but not ``nearest_int``'s add). ``arm64-sve256``: its own, the SVE bodies for 256 bits
+#: (here the i8mm recipes; Q4_K's gemm is not: :data:`kernels.ggml.repack_arm_k.GEMM_GEMV`).
 KERNELS_OF = {"arm64-dotprod": "arm64-dotprod", "arm64-i8mm": "arm64-i8mm", "arm64-sve128": "arm64-i8mm",
               "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-dotprod-clang": "arm64-dotprod-clang",
-              "arm64-sve128-clang": "arm64-i8mm-clang", "arm64-sve128-clang14": "arm64-i8mm-clang"}
+              "arm64-sve128-clang": "arm64-i8mm-clang", "arm64-sve128-clang14": "arm64-i8mm-clang",
+              "arm64-sve256": "arm64-sve256"}
 ARM_PATHS = tuple(KERNELS_OF)
 #: The 32-value block types emulated here.
 REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
@@ -98,8 +113,11 @@ REPACK_ARM_B32 = frozenset({QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4})
 FUSED = {
     (QT.Q8_0, "arm64-dotprod"): (False, True),  # gemm 4x4 vmlaq_f32 (fmul+fadd), gemv 4x4 vfmaq_f32
     (QT.Q8_0, "arm64-i8mm"): (True, True),  # gemm 4x8 (smmla) vfmaq_f32, gemv 4x8 vfmaq_f32
+    (QT.Q8_0, "arm64-sve256"): (True, True),  # gemm 4x8 SVE svmla_f32 (fmla), gemv 4x8 vfmaq_f32
     **{(QT.Q4_0, p): (True, True) for p in ("arm64-dotprod", "arm64-i8mm")},  # gemm asm fmla, gemv vfmaq_f32
-    **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4) for p in ("arm64-dotprod", "arm64-i8mm")},  # vmlaq_f32
+    (QT.Q4_0, "arm64-sve256"): (True, True),  # 8x8 SVE asm fmla (4x8 where ne[1] % 8: the i8mm code)
+    **{(q, p): (False, False) for q in (QT.IQ4_NL, QT.MXFP4)
+       for p in ("arm64-dotprod", "arm64-i8mm", "arm64-sve256")},  # vmlaq_f32 (NEON 4x4 only)
     **{(q, p): (True, True) for q in (QT.Q8_0, QT.Q4_0, QT.IQ4_NL, QT.MXFP4)
        for p in ("arm64-i8mm-clang", "arm64-dotprod-clang")},  # clang: all fmla
 }

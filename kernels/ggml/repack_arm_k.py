@@ -1,5 +1,6 @@
 """Q4_K, Q5_K and Q6_K weights in llama.cpp's CPU_REPACK buffer on the AArch64 GCC builds (``arm64-dotprod``:
-``q{4,5,6}_K_8x4_q8_K``, ``arm64-i8mm``: ``q{4,5,6}_K_8x8_q8_K``; ``ne[1] % 8 == 0``), bit for bit.
+``q{4,5,6}_K_8x4_q8_K``, ``arm64-i8mm`` and the SVE build at 128 and 256 bits: ``q{4,5,6}_K_8x8_q8_K``; ``ne[1] % 8
+== 0``), bit for bit.
 
 Source (vendored llama.cpp, ``ggml/src/ggml-cpu``): ``repack.cpp: forward_mul_mat`` (gemm on the first ``T - T % 4``
 rows, gemv on the rest; ``forward_mul_mat_id``: gemv only), the kernels in ``arch/arm/repack.cpp``.
@@ -36,6 +37,12 @@ gemm fuses, its gemv's ``vmul(q)_f32`` + ``vaddq_f32`` do not — the 8x4 gemv's
 ``nearest_int``'s add (:data:`Q8_K_FUSED`). One accumulator per output: no lanes; the thread count (whole
 8-column chunks) changes no bit. NaNs: every output NaN is made AArch64's default +0x7fc00000
 (:func:`kernels.ggml.repack_arm.arm_nans`); a NaN weight scale's payload is not modelled.
+
+``arm64-sve256`` (the SVE library where ``svcntb() * 8 == 256``) runs the i8mm NEON code but for
+``ggml_gemm_q4_K_8x8_q8_K``'s SVE body: the same integers (``svmmla_s32``, ``svmla_s32``, the halves' ``svadd_s32``:
+exact), then per super-block ``svmls_f32_m`` and ``svmla_f32_m`` — SVE's ``fmls`` / ``fmla``, one rounding each
+whatever the compiler contracts —, so its Q4_K gemm rows take the clang build's recipe (``2 + FUSED_MINS``) and every
+other kernel (Q4_K's gemv, Q5_K, Q6_K; the Q8_K quantizer) is GCC's i8mm one (checked against ``arm64-sve256-gcc``).
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ FUSED_MINS = 8
 GEMM_GEMV = {(QT.Q4_K, "arm64-dotprod"): (0, 0), (QT.Q4_K, "arm64-i8mm"): (2, 1),
              (QT.Q5_K, "arm64-dotprod"): (0, 0), (QT.Q5_K, "arm64-i8mm"): (2, 3),
              (QT.Q6_K, "arm64-dotprod"): (5, 4), (QT.Q6_K, "arm64-i8mm"): (5, 5),
+             (QT.Q4_K, "arm64-sve256"): (2 + FUSED_MINS, 1),  # the SVE gemm's svmls_f32 / svmla_f32: fmls, fmla
+             (QT.Q5_K, "arm64-sve256"): (2, 3), (QT.Q6_K, "arm64-sve256"): (5, 5),  # i8mm's NEON code
              (QT.Q4_K, "arm64-i8mm-clang"): (2 + FUSED_MINS, 1 + FUSED_MINS),
              (QT.Q5_K, "arm64-i8mm-clang"): (2 + FUSED_MINS, 3 + FUSED_MINS),
              (QT.Q6_K, "arm64-i8mm-clang"): (4, 5),
@@ -81,7 +90,8 @@ GEMM_GEMV = {(QT.Q4_K, "arm64-dotprod"): (0, 0), (QT.Q4_K, "arm64-i8mm"): (2, 1)
              (QT.Q6_K, "arm64-dotprod-clang"): (4, 5)}  # clang: 8x4's gemm vmlaq_f32 fused, its gemv's
 #: vmulq_f32 + vaddq_f32 two statements (GCC's =fast contracts them into fmla, clang's =on does not)
 #: Whether the kernels' path quantizes Q8_K with GCC's contracted nearest_int.
-Q8_K_FUSED = {"arm64-dotprod": True, "arm64-i8mm": True, "arm64-i8mm-clang": False, "arm64-dotprod-clang": False}
+Q8_K_FUSED = {"arm64-dotprod": True, "arm64-i8mm": True, "arm64-i8mm-clang": False, "arm64-dotprod-clang": False,
+              "arm64-sve256": True}
 
 
 @jit()

@@ -75,8 +75,8 @@ def test_repack_choice():
 
 @pytest.mark.oracle
 def test_mul_mat_bit_exact():
-    """Every repacked type, T = 1 … 9 (gemv rows, gemm groups and every tail), against the library; Q4_K's gemm rows
-    differ from the i8mm build's (its SVE body), the other types' and the gemv rows do not."""
+    """Every repacked type, T = 1 … 9 and 22 (gemv rows, gemm groups and every tail), against the library; Q4_K's
+    gemm rows differ from the i8mm build's (its SVE body), the other types' and the gemv rows do not."""
     _require(BUILD)
     rng = np.random.default_rng(25601)
     cases = []
@@ -85,6 +85,8 @@ def test_mul_mat_bit_exact():
         for n, k, ts, scales in ((ns[0], 256, (1, 2, 3, 4, 5, 6, 7, 9), "normal"), (ns[1], 512, (4, 8), "extreme")):
             w = weight_bytes(qt, n, k, rng, scales)
             cases += [(w, int(qt), k, _acts(qt, rng, t, k), 1 + t % 2) for t in ts]
+        if qt in (QT.Q8_0, QT.Q4_0, QT.Q4_K):  # the SVE gemms: Q4_0's asm's 16-row loop, then its 4-row tail
+            cases.append((weight_bytes(qt, 8, 256, rng), int(qt), 256, _acts(qt, rng, 22, 256), 2))
     got = on_build(BUILD, g_mul_mats, cases)
     differs = set()
     for (w, gt, _, x, nth), y in zip(cases, got):

@@ -1,7 +1,7 @@
 """``ggml_mul_mat`` / ``ggml_mul_mat_id`` with the weights in a plain CPU buffer on ggml-cpu's AArch64 GCC paths
 (``arm64-dotprod``: ``-march=armv8.2-a+dotprod+fp16``; ``arm64-i8mm``: ``armv8.6-a+dotprod+fp16+i8mm``; and, below,
-``arm64-base``: ``armv8-a``; ``arm64-sve128``: ``armv9-a+sve2+i8mm`` at 128 bits), bit for bit: llama.cpp's
-``--no-repack``, and every type and shape the CPU_REPACK buffer does not take (:data:`REPACK_ROWS`).
+``arm64-base``: ``armv8-a``; ``arm64-sve128`` / ``arm64-sve256``: ``armv9-a+sve2+i8mm`` at 128 / 256 bits), bit for
+bit: llama.cpp's ``--no-repack``, and every type and shape the CPU_REPACK buffer does not take (:data:`REPACK_ROWS`).
 
 Dispatch (``ggml-cpu.c: ggml_compute_forward_mul_mat``): the ARM builds have no llamafile (the Android guide's
 ``GGML_LLAMAFILE=OFF``) and ``tiled/tiled.cpp``'s ``ggml_tiled_supported`` is false without ``__AVX__`` — so every
@@ -10,7 +10,7 @@ element is one ``vec_dot`` (``type_traits_cpu[type].vec_dot``) on the activation
 * ``nrows``: with ``__ARM_FEATURE_MATMUL_INT8`` the ``vec_dot`` of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K takes 2 weight rows
   × 2 activation rows at a time (``smmla``; :data:`MMLA_TYPES`), a different float formula from the 1-row kernel —
   but only in a chunk where ``nr0`` (N), ``ne11`` (T) and the chunk's extents are all even; the chunks come from
-  the thread count (:func:`mmla_mask`), so on ``arm64-i8mm`` (and ``arm64-sve128``) the thread count changes bits. ``mul_mat_id`` always
+  the thread count (:func:`mmla_mask`), so on ``arm64-i8mm`` (and the SVE builds) the thread count changes bits. ``mul_mat_id`` always
   runs 1 row.
 * F32 (``vec.cpp: ggml_vec_dot_f32``, NEON): 4 accumulators of 4 lanes over steps of 16 (``fmla``),
   ``GGML_F32x4_REDUCE`` (``(s0+s2)+(s1+s3)`` lane-wise, then ``vaddvq_f32`` = ``faddp`` twice:
@@ -43,9 +43,17 @@ Q4_0, Q5_0, Q4_1, Q5_1: ``mulmat_arm_q._lanes_1row``'s ``vmull``) — and F16's 
 ``arm64-sve128`` (SVE2 at 128 bits, with i8mm): the NEON kernels of the i8mm build where its ``vec_dot`` has no SVE
 code (BF16, Q4_1, Q5_0, Q5_1, MXFP4, IQ4_NL, Q5_K, IQ4_XS, the IQ1/2/3 types: the float instructions agree), the SVE
 code of F32 (:func:`kernels.ggml.sve.vec_dot_f32`), Q8_0 and Q4_0 (``mulmat_arm_q.SVE128_KIND``), Q2_K (4 float lanes:
-``mulmat_arm_q._q2_k_sve128``), Q3_K / Q4_K / Q6_K (SVE 1-row kernels rounding as the NEON ones; fused SVE+MMLA 2-row
+``mulmat_arm_q._q2_k_sve``), Q3_K / Q4_K / Q6_K (SVE 1-row kernels rounding as the NEON ones; fused SVE+MMLA 2-row
 kernels for Q4_K and Q6_K), F16 (SVE2 FMLALB/FMLALT: :func:`kernels.ggml.sve.vec_dot_f16`), and the NEON i8mm 2-row kernels
 of Q4_0, Q4_1, Q8_0.
+
+``arm64-sve256`` (the same library on a 256-bit SVE CPU: ``svcntb()`` is read at run time, so quants.c's ``case 256``
+branches run): Q8_0 and Q4_0's SVE 1-row kernels in 8 fused lanes of 4 values a block, one FADDV of 8
+(``mulmat_arm_q.SVE256_KIND``), Q2_K in 8 float lanes (``mulmat_arm_q._q2_k_sve``); everything else as
+``arm64-sve128`` — the NEON kernels, the i8mm 2-row ones, and the ``case 256`` code of Q3_K and of Q4_K / Q6_K (1-row
+and SVE+MMLA 2-row), which forms the same exact integers in wider vectors and meets the floats with the same
+operations in the same order (read in quants.c; the library agrees at both lengths). F32 and F16 (vec.cpp's SVE loops
+at 8 float lanes) are refused there (:data:`NOT_YET`).
 
 ``arm64-i8mm-clang`` / ``arm64-dotprod-clang`` / ``arm64-base-clang`` (those builds compiled by clang 14, ``-ffp-contract=on``;
 tests/test_ggml_arm64_clang.py): those paths' kernels with clang's float choices — ``vmlaq_n_f32`` / ``vmlaq_f32`` / ``vmlsq_f32`` one ``fmla`` / ``fmls`` (the
@@ -85,10 +93,17 @@ ARM_PATHS = build.ARM64_PATHS
 #: the armv8-a builds: no dotprod (``ggml_vdotq_s32`` emulated by vmull + vpaddl), nothing repacked
 BASE_PATHS = ("arm64-base", "arm64-base-clang")
 #: paths whose ``type_traits_cpu`` has ``__ARM_FEATURE_MATMUL_INT8`` (nrows = 2 for MMLA_TYPES)
-I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-i8mm-clang", "arm64-sve128-clang", "arm64-sve128-clang14")
+I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-sve256", "arm64-i8mm-clang", "arm64-sve128-clang",
+              "arm64-sve128-clang14")
 #: the 32-value block kernels that differ from ``mulmat_arm_q.BLOCK32``'s kind on a path
 BLOCK32_KINDS = {"arm64-i8mm": mulmat_arm_q.I8MM_KIND, "arm64-sve128": mulmat_arm_q.SVE128_KIND,
-                 "arm64-sve128-clang": mulmat_arm_q.SVE128_CLANG_KIND, "arm64-sve128-clang14": mulmat_arm_q.SVE128_CLANG_KIND}
+                 "arm64-sve256": mulmat_arm_q.SVE256_KIND, "arm64-sve128-clang": mulmat_arm_q.SVE128_CLANG_KIND,
+                 "arm64-sve128-clang14": mulmat_arm_q.SVE128_CLANG_KIND}
+#: weight types refused on a path whose kernel for them is not emulated (yet): ``arm64-sve256``'s F32 / F16 dots
+#: (vec.cpp's SVE loops at 8 float lanes)
+NOT_YET = {"arm64-sve256": frozenset({QT.F32, QT.F16})}
+#: the SVE paths' vector length in bits (``svcntb()·8``, which quants.c's ``switch``es read): 0 elsewhere
+SVE_BITS = {p.key: p.sve_bits for p in build.EMULATED_PATHS if p.sve_bits}
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
 MMLA_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 #: the weight types emulated here
@@ -113,7 +128,7 @@ def repacked(qtype: QT, n_rows: int, path: str = "arm64-dotprod") -> bool:
 
 def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
     """Whether plain-buffer ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights is emulated on the ARM ``path``."""
-    return qtype in TYPES and path in ARM_PATHS
+    return qtype in TYPES and path in ARM_PATHS and qtype not in NOT_YET.get(path, ())
 
 
 def not_emulated(what: str, qtype: QT, path: str) -> ValueError:
@@ -221,7 +236,7 @@ def compute(w_bytes: np.ndarray, qtype: QT, x: np.ndarray, path: str, n_threads:
     else:  # K-quants: the same activations
         yq, yd, ybs = _q8_k_rows(x, fused=not clang)
         mulmat_arm_q.k_rows(mulmat_arm_q.KQUANTS[qtype], np.ascontiguousarray(w_bytes), yq, yd, ybs.astype(np.int64),
-                            out, two, F16_TO_F32, build.by_sve(path), clang, path == "arm64-sve128-clang14")
+                            out, two, F16_TO_F32, SVE_BITS.get(path, 0), clang, path == "arm64-sve128-clang14")
     return arm_default_nan(out)
 
 

@@ -37,6 +37,12 @@ the float steps are read from the disassembly of both builds (the 1-row kernels 
     ``fma(float(sumi), d, sumf)``; ``Q3_K`` (values ``(low2 | hbit << 2) - 4``, scales - 32):
     ``sumf = fma(float(sumi), d, sumf)``.
 
+The SVE build (``arm64-sve128``, ``arm64-sve256``: ``switch (svcntb()*8)`` in each kernel) keeps these integers
+and float steps but for Q8_0 / Q4_0's 1-row kernels — at 128 bits 4 lanes fused (``svmla``), one FADDV of ``sumv0 +
+sumv1`` (kinds 7, 8); at 256 bits a block fills a vector: 8 lanes of 4 values, fused, one FADDV of 8 (kinds 9, 10:
+:func:`_sve256_1row`) — and Q2_K, which keeps 4 or 8 float lanes across the super-blocks (:func:`_q2_k_sve`); its
+SVE+MMLA Q4_K / Q6_K 2-row kernels fuse every step (:func:`k_rows`).
+
 The clang build (``clang``: ``arm64-i8mm-clang``) contracts the ``vmlaq_f32`` family: the 1-row lanes
 ``sumv[l] = fma(float(lane), dw·dx, sumv[l])``, the 2-row ``acc = fma(float(dot32), dw·dx, acc)`` (Q4_1's mins
 ``summs + m·s`` rounded twice there: its products are stored to ``summs_t[]`` first), Q4_K's 2-row kernel the 1-row
@@ -60,7 +66,8 @@ from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
 F32 = np.float32
 #: 32-value block types: (block bytes, kernel kind) — kind 0: Q8_0 and Q5_0, 1: Q4_0, 2: MXFP4, 3: IQ4_NL, 4: Q4_1,
-#: 5: Q5_1 (4 and 5 take Q8_1 activations); 6: Q5_0 on arm64-i8mm (:data:`I8MM_KIND`); 7, 8: :data:`SVE128_KIND`
+#: 5: Q5_1 (4 and 5 take Q8_1 activations); 6: Q5_0 on arm64-i8mm (:data:`I8MM_KIND`); 7, 8: :data:`SVE128_KIND`;
+#: 9, 10: :data:`SVE256_KIND`
 BLOCK32 = {QT.Q8_0: (34, 0), QT.Q4_0: (18, 1), QT.MXFP4: (17, 2), QT.IQ4_NL: (18, 3), QT.Q5_0: (22, 0),
            QT.Q4_1: (20, 4), QT.Q5_1: (24, 5)}
 Q8_1_TYPES = frozenset({QT.Q4_1, QT.Q5_1})
@@ -73,6 +80,9 @@ I8MM_KIND = {QT.Q5_0: 6}
 SVE128_KIND = {QT.Q5_0: 6, QT.Q8_0: 7, QT.Q4_0: 8}
 #: ``arm64-sve128-clang`` / ``-clang14``: the same SVE kernels; clang vectorizes no USDOT into Q5_0's tail
 SVE128_CLANG_KIND = {QT.Q8_0: 7, QT.Q4_0: 8}
+#: the kinds of ``arm64-sve256`` (the same GCC build on a 256-bit CPU): Q8_0 and Q4_0's 1-row kernels take their
+#: ``case 256`` code (9, 10: 8 fused lanes of 4 values, one FADDV of 8: :func:`_sve256_1row`); Q5_0 the USDOT tail
+SVE256_KIND = {QT.Q5_0: 6, QT.Q8_0: 9, QT.Q4_0: 10}
 #: K-quant types: kernels.ggml.mulmat_k.decode_row's kind
 IQ = IQ_KIND  # IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: :func:`iq_rows`
 #: weight rows a parallel task takes (:func:`block32_rows`)
@@ -245,21 +255,60 @@ def _lanes_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, fused, raw, tab):
         sumf = F32(sumf + summs)
         if kind == 5:
             sumf = F32(sumf + summs1)
-    for b in range(ib, nb):  # the odd last block
+    return _last_block(kind, v, dw, mw, r, xq, xd, xs, t, raw, tab, ib, sumf)
+
+
+@jit()
+def _last_block(kind, v, dw, mw, r, xq, xd, xs, t, raw, tab, ib, sumf):
+    """The scalar loop after the pairs (``ib``: the first block it takes, the odd last one or none), added to
+    ``sumf``: each block's exact dot, then the C's ``sumf += …`` as GCC compiled it (module docstring)."""
+    for b in range(ib, xd.shape[1]):
         vo, dwb = _wblock(v, dw, r, b, raw, tab)
         if kind == 6:  # Q5_0 on arm64-i8mm: GCC's USDOT reads the values v - 16 as unsigned bytes
             dot = 0
             for j in range(32):
                 dot += (np.int64(v[r, vo + j]) & 255) * xq[t, 32 * b + j]
             sumf = fma32(F32(dot), F32(dwb * xd[t, b]), sumf)
-        elif kind == 0 or kind == 7:
+        elif kind == 0 or kind == 7 or kind == 9:  # Q8_0: sumi*(d_x*d_y)
             sumf = fma32(F32(_dot32(v, r, xq, t, 32 * b, vo)), F32(dwb * xd[t, b]), sumf)
-        elif kind == 1 or kind == 8:
+        elif kind == 1 or kind == 8 or kind == 10:  # Q4_0: sumi*d_x*d_y, left to right
             sumf = fma32(F32(F32(_dot32(v, r, xq, t, 32 * b, vo)) * dwb), xd[t, b], sumf)
         else:  # Q4_1, Q5_1: sumf += (d_w·d_x)·sumi + m·s, the first product fused
             sumi = F32(_dot32(v, r, xq, t, 32 * b, vo))
             sumf = F32(sumf + fma32(F32(dwb * xd[t, b]), sumi, F32(mw[r, b] * xs[t, b])))
     return sumf
+
+
+@jit()
+def _sve256_1row(kind, v, dw, r, xq, xd, t, raw, tab, acc):
+    """One element of Q8_0's (``kind`` 9) or Q4_0's (10) SVE 1-row ``vec_dot`` at a 256-bit vector length
+    (``quants.c``'s ``case 256``): a block's 32 values fill one vector — Q8_0's bytes as stored, Q4_0's
+    ``svld1rq_u8`` copy of its 16 bytes, low nibbles in the first 16 lanes and high nibbles in the last (the
+    decoded order) — and ``svdot_s32`` makes 8 int32 lanes, lane ``l`` the dot of values ``4l … 4l+3``. Blocks in
+    pairs, even blocks into ``sumv0``, odd into ``sumv1``, each lane ``svmla_n_f32_x``: ``fma(float(lane),
+    dw·dx, sumv[l])``; then ``svaddv_f32(svadd(sumv0, sumv1))`` — FADDV's pairwise tree over 8 lanes,
+    ``((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7))`` — and the odd last block as at 128 bits (:func:`_last_block`: the
+    scalar loop is outside the ``switch``). ``acc`` (2, 8) float32 scratch; ``raw``, ``tab``: :func:`_wblock`."""
+    nb = xd.shape[1]
+    acc[:] = F32(0.0)
+    ib = 0
+    while ib + 1 < nb:
+        for h in range(2):
+            vo, dwb = _wblock(v, dw, r, ib + h, raw, tab)
+            d = F32(dwb * xd[t, ib + h])
+            xo = 32 * (ib + h)
+            for lane in range(8):
+                dot = np.int32(0)
+                for e in range(4 * lane, 4 * lane + 4):
+                    dot += np.int32(v[r, vo + e]) * np.int32(xq[t, xo + e])
+                acc[h, lane] = fma32(F32(dot), d, acc[h, lane])
+        ib += 2
+    s0, s1 = F32(acc[0, 0] + acc[1, 0]), F32(acc[0, 1] + acc[1, 1])
+    s2, s3 = F32(acc[0, 2] + acc[1, 2]), F32(acc[0, 3] + acc[1, 3])
+    s4, s5 = F32(acc[0, 4] + acc[1, 4]), F32(acc[0, 5] + acc[1, 5])
+    s6, s7 = F32(acc[0, 6] + acc[1, 6]), F32(acc[0, 7] + acc[1, 7])
+    sumf = F32(F32(F32(s0 + s1) + F32(s2 + s3)) + F32(F32(s4 + s5) + F32(s6 + s7)))
+    return _last_block(kind, v, dw, dw, r, xq, xd, xd, t, raw, tab, ib, sumf)
 
 
 @jit()
@@ -309,12 +358,15 @@ def block32_rows(kind, v, dw, mw, xq, xd, xs, out, two, vmull=False, clang=False
     has_two = two.shape[0] > 0
     fused = clang or kind == 7 or kind == 8  # the lanes' multiply-accumulate: clang's fmla, SVE's svmla
     for tile in prange((v.shape[0] + ROW_TILE - 1) // ROW_TILE):  # independent elements: ROW_TILE weight rows a task
+        acc = np.empty((2, 8), F32)  # _sve256_1row's sumv0, sumv1
         for r in range(tile * ROW_TILE, min(tile * ROW_TILE + ROW_TILE, v.shape[0])):
             for t in range(xq.shape[0]):
                 if has_two and two[t, r]:
                     out[t, r] = _block32_2row(kind, v, dw, mw, r, xq, xd, xs, t, clang, raw, tab)
                 elif kind == 2 or kind == 3:  # MXFP4, IQ4_NL
                     out[t, r] = _pairs_1row(kind, v, dw, r, xq, xd, t)
+                elif kind == 9 or kind == 10:  # Q8_0, Q4_0 at 256 bits: 8 SVE lanes
+                    out[t, r] = _sve256_1row(kind, v, dw, r, xq, xd, t, raw, tab, acc)
                 else:
                     out[t, r] = _lanes_1row(kind, v, dw, mw, r, xq, xd, xs, t, vmull, fused, raw, tab)
 
@@ -346,39 +398,47 @@ def _k_ints(kind, q, sc, mn, yq, ybs, t, b):
 
 
 @jit()
-def _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t):
-    """``ggml_vec_dot_q2_K_q8_K``'s SVE code at 128 bits: 4 float lanes across the super-blocks — lane ``l`` takes
-    the mins of sub-blocks ``s ≡ l (mod 4)`` (``acc = fma(float(Σ m·bsum), -(y.d·dmin), acc)``) and bytes
-    ``4l … 4l+3`` of every 16-value sub-block times its scale (``acc = fma(float(sumi), y.d·d, acc)``), then FADDV."""
-    acc = np.zeros(4, np.float32)
+def _q2_k_sve(q, sc, mn, d, dmin, yq, yd, ybs, t, L):
+    """``ggml_vec_dot_q2_K_q8_K``'s SVE code in ``L`` float lanes: 4 (``case 128``) or 8 (``case 256``), lanes
+    across the super-blocks, then FADDV (pairwise: ``(l0+l1)+(l2+l3)``, of 8 ``((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))``).
+    Per super-block, lane ``l`` first takes the mins of sub-blocks ``s ≡ l (mod L)`` (``acc = fma(float(Σ m·bsum),
+    -(y.d·dmin), acc)``), then ``svdot_s32``'s bytes ``4(l % 4) … 4(l % 4)+3`` of every 16-value sub-block ``s`` with
+    ``s ≡ l // 4 (mod L/4)`` times its scale (at 128 bits a vector is one sub-block; at 256, two: the first 4 lanes
+    the even one, the last 4 the odd, ``svsel`` of their scales): ``acc = fma(float(sumi), y.d·d, acc)``."""
+    acc = np.zeros(L, np.float32)
+    per = L // 4  # sub-blocks a vector holds
     for b in range(d.shape[0]):
         dm = -F32(yd[t, b] * dmin[b])
         db = F32(yd[t, b] * d[b])
-        for lane in range(4):
+        for lane in range(L):
             bias = 0
-            for k in range(4):
-                s = 16 * b + 4 * k + lane
+            for s in range(16 * b + lane, 16 * b + 16, L):
                 bias += np.int64(mn[s]) * ybs[t, s]
             acc[lane] = fma32(F32(bias), dm, acc[lane])
-        for lane in range(4):
+        for lane in range(L):
             sumi = 0
-            for s in range(16 * b, 16 * b + 16):
+            for s in range(16 * b + lane // 4, 16 * b + 16, per):
                 dot = 0
                 for e in range(4):
-                    k = 16 * s + 4 * lane + e
+                    k = 16 * s + 4 * (lane % 4) + e
                     dot += np.int64(q[k]) * yq[t, k]
                 sumi += np.int64(sc[s]) * dot
             acc[lane] = fma32(F32(sumi), db, acc[lane])
-    return F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3]))
+    if L == 4:
+        return F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3]))
+    return F32(F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3])) + F32(F32(acc[4] + acc[5]) + F32(acc[6] + acc[7])))
 
 
 @jit()
-def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False, odd_hi3=False):
+def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=0, clang=False, odd_hi3=False):
     """``out[t, r]`` for K-quant rows ``w`` (N, row bytes) and Q8_K activations (``yq`` (T, K) int8, ``yd``
-    (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K); ``sve``: the
-    ``arm64-sve128`` build, whose SVE 1-row kernels round as the NEON ones (their integers are the same) and whose
-    SVE+MMLA 2-row kernels fuse every step; ``clang``: the ``arm64-i8mm-clang`` build, whose NEON 2-row kernels'
-    ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row formulas); ``odd_hi3``: the SVE build
+    (T, K/256), ``ybs`` (T, K/16) int64 bsums); ``two`` as in :func:`block32_rows` (Q4_K, Q6_K); ``sve``: the SVE
+    build's vector length in bits (0: not SVE), whose SVE 1-row kernels round as the NEON ones (their integers are
+    the same) and whose SVE+MMLA 2-row kernels fuse every step — at 128 and 256 bits alike (``case 256`` of Q3_K,
+    Q4_K and Q6_K, 1-row and 2-row, forms the same exact integers in wider vectors and meets the floats with the same
+    operations) — but Q2_K keeps float lanes, 4 or 8 (:func:`_q2_k_sve`); ``clang``: the ``arm64-i8mm-clang``
+    build, whose NEON 2-row kernels' ``vmlsq_f32`` / ``vmlaq_f32`` are one ``fmls`` / ``fmla`` each (the 1-row
+    formulas); ``odd_hi3``: the SVE build
     compiled by clang 14 to 16 (``arm64-sve128-clang14``), whose Q6_K 1-row kernel (case 128) forms the high bits with
     ``svand_u8_x(pg16_8, mone, …)`` — a 16-bit predicate on bytes, the odd bytes inactive — as a merging ``and z,
     p/m`` on a copy of ``mone``: every odd code's high bits read 0x30 (``(q & 15) | 48``; its ``isum_mins`` is the
@@ -400,7 +460,7 @@ def k_rows(kind, w, yq, yd, ybs, out, two, tab, sve=False, clang=False, odd_hi3=
                 q1[k] = (q[k] & 15) | 48 if k & 1 else q[k]  # lane k % 16 of a 16-byte vector: odd bytes inactive
         for t in range(yq.shape[0]):
             if sve and kind == 4:
-                out[t, r] = _q2_k_sve128(q, sc, mn, d, dmin, yq, yd, ybs, t)
+                out[t, r] = _q2_k_sve(q, sc, mn, d, dmin, yq, yd, ybs, t, sve // 32)
                 continue
             pair = has_two and two[t, r]
             acc = F32(0.0)

@@ -44,6 +44,10 @@ redefined for NEON; F16 -> F32 is ``fcvt``, the same bits as the table), and eve
 IEEE operations. What differs is the NaN an invalid operation returns, 0x7FC00000 (x86: 0xFFC00000): the ops
 taking ``path`` follow it (:func:`kernels.ggml.simd.follows_nans`); ``add`` … ``div``, ``sum_rows``, ``cumsum``
 take an optional ``path`` for it (None: x86's).
+The SVE library (``arm64-sve128``, ``arm64-sve256``: expf codes :data:`kernels.ggml.simd.SVE128` / ``SVE256``): silu,
+swiglu and soft_max take NEON's ``ggml_v_expf`` on *every* element (``svwhilelt`` predicates the last block: no libm
+tail), in blocks of ``svcntw()`` = 4 or 8 lanes — which changes no silu / swiglu bit, and soft_max's block sums
+(FADDV: :mod:`kernels.ggml.sve`).
 
 None of these depends on the thread count: ggml splits them by rows, and every row is computed whole by
 one thread. Arrays: float32 of shape (rows, n) or more dims (leading dims are rows; ne0 is the last axis).

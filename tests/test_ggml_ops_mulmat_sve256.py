@@ -4,7 +4,8 @@ CPU whose SVE vector length is 256 bits: Neoverse V1, Graviton3), weights in a p
 
 The library reads ``svcntb()`` at run time, so ``arch/arm/quants.c``'s SVE kernels take their ``case 256``
 branches. What differs from 128 bits, and is tested here: Q8_0 and Q4_0's 1-row kernels (8 fused float lanes of 4
-values a block, one FADDV of 8 — at odd T, the i8mm 2-row NEON kernels take the rest) and Q2_K's (8 float lanes).
+values a block, one FADDV of 8 — at odd T, the i8mm 2-row NEON kernels take the rest) and Q2_K's (8 float lanes);
+F32 and F16's SVE dots at 8 float lanes (vec.cpp).
 What ``case 256`` computes as ``case 128`` does (the same exact integers, the same float steps): Q3_K and Q4_K /
 Q6_K's 1-row and fused SVE+MMLA 2-row kernels; and the NEON kernels of the types without SVE code. Hard inputs:
 the quantizer's .5 ties, zeros, subnormal and huge values, NaN, ±inf, extreme fp16 scales; every tail (an odd
@@ -18,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 from test_ggml_ops_mulmat import acts, bits, float_weights, g_mul_mat_id, g_mul_mats, hard_floats, weight_bytes
 from test_ggml_ops_mulmat_arm64 import hard_acts, q8_k_ties
 
-from kernels.ggml import columns, columns_arm, mulmat_arm
+from kernels.ggml import columns, columns_arm
 from kernels.ggml.mulmat import mul_mat, mul_mat_id
 
 pytestmark = pytest.mark.oracle
@@ -107,17 +108,31 @@ def test_sve256_differs_from_sve128_where_the_c_does():
             assert changed == (differ and (t % 2 == 1 or qtype == QT.Q2_K)), (qtype.name, t)
 
 
-def test_sve256_refuses_float_dots_in_one_line():
-    """F32 / F16 weights (vec.cpp's SVE dots at 8 float lanes) are refused on arm64-sve256 until emulated: a
-    one-line NotEmulated naming the op, the type and the path (never another path's bits)."""
+def test_sve256_float_bit_exact():
+    """F32 and F16 weights: vec.cpp's SVE dots at 8 float lanes (F32: 8 accumulators, a predicated last block; F16:
+    SVE2's widening FMLALB/FMLALT into float) — lengths below a vector, whole vectors, steps, every predicated
+    tail; F32 on hard values (subnormals, ±0, products that overflow: inf - inf's default NaN); F16 near the half
+    range; BF16's scalar loop."""
     rng = np.random.default_rng(5604)
-    x = acts(rng, 2, 64)
-    for qtype in mulmat_arm.NOT_YET.get(PATH, ()):
-        w = float_weights(qtype, acts(rng, 3, 64))
-        with pytest.raises(ValueError, match=rf"mul_mat of {qtype.name} weights .*\({PATH}\) is not emulated"):
-            mul_mat(w, qtype, x, PATH)
-        with pytest.raises(ValueError, match=rf"mul_mat_id of {qtype.name} weights .*\({PATH}\) is not emulated"):
-            mul_mat_id(w[None], qtype, x[:, None], np.zeros((2, 1), np.int32), PATH)
+    cases = []
+    for n in (3, 8, 13, 31, 32, 37, 64, 100, 131):
+        cases.append((float_weights(QT.F32, hard_floats(rng, (5, n))), int(QT.F32), n, hard_floats(rng, (2, n)), 1))
+    for n in (5, 16, 29, 64, 77, 128, 200):
+        cases.append((float_weights(QT.F16, acts(rng, 5, n)), int(QT.F16), n, acts(rng, 3, n), 1))
+    k = 64  # F16: products and sums near 65504
+    w16 = np.full((2, k), 250.0, np.float32)
+    w16[1, ::3] = np.float32(2.0**-14)
+    x16 = np.full((2, k), 255.0, np.float32)
+    x16[1, 1::2] = np.float32(1.0 + 2.0**-10)
+    cases.append((float_weights(QT.F16, w16), int(QT.F16), k, x16, 1))
+    check(cases)
+    E, N, K, T = 3, 4, 77, 3  # mul_mat_id: the same dots per routed row
+    ids = np.stack([rng.permutation(E)[:2] for _ in range(T)]).astype(np.int32)
+    for qtype in (QT.F32, QT.F16):
+        w = np.stack([float_weights(qtype, acts(rng, N, K)) for _ in range(E)])
+        x = acts(rng, 2 * T, K).reshape(T, 2, K)
+        got = on_build(BUILD, g_mul_mat_id, w, int(qtype), K, x, ids, 1)
+        assert np.array_equal(bits(got), bits(mul_mat_id(w, qtype, x, ids, PATH))), qtype.name
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.Q8_0], ids=lambda q: q.name)

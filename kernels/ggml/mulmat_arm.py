@@ -52,8 +52,9 @@ branches run): Q8_0 and Q4_0's SVE 1-row kernels in 8 fused lanes of 4 values a 
 (``mulmat_arm_q.SVE256_KIND``), Q2_K in 8 float lanes (``mulmat_arm_q._q2_k_sve``); everything else as
 ``arm64-sve128`` — the NEON kernels, the i8mm 2-row ones, and the ``case 256`` code of Q3_K and of Q4_K / Q6_K (1-row
 and SVE+MMLA 2-row), which forms the same exact integers in wider vectors and meets the floats with the same
-operations in the same order (read in quants.c; the library agrees at both lengths). F32 and F16 (vec.cpp's SVE loops
-at 8 float lanes) are refused there (:data:`NOT_YET`).
+operations in the same order (read in quants.c; the library agrees at both lengths). F32 and F16: vec.cpp's SVE dots
+at ``svcntw()`` = 8 float lanes (:func:`kernels.ggml.sve.vec_dot_f32`, :func:`kernels.ggml.sve.vec_dot_f16` with the
+code :data:`kernels.ggml.isa.SVE256`).
 
 ``arm64-i8mm-clang`` / ``arm64-dotprod-clang`` / ``arm64-base-clang`` (those builds compiled by clang 14, ``-ffp-contract=on``;
 tests/test_ggml_arm64_clang.py): those paths' kernels with clang's float choices — ``vmlaq_n_f32`` / ``vmlaq_f32`` / ``vmlsq_f32`` one ``fmla`` / ``fmls`` (the
@@ -99,9 +100,6 @@ I8MM_PATHS = ("arm64-i8mm", "arm64-sve128", "arm64-sve256", "arm64-i8mm-clang", 
 BLOCK32_KINDS = {"arm64-i8mm": mulmat_arm_q.I8MM_KIND, "arm64-sve128": mulmat_arm_q.SVE128_KIND,
                  "arm64-sve256": mulmat_arm_q.SVE256_KIND, "arm64-sve128-clang": mulmat_arm_q.SVE128_CLANG_KIND,
                  "arm64-sve128-clang14": mulmat_arm_q.SVE128_CLANG_KIND}
-#: weight types refused on a path whose kernel for them is not emulated (yet): ``arm64-sve256``'s F32 / F16 dots
-#: (vec.cpp's SVE loops at 8 float lanes)
-NOT_YET = {"arm64-sve256": frozenset({QT.F32, QT.F16})}
 #: the SVE paths' vector length in bits (``svcntb()·8``, which quants.c's ``switch``es read): 0 elsewhere
 SVE_BITS = {p.key: p.sve_bits for p in build.EMULATED_PATHS if p.sve_bits}
 #: ``ggml-cpu.c: type_traits_cpu[type].nrows`` = 2 under ``__ARM_FEATURE_MATMUL_INT8``
@@ -128,7 +126,7 @@ def repacked(qtype: QT, n_rows: int, path: str = "arm64-dotprod") -> bool:
 
 def emulated(qtype: QT, path: str = "arm64-dotprod") -> bool:
     """Whether plain-buffer ``mul_mat`` / ``mul_mat_id`` of ``qtype`` weights is emulated on the ARM ``path``."""
-    return qtype in TYPES and path in ARM_PATHS and qtype not in NOT_YET.get(path, ())
+    return qtype in TYPES and path in ARM_PATHS
 
 
 def not_emulated(what: str, qtype: QT, path: str) -> ValueError:

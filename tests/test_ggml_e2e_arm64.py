@@ -13,7 +13,8 @@ accumulates in half precision on both builds (FP16 vector arithmetic).
 Builds: ``arm64-dotprod-gcc`` (``-march=armv8.2-a+dotprod+fp16``: most phones since 2019), ``arm64-i8mm-gcc``
 (``armv8.6-a+dotprod+fp16+i8mm``: current phones) and ``arm64-base-gcc`` (``armv8-a``, the NDK's portable baseline: no
 dotprod, no FP16 arithmetic, nothing repacked), ``arm64-sve128-gcc`` (``armv9-a+sve2+i8mm+dotprod+fp16``, run at a
-128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's)
+128-bit vector length: flagship phones since 2022; its path is named, as an SVE library's vector length is the CPU's),
+``arm64-sve256-gcc`` (the same library at 256 bits: Neoverse V1, Graviton3; path ``arm64-sve256``)
 and the i8mm, dotprod, armv8-a and SVE builds compiled by clang 14, as the Android NDK compiles (``arm64-i8mm-clang``,
 ``arm64-dotprod-clang``, ``arm64-base-clang``: the Android guide's portable build; paths of the same names;
 ``arm64-sve128-clang``: the ``android_armv9.0_1`` variant, path ``arm64-sve128-clang14``), and the same four by
@@ -40,7 +41,7 @@ from test_ggml_e2e import (N_THREADS, assert_bits, assert_greedy_and_mtp_head, a
 
 pytestmark = pytest.mark.oracle
 
-BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-i8mm-clang",
+BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128-gcc", "arm64-sve256-gcc", "arm64-i8mm-clang",
           "arm64-base-clang", "arm64-dotprod-clang", "arm64-sve128-clang", "arm64-i8mm-clang19", "arm64-dotprod-clang19",
           "arm64-base-clang19", "arm64-sve128-clang19",
           *(f"arm64-{kind}-clang{v}" for v in (17, 18) for kind in ("i8mm", "dotprod", "base", "sve128"))]
@@ -49,10 +50,10 @@ BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", "arm64-base-gcc", "arm64-sve128
 #: ARM path also runs end to end against llama.cpp in the default suite through tests/test_ggml_paths_cli.py (its
 #: logits one token per ubatch, run, audit, golden): the armv8-a builds (nothing repacked) need no verify case here.
 DEFAULT = {("arm64-dotprod-gcc", "verify-1+3"), ("arm64-i8mm-gcc", "verify-1+8-f32-noflash"), ("arm64-i8mm-gcc", 3),
-           ("arm64-sve128-gcc", "verify-1+3"),
+           ("arm64-sve128-gcc", "verify-1+3"), ("arm64-sve256-gcc", "verify-1+3"), ("arm64-sve256-gcc", "prompt-ubatch"),
            ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"),
            ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang18"),
-           "arm64-sve128-clang17"}
+           ("qwen35moe-k-q4_k_m.gguf", "arm64-sve256-gcc"), "arm64-sve128-clang17"}
 
 
 def cases(*axes):
@@ -119,7 +120,7 @@ def test_the_paths_compute_different_bits():
     from refimpl.model.trunk import load_model
 
     tokens = prompt()[:8]
-    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-i8mm-clang", "arm64-base-clang",
+    paths = ("arm64-dotprod", "arm64-i8mm", "arm64-base", "arm64-sve128", "arm64-sve256", "arm64-i8mm-clang", "arm64-base-clang",
              "arm64-dotprod-clang", "arm64-sve128-clang", "avx512")  # arm64-sve128-clang14: on plain Q6_K rows only
     #                                                                (test_clang_sve_builds_q6_k_rows_without_repack)
     runs = {p: refimpl_logits(p, tokens, 4) for p in paths}
@@ -194,6 +195,7 @@ def test_clang_sve_builds_q6_k_rows_without_repack(build, on_build):
 CONVERTED_CASES = [("qwen35moe-k-q4_k_m.gguf", "arm64-dotprod-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-gcc"),
                    ("qwen3next-k-q4_k_m.gguf", "arm64-i8mm-gcc"), ("qwen35-narrow-q8_0.gguf", "arm64-dotprod-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-gcc"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-gcc"),
+                   ("qwen35moe-k-q4_k_m.gguf", "arm64-sve256-gcc"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-i8mm-clang"),
                    ("qwen35-narrow-q8_0.gguf", "arm64-i8mm-clang"), ("qwen35moe-k-mxfp4_moe.gguf", "arm64-base-clang"),
                    ("qwen35moe-k-q4_k_m.gguf", "arm64-sve128-clang"), ("qwen35moe-k-q4_k_m.gguf", "arm64-i8mm-clang19"),

@@ -98,6 +98,9 @@ def test_flash_attn_one_row_and_split(build, kv_dtype):
     for i, shape in enumerate([(4, 2, 1, 37, 128), (4, 2, 4, 40, 80), (2, 1, 3, 257, 100), (1, 1, 2, 9, 17),
                                (2, 1, 1, 600, 64)]):  # the last: split-KV
         check(build, *make(rng, *shape, kv_dtype, amp=4.0 if i % 2 else 1.0), n_threads=1 + i % 2)
+    # DV = 30: vec_scale_f16's SVE leftover is one predicated vector after steps of two, so with n % 16 > 8 its last
+    # values are never scaled (a ggml bug, emulated: kernels.ggml.sve.vec_scale_f16) — F16 V only
+    check(build, *make(rng, 2, 1, 3, 40, 32, kv_dtype, DV=30))
 
 
 @pytest.mark.parametrize("build", BUILDS)

@@ -135,29 +135,26 @@ def test_sve256_float_bit_exact():
         assert np.array_equal(bits(got), bits(mul_mat_id(w, qtype, x, ids, PATH))), qtype.name
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_K, QT.Q6_K, QT.MXFP4], ids=lambda q: q.name)
 def test_sve256_plain_columns(qtype):
-    """The column layout's plain-buffer kernels on arm64-sve256: the K-quants, MXFP4 and IQ4_NL compute as at 128
-    bits (the stored rows' bits, decode and mul_mat_id); Q8_0 / Q4_0's 8 lanes have no column kernel: not covered
-    (a layout handed for them is refused; the stored rows run)."""
+    """The column layout's plain-buffer kernels on arm64-sve256, against the stored rows' bits: Q8_0 / Q4_0's 8
+    lanes a block (columns_arm_lanes' ``wide``: a whole tile's vector loop, partial sub-tiles, the odd last block),
+    the K-quants and MXFP4 as at 128 bits; a decode, an odd batch (no 2-row kernel), part of the columns, and
+    mul_mat_id."""
     rng = np.random.default_rng(int(qtype) + 5605)
-    K = 512 if qtype in (QT.Q4_K, QT.Q6_K) else 480
-    w = weight_bytes(qtype, 48, K, rng)
+    K = 512 if qtype in (QT.Q4_K, QT.Q6_K) else 480  # the 32-value blocks: an odd count (the last block's own step)
+    w = weight_bytes(qtype, 80, K, rng)  # a whole tile of 64 columns and a part
     cols = columns.layout(w, qtype)
-    covered = qtype != QT.Q8_0
-    assert columns_arm.covers(qtype, PATH, False) == covered
-    assert columns_arm.covers(QT.Q4_0, PATH, False) is False
+    assert columns_arm.covers(qtype, PATH, False)
+    stack = np.stack([w, weight_bytes(qtype, 80, K, rng)])
+    scols = columns.layout(stack, qtype)
     for T in (1, 3):
-        x = acts(rng, T, K)
+        x = hard_acts(rng, T, K) if T == 3 else acts(rng, T, K)
         want = mul_mat(w, qtype, x, PATH)
-        if not covered:
-            with pytest.raises(ValueError, match="in a plain buffer given on the arm64-sve256 path"):
-                mul_mat(w, qtype, x, PATH, cols=cols)
-            continue
-        got = mul_mat(w, qtype, x, PATH, cols=cols)
-        assert np.array_equal(bits(got), bits(want)), T
-        stack = np.stack([w, weight_bytes(qtype, 48, K, rng)])
+        assert np.array_equal(bits(mul_mat(w, qtype, x, PATH, cols=cols)), bits(want)), T
+        part = columns_arm.mul_mat_cols_arm(cols.columns(8, 72), x, PATH, repacked=False)
+        assert np.array_equal(bits(part), bits(want[:, 8:72])), T
         ids = rng.integers(0, 2, (T, 2)).astype(np.int32)
         xs = x.reshape(T, 1, K)
-        got = mul_mat_id(stack, qtype, xs, ids, PATH, cols=columns.layout(stack, qtype))
+        got = mul_mat_id(stack, qtype, xs, ids, PATH, cols=scols)
         assert np.array_equal(bits(got), bits(mul_mat_id(stack, qtype, xs, ids, PATH))), T

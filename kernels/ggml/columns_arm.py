@@ -27,12 +27,11 @@ And a weight in a **plain buffer** (``arm64-base`` repacks nothing; ``--no-repac
 * **MXFP4, IQ4_NL**: blocks in pairs, ``sumf + fma(float(sB), dB, float(sA)·dA)`` (MXFP4) or ``sumf + fma(float(sA),
   dA, float(sB)·dB)`` (IQ4_NL), an odd last block ``fma(float(sumi), d, sumf)``.
 * **Q8_0, Q4_0**: ``ggml_vdotq_s32``'s 4 int32 lanes per block (``sdot``'s bytes ``4l … 4l+3`` of each half, or
-  ``arm64-base``'s ``vmull`` order), each lane's float chain (even blocks, odd blocks), their sum, an odd last block
-  (:mod:`kernels.ggml.columns_arm_lanes`).
+  ``arm64-base``'s ``vmull`` order; ``arm64-sve256``: ``svdot_s32``'s 8 lanes, values ``4l … 4l+3``), each lane's
+  float chain (even blocks, odd blocks), their sum, an odd last block (:mod:`kernels.ggml.columns_arm_lanes`).
 
 An element that takes an i8mm 2-row kernel (a verify batch with ``--no-repack`` on an i8mm path), Q6_K on
-``arm64-sve128-clang14`` (its wrong high bits), Q8_0 and Q4_0 on ``arm64-sve256`` (8 lanes of 4 values a block:
-:data:`LANE_KINDS`) and the other types (Q5_0, Q4_1, Q5_1, the IQ and small K-quants)
+``arm64-sve128-clang14`` (its wrong high bits) and the other types (Q5_0, Q4_1, Q5_1, the IQ and small K-quants)
 read the stored rows.
 
 Every NaN of an output is made AArch64's default NaN (:func:`kernels.ggml.repack_arm.arm_nans`), as the stored-row
@@ -65,10 +64,6 @@ KIND = {QT.Q4_K: 0, QT.Q5_K: 1, QT.Q6_K: 2, QT.Q4_0: 3, QT.IQ4_NL: 3, QT.MXFP4: 
 #: The types whose plain-buffer 1-row ``vec_dot`` runs from the column layout -> kernel ``kind`` (4–6: Q4_K, Q5_K,
 #: Q6_K; 7: MXFP4, 8: IQ4_NL; 9: the lanes of Q8_0 and Q4_0).
 PLAIN_KIND = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6, QT.MXFP4: 7, QT.IQ4_NL: 8, QT.Q8_0: 9, QT.Q4_0: 9}
-#: The lanes' ``vec_dot`` kinds (:data:`kernels.ggml.mulmat_arm_q.BLOCK32`'s) that :mod:`kernels.ggml.columns_arm_lanes`
-#: computes: 4 int32 lanes a block — NEON's (0, 1) and SVE's at 128 bits (7, 8); not ``arm64-sve256``'s 8 lanes
-#: (9, 10), whose Q8_0 / Q4_0 read the stored rows.
-LANE_KINDS = frozenset({0, 1, 7, 8})
 
 
 def covers(qtype, path: str, repacked: bool = True) -> bool:
@@ -79,8 +74,7 @@ def covers(qtype, path: str, repacked: bool = True) -> bool:
     if repacked:
         return path in KERNELS_OF and qt in KIND and qt in REPACK_ARM[path]
     return (qt in PLAIN_KIND and mulmat_arm.emulated(qt, path)
-            and not (qt == QT.Q6_K and path == "arm64-sve128-clang14")  # its 1-row Q6_K's wrong high bits
-            and not (PLAIN_KIND[qt] == 9 and mulmat_arm.block32_kind(qt, path) not in LANE_KINDS))
+            and not (qt == QT.Q6_K and path == "arm64-sve128-clang14"))  # its 1-row Q6_K's wrong high bits
 
 
 @jit()
@@ -335,7 +329,7 @@ def _recipes(qt: QT, path: str, T: int, g: int, repacked: bool = True) -> np.nda
         if PLAIN_KIND[qt] != 9:
             return np.zeros(T, np.int64)
         lk = mulmat_arm.block32_kind(qt, path)
-        fused = by_clang(path) or lk in (7, 8)  # as mulmat_arm_q.block32_rows: clang's fmla, SVE's svmla
+        fused = by_clang(path) or lk in (7, 8, 9, 10)  # as mulmat_arm_q.block32_rows: clang's fmla, SVE's svmla
         return np.full(T, lk + 16 * (path in mulmat_arm.BASE_PATHS) + 32 * fused, np.int64)
     kp = KERNELS_OF[path]
     gemm, gemv = GEMM_GEMV[(qt, kp)] if KIND[qt] < 3 else (int(f) for f in FUSED[(qt, kp)])

@@ -24,8 +24,9 @@ def by_type(types, default):
     """pytest params of ``types``, those not in ``default`` with ``-m deep`` (each type compiles its own kernels:
     ~5-8 s a kernel on a cold cache; the suite's budget)."""
     return [pytest.param(t, id=t.name, marks=() if t in default else pytest.mark.deep) for t in types]
-#: one path per kernels' path (kernels.ggml.repack_arm.KERNELS_OF; the SVE paths run the i8mm kernels)
-PATHS = ("arm64-i8mm", "arm64-dotprod", "arm64-i8mm-clang", "arm64-dotprod-clang")
+#: one path per kernels' path (kernels.ggml.repack_arm.KERNELS_OF; the 128-bit SVE paths run the i8mm kernels, the
+#: 256-bit one its own: Q4_0 8x8, Q4_K's fused gemm)
+PATHS = ("arm64-i8mm", "arm64-dotprod", "arm64-i8mm-clang", "arm64-dotprod-clang", "arm64-sve256")
 
 
 def _acts(qt, rng, t, k):

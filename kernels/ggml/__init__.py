@@ -16,7 +16,8 @@ tested byte for byte against the four x86 libggml builds, and the AArch64 paths 
 * ``simd`` — ``fma32``, bit casts, ``ggml_v_expf`` of each path, horizontal sums,
   ``GGML_F32_VEC_REDUCE``, GCC's split of an in-order dot loop;
 * ``half`` — AArch64's binary16 arithmetic (``fma16``: ``vfmaq_f16`` rounded once to half);
-* ``sve`` — the SVE branches of vec.h / vec.cpp at 128 bits (``arm64-sve128``, ``arm64-sve128-clang``);
+* ``sve`` — the SVE branches of vec.h / vec.cpp at 128 and 256 bits (``arm64-sve128``, ``arm64-sve128-clang``,
+  ``arm64-sve256``);
 * ``libm`` — glibc's ``expf``/``logf``/``sinf``/``cosf``/``powf``/``fmaxf``, called as libggml calls them, and
   AArch64 glibc's ``expf`` (``expf_arm64``);
 * ``vec`` — vec.cpp's shared functions: ``ggml_vec_dot_f32``/``_f16``, ``ggml_vec_max_f32``,

@@ -33,7 +33,7 @@ half's, down to single lanes, inactive lanes +0.0 — ``(v0 + v1) + (v2 + v3)`` 
 ``((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`` at 256 (qemu's ``sve_faddv`` computes the same tree).
 
 :mod:`kernels.ggml.vec`'s functions take these for the codes ``SVE128`` and ``SVE256``. Other vector lengths
-are refused (kernels.ggml.build: ``SVE_BITS``).
+are refused (kernels.ggml.build: each SVE path's ``sve_bits``).
 """
 
 from __future__ import annotations

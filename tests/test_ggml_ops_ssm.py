@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from ggml_graph import BUILDS, WITH_GENERIC, Graph, build_info, i64, on_build, require_both_paths, vp
 
-from kernels.ggml.libm import GLIBC_X86_64
 from kernels.ggml.ssm import expf, gated_delta_net, ssm_conv
 
 pytestmark = pytest.mark.oracle
@@ -234,24 +233,30 @@ def test_gated_delta_net_seqless_shapes():
     assert_bits(st1, st[0], "seqless state")
 
 
-def test_gated_delta_net_threads():
+@pytest.mark.parametrize("path", ["avx512", "arm64-sve256"])
+def test_gated_delta_net_threads(path):
     """The (sequence, head) rows split between threads (``_transposed_rows(True, …)``) give the serial kernel's bits
-    at 1, 2 and 3 threads — odd head counts included."""
+    at 1, 2 and 3 threads — odd head counts included; on an SVE path too (its dots at svcntw() lanes, any head
+    size: 120 is not a whole number of its steps)."""
     import numba
 
     from kernels.ggml import ssm
+    from kernels.ggml.simd import simd
 
+    S = 128 if path == "avx512" else 120
     rng = np.random.default_rng(5)
-    q, k, v, g, beta, state = gdn_inputs(rng, 1, 3, 5, 1, 128, hard=True)
+    q, k, v, g, beta, state = gdn_inputs(rng, 1, 3, 5, 1, S, hard=True)
     g = g.reshape(1, 3, 5, 1)
     ref = np.empty_like(v)
-    snaps = np.full((1, 1, 5, 128, 128), np.nan, F32)
-    ssm._transposed_rows(False, GLIBC_X86_64, False)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, 16, ref, snaps)
+    snaps = np.full((1, 1, 5, S, S), np.nan, F32)
+    epr, sve_w = simd(path).code, (8 if path == "arm64-sve256" else 0)
+    ssm._transposed_rows(False, ssm.glibc_of(path), False, sve_w)(q, k, v, g, beta.reshape(1, 3, 5), state, 1, epr,
+                                                                   ref, snaps)
     before = numba.get_num_threads()
     try:
         for n in (1, 2, 3):
             numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-            out, st = gated_delta_net(q, k, v, g, beta, state, "avx512")
+            out, st = gated_delta_net(q, k, v, g, beta, state, path)
             assert_bits(out, ref, f"gdn output, {n} threads")
             assert_bits(st, snaps[0], f"gdn state, {n} threads")
     finally:

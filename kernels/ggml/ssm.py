@@ -56,6 +56,7 @@ from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.ggml.libm import expf, expf_on, glibc_of  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import SVE_PATHS, by_clang, not_emulated
 from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, SVE256, check_path, fma32, fold_left_unfused, follows_nans, simd
+from kernels.ggml import sve
 from kernels.ggml.vec import vec_dot_f32, vec_dot_f32_cols, vec_dot_generic
 
 
@@ -132,14 +133,18 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
 # --- ggml_gated_delta_net --------------------------------------------------------------------------------
 def _transposed(S_v: int, epr: int) -> bool:
     """Whether the delta net takes its transposed path (:func:`_transposed_rows`) for this build (Python: a kernel
-    compiled for this one test would cost the first run 0.2 s)."""
-    return epr not in (0, SVE128, SVE256) and S_v % (4 * (NEON if epr == NEON_CLANG else epr)) == 0  # vec.cols_fit
+    compiled for this one test would cost the first run 0.2 s): the SVE dot at any head size (its predicated tail
+    has a twin across columns, :func:`kernels.ggml.sve.vec_dot_f32_cols`), the other SIMD dots at a whole number of
+    steps (vec.cols_fit), never the generic build's."""
+    if epr in (SVE128, SVE256):
+        return True
+    return epr != 0 and S_v % (4 * (NEON if epr == NEON_CLANG else epr)) == 0
 
 
 @jit()
 def _gated_delta_net(q, k, v, g, beta, state, K, epr, glibc, out, snaps):
     """ops.cpp: ggml_compute_forward_gated_delta_net_one_chunk over all rows ir = (sequence, head), where the state is not
-    :func:`_transposed` (the generic and SVE builds, a head size that is not a whole number of steps; else
+    :func:`_transposed` (the generic build, a head size that is not a whole number of steps; else
     :func:`_transposed_rows`).
     q [nq3, T, Hq, S], k [nk3, T, Hk, S], v [n_seqs, T, H, S], g [n_seqs, T, H, 1 or S], beta [n_seqs, T, H],
     state [n_seqs, H, S, S] (row j = value index); out [n_seqs, T, H, S], snaps [K, n_seqs, H, S, S]. ``epr`` 0:
@@ -210,10 +215,11 @@ def _snapshot(dst, M, transposed):
 
 
 @jit()
-def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work, acc):
+def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, sve_w, work, acc):
     """Row ``ir`` = (sequence, head) of :func:`_gated_delta_net` with the head's state held transposed, ``Mt[i, j] =
     M[j, i]`` (key index i, value index j), so that a token's S_v dots ``dot(M[j], k)`` and ``dot(M[j], q)`` run
-    together across j (:func:`kernels.ggml.vec.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the
+    together across j (:func:`kernels.ggml.vec.vec_dot_f32_cols`, or on an SVE build — ``sve_w`` = svcntw(), a constant:
+    0 elsewhere — :func:`kernels.ggml.sve.vec_dot_f32_cols`: each the same ``ggml_vec_dot_f32``). The scale, the
     per-column KDA gate and ``ggml_vec_mad_f32`` are the same operation on each element in either layout. Same bits.
     ``work`` (3, S_v) and ``acc`` (4, 16, S_v) float32: the row's scratch, made by the caller before its threads start
     (allocated here, in each thread, a 2-thread call of real2's 32 heads of 128 on the NEON code took 1.0 ms instead of
@@ -246,14 +252,20 @@ def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kd
                 Mi = Mt[i]
                 for j in range(S_v):
                     Mi[j] = np.float32(Mi[j] * gexp)
-        vec_dot_f32_cols(S_v, Mt, k_d, epr, acc, dots)  # dots[j] = dot(M[j], k)
+        if sve_w:  # dots[j] = dot(M[j], k)
+            sve.vec_dot_f32_cols(S_v, Mt, k_d, acc, dots, sve_w)
+        else:
+            vec_dot_f32_cols(S_v, Mt, k_d, epr, acc, dots)
         for j in range(S_v):  # delta[j] = (v[j] - dot(M[j], k)) * beta
             delta[j] = np.float32(np.float32(v_d[j] - dots[j]) * beta_val)
         for i in range(S_v):  # ggml_vec_mad_f32(S_v, M[j], k, delta[j]): M[j][i] = fma(k[i], delta[j], M[j][i])
             Mi, ki = Mt[i], k_d[i]
             for j in range(S_v):
                 Mi[j] = fma32(ki, delta[j], Mi[j])
-        vec_dot_f32_cols(S_v, Mt, q_d, epr, acc, dots)  # attn_out[j] = dot(M[j], q) * scale
+        if sve_w:  # attn_out[j] = dot(M[j], q) * scale
+            sve.vec_dot_f32_cols(S_v, Mt, q_d, acc, dots, sve_w)
+        else:
+            vec_dot_f32_cols(S_v, Mt, q_d, epr, acc, dots)
         for j in range(S_v):
             out[iv3, t, iv1, j] = np.float32(dots[j] * scale)
         slot = n_tokens - 1 - t  # K snapshot slots: slot 0 = the state after the last token
@@ -268,13 +280,14 @@ _head_t_inline = jit(inline=True)(_head_t.py_func)
 
 
 @functools.cache
-def _transposed_rows(parallel: bool, glibc: int, kda: bool):
+def _transposed_rows(parallel: bool, glibc: int, kda: bool, sve_w: int):
     """:func:`_gated_delta_net`'s transposed path (:func:`_head_t` per row; only where :func:`_transposed`), with the
     (sequence, head) rows split between threads when ``parallel``, as ggml splits them (each row whole on one thread:
     the same bits at any thread count). A kernel apart from :func:`_gated_delta_net`, whose other path a run that
     takes this one never compiles (kernels/base/flags.py); ``glibc`` (the build's ``expf``, :func:`kernels.ggml.libm.expf_on`)
     and ``kda`` (a gate per key column, not per head) constants too: only that one compiles (``kda``: 0.2 s of a first
-    run). The SIMD code ``epr`` stays an argument: as a constant LLVM unrolls its lane loops, +0.5 s."""
+    run). The SIMD code ``epr`` stays an argument: as a constant LLVM unrolls its lane loops, +0.5 s; ``sve_w`` (an SVE
+    build's svcntw(), else 0) is a constant, so that no other path compiles SVE's dots."""
 
     def gated_delta_net_t(q, k, v, g, beta, state, K, epr, out, snaps):
         n_seqs, n_tokens, H, S_v = v.shape
@@ -285,11 +298,11 @@ def _transposed_rows(parallel: bool, glibc: int, kda: bool):
         for ir in prange(n_seqs * H):  # range when not parallel
             if parallel:  # a constant: only one of the two calls is compiled
                 # np.int64: prange's index is unsigned, and _head_t compiled for it would be a second copy
-                _head_t(np.int64(ir), q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work[ir],
-                        acc[ir])
+                _head_t(np.int64(ir), q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, sve_w,
+                        work[ir], acc[ir])
             else:
-                _head_t_inline(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, work[ir],
-                               acc[ir])
+                _head_t_inline(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kda, glibc, sve_w,
+                               work[ir], acc[ir])
         return out
 
     return jit(parallel=parallel, variant="parallel" if parallel else "")(gated_delta_net_t)  # twins named apart
@@ -326,7 +339,8 @@ def gated_delta_net(q, k, v, g, beta, state, path: str, K: int = 1):
         # a token's rows split between threads when they are worth it on their own: medium's 32 heads of 128 (2M
         # multiply-adds a token) are, builtin:kjv's 4 heads of 64 (65k) are not, whatever the prompt's length
         parallel = n_seqs * H > 1 and n_seqs * H * S * S * 4 >= SERIAL_BELOW
-        _transposed_rows(parallel, glibc, g.shape[3] == S)(q, k, v, g, beta, state, K, epr, out, snaps)
+        sve_w = {SVE128: 4, SVE256: 8}.get(epr, 0)  # svcntw() of an SVE build
+        _transposed_rows(parallel, glibc, g.shape[3] == S, sve_w)(q, k, v, g, beta, state, K, epr, out, snaps)
     else:
         _gated_delta_net(q, k, v, g, beta, state, K, epr, glibc, out, snaps)
     st = snaps[0] if K == 1 else snaps

@@ -17,7 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from kernels.ggml import half, repack, simd, vec
-from kernels.ggml.isa import SVE128
+from kernels.ggml.isa import SVE128, SVE256
 from kernels.ggml.mulmat_q8 import slot_groups
 
 
@@ -89,12 +89,14 @@ def test_vec_dot_f32_cols_equals_vec_dot_f32(lanes):
     assert not vec.cols_fit(80 if lanes > 4 else 40, lanes)
 
 
-def test_sve_vec_dot_f32_cols_equals_its_vec_dot_f32():
-    """SVE's twin at any length (the leftover vectors and the predicated tail into sum1), the same hard values."""
+@pytest.mark.parametrize("w", [4, 8])
+def test_sve_vec_dot_f32_cols_equals_its_vec_dot_f32(w):
+    """SVE's twin at any length (the leftover vectors and the predicated tail into sum1), the same hard values, at
+    svcntw() = 4 and 8 (128 and 256 bits: every tail of 8 and 64 too)."""
     from kernels.ggml import sve
 
     rng = np.random.default_rng(128)
-    for n, m in ((64, 37), (256, 64), (19, 5), (80, 3), (3, 2), (33, 9)):
+    for n, m in ((64, 37), (256, 64), (19, 5), (80, 3), (3, 2), (33, 9), (71, 6), (129, 4)):
         xt = (rng.standard_normal((n, m)) * 2.0 ** rng.integers(-30, 30, (n, m))).astype(np.float32)
         y = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(np.float32)
         xt[:, 0] = -0.0
@@ -103,10 +105,11 @@ def test_sve_vec_dot_f32_cols_equals_its_vec_dot_f32():
         if m > 4:
             xt[:, 3], xt[:, 4] = np.float32(3.4e38), np.float32(1e-45)
         acc, out = np.empty((4, 16, m), np.float32), np.empty(m, np.float32)
-        sve.vec_dot_f32_cols(n, xt, y, acc, out)
-        want = np.array([sve.vec_dot_f32(n, np.ascontiguousarray(xt[:, c]), y) for c in range(m)], np.float32)
+        sve.vec_dot_f32_cols(n, xt, y, acc, out, w)
+        want = np.array([sve.vec_dot_f32(n, np.ascontiguousarray(xt[:, c]), y, w) for c in range(m)], np.float32)
         assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (n, m)
-    assert not vec.cols_fit(3088, SVE128)  # vec's twin never takes SVE's code (4 × its code was a "fit" before)
+    code = SVE128 if w == 4 else SVE256
+    assert not vec.cols_fit(4 * code, code)  # vec's twin never takes SVE's code (4 × its code was a "fit" before)
 
 
 def _f16_round_exact(v):

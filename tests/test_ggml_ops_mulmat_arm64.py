@@ -25,7 +25,7 @@ ARM_BUILDS = ["arm64-dotprod-gcc", "arm64-i8mm-gcc", pytest.param("arm64-i8mm-cl
 PATH = {"arm64-dotprod-gcc": "arm64-dotprod", "arm64-i8mm-gcc": "arm64-i8mm", "arm64-i8mm-clang": "arm64-i8mm-clang", "arm64-base-gcc": "arm64-base",
         "arm64-base-clang": "arm64-base-clang", "arm64-dotprod-clang": "arm64-dotprod-clang",
         "arm64-sve128-gcc": "arm64-sve128", "arm64-sve128-clang": "arm64-sve128-clang14",
-        "arm64-sve128-clang19": "arm64-sve128-clang"}
+        "arm64-sve128-clang19": "arm64-sve128-clang", "arm64-sve256-gcc": "arm64-sve256"}
 T_ARM = (1, 2, 3, 4, 5, 8, 9)
 
 

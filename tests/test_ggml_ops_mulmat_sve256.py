@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from ggml_graph import on_build
 from gguf import GGMLQuantizationType as QT
-from test_ggml_ops_mulmat import acts, bits, float_weights, g_mul_mat_id, g_mul_mats, hard_floats, weight_bytes
+from test_ggml_ops_mulmat import acts, bits, float_weights, g_mul_mat_id, hard_floats, weight_bytes
+from test_ggml_ops_mulmat_arm64 import check as check_build
 from test_ggml_ops_mulmat_arm64 import hard_acts, q8_k_ties
 
 from kernels.ggml import columns, columns_arm
@@ -29,12 +30,7 @@ BUILD, PATH = "arm64-sve256-gcc", "arm64-sve256"
 
 def check(cases):
     """Every case (w, gtype, K, x, n_threads) on the 256-bit library against the emulation, bit for bit."""
-    got = on_build(BUILD, g_mul_mats, cases)
-    for (w, gtype, K, x, nth), y in zip(cases, got):
-        want = mul_mat(w, QT(gtype), x, PATH, n_threads=nth)
-        bad = bits(y) != bits(want)
-        assert not bad.any(), (QT(gtype).name, w.shape, x.shape, nth, np.argwhere(bad)[:4])
-    return got
+    return check_build(BUILD, cases)
 
 
 def test_sve256_bit_exact():

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.oracle
 #: the SVE builds (tests/arm64.py) and their paths; clang's run the op tests under ``-m deep``
 BUILDS = ["arm64-sve128-gcc", *(pytest.param(b, marks=pytest.mark.deep) for b in ("arm64-sve128-clang", "arm64-sve128-clang19"))]
 PATH = {"arm64-sve128-gcc": "arm64-sve128", "arm64-sve128-clang": "arm64-sve128-clang14",
-        "arm64-sve128-clang19": "arm64-sve128-clang"}
+        "arm64-sve128-clang19": "arm64-sve128-clang", "arm64-sve256-gcc": "arm64-sve256"}
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -78,9 +78,9 @@ def test_silu_swiglu_soft_max(build):
     assert not np.array_equal(vm.silu(x, PATH[build]).view(np.uint32), vm.silu(x, "arm64-i8mm").view(np.uint32))
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", BUILDS + ["arm64-sve256-gcc"])
 def test_rms_norm_fused_nan_order(build):
-    """RMS_NORM+MUL: GCC's SVE loop takes every element (``fmul scale, x`` then ``fmul w, t``)."""
+    """RMS_NORM+MUL: GCC's SVE loop takes every element (``fmul scale, x`` then ``fmul w, t``), at any length."""
     rng = np.random.default_rng(2701)
     for n in (5, 37):
         x = hard_rows(rng, 16, n)
@@ -103,9 +103,10 @@ def test_flash_attn_one_row_and_split(build, kv_dtype):
     check(build, *make(rng, 2, 1, 3, 40, 32, kv_dtype, DV=30))
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", BUILDS + ["arm64-sve256-gcc"])
 def test_flash_attn_f16_dot_stays_finite(build):
-    """K·Q of large halves: NEON's half lanes overflow to inf (NaN output), SVE's float ones hold 2.1e6."""
+    """K·Q of large halves: NEON's half lanes overflow to inf (NaN output), SVE's float ones hold 2.1e6 (at 256 bits
+    too)."""
     rng = np.random.default_rng(9)
     q, k, v, m, scale = make(rng, 2, 1, 2, 20, 256, np.float16)
     q[:] = np.float32(90.0)

@@ -7,27 +7,26 @@ accumulators of 8 lanes over steps of 64 and a FADDV of 8 lanes, ``ggml_vec_dot_
 of 128, ``ggml_vec_soft_max_f32`` blocks of 8 (FADDV of 8); so mul_mat of F32 / F16 weights, soft_max, flash
 attention (one-row, split-KV, tiled: its soft_max, and the tiled path's condition ``DV % svcntw() == 0``), the
 F32-cache attention without flash attention and the gated delta net's dots. What it does not change, tested too:
-silu / swiglu (lane by lane, the last block predicated at any length), rms_norm (plain and fused: GCC's SVE loop
-takes every element), ssm_conv (FADDA is in order), ``ggml_vec_mad_f16`` / ``ggml_vec_scale_f16`` (every element
-one half operation). Cost: one qemu worker (~7 s) and ~20 s of tests.
+silu / swiglu (lane by lane, the last block predicated at any length), ssm_conv (FADDA is in order),
+``ggml_vec_mad_f16`` / ``ggml_vec_scale_f16`` (every element one half operation). Also run on this build elsewhere:
+rms_norm and the F16 K·Q that NEON's half lanes overflow (tests/test_ggml_ops_sve128.py), the F32-cache attention without flash attention
+(tests/test_ggml_ops_attn_arm64.py), SVE's dots across columns at 8 lanes (tests/test_ggml_kernel_parts.py). Cost: one
+qemu worker (~7 s) and ~20 s of tests.
 """
 
 import numpy as np
 import pytest
 from ggml_graph import on_build
 from test_ggml_ops_arm64 import assert_bits, emulated_mul_mat, g_mul_mat, g_unary, spread
-from test_ggml_ops_attn import causal_mask, make
-from test_ggml_ops_attn_arm64 import attn_graph, check
-from test_ggml_ops_rows import g_rms_norm, hard_rows, nan_bits
+from test_ggml_ops_attn import make
+from test_ggml_ops_attn_arm64 import check
 from test_ggml_ops_ssm import gdn_graph, gdn_inputs, hard_floats, split_gdn, ssm_conv_graph
 from test_ggml_ops_unary import g_soft_max, g_swiglu, hard_values, rows_of, soft_max_cases
 
 from kernels.ggml import vec
 from kernels.ggml import vecmath as vm
-from kernels.ggml.attn_heads import attend_f32
 from kernels.ggml.flashattn_exact import fa_kernel, flash_attn_ext
 from kernels.ggml.isa import SVE128, SVE256
-from kernels.ggml.norm import rms_norm
 from kernels.ggml.ssm import gated_delta_net, ssm_conv
 
 pytestmark = pytest.mark.oracle
@@ -85,18 +84,6 @@ def test_silu_swiglu_soft_max():
     assert any(old)
 
 
-def test_rms_norm_fused_nan_order():
-    """RMS_NORM (+MUL): GCC's SVE loop takes every element, ``fmul scale, x`` then ``fmul w, t``, at any length."""
-    rng = np.random.default_rng(2701)
-    for n in (5, 37):
-        x = hard_rows(rng, 16, n)
-        w = rng.standard_normal(n).astype(np.float32)
-        w[rng.integers(0, n)] = nan_bits(0x7FC00ABC)[0]
-        for eps in (1e-6, 0.0):
-            assert_bits(rms_norm(x, eps, PATH), on_build(BUILD, g_rms_norm, x, eps), f"rms_norm n={n}")
-            assert_bits(rms_norm(x, eps, PATH, w), on_build(BUILD, g_rms_norm, x, eps, w, 2), f"fused n={n}")
-
-
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 def test_flash_attn_one_row_and_split(kv_dtype):
     """The one-row loop (K·Q: the 256-bit dots; VKQ16: half FMAs on every element, half products but for
@@ -106,16 +93,6 @@ def test_flash_attn_one_row_and_split(kv_dtype):
     for i, shape in enumerate([(4, 2, 1, 37, 128), (4, 2, 4, 40, 80), (2, 1, 3, 257, 100), (1, 1, 2, 9, 17),
                                (2, 1, 2, 30, 136), (2, 1, 3, 40, 56), (2, 1, 1, 600, 64)]):  # the last: split-KV
         check(BUILD, *make(rng, *shape, kv_dtype, amp=4.0 if i % 2 else 1.0), n_threads=1 + i % 2)
-
-
-def test_flash_attn_f16_dot_stays_finite():
-    """K·Q of large halves: SVE's float lanes hold 2.1e6 at 256 bits too (NEON's half lanes overflow)."""
-    rng = np.random.default_rng(9)
-    q, k, v, m, scale = make(rng, 2, 1, 2, 20, 256, np.float16)
-    q[:] = np.float32(90.0)
-    k[:, [4, 9]] = np.float16(90.0)
-    assert np.isfinite(check(BUILD, q, k, v, m, scale)).all()
-    assert np.isnan(flash_attn_ext(q, k, v, m, scale, "arm64-i8mm")).all()
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
@@ -130,50 +107,6 @@ def test_flash_attn_tiled(kv_dtype):
     assert fa_kernel(65, 70, kv_dtype, kv_dtype, 20, "arm64-sve128") == "tiled"
     check(BUILD, *make(rng, 2, 2, 65, 70, 40, kv_dtype, DV=20))
     check(BUILD, *make(rng, 2, 1, 64, 130, 24, kv_dtype, DV=16))
-
-
-def test_sve_cols_twin_at_8_lanes():
-    """attn_heads' dots side by side (:func:`kernels.ggml.sve.vec_dot_f32_cols`) at svcntw() = 8: the same bits as
-    one ggml_vec_dot_f32 per column, at every tail of 8 and 64, on hard values (no library: cheap)."""
-    from kernels.ggml import sve
-
-    rng = np.random.default_rng(2568)
-    for n, m in ((64, 37), (256, 64), (19, 5), (80, 3), (3, 2), (33, 9), (71, 6), (129, 4)):
-        xt = (rng.standard_normal((n, m)) * 2.0 ** rng.integers(-30, 30, (n, m))).astype(np.float32)
-        y = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(np.float32)
-        xt[:, 0] = -0.0
-        if m > 2:
-            xt[n // 2, 1], xt[n - 1, 2] = np.inf, np.nan
-        if m > 4:
-            xt[:, 3], xt[:, 4] = np.float32(3.4e38), np.float32(1e-45)
-        acc, out = np.empty((4, 16, m), np.float32), np.empty(m, np.float32)
-        sve.vec_dot_f32_cols(n, xt, y, acc, out, 8)
-        want = np.array([vec.vec_dot_f32(n, np.ascontiguousarray(xt[:, c]), y, SVE256, vec.dot_scratch())
-                         for c in range(m)], np.float32)
-        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (n, m)
-    assert not vec.cols_fit(64, SVE256)  # vec's twin never takes SVE's code (4 × 0x504 is no step)
-
-
-def test_attention_without_flash():
-    """F32 K/V without flash attention: K·Q and P·V as SVE's ggml_vec_dot_f32 at 8 lanes (side by side:
-    :func:`kernels.ggml.sve.vec_dot_f32_cols`), soft_max SVE's blocks of 8; NaNs made (inf - inf) and given."""
-    rng = np.random.default_rng(7)
-    for T, H, Hkv, n_kv, D in [(1, 4, 2, 256, 64), (3, 2, 1, 37, 80), (5, 4, 4, 100, 19), (2, 2, 1, 131, 72)]:
-        q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
-        k = (rng.standard_normal((Hkv, n_kv, D)) * 2).astype(np.float32)
-        v = rng.standard_normal((Hkv, n_kv, D)).astype(np.float32)
-        if D == 19:
-            q[:, 0, 5], k[0, 40, 5] = 1.5, np.inf  # head 0: K·Q = +inf at cell 40, max - x = inf - inf
-            q.view(np.uint32)[2, 1, 7] = 0xFFC00000  # head 1: x86's default NaN as an input
-            v.view(np.uint32)[2, 50, 3], v.view(np.uint32)[3, 60, 4] = 0x7FC00000, 0x7FC01234  # heads 2, 3: in V
-        mask = causal_mask(T, n_kv, n_kv - T)
-        mask[0, : n_kv // 3] = -np.inf
-        scale = np.float32(1.0) / np.sqrt(np.float32(D))
-        want = on_build(BUILD, attn_graph, q, k, np.ascontiguousarray(v.transpose(0, 2, 1)), mask, float(scale))
-        assert D != 19 or np.isnan(want).any()
-        assert_bits(attend_f32(q, k, v, n_kv, mask, scale, PATH), want, f"T {T}, n_kv {n_kv}, D {D}")
-        if D == 64:
-            assert differs(attend_f32(q, k, v, n_kv, mask, scale, "arm64-sve128"), want)
 
 
 def test_ssm_conv_and_gated_delta_net():

@@ -9,7 +9,7 @@ even blocks' lanes in ``sumv0``, odd blocks' in ``sumv1``, each lane ``sumv[l] +
 lane-wise sum), and an odd last block's whole dot by one FMA (Q4_0: ``fma(float(sumi)·dw, dx, sumf)``). At a 256-bit
 SVE vector length (``arm64-sve256``: quants.c's ``case 256``) a block fills one vector: 8 lanes (``wide``), lane ``l``
 the values ``4l … 4l+3``, one FMA each, then FADDV's tree over the 8 lane-wise sums
-``((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7))``. The lanes of
+(:func:`kernels.ggml.sve.faddv`). The lanes of
 16 outputs form in one vector step (pairs of values against the activations' pair: ``pmaddwd`` / ``vpdpwssd``), as
 do their float steps; integers are exact, the float operations each output's, in order.
 """
@@ -21,6 +21,7 @@ import numpy as np
 from kernels.base.flags import JIT_ENABLED, jit
 from kernels.ggml.columns import TILE
 from kernels.ggml.simd import fma32
+from kernels.ggml.sve import faddv
 
 F32 = np.float32
 
@@ -295,6 +296,7 @@ def tile_lanes(q, d, c, nc, y, yd, recipe, rows, orow, out, oc):
     ns = (c + nc - w0 + 15) // 16  # values in address order)
     acc = np.empty((ns, 2, 8, 16), F32)  # lanes 0-3, or 0-7 at 256 bits
     dj = np.empty(16, F32)
+    sv = np.empty(8, F32)  # an SVE output's lane-wise sumv0 + sumv1
     for i in range(rows.shape[0]):
         r = rows[i]
         yr = y[r]
@@ -321,15 +323,11 @@ def tile_lanes(q, d, c, nc, y, yd, recipe, rows, orow, out, oc):
                 lane_dots(lanes, q, 32 * ib, cs, n, yr, 32 * ib, vmull)
             a, s = acc[st, 0], acc[st, 1]
             for j in range(n):
-                if wide:  # SVE at 256 bits: FADDV's tree over the 8 sums of sumv0 + sumv1
-                    s0, s1 = F32(a[0, j] + s[0, j]), F32(a[1, j] + s[1, j])
-                    s2, s3 = F32(a[2, j] + s[2, j]), F32(a[3, j] + s[3, j])
-                    s4, s5 = F32(a[4, j] + s[4, j]), F32(a[5, j] + s[5, j])
-                    s6, s7 = F32(a[6, j] + s[6, j]), F32(a[7, j] + s[7, j])
-                    sumf = F32(F32(F32(s0 + s1) + F32(s2 + s3)) + F32(F32(s4 + s5) + F32(s6 + s7)))
-                elif lk == 7 or lk == 8:  # SVE: one FADDV of sumv0 + sumv1
-                    sumf = F32(F32(F32(a[0, j] + s[0, j]) + F32(a[1, j] + s[1, j]))
-                               + F32(F32(a[2, j] + s[2, j]) + F32(a[3, j] + s[3, j])))
+                if lk >= 7:  # SVE: one FADDV of sumv0 + sumv1 (4 lanes, or 8 at 256 bits)
+                    w = 8 if wide else 4
+                    for lane in range(w):
+                        sv[lane] = F32(a[lane, j] + s[lane, j])
+                    sumf = faddv(sv, 0, w)
                 else:
                     sumf = F32(F32(F32(a[0, j] + a[1, j]) + F32(a[2, j] + a[3, j]))
                                + F32(F32(s[0, j] + s[1, j]) + F32(s[2, j] + s[3, j])))

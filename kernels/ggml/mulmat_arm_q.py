@@ -61,6 +61,7 @@ from kernels.ggml.mulmat_iq import KIND as IQ_KIND
 from kernels.ggml.mulmat_iq import decode_row as iq_decode_row
 from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32
+from kernels.ggml.sve import faddv
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.plain.dequant import IQ4NL_VALUES, MXFP4_VALUES
 
@@ -303,12 +304,10 @@ def _sve256_1row(kind, v, dw, r, xq, xd, t, raw, tab, acc):
                     dot += np.int32(v[r, vo + e]) * np.int32(xq[t, xo + e])
                 acc[h, lane] = fma32(F32(dot), d, acc[h, lane])
         ib += 2
-    s0, s1 = F32(acc[0, 0] + acc[1, 0]), F32(acc[0, 1] + acc[1, 1])
-    s2, s3 = F32(acc[0, 2] + acc[1, 2]), F32(acc[0, 3] + acc[1, 3])
-    s4, s5 = F32(acc[0, 4] + acc[1, 4]), F32(acc[0, 5] + acc[1, 5])
-    s6, s7 = F32(acc[0, 6] + acc[1, 6]), F32(acc[0, 7] + acc[1, 7])
-    sumf = F32(F32(F32(s0 + s1) + F32(s2 + s3)) + F32(F32(s4 + s5) + F32(s6 + s7)))
-    return _last_block(kind, v, dw, dw, r, xq, xd, xd, t, raw, tab, ib, sumf)
+    for lane in range(8):  # svadd(sumv0, sumv1)
+        acc[0, lane] = F32(acc[0, lane] + acc[1, lane])
+    sumf = faddv(acc[0], 0, 8)
+    return _last_block(kind, v, dw, dw, r, xq, xd, xd, t, raw, tab, ib, sumf)  # (mw, xs: unused by Q8_0 / Q4_0)
 
 
 @jit()
@@ -424,9 +423,7 @@ def _q2_k_sve(q, sc, mn, d, dmin, yq, yd, ybs, t, L):
                     dot += np.int64(q[k]) * yq[t, k]
                 sumi += np.int64(sc[s]) * dot
             acc[lane] = fma32(F32(sumi), db, acc[lane])
-    if L == 4:
-        return F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3]))
-    return F32(F32(F32(acc[0] + acc[1]) + F32(acc[2] + acc[3])) + F32(F32(acc[4] + acc[5]) + F32(acc[6] + acc[7])))
+    return faddv(acc, 0, L)
 
 
 @jit()

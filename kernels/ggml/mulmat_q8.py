@@ -16,9 +16,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import prange, types
-from numba.core.imputils import impl_ret_borrowed
-from numba.extending import intrinsic
+from numba import prange
 
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
@@ -177,64 +175,50 @@ def _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, ou
             out[s, r] = _mxfp4_dot(w[e], ws[e], r, xq, xd, arow[s], fused_tail, acc)
 
 
-def _readonly_def(a):
-    """The array ``a`` typed read-only (the same data): a writable stack of weights and a read-only one (a
-    mapped file) then share one compiled copy of the kernels under :func:`_run` (~2.5 s of a first run)."""
-    return a
+@functools.cache
+def _items_for(kind: int, parallel: bool):
+    """The kernel that runs every work item (:func:`_item`) of formula ``kind`` (:data:`Q8_0_KIND` …: a constant of
+    the kernel, so it compiles its own code alone): split between threads (each output is one thread's, computed in
+    one order), or on the calling thread. Python picks between the two (:func:`_run`): a kernel that held both, and
+    the entry points that called it, would each have their callees optimized and emitted again by LLVM (~1 s of a
+    first run: kernels/base/flags.py, "What a first run pays for")."""
+    if parallel:
+        @jit(parallel=True, variant=f"k{kind}_parallel")
+        def items(fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
+            for i in prange(experts.shape[0] * -(-w.shape[1] // ROWS)):
+                # np.int64: prange's index is unsigned, and _item compiled for it would be a second copy
+                _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, np.int64(i),
+                      np.empty((3, 8), np.float32))
+    else:
+        @jit(variant=f"k{kind}_serial")
+        def items(fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
+            acc = np.empty((3, 8), np.float32)
+            for i in range(experts.shape[0] * -(-w.shape[1] // ROWS)):
+                _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc)
+    return items
 
 
-@intrinsic
-def _readonly_ir(typingctx, a):
-    """:func:`_readonly_def` compiled: the type's read-only flag set, the value passed through."""
-    if not isinstance(a, types.Array):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return impl_ret_borrowed(context, builder, sig.return_type, args[0])  # a new reference to the array
-
-    return a.copy(readonly=True)(a), codegen
-
-
-_readonly = _readonly_ir if JIT_ENABLED else _readonly_def
-
-
-@jit(parallel=True)
-def _items_parallel(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
-    """Every work item, split between threads (each output is one thread's, computed in one order)."""
-    for i in prange(experts.shape[0] * -(-w.shape[1] // ROWS)):
-        # np.int64: prange's index is unsigned, and _item compiled for it would be a second copy
-        _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, np.int64(i),
-              np.empty((3, 8), np.float32))
-
-
-@jit()
 def _run(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out):
     """``out[order[j], :]`` for every slot ``j`` of every group (:func:`_item`): on the calling thread below
-    :data:`SERIAL_BELOW` multiply-adds, else split between threads — the same bits."""
-    if order.shape[0] * w.shape[1] * xq.shape[1] >= SERIAL_BELOW:
-        _items_parallel(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out)
-    else:
-        acc = np.empty((3, 8), np.float32)
-        for i in range(experts.shape[0] * -(-w.shape[1] // ROWS)):
-            _item(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out, i, acc)
-
-
-@jit()
-def _dense(w, ws, T):
-    """One matrix ``w`` (N, row) as a stack of one expert, ``ws`` likewise, and the group of all ``T`` rows."""
-    rows = np.empty(T, np.int64)  # 0 … T-1 (filled here, not np.arange / np.zeros / np.array of a list: each compiles
-    for t in range(T):  # numpy's implementation once more, ~0.1 s of the first run)
-        rows[t] = t
-    bounds = np.empty(2, np.int64)  # [0, T]
-    bounds[0], bounds[1] = 0, T
-    experts = np.empty(1, np.int64)  # [0]
-    experts[0] = 0
-    return (w.reshape(1, w.shape[0], w.shape[1]), ws.reshape(1, ws.shape[0], ws.shape[1]), rows, bounds, experts, rows)
+    :data:`SERIAL_BELOW` multiply-adds, else split between threads — the same bits. ``w`` and ``ws`` go read-only
+    (:func:`kernels.base.flags.read_only`), as a mapped file's: a stack made in memory and a mapped one share one
+    compiled kernel."""
+    parallel = order.shape[0] * w.shape[1] * xq.shape[1] >= SERIAL_BELOW
+    _items_for(kind, parallel)(fused_tail, read_only(w), read_only(ws), tab, xq, xd, order, bounds, experts, arow, out)
 
 
 @jit(inline=True)
 def _q8_0_quantize(x):
-    """The activations converted to Q8_0 (x86 ``quantize_row_q8_0``, :mod:`kernels.ggml.actquant`): (qs, d)."""
+    """The activations converted to Q8_0 (x86 ``quantize_row_q8_0``, :mod:`kernels.ggml.actquant`): (qs, d) — inside
+    a kernel (:mod:`kernels.ggml.columns`); from Python: :func:`_q8_0_rows`."""
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    _quantize_rows_q8_0(x, xq, xd, np.empty((x.shape[0], 0), np.float32))
+    return xq, xd
+
+
+def _q8_0_rows(x):
+    """:func:`_q8_0_quantize` called from Python: (qs (R, K) int8, d (R, K/32) float32) of float32 rows ``x``."""
     xq = np.empty(x.shape, np.int8)
     xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
     _quantize_rows_q8_0(x, xq, xd, np.empty((x.shape[0], 0), np.float32))
@@ -245,27 +229,23 @@ def q8_0_mul_mat(w, x, out, tab):
     """``ggml_mul_mat`` of Q8_0 rows ``w`` (N, K/32·34 as int8) and float32 ``x`` (T, K) -> out (T, N): ``x``
     quantized (``from_float``, ``xq`` (T, K) int8 / ``xd`` (T, K/32) float32), then ``ggml_vec_dot_q8_0_q8_0`` for
     every element (:func:`_q8_0_dot`) — as :func:`q8_0_mul_mat_id` of a stack of one expert that every row takes:
-    its one group is every row in order, exactly ``ggml_mul_mat``'s elements, and one compiled kernel serves both
-    (1.3 s of a first run: :func:`_run`, compiled into each, was most of both)."""
-    w3 = read_only(w[None])  # (1, N, K/32·34): read-only, as a mapped file's (one compiled signature for both)
-    q8_0_mul_mat_id(w3, np.zeros((x.shape[0], 1), np.int32), x[:, None, :], out[:, None, :], tab)
+    its one group is every row in order, exactly ``ggml_mul_mat``'s elements, and one compiled kernel serves both."""
+    q8_0_mul_mat_id(w[None], np.zeros((x.shape[0], 1), np.int32), x[:, None, :], out[:, None, :], tab)  # w: (1, N, row)
 
 
-@jit()
 def q8_0_mul_mat_id(w, ids, x, out, tab):
     """``ggml_mul_mat_id`` of Q8_0 experts ``w`` (E, N, K/32·34 as int8, each expert's rows contiguous): ``x``
     (T, n_x, K) float32 quantized once (as ggml converts all of src1 into ``wdata`` first), then slot ``s`` of
     token ``t`` dotted with expert ``ids[t, s]``: out (T, n_used, N), the slots grouped by expert
     (:func:`slot_groups`, as ggml groups them; the grouping only orders the work)."""
     T, n_x, K = x.shape
-    xq, xd = _q8_0_quantize(x.reshape(T * n_x, K))
+    xq, xd = _q8_0_rows(x.reshape(T * n_x, K))  # [T·n_x, K], [T·n_x, K/32]
     order, bounds, experts, arow = slot_groups(ids, n_x)
-    ws = np.empty((w.shape[0], w.shape[1], 0), np.float32)
-    _run(Q8_0_KIND, False, _readonly(w), ws, tab, xq, xd, order, bounds, experts, arow,
-         out.reshape(T * ids.shape[1], out.shape[2]))
+    ws = np.empty((w.shape[0], w.shape[1], 0), np.float32)  # [E, N, 0]: no MXFP4 scales
+    _run(Q8_0_KIND, False, w, ws, tab, xq, xd, order, bounds, experts, arow,
+         out.reshape(T * ids.shape[1], out.shape[2]))  # out: [T·n_used, N]
 
 
-@jit()
 def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
     """``arch/x86/quants.c: ggml_vec_dot_mxfp4_q8_0`` (__AVX2__ branch, both builds) for every element.
 
@@ -273,11 +253,12 @@ def mxfp4_rows(wv, we, xq, xd, out, fused_tail):
     Blocks go in pairs to two 8-lane accumulators (even blocks ``accum1``, odd ``accum2``); their lane-wise
     sum is reduced by ``hsum_float_8``; an odd last block is added by the scalar tail, which GCC tuned for AMD Zen
     compiles as ``vmulss`` + ``vaddss`` (avx512, avx2-zen) and its other tunings contract to ``vfmadd231ss`` (avx2:
-    ``fused_tail``; :mod:`kernels.ggml.tuning`).
+    ``fused_tail``; :mod:`kernels.ggml.tuning`). Run as one matrix's stack of one expert that all ``T`` rows take.
     """
-    w3, ws, order, bounds, experts, arow = _dense(wv, we, xq.shape[0])
-    _run(MXFP4_KIND, fused_tail, _readonly(w3), ws, np.empty(0, np.float32), xq, xd, order,
-         bounds, experts, arow, out)
+    T = xq.shape[0]
+    rows = np.arange(T, dtype=np.int64)  # the one group: every row, in order
+    _run(MXFP4_KIND, bool(fused_tail), wv[None], we[None], np.empty(0, np.float32), xq, xd, rows,
+         np.array([0, T], np.int64), np.zeros(1, np.int64), rows, out)  # [1, N, K], [1, N, K/32]
 
 
 def _mxfp4_weights(w_bytes: np.ndarray):

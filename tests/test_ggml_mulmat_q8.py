@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from kernels.base.block import QT
-from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW
+from kernels.base.flags import JIT_ENABLED
 from kernels.ggml import mulmat_q8, mulmat_q8_ir
-from kernels.ggml.mulmat_q8 import _mxfp4_weights, _q8_0_quantize, mxfp4_rows, q8_0_mul_mat, q8_0_mul_mat_id
+from kernels.ggml.mulmat_q8 import SERIAL_BELOW, _mxfp4_weights, _q8_0_quantize, mxfp4_rows, q8_0_mul_mat, q8_0_mul_mat_id
 from kernels.ggml.vecmath import F16_TO_F32
 from kernels.testing import random_rows
 
-N, K = 133, 2048  # rows not a multiple of the work item's (32) nor of a tile's (4)
+N, K = 133, 8192  # rows not a multiple of the work item's (32) nor of a tile's (4); T·N·K >= SERIAL_BELOW at T = 1
 
 
 def rows(qtype, n, k, rng):
@@ -63,6 +63,7 @@ def test_q8_0_id_threads(threads):
     w = rows(QT.Q8_0, E * N, K // 2, rng).view(np.int8).reshape(E, N, -1)
     x, ids = acts(rng, T, K // 2).reshape(T, 1, -1), rng.integers(0, E, (T, n_used)).astype(np.int32)
     ids[:8, 0] = 1  # expert 1: >= 8 slots
+    assert T * n_used * N * (K // 2) >= SERIAL_BELOW
     out = np.empty((T, n_used, N), np.float32)
     ref = np.stack([[_q8_0_mm(w[ids[t, s]], x[t])[0] for s in range(n_used)] for t in range(T)])
     for n in (1, 2, 3):
@@ -75,6 +76,7 @@ def test_q8_0_id_threads(threads):
 def test_mxfp4_threads(threads, fused_tail):
     rng = np.random.default_rng(42)
     k = 33 * 32  # an odd block count: the scalar tail
+    assert 9 * N * k >= SERIAL_BELOW > 9 * 5 * k
     wv, we = _mxfp4_weights(rows(QT.MXFP4, N, k, rng))
     xq, xd = _q8_0_quantize(acts(rng, 9, k))
 

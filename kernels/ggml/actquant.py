@@ -68,7 +68,7 @@ def _maxps(a, b):
     return a if a > b else b
 
 
-@jit()
+@jit(inline=True)
 def _amax_x86(x, r, o):
     """``max(abs(e))`` of the 32 values ``x[r, o : o+32]`` as the x86 ``quantize_row_q8_0`` / ``_q8_1``
     reduce them: four 8-lane vectors folded with ``_mm256_max_ps`` (lane l sees values l, 8+l, 16+l,
@@ -99,7 +99,7 @@ def _amax_x86(x, r, o):
     return _maxps(h0, h1)  # _mm_max_ss with _mm_movehdup_ps
 
 
-@jit()
+@jit(inline=True)
 def _cvtps_epi32(v):
     """``_mm256_cvtps_epi32`` of an already rounded value: the int32, or INT_MIN ("integer
     indefinite") for NaN and anything outside the int32 range."""

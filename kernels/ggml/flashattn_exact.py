@@ -107,7 +107,7 @@ GGML_FA_TILE_Q = 64  # ggml-cpu/common.h
 SPLIT_KV_MIN = 512  # ops.cpp use_split_kv_path: nek1 >= 512
 
 
-@jit()
+@jit(inline=True)
 def _to_f16(x, fused):
     """A float32 rounded to an F16 value: F16C's ``vcvtps2ph`` (the SIMD builds) or ggml-impl.h's portable
     conversion (the generic build: a NaN becomes sign | 0x7E00)."""

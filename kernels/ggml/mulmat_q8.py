@@ -5,7 +5,7 @@ families (:mod:`kernels.ggml.mulmat_q`, :mod:`kernels.ggml.repack`) can use them
 
 Work order (never a bit of the result): the weight row outer — a row's bytes (2 KiB at K = 2048) stay in L1 while
 every activation row of the product reads them —, blocks of :data:`ROWS` weight rows (per expert of a
-``mul_mat_id``) split between threads from :data:`kernels.base.flags.SERIAL_BELOW` multiply-adds; each element is
+``mul_mat_id``) split between threads from :data:`SERIAL_BELOW` multiply-adds; each element is
 computed by one thread, in ggml's order. Q8_0 elements go in tiles of 4 (four activation rows against one
 weight row, or four weight rows against one activation row: :mod:`kernels.ggml.mulmat_q8_ir`), whose
 independent FMA chains run side by side.
@@ -21,7 +21,7 @@ from numba import prange
 from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
 from kernels.base.floats import E8M0_HALF
-from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit, read_only
+from kernels.base.flags import JIT_ENABLED, jit, read_only
 from kernels.ggml.actquant import _quantize_rows_q8_0
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.plain.dequant import MXFP4_VALUES
@@ -123,6 +123,12 @@ def _mxfp4_dot(wv, we, r, xq, xd, t, fused_tail, acc):
 # The work split: weight rows outer (each read once for all its activation rows), blocks of ROWS between threads
 
 ROWS = 32  # weight rows per work item
+#: Products of fewer multiply-adds than this run on the calling thread. :data:`kernels.base.flags.SERIAL_BELOW`
+#: (2^18) is the break-even of the float64 kernels (~40 µs of work on one core); these integer dots do 2^18 in
+#: ~13 µs, about what starting and joining a prange region costs. Measured (Zen 3, 2 threads, 2026-12-06): a 2048 × 256
+#: Q8_0 matrix (builtin:kjv's LM head, 2^19) 25 µs serial, 17 threaded; 4096 × 256 (2^20) 49 and 42. So from 2^20: a
+#: small model's run never compiles the threaded kernel (~2 s of its first run) to save a few µs a token.
+SERIAL_BELOW = 1 << 20
 Q8_0_KIND, MXFP4_KIND = 0, 1  # the element formula: a literal argument, so a kernel compiles its own alone
 
 

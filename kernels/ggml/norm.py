@@ -59,7 +59,7 @@ def _check(x: np.ndarray, path: str) -> np.ndarray:
     return x
 
 
-@jit()
+@jit(inline=True)
 def _sum_squares(x):
     """``ggml_float sum`` of one row: float32 squares widened to double, added in order."""
     s = np.float64(0.0)

@@ -200,7 +200,7 @@ def get_rows(table: np.ndarray, qtype, ids: np.ndarray, path: str | None = None)
 S_THRESHOLD = 16  # enum { _S_threshold = 16 }
 
 
-@jit()
+@jit(inline=True)
 def _gt(v, idx, p, q):
     return v[idx[p]] > v[idx[q]]
 
@@ -317,7 +317,7 @@ def _introsort_loop(v, idx, first, last, depth_limit, lo, hi):
             first = cut  # the recursive call: __introsort_loop(cut, last, depth_limit)
 
 
-@jit()
+@jit(inline=True)
 def _unguarded_linear_insert(v, idx, last, lo):
     val = idx[last]
     nxt = last - 1
@@ -330,7 +330,7 @@ def _unguarded_linear_insert(v, idx, last, lo):
     idx[last] = val
 
 
-@jit()
+@jit(inline=True)
 def _insertion_sort(v, idx, first, last, lo):
     if first == last:
         return

@@ -439,7 +439,7 @@ def v_expf_sse2(x):
 v_expf_neon = v_expf_avx2
 
 
-@jit()
+@jit(inline=True)
 def v_expf(x, code):
     """ggml_v_expf of the build whose expf code is ``code`` (:data:`AVX512`, :data:`AVX2`, :data:`NEON`, or
     :data:`SSE2` for the generic x86 build), one lane."""

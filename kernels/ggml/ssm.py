@@ -204,7 +204,7 @@ def _gated_delta_net(q, k, v, g, beta, state, K, epr, glibc, out, snaps):
     return out
 
 
-@jit()
+@jit(inline=True)
 def _snapshot(dst, M, transposed):
     """``dst[:] = M`` (``M.T`` when ``transposed``) element by element: an array assignment would compile numba's
     shape-mismatch error message (seconds on the first run)."""

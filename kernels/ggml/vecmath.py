@@ -322,7 +322,7 @@ def soft_max(x, mask, scale: float, path: str, max_bias: float = 0.0) -> np.ndar
 # Type conversions (ggml-impl.h's portable F16 and BF16 conversions, on both paths)
 
 
-@jit()
+@jit(inline=True)
 def _f32_to_f16_bits(u):
     """ggml-impl.h ggml_compute_fp32_to_fp16 (float32 bits -> binary16 bits): round to nearest even, written
     here by cases instead of its float tricks; ``shl1_w > 0xFF000000`` (NaN) gives ``0x7E00``."""

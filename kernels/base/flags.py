@@ -49,8 +49,10 @@ What a first run pays for
     compile 10.1 → 5.6 s for Q6_K. Not into a ``prange`` body: numba's parfor passes would analyse all that code
     (a parallel Q6_K lane kernel 10.7 → 19.2 s), so a parallel kernel calls the same code through one compiled
     ``*_task`` function. Not for a helper called from several places of one kernel (each place would get a
-    copy), nor where a literal argument selects most of the helper's code: numba prunes dead branches before it
-    inlines, so every branch would be compiled (LLVM drops them later). numpy conveniences inside a kernel
+    copy — ``f16_round`` in flash attention's row: +0.5 s), nor where a runtime value selects the helper's code: each
+    caller then types every branch (``_simd_dot`` under ``vec_dot_f16``: +1.0 s). A constant does prune: numba
+    prunes dead branches again after it inlines (numba 0.68: a closure's constant or a literal argument passed on
+    selects the inlined code's branch, as in a kernel of its own). numpy conveniences inside a kernel
     (``a.max()``, ``np.nonzero``, ``np.arange``, a slice assignment) compile numba's implementation of each
     (0.1–0.4 s): small kernels loop instead. A test Python can make (a shape's fit) is not a kernel. Per
     kernel: ``refimpl run``'s stderr on a cold cache (docs/performance.md, "First run").
@@ -172,6 +174,13 @@ def jit(*, parallel: bool = False, kind: int | None = None, variant: str = "", i
         return njit(py_func)
 
     return named
+
+
+def python_of(kernel):
+    """The Python function of ``kernel`` (a :func:`jit` dispatcher; interpreted, the function itself): for a Python
+    caller of a small helper, which calling the dispatcher would compile as a kernel of its own (~0.1 s of a first run),
+    and for a second decorator over the same code (``jit(inline=True)(python_of(f))``)."""
+    return getattr(kernel, "py_func", kernel)
 
 
 def read_only(a):

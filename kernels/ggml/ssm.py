@@ -52,7 +52,7 @@ import math
 import numpy as np
 from numba import prange
 
-from kernels.base.flags import SERIAL_BELOW, jit
+from kernels.base.flags import SERIAL_BELOW, jit, python_of
 from kernels.ggml.libm import expf, expf_on, glibc_of  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import SVE_PATHS, by_clang, not_emulated
 from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, SVE256, check_path, fma32, fold_left_unfused, follows_nans, simd
@@ -125,7 +125,8 @@ def ssm_conv(sx: np.ndarray, c: np.ndarray, path: str) -> np.ndarray:
     if path == "generic" or (path in SVE_PATHS and not by_clang(path)):
         unfused = nc
     else:
-        unfused = fold_left_unfused(nc, NEON_CLANG if path in SVE_PATHS else simd(path, "ggml_ssm_conv").code)
+        code = NEON_CLANG if path in SVE_PATHS else simd(path, "ggml_ssm_conv").code
+        unfused = python_of(fold_left_unfused)(nc, code)  # nothing compiled for a Python caller
     out = _ssm_conv(np.ascontiguousarray(sx3), c, unfused, np.empty((sx3.shape[0], n_t, c.shape[0]), np.float32))
     return out[0] if np.ndim(sx) == 2 else out  # [n_s, n_t, d_inner] or [n_t, d_inner]
 
@@ -276,7 +277,7 @@ def _head_t(ir, q, k, v, g, beta, state, K, epr, out, snaps, scale, rq3, rk3, kd
 # _head_t for the serial kernel: numba puts the row's code into the kernel's loop, so LLVM compiles it once, there
 # (kernels/base/flags.py, "What a first run pays for"; builtin:kjv's first run: 5.0 → 3.3 s for this kernel). A prange
 # body calls the compiled _head_t instead (numba's parfor passes would analyse the inlined code).
-_head_t_inline = jit(inline=True)(_head_t.py_func)
+_head_t_inline = jit(inline=True)(python_of(_head_t))
 
 
 @functools.cache

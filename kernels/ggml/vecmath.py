@@ -421,22 +421,15 @@ def cast_bf16(x) -> np.ndarray:
 # Row sums (ggml_sum_rows: double accumulation) and running sums (ggml_cumsum: float32)
 
 
-@jit()
-def _sum_rows(x, y):
-    for r in range(x.shape[0]):
-        s = np.float64(0.0)  # ggml_vec_sum_f32: ggml_float sum = 0.0; sum += (ggml_float)x[i]
-        for i in range(x.shape[1]):
-            s += np.float64(x[r, i])
-        y[r] = np.float32(s)  # *s = (float)sum
-
-
 @follows_nans
 def sum_rows(x, path: str | None = None) -> np.ndarray:
-    """ggml_sum_rows: each row summed in order in double, rounded to float32; shape (…, 1)."""
+    """ggml_sum_rows: each row summed in order in double, rounded to float32; shape (…, 1). ``ggml_vec_sum_f32``:
+    ``ggml_float sum = 0.0; sum += (ggml_float)x[i]``, ``*s = (float)sum`` — numpy's running sum (``cumsum`` adds in
+    order, unlike ``sum``'s pairwise blocks), its last column, rounded once; nothing to compile."""
     x = np.asarray(x, dtype=np.float32)
-    y = np.empty(_rows(x).shape[0], np.float32)
-    _sum_rows(_rows(x), y)
-    return y.reshape(x.shape[:-1] + (1,))  # ne0 = 1
+    rows = _rows(x)  # [R, n]
+    total = np.zeros((rows.shape[0], 1)) if rows.shape[1] == 0 else np.cumsum(rows, axis=1, dtype=np.float64)[:, -1:]
+    return total.astype(np.float32).reshape(x.shape[:-1] + (1,))  # [R, 1] -> (…, 1): ne0 = 1
 
 
 @jit()

@@ -39,16 +39,16 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
     attn = [il for il in range(c.n_layer) if not c.is_recurrent[il]]
     linear = [il for il in range(c.n_layer) if c.is_recurrent[il]]
     with model.stream_phase("prompt" if T > 1 else "decode", positions):
-        if c.n_expert:  # mul_mat_id's grouping of the rows by expert, a part of the Q8_0 kernel the run compiles first
-            mulmat_q8.slot_groups(np.zeros((T, c.n_expert_used), np.int32), np.int64(1))
         if linear:  # build_layer_attn_linear's fused op (the conv window: the state's rows and T stand-in rows)
             il, Hk, Hv, S = linear[0], c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
             st = state.layers[il]
             window = np.concatenate([st.conv, normal(T, st.conv.shape[1])])  # [Kc−1+T, C]
-            beta = sigmoid(normal(T, Hv), ctx)  # [T, Hv]
+            beta = (0.5 + np.abs(normal(T, Hv))).astype(F32)  # [T, Hv]: a stand-in in (0, 1), not the sigmoid's kernel
             g = -np.abs(normal(T, Hv))  # [T, Hv]: a decay, ≤ 0
             gated_delta_net(normal(T, Hk, S), normal(T, Hk, S), normal(T, Hv, S), g, beta, key_heads(c), window, st, il,
                             ctx, state.n_rs_seq + 1, c.ssm_d_conv)  # [T, Hv, S]
+        if c.n_expert:  # mul_mat_id's grouping of the rows by expert (the run meets it after layer 0's mixer)
+            mulmat_q8.slot_groups(np.zeros((T, c.n_expert_used), np.int32), np.int64(1))
         if attn:  # build_layer_attn's RoPE, cache write and build_attn_mha
             il, H, Hkv, D = attn[0], c.n_head, c.n_head_kv, c.head_dim
             q, k = rope(normal(T, H, D), normal(T, Hkv, D), positions, c.n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]

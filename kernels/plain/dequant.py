@@ -411,6 +411,10 @@ def dequantize(raw: np.ndarray, qtype, n_cols: int | None = None) -> np.ndarray:
         raise ValueError(f"{cls.qtype.name} data holds {cols} values per row, but n_cols={n_cols}")
     lead = rows.shape[:-1]
     rows2d = rows.reshape(-1, rows.shape[-1])
+    if cls.qtype == QT.Q8_0:  # x = float32(qs) * d, one float32 product per value: numpy, nothing to compile
+        blocks = rows2d.reshape(rows2d.shape[0], -1, 34)  # [N, nb, 34]: d (f16), qs[32]
+        d = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).astype(np.float32)  # [N, nb, 1]
+        return (blocks[:, :, 2:].view(np.int8).astype(np.float32) * d).reshape(lead + (cols,))  # [..., n]
     out = np.empty((rows2d.shape[0], cols), dtype=np.float32)
     if out.size:
         rows_kernel = _dequantize_rows_serial if out.size < SERIAL_BELOW else _dequantize_rows

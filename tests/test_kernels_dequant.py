@@ -224,3 +224,19 @@ def test_known_mxfp4():
         + [3 * 2.0**126] * 16 + [-(2.0**126)] * 16
     )  # fmt: skip
     assert_same_bits(kernels.dequantize(raw, QT.MXFP4)[0], np.array(want, np.float32))
+
+
+def test_q8_0_rows_in_numpy_are_the_compiled_decoder_bit_for_bit():
+    """dequantize's Q8_0 rows (numpy: nothing to compile for a token's embedding) against the compiled decoder it
+    stands in for, every bit — NaN payloads included (f16_at's canonical NaN, not numpy's float16 payloads) — on
+    random bytes (NaN, inf and subnormal scales among them) and realistic rows."""
+    from kernels.plain.dequant import _dequantize_rows_serial
+
+    rng = np.random.default_rng(77)
+    raw = np.concatenate([random_rows(QT.Q8_0, 300, 256, rng, "raw"), random_rows(QT.Q8_0, 20, 256, rng)])
+    raw = raw.view(np.uint8).reshape(raw.shape[0], -1)
+    raw[0, :2] = (0x01, 0x7E)  # a NaN scale with a payload numpy's float16 would keep
+    compiled = np.empty((raw.shape[0], 256), np.float32)
+    _dequantize_rows_serial(QT.Q8_0)(raw, compiled)
+    got = kernels.dequantize(raw, QT.Q8_0)
+    assert np.isnan(got).any() and np.array_equal(got.view(np.uint32), compiled.view(np.uint32))

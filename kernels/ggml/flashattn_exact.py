@@ -91,7 +91,7 @@ import functools
 
 import numpy as np
 
-from kernels.base.flags import jit
+from kernels.base.flags import jit, read_only
 from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
@@ -333,7 +333,9 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     if not has_mask:
         mask32 = np.zeros((n_q, k32.shape[1]), F32)
     kind = fa_kernel(n_q, k32.shape[1], np.float16 if k_f16 else F32, np.float16 if v_f16 else F32, v32.shape[2], path)
-    args = (np.ascontiguousarray(q, dtype=F32), k32, v32, mask32, has_mask, F32(scale))
+    # K and V read-only (the cache's views as the kernels only read them): their dots then share one compiled copy
+    # with the weight rows' (vec.py ``_simd_dot``, mulmat_vec's F32 rows: ~0.5 s of a first run)
+    args = (np.ascontiguousarray(q, dtype=F32), read_only(k32), read_only(v32), mask32, has_mask, F32(scale))
     L, fused = fa_code(path)  # generic: vec.h's SSE2 ggml_v_expf (4 lanes), no FMA
     L16 = f16_code(path, "ggml_flash_attn_ext") if L == NEON else L  # arm64-base: NEON_F32C (float F16 vectors)
     dot = SIMD[path].code if L == NEON else L  # an F32 K's dot: NEON, or NEON_CLANG (clang's leftover blocks)

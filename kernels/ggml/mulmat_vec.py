@@ -179,7 +179,7 @@ def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
                             else:
                                 acc[j, lane] = fma32(wr[l0 + lane], x[t0 + j, l0 + lane], acc[j, lane])
             for j in range(nb):
-                out[t0 + j, r] = hsum_fold(acc[j], 0, L)  # hsum(Cv): _mm512_reduce_add_ps / hsum_float_8
+                out[t0 + j, r] = hsum_fold(acc[j], np.int64(0), L)  # hsum(Cv): _mm512_reduce_add_ps / hsum_float_8
 
 
 @jit()

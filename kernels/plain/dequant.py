@@ -22,7 +22,7 @@ from numba import prange
 from kernels.base.blocks import QT, WEIGHT_TYPES, weight_layout
 from .dequant_iq import _deq_iq1_m, _deq_iq1_s, _deq_iq2_s, _deq_iq2_xs, _deq_iq2_xxs, _deq_iq3_s, _deq_iq3_xxs, _deq_tq1_0, _deq_tq2_0
 from kernels.base.flags import SERIAL_BELOW, by_type, jit, per_type, read_only
-from kernels.base.floats import E8M0_HALF, f16_at
+from kernels.base.floats import E8M0_HALF, F16_TABLE, f16_at
 
 #: The 16 values of a 4-bit MXFP4 code: twice the E2M1 values (``kvalues_mxfp4``).
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
@@ -413,7 +413,7 @@ def dequantize(raw: np.ndarray, qtype, n_cols: int | None = None) -> np.ndarray:
     rows2d = rows.reshape(-1, rows.shape[-1])
     if cls.qtype == QT.Q8_0:  # x = float32(qs) * d, one float32 product per value: numpy, nothing to compile
         blocks = rows2d.reshape(rows2d.shape[0], -1, 34)  # [N, nb, 34]: d (f16), qs[32]
-        d = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).astype(np.float32)  # [N, nb, 1]
+        d = F16_TABLE[blocks[:, :, :1].astype(np.int64) | (blocks[:, :, 1:2].astype(np.int64) << 8)]  # [N, nb, 1]: f16_at
         return (blocks[:, :, 2:].view(np.int8).astype(np.float32) * d).reshape(lead + (cols,))  # [..., n]
     out = np.empty((rows2d.shape[0], cols), dtype=np.float32)
     if out.size:

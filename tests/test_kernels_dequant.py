@@ -240,3 +240,4 @@ def test_q8_0_rows_in_numpy_are_the_compiled_decoder_bit_for_bit():
     _dequantize_rows_serial(QT.Q8_0)(raw, compiled)
     got = kernels.dequantize(raw, QT.Q8_0)
     assert np.isnan(got).any() and np.array_equal(got.view(np.uint32), compiled.view(np.uint32))
+    assert kernels.dequantize(raw[:0], QT.Q8_0).shape == (0, 256)  # no rows: no values, no error

@@ -22,7 +22,7 @@ from kernels.base.block import QT
 from kernels.base.blocks import row_bytes
 from kernels.base.floats import E8M0_HALF
 from kernels.base.flags import JIT_ENABLED, jit, read_only
-from kernels.ggml.actquant import _quantize_rows_q8_0
+from kernels.ggml.actquant import _q8_0_rows, _quantize_rows_q8_0
 from kernels.ggml.simd import fma32, hsum_fold
 from kernels.plain.dequant import MXFP4_VALUES
 
@@ -216,15 +216,7 @@ def _run(kind, fused_tail, w, ws, tab, xq, xd, order, bounds, experts, arow, out
 @jit(inline=True)
 def _q8_0_quantize(x):
     """The activations converted to Q8_0 (x86 ``quantize_row_q8_0``, :mod:`kernels.ggml.actquant`): (qs, d) — inside
-    a kernel (:mod:`kernels.ggml.columns`); from Python: :func:`_q8_0_rows`."""
-    xq = np.empty(x.shape, np.int8)
-    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    _quantize_rows_q8_0(x, xq, xd, np.empty((x.shape[0], 0), np.float32))
-    return xq, xd
-
-
-def _q8_0_rows(x):
-    """:func:`_q8_0_quantize` called from Python: (qs (R, K) int8, d (R, K/32) float32) of float32 rows ``x``."""
+    a kernel (:mod:`kernels.ggml.columns`); from Python: :func:`kernels.ggml.actquant._q8_0_rows`."""
     xq = np.empty(x.shape, np.int8)
     xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
     _quantize_rows_q8_0(x, xq, xd, np.empty((x.shape[0], 0), np.float32))
@@ -245,7 +237,7 @@ def q8_0_mul_mat_id(w, ids, x, out, tab):
     token ``t`` dotted with expert ``ids[t, s]``: out (T, n_used, N), the slots grouped by expert
     (:func:`slot_groups`, as ggml groups them; the grouping only orders the work)."""
     T, n_x, K = x.shape
-    xq, xd = _q8_0_rows(x.reshape(T * n_x, K))  # [T·n_x, K], [T·n_x, K/32]
+    xq, xd, _ = _q8_0_rows(x.reshape(T * n_x, K), False)  # [T·n_x, K], [T·n_x, K/32]
     order, bounds, experts, arow = slot_groups(ids, n_x)
     ws = np.empty((w.shape[0], w.shape[1], 0), np.float32)  # [E, N, 0]: no MXFP4 scales
     _run(Q8_0_KIND, False, w, ws, tab, xq, xd, order, bounds, experts, arow,

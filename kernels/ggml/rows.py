@@ -46,17 +46,14 @@ from kernels.ggml.vecmath import F16_TO_F32, fp16_at  # ggml's half -> float (F1
 from kernels.ggml import rows_iq  # IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S
 from kernels.ggml.isa import ARM_NAN, simd
 from kernels.ggml.rows_q import _deq_q2_k, _deq_q3_k, _legacy, arm64_nans  # Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
-from kernels.plain.dequant import IQ4NL_F32, _deq_mxfp4, as_row_bytes, k_scale_min
+from kernels.plain.dequant import IQ4NL_F32, _deq_mxfp4, as_row_bytes, k_scale_min, q8_0_rows_numpy
 
 
 # dequantize_row_* of ggml-quants.c; src: [N, row bytes] uint8, y: [N, n] float32, tab: F16_TO_F32.
 def _deq_q8_0(src, y, tab):
-    """In numpy, one float32 product per value as in C: nothing to compile (a Q8_0 model's first run: builtin:kjv's
+    """In numpy (:func:`kernels.plain.dequant.q8_0_rows_numpy`, ggml's table): nothing to compile (a Q8_0 model's
     token embedding, 0.5–0.8 s of compiling a loop)."""
-    blocks = src.reshape(src.shape[0], -1, 34)  # [N, n/32, 34]: block_q8_0 = d, qs[32]
-    d = tab[blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)]  # [N, n/32]: FP16_TO_FP32(d)
-    qs = blocks[:, :, 2:].view(np.int8).astype(np.float32)  # [N, n/32, 32]: exact
-    np.multiply(qs, d[:, :, None], out=y.reshape(qs.shape))  # x[i].qs[j]*d: one rounding, as C's float product
+    q8_0_rows_numpy(src, tab, y)
 
 
 @jit()

@@ -353,6 +353,16 @@ def _dequantize_rows(kind):
     return _dequantize_rows
 
 
+def q8_0_rows_numpy(rows, tab, out) -> None:
+    """Q8_0 rows [N, n/32·34] uint8 decoded into ``out`` [N, n] float32 in numpy: ``x = float32(qs) * d``, one float32
+    product a value as in C (and gguf), ``d`` the half's float by ``tab`` (:data:`kernels.base.floats.F16_TABLE` here,
+    ggml's ``F16_TO_F32`` for :mod:`kernels.ggml.rows`: the two differ in NaN payloads only)."""
+    blocks = rows.reshape(rows.shape[0], rows.shape[1] // 34, 34)  # [N, n/32, 34]: block_q8_0 = d (f16), qs[32]
+    d = tab[blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)]  # [N, n/32]
+    qs = blocks[:, :, 2:].view(np.int8).astype(np.float32)  # [N, n/32, 32]: exact
+    np.multiply(qs, d[:, :, None], out=out.reshape(qs.shape))  # x[i].qs[j]*d: one rounding
+
+
 @per_type
 def _dequantize_rows_serial(kind):
     @jit(kind=kind)
@@ -411,12 +421,10 @@ def dequantize(raw: np.ndarray, qtype, n_cols: int | None = None) -> np.ndarray:
         raise ValueError(f"{cls.qtype.name} data holds {cols} values per row, but n_cols={n_cols}")
     lead = rows.shape[:-1]
     rows2d = rows.reshape(-1, rows.shape[-1])
-    if cls.qtype == QT.Q8_0:  # x = float32(qs) * d, one float32 product per value: numpy, nothing to compile
-        blocks = rows2d.reshape(rows2d.shape[0], -1, 34)  # [N, nb, 34]: d (f16), qs[32]
-        d = F16_TABLE[blocks[:, :, :1].astype(np.int64) | (blocks[:, :, 1:2].astype(np.int64) << 8)]  # [N, nb, 1]: f16_at
-        return (blocks[:, :, 2:].view(np.int8).astype(np.float32) * d).reshape(lead + (cols,))  # [..., n]
     out = np.empty((rows2d.shape[0], cols), dtype=np.float32)
-    if out.size:
+    if cls.qtype == QT.Q8_0:  # numpy, nothing to compile (a token's embedding); f16_at's table: its canonical NaN
+        q8_0_rows_numpy(rows2d, F16_TABLE, out)
+    elif out.size:
         rows_kernel = _dequantize_rows_serial if out.size < SERIAL_BELOW else _dequantize_rows
         rows_kernel(cls.qtype)(rows2d, out)
     return out.reshape(lead + (cols,))

@@ -139,6 +139,33 @@ def test_quad_dots_are_their_definitions(qtype):
     assert want[0, 0] == sum(lane0)
 
 
+def test_q4k_sub_tile_at_its_integer_bounds():
+    """Q4_K repacked's sub-tile step where its AVX2 integers are largest: every code 15, every scale and min 63,
+    activation rows all -128, all 127 and alternating, with their true sums per 32 values (±4096, the most a
+    Q8_K group holds). AVX2 adds a group's eight ``vpmaddubsw`` pair sums as int16 (8 · 2 · 15 · 128 = 30720 <
+    2^15) and both groups' mins in one ``vpmaddwd``: a wider bound or a sign slip in the packing shows here as
+    a different accumulator than the definition's, at every level the host runs."""
+    rng = np.random.default_rng(40)
+    cols = columns.layout(weight_bytes(QT.Q4_K, 64, 512, rng), QT.Q4_K)
+    q, d, dmin = cols.q[0, 0].copy(), cols.d[0, 0], cols.dmin[0, 0]
+    q[:] = -1  # both nibbles 15: every code 15
+    sc, mn = np.full_like(cols.sc[0, 0], 63), np.full_like(cols.mn[0, 0], 63)
+    y = np.stack([np.full(512, -128), np.full(512, 127), np.tile([127, -128], 256)]).astype(np.int8)
+    sums = np.ascontiguousarray(y.reshape(3, 16, 32).sum(axis=2, dtype=np.int64))  # [3, K/32]
+    assert sums.min() == -4096 and sums.max() == 4064
+    yd = rng.standard_normal((3, 2)).astype(np.float32)
+    rows = np.array([0, 1, 2, 0])
+    for level in range(columns_ir.LEVEL + 1):
+        for step in (2, 8):
+            for c in (0, 48):
+                acc = rng.standard_normal((4, 2, 24)).astype(np.float32)
+                got, want = acc.copy(), acc.copy()
+                sel = np.arange(4)
+                columns_q4k.q4k_sub_tile16(got, 5, q, c, y, rows, sel, sc, sums, d, yd, mn, dmin, step, level)
+                columns_q4k.q4k_sub_tile_def(want, 5, q, c, 16, y, rows, sel, sc, sums, d, yd, mn, dmin, step)
+                assert np.array_equal(bits(got), bits(want)), (level, step, c)
+
+
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
 def test_plain_buffer_mul_mat_equals_stored_rows(qtype):
     """Not repacked (Q5_K and Q6_K never are; Q4_K with --no-repack): vec_dot's 8 lanes for T < 8, the tiled

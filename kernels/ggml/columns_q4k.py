@@ -9,13 +9,15 @@ d·y.d, acc)`` and ``accm = fma(float(ΣM), dmin·y.d, accm)``, and ``out = acc 
 What this module changes is only where the work is shared. A gemm row's 64 values of a sub-tile are 16 code vectors
 (8 loads of 64 bytes, each holding two quad rows as nibbles): they are loaded and unpacked once for all the gemm rows
 (a verify batch's 4, a prompt's hundreds), then each row forms its dots from them (``vpdpbusd`` on AVX512-VNNI,
-:func:`kernels.ggml.columns_ir._dpbusd`). The gemv's rows (a decode's one token, the tail of a batch, every routed
+:func:`kernels.ggml.columns_ir._dpbusd`; on AVX2 a group's ``vpmaddubsw`` pair sums added as int16, then one
+``vpmaddwd`` with its scale — ggml's own AVX2 steps, half the multiplies of a ``vpmaddwd`` with ones per lane). The gemv's rows (a decode's one token, the tail of a batch, every routed
 row of ``mul_mat_id``) loop over their super-blocks inside the same step. Either way one call per sub-tile, not one
 per super-block and row: at decode widths the calls had cost more than the dots. The gemm prefetches its codes
 :data:`AHEAD` bytes ahead (its rows take long enough per 64 values for the hardware prefetcher to fall behind).
 
 Measured (real2's 8192 × 2048 ``attn_qkv``, 2 threads, EPYC, 2026-12-06, the weights out of the cache): one row
-0.6 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms.
+0.6 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms. AVX2's int16 sums (Zen 3, 2026-12-06, the same product
+repeated): four rows 1.27 → 0.88 ms, one row 0.27 → 0.24.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ if JIT_ENABLED:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from kernels.ggml.columns_ir import _Args, _dpbusd, _k, _lit, _splat, _sub_tile_row
+    from kernels.ggml.columns_ir import (_B32, _W16, _Args, _dpbusd, _halves, _join, _k, _lit, _madd, _splat,
+                                         _sub_tile_row, _x86)
     from kernels.lanes.ir import _prefetch
 
     _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -92,6 +95,8 @@ if JIT_ENABLED:
 
             def groups(blk, r, g1, cv, scl, mnv):  # ΣI, ΣM of groups g1 … g1 + len(cv) - 1 for activation row r
                 y0 = at(5, [r, b.mul(blk, k(256))], _i8)
+                if lv == 1:
+                    return groups_avx2(blk, r, g1, cv, scl, mnv, y0)
                 ii, mi = zero, zero
                 for gi, lanes in enumerate(cv):
                     dot = zero
@@ -101,6 +106,27 @@ if JIT_ENABLED:
                     ii = b.add(ii, b.mul(dot, scl[gi]))
                     ysum = b.trunc(b.load(item(9, [r, b.add(b.mul(blk, k(8)), k(g1 + gi))])), _i32)
                     mi = b.add(mi, b.mul(mnv[gi], _splat(b, ysum)))  # mn·Σy
+                return ii, mi
+
+            def groups_avx2(blk, r, g1, cv, scl, mnv, y0):  # groups() in AVX2's multiplies (ggml's own AVX2 order)
+                # A group's 8 lanes' ``vpmaddubsw`` pair sums added as int16 (each pair |q·y + q·y| <= 2·15·128, eight
+                # of them < 2^15), then one ``vpmaddwd`` with the (scale, scale) pairs: scale · the group's dots. The
+                # mins of both groups in one ``vpmaddwd`` of (mn_g1, mn_g2) and (Σy_g1, Σy_g2) (|Σy| <= 32·128 <
+                # 2^15). The same integers as the generic steps, in half the multiplies.
+                ii = zero
+                for gi, lanes in enumerate(cv):
+                    s16 = [None, None]
+                    for lane, codes_l in enumerate(lanes):
+                        y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * (g1 + gi) + lane))]), _i32.as_pointer()), align=1)
+                        for h, (u, w) in enumerate(zip(_halves(b, codes_l, _B32), _halves(b, _splat(b, y4), _B32))):
+                            p = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", _W16, u, w)
+                            s16[h] = p if s16[h] is None else b.add(s16[h], p)
+                    pair = b.or_(scl[gi], b.shl(scl[gi], ir.Constant(_V16, [16] * 16)))  # (scale, scale) int16 pairs
+                    ii = b.add(ii, _join(b, *(_madd(b, s, w) for s, w in zip(s16, _halves(b, pair, _W16)))))
+                ysum = [b.trunc(b.load(item(9, [r, b.add(b.mul(blk, k(8)), k(g1 + gi))])), _i32) for gi in range(2)]
+                ypair = _splat(b, b.or_(b.and_(ysum[0], ir.Constant(_i32, 0xFFFF)), b.shl(ysum[1], ir.Constant(_i32, 16))))
+                mpair = b.or_(mnv[0], b.shl(mnv[1], ir.Constant(_V16, [16] * 16)))  # (mn_g1, mn_g2) int16 pairs
+                mi = _join(b, *(_madd(b, m, y) for m, y in zip(_halves(b, mpair, _W16), _halves(b, ypair, _W16))))
                 return ii, mi
 
             def fmas(blk, i, r, ii, mi):  # acc = fma(float(ΣI), d·y.d, acc); accm = fma(float(ΣM), dmin·y.d, accm)

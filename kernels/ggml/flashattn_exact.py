@@ -91,7 +91,9 @@ import functools
 
 import numpy as np
 
-from kernels.base.flags import jit, read_only
+from numba import prange
+
+from kernels.base.flags import SERIAL_BELOW, jit, read_only
 from kernels.ggml.flashattn_exact_tiled import fmax_path, tiled_rows
 from kernels.ggml.libm import GLIBC_AARCH64, GLIBC_X86_64, expf_on
 from kernels.ggml.simd import f16_round as round_to_f16  # = kernels.base.floats.round_to_f16, on the bits
@@ -185,23 +187,30 @@ def one_chunk(q_row, k, v, mask_row, has_mask, ic_start, ic_end, scale, k_f16, v
 
 
 @functools.cache
-def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool, dot: int):
+def one_row_rows_for(k_f16: bool, v_f16: bool, lanes: int, fused: bool, dot: int, parallel: bool = False):
     """The non-split, non-tiled path's kernel for one (K type, V type, path code, build), compile-time constants:
-    only that combination's code compiles (kernels/base/flags.py, "Literal arguments are constants")."""
+    only that combination's code compiles (kernels/base/flags.py, "Literal arguments are constants"). ``parallel``:
+    the (head, query row) pairs split between threads, as ggml's threads split the rows of the op
+    (``ggml_compute_forward_flash_attn_ext_f16``'s chunks); every pair is computed by one thread in the same order,
+    so the split never changes a bit."""
 
-    @jit()
-    def one_row_rows(q, k, v, mask, has_mask, scale, out):
+    @jit(parallel=parallel, variant="parallel" if parallel else "")
+    def one_row_rows(q, k, v, mask, has_mask, scale, n_chunks, out):
         """one_chunk over all cells for every (query row, head) — rows are independent — then ``out`` [n_q, n_head,
-        DV] = VKQ * (S == 0 ? 0 : 1/S). Serial: a decode step or a short batch is far below flags.SERIAL_BELOW's
-        break-even."""
+        DV] = VKQ * (S == 0 ? 0 : 1/S); the pairs in ``n_chunks`` runs of consecutive pairs, each with its own
+        scratch (ggml's per-thread wdata)."""
         n_head, n_q, DK = q.shape
         group = n_head // k.shape[0]  # rk2 = neq2/nek2 (= rv2)
         DV = v.shape[2]
-        q_q = np.empty(DK, np.float32)
-        vkq = np.empty(DV, np.float32)
-        acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
-        for h in range(n_head):
-            for iq1 in range(n_q):
+        n_pairs = n_head * n_q
+        per = (n_pairs + n_chunks - 1) // n_chunks
+        for t in prange(n_chunks):
+            q_q = np.empty(DK, np.float32)
+            vkq = np.empty(DV, np.float32)
+            acc = np.empty((4, 16), np.float32)  # vec.dot_scratch
+            for u in range(t * per, min(n_pairs, (t + 1) * per)):
+                h = u // n_q
+                iq1 = u - h * n_q
                 M, S = one_chunk(q[h, iq1], k[h // group], v[h // group], mask[iq1], has_mask, 0, k.shape[1], scale,
                                  k_f16, v_f16, lanes, fused, dot, q_q, vkq, acc)
                 s_inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
@@ -347,7 +356,13 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
         # vaddvq_f32: NEON's code), at 256 bits 8 blocks of 8 lanes (SVE256: kernels.ggml.sve)
         tiled_rows(*args, NEON if L == SVE128 else L, fused, int(n_threads), out)
     else:
-        one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused), int(dot))(*args, out)
+        # threaded from SERIAL_BELOW multiply-adds (both dots of every cell the mask leaves visible; a decode step
+        # of real2's 16 heads over 64 cells is above it, builtin:kjv's prompt below): the pairs in one run per thread
+        visible = int(np.count_nonzero(mask32 != NINF)) if has_mask else n_q * k32.shape[1]
+        work = n_head * visible * (DK + v32.shape[2])
+        parallel = n_threads > 1 and n_head * n_q > 1 and work >= SERIAL_BELOW
+        n_chunks = min(int(n_threads), n_head * n_q) if parallel else 1
+        one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused), int(dot), parallel)(*args, n_chunks, out)
     return arm_default_nan(out) if L == NEON or L == SVE128 or L == SVE256 else out
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from ggml_graph import BUILDS, WITH_GENERIC, Graph, build_info, on_build, require_both_paths, vp
 
+from kernels.base.flags import SERIAL_BELOW
+from kernels.ggml.attn_heads import attend_f32
 from kernels.ggml.flashattn_exact import fa_kernel, flash_attn_ext
 
 GGML_PREC_F32 = 10  # ggml.h enum ggml_prec
@@ -211,3 +213,41 @@ def test_f16_round_on_the_bits_equals_numpy_float16():
     with np.errstate(over="ignore"):  # past the largest half: ±inf, as intended
         want = x.astype(np.float16).astype(np.float32)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
+# --- build_attn_mha without flash attention, F32 K/V (kernels.ggml.attn_heads) ------------------------------
+def attn_graph(q, k, vt, mask, scale):
+    """llama.cpp's build_attn_mha, flash attention off: q [T, H, D] permuted to [H, T, D] (not contiguous),
+    kq = mul_mat(k [Hkv, n_kv, D], q), soft_max_ext(kq, mask [T, n_kv] F16, scale), kqv = mul_mat(vt [Hkv, D, n_kv],
+    kq), permuted back and made contiguous -> [T, H, D]."""
+    T, H, D = q.shape
+    with Graph() as g:
+        qp = g.op("ggml_permute", [vp] + [ctypes.c_int] * 4, g.tensor(q), 0, 2, 1, 3)
+        kq = g.op("ggml_mul_mat", [vp, vp], g.tensor(k), qp)
+        kq = g.op("ggml_soft_max_ext", [vp, vp, ctypes.c_float, ctypes.c_float], kq, g.tensor(mask), scale, 0.0)
+        kqv = g.op("ggml_mul_mat", [vp, vp], g.tensor(vt), kq)
+        out = g.op("ggml_cont", [vp], g.op("ggml_permute", [vp] + [ctypes.c_int] * 4, kqv, 0, 2, 1, 3))
+        return g.compute(out, (T, H, D), n_threads=2)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("build", BUILDS)
+def test_attention_without_flash(build):
+    """:func:`kernels.ggml.attn_heads.attend_f32` (every head's K·Q, soft_max_ext and P·V in one compiled call) as the
+    graph calls it, against the library's three ops, on 1 to 4 threads: the heads split between threads from
+    SERIAL_BELOW multiply-adds (real2's 16 heads over 256 cells: a decode step is above it), no bit depends on it.
+    D and n_kv multiples of 16 (the products across columns), and not (one by one); T ≥ 2 with n_kv a multiple of
+    16: P·V by tinyBLAS."""
+    rng = np.random.default_rng(11)
+    for T, H, Hkv, n_kv, D in [(1, 16, 2, 256, 256), (4, 16, 2, 256, 256), (3, 6, 3, 90, 80), (1, 4, 2, 37, 19)]:
+        q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
+        k = (rng.standard_normal((Hkv, n_kv, D)) * 2).astype(np.float32)
+        v = rng.standard_normal((Hkv, n_kv, D)).astype(np.float32)
+        mask = causal_mask(T, n_kv, n_kv - T - 7)
+        scale = np.float32(1.0) / np.sqrt(np.float32(D))
+        want = on_build(build, attn_graph, q, k, np.ascontiguousarray(v.transpose(0, 2, 1)), mask, float(scale))
+        assert (H * T * n_kv * 2 * D >= SERIAL_BELOW) == (D == 256)  # the threaded kernel where it is meant to run
+        for n_threads in (1, 2, 3, 4):
+            got = attend_f32(q, k, v, n_kv - 7, mask, scale, build_info(build).path, n_threads)
+            bad = want.view(np.uint32) != got.view(np.uint32)
+            assert not bad.any(), f"{bad.sum()} of {bad.size} differ (T {T}, n_kv {n_kv}, D {D}, {n_threads} threads)"

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from ggml_graph import Graph, on_build, vp
-from test_ggml_ops_attn import causal_mask, make
+from test_ggml_ops_attn import attn_graph, causal_mask, make
 from test_ggml_ops_attn import check as check_path
 
 from kernels.ggml import simd
@@ -186,20 +186,6 @@ def test_other_arm_paths_refused(monkeypatch):
 
 
 # --- build_attn_mha without flash attention, F32 K/V (kernels.ggml.attn_heads) ------------------------------
-def attn_graph(q, k, vt, mask, scale):
-    """llama.cpp's build_attn_mha, flash attention off: q [T, H, D] permuted to [H, T, D] (not contiguous),
-    kq = mul_mat(k [Hkv, n_kv, D], q), soft_max_ext(kq, mask [T, n_kv] F16, scale), kqv = mul_mat(vt [Hkv, D, n_kv],
-    kq), permuted back and made contiguous -> [T, H, D]."""
-    T, H, D = q.shape
-    with Graph() as g:
-        qp = g.op("ggml_permute", [vp] + [ctypes.c_int] * 4, g.tensor(q), 0, 2, 1, 3)
-        kq = g.op("ggml_mul_mat", [vp, vp], g.tensor(k), qp)
-        kq = g.op("ggml_soft_max_ext", [vp, vp, ctypes.c_float, ctypes.c_float], kq, g.tensor(mask), scale, 0.0)
-        kqv = g.op("ggml_mul_mat", [vp, vp], g.tensor(vt), kq)
-        out = g.op("ggml_cont", [vp], g.op("ggml_permute", [vp] + [ctypes.c_int] * 4, kqv, 0, 2, 1, 3))
-        return g.compute(out, (T, H, D), n_threads=2)
-
-
 @pytest.mark.parametrize("build", WITH_BASE + ["arm64-sve256-gcc"] + [pytest.param(b, marks=pytest.mark.deep) for b in
                                                 ("arm64-sve128-gcc", "arm64-sve128-clang", "arm64-sve128-clang19")])
 def test_attention_without_flash(build):
@@ -224,9 +210,10 @@ def test_attention_without_flash(build):
         mask[0, : n_kv // 3] = -np.inf
         scale = np.float32(1.0) / np.sqrt(np.float32(D))
         want = on_build(build, attn_graph, q, k, np.ascontiguousarray(v.transpose(0, 2, 1)), mask, float(scale))
-        got = attend_f32(q, k, v, n_kv, mask, scale, path_of(build))
         assert D != 19 or np.isnan(want).any()
-        bad = want.view(np.uint32) != got.view(np.uint32)
-        assert not bad.any(), f"{bad.sum()} of {bad.size} differ (T {T}, n_kv {n_kv}, D {D})"
+        for n_threads in (1, 3):  # the heads split between threads from SERIAL_BELOW multiply-adds (the 4th shape)
+            got = attend_f32(q, k, v, n_kv, mask, scale, path_of(build), n_threads)
+            bad = want.view(np.uint32) != got.view(np.uint32)
+            assert not bad.any(), f"{bad.sum()} of {bad.size} differ (T {T}, n_kv {n_kv}, D {D}, {n_threads} threads)"
         if build == "arm64-sve256-gcc" and D == 64:  # SVE's 8-lane dots and soft_max blocks: not 128 bits' numbers
             assert (attend_f32(q, k, v, n_kv, mask, scale, "arm64-sve128").view(np.uint32) != want.view(np.uint32)).any()

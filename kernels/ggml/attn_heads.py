@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.base.flags import jit
+from numba import prange
+
+from kernels.base.flags import SERIAL_BELOW, jit
 from kernels.base.blocks import QT
 from kernels.ggml import mulmat, sve
 from kernels.ggml.isa import SIMD, SVE128, SVE256, nan_swap, simd
@@ -42,11 +44,12 @@ from kernels.ggml.vecmath import _soft_max_rows, cast_f16_to_f32
 PATHS = tuple(key for key, s in SIMD.items() if s.code is not None)
 
 
-def attend_f32(q, k, v, n_used, mask, scale, path):
+def attend_f32(q, k, v, n_used, mask, scale, path, n_threads: int = 1):
     """``build_attn_mha`` of ``q`` [T, H, D] over the KV view ``k``, ``v`` [Hkv, n_kv, D] float32 (the cells from
-    ``n_used`` on +0), ``mask`` [T, n_kv] float16, ``scale`` float32 on ``path`` (one of :data:`PATHS`) -> [T, H, D].
+    ``n_used`` on +0), ``mask`` [T, n_kv] float16, ``scale`` float32 on ``path`` (one of :data:`PATHS`) -> [T, H, D];
     K·Q: src1 = the permuted Q view is not contiguous and needs no conversion to F32, so
-    ``ggml_compute_forward_mul_mat`` skips llamafile_sgemm (it needs src1_cont) and takes vec_dot per element."""
+    ``ggml_compute_forward_mul_mat`` skips llamafile_sgemm (it needs src1_cont) and takes vec_dot per element.
+    The heads are split between ``n_threads`` threads from ``flags.SERIAL_BELOW`` multiply-adds (no bit depends on it)."""
     T, H, D = q.shape
     Hkv, n_kv = k.shape[0], k.shape[1]
     q, k, v = (nan_swap(path, x) for x in (np.ascontiguousarray(q), k, v))  # AArch64's default NaN as x86's
@@ -59,21 +62,25 @@ def attend_f32(q, k, v, n_used, mask, scale, path):
         kt[:, :, :n_used] = k[:, :n_used].transpose(0, 2, 1)
     vt = none if pv_cols else np.ascontiguousarray(v.transpose(0, 2, 1))  # [Hkv, D, n_kv]: the transposed V cache
     o = np.empty((T, H, D), dtype=np.float32)
-    attn_heads_f32(q, none if kq_cols else k, kt, v, vt, cast_f16_to_f32(mask), scale, L, simd(path).expf, sgemm, o)
+    args = (q, none if kq_cols else k, kt, v, vt, cast_f16_to_f32(mask), scale, L, simd(path).expf, sgemm)
+    if n_threads > 1 and H > 1 and H * T * n_kv * 2 * D >= SERIAL_BELOW:  # K·Q and P·V of every cell
+        attn_heads_f32_parallel(*args, min(int(n_threads), H), o)
+    else:
+        attn_heads_f32(*args, 0, H, o)
     return nan_swap(path, o)
 
 
 @jit()
-def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
-    """``q`` [T, H, D], the KV view as ``k`` [Hkv, n_kv, D] or ``kt`` [Hkv, D, n_kv] (K transposed: the cells side
-    by side) and ``v`` [Hkv, n_kv, D] or ``vt`` [Hkv, D, n_kv] (the transposed V cache), ``mask`` [T, n_kv] float32,
-    ``scale`` float32, ``lanes`` the path's vec code, ``expf`` its soft_max code (:attr:`kernels.ggml.isa.Simd.expf`),
-    ``sgemm`` whether kqv takes tinyBLAS -> ``out`` [T, H, D].
+def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, h0, h1, out):
+    """Heads ``h0 … h1 - 1`` of ``q`` [T, H, D], the KV view as ``k`` [Hkv, n_kv, D] or ``kt`` [Hkv, D, n_kv] (K
+    transposed: the cells side by side) and ``v`` [Hkv, n_kv, D] or ``vt`` [Hkv, D, n_kv] (the transposed V cache),
+    ``mask`` [T, n_kv] float32, ``scale`` float32, ``lanes`` the path's vec code, ``expf`` its soft_max code
+    (:attr:`kernels.ggml.isa.Simd.expf`), ``sgemm`` whether kqv takes tinyBLAS -> ``out[:, h0:h1]`` of [T, H, D].
     Where a dot's length is a whole number of ``GGML_F32_STEP``s (:func:`kernels.ggml.vec.cols_fit`) the
     ``vec_dot_f32``s of a row of scores, or of a head's outputs, run together across the cells or the outputs
     (:func:`kernels.ggml.vec.vec_dot_f32_cols`, the same bits), from ``kt`` / ``v``; otherwise one by one from
     ``k`` / ``vt``. ``v`` is always given; of ``k``, ``kt``, ``vt`` the caller passes the ones :func:`layouts` says
-    are read (the others may be empty)."""
+    are read (the others may be empty). Its own scratch: the heads of one call are one thread's."""
     T, H, D = q.shape
     Hkv, n_kv = v.shape[0], v.shape[1]
     group = H // Hkv
@@ -85,7 +92,7 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
     mask_of = np.zeros(1, np.int64)
     o = np.empty((T, D), np.float32)  # [T, D]: one head's output
     kq_cols, pv_cols = layouts(D, n_kv, lanes, sgemm)
-    for h in range(H):
+    for h in range(h0, h1):
         j = h // group
         for t in range(T):
             if kq_cols and (lanes == SVE128 or lanes == SVE256):  # ggml_vec_dot_f32 per cell, SVE's
@@ -109,6 +116,16 @@ def attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, out):
         out[:, h, :] = o
 
 
+@jit(parallel=True)
+def attn_heads_f32_parallel(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, n_chunks, out):
+    """:func:`attn_heads_f32` with the heads in ``n_chunks`` runs, one per thread (as ggml's threads split each op's
+    rows; every head computed by one thread in the same order, so the split never changes a bit)."""
+    H = q.shape[1]
+    per = (H + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        attn_heads_f32(q, k, kt, v, vt, mask, scale, lanes, expf, sgemm, c * per, min(H, (c + 1) * per), out)
+
+
 @jit()
 def layouts(D, n_kv, lanes, sgemm):
     """(K·Q from ``kt``, P·V from ``v``): which of :func:`attn_heads_f32`'s products run across cells / outputs (SVE's
@@ -117,4 +134,4 @@ def layouts(D, n_kv, lanes, sgemm):
     return sve_ or cols_fit(D, lanes), (sve_ or cols_fit(n_kv, lanes)) and not sgemm
 
 
-__all__ = ["PATHS", "attend_f32", "attn_heads_f32", "layouts"]
+__all__ = ["PATHS", "attend_f32", "attn_heads_f32", "attn_heads_f32_parallel", "layouts"]

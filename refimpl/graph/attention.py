@@ -114,7 +114,7 @@ def attend(q: np.ndarray, kv, positions: np.ndarray, c, ctx) -> np.ndarray:
         return flashattn_exact.flash_attn_values(q.transpose(1, 0, 2), k, v, True, True, vecmath.cast_f16_to_f32(mask),
                                                  scale, ctx.ggml, ctx.n_threads)  # [T, H, D]
     if not ctx.kv_f16 and ctx.ggml in attn_heads.PATHS:  # F32 cache: every head's ops below in one compiled call
-        return attn_heads.attend_f32(q, k, v, n_used, mask, scale, ctx.ggml)
+        return attn_heads.attend_f32(q, k, v, n_used, mask, scale, ctx.ggml, ctx.n_threads)
     group = H // Hkv  # head h reads KV head h // group (ggml_mul_mat's broadcast i02 = i12 / r2)
     o = np.empty((T, H, D), dtype=F32)
     kv_type = QT.F16 if ctx.kv_f16 else QT.F32  # F32: ggml's generic path (vec_dot whatever the shape)

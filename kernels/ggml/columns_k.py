@@ -31,10 +31,6 @@ from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
-#: vec_dot's rows (a verify batch's 4) whose lanes :func:`lanes_rows16` forms together, each row's sums in registers
-#: while a lane's code vectors are read once for them (real2's 32768 × 2048 Q6_K head at 4 rows, AVX2, Zen 3: every
-#: code vector and scale kept across all rows had spilled — 16 registers hold a lane of 8 × 64 bytes for none)
-ROWS_TOGETHER = 4
 #: :mod:`kernels.ggml.columns` kind of the K-quant formulas here (``kind - 3`` is ``mulmat_k.KIND``'s type code)
 KQ_KIND = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
 
@@ -122,10 +118,10 @@ if JIT_ENABLED:
         multiple of 16, its quads from row ``qr0`` of ``q`` int8 (K, 16·4)), ``acc`` float32 (R, 8, ≥ o + 16),
         ``y`` int8 (T, K), ``rows`` int64 (R,), ``sc`` uint8, ``bs`` int64 (T, K/16 or K/32), ``d`` float32
         (K/256, ≥ c + 16), ``yd`` float32 (T, K/256), all C-contiguous; ``form``, ``level`` literals
-        (:mod:`kernels.ggml.columns_ir`). Super-block by super-block, lane by lane, the rows :data:`ROWS_TOGETHER` at a
-        time (then one by one): each of the lane's 8 code vectors (:func:`kernels.ggml.columns_ir.quad_row`) and
-        its scales loaded once for those rows, whose sums it adds to; then each row's lane through its float step —
-        the integers and float operations of :func:`kernels.ggml.columns_ir.kq16_fma`, row by row."""
+        (:mod:`kernels.ggml.columns_ir`). Super-block by super-block, lane by lane: the lane's 8 code vectors (512
+        bytes in a row: :func:`kernels.ggml.columns_ir.quad_row`) and their scales loaded once, then each row's
+        lane formed from them and through its float step — the integers and float operations of
+        :func:`kernels.ggml.columns_ir.kq16_fma`, row by row."""
         flags = [_lit(a) for a in (form, level)]
         arrays = (acc, q, y, rows, sc, bs, d, yd)
         if None in flags or flags[0] not in (0, 1) or not (
@@ -145,39 +141,36 @@ if JIT_ENABLED:
             def scale(row):  # the 16 columns' scale bytes of sub-block row ``row``, sign-extended
                 return b.sext(b.load(at(7, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
 
-            def lanes_of_rows(blk, base, q0, lane, idx):  # rows ``rows[i]``, i in idx: the lane of each, its float step
-                rs = [b.load(item(6, [i])) for i in idx]
-                y0s = [at(5, [r, b.mul(blk, k(256))], _i8) for r in rs]
-                sums = [zero] * len(idx)
-                for g in range(8):  # scale · the 4-value dots of the lane's group g, its codes loaded once for the rows
-                    codes = b.load(b.gep(q0, [k(8 * lane + g)]), align=1)
-                    sc_g = scale(b.add(base, k(2 * g + lane // 4 if p16 else g)))  # Q6_K: per 16 values; else per 32
-                    for n, y0 in enumerate(y0s):
-                        y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
-                        sums[n] = _dot_scaled(b, lv, sums[n], codes, _splat(b, y4), sc_g)
-                subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
-                for i, r, s in zip(idx, rs, sums):
-                    if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
-                        t = zero
-                        for h in (0, 1):
-                            bsv = b.trunc(b.load(item(8, [r, b.add(base, k(2 * lane + h))])), _i32)
-                            t = _scaled(b, lv, t, _splat(b, bsv), subs[h])
-                        s = b.sub(s, b.shl(t, ir.Constant(_V16, [5] * 16)))
-                    db = b.fmul(_splat(b, b.load(item(10, [r, blk])), _F16), b.load(at(9, [blk, c], _F16), align=4))
-                    pf = at(0, [i, k(lane), o], _F16)  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
-                    b.store(b.call(fma, [db, b.sitofp(s, _F16), b.load(pf, align=4)]), pf, align=4)
+            def lane_of_row(blk, base, lane, codes, scales, subs, i):  # row ``rows[i]``'s lane through its float step
+                r = b.load(item(6, [i]))
+                y0 = at(5, [r, b.mul(blk, k(256))], _i8)
+                s = zero
+                for g in range(8):  # scale · the 4-value dots of the lane's group g
+                    y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
+                    s = _dot_scaled(b, lv, s, codes[g], _splat(b, y4), scales[g])
+                if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
+                    t = zero
+                    for h in (0, 1):
+                        bsv = b.trunc(b.load(item(8, [r, b.add(base, k(2 * lane + h))])), _i32)
+                        t = _scaled(b, lv, t, _splat(b, bsv), subs[h])
+                    s = b.sub(s, b.shl(t, ir.Constant(_V16, [5] * 16)))
+                db = b.fmul(_splat(b, b.load(item(10, [r, blk])), _F16), b.load(at(9, [blk, c], _F16), align=4))
+                pf = at(0, [i, k(lane), o], _F16)  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
+                b.store(b.call(fma, [db, b.sitofp(s, _F16), b.load(pf, align=4)]), pf, align=4)
 
             n_rows = cgutils.unpack_tuple(b, arr[6].shape, 1)[0]
-            n_four = b.sub(n_rows, b.srem(n_rows, k(ROWS_TOGETHER)))  # the rows taken ROWS_TOGETHER at a time
             with cgutils.for_range(b, cgutils.unpack_tuple(b, arr[9].shape, 2)[0]) as blk_loop:
                 blk = blk_loop.index
                 base = b.mul(blk, k(16 if p16 else 8))  # the super-block's first scale row
                 q0 = at(2, [b.add(qr0, b.mul(blk, k(64))), k(0)], _V16)  # lane l, group g at q0 + 8l + g
-                for lane in range(8):
-                    with cgutils.for_range_slice(b, k(0), n_four, k(ROWS_TOGETHER)) as (i0, _):
-                        lanes_of_rows(blk, base, q0, lane, [b.add(i0, k(n)) for n in range(ROWS_TOGETHER)])
-                    with cgutils.for_range_slice(b, n_four, n_rows, k(1)) as (i, _):
-                        lanes_of_rows(blk, base, q0, lane, [i])
+                for lanes in ((0, 1, 2, 3), (4, 5, 6, 7)) if p16 else (tuple(range(8)),):
+                    # Q6_K: scale 2g + l // 4 per 16 values; else scale g per 32
+                    scales = [scale(b.add(base, k(2 * g + lanes[0] // 4 if p16 else g))) for g in range(8)]
+                    for lane in lanes:
+                        codes = [b.load(b.gep(q0, [k(8 * lane + g)]), align=1) for g in range(8)]
+                        subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
+                        with cgutils.for_range(b, n_rows) as row_loop:
+                            lane_of_row(blk, base, lane, codes, scales, subs, row_loop.index)
             return context.get_dummy_value()
 
         return sig, codegen

@@ -16,8 +16,9 @@ per super-block and row: at decode widths the calls had cost more than the dots.
 :data:`AHEAD` bytes ahead (its rows take long enough per 64 values for the hardware prefetcher to fall behind).
 
 Measured (real2's 8192 × 2048 ``attn_qkv``, 2 threads, EPYC, 2026-12-06, the weights out of the cache): one row
-0.6 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms. AVX2's int16 sums (Zen 3, 2026-12-06, the same product
-repeated): four rows 1.27 → 0.88 ms, one row 0.27 → 0.24.
+0.6 → 0.45 ms a product, four rows 1.7 → 0.65–0.9 ms. AVX2's int16 sums (Zen 3, 2026-12-06 21:15 UTC, 2 threads,
+alternating with the code before, best of 200): four rows 0.92–1.13 → 0.69–0.89 ms (``attn_qkv``), 0.49–0.50 →
+0.39–0.46 (the 2048 × 4096 ``ssm_out``); one row unchanged (0.23–0.25 ms, memory-bound).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ What this module changes is only where the work is shared. A gemm row's 64 value
 (8 loads of 64 bytes, each holding two quad rows as nibbles): they are loaded and unpacked once for all the gemm rows
 (a verify batch's 4, a prompt's hundreds), then each row forms its dots from them (``vpdpbusd`` on AVX512-VNNI,
 :func:`kernels.ggml.columns_ir._dpbusd`; on AVX2 a group's ``vpmaddubsw`` pair sums added as int16, then one
-``vpmaddwd`` with its scale — ggml's own AVX2 steps, half the multiplies of a ``vpmaddwd`` with ones per lane). The gemv's rows (a decode's one token, the tail of a batch, every routed
-row of ``mul_mat_id``) loop over their super-blocks inside the same step. Either way one call per sub-tile, not one
-per super-block and row: at decode widths the calls had cost more than the dots. The gemm prefetches its codes
+``vpmaddwd`` with its scale — ggml's own AVX2 steps, half the multiplies of a ``vpmaddwd`` with ones per lane).
+The gemv's rows (a decode's one token, the tail of a batch, every routed row of ``mul_mat_id``) loop over their
+super-blocks inside the same step. Either way one call per sub-tile, not one per super-block and row: at decode
+widths the calls had cost more than the dots. The gemm prefetches its codes
 :data:`AHEAD` bytes ahead (its rows take long enough per 64 values for the hardware prefetcher to fall behind).
 
 Measured (real2's 8192 × 2048 ``attn_qkv``, 2 threads, EPYC, 2026-12-06, the weights out of the cache): one row
@@ -114,6 +115,7 @@ if JIT_ENABLED:
                 # of them < 2^15), then one ``vpmaddwd`` with the (scale, scale) pairs: scale · the group's dots. The
                 # mins of both groups in one ``vpmaddwd`` of (mn_g1, mn_g2) and (Σy_g1, Σy_g2) (|Σy| <= 32·128 <
                 # 2^15). The same integers as the generic steps, in half the multiplies.
+                assert len(cv) == 2, "the mins' pairs take the two groups of a chunk"
                 ii = zero
                 for gi, lanes in enumerate(cv):
                     s16 = [None, None]
@@ -125,7 +127,8 @@ if JIT_ENABLED:
                     pair = b.or_(scl[gi], b.shl(scl[gi], ir.Constant(_V16, [16] * 16)))  # (scale, scale) int16 pairs
                     ii = b.add(ii, _join(b, *(_madd(b, s, w) for s, w in zip(s16, _halves(b, pair, _W16)))))
                 ysum = [b.trunc(b.load(item(9, [r, b.add(b.mul(blk, k(8)), k(g1 + gi))])), _i32) for gi in range(2)]
-                ypair = _splat(b, b.or_(b.and_(ysum[0], ir.Constant(_i32, 0xFFFF)), b.shl(ysum[1], ir.Constant(_i32, 16))))
+                ylo = b.and_(ysum[0], ir.Constant(_i32, 0xFFFF))  # Σy_g1's int16 (two's complement), Σy_g2 above it
+                ypair = _splat(b, b.or_(ylo, b.shl(ysum[1], ir.Constant(_i32, 16))))
                 mpair = b.or_(mnv[0], b.shl(mnv[1], ir.Constant(_V16, [16] * 16)))  # (mn_g1, mn_g2) int16 pairs
                 mi = _join(b, *(_madd(b, m, y) for m, y in zip(_halves(b, mpair, _W16), _halves(b, ypair, _W16))))
                 return ii, mi

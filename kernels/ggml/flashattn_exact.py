@@ -358,9 +358,10 @@ def flash_attn_values(q, k32, v32, k_f16: bool, v_f16: bool, mask32, scale: floa
     else:
         # threaded from SERIAL_BELOW multiply-adds (both dots of every cell the mask leaves visible; a decode step
         # of real2's 16 heads over 64 cells is above it, builtin:kjv's prompt below): the pairs in one run per thread
-        visible = int(np.count_nonzero(mask32 != NINF)) if has_mask else n_q * k32.shape[1]
-        work = n_head * visible * (DK + v32.shape[2])
-        parallel = n_threads > 1 and n_head * n_q > 1 and work >= SERIAL_BELOW
+        parallel = n_threads > 1 and n_head * n_q > 1  # then the mask's visible cells counted
+        if parallel:
+            visible = int(np.count_nonzero(mask32 != NINF)) if has_mask else n_q * k32.shape[1]
+            parallel = n_head * visible * (DK + v32.shape[2]) >= SERIAL_BELOW
         n_chunks = min(int(n_threads), n_head * n_q) if parallel else 1
         one_row_rows_for(bool(k_f16), bool(v_f16), int(L16), bool(fused), int(dot), parallel)(*args, n_chunks, out)
     return arm_default_nan(out) if L == NEON or L == SVE128 or L == SVE256 else out

@@ -68,26 +68,6 @@ def _sum_squares(x):
     return s
 
 
-@jit(inline=True)
-def _row_sums(x, sums):
-    """``sums[r]`` = :func:`_sum_squares` of row ``r`` of ``x`` [R, n], four rows side by side: each row's double sum
-    in its own order, four independent chains (one row's ordered adds wait out each add's latency; four rows then
-    take about the time of one)."""
-    R, n = x.shape
-    r0 = 0
-    while r0 + 4 <= R:
-        s0, s1, s2, s3 = np.float64(0.0), np.float64(0.0), np.float64(0.0), np.float64(0.0)
-        for i in range(n):
-            s0 += np.float64(np.float32(x[r0, i] * x[r0, i]))
-            s1 += np.float64(np.float32(x[r0 + 1, i] * x[r0 + 1, i]))
-            s2 += np.float64(np.float32(x[r0 + 2, i] * x[r0 + 2, i]))
-            s3 += np.float64(np.float32(x[r0 + 3, i] * x[r0 + 3, i]))
-        sums[r0], sums[r0 + 1], sums[r0 + 2], sums[r0 + 3] = s0, s1, s2, s3
-        r0 += 4
-    for r in range(r0, R):
-        sums[r] = _sum_squares(x[r])
-
-
 @jit()
 def _first_nan(xb):
     """Index of the first NaN in a row of float32 bit patterns (uint32), or -1."""
@@ -103,16 +83,14 @@ def _rms_norm_rows(x, xb, eps, w, fused, own_nan, y, yb):
     generic build, whose loop GCC vectorized 4 wide with ``mulps y, scale`` (``y[i]``'s NaN the first source) and
     a scalar tail of ``n % 4`` with ``scale`` first."""
     R, n = x.shape
-    sums = np.empty(R, np.float64)
-    _row_sums(x, sums)  # a row with a NaN: its sum unused
     for r in range(R):
-        j = _first_nan(xb[r]) if sums[r] != sums[r] else -1  # a NaN x makes the sum NaN (x·x; inf·inf is not)
+        j = _first_nan(xb[r])
         if j >= 0:  # sum, mean, scale are quiet(x[j]); vmulps(scale, ·) returns it for every element
             for i in range(n):
                 own = own_nan and i < n - n % 4 and (xb[r, i] & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
                 yb[r, i] = (xb[r, i] if own else xb[r, j]) | QUIET
             continue
-        s = sums[r]
+        s = _sum_squares(x[r])
         mean = np.float32(s / np.float64(n))  # const float mean = sum/ne00;
         scale = np.float32(1.0) / np.sqrt(np.float32(mean + np.float32(eps)))  # 1.0f/sqrtf(mean + eps)
         for i in range(n):
@@ -128,10 +106,8 @@ def _rms_norm_rows(x, xb, eps, w, fused, own_nan, y, yb):
 def _l2_norm_rows(x, eps, y):
     """ops.cpp: ggml_compute_forward_l2_norm_f32 over rows x [R, n] -> y [R, n]."""
     R, n = x.shape
-    sums = np.empty(R, np.float64)
-    _row_sums(x, sums)
     for r in range(R):
-        s = sums[r]
+        s = _sum_squares(x[r])
         root = np.sqrt(np.float32(s))  # sqrtf(sum): the double sum is rounded to float first
         scale = np.float32(1.0) / fmaxf(root, eps)  # 1.0f/fmaxf(sqrtf(sum), eps): glibc's fmaxf
         for i in range(n):

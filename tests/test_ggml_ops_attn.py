@@ -190,16 +190,24 @@ def test_tiled_inf_v_depends_on_threads(build):
 
 
 def test_f16_round_on_the_bits_equals_numpy_float16():
-    """kernels.ggml.simd.f16_round (flash attention's F16 accumulator, rounded in integer arithmetic on the bits)
-    is numpy's float32 → float16 → float32 (round to nearest even) on every kind of input: a stride through all
-    2^32 bit patterns, every half's midpoints and their float32 neighbours, the subnormal range and overflow."""
+    """kernels.ggml.simd.f16_round (flash attention's F16 accumulator: F16C's conversions where the target has them)
+    and its integer twin f16_round_bits (rounded on the bits) are numpy's float32 → float16 → float32 (round to
+    nearest even) on every kind of input: a stride through all 2^32 bit patterns, every half's midpoints and their
+    float32 neighbours, the subnormal range and overflow; a NaN passes through both unchanged."""
     from kernels.base.flags import jit
-    from kernels.ggml.simd import f16_round
+    from kernels.ggml.simd import f16_round, f16_round_bits
 
     @jit()
-    def rounded(x, y):
-        for i in range(x.size):
+    def rounded(x, y, z):
+        for i in range(x.size):  # a loop of each, as the kernels vectorize it
             y[i] = f16_round(x[i])
+        for i in range(x.size):
+            z[i] = f16_round_bits(x[i])
+
+    nans = np.uint32([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFBFFFFF, 0x7FC01234]).view(np.float32)
+    y, z = np.empty_like(nans), np.empty_like(nans)
+    rounded(nans, y, z)
+    assert np.array_equal(y.view(np.uint32), nans.view(np.uint32)) and np.array_equal(z.view(np.uint32), nans.view(np.uint32))
 
     stride = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)  # ~1M patterns, all exponents
     halves = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)  # every finite half ≥ 0
@@ -208,11 +216,12 @@ def test_f16_round_on_the_bits_equals_numpy_float16():
     near = np.concatenate([bits - 1, bits, bits + 1]).astype(np.uint32).view(np.float32)
     x = np.concatenate([stride.view(np.float32), near, -near, np.float32([65519.0, 65520.0, -65520.0, 6e-8, 3e-8])])
     x = x[~np.isnan(x)]
-    y = np.empty_like(x)
-    rounded(x, y)
+    y, z = np.empty_like(x), np.empty_like(x)
+    rounded(x, y, z)
     with np.errstate(over="ignore"):  # past the largest half: ±inf, as intended
         want = x.astype(np.float16).astype(np.float32)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(z.view(np.uint32), want.view(np.uint32))
 
 
 # --- build_attn_mha without flash attention, F32 K/V (kernels.ggml.attn_heads) ------------------------------

@@ -8,8 +8,9 @@ Q6_K never are; Q4_K with llama.cpp's ``-nr``, or rows not a multiple of 8), thr
   groups ``g``, each 4 times its sub-block scale (:func:`kernels.ggml.columns_ir.kq_def`) —; Q6_K's lane ``l``
   less ``32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1])``; ``acc[l] = fma(y.d·d, float(sumi[l]), acc[l])``; the
   mins (Q4_K: 4 float lanes, Q5_K one scalar), ``hsum_float_8(acc)`` and the mins added last. Q5_K's and Q6_K's
-  byte codes lie lane by lane (:func:`kernels.ggml.columns_ir.quad_row`): per super-block and lane, its 8 code
-  vectors (512 bytes in a row) and their scales are loaded once for every activation row (:func:`lanes_rows`).
+  byte codes lie lane by lane (:func:`kernels.ggml.columns_ir.quad_row`): per super-block and lane, its scales are
+  loaded once for every activation row, its 8 code vectors (512 bytes in a row) by each row from the L1 cache
+  (:func:`lanes_rows`).
 * ``T >= 8`` rows (the tiled kernel): per super-block ``s1`` (the lanes' total: the same integer as
   ``Σ sc·(q - 32)·y`` for Q6_K) and ``s2 = Σ mn·Σy``, ``res = fma(-dmin, float(s2), d·float(s1))``,
   ``acc = fma(res, y.d, acc)``.
@@ -118,10 +119,13 @@ if JIT_ENABLED:
         multiple of 16, its quads from row ``qr0`` of ``q`` int8 (K, 16·4)), ``acc`` float32 (R, 8, ≥ o + 16),
         ``y`` int8 (T, K), ``rows`` int64 (R,), ``sc`` uint8, ``bs`` int64 (T, K/16 or K/32), ``d`` float32
         (K/256, ≥ c + 16), ``yd`` float32 (T, K/256), all C-contiguous; ``form``, ``level`` literals
-        (:mod:`kernels.ggml.columns_ir`). Super-block by super-block, lane by lane: the lane's 8 code vectors (512
-        bytes in a row: :func:`kernels.ggml.columns_ir.quad_row`) and their scales loaded once, then each row's
-        lane formed from them and through its float step — the integers and float operations of
-        :func:`kernels.ggml.columns_ir.kq16_fma`, row by row."""
+        (:mod:`kernels.ggml.columns_ir`). Super-block by super-block, lane by lane: the lane's scales loaded once,
+        then each row's lane formed from them and the lane's 8 code vectors (512 bytes in a row:
+        :func:`kernels.ggml.columns_ir.quad_row`) and through its float step — the integers and float operations of
+        :func:`kernels.ggml.columns_ir.kq16_fma`, row by row. The code vectors are loaded by each row, from the L1
+        cache after the first: held for all rows (16 ymm on AVX2, beside the scales' 16) they were spilled to the
+        stack and reloaded — real2's Q6_K head (32768 × 2048), 1 thread, 1 / 4 rows ~4.2 / ~6.0 -> ~3.0 / ~4.7 ms
+        (*Zen 3*, alternating)."""
         flags = [_lit(a) for a in (form, level)]
         arrays = (acc, q, y, rows, sc, bs, d, yd)
         if None in flags or flags[0] not in (0, 1) or not (
@@ -147,7 +151,7 @@ if JIT_ENABLED:
                 s = zero
                 for g in range(8):  # scale · the 4-value dots of the lane's group g
                     y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
-                    s = _dot_scaled(b, lv, s, codes[g], _splat(b, y4), scales[g])
+                    s = _dot_scaled(b, lv, s, b.load(codes[g], align=1), _splat(b, y4), scales[g])
                 if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
                     t = zero
                     for h in (0, 1):
@@ -167,7 +171,7 @@ if JIT_ENABLED:
                     # Q6_K: scale 2g + l // 4 per 16 values; else scale g per 32
                     scales = [scale(b.add(base, k(2 * g + lanes[0] // 4 if p16 else g))) for g in range(8)]
                     for lane in lanes:
-                        codes = [b.load(b.gep(q0, [k(8 * lane + g)]), align=1) for g in range(8)]
+                        codes = [b.gep(q0, [k(8 * lane + g)]) for g in range(8)]  # loaded per row (register pressure)
                         subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
                         with cgutils.for_range(b, n_rows) as row_loop:
                             lane_of_row(blk, base, lane, codes, scales, subs, row_loop.index)
@@ -232,7 +236,7 @@ def tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, tiled, rows, orow, out, o
     R = rows.shape[0]
     acc = np.zeros((R, 8, 64), F32)  # TILE = 64 columns at most
     accm = np.zeros((R, 4, 64), F32)
-    vec = form != 2  # the byte codes, every row vec_dot's: each lane's codes loaded once for all rows (lanes_rows)
+    vec = form != 2  # the byte codes, every row vec_dot's: each lane's scales loaded once for all rows (lanes_rows)
     for i in range(R):
         vec = vec and not tiled[rows[i]]
     for w0 in range(c - c % 16, c + nc, 16):

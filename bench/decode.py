@@ -221,7 +221,10 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
     prompt = [int(t) for t in np.random.default_rng(7).integers(0, min(V, 390), size=args.prompt_len)]
     pp_tokens = [int(t) for t in np.random.default_rng(8).integers(0, min(V, 390), size=args.pp)]
     for model, rctx, _, chunk in rows.values():  # compile / warm
-        refimpl_decode(model, prompt, 2, rctx)
+        # as many tokens as a round: a kernel met only at a longer context (flash attention's one-row path threads
+        # from SERIAL_BELOW multiply-adds over the visible cells: real2 at 2 threads from ~32) compiles here, not in
+        # round 1 (whose ggml-fa row ran at 13-16 tok/s against 70-75 after a change to kernels/)
+        refimpl_decode(model, prompt, args.n, rctx)
         if args.pp:
             refimpl_prompt(model, pp_tokens[: 2 * chunk], chunk, rctx)  # the batch kernels
     ours, tokens, pp_ours = ({name: [] for name in rows} for _ in range(3))

@@ -84,13 +84,13 @@ def _rms_norm_rows(x, xb, eps, w, fused, own_nan, y, yb):
     a scalar tail of ``n % 4`` with ``scale`` first."""
     R, n = x.shape
     for r in range(R):
-        j = _first_nan(xb[r])
+        s = _sum_squares(x[r])
+        j = _first_nan(xb[r]) if s != s else -1  # a NaN x makes the sum NaN (x·x; inf·inf is not): scanned then only
         if j >= 0:  # sum, mean, scale are quiet(x[j]); vmulps(scale, ·) returns it for every element
             for i in range(n):
                 own = own_nan and i < n - n % 4 and (xb[r, i] & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
                 yb[r, i] = (xb[r, i] if own else xb[r, j]) | QUIET
             continue
-        s = _sum_squares(x[r])
         mean = np.float32(s / np.float64(n))  # const float mean = sum/ne00;
         scale = np.float32(1.0) / np.sqrt(np.float32(mean + np.float32(eps)))  # 1.0f/sqrtf(mean + eps)
         for i in range(n):

@@ -9,14 +9,16 @@ nibble, empty and one-expert routings):
 * ``repack._nibble`` reads each type's LUT words as the LUT itself;
 * ``vec.vec_dot_f32_cols`` (many ``ggml_vec_dot_f32`` at once, lane-wise across outputs: the attention heads and the
   delta net) equals ``vec.vec_dot_f32`` per output on every path's lane count (NEON's 4 included);
-* ``half.fma16`` (AArch64's ``vfmaq_f16``) is one rounding to binary16, against exact rational arithmetic.
+* ``half.fma16`` (AArch64's ``vfmaq_f16``) is one rounding to binary16, against exact rational arithmetic;
+* ``ssm._transpose_into`` (the delta net's state copied in and out, tile by tile) is numpy's transpose, bit for bit,
+  at sizes with and without edges.
 """
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from kernels.ggml import half, repack, simd, vec
+from kernels.ggml import half, repack, simd, ssm, vec
 from kernels.ggml.isa import SVE128, SVE256
 from kernels.ggml.mulmat_q8 import slot_groups
 
@@ -87,6 +89,15 @@ def test_vec_dot_f32_cols_equals_vec_dot_f32(lanes):
                         np.float32)
         assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (n, m)
     assert not vec.cols_fit(80 if lanes > 4 else 40, lanes)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 64, 128])
+def test_transpose_into_is_the_transpose(n):
+    rng = np.random.default_rng(n)
+    src = rng.integers(0, 2**32, (n, n), dtype=np.uint64).astype(np.uint32).view(np.float32)  # NaN payloads too
+    dst = np.full((n, n), np.float32(7.0))
+    ssm._transpose_into(dst, src)
+    assert np.array_equal(dst.view(np.uint32), src.T.view(np.uint32))
 
 
 @pytest.mark.parametrize("w", [4, 8])

@@ -10,6 +10,8 @@ nibble, empty and one-expert routings):
 * ``vec.vec_dot_f32_cols`` (many ``ggml_vec_dot_f32`` at once, lane-wise across outputs: the attention heads and the
   delta net) equals ``vec.vec_dot_f32`` per output on every path's lane count (NEON's 4 included);
 * ``half.fma16`` (AArch64's ``vfmaq_f16``) is one rounding to binary16, against exact rational arithmetic;
+* ``simd.vfma_rows4`` (tinyBLAS's four FMA chains with the accumulators in registers) equals its definition,
+  ``simd.vfma`` step by step, at AVX-512's and AVX2's lane counts;
 * ``ssm._transpose_into`` (the delta net's state copied in and out, tile by tile) is numpy's transpose, bit for bit,
   at sizes with and without edges.
 """
@@ -89,6 +91,22 @@ def test_vec_dot_f32_cols_equals_vec_dot_f32(lanes):
                         np.float32)
         assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (n, m)
     assert not vec.cols_fit(80 if lanes > 4 else 40, lanes)
+
+
+@pytest.mark.parametrize("lanes", [16, 8], ids=["avx512", "avx2"])
+def test_vfma_rows4_equals_vfma_per_step(lanes):
+    rng = np.random.default_rng(lanes)
+    K = 64 * lanes
+    w = (rng.standard_normal(K) * 2.0 ** rng.integers(-60, 60, K)).astype(np.float32)
+    xs = [(rng.standard_normal(K) * 2.0 ** rng.integers(-60, 60, K)).astype(np.float32) for _ in range(4)]
+    w[5], xs[1][9], xs[2][3 * lanes] = np.inf, np.nan, np.float32(3.4e38)  # inf, NaN, overflow inside a chain
+    start = rng.standard_normal((4, 16)).astype(np.float32)  # the chains continue from acc's values
+    got, want = start.copy(), start.copy()
+    simd.vfma_rows4(got, w, *xs, K, lanes)
+    for l0 in range(0, K, lanes):
+        for j in range(4):
+            simd.vfma(want, j, w, xs[j], l0, lanes)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 13, 64, 128])

@@ -32,7 +32,7 @@ from numba import prange
 from numba.extending import overload
 
 from kernels.base.flags import ERROR_MODEL, FASTMATH, JIT_ENABLED, jit
-from kernels.ggml.simd import fma32, hsum_fold, vfma
+from kernels.ggml.simd import fma32, hsum_fold, vfma, vfma_rows4
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -157,13 +157,8 @@ def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
         for t0 in range(0, T, 4):
             nb = min(4, T - t0)
             acc[:nb, :L] = np.float32(0.0)
-            if vec and nb == 4:  # the four chains interleaved (the row views made once, outside the K loop)
-                x0, x1, x2, x3 = x[t0], x[t0 + 1], x[t0 + 2], x[t0 + 3]
-                for l0 in range(0, K, KN):
-                    vfma(acc, np.int64(0), wr, x0, l0, L)
-                    vfma(acc, np.int64(1), wr, x1, l0, L)
-                    vfma(acc, np.int64(2), wr, x2, l0, L)
-                    vfma(acc, np.int64(3), wr, x3, l0, L)
+            if vec and nb == 4:  # the four chains interleaved, in registers
+                vfma_rows4(acc, wr, x[t0], x[t0 + 1], x[t0 + 2], x[t0 + 3], K, L)
             elif vec:
                 for j in range(nb):
                     xj = x[t0 + j]

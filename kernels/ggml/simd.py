@@ -146,6 +146,73 @@ else:
     vfma = _vfma_def
 
 
+def _vfma_rows4_def(acc, w, x0, x1, x2, x3, K, lanes):
+    """``vfma(acc, j, w, x_j, l0, lanes)`` for j = 0 … 3 at every ``l0`` in ``range(0, K, lanes)``, in that order
+    (the definition): four accumulator rows, each its own chain of FMAs."""
+    for l0 in range(0, K, lanes):
+        _vfma_def(acc, 0, w, x0, l0, lanes)
+        _vfma_def(acc, 1, w, x1, l0, lanes)
+        _vfma_def(acc, 2, w, x2, l0, lanes)
+        _vfma_def(acc, 3, w, x3, l0, lanes)
+
+
+if JIT_ENABLED:
+
+    def _vfma_rows4_ir(n):
+        @intrinsic
+        def vfma_rows4(typingctx, acc, w, x0, x1, x2, x3, K):
+            """:func:`_vfma_rows4_def` with ``n`` lanes, its four accumulators held in registers for the whole loop
+            (stack slots LLVM promotes) and written back to ``acc[0:4, 0:n]`` at the end — as :func:`vfma` per step,
+            they went through memory: each FMA waited for the store of the one before (``w``, ``x_j`` contiguous,
+            ``K`` a multiple of ``n``)."""
+            arrays = (acc, w, x0, x1, x2, x3)
+            if not all(isinstance(a, types.Array) and a.dtype == types.float32 for a in arrays):
+                return None
+            sig = types.void(acc, w, x0, x1, x2, x3, types.int64)
+
+            def codegen(context, b, signature, args):
+                vt = ir.VectorType(ir.FloatType(), n)
+                fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
+                zero = ir.Constant(ir.IntType(64), 0)
+
+                def ptr(i, idx):
+                    aty = signature.args[i]
+                    a = context.make_array(aty)(context, b, args[i])
+                    return b.bitcast(cgutils.get_item_pointer(context, b, aty, a, idx), vt.as_pointer())
+
+                rows = [ptr(0, [context.get_constant(types.int64, j), zero]) for j in range(4)]
+                slots = [cgutils.alloca_once(b, vt) for _ in range(4)]
+                for row, slot in zip(rows, slots):
+                    b.store(b.load(row, align=4), slot)
+                with cgutils.for_range_slice(b, zero, args[6], ir.Constant(ir.IntType(64), n)) as (l0, _):
+                    wv = b.load(ptr(1, [l0]), align=4)
+                    for j, slot in enumerate(slots):
+                        b.store(b.call(fma, [wv, b.load(ptr(2 + j, [l0]), align=4), b.load(slot)]), slot)
+                for row, slot in zip(rows, slots):
+                    b.store(b.load(slot), row, align=4)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return vfma_rows4
+
+    _vfma_rows4_16, _vfma_rows4_8 = _vfma_rows4_ir(16), _vfma_rows4_ir(8)
+
+    @jit()
+    def vfma_rows4(acc, w, x0, x1, x2, x3, K, lanes):
+        """Four chains of :func:`vfma` along ``K`` (:func:`_vfma_rows4_def`): ``acc[j, :lanes]`` = the FMAs of
+        ``w`` and ``x_j``, ``lanes`` values a step, in order from ``acc[j]``'s value (``lanes`` 16 or 8)."""
+        if lanes == 16:
+            _vfma_rows4_16(acc, w, x0, x1, x2, x3, np.int64(K))
+        elif lanes == 8:
+            _vfma_rows4_8(acc, w, x0, x1, x2, x3, np.int64(K))
+        else:
+            raise ValueError("vfma_rows4: lanes must be 16 or 8")
+
+else:
+    vfma_rows4 = _vfma_rows4_def
+
+
 def _dot32_lanes_def(sumi, a, ao, b, bo, s0, s1):
     """``sumi[l] += s·Σ_i a[ao+4l+i]·b[bo+4l+i]`` (i < 4) for the 8 int32 lanes, ``s`` = ``s0`` for lanes 0–3
     (bytes 0–15), ``s1`` for lanes 4–7: the integer part of one 32-byte load of an ``arch/x86/quants.c`` K-quant

@@ -109,7 +109,7 @@ def test_vfma_rows4_equals_vfma_per_step(lanes):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 13, 64, 128])
+@pytest.mark.parametrize("n", [1, 7, ssm.TILE, 2 * ssm.TILE + 5, 64, 128])  # edges only, tiles only, both
 def test_transpose_into_is_the_transpose(n):
     rng = np.random.default_rng(n)
     src = rng.integers(0, 2**32, (n, n), dtype=np.uint64).astype(np.uint32).view(np.float32)  # NaN payloads too

@@ -124,8 +124,8 @@ if JIT_ENABLED:
         :func:`kernels.ggml.columns_ir.quad_row`) and through its float step — the integers and float operations of
         :func:`kernels.ggml.columns_ir.kq16_fma`, row by row. The code vectors are loaded by each row, from the L1
         cache after the first: held for all rows (16 ymm on AVX2, beside the scales' 16) they were spilled to the
-        stack and reloaded — real2's Q6_K head (32768 × 2048), 1 thread, 1 / 4 rows ~4.2 / ~6.0 -> ~3.0 / ~4.7 ms
-        (*Zen 3*, alternating)."""
+        stack and reloaded — real2's Q6_K head (32768 × 2048), numba's 2-thread pool, 1 / 4 rows ~4.2 / ~6.0 ->
+        ~3.0 / ~4.7 ms (*Zen 3*, alternating)."""
         flags = [_lit(a) for a in (form, level)]
         arrays = (acc, q, y, rows, sc, bs, d, yd)
         if None in flags or flags[0] not in (0, 1) or not (

@@ -99,6 +99,11 @@ def _vfma_def(acc, j, x, y, k, lanes):
 if JIT_ENABLED:
     from numba.core import cgutils
 
+    def _vec_ptr(context, b, aty, arr, idx, vt):
+        """The element ``idx`` of the array value ``arr`` (numba type ``aty``) as a pointer to the vector ``vt``."""
+        a = context.make_array(aty)(context, b, arr)
+        return b.bitcast(cgutils.get_item_pointer(context, b, aty, a, idx), vt.as_pointer())
+
     def _vfma_ir(n):
         @intrinsic
         def vfma(typingctx, acc, j, x, y, k):
@@ -113,12 +118,9 @@ if JIT_ENABLED:
                 acc_t, _, x_t, y_t, _ = signature.args
                 zero = ir.Constant(ir.IntType(64), 0)
 
-                def ptr(aty, arr, idx):
-                    a = context.make_array(aty)(context, b, arr)
-                    return b.bitcast(cgutils.get_item_pointer(context, b, aty, a, idx), vt.as_pointer())
-
-                pa = ptr(acc_t, args[0], [args[1], zero])
-                px, py = ptr(x_t, args[2], [args[4]]), ptr(y_t, args[3], [args[4]])
+                pa = _vec_ptr(context, b, acc_t, args[0], [args[1], zero], vt)
+                px = _vec_ptr(context, b, x_t, args[2], [args[4]], vt)
+                py = _vec_ptr(context, b, y_t, args[3], [args[4]], vt)
                 fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
                 b.store(b.call(fn, [b.load(px, align=4), b.load(py, align=4), b.load(pa, align=4)]), pa, align=4)
                 return context.get_dummy_value()
@@ -175,10 +177,8 @@ if JIT_ENABLED:
                 fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
                 zero = ir.Constant(ir.IntType(64), 0)
 
-                def ptr(i, idx):
-                    aty = signature.args[i]
-                    a = context.make_array(aty)(context, b, args[i])
-                    return b.bitcast(cgutils.get_item_pointer(context, b, aty, a, idx), vt.as_pointer())
+                def ptr(i, idx):  # argument i's element idx as a vector pointer
+                    return _vec_ptr(context, b, signature.args[i], args[i], idx, vt)
 
                 rows = [ptr(0, [context.get_constant(types.int64, j), zero]) for j in range(4)]
                 slots = [cgutils.alloca_once(b, vt) for _ in range(4)]

@@ -112,8 +112,54 @@ def test_the_child_starts_only_for_a_first_ggml_run(monkeypatch, tmp_path):
     assert compile_ahead.wanted(ggml) is None  # not a first run
 
 
+def test_the_child_is_spawned_before_the_flags_are_parsed(monkeypatch, tmp_path):
+    """compile_ahead.spawn starts the child from the command line's words alone (before the parser's imports), for a
+    ``run`` that names ggml on an empty cache; start() then hands it the parsed flags, or ends it when they want no
+    child; a child whose stdin ends before any flags exits quietly; main() never leaves one behind."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    ggml = ["run", str(TRAINED_PATH), "--emulate", "ggml", "--tokens", "1,2"]
+    assert compile_ahead.spawn(["run", str(TRAINED_PATH), "--tokens", "1,2"]) is None  # no word names ggml
+    assert compile_ahead.spawn(["audit", str(TRAINED_PATH), "--emulate=ggml"]) is None  # not run
+    assert compile_ahead.spawn([]) is None
+    monkeypatch.setenv(compile_ahead.ENV, "0")
+    assert compile_ahead.spawn(ggml) is None  # turned off
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+
+    child = compile_ahead.spawn(ggml)
+    assert child is not None
+    try:
+        child.proc.stdin.close()  # no flags: the child's imports, then the end of its stdin
+        assert child.proc.wait(timeout=120) == 0
+    finally:
+        child.close()
+
+    plain = ["run", str(TRAINED_PATH), "-p", "ggml", "--emulate=plain"]
+    child = compile_ahead.spawn(plain)
+    assert child is not None  # a word names ggml (the prompt), but the flags want the plain numerics
+    assert compile_ahead.start(_args(*plain), child) is None
+    assert child.proc.poll() is not None  # ended by start()
+
+    child = compile_ahead.spawn(ggml)
+    try:
+        assert compile_ahead.start(_args(*ggml), child) is child  # handed the flags
+        assert child.proc.poll() is None  # loading the model, then waiting for the prompt's length
+    finally:
+        child.close()
+
+    from refimpl.cli import main
+
+    spawned = []
+    spawn = compile_ahead.spawn
+    monkeypatch.setattr(compile_ahead, "spawn", lambda argv: spawned.append(spawn(argv)) or spawned[-1])
+    assert main([*ggml, "--threads", "0"]) == 2  # refused after the spawn
+    assert main([*ggml, "--frobnicate"]) == 2
+    assert len(spawned) == 2 and all(c is not None and c.proc.poll() is not None for c in spawned)
+
+
 def test_a_child_that_failed_is_closed_quietly():
-    helper = compile_ahead.Helper(b"not a pickle")
+    helper = compile_ahead.Helper()
+    helper.hand(b"not a pickle")
     helper.proc.wait(timeout=120)  # the child says why on its stderr (not kept) and exits
     helper.begin(5)
     helper.close()
@@ -173,11 +219,12 @@ def test_a_first_ggml_run_with_its_child_prints_what_the_warm_run_prints(tmp_pat
     cold = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert cold.returncode == 0, cold.stderr
     assert "(a second process compiled others beside it: REFIMPL_COMPILE_AHEAD=0 turns it off)" in cold.stderr
-    children = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    children = []  # a child of this run: compile_ahead's module, this test's numba cache in its environment
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if b"refimpl.cli.compile_ahead\0" + str(TRAINED_PATH).encode() in cmdline.read_bytes():
-                children.append(cmdline.parent.name)
+            if (b"refimpl.cli.compile_ahead" in (proc / "cmdline").read_bytes()
+                    and f"NUMBA_CACHE_DIR={tmp_path / 'numba'}\0".encode() in (proc / "environ").read_bytes()):
+                children.append(proc.name)
         except OSError:  # a process that ended meanwhile
             pass
     assert children == []

@@ -60,10 +60,25 @@ def _one_line(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from refimpl.cli import compile_ahead
+
+    argv = sys.argv[1:] if argv is None else argv
+    # a first run --emulate=ggml: its second process starts before the parser's imports (compile_ahead.spawn)
+    child = compile_ahead.spawn(argv)
+    try:
+        return _main(argv, child)
+    finally:
+        if child is not None:
+            child.close()
+
+
+def _main(argv: list[str], child) -> int:
     import numpy as np
 
+    from refimpl.cli import compile_ahead
+
     try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(argv)
         check_numerics(args)  # a flag combination that cannot work is refused before any work
         with np.errstate(all="ignore"):  # IEEE arithmetic as in C: inf/NaN weights compute, silently (refimpl.model.ops.ieee)
             if args.func in _NO_KERNELS:
@@ -71,11 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             from refimpl.io.malloc import reuse_freed_memory
 
             reuse_freed_memory()  # the same large arrays every token: from the heap, not fresh pages
-            from refimpl.cli import compile_ahead
             from refimpl.cli.compile_report import compile_report
 
             # run --emulate=ggml on an empty numba cache: a second process compiles the kernels the run meets last
-            args.compile_ahead = compile_ahead.start(args) if args.func is run.cmd_run else None
+            args.compile_ahead = compile_ahead.start(args, child) if args.func is run.cmd_run else None
             try:  # the first run's "compiling kernels …" lines
                 with compile_report(note=compile_ahead.NOTE if args.compile_ahead is not None else ""):
                     return args.func(args)

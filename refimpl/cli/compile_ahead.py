@@ -9,9 +9,12 @@ clone, a new ``NUMBA_CACHE_DIR``, a change to ``kernels/``); the model file at m
 MemAvailable (the child loads it too); ``REFIMPL_COMPILE_AHEAD`` not ``0`` (the switch: ``0`` compiles in the run
 alone, as before). The run names the child in its compile report's summary line.
 
-How: the child (``python -m refimpl.cli.compile_ahead``, handed the run's parsed flags on its stdin) loads the model
-as the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), then
-walks the prompt's first ubatch and one decoded token. The run stops it when it ends (:meth:`Helper.close`):
+How: the child (``python -m refimpl.cli.compile_ahead``) is started first thing, before the run parses its flags
+(:func:`spawn`: the parser's imports, numba's among them, take ~0.4 s, and the child's own ~0.9 s then run beside
+them), when the words of the command line may make such a run; it imports what it needs, then reads the run's parsed
+flags from its stdin (:func:`start`: or the end of it, when the flags want no child, and exits), loads the model as
+the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), and walks
+the prompt's first ubatch and one decoded token. The run stops it when it ends (:meth:`Helper.close`):
 numba writes its cache files by rename, so a child stopped in a save leaves no torn file (at worst an index entry
 whose machine code it had not written yet: the next run compiles that kernel again).
 """
@@ -65,14 +68,19 @@ def ggml_cache_dir() -> Path:
     return folder / "__pycache__"
 
 
+def _switched_on() -> bool:
+    """The switch is not ``0``, numba compiles, and no kernel of ``kernels/ggml`` is cached (a first run)."""
+    if os.environ.get(ENV, "1") == "0" or os.environ.get("NUMBA_DISABLE_JIT") == "1":
+        return False
+    return not any(ggml_cache_dir().glob("*.nbi"))
+
+
 def wanted(args) -> str | None:
     """The model path to hand a child, or None when a run with these arguments starts none (the module docstring)."""
     from refimpl.cli.common import emulate_family
     from refimpl.io.meminfo import mem_available
 
-    if os.environ.get(ENV, "1") == "0" or os.environ.get("NUMBA_DISABLE_JIT") == "1" or emulate_family(args) != "ggml":
-        return None
-    if any(ggml_cache_dir().glob("*.nbi")):  # a kernel of kernels/ggml is cached: not a first run
+    if emulate_family(args) != "ggml" or not _switched_on():
         return None
     try:
         path = _model_path(args)
@@ -84,13 +92,16 @@ def wanted(args) -> str | None:
 
 
 class Helper:
-    """The child process of one run: started with the run's arguments, :meth:`begin` hands it the prompt's length,
+    """The child process of one run: :meth:`hand` gives it the run's flags, :meth:`begin` the prompt's length,
     :meth:`close` ends it."""
 
-    def __init__(self, flags: bytes):
+    def __init__(self):
         env = dict(os.environ, **{ENV: "0"})  # the child starts no child
         self.proc = subprocess.Popen([sys.executable, "-m", "refimpl.cli.compile_ahead"], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def hand(self, flags: bytes) -> None:
+        """The run's flags, pickled (:func:`start`)."""
         self._send(flags)
 
     def _send(self, data: bytes) -> None:
@@ -114,22 +125,37 @@ class Helper:
             pass
 
 
-def start(args) -> Helper | None:
-    """A :class:`Helper` for ``refimpl run`` with ``args``, or None (:func:`wanted`)."""
-    path = wanted(args)
-    if path is None:
+def spawn(argv: list[str]) -> Helper | None:
+    """The child, started before the flags are parsed (the module docstring), when ``argv`` may be a first ``run
+    --emulate=ggml``: the command ``run``, a word naming ggml (``--emulate=ggml``, ``--emulate ggml:NAME``: every
+    spelling has one), the switch on and the cache empty (:func:`_switched_on`); else None. Nothing here imports
+    numba. :func:`start` then hands it the flags or ends it."""
+    if not argv or argv[0] != "run" or not any("ggml" in word for word in argv[1:]) or not _switched_on():
         return None
+    return Helper()
+
+
+def start(args, child: Helper | None = None) -> Helper | None:
+    """The :class:`Helper` of ``refimpl run`` with ``args`` — ``child`` (:func:`spawn`'s) handed the flags, or one
+    started now — or None (:func:`wanted`), ``child`` then closed."""
+    path = wanted(args)
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "compile_ahead")}
     try:
-        flags = pickle.dumps(dict(fields, m=None, model=path))  # the run's flags, its model file named
+        flags = None if path is None else pickle.dumps(dict(fields, m=None, model=path))  # the flags, the model named
     except Exception:  # a flag value pickle cannot carry: the run compiles alone
+        flags = None
+    if flags is None:
+        if child is not None:
+            child.close()
         return None
-    return Helper(flags)
+    child = child or Helper()
+    child.hand(flags)
+    return child
 
 
 def _child(stdin) -> None:
-    """The child: the run's flags (pickled) and then the prompt's length from ``stdin``; the run's model and ``Ctx``;
-    the walk."""
+    """The child: its imports; the run's flags (pickled: an empty ``stdin``, none, ends it) and then the prompt's
+    length from ``stdin``; the run's model and ``Ctx``; the walk."""
     import argparse
     import dataclasses
 
@@ -138,7 +164,10 @@ def _child(stdin) -> None:
     from refimpl.model.load import PACK_FLAGS
     from refimpl.model.state import SeqState
 
-    args = argparse.Namespace(**pickle.load(stdin))
+    try:
+        args = argparse.Namespace(**pickle.load(stdin))
+    except EOFError:  # started by spawn() for flags that then wanted no child
+        return
     ctx = dataclasses.replace(ctx_from_args(args), announce=None)
     plain = not (args.mtp or args.ngram or args.csv)  # as cmd_run loads it
     model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain,

@@ -52,7 +52,9 @@ def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
     index = subprocess.run([sys.executable, "-c", where, str(tmp_path / "mod")], env=env, cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.strip()
     os.makedirs(os.path.dirname(index), exist_ok=True)
-    held = cache._flock(index + ".compiling", 0.0)
+    from numba import types
+
+    held = cache._flock(cache.compile_lock(index, (types.int64,)), 0.0)  # f(3)'s signature
     assert held is not None
     run = lambda mode: subprocess.Popen([sys.executable, "-c", _WAITER, str(tmp_path / "mod"), mode], env=env, cwd=ROOT,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -70,9 +72,34 @@ def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
     assert out.strip() == "7 [] 1"  # nothing compiled: f came from the cache
 
 
-def test_the_ggml_cache_folder_is_numbas(monkeypatch, tmp_path):
-    """compile_ahead works out kernels/ggml's cache folder without importing numba: the same folder as
-    kernels.base.cache.cache_dir, in the tree, under NUMBA_CACHE_DIR, under REFIMPL_KERNEL_CACHE, and with both."""
+def test_a_busy_kernel_is_skipped_inside_skip_busy(tmp_path, monkeypatch):
+    """Inside cache.skip_busy, calling a kernel whose signature's compile lock another holder has raises KernelBusy
+    (the compile-ahead walk then takes another step); once the lock is free the same call compiles it; a lock of
+    another signature of the kernel is not waited for (one lock per signature)."""
+    (tmp_path / "busy_mod.py").write_text("import numba\n\n\n@numba.njit(cache=True)\ndef g(x):\n    return x * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import busy_mod
+    from numba import types
+
+    index = busy_mod.g._cache._cache_file._index_path
+    os.makedirs(os.path.dirname(index), exist_ok=True)
+    held = cache._flock(cache.compile_lock(index, (types.int64,)), 0.0)
+    assert held is not None
+    try:
+        with cache.skip_busy():
+            with pytest.raises(cache.KernelBusy):
+                busy_mod.g(3)
+            assert busy_mod.g(2.5) == 7.5  # another signature: its own lock, free (a kernel's lock: KernelBusy)
+    finally:
+        os.close(held)
+    with cache.skip_busy():
+        assert busy_mod.g(3) == 9
+
+
+def test_the_marker_cache_folders_are_numbas(monkeypatch, tmp_path):
+    """compile_ahead works out the cache folders of kernels/ggml and kernels/lanes (its first-run markers) without
+    importing numba: the same folders as kernels.base.cache.cache_dir, in the tree, under NUMBA_CACHE_DIR, under
+    REFIMPL_KERNEL_CACHE, and with both."""
     for numba_dir, shared in ((None, None), (str(tmp_path / "numba"), None), (None, str(tmp_path / "shared")),
                               (str(tmp_path / "numba"), str(tmp_path / "shared"))):
         for name, value in (("NUMBA_CACHE_DIR", numba_dir), (cache.SHARED_ENV, shared)):
@@ -81,7 +108,9 @@ def test_the_ggml_cache_folder_is_numbas(monkeypatch, tmp_path):
             else:
                 monkeypatch.setenv(name, value)
         monkeypatch.setattr(numba.config, "CACHE_DIR", numba_dir or "")
-        assert compile_ahead.ggml_cache_dir() == cache.cache_dir(cache.PACKAGE / "ggml")
+        assert set(compile_ahead.MARKER.values()) == {"ggml", "lanes"}
+        for name in compile_ahead.MARKER.values():
+            assert compile_ahead.kernel_cache_dir(name) == cache.cache_dir(cache.PACKAGE / name)
     assert cache.cache_dir(cache.PACKAGE / "ggml").parent == tmp_path / "numba"  # NUMBA_CACHE_DIR wins
 
 
@@ -91,12 +120,15 @@ def _args(*argv):
     return build_parser().parse_args(list(argv))
 
 
-def test_the_child_starts_only_for_a_first_ggml_run(monkeypatch, tmp_path):
+def test_the_child_starts_only_for_a_first_run(monkeypatch, tmp_path):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(compile_ahead.ENV, "1")
     ggml = _args("run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2")
+    plain = _args("run", str(TRAINED_PATH), "--tokens", "1,2")
     assert compile_ahead.wanted(ggml) == str(TRAINED_PATH)  # an empty cache
-    assert compile_ahead.wanted(_args("run", str(TRAINED_PATH), "--tokens", "1,2")) is None  # the plain numerics
+    assert compile_ahead.wanted(plain) == str(TRAINED_PATH)  # the plain numerics too
+    assert compile_ahead.wanted(_args("run", str(TRAINED_PATH), "--tokens", "1,2", "--emulate")) == str(TRAINED_PATH)
+    assert compile_ahead.wanted(_args("run", str(TRAINED_PATH), "--tokens", "1,2", "--kernel", "numpy")) is None
     assert compile_ahead.wanted(_args("run", str(tmp_path / "missing.gguf"), "--emulate=ggml")) is None  # the run says why
     import refimpl.io.meminfo as meminfo
 
@@ -107,19 +139,29 @@ def test_the_child_starts_only_for_a_first_ggml_run(monkeypatch, tmp_path):
     monkeypatch.setenv(compile_ahead.ENV, "0")
     assert compile_ahead.wanted(ggml) is None  # turned off
     monkeypatch.setenv(compile_ahead.ENV, "1")
-    compile_ahead.ggml_cache_dir().mkdir(parents=True)
-    (compile_ahead.ggml_cache_dir() / "mulmat_q8.q8_0_mul_mat-244.py311.nbi").write_bytes(b"")
-    assert compile_ahead.wanted(ggml) is None  # not a first run
+    ggml_dir = compile_ahead.kernel_cache_dir("ggml")
+    ggml_dir.mkdir(parents=True)
+    (ggml_dir / "mulmat_q8.q8_0_mul_mat-244.py311.nbi").write_bytes(b"")
+    assert compile_ahead.wanted(ggml) is None  # not a first run of the ggml numerics
+    assert compile_ahead.wanted(plain) == str(TRAINED_PATH)  # each numerics by its own marker
+    lanes_dir = compile_ahead.kernel_cache_dir("lanes")
+    lanes_dir.mkdir(parents=True)
+    (lanes_dir / "pack.matmul_lanes_q8_0-500.py311.nbi").write_bytes(b"")
+    assert compile_ahead.wanted(plain) is None
 
 
 def test_the_child_is_spawned_before_the_flags_are_parsed(monkeypatch, tmp_path):
     """compile_ahead.spawn starts the child from the command line's words alone (before the parser's imports), for a
-    ``run`` that names ggml on an empty cache; start() then hands it the parsed flags, or ends it when they want no
-    child; a child whose stdin ends before any flags exits quietly; main() never leaves one behind."""
+    ``run`` on an empty cache of its numerics (ggml's when a word names it); start() then hands it the parsed flags,
+    or ends it when they want no child; a child whose stdin ends before any flags exits quietly; main() never leaves
+    one behind."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(compile_ahead.ENV, "1")
     ggml = ["run", str(TRAINED_PATH), "--emulate", "ggml", "--tokens", "1,2"]
-    assert compile_ahead.spawn(["run", str(TRAINED_PATH), "--tokens", "1,2"]) is None  # no word names ggml
+    lanes_dir = compile_ahead.kernel_cache_dir("lanes")
+    lanes_dir.mkdir(parents=True)
+    (lanes_dir / "pack.matmul_lanes_q8_0-500.py311.nbi").write_bytes(b"")
+    assert compile_ahead.spawn(["run", str(TRAINED_PATH), "--tokens", "1,2"]) is None  # the plain numerics: cached
     assert compile_ahead.spawn(["audit", str(TRAINED_PATH), "--emulate=ggml"]) is None  # not run
     assert compile_ahead.spawn([]) is None
     monkeypatch.setenv(compile_ahead.ENV, "0")
@@ -134,10 +176,10 @@ def test_the_child_is_spawned_before_the_flags_are_parsed(monkeypatch, tmp_path)
     finally:
         child.close()
 
-    plain = ["run", str(TRAINED_PATH), "-p", "ggml", "--emulate=plain"]
-    child = compile_ahead.spawn(plain)
-    assert child is not None  # a word names ggml (the prompt), but the flags want the plain numerics
-    assert compile_ahead.start(_args(*plain), child) is None
+    numpy = ["run", str(TRAINED_PATH), "-p", "ggml", "--kernel", "numpy"]
+    child = compile_ahead.spawn(numpy)
+    assert child is not None  # a word names ggml (the prompt), but the flags want numpy's definitions: no kernel
+    assert compile_ahead.start(_args(*numpy), child) is None
     assert child.proc.poll() is not None  # ended by start()
 
     child = compile_ahead.spawn(ggml)
@@ -193,14 +235,16 @@ print(json.dumps({"walked": walked, "then": met[walked:]}))
 '''
 
 
-def test_the_walk_compiles_every_kernel_of_the_run():
+@pytest.mark.parametrize("numerics", [["--emulate=ggml"], [], ["--emulate"]], ids=["ggml", "plain", "emulate"])
+def test_the_walk_compiles_every_kernel_of_the_run(numerics):
     """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
-    prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the graph but not
-    reached by the walk fails this)."""
-    require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
+    prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the trunk or the
+    graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's."""
+    if numerics == ["--emulate=ggml"]:
+        require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
     import json
 
-    argv = ["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
+    argv = ["run", str(TRAINED_PATH), *numerics, "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
     done = subprocess.run([sys.executable, "-c", _WALK_THEN_RUN, json.dumps(argv)], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr
@@ -209,13 +253,14 @@ def test_the_walk_compiles_every_kernel_of_the_run():
 
 
 @pytest.mark.deep
-def test_a_first_ggml_run_with_its_child_prints_what_the_warm_run_prints(tmp_path):
-    """``refimpl run --emulate=ggml`` on an empty cache starts the child (its report says so), prints what the warm
-    run then prints from the cache, and leaves no child behind."""
-    require_llama_cpp()
+@pytest.mark.parametrize("numerics", [["--emulate=ggml"], []], ids=["ggml", "plain"])
+def test_a_first_run_with_its_child_prints_what_the_warm_run_prints(tmp_path, numerics):
+    """``refimpl run`` (``--emulate=ggml`` and plain) on an empty cache starts the child (its report says so), prints
+    what the warm run then prints from the cache, and leaves no child behind."""
+    if numerics:
+        require_llama_cpp()
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), **{compile_ahead.ENV: "1"})
-    argv = [sys.executable, "-m", "refimpl", "run", str(TRAINED_PATH), "--emulate=ggml", "-p", "In the beginning",
-            "-n", "16"]
+    argv = [sys.executable, "-m", "refimpl", "run", str(TRAINED_PATH), *numerics, "-p", "In the beginning", "-n", "16"]
     cold = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert cold.returncode == 0, cold.stderr
     assert "(a second process compiled others beside it: REFIMPL_COMPILE_AHEAD=0 turns it off)" in cold.stderr

@@ -19,7 +19,8 @@ Sharing
     Processes that compile into one cache at once save one at a time (:func:`_lock_cache_saves`), and compile each
     kernel once: a process about to compile a kernel that another one is compiling waits for it and loads its
     machine code from the cache (:func:`_lock_compiles`; the first run's second process,
-    ``refimpl/cli/compile_ahead.py``, relies on it).
+    ``refimpl/cli/compile_ahead.py``, relies on it), or, inside :func:`skip_busy`, is told so (:class:`KernelBusy`)
+    and does something else first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import numba
@@ -145,6 +147,45 @@ def _drop_stale_cache() -> None:
 COMPILE_WAIT_S = 60.0  # the longest a process waits for another one's compile of a kernel before compiling it too
 
 
+class KernelBusy(RuntimeError):
+    """Raised, inside :func:`skip_busy`, by the call of a kernel that another process is compiling."""
+
+
+_compiling = threading.local()  # .depth: compiles in progress on this thread; .skip: inside skip_busy
+
+
+@contextlib.contextmanager
+def skip_busy():
+    """Within the block, a call from Python of a kernel whose compile lock another process holds raises
+    :class:`KernelBusy` instead of waiting for it (a kernel that a compile in progress calls is waited for as
+    always): the first run's second process (refimpl/cli/compile_ahead.py) then takes another step of its walk and
+    meets that kernel again at its end, loaded from the cache."""
+    _compiling.skip = True
+    try:
+        yield
+    finally:
+        _compiling.skip = False
+
+
+def _busy(path: str) -> bool:
+    """Whether another process holds the ``flock`` on ``path`` now (tried without waiting, and let go at once)."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except (ImportError, OSError):  # no flock, no lock file: nothing to wait for
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the lock where it was had
+
+
 def _flock(path: str, wait_s: float | None):
     """An exclusive ``flock`` on ``path`` (created if missing), waited for at most ``wait_s`` seconds (None: as long as
     it takes): the open file descriptor (closing it releases the lock), or None when the file cannot be made, the
@@ -183,17 +224,25 @@ def _held(path: str, wait_s: float | None = None):
             os.close(fd)  # releases the lock
 
 
+def compile_lock(index: str, key: tuple) -> str:
+    """The lock file of signature ``key`` (its argument types) of the kernel whose cache index is ``index``:
+    ``<index>.<hash of the types>.compiling``, the same name in every process."""
+    return f"{index}.{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}.compiling"
+
+
 def _lock_compiles() -> None:
     """Make numba's ``Dispatcher.compile`` (a kernel's new signature: loaded from the cache, or compiled and saved)
-    hold an exclusive ``flock`` on ``<index>.compiling`` while it looks in the cache, compiles and saves.
+    hold an exclusive ``flock`` on the signature's :func:`compile_lock` while it looks in the cache, compiles and saves.
 
     Two processes that need one kernel on an empty cache (two ``refimpl`` runs, the suite's workers, a run and its
     compile-ahead process) would otherwise both compile it; under the lock the second one waits and then finds the
-    first one's machine code in the cache (``Dispatcher.compile`` looks there first). One lock per kernel, all of its
-    signatures: the kernels call each other without cycles, so two processes each holding one kernel's lock while
-    waiting for a callee's never wait for each other. A kernel already compiled in this process takes no lock; a
-    kernel without a disk cache neither. After :data:`COMPILE_WAIT_S` (another process stopped while holding it) a
-    process compiles the kernel itself, as it would without the lock: the same machine code."""
+    first one's machine code in the cache (``Dispatcher.compile`` looks there first). One lock per signature of a
+    kernel: two signatures compile side by side (a helper's Q4_K and Q6_K copies in a run and its second process:
+    one lock per kernel made one wait ~8 s for the other's), their saves one after the other
+    (:func:`_lock_cache_saves`); the kernels call each other without cycles, so two processes each holding one
+    lock while waiting for a callee's never wait for each other. A kernel already compiled in this process takes no
+    lock; a kernel without a disk cache neither. After :data:`COMPILE_WAIT_S` (another process stopped while holding
+    it) a process compiles the kernel itself, as it would without the lock: the same machine code."""
     from numba.core.dispatcher import Dispatcher
 
     compile_ = Dispatcher.compile
@@ -203,10 +252,19 @@ def _lock_compiles() -> None:
     @functools.wraps(compile_)  # its __wrapped__: numba's own (tests race saves without this lock)
     def locked_compile(self, sig):
         index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
-        if index is None or self.overloads.get(tuple(sigutils.normalize_signature(sig)[0])) is not None:
+        key = tuple(sigutils.normalize_signature(sig)[0])
+        if index is None or self.overloads.get(key) is not None:
             return compile_(self, sig)
-        with _held(index + ".compiling", COMPILE_WAIT_S):
-            return compile_(self, sig)
+        lock = compile_lock(index, key)
+        depth = getattr(_compiling, "depth", 0)
+        if not depth and getattr(_compiling, "skip", False) and _busy(lock):
+            raise KernelBusy(f"{self.py_func.__qualname__} is being compiled by another process")
+        _compiling.depth = depth + 1
+        try:
+            with _held(lock, COMPILE_WAIT_S):
+                return compile_(self, sig)
+        finally:
+            _compiling.depth = depth
 
     locked_compile.locked = True
     Dispatcher.compile = locked_compile

@@ -1,13 +1,15 @@
-"""The first run's second process: ``refimpl run --emulate=ggml`` on an empty numba cache compiles ~20 kernels one
-after the other (docs/performance.md, "First run"); a child process started beside it compiles the kernels the run
-will meet last (:func:`refimpl.graph.ahead.walk`) into the same cache, so the two cores share the compiling. A
-kernel both need is compiled by one and loaded by the other (kernels/base/cache.py ``_lock_compiles``): the run's
-numbers are the same with or without the child, which only ever adds machine code to the cache.
+"""The first run's second process: ``refimpl run`` on an empty numba cache compiles its kernels one after the other
+(~6 for the plain numerics, ~20 with ``--emulate=ggml``: docs/performance.md, "First run"); a child process started
+beside it compiles the kernels the run will meet last (:func:`refimpl.model.ahead.walk`, :func:`refimpl.graph.ahead.walk`)
+into the same cache, so the two cores share the compiling. A kernel both need is compiled by one and loaded by the
+other (kernels/base/cache.py ``_lock_compiles``): the run's numbers are the same with or without the child, which
+only ever adds machine code to the cache.
 
-When: ``refimpl run`` with ``--emulate=ggml``; numba's cache on and holding no kernel of ``kernels/ggml`` (a fresh
-clone, a new ``NUMBA_CACHE_DIR``, a change to ``kernels/``); the model file at most :data:`MAX_MEMORY_SHARE` of
-MemAvailable (the child loads it too); ``REFIMPL_COMPILE_AHEAD`` not ``0`` (the switch: ``0`` compiles in the run
-alone, as before). The run names the child in its compile report's summary line.
+When: ``refimpl run`` with numba's kernels (not ``--kernel numpy``); numba's cache on and holding no kernel of the
+run's numerics' marker folder (:data:`MARKER`: a fresh clone, a new ``NUMBA_CACHE_DIR``, a change to ``kernels/``);
+the model file at most :data:`MAX_MEMORY_SHARE` of MemAvailable (the child loads it too); ``REFIMPL_COMPILE_AHEAD``
+not ``0`` (the switch: ``0`` compiles in the run alone, as before). The run names the child in its compile report's
+summary line.
 
 How: the child (``python -m refimpl.cli.compile_ahead``) is started first thing, before the run parses its flags
 (:func:`spawn`: the parser's imports, numba's among them, take ~0.4 s, and the child's own ~0.9 s then run beside
@@ -36,6 +38,9 @@ MAX_MEMORY_SHARE = 0.125
 ENV = "REFIMPL_COMPILE_AHEAD"
 #: What the run's compile summary adds when a child ran (refimpl.cli.compile_report).
 NOTE = f" (a second process compiled others beside it: {ENV}=0 turns it off)"
+#: The folder of ``kernels`` whose cache tells a first run, per numerics: the ggml ops; for the plain numerics
+#: (``--emulate``'s approximate configurations too) the lane kernels, which every matmul of theirs calls.
+MARKER = {"ggml": "ggml", "plain": "lanes"}
 
 
 def _model_path(args) -> str:
@@ -47,14 +52,14 @@ def _model_path(args) -> str:
     return str(resolve_model(str(default_model(model_given(args), note=False))))
 
 
-def ggml_cache_dir() -> Path:
-    """Where numba caches ``kernels/ggml``'s kernels (``kernels.base.cache.cache_dir``), worked out without importing
-    ``kernels`` (and numba: ~0.4 s the child would start later): the folder's ``__pycache__``; with
-    ``NUMBA_CACHE_DIR`` numba's subfolder for it there (``UserProvidedCacheLocator``: the folder's name and the
-    sha1 of its path); with ``REFIMPL_KERNEL_CACHE`` (and no ``NUMBA_CACHE_DIR``) the shared key's ``ggml`` folder
+def kernel_cache_dir(name: str) -> Path:
+    """Where numba caches the kernels of folder ``kernels/<name>`` (``kernels.base.cache.cache_dir``), worked out
+    without importing ``kernels`` (and numba: ~0.4 s the child would start later): the folder's ``__pycache__``;
+    with ``NUMBA_CACHE_DIR`` numba's subfolder for it there (``UserProvidedCacheLocator``: the folder's name and the
+    sha1 of its path); with ``REFIMPL_KERNEL_CACHE`` (and no ``NUMBA_CACHE_DIR``) the shared key's ``<name>`` folder
     (``kernels.base.cache.shared_key``: the kernels' hash, numba's and Python's versions)."""
     package = Path(importlib.util.find_spec("kernels").submodule_search_locations[0]).resolve()
-    folder = package / "ggml"
+    folder = package / name
     base = os.environ.get("NUMBA_CACHE_DIR")
     if base:
         return Path(base) / f"{folder.name}_{hashlib.sha1(str(folder).encode()).hexdigest()}"
@@ -64,23 +69,34 @@ def ggml_cache_dir() -> Path:
         for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
             digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
         version = f"numba{importlib.metadata.version('numba')}-py{sys.version_info[0]}{sys.version_info[1]}"
-        return Path(shared).expanduser().resolve() / f"{digest.hexdigest()[:16]}-{version}" / "ggml"
+        return Path(shared).expanduser().resolve() / f"{digest.hexdigest()[:16]}-{version}" / name
     return folder / "__pycache__"
 
 
-def _switched_on() -> bool:
-    """The switch is not ``0``, numba compiles, and no kernel of ``kernels/ggml`` is cached (a first run)."""
+def _switched_on(numerics: str) -> bool:
+    """The switch is not ``0``, numba compiles, and no kernel of ``numerics``' :data:`MARKER` folder is cached (a
+    first run)."""
     if os.environ.get(ENV, "1") == "0" or os.environ.get("NUMBA_DISABLE_JIT") == "1":
         return False
-    return not any(ggml_cache_dir().glob("*.nbi"))
+    return not any(kernel_cache_dir(MARKER[numerics]).glob("*.nbi"))
+
+
+def _numerics(args) -> str | None:
+    """``"ggml"`` (``--emulate=ggml``), ``"plain"`` (the trunk of refimpl/model: the definition, ``--emulate``'s
+    approximate configurations), or None (``--kernel numpy``: nothing compiles)."""
+    from refimpl.cli.common import emulate_family
+
+    if emulate_family(args) == "ggml":
+        return "ggml"
+    return None if getattr(args, "kernel", "numba") == "numpy" else "plain"
 
 
 def wanted(args) -> str | None:
     """The model path to hand a child, or None when a run with these arguments starts none (the module docstring)."""
-    from refimpl.cli.common import emulate_family
     from refimpl.io.meminfo import mem_available
 
-    if emulate_family(args) != "ggml" or not _switched_on():
+    numerics = _numerics(args)
+    if numerics is None or not _switched_on(numerics):
         return None
     try:
         path = _model_path(args)
@@ -126,11 +142,13 @@ class Helper:
 
 
 def spawn(argv: list[str]) -> Helper | None:
-    """The child, started before the flags are parsed (the module docstring), when ``argv`` may be a first ``run
-    --emulate=ggml``: the command ``run``, a word naming ggml (``--emulate=ggml``, ``--emulate ggml:NAME``: every
-    spelling has one), the switch on and the cache empty (:func:`_switched_on`); else None. Nothing here imports
-    numba. :func:`start` then hands it the flags or ends it."""
-    if not argv or argv[0] != "run" or not any("ggml" in word for word in argv[1:]) or not _switched_on():
+    """The child, started before the flags are parsed (the module docstring), when ``argv`` may be a first run: the
+    command ``run``, the switch on and the cache of its numerics empty (:func:`_switched_on`: ``ggml``'s when a word
+    names ggml — ``--emulate=ggml``, ``--emulate ggml:NAME``: every spelling has one —, else the plain numerics');
+    else None. Nothing here imports numba. :func:`start` then hands it the flags or ends it."""
+    if not argv or argv[0] != "run":
+        return None
+    if not _switched_on("ggml" if any("ggml" in word for word in argv[1:]) else "plain"):
         return None
     return Helper()
 
@@ -160,7 +178,8 @@ def _child(stdin) -> None:
     import dataclasses
 
     from refimpl.cli.common import ctx_from_args, load
-    from refimpl.graph.ahead import walk
+    from refimpl.graph.ahead import walk as ggml_walk
+    from refimpl.model.ahead import walk as plain_walk
     from refimpl.model.load import PACK_FLAGS
     from refimpl.model.state import SeqState
 
@@ -171,12 +190,13 @@ def _child(stdin) -> None:
     ctx = dataclasses.replace(ctx_from_args(args), announce=None)
     plain = not (args.mtp or args.ngram or args.csv)  # as cmd_run loads it
     model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain,
-                 ggml=(ctx.ggml, ctx.repack))
+                 ggml=(ctx.ggml, ctx.repack) if ctx.ggml else None)
     line = stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
     if not line.strip():  # the run ended before its prompt
         return
     state = SeqState.fresh(model.config)
-    walk(model, state, min(int(line), ctx.n_ubatch), ctx, "last")  # the prompt's first ubatch
+    walk = ggml_walk if _numerics(args) == "ggml" else plain_walk
+    walk(model, state, min(int(line), ctx.n_ubatch), ctx, "last")  # the prompt (its first ubatch, at most 512 tokens)
     walk(model.packed(), state, 1, ctx, "all")  # a decoded token (after the first one: the deferred layout)
 
 

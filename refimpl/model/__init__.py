@@ -6,7 +6,8 @@ llama.cpp's traced intermediates and refimpl's tap points) → ``state`` (the ex
 conv windows, delta-net matrices, snapshots) → ``ops`` (the primitive ops) → ``attention`` (gated full
 attention) → ``deltanet`` (Gated DeltaNet, with the delta-rule step's definition) → ``moe`` (the MoE FFN) →
 ``load`` (:func:`load_model`: the weights, pinned or streamed, and their packed copies) → ``trunk`` (the layer
-stack and the LM head: :func:`forward`) → ``mtp`` (the nextn block that drafts).
+stack and the LM head: :func:`forward`) → ``mtp`` (the nextn block that drafts). Beside them, ``ahead``: the order
+in which a first run's second process compiles the kernels of :func:`forward` (refimpl/cli/compile_ahead.py).
 Each function names the llama.cpp source it mirrors (``src/models/qwen35moe.cpp``, ``delta-net-base.cpp``,
 ``llama-graph.cpp``).
 

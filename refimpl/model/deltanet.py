@@ -141,7 +141,7 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     k = l2_norm(y[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S), c.rms_eps)  # [T, Hk, S]
     v = np.ascontiguousarray(y[:, 2 * Hk * S :]).reshape(T, Hv, S)  # [T, Hv, S]
     head = ctx.cb("deltanet.kv_head", il, kv_heads(c), Hk=Hk)  # [Hv]: value head j reads q/k head head[j]
-    o, states = _recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc)  # [T, Hv, S], T states
+    o, states = recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc)  # [T, Hv, S], T states
     ctx.cb("attn_output_delta", il, o)
 
     # gated norm (build_norm_gated): RMSNorm over S per head × ssm_norm (plain w) × silu(z)
@@ -150,7 +150,7 @@ def gated_deltanet(w, c, a: np.ndarray, st: DeltaNetState, il: int, ctx: Ctx,
     return ctx.cb("linear_attn_out", il, mm(w.ssm_out, final, ctx)), states
 
 
-def _recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
+def recurrence(q, k, v, g, beta, head, window, y, st, il, ctx, keep, Kc):
     """The delta rule token by token (:func:`delta_rule_step` or its compiled twin), a state after each token
     (only the last ``keep`` kept). Returns (o [T, Hv, S], states)."""
     T, Hv, S = v.shape

@@ -32,8 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: The child loads the model file too (its matrices mapped, the ggml layout copied): only for a file that is at
-#: most this share of MemAvailable.
+#: The child loads the model file too (its matrices mapped; the ggml layout, or the plain path's packed copies, made
+#: again): only for a file that is at most this share of MemAvailable.
 MAX_MEMORY_SHARE = 0.125
 ENV = "REFIMPL_COMPILE_AHEAD"
 #: What the run's compile summary adds when a child ran (refimpl.cli.compile_report).

@@ -160,11 +160,12 @@ def skip_busy():
     :class:`KernelBusy` instead of waiting for it (a kernel that a compile in progress calls is waited for as
     always): the first run's second process (refimpl/cli/compile_ahead.py) then takes another step of its walk and
     meets that kernel again at its end, loaded from the cache."""
+    outer = getattr(_compiling, "skip", False)
     _compiling.skip = True
     try:
         yield
     finally:
-        _compiling.skip = False
+        _compiling.skip = outer
 
 
 def _busy(path: str) -> bool:

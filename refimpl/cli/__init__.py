@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from refimpl.cli import compile_ahead
 
     argv = sys.argv[1:] if argv is None else argv
-    # a first run --emulate=ggml: its second process starts before the parser's imports (compile_ahead.spawn)
+    # a first run: its second process starts before the parser's imports (compile_ahead.spawn)
     child = compile_ahead.spawn(argv)
     try:
         return _main(argv, child)
@@ -88,7 +88,7 @@ def _main(argv: list[str], child) -> int:
             reuse_freed_memory()  # the same large arrays every token: from the heap, not fresh pages
             from refimpl.cli.compile_report import compile_report
 
-            # run --emulate=ggml on an empty numba cache: a second process compiles the kernels the run meets last
+            # run on an empty numba cache: a second process compiles the kernels the run meets last
             args.compile_ahead = compile_ahead.start(args, child) if args.func is run.cmd_run else None
             try:  # the first run's "compiling kernels …" lines
                 with compile_report(note=compile_ahead.NOTE if args.compile_ahead is not None else ""):

@@ -23,6 +23,7 @@ whose machine code it had not written yet: the next run compiles that kernel aga
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -65,12 +66,20 @@ def kernel_cache_dir(name: str) -> Path:
         return Path(base) / f"{folder.name}_{hashlib.sha1(str(folder).encode()).hexdigest()}"
     shared = os.environ.get("REFIMPL_KERNEL_CACHE")
     if shared:
-        digest = hashlib.sha256()
-        for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
-            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-        version = f"numba{importlib.metadata.version('numba')}-py{sys.version_info[0]}{sys.version_info[1]}"
-        return Path(shared).expanduser().resolve() / f"{digest.hexdigest()[:16]}-{version}" / name
+        return Path(shared).expanduser().resolve() / _shared_key(package) / name
     return folder / "__pycache__"
+
+
+@functools.cache
+def _shared_key(package: Path) -> str:
+    """``kernels.base.cache.shared_key`` of the ``kernels`` package at ``package``: the hash of its sources (~10 ms:
+    once a process — every ``refimpl run`` asks at start, :func:`spawn`, and again once its flags are parsed,
+    :func:`wanted`), numba's and Python's versions."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    version = f"numba{importlib.metadata.version('numba')}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return f"{digest.hexdigest()[:16]}-{version}"
 
 
 def _switched_on(numerics: str) -> bool:

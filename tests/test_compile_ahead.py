@@ -235,16 +235,20 @@ print(json.dumps({"walked": walked, "then": met[walked:]}))
 '''
 
 
-@pytest.mark.parametrize("numerics", [["--emulate=ggml"], [], ["--emulate"]], ids=["ggml", "plain", "emulate"])
-def test_the_walk_compiles_every_kernel_of_the_run(numerics):
+@pytest.mark.parametrize("numerics, model", [(["--emulate=ggml"], "kjv"), (["--emulate=ggml"], "q4_k_m"), ([], "kjv"),
+                                             (["--emulate"], "kjv")], ids=["ggml", "ggml-q4_k_m", "plain", "emulate"])
+def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, make_fixture):
     """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
     prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the trunk or the
-    graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's."""
+    graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's; the ggml
+    graph also on a Q4_K_M file, whose decode takes the column layout's kernels (one per weight kind and threading:
+    kernels.ggml.columns) beside builtin:kjv's Q8_0 rows."""
     if numerics == ["--emulate=ggml"]:
         require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
     import json
 
-    argv = ["run", str(TRAINED_PATH), *numerics, "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
+    path = TRAINED_PATH if model == "kjv" else make_fixture("tiny", model)
+    argv = ["run", str(path), *numerics, "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
     done = subprocess.run([sys.executable, "-c", _WALK_THEN_RUN, json.dumps(argv)], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr

@@ -43,10 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numba import prange
+from numba import literally, prange
 
 from kernels.base.block import QT
-from kernels.base.flags import SERIAL_BELOW, jit, read_only
+from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
 from kernels.ggml.columns_k import KQ_KIND, lay_k, tile_k
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
@@ -63,6 +63,9 @@ REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repac
 NIBBLE_KIND = {t: 6 + i for i, t in enumerate(B32_NIBBLE_TYPES)}
 PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
 KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with an x86 kernel on the column layout
+#: each formula's name, the suffix of its kernels (``cols_mul_mat_q6_k``: the compile report, the cache's files)
+KIND_NAME = {1: "b32", 2: "q4_k_repacked", **{k: t.name.lower() for t, k in PLAIN_KIND.items()},
+             **{k: f"{t.name.lower()}_codes" for t, k in NIBBLE_KIND.items()}}
 #: the types with a column layout: :data:`KIND`'s, and Q8_0 (its values as they are: the AArch64 1-row vec_dot's lanes,
 #: :mod:`kernels.ggml.columns_arm`; no x86 kernel takes it)
 LAID_OUT = frozenset(KIND) | {QT.Q8_0}
@@ -227,6 +230,7 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (2:
     :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
     float32."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     if kind >= 6:
         tile_b32(kind - 6, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc)
         return
@@ -254,6 +258,7 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
 @jit()
 def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc):
     """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     c = max(c0, TILE * t)
     nc = min(c1, TILE * t + TILE) - c
     _tile(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out, c - c0,
@@ -268,6 +273,7 @@ def _scratch():
 @jit(parallel=True)
 def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out):
     """Every tile of ``[c0, c1)``, split between threads (each output is one thread's, computed in one order)."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     t0 = c0 // TILE
     for i in prange((c1 - 1) // TILE - t0 + 1):
         dots, acc = _scratch()
@@ -275,15 +281,12 @@ def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, row
 
 
 @jit()
-def _run(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out, parallel):
-    """Outputs ``[c0, c1)`` of one matrix (``q`` (N/TILE, K/2, 2·TILE) …) for activation rows ``rows`` into
-    ``out[orow[i], c - c0]``: tile by tile, on the calling thread or split between threads."""
-    if parallel:
-        _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out)
-    else:
-        dots, acc = _scratch()
-        for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
-            _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
+def _tiles(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out):
+    """:func:`_tiles_parallel` on the calling thread."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
+    dots, acc = _scratch()
+    for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
+        _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
 
 
 @jit()
@@ -294,6 +297,7 @@ def _inputs(kind, x, g):
     ``ggml_quantize_mat_q8_K_4x8`` (the gemm's), the rest by ``from_float`` = ``quantize_row_q8_K_ref``; kinds 3-5
     (a plain buffer's K-quants): every row by ``quantize_row_q8_K_ref``, ``ys`` the sums per 32 values (Q4_K, Q5_K)
     or per 16 (Q6_K), rows ``t < g`` the tiled kernel's."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     T, K = x.shape
     gemm = np.zeros(T, np.bool_)
     gemm[:g] = True
@@ -319,21 +323,36 @@ def _block_sums(xq):
     return s
 
 
-@jit()
-def cols_mul_mat(kind, q, d, dmin, sc, mn, c0, c1, x, g, out):
-    """``mul_mat`` in one compiled call: ``x`` (T, K) float32 quantized (:func:`_inputs`, rows ``t < g`` the gemm's),
-    then columns ``[c0, c1)`` of one matrix; out (T, c1 - c0)."""
-    y, yd, ys, m128, gemm = _inputs(kind, x, g)
-    rows = np.arange(x.shape[0])
-    _run(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, out,
-         x.shape[0] * (c1 - c0) * x.shape[1] >= SERIAL_BELOW)
+@per_type
+def _mul_mat_for(kind, parallel):
+    """``mul_mat`` in one compiled call, for one formula ``kind`` (:data:`KIND`): ``x`` (T, K) float32 quantized
+    (:func:`_inputs`, rows ``t < g`` the gemm's), then columns ``[c0, c1)`` of one matrix, tile by tile, split
+    between threads or (``parallel`` False) on the calling thread; out (T, c1 - c0).
+
+    ``kind`` and ``parallel`` are constants of the kernel, and every helper takes ``kind`` as a literal
+    (``literally``): each kind compiles its own formula's code and nothing else. With ``kind`` an argument, one
+    signature held every kind's code — ~50 s of a Q4_K_M file's first run (real2, *Zen 3*) in one kernel, which only
+    one process could compile. (A kernel called from Python with ``literally`` re-dispatches on every call; built
+    per kind, it does not.)"""
+
+    @jit(variant=KIND_NAME[kind] + ("" if parallel else "_serial"))
+    def cols_mul_mat(q, d, dmin, sc, mn, c0, c1, x, g, out):
+        y, yd, ys, m128, gemm = _inputs(kind, x, g)
+        rows = np.arange(x.shape[0])  # (T,)
+        if parallel:
+            _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, out)
+        else:
+            _tiles(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, out)
+
+    return cols_mul_mat
 
 
 @jit()
 def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bounds, experts, arow, out, g, dots, acc):
-    """Tile ``t`` of expert group ``g`` of a ``mul_mat_id`` (:func:`cols_mul_mat_id`): the group's rows (their slots'
+    """Tile ``t`` of expert group ``g`` of a ``mul_mat_id`` (:func:`_mul_mat_id_for`): the group's rows (their slots'
     activation rows) against its expert's columns; kinds 3-5 take the tiled kernel when the group has
     :data:`TILED_MIN_ROWS` rows (``gemm`` is scratch for that flag, one per activation row, (T,))."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     e = experts[g]
     orow = order[bounds[g]:bounds[g + 1]]
     rows = np.empty(orow.shape[0], np.int64)
@@ -348,6 +367,7 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bo
 def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out):
     """Every (expert group, tile) of a ``mul_mat_id`` split between threads in one parallel region (not one region per
     group: each opens and joins the threads). Each output is one work item's, computed in one order."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     t0 = c0 // TILE
     nt = (c1 - 1) // TILE - t0 + 1
     for w in prange(experts.shape[0] * nt):
@@ -360,6 +380,7 @@ def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, or
 @jit()
 def _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out):
     """:func:`_groups_parallel` on the calling thread."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
     dots, acc = _scratch()
     for g in range(experts.shape[0]):
         for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
@@ -367,17 +388,24 @@ def _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, boun
                    dots, acc)
 
 
-def cols_mul_mat_id(kind, q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
-    """``mul_mat_id``: ``x`` (T·n_x, K) every row through ``from_float``, the slots of ``ids`` (T, n_used) grouped by
-    expert (:func:`slot_groups`, as ggml groups them), each group's rows against its expert's columns — a gemv per row
-    (``forward_mul_mat_id``), or for kinds 3-5 vec_dot (the tiled kernel when the group has :data:`TILED_MIN_ROWS`
-    rows); out (T·n_used, c1 - c0). Two compiled calls; the (group, tile) items split between threads above
-    ``SERIAL_BELOW`` multiply-adds (a decode step's 8 experts as much as a prompt's 256)."""
-    y, yd, ys, m128, gemm = _inputs(kind, x, 0)
-    order, bounds, experts, arow = slot_groups(ids, n_x)
-    parallel = ids.size * (c1 - c0) * x.shape[1] >= SERIAL_BELOW
-    (_groups_parallel if parallel else _groups)(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds,
-                                                experts, arow, out)
+@per_type
+def _mul_mat_id_for(kind, parallel):
+    """``mul_mat_id`` in one compiled call, for one formula ``kind`` (as :func:`_mul_mat_for`): ``x`` (T·n_x, K)
+    every row through ``from_float``, the slots of ``ids`` (T, n_used) grouped by expert (:func:`slot_groups`, as
+    ggml groups them), each group's rows against its expert's columns — a gemv per row (``forward_mul_mat_id``), or
+    for kinds 3-5 vec_dot (the tiled kernel when the group has :data:`TILED_MIN_ROWS` rows); out (T·n_used, c1 -
+    c0). The (group, tile) items split between threads, or (``parallel`` False) run on the calling thread."""
+
+    @jit(variant=KIND_NAME[kind] + ("" if parallel else "_serial"))
+    def cols_mul_mat_id(q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
+        y, yd, ys, m128, gemm = _inputs(kind, x, 0)
+        order, bounds, experts, arow = slot_groups(ids, n_x)
+        if parallel:
+            _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out)
+        else:
+            _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out)
+
+    return cols_mul_mat_id
 
 
 def kind_for(qtype, repacked: bool):
@@ -404,8 +432,9 @@ def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndar
         raise ValueError(f"column layout of (E={cols.q.shape[0]}, K={cols.K}): not one matrix of K={K}")
     out = np.empty((T, cols.n_cols), F32)
     g = (T if T >= TILED_MIN_ROWS else 0) if 3 <= kind <= 5 else T - T % 4  # the rows taking the tiled kernel / the gemm
-    cols_mul_mat(kind, cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0, cols.c0 + cols.n_cols, x,
-                 g, out)
+    parallel = T * cols.n_cols * K >= SERIAL_BELOW  # small products on the calling thread
+    _mul_mat_for(kind, parallel)(cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0,
+                                 cols.c0 + cols.n_cols, x, g, out)
     return out
 
 
@@ -428,8 +457,10 @@ def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: 
     K) C-contiguous float32, ``ids`` (T, n_used) int32 in range."""
     T, n_x, K = x.shape
     out = np.empty((T, ids.shape[1], cols.n_cols), F32)
-    cols_mul_mat_id(_kind(cols, repacked), cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0, cols.c0 + cols.n_cols,
-                    x.reshape(T * n_x, K), ids, n_x, out.reshape(T * ids.shape[1], -1))
+    parallel = ids.size * cols.n_cols * K >= SERIAL_BELOW  # a decode step's 8 experts as much as a prompt's 256
+    _mul_mat_id_for(_kind(cols, repacked), parallel)(cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0,
+                                                     cols.c0 + cols.n_cols, x.reshape(T * n_x, K), ids, n_x,
+                                                     out.reshape(T * ids.shape[1], -1))
     return out
 
 

@@ -4,11 +4,13 @@ compiles ~20 kernels one after the other, in the order :func:`refimpl.graph.trun
 embedding, the norm, the projections (one Q8_0 kernel serves them all), the delta net's conv and fused op, the
 FFN's router, softmax, top-k and experts, the shared expert's F32 gate, attention's RoPE, cache write and
 ``build_attn_mha``, the LM head. The other process takes them from the other end, each step's own op on stand-in
-inputs (no projection before it, which the run compiles first): the fused delta net, ``build_attn_mha``'s core,
-then the FFN backwards — the shared expert's gate, ``ggml_sum_rows``, the top-k, the softmax — and last the whole
-blocks, for anything those missed. Where both need one kernel, one compiles it and the other waits and loads it
-(kernels/base/cache.py ``_lock_compiles``). On *EPYC*, builtin:kjv, the two meet after ~8 s of compiling each
-(docs/performance.md, "First run").
+inputs (no projection before it, which the run compiles first): the fused delta net, the LM head (a Q4_K_M file's
+Q6_K column kernel, ~13 s, is the run's last), ``build_attn_mha``'s core, then the FFN backwards — the shared
+expert's gate, ``ggml_sum_rows``, the top-k, the softmax — each step skipped while the run is compiling a kernel it
+calls (``kernels.base.cache.skip_busy``: builtin:kjv's head is the projections' Q8_0 kernel); and last the whole
+blocks, one layer of each kind the weights make (a Q4_K_M file's ``ffn_down_exps`` is Q6_K in some layers), for
+anything those skipped or missed. Where both need one kernel, one compiles it and the other waits and loads it
+(kernels/base/cache.py ``_lock_compiles``). docs/performance.md, "First run".
 
 Stand-ins have the run's shapes and types (what numba compiles for): small normal values, the state a fresh
 sequence starts from, the run's ``Ctx``. Their numbers are thrown away; the run's own never depend on this walk
@@ -18,13 +20,18 @@ the walk meets every kernel the run calls.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from kernels.base.cache import KernelBusy, skip_busy
 from kernels.ggml import mulmat_q8, rows, vecmath
 from refimpl.graph.attention import build_attn, build_layer_attn, rope
 from refimpl.graph.deltanet import build_layer_attn_linear, gated_delta_net, key_heads
 from refimpl.graph.moe import build_layer_ffn, shared_gate_logits
 from refimpl.graph.ops import F32, get_rows, mul_mat, output_rows, rms_norm_w, sigmoid, soft_max
+from refimpl.io.streamer import StreamedExperts
+from refimpl.io.weights import Matrix
 
 
 def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
@@ -38,34 +45,75 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
     positions = state.n_past + np.arange(T, dtype=np.int32)  # [T]
     attn = [il for il in range(c.n_layer) if not c.is_recurrent[il]]
     linear = [il for il in range(c.n_layer) if c.is_recurrent[il]]
+    ffn = w.layers[-1].ffn
+
+    def fused_delta_net():  # build_layer_attn_linear's fused op (the conv window: the state's rows and T stand-in rows)
+        il, Hk, Hv, S = linear[0], c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
+        st = state.layers[il]
+        window = np.concatenate([st.conv, normal(T, st.conv.shape[1])])  # [Kc−1+T, C]
+        beta = (0.5 + np.abs(normal(T, Hv))).astype(F32)  # [T, Hv]: a stand-in in (0, 1), not the sigmoid's kernel
+        g = -np.abs(normal(T, Hv))  # [T, Hv]: a decay, ≤ 0
+        gated_delta_net(normal(T, Hk, S), normal(T, Hk, S), normal(T, Hv, S), g, beta, key_heads(c), window, st, il,
+                        ctx, state.n_rs_seq + 1, c.ssm_d_conv)  # [T, Hv, S]
+
+    def attention_core():  # build_layer_attn's RoPE, cache write and build_attn_mha
+        il, H, Hkv, D = attn[0], c.n_head, c.n_head_kv, c.head_dim
+        q, k = rope(normal(T, H, D), normal(T, Hkv, D), positions, c.n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]
+        build_attn(q, k, normal(T, Hkv, D), positions, state.layers[il], c, ctx)  # [T, H, D]
+
+    def router():  # build_moe_ffn backwards: the weights' sum, the top-k, the softmax, the router
+        vecmath.sum_rows(np.abs(normal(T, c.n_expert_used)), ctx.ggml)  # [T, 1]
+        rows.argsort_desc(normal(T, c.n_expert))  # [T, X]
+        soft_max(normal(T, c.n_expert), ctx)  # [T, X]
+        mul_mat(ffn.ffn_gate_inp, x, ctx)  # [T, X]
+
+    steps = [fused_delta_net] if linear else []
+    steps.append(lambda: output_rows(w.output, x, outputs, ctx))  # [T or 1, V]: the LM head (a Q4_K_M file's: Q6_K)
+    if c.n_expert:  # mul_mat_id's grouping of the rows by expert (the run meets it after layer 0's mixer)
+        steps.append(lambda: mulmat_q8.slot_groups(np.zeros((T, c.n_expert_used), np.int32), np.int64(1)))
+    if attn:
+        steps.append(attention_core)
+    if getattr(ffn, "ffn_gate_inp_shexp", None) is not None:  # the shared expert's gate
+        steps.append(lambda: sigmoid(shared_gate_logits(ffn, x, ctx), ctx))  # [T]
+    if c.n_expert:
+        steps.append(router)
     with model.stream_phase("prompt" if T > 1 else "decode", positions):
-        if linear:  # build_layer_attn_linear's fused op (the conv window: the state's rows and T stand-in rows)
-            il, Hk, Hv, S = linear[0], c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state
-            st = state.layers[il]
-            window = np.concatenate([st.conv, normal(T, st.conv.shape[1])])  # [Kc−1+T, C]
-            beta = (0.5 + np.abs(normal(T, Hv))).astype(F32)  # [T, Hv]: a stand-in in (0, 1), not the sigmoid's kernel
-            g = -np.abs(normal(T, Hv))  # [T, Hv]: a decay, ≤ 0
-            gated_delta_net(normal(T, Hk, S), normal(T, Hk, S), normal(T, Hv, S), g, beta, key_heads(c), window, st, il,
-                            ctx, state.n_rs_seq + 1, c.ssm_d_conv)  # [T, Hv, S]
-        if c.n_expert:  # mul_mat_id's grouping of the rows by expert (the run meets it after layer 0's mixer)
-            mulmat_q8.slot_groups(np.zeros((T, c.n_expert_used), np.int32), np.int64(1))
-        if attn:  # build_layer_attn's RoPE, cache write and build_attn_mha
-            il, H, Hkv, D = attn[0], c.n_head, c.n_head_kv, c.head_dim
-            q, k = rope(normal(T, H, D), normal(T, Hkv, D), positions, c.n_rot, c, ctx)  # [T, H, D], [T, Hkv, D]
-            build_attn(q, k, normal(T, Hkv, D), positions, state.layers[il], c, ctx)  # [T, H, D]
-        ffn = w.layers[-1].ffn
-        if getattr(ffn, "ffn_gate_inp_shexp", None) is not None:  # build_moe_ffn backwards: the shared expert's gate
-            sigmoid(shared_gate_logits(ffn, x, ctx), ctx)  # [T]
-        if c.n_expert:  # the weights' sum, the top-k, the softmax, the router
-            vecmath.sum_rows(np.abs(normal(T, c.n_expert_used)), ctx.ggml)  # [T, 1]
-            rows.argsort_desc(normal(T, c.n_expert))  # [T, X]
-            soft_max(normal(T, c.n_expert), ctx)  # [T, X]
-            mul_mat(ffn.ffn_gate_inp, x, ctx)  # [T, X]
-        build_layer_ffn(ffn, c, x, c.n_layer - 1, ctx)  # [T, E]: the whole blocks, for anything missed
-        if attn:
-            build_layer_attn(w.layers[attn[0]].mixer, c, x, positions, state.layers[attn[0]], attn[0], ctx)  # [T, E]
+        with skip_busy():
+            for step in steps:
+                try:
+                    step()
+                except KernelBusy:  # the run is compiling one of its kernels now: the blocks below load it
+                    pass
+        # the whole blocks, for anything skipped or missed: one layer of each kind of block its weights make
+        for il in _distinct(w.layers, "ffn", range(c.n_layer - 1, -1, -1)):
+            build_layer_ffn(w.layers[il].ffn, c, x, il, ctx)  # [T, E]
+        for il in _distinct(w.layers, "mixer", attn):
+            build_layer_attn(w.layers[il].mixer, c, x, positions, state.layers[il], il, ctx)  # [T, E]
         output_rows(w.output, rms_norm_w(x, w.output_norm, c.rms_eps, ctx), outputs, ctx)  # [T or 1, V]
-        if linear:
-            build_layer_attn_linear(w.layers[linear[0]].mixer, c, x, state.layers[linear[0]], linear[0], ctx,
-                                    keep=state.n_rs_seq + 1)  # [T, E]
+        for il in _distinct(w.layers, "mixer", linear):
+            build_layer_attn_linear(w.layers[il].mixer, c, x, state.layers[il], il, ctx, keep=state.n_rs_seq + 1)  # [T, E]
         get_rows(w.token_embd, np.zeros(T, np.int64), ctx)  # [T, E]
+
+
+def _distinct(layers, part: str, order) -> list[int]:
+    """The layers of ``order`` whose ``part`` ("ffn", "mixer") differs from every earlier one's in what its kernels are
+    compiled for (:func:`_kinds`): a Q4_K_M file's ``ffn_down_exps`` is Q6_K in some layers, Q4_K in the others."""
+    seen, out = set(), []
+    for il in order:
+        key = _kinds(getattr(layers[il], part))
+        if key not in seen:
+            seen.add(key)
+            out.append(il)
+    return out
+
+
+def _kinds(obj):
+    """What a block's weights make its kernels compiled for: each matrix's type, shape and layout (stored rows or
+    ``kernels.ggml.columns``), through the block's records and its streamed experts' tensors."""
+    if isinstance(obj, Matrix):
+        return obj.qtype, obj.shape, obj.cols is None
+    if isinstance(obj, StreamedExperts):
+        return tuple((t.kind, t.qtype, t.shape) for t in obj.streamer.tensors[obj.il])
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return type(obj).__name__, tuple(_kinds(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return None

@@ -122,6 +122,14 @@ def test_quad_dots_are_their_definitions(qtype):
                 columns_k.lanes_rows16(got, 5, q, c, ys, rows, sc, bss, d, yd, form, level)
                 columns_k.lanes_rows_def(want, 5, q, c, 16, ys, rows, sc, bss, d, yd, form)
                 assert np.array_equal(bits(got), bits(want)), (level, c)
+                if form == 1:  # Q6_K's codes in 6 bits (columns_k.pack6), decoded in the vector step
+                    six = columns_k.pack6(q)
+                    back = np.empty_like(q)
+                    columns_k.unpack6(six, back)
+                    assert six.shape == (q.shape[0] * 3 // 4, 64) and np.array_equal(back, q)
+                    got = acc.copy()
+                    columns_k.lanes_rows16_six(got, 5, six, c, ys, rows, sc, bss, d, yd, level)
+                    assert np.array_equal(bits(got), bits(want)), (level, c, "six-bit")
 
     def code(qr, i):  # value 4·qr + i of the sub-tile's first column: Q4_K's nibbles by group, the bytes by lane
         if form == 2:
@@ -177,17 +185,18 @@ def test_plain_buffer_mul_mat_equals_stored_rows(qtype):
         w = weight_bytes(qtype, N, K, rng)
         w[3, d_at:d_at + 2] = np.array([0x7C00], np.uint16).view(np.uint8)  # d = +inf: inf·0 lanes, ±inf
         w[5, d_at:d_at + 2] = np.array([0x7E00], np.uint16).view(np.uint8)  # d = NaN
-        cols = columns.layout(w, qtype)
-        assert cols.n_cols == N and cols.K == K
-        for T in (1, 2, 7, 8, 9):  # vec_dot; the tiled kernel (the special activation rows at 9)
-            x = acts(rng, T, K)
-            want = mulmat.mul_mat(w, qtype, x, "avx512", repack=False)
-            assert mulmat.kernel_for(qtype, "avx512", T, N, K) == ("tiled" if T >= 8 else "vec_dot")
-            assert np.array_equal(bits(columns.mul_mat_cols(cols, x, repacked=False)), bits(want)), (N, K, T)
-            assert np.array_equal(bits(mulmat.mul_mat(w, qtype, x, "avx512", repack=False, cols=cols)), bits(want))
-            for start, stop in ((8, 24), (60, 136 if N == 136 else 64)):
-                got = columns.mul_mat_cols(cols.columns(start, stop), x, repacked=False)
-                assert np.array_equal(bits(got), bits(want[:, start:stop])), (start, stop, T)
+        layouts = [columns.layout(w, qtype)] + ([columns.layout(w, qtype, sixbit=True)] if qtype == QT.Q6_K else [])
+        for cols in layouts:  # Q6_K: its codes a byte each, and in 6 bits (whole sub-tiles decoded in the vector step)
+            assert cols.n_cols == N and cols.K == K
+            for T in (1, 2, 7, 8, 9):  # vec_dot; the tiled kernel (the special activation rows at 9)
+                x = acts(rng, T, K)
+                want = mulmat.mul_mat(w, qtype, x, "avx512", repack=False)
+                assert mulmat.kernel_for(qtype, "avx512", T, N, K) == ("tiled" if T >= 8 else "vec_dot")
+                assert np.array_equal(bits(columns.mul_mat_cols(cols, x, repacked=False)), bits(want)), (N, K, T)
+                assert np.array_equal(bits(mulmat.mul_mat(w, qtype, x, "avx512", repack=False, cols=cols)), bits(want))
+                for start, stop in ((8, 24), (16, 48), (60, 136 if N == 136 else 64)):  # part of a sub-tile, whole ones
+                    got = columns.mul_mat_cols(cols.columns(start, stop), x, repacked=False)
+                    assert np.array_equal(bits(got), bits(want[:, start:stop])), (start, stop, T, cols.sixbit)
 
 
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
@@ -197,17 +206,18 @@ def test_plain_buffer_mul_mat_id_equals_stored_rows(qtype):
     rng = np.random.default_rng(300 + int(qtype))
     E, N, K = 4, 80, 256
     w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(E)])
-    cols = columns.layout(w, qtype)
-    for T, n_x, n_used in ((1, 1, 2), (3, 2, 2), (12, 1, 2)):
-        x = acts(rng, T * n_x, K).reshape(T, n_x, K)
-        ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
-        if T == 12:
-            ids[:, 0] = 0  # expert 0: 12 rows (tiled); the others fewer than 8 (vec_dot)
-            ids[:, 1] = 1 + np.arange(T) % 3
-        want = mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=False)
-        assert np.array_equal(bits(mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=False, cols=cols)), bits(want))
-        half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids, repacked=False)  # a fused gate_up's up rows
-        assert np.array_equal(bits(half), bits(want[..., 40:80])), T
+    for cols in [columns.layout(w, qtype)] + ([columns.layout(w, qtype, sixbit=True)] if qtype == QT.Q6_K else []):
+        for T, n_x, n_used in ((1, 1, 2), (3, 2, 2), (12, 1, 2)):
+            x = acts(rng, T * n_x, K).reshape(T, n_x, K)
+            ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
+            if T == 12:
+                ids[:, 0] = 0  # expert 0: 12 rows (tiled); the others fewer than 8 (vec_dot)
+                ids[:, 1] = 1 + np.arange(T) % 3
+            want = mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=False)
+            got = mulmat.mul_mat_id(w, qtype, x, ids, "avx512", repack=False, cols=cols)
+            assert np.array_equal(bits(got), bits(want)), (T, cols.sixbit)
+            half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids, repacked=False)  # a fused gate_up's up rows
+            assert np.array_equal(bits(half), bits(want[..., 40:80])), (T, cols.sixbit)
 
 
 @pytest.mark.parametrize("qtype,nibbles", LAYOUTS, ids=LAYOUT_IDS)
@@ -275,9 +285,10 @@ def test_thread_count_changes_no_bit():
     rng = np.random.default_rng(11)
     before = numba.get_num_threads()
     try:
-        for qtype, repacked in ((QT.Q6_K, False), (QT.Q5_K, False), (QT.Q4_K, True)):
+        for qtype, repacked, six in ((QT.Q6_K, False, False), (QT.Q6_K, False, True), (QT.Q5_K, False, False),
+                                     (QT.Q4_K, True, False)):
             w = weight_bytes(qtype, 200, 1536, rng)  # 4 tiles, the last partial; parallel from one row
-            cols = columns.layout(w, qtype)
+            cols = columns.layout(w, qtype, sixbit=six)
             for T in (1, 4, 8):
                 x = acts(rng, T, 1536)
                 outs = []
@@ -286,7 +297,7 @@ def test_thread_count_changes_no_bit():
                     outs.append(bits(columns.mul_mat_cols(cols, x, repacked)))
                 assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (qtype.name, T)
             stack = np.stack([w, weight_bytes(qtype, 200, 1536, rng), w])  # mul_mat_id: (group, tile) items
-            cols = columns.layout(stack, qtype)
+            cols = columns.layout(stack, qtype, sixbit=six)
             ids = np.array([[0, 1], [1, 2], [1, 0]] * 4, np.int32)  # 12 tokens: expert 1 in 12 rows (tiled), 0 and 2 not
             x = acts(rng, 12, 1536).reshape(12, 1, 1536)
             outs = []
@@ -330,6 +341,7 @@ def test_the_model_is_laid_out_where_the_kernels_are():
     assert laid.packed_bytes > 0 and ffn.experts.down_exps.cols is not None and ffn.ffn_up_shexp.cols is not None
     assert laid.weights.layers[0].mixer.attn_qkv.cols is None  # Q8_0: its vec_dot reads the stored rows
     assert laid.weights.output.qtype == QT.Q6_K and laid.weights.output.cols is not None  # vec_dot, laid out
+    assert laid.weights.output.cols.sixbit == columns.sixbit_fast()  # in 6 bits where that is the faster
     plain = load_model(path, pack=True, ggml=("avx512", False))
     assert 0 < plain.packed_bytes and plain.weights.layers[0].ffn.experts.down_exps.cols.qtype == QT.Q4_K
 
@@ -343,8 +355,11 @@ def test_interpreted_kernels_give_the_same_bits(tmp_path):
         w = weight_bytes(qtype, 40, 256, rng)
         x = acts(rng, T, 256)
         cases[qtype.name] = (w, x, columns.mul_mat_cols(columns.layout(w, qtype), x, repacked))
+    w, x = weight_bytes(QT.Q6_K, 40, 256, rng), acts(rng, 2, 256)  # Q6_K's six-bit codes: whole sub-tiles and a tail
+    cases["six"] = (w, x, columns.mul_mat_cols(columns.layout(w, QT.Q6_K, sixbit=True), x, False))
     assert_interpreted(tmp_path, cases, "from kernels.ggml import columns; "
-                       "np.savez('out.npz', **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
+                       "np.savez('out.npz', six=columns.mul_mat_cols(columns.layout(z['six_0'], QT.Q6_K, sixbit=True), "
+                       "z['six_1'], False), **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
                        "z[n + '_1'], n in ('Q4_K', 'MXFP4')) for n in ('Q4_K', 'MXFP4', 'Q6_K', 'Q5_K')})", 600)
 
 

@@ -30,8 +30,10 @@ k % 2]``, two neighbouring values side by side (:func:`kernels.ggml.simd.cols_do
 K/32 or K/256, N) float32 (the K-quants' scales and mins (E, K/32 or K/16, N) uint8: Q6_K's int8 scales as their
 bytes), and the column range ``[c0, c1)`` a product
 reads (a fused gate_up tensor's gate or up rows), stored tile by tile (:data:`TILE` outputs in one piece, so a
-tile's weights are read in one stream). Bytes: ~1.1–1.2 × the stored matrix (Q4_K, and the 32-value types as codes),
-~1.3–1.6 × (Q5_K, Q6_K), ~2.1 × (the 32-value types as values).
+tile's weights are read in one stream). Q6_K's codes can be stored in 6 bits instead of a byte each (``sixbit``:
+:func:`kernels.ggml.columns_k.pack6`, decoded in the vector step where :func:`sixbit_fast`). Bytes: ~1.1–1.2 × the
+stored matrix (Q4_K, and the 32-value types as codes), ~1.0 × (Q6_K in 6 bits), ~1.3–1.6 × (Q5_K, Q6_K's bytes),
+~2.1 × (the 32-value types as values).
 
 Q8_0 has no x86 kernel here: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
 in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block). Its
@@ -47,7 +49,8 @@ from numba import literally, prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
-from kernels.ggml.columns_k import KQ_KIND, lay_k, tile_k
+from kernels.ggml.columns_ir import LEVEL
+from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, tile_k, tile_q6_sixbit, unpack6
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
@@ -64,8 +67,10 @@ NIBBLE_KIND = {t: 6 + i for i, t in enumerate(B32_NIBBLE_TYPES)}
 PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
 KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with an x86 kernel on the column layout
 #: each formula's name, the suffix of its kernels (``cols_mul_mat_q6_k``: the compile report, the cache's files)
+SIXBIT_KIND = 9  # Q6_K's formula (kind 5) on its codes in 6 bits (:func:`pack6`)
+K_KINDS = (3, 4, 5, SIXBIT_KIND)  # a plain buffer's K-quants: vec_dot, or the tiled kernel from TILED_MIN_ROWS rows
 KIND_NAME = {1: "b32", 2: "q4_k_repacked", **{k: t.name.lower() for t, k in PLAIN_KIND.items()},
-             **{k: f"{t.name.lower()}_codes" for t, k in NIBBLE_KIND.items()}}
+             **{k: f"{t.name.lower()}_codes" for t, k in NIBBLE_KIND.items()}, SIXBIT_KIND: "q6_k_sixbit"}
 #: the types with a column layout: :data:`KIND`'s, and Q8_0 (its values as they are: the AArch64 1-row vec_dot's lanes,
 #: :mod:`kernels.ggml.columns_arm`; no x86 kernel takes it)
 LAID_OUT = frozenset(KIND) | {QT.Q8_0}
@@ -90,6 +95,7 @@ class Columns:
     c0: int = 0
     c1: int | None = None  # None: every column
     nibbles: bool = False  # Q4_0 / IQ4_NL / MXFP4: ``q`` (E, N/TILE, K/2, 64) their codes (kernels.ggml.columns_b32)
+    sixbit: bool = False  # Q6_K: ``q`` (E, N/TILE, 3K/4, 64) uint8, its codes in 6 bits (:func:`pack6`)
 
     @property
     def n_cols(self) -> int:
@@ -97,6 +103,8 @@ class Columns:
 
     @property
     def K(self) -> int:
+        if self.sixbit:  # 4 codes in 3 bytes
+            return self.q.shape[2] * 4 // 3
         return self.q.shape[2] * self.q.shape[3] // TILE * (2 if self.qtype == QT.Q4_K or self.nibbles else 1)  # 2 codes a byte
 
     def columns(self, start: int, stop: int) -> "Columns":
@@ -132,11 +140,12 @@ def _lay_q4_b32(w, hdr, lut, tab, per, q, d):
                     q[k // per, per * c + k % per] = lut[code] if per == 2 else code
 
 
-def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
+def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = False) -> Columns:
     """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
     expert matrices, of a type in :data:`KIND`. ``nibbles``: Q4_0, IQ4_NL and MXFP4 as their 4-bit codes (the x86
     kernels of :mod:`kernels.ggml.columns_b32`, half the bytes; ``columns_b32.fast`` says where they are fast),
-    not their values in pairs (every path's kernels)."""
+    not their values in pairs (every path's kernels). ``sixbit``: Q6_K's codes in 6 bits, not a byte each
+    (:func:`pack6`; the x86 kernels, where :func:`sixbit_fast` says)."""
     from kernels.ggml.repack import _TYPES
 
     qtype = QT(qtype)
@@ -185,8 +194,11 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False) -> Columns:
             a = a.reshape(*a.shape[:3], -1, 8, 8, 64).swapaxes(-3, -2)
         return np.ascontiguousarray(a).reshape(E, nt, -1, 64)
 
-    laid = pack_nibbles(tiled(q, 4)) if nibbles else quads(q) if per == 4 else tiled(q, 2)
-    return Columns(qtype, laid, tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N, nibbles=nibbles)
+    sixbit = sixbit and qtype == QT.Q6_K
+    laid = pack_nibbles(tiled(q, 4)) if nibbles else pack6(quads(q)) if sixbit else quads(q) if per == 4 else tiled(q, 2)
+    return Columns(qtype, laid, tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N, nibbles=nibbles,
+                   sixbit=sixbit)
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +243,14 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
     float32."""
     literally(kind)  # compiled per kind (_mul_mat_for)
+    if kind == SIXBIT_KIND:  # Q6_K's formula on its six-bit codes
+        if c % 16 == 0 and nc % 16 == 0 and not _any_of(gemm, rows):  # decoded in the vector step
+            tile_q6_sixbit(q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc)
+        else:  # the tiled kernel's rows, or a part of a sub-tile: from the tile's byte codes
+            codes = np.empty((q.shape[0] * 4 // 3, q.shape[1]), np.int8)  # (K, 64)
+            unpack6(q, codes)
+            tile_k(5, codes, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
+        return
     if kind >= 6:
         tile_b32(kind - 6, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc)
         return
@@ -253,6 +273,15 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
                 acc[j] = fma32(F32(dots[j]), F32(d[b, c + j] * yd[r, b]), acc[j])
         for j in range(nc):
             out[o, oc + j] = acc[j]
+
+
+@jit()
+def _any_of(flags, rows):
+    """Whether ``flags[r]`` holds for a row ``r`` of ``rows``."""
+    for i in range(rows.shape[0]):
+        if flags[rows[i]]:
+            return True
+    return False
 
 
 @jit()
@@ -301,9 +330,9 @@ def _inputs(kind, x, g):
     T, K = x.shape
     gemm = np.zeros(T, np.bool_)
     gemm[:g] = True
-    if 3 <= kind <= 5:
+    if 3 <= kind <= 5 or kind == SIXBIT_KIND:
         yq, yd, ys32, ys16 = q8_k_inputs(x)
-        return yq, yd, ys16 if kind == 5 else ys32, np.zeros((T, 0), np.bool_), gemm
+        return yq, yd, ys32 if kind <= 4 else ys16, np.zeros((T, 0), np.bool_), gemm
     if kind == 2:
         yq, yd, bs = q8_k_mat_inputs(x, g)
         return yq, yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
@@ -358,7 +387,7 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bo
     rows = np.empty(orow.shape[0], np.int64)
     for i in range(orow.shape[0]):
         rows[i] = arow[orow[i]]
-    if 3 <= kind <= 5:
+    if 3 <= kind <= 5 or kind == SIXBIT_KIND:
         gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
     _chunk(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
 
@@ -408,6 +437,14 @@ def _mul_mat_id_for(kind, parallel):
     return cols_mul_mat_id
 
 
+def sixbit_fast() -> bool:
+    """Whether Q6_K's six-bit codes (:func:`layout` ``sixbit``) multiply faster here than its bytes: with AVX512-VNNI
+    (:data:`kernels.ggml.columns_ir.LEVEL` 2), where a lane's codes are decoded in registers that hold them for all
+    rows. real2's Q6_K head (32768 × 2048), 1 thread, *EPYC* (Zen 4), 2026-12-07: 1 / 4 rows 4.07–4.29 / 7.00 ms ->
+    3.80–3.86 / 6.52 (libggml 2.48–2.74 / 9.54 on the stored rows), 72 -> 56 MB. The bits are the same either way."""
+    return LEVEL == 2
+
+
 def kind_for(qtype, repacked: bool):
     """The formula a product of ``qtype`` weights in the column layout takes (:data:`KIND`): the repacked kernels'
     when llama.cpp repacked the tensor, else the plain buffer's; None: that kernel has no column layout."""
@@ -418,7 +455,7 @@ def _kind(cols: Columns, repacked: bool) -> int:
     kind = kind_for(cols.qtype, repacked)
     if kind is None:
         raise ValueError(f"column layout: {cols.qtype.name} {'repacked' if repacked else 'in a plain buffer'} has no kernel here")
-    return NIBBLE_KIND[cols.qtype] if cols.nibbles else kind
+    return NIBBLE_KIND[cols.qtype] if cols.nibbles else SIXBIT_KIND if cols.sixbit else kind
 
 
 def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndarray:
@@ -431,7 +468,7 @@ def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndar
     if cols.q.shape[0] != 1 or cols.K != K:
         raise ValueError(f"column layout of (E={cols.q.shape[0]}, K={cols.K}): not one matrix of K={K}")
     out = np.empty((T, cols.n_cols), F32)
-    g = (T if T >= TILED_MIN_ROWS else 0) if 3 <= kind <= 5 else T - T % 4  # the rows taking the tiled kernel / the gemm
+    g = (T if T >= TILED_MIN_ROWS else 0) if kind in K_KINDS else T - T % 4  # the rows taking the tiled kernel / the gemm
     parallel = T * cols.n_cols * K >= SERIAL_BELOW  # small products on the calling thread
     _mul_mat_for(kind, parallel)(cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0,
                                  cols.c0 + cols.n_cols, x, g, out)
@@ -464,4 +501,4 @@ def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: 
     return out
 
 
-__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols"]
+__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols", "sixbit_fast"]

@@ -342,6 +342,8 @@ def _check(cols: Columns, path: str, K: int, repacked: bool) -> None:
         raise ValueError(f"column layout: {cols.qtype.name} {where} on {path} has no AArch64 kernel here")
     if cols.K != K:
         raise ValueError(f"column layout of K={cols.K} given for activations of K={K}")
+    if cols.nibbles or cols.sixbit:
+        raise ValueError(f"column layout: {cols.qtype.name}'s packed codes are the x86 kernels'; AArch64's read bytes")
 
 
 def _q8k_fused(path: str, repacked: bool) -> bool:

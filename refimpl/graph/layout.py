@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 
 from kernels.ggml.build import X86_SIMD_PATHS, is_arm64
-from kernels.ggml.columns import kind_for, layout
+from kernels.ggml.columns import kind_for, layout, sixbit_fast
 from kernels.ggml.columns_b32 import fast as codes_fast
 from kernels.ggml.columns_arm import covers
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
@@ -48,9 +48,11 @@ def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     layout (``Matrix.cols``: routed experts included when pinned and ``experts``, as a stack; the embedding table left
     alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once.
     On x86, Q4_0 / IQ4_NL / MXFP4 are laid out as their 4-bit codes where their vector step runs (``columns_b32.fast``:
-    AVX-512 VNNI; AVX2 for Q4_0 and MXFP4); the AArch64 kernels (kernels.ggml.columns_arm) read the values in pairs."""
+    AVX-512 VNNI; AVX2 for Q4_0 and MXFP4), Q6_K as its six-bit codes with AVX-512 VNNI (``columns.sixbit_fast``); the
+    AArch64 kernels (kernels.ggml.columns_arm) read the values in pairs and the bytes."""
     def laid(m):
-        return dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, codes_fast(m.qtype) and not is_arm64(path)))
+        x86 = not is_arm64(path)
+        return dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, codes_fast(m.qtype) and x86, sixbit_fast() and x86))
 
     return map_matrices(obj, lambda m: laid(m) if layout_target(m, path, repack) else m, experts)
 

@@ -66,9 +66,9 @@ REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repac
 NIBBLE_KIND = {t: 6 + i for i, t in enumerate(B32_NIBBLE_TYPES)}
 PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
 KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with an x86 kernel on the column layout
-#: each formula's name, the suffix of its kernels (``cols_mul_mat_q6_k``: the compile report, the cache's files)
 SIXBIT_KIND = 9  # Q6_K's formula (kind 5) on its codes in 6 bits (:func:`pack6`)
 K_KINDS = (3, 4, 5, SIXBIT_KIND)  # a plain buffer's K-quants: vec_dot, or the tiled kernel from TILED_MIN_ROWS rows
+#: each formula's name, the suffix of its kernels (``cols_mul_mat_q6_k``: the compile report, the cache's files)
 KIND_NAME = {1: "b32", 2: "q4_k_repacked", **{k: t.name.lower() for t, k in PLAIN_KIND.items()},
              **{k: f"{t.name.lower()}_codes" for t, k in NIBBLE_KIND.items()}, SIXBIT_KIND: "q6_k_sixbit"}
 #: the types with a column layout: :data:`KIND`'s, and Q8_0 (its values as they are: the AArch64 1-row vec_dot's lanes,
@@ -240,7 +240,8 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     TILE) …) against activation rows ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R,
     K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks holding a -128, ``gemm`` (R,) the rows taking the
     gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (2:
-    :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
+    :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`, 9: Q6_K's six-bit codes,
+    :func:`kernels.ggml.columns_k.tile_q6_sixbit`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
     float32."""
     literally(kind)  # compiled per kind (_mul_mat_for)
     if kind == SIXBIT_KIND:  # Q6_K's formula on its six-bit codes

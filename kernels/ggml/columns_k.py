@@ -58,6 +58,7 @@ def lay_k(kind, w, q, d, dmin, sc, mn, tab):
         for b in range(dmin.shape[0]):
             dmin[b, c] = dminr[b]
 
+
 def pack6(q: np.ndarray) -> np.ndarray:
     """Q6_K's byte codes (…, K, 64) in quad rows (0 … 63 each) -> (…, 3K/4, 64) uint8: rows ``[0, K/2)`` the low 4
     bits of quad rows ``2r`` (low nibble) and ``2r + 1`` (high nibble), rows ``[K/2, 3K/4)`` the high 2 bits of quad
@@ -146,7 +147,8 @@ if JIT_ENABLED:
     @intrinsic
     def _lanes_rows_ir(typingctx, acc, o, q, qr0, c, y, rows, sc, bs, d, yd, form, level):
         """:func:`lanes_rows_def` for the 16 columns of a sub-tile of byte codes (``form`` 0 Q5_K, 1 Q6_K; ``c`` a
-        multiple of 16, its quads from row ``qr0`` of ``q`` int8 (K, 16·4)), ``acc`` float32 (R, 8, ≥ o + 16),
+        multiple of 16, its quads from row ``qr0`` of ``q`` int8 (K, 16·4)) or of Q6_K's six-bit codes (``form`` 3:
+        ``q`` uint8 (3K/4, 64), :func:`pack6`; ``qr0`` as for the bytes), ``acc`` float32 (R, 8, ≥ o + 16),
         ``y`` int8 (T, K), ``rows`` int64 (R,), ``sc`` uint8, ``bs`` int64 (T, K/16 or K/32), ``d`` float32
         (K/256, ≥ c + 16), ``yd`` float32 (T, K/256), all C-contiguous; ``form``, ``level`` literals
         (:mod:`kernels.ggml.columns_ir`). Super-block by super-block, lane by lane: the lane's scales loaded once,
@@ -155,7 +157,8 @@ if JIT_ENABLED:
         :func:`kernels.ggml.columns_ir.kq16_fma`, row by row. The code vectors are loaded by each row, from the L1
         cache after the first: held for all rows (16 ymm on AVX2, beside the scales' 16) they were spilled to the
         stack and reloaded — real2's Q6_K head (32768 × 2048), numba's 2-thread pool, 1 / 4 rows ~4.2 / ~6.0 ->
-        ~3.0 / ~4.7 ms (*Zen 3*, alternating)."""
+        ~3.0 / ~4.7 ms (*Zen 3*, alternating). The six-bit codes are decoded once a lane (8 zmm on AVX-512, where
+        :func:`kernels.ggml.columns.sixbit_fast` lays them out) and held for all rows."""
         flags = [_lit(a) for a in (form, level)]
         arrays = (acc, q, y, rows, sc, bs, d, yd)
         if None in flags or flags[0] not in (0, 1, 3) or not (

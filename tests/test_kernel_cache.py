@@ -123,3 +123,55 @@ def test_checkouts_of_the_same_kernels_share_one_cache(tmp_path):
     left = sorted(p.name for p in shared.iterdir())
     assert len(left) == cache.SHARED_KEEP and {Path(root_a).name, Path(root_c).name} <= set(left)
     assert run("b", NUMBA_CACHE_DIR=str(tmp_path / "numba"))[1:] == (1, "None")  # NUMBA_CACHE_DIR wins: compiled there
+
+
+_CLOSURES = '''
+import sys
+import numpy as np
+import kernels  # noqa: F401  (kernels.base.cache numbers each process's functions apart)
+sys.path.insert(0, sys.argv[1])
+import factory
+
+closures = [factory.make(float(c)) for c in filter(None, sys.argv[2].split(","))]  # all alive at once, as kernels are
+for k in closures:
+    first, second = k(np.ones(2))
+    print(first.tolist(), second.dtype)
+'''
+
+_FACTORY = """import numba
+import numpy as np
+
+
+def make(c):
+    cast = c > 2.5
+
+    @numba.njit(cache=True)
+    def k(x):
+        if cast:  # this closure's environment holds two dtypes, the other one's one
+            return x * c, (x * c).astype(np.int32)
+        return x * c, x * c
+
+    return k
+"""
+
+
+def test_closures_of_one_factory_compiled_by_two_processes_load_together(tmp_path):
+    """Two processes run the same script, each compiling one closure of a factory (one name, one signature, another
+    captured constant) into one cache; a third loads both. numba names a function's symbols and its environment after
+    a per-process counter, equal in the first two, so without kernels.base.cache's random start the third binds
+    the second closure to the first one's environment and its array return fails ('descr' is NULL): the CI fault
+    of ssm._transposed_rows's arm64-base and arm64-sve256 closures."""
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "factory.py").write_text(_FACTORY)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(constants):
+        return subprocess.run([sys.executable, "-c", _CLOSURES, str(tmp_path / "mod"), constants], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    run("")  # the package's own import-time compiles into the cache, so the next two make the same compiles first
+    alone = [run("2"), run("3")]
+    assert [p.stdout for p in alone] == ["[2.0, 2.0] float64\n", "[3.0, 3.0] int32\n"], [p.stderr for p in alone]
+    both = run("2,3")
+    assert both.returncode == 0, both.stderr[-2000:]
+    assert both.stdout == "[2.0, 2.0] float64\n[3.0, 3.0] int32\n"

@@ -20,7 +20,8 @@ Sharing
     kernel once: a process about to compile a kernel that another one is compiling waits for it and loads its
     machine code from the cache (:func:`_lock_compiles`; the first run's second process,
     ``refimpl/cli/compile_ahead.py``, relies on it), or, inside :func:`skip_busy`, is told so (:class:`KernelBusy`)
-    and does something else first.
+    and does something else first. Each process numbers the functions it compiles from its own random start
+    (:func:`_distinct_function_ids`), so two kernels compiled apart never share a symbol in a third that loads both.
 """
 
 from __future__ import annotations
@@ -321,9 +322,33 @@ def _shared_locator():
         CacheImpl._locator_classes.insert(0, SharedCacheLocator)
 
 
+def _distinct_function_ids() -> None:
+    """Start numba's function ids (``FunctionIdentity``'s counter, 1, 2, … in every process) at a random point of
+    2**48, so that no two processes hand out the same ones.
+
+    numba names a compiled function's symbols and its *environment* (the constants its wrapper reads, such as a
+    returned array's dtype) after its qualified name, its argument types and that id. Two closures of one factory
+    (``ssm._transposed_rows``'s ``gated_delta_net_t`` for arm64-base and for arm64-sve256: one name, one signature,
+    another captured constant) compiled by two processes that had made the same compiles before carry the same id,
+    so the same names. A third process that loads both from the cache binds the second one's environment to the
+    first one's, and the second one's return then fails in numba's runtime (``NRT_adapt_ndarray_to_python``:
+    ``'descr' is NULL``). The ids only name symbols: nothing computed depends on them. Idempotent: the counter is
+    replaced once per process."""
+    import itertools
+    import secrets
+
+    from numba.core.bytecode import FunctionIdentity
+
+    if not getattr(FunctionIdentity, "_refimpl_distinct_ids", False):
+        FunctionIdentity._unique_ids = itertools.count(1 + secrets.randbits(48))
+        FunctionIdentity._refimpl_distinct_ids = True
+
+
 def install(enabled: bool) -> None:
     """What :mod:`kernels.base.flags` runs on import, with its ``CACHE``: the shared locator, the drop of a stale
-    cache (only where caching is ``enabled``), the two locks. Idempotent."""
+    cache (only where caching is ``enabled``), the two locks, and function ids no other process hands out
+    (:func:`_distinct_function_ids`). Idempotent."""
+    _distinct_function_ids()
     _shared_locator()
     if enabled:
         _drop_stale_cache()

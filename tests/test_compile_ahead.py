@@ -72,6 +72,22 @@ def test_a_kernel_another_process_compiles_is_waited_for_and_loaded(tmp_path):
     assert out.strip() == "7 [] 1"  # nothing compiled: f came from the cache
 
 
+def test_each_unless_busy_goes_on_past_a_busy_kernel_only():
+    """The walks' step runner: a step that meets a busy kernel (KernelBusy) is left for the next, inside skip_busy;
+    any other error is the walk's own and propagates."""
+    ran = []
+
+    def busy():
+        ran.append(("busy", cache._compiling.skip))
+        raise cache.KernelBusy("a kernel another process compiles")
+
+    cache.each_unless_busy([busy, lambda: ran.append(("next", cache._compiling.skip))])
+    assert ran == [("busy", True), ("next", True)] and not getattr(cache._compiling, "skip", False)
+    with pytest.raises(ZeroDivisionError):
+        cache.each_unless_busy([lambda: 1 / 0, lambda: ran.append("not reached")])
+    assert ran[-1] == ("next", True)
+
+
 def test_a_busy_kernel_is_skipped_inside_skip_busy(tmp_path, monkeypatch):
     """Inside cache.skip_busy, calling a kernel whose signature's compile lock another holder has raises KernelBusy
     (the compile-ahead walk then takes another step); once the lock is free the same call compiles it; a lock of

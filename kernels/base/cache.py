@@ -169,6 +169,18 @@ def skip_busy():
         _compiling.skip = outer
 
 
+def each_unless_busy(steps) -> None:
+    """Call each of ``steps`` (functions of no argument) inside :func:`skip_busy`, going on to the next where one
+    meets a kernel another process is compiling (:class:`KernelBusy`): the first run's second process's walks
+    (refimpl/model/ahead.py, refimpl/graph/ahead.py), whose last pass loads that kernel from the cache."""
+    with skip_busy():
+        for step in steps:
+            try:
+                step()
+            except KernelBusy:
+                pass
+
+
 def _busy(path: str) -> bool:
     """Whether another process holds the ``flock`` on ``path`` now (tried without waiting, and let go at once)."""
     try:

@@ -7,9 +7,9 @@ FFN's router, softmax, top-k and experts, the shared expert's F32 gate, attentio
 inputs (no projection before it, which the run compiles first): the fused delta net, the LM head (a Q4_K_M file's
 Q6_K column kernel, ~13 s, is the run's last), ``build_attn_mha``'s core, then the FFN backwards — the shared
 expert's gate, ``ggml_sum_rows``, the top-k, the softmax — each step skipped while the run is compiling a kernel it
-calls (``kernels.base.cache.skip_busy``: builtin:kjv's head is the projections' Q8_0 kernel); and last the whole
-blocks, one layer of each kind the weights make (a Q4_K_M file's ``ffn_down_exps`` is Q6_K in some layers), for
-anything those skipped or missed. Where both need one kernel, one compiles it and the other waits and loads it
+calls (``kernels.base.cache.each_unless_busy``: builtin:kjv's head is the projections' Q8_0 kernel); and last the
+whole blocks, one layer of each kind the weights make (a Q4_K_M file's ``ffn_down_exps`` is Q6_K in some layers),
+for anything those skipped or missed. Where both need one kernel, one compiles it and the other waits and loads it
 (kernels/base/cache.py ``_lock_compiles``). docs/performance.md, "First run".
 
 Stand-ins have the run's shapes and types (what numba compiles for): small normal values, the state a fresh
@@ -24,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-from kernels.base.cache import KernelBusy, skip_busy
+from kernels.base.cache import each_unless_busy
 from kernels.ggml import mulmat_q8, rows, vecmath
 from refimpl.graph.attention import build_attn, build_layer_attn, rope
 from refimpl.graph.deltanet import build_layer_attn_linear, gated_delta_net, key_heads
@@ -78,12 +78,7 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
     if c.n_expert:
         steps.append(router)
     with model.stream_phase("prompt" if T > 1 else "decode", positions):
-        with skip_busy():
-            for step in steps:
-                try:
-                    step()
-                except KernelBusy:  # the run is compiling one of its kernels now: the blocks below load it
-                    pass
+        each_unless_busy(steps)  # a step whose kernel the run is compiling now: the blocks below load it
         # the whole blocks, for anything skipped or missed: one layer of each kind of block its weights make
         for il in _distinct(w.layers, "ffn", range(c.n_layer - 1, -1, -1)):
             build_layer_ffn(w.layers[il].ffn, c, x, il, ctx)  # [T, E]
@@ -91,7 +86,8 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
             build_layer_attn(w.layers[il].mixer, c, x, positions, state.layers[il], il, ctx)  # [T, E]
         output_rows(w.output, rms_norm_w(x, w.output_norm, c.rms_eps, ctx), outputs, ctx)  # [T or 1, V]
         for il in _distinct(w.layers, "mixer", linear):
-            build_layer_attn_linear(w.layers[il].mixer, c, x, state.layers[il], il, ctx, keep=state.n_rs_seq + 1)  # [T, E]
+            build_layer_attn_linear(w.layers[il].mixer, c, x, state.layers[il], il, ctx,
+                                    keep=state.n_rs_seq + 1)  # [T, E]
         get_rows(w.token_embd, np.zeros(T, np.int64), ctx)  # [T, E]
 
 

@@ -6,9 +6,10 @@ projections (the weight type's lane kernel, then the row kernel of the rows afte
 delta rule's compiled step, the FFN's router (F32), experts and shared expert, the shared expert's gate (``dot64``),
 attention's ``dot64``, the LM head (a Q4_K_M file's Q6_K lane kernel: ~20 s alone). The other process takes them
 from the other end: the LM head, the last layer's FFN, the delta rule's step on the state a fresh sequence starts
-from — each step skipped while the run is compiling a kernel it calls (``kernels.base.cache.skip_busy``: builtin:kjv's
-head is the projections' Q8_0 kernel, which the run compiles first) — and last the whole trunk on stand-in tokens,
-for what those skipped or missed, waiting for the run's kernels and loading them. docs/performance.md, "First run".
+from — each step skipped while the run is compiling a kernel it calls (``kernels.base.cache.each_unless_busy``:
+builtin:kjv's head is the projections' Q8_0 kernel, which the run compiles first) — and last the whole trunk on
+stand-in tokens, for what those skipped or missed, waiting for the run's kernels and loading them.
+docs/performance.md, "First run".
 
 Stand-ins have the run's shapes and types (what numba compiles for): small normal values, the run's ``Ctx``. Their
 numbers are thrown away; the run's own never depend on this walk (the kernels are the same machine code whichever
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.base.cache import KernelBusy, skip_busy
+from kernels.base.cache import each_unless_busy
 from refimpl.model.deltanet import kv_heads, recurrence
 from refimpl.model.moe import ffn
 from refimpl.model.ops import F32, output_rows
@@ -49,10 +50,6 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
              lambda: ffn(w.layers[-1].ffn, c, normal(T, c.n_embd), c.n_layer - 1, ctx)]  # [T, E]: router, experts, …
     if linear:
         steps.append(recurrence_step)
-    with model.stream_phase("prompt" if T > 1 else "decode", positions), skip_busy():
-        for step in steps:
-            try:
-                step()
-            except KernelBusy:  # the run is compiling one of its kernels now: the trunk's pass below loads it
-                pass
+    with model.stream_phase("prompt" if T > 1 else "decode", positions):
+        each_unless_busy(steps)  # a step whose kernel the run is compiling now: the trunk's pass below loads it
     forward(model, state, np.zeros(T, np.int64), ctx, outputs=outputs)  # the whole trunk, for anything skipped or missed

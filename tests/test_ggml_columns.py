@@ -105,12 +105,15 @@ def test_quad_dots_are_their_definitions(qtype):
             rows = np.array([2, 0, 1, 2, 1])
             for sel in (np.array([0, 1, 2, 3]), np.array([4]), np.array([3, 1])):
                 for step in (2, 8):
-                    for c in (16, 48):
-                        acc = rng.standard_normal((5, 2, 24)).astype(np.float32)
+                    for c, ns in ((16, 1), (48, 1), (16, 3), (0, 4)):  # ns sub-tiles from c in one call
+                        acc = rng.standard_normal((5, 2, 8 + 16 * ns)).astype(np.float32)
                         got, want = acc.copy(), acc.copy()
-                        columns_q4k.q4k_sub_tile16(got, 5, q, c, ys2, rows, sel, sc, sums, d, yd, mn, dmin, step, level)
-                        columns_q4k.q4k_sub_tile_def(want, 5, q, c, 16, ys2, rows, sel, sc, sums, d, yd, mn, dmin, step)
-                        assert np.array_equal(bits(got), bits(want)), (level, sel, step, c)
+                        columns_q4k.q4k_sub_tiles16(got, 5, q, c, ns, ys2, rows, sel, sc, sums, d, yd, mn, dmin, step,
+                                                    level)
+                        for s in range(ns):
+                            columns_q4k.q4k_sub_tile_def(want, 5 + 16 * s, q, c + 16 * s, 16, ys2, rows, sel, sc, sums,
+                                                         d, yd, mn, dmin, step)
+                        assert np.array_equal(bits(got), bits(want)), (level, sel, step, c, ns)
         if form != 2:  # columns_k.lanes_rows: every super-block, each lane's codes for several activation rows
             ys = np.stack([y, np.roll(y, 7), np.roll(y, -3)])
             bss = np.stack([bs, bs[::-1], -bs])
@@ -169,7 +172,7 @@ def test_q4k_sub_tile_at_its_integer_bounds():
                 acc = rng.standard_normal((4, 2, 24)).astype(np.float32)
                 got, want = acc.copy(), acc.copy()
                 sel = np.arange(4)
-                columns_q4k.q4k_sub_tile16(got, 5, q, c, y, rows, sel, sc, sums, d, yd, mn, dmin, step, level)
+                columns_q4k.q4k_sub_tiles16(got, 5, q, c, 1, y, rows, sel, sc, sums, d, yd, mn, dmin, step, level)
                 columns_q4k.q4k_sub_tile_def(want, 5, q, c, 16, y, rows, sel, sc, sums, d, yd, mn, dmin, step)
                 assert np.array_equal(bits(got), bits(want)), (level, step, c)
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numba import literally, prange
+from numba import get_num_threads, literally, prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
@@ -378,10 +378,13 @@ def _mul_mat_for(kind, parallel):
 
 
 @jit()
-def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bounds, experts, arow, out, g, dots, acc):
-    """Tile ``t`` of expert group ``g`` of a ``mul_mat_id`` (:func:`_mul_mat_id_for`): the group's rows (their slots'
-    activation rows) against its expert's columns; kinds 3-5 take the tiled kernel when the group has
-    :data:`TILED_MIN_ROWS` rows (``gemm`` is scratch for that flag, one per activation row, (T,))."""
+def _group(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, order, bounds, experts, arow, out, g, dots,
+           acc):
+    """Tiles ``ta … tb - 1`` of expert group ``g`` of a ``mul_mat_id`` (:func:`_mul_mat_id_for`): the group's rows
+    (their slots' activation rows) against its expert's columns ``[c0, c1)`` in those tiles, as :func:`_chunk` takes
+    them, in one call (each call a level deeper passes ~20 arrays: per tile, that had cost a K = 512 expert a fifth
+    of its gemv); kinds 3-5 take the tiled kernel when the group has :data:`TILED_MIN_ROWS` rows (``gemm`` is scratch
+    for that flag, one per activation row, (T,))."""
     literally(kind)  # compiled per kind (_mul_mat_for)
     e = experts[g]
     orow = order[bounds[g]:bounds[g + 1]]
@@ -390,21 +393,31 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bo
         rows[i] = arow[orow[i]]
     if 3 <= kind <= 5 or kind == SIXBIT_KIND:
         gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
-    _chunk(kind, q[e], d[e], dmin[e], sc[e], mn[e], c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
+    qe, de, dme, sce, mne = q[e], d[e], dmin[e], sc[e], mn[e]
+    for t in range(ta, tb):  # _chunk's steps
+        c = max(c0, TILE * t)
+        nc = min(c1, TILE * t + TILE) - c
+        _tile(kind, qe[t], de[t], dme[t], sce[t], mne[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out,
+              c - c0, dots, acc)
 
 
 @jit(parallel=True)
 def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out):
-    """Every (expert group, tile) of a ``mul_mat_id`` split between threads in one parallel region (not one region per
-    group: each opens and joins the threads). Each output is one work item's, computed in one order."""
+    """Every expert group's tiles split between threads in one parallel region (not one region per group: each opens
+    and joins the threads), each group's tiles in as many runs as give every thread 4 work items or more (a decode's 8
+    groups: 1 run each from 2 threads; a prompt's 256: 1). Each output is one work item's, computed in one order."""
     literally(kind)  # compiled per kind (_mul_mat_for)
     t0 = c0 // TILE
     nt = (c1 - 1) // TILE - t0 + 1
-    for w in prange(experts.shape[0] * nt):
+    G = experts.shape[0]
+    runs = min(nt, max(1, (4 * get_num_threads() + G - 1) // G))  # runs of each group's tiles
+    per = (nt + runs - 1) // runs
+    for w in prange(G * runs):
         dots, acc = _scratch()
         gm = gemm.copy()  # kinds 3-5 set it per group
-        _group(kind, q, d, dmin, sc, mn, c0, c1, t0 + w % nt, y, yd, ys, m128, gm, order, bounds, experts, arow, out,
-               w // nt, dots, acc)
+        ta = t0 + (w % runs) * per
+        _group(kind, q, d, dmin, sc, mn, c0, c1, ta, min(ta + per, t0 + nt), y, yd, ys, m128, gm, order, bounds,
+               experts, arow, out, w // runs, dots, acc)
 
 
 @jit()
@@ -413,9 +426,8 @@ def _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, boun
     literally(kind)  # compiled per kind (_mul_mat_for)
     dots, acc = _scratch()
     for g in range(experts.shape[0]):
-        for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
-            _group(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, order, bounds, experts, arow, out, g,
-                   dots, acc)
+        _group(kind, q, d, dmin, sc, mn, c0, c1, c0 // TILE, (c1 - 1) // TILE + 1, y, yd, ys, m128, gemm, order, bounds,
+               experts, arow, out, g, dots, acc)
 
 
 @per_type

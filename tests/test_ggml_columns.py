@@ -131,8 +131,16 @@ def test_quad_dots_are_their_definitions(qtype):
                     columns_k.unpack6(six, back)
                     assert six.shape == (q.shape[0] * 3 // 4, 64) and np.array_equal(back, q)
                     got = acc.copy()
-                    columns_k.lanes_rows16_six(got, 5, six, c, ys, rows, sc, bss, d, yd, level)
+                    columns_k.lanes_rows16_six(got, 5, six, c, 1, ys, rows, sc, bss, d, yd, level)
                     assert np.array_equal(bits(got), bits(want)), (level, c, "six-bit")
+                    if c == 16:  # sub-tiles 1-3 in one call
+                        wide = rng.standard_normal((4, 8, 56)).astype(np.float32)
+                        got, want3 = wide.copy(), wide.copy()
+                        columns_k.lanes_rows16_six(got, 5, six, 16, 3, ys, rows, sc, bss, d, yd, level)
+                        for s in range(3):
+                            columns_k.lanes_rows_def(want3, 5 + 16 * s, q, 16 + 16 * s, 16, ys, rows, sc, bss, d, yd,
+                                                     form)
+                        assert np.array_equal(bits(got), bits(want3)), (level, "six-bit, 3 sub-tiles")
 
     def code(qr, i):  # value 4·qr + i of the sub-tile's first column: Q4_K's nibbles by group, the bytes by lane
         if form == 2:

@@ -145,7 +145,7 @@ if JIT_ENABLED:
     _V16, _F16 = ir.VectorType(_i32, 16), ir.VectorType(ir.FloatType(), 16)
 
     @intrinsic
-    def _lanes_rows_ir(typingctx, acc, o, q, qr0, c, y, rows, sc, bs, d, yd, form, level):
+    def _lanes_rows_ir(typingctx, acc, o, q, qr0, c, y, rows, sc, bs, d, yd, form, level, ns):
         """:func:`lanes_rows_def` for the 16 columns of a sub-tile of byte codes (``form`` 0 Q5_K, 1 Q6_K; ``c`` a
         multiple of 16, its quads from row ``qr0`` of ``q`` int8 (K, 16·4)) or of Q6_K's six-bit codes (``form`` 3:
         ``q`` uint8 (3K/4, 64), :func:`pack6`; ``qr0`` as for the bytes), ``acc`` float32 (R, 8, ≥ o + 16),
@@ -158,7 +158,8 @@ if JIT_ENABLED:
         cache after the first: held for all rows (16 ymm on AVX2, beside the scales' 16) they were spilled to the
         stack and reloaded — real2's Q6_K head (32768 × 2048), numba's 2-thread pool, 1 / 4 rows ~4.2 / ~6.0 ->
         ~3.0 / ~4.7 ms (*Zen 3*, alternating). The six-bit codes are decoded once a lane (8 zmm on AVX-512, where
-        :func:`kernels.ggml.columns.sixbit_fast` lays them out) and held for all rows."""
+        :func:`kernels.ggml.columns.sixbit_fast` lays them out) and held for all rows. ``ns`` sub-tiles from ``c`` on,
+        each the next 16 columns, quads and accumulators (as :func:`kernels.ggml.columns_q4k.q4k_sub_tiles16`)."""
         flags = [_lit(a) for a in (form, level)]
         arrays = (acc, q, y, rows, sc, bs, d, yd)
         if None in flags or flags[0] not in (0, 1, 3) or not (
@@ -168,67 +169,74 @@ if JIT_ENABLED:
             return None
         p16, lv, six = flags[0] in (1, 3), flags[1], flags[0] == 3
         i64 = types.int64
-        sig = types.void(acc, i64, q, i64, i64, y, rows, sc, bs, d, yd, form, level)
+        sig = types.void(acc, i64, q, i64, i64, y, rows, sc, bs, d, yd, form, level, i64)
 
         def codegen(context, b, signature, args):
             a = _Args(context, b, signature, args, (0, 2, 5, 6, 7, 8, 9, 10))
             item, at, fma, k, arr = a.item, a.at, a.fma, _k, a.arr
-            o, qr0, c = args[1], args[3], args[4]
             zero = ir.Constant(_V16, [0] * 16)
-            const = lambda n: ir.Constant(_V16, [n] * 16)  # noqa: E731
 
-            def six_codes(lo0, hi0, lane):  # form 3: the lane's 8 code vectors, low nibbles | high 2 bits << 4
-                codes = []
-                for g in range(8):  # quad row 8·lane + g: its nibbles in row 4·lane + g // 2, its high bits 2·lane + g // 4
-                    lo = b.load(b.gep(lo0, [k(4 * lane + g // 2)]), align=1)
-                    hi = b.load(b.gep(hi0, [k(2 * lane + g // 4)]), align=1)
-                    top = b.shl(b.and_(b.lshr(hi, const(2 * (g % 4))), const(0x03030303)), const(4))
-                    codes.append(b.or_(b.and_(b.lshr(lo, const(4 * (g % 2))), const(0x0F0F0F0F)), top))
-                return codes
+            def sub_tile(o, qr0, c):  # the 16 columns from c, their quads from row qr0, their accumulators from o
+                const = lambda n: ir.Constant(_V16, [n] * 16)  # noqa: E731
 
-            def scale(row):  # the 16 columns' scale bytes of sub-block row ``row``, sign-extended
-                return b.sext(b.load(at(7, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
+                def six_codes(lo0, hi0, lane):  # form 3: the lane's 8 code vectors, low nibbles | high 2 bits << 4
+                    codes = []
+                    for g in range(8):  # quad row 8·lane + g: its nibbles in row 4·lane + g // 2, its high bits 2·lane + g // 4
+                        lo = b.load(b.gep(lo0, [k(4 * lane + g // 2)]), align=1)
+                        hi = b.load(b.gep(hi0, [k(2 * lane + g // 4)]), align=1)
+                        top = b.shl(b.and_(b.lshr(hi, const(2 * (g % 4))), const(0x03030303)), const(4))
+                        codes.append(b.or_(b.and_(b.lshr(lo, const(4 * (g % 2))), const(0x0F0F0F0F)), top))
+                    return codes
 
-            def lane_of_row(blk, base, lane, codes, scales, subs, i):  # row ``rows[i]``'s lane through its float step
-                r = b.load(item(6, [i]))
-                y0 = at(5, [r, b.mul(blk, k(256))], _i8)
-                s = zero
-                for g in range(8):  # scale · the 4-value dots of the lane's group g
-                    y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
-                    cv = codes[g] if six else b.load(codes[g], align=1)
-                    s = _dot_scaled(b, lv, s, cv, _splat(b, y4), scales[g])
-                if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
-                    t = zero
-                    for h in (0, 1):
-                        bsv = b.trunc(b.load(item(8, [r, b.add(base, k(2 * lane + h))])), _i32)
-                        t = _scaled(b, lv, t, _splat(b, bsv), subs[h])
-                    s = b.sub(s, b.shl(t, ir.Constant(_V16, [5] * 16)))
-                db = b.fmul(_splat(b, b.load(item(10, [r, blk])), _F16), b.load(at(9, [blk, c], _F16), align=4))
-                pf = at(0, [i, k(lane), o], _F16)  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
-                b.store(b.call(fma, [db, b.sitofp(s, _F16), b.load(pf, align=4)]), pf, align=4)
+                def scale(row):  # the 16 columns' scale bytes of sub-block row ``row``, sign-extended
+                    return b.sext(b.load(at(7, [row, c], ir.VectorType(_i8, 16)), align=1), _V16)
 
-            n_rows = cgutils.unpack_tuple(b, arr[6].shape, 1)[0]
-            with cgutils.for_range(b, cgutils.unpack_tuple(b, arr[9].shape, 2)[0]) as blk_loop:
-                blk = blk_loop.index
-                base = b.mul(blk, k(16 if p16 else 8))  # the super-block's first scale row
-                r0 = b.add(qr0, b.mul(blk, k(64)))  # the super-block's first quad row
-                if six:  # quad rows 2r, 2r + 1 in nibble row r; 4r … 4r + 3 in high-bit row K/2 + r (columns.pack6)
-                    half = b.udiv(b.mul(cgutils.unpack_tuple(b, arr[2].shape, 2)[0], k(2)), k(3))  # K/2
-                    lo0 = at(2, [b.udiv(r0, k(2)), k(0)], _V16)
-                    hi0 = at(2, [b.add(half, b.udiv(r0, k(4))), k(0)], _V16)
-                else:
-                    q0 = at(2, [r0, k(0)], _V16)  # lane l, group g at q0 + 8l + g
-                for lanes in ((0, 1, 2, 3), (4, 5, 6, 7)) if p16 else (tuple(range(8)),):
-                    # Q6_K: scale 2g + l // 4 per 16 values; else scale g per 32
-                    scales = [scale(b.add(base, k(2 * g + lanes[0] // 4 if p16 else g))) for g in range(8)]
-                    for lane in lanes:
-                        if six:  # decoded once for all rows
-                            codes = six_codes(lo0, hi0, lane)
-                        else:
-                            codes = [b.gep(q0, [k(8 * lane + g)]) for g in range(8)]  # loaded per row (register pressure)
-                        subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
-                        with cgutils.for_range(b, n_rows) as row_loop:
-                            lane_of_row(blk, base, lane, codes, scales, subs, row_loop.index)
+                def lane_of_row(blk, base, lane, codes, scales, subs, i):  # row ``rows[i]``'s lane through its float step
+                    r = b.load(item(6, [i]))
+                    y0 = at(5, [r, b.mul(blk, k(256))], _i8)
+                    s = zero
+                    for g in range(8):  # scale · the 4-value dots of the lane's group g
+                        y4 = b.load(b.bitcast(b.gep(y0, [k(4 * (8 * g + lane))]), _i32.as_pointer()), align=1)
+                        cv = codes[g] if six else b.load(codes[g], align=1)
+                        s = _dot_scaled(b, lv, s, cv, _splat(b, y4), scales[g])
+                    if p16:  # less q8sclsub: 32·(bs[2l]·sc[2l] + bs[2l+1]·sc[2l+1]), |bs| <= 16·128 < 2^15
+                        t = zero
+                        for h in (0, 1):
+                            bsv = b.trunc(b.load(item(8, [r, b.add(base, k(2 * lane + h))])), _i32)
+                            t = _scaled(b, lv, t, _splat(b, bsv), subs[h])
+                        s = b.sub(s, b.shl(t, ir.Constant(_V16, [5] * 16)))
+                    db = b.fmul(_splat(b, b.load(item(10, [r, blk])), _F16), b.load(at(9, [blk, c], _F16), align=4))
+                    pf = at(0, [i, k(lane), o], _F16)  # acc_l = fma(y.d·d, float(sumi_l), acc_l)
+                    b.store(b.call(fma, [db, b.sitofp(s, _F16), b.load(pf, align=4)]), pf, align=4)
+
+                n_rows = cgutils.unpack_tuple(b, arr[6].shape, 1)[0]
+                with cgutils.for_range(b, cgutils.unpack_tuple(b, arr[9].shape, 2)[0]) as blk_loop:
+                    blk = blk_loop.index
+                    base = b.mul(blk, k(16 if p16 else 8))  # the super-block's first scale row
+                    r0 = b.add(qr0, b.mul(blk, k(64)))  # the super-block's first quad row
+                    if six:  # quad rows 2r, 2r + 1 in nibble row r; 4r … 4r + 3 in high-bit row K/2 + r (columns.pack6)
+                        half = b.udiv(b.mul(cgutils.unpack_tuple(b, arr[2].shape, 2)[0], k(2)), k(3))  # K/2
+                        lo0 = at(2, [b.udiv(r0, k(2)), k(0)], _V16)
+                        hi0 = at(2, [b.add(half, b.udiv(r0, k(4))), k(0)], _V16)
+                    else:
+                        q0 = at(2, [r0, k(0)], _V16)  # lane l, group g at q0 + 8l + g
+                    for lanes in ((0, 1, 2, 3), (4, 5, 6, 7)) if p16 else (tuple(range(8)),):
+                        # Q6_K: scale 2g + l // 4 per 16 values; else scale g per 32
+                        scales = [scale(b.add(base, k(2 * g + lanes[0] // 4 if p16 else g))) for g in range(8)]
+                        for lane in lanes:
+                            if six:  # decoded once for all rows
+                                codes = six_codes(lo0, hi0, lane)
+                            else:
+                                codes = [b.gep(q0, [k(8 * lane + g)]) for g in range(8)]  # loaded per row (register pressure)
+                            subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
+                            with cgutils.for_range(b, n_rows) as row_loop:
+                                lane_of_row(blk, base, lane, codes, scales, subs, row_loop.index)
+
+            # a sub-tile's K/4 quad rows: a quarter of the tile's byte rows (K), a third of its six-bit rows (3K/4)
+            sub_rows = b.udiv(cgutils.unpack_tuple(b, arr[2].shape, 2)[0], k(3 if six else 4))
+            with cgutils.for_range(b, args[13]) as sub_loop:
+                s16 = b.mul(sub_loop.index, k(16))
+                sub_tile(b.add(args[1], s16), b.add(args[3], b.mul(sub_loop.index, sub_rows)), b.add(args[4], s16))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -240,28 +248,30 @@ if JIT_ENABLED:
         literally(level)
         qr0 = _sub_tile_row(q, c)
         if form == 1:  # the literals the IR is built for, one branch each
-            _lanes_rows_ir(acc, o, q, qr0, c, y, rows, sc, bs, d, yd, 1, level)
+            _lanes_rows_ir(acc, o, q, qr0, c, y, rows, sc, bs, d, yd, 1, level, 1)
         else:
-            _lanes_rows_ir(acc, o, q, qr0, c, y, rows, sc, bs, d, yd, 0, level)
+            _lanes_rows_ir(acc, o, q, qr0, c, y, rows, sc, bs, d, yd, 0, level, 1)
 
     @jit()
-    def lanes_rows16_six(acc, o, q, c, y, rows, sc, bs, d, yd, level):
-        """:func:`lanes_rows16` of Q6_K for a sub-tile of its six-bit codes (``q`` (3K/4, 64) uint8, :func:`pack6`):
-        each lane's 8 code vectors decoded once, in the vector step, for all rows."""
+    def lanes_rows16_six(acc, o, q, c, ns, y, rows, sc, bs, d, yd, level):
+        """:func:`lanes_rows16` of Q6_K for ``ns`` sub-tiles of its six-bit codes from column ``c`` on (``q`` (3K/4,
+        64) uint8, :func:`pack6`), in one call: each lane's 8 code vectors decoded once, in the vector step, for all
+        rows."""
         literally(level)
         if q.shape[1] != 64 or q.shape[0] % 3:
             raise ValueError("column layout: a tile of six-bit codes has 3K/4 rows of 64 bytes")
-        _lanes_rows_ir(acc, o, q, (c // 16) * (q.shape[0] // 3), c, y, rows, sc, bs, d, yd, 3, level)
+        _lanes_rows_ir(acc, o, q, (c // 16) * (q.shape[0] // 3), c, y, rows, sc, bs, d, yd, 3, level, ns)
 
 else:
 
     def lanes_rows16(acc, o, q, c, y, rows, sc, bs, d, yd, form, level):
         lanes_rows_def(acc, o, q, c, 16, y, rows, sc, bs, d, yd, form)
 
-    def lanes_rows16_six(acc, o, q, c, y, rows, sc, bs, d, yd, level):
+    def lanes_rows16_six(acc, o, q, c, ns, y, rows, sc, bs, d, yd, level):
         codes = np.empty((q.shape[0] * 4 // 3, 64), np.int8)
         unpack6(q, codes)
-        lanes_rows_def(acc, o, codes, c, 16, y, rows, sc, bs, d, yd, 1)
+        for s in range(ns):
+            lanes_rows_def(acc, o + 16 * s, codes, c + 16 * s, 16, y, rows, sc, bs, d, yd, 1)
 
 
 @jit()
@@ -342,11 +352,10 @@ def hsum8(a, j):
 def tile_q6_sixbit(q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc):
     """:func:`tile_k` of Q6_K on a tile of its six-bit codes (``q`` (3K/4, 64) uint8, :func:`pack6`), every row by
     vec_dot's formula, whole sub-tiles (``c``, ``nc`` multiples of 16): each lane's codes decoded once for all the rows
-    (:func:`lanes_rows16_six`), then ``hsum_float_8``."""
+    (:func:`lanes_rows16_six`, every sub-tile in one call), then ``hsum_float_8``."""
     R = rows.shape[0]
     acc = np.zeros((R, 8, 64), F32)  # TILE = 64 columns at most
-    for w0 in range(c, c + nc, 16):
-        lanes_rows16_six(acc, w0 - c, q, w0, y, rows, sc, ys, d, yd, LEVEL)
+    lanes_rows16_six(acc, 0, q, c, nc // 16, y, rows, sc, ys, d, yd, LEVEL)  # the sub-tiles in one call
     for i in range(R):
         for j in range(nc):
             out[orow[i], oc + j] = hsum8(acc[i], j)

@@ -52,7 +52,7 @@ import math
 import numpy as np
 from numba import prange
 
-from kernels.base.flags import SERIAL_BELOW, jit, python_of
+from kernels.base.flags import JIT_ENABLED, SERIAL_BELOW, jit, python_of
 from kernels.ggml.libm import expf, expf_on, glibc_of  # expf: tests/test_ggml_ops_ssm.py
 from kernels.ggml.build import SVE_PATHS, by_clang, not_emulated
 from kernels.ggml.simd import NEON, NEON_CLANG, SIMD, SVE128, SVE256, check_path, fma32, fold_left_unfused, follows_nans, simd
@@ -218,26 +218,74 @@ def _snapshot(dst, M, transposed):
                 dst[j, i] = M[j, i]
 
 
-#: Tile edge of :func:`_transpose_into` (float32): 16 × 16 copied 0.57 ms a real2 call (below), 8 × 8 as fast but
-#: +0.7 s of the kernel's first-run compiling, 16 none measurable (3.0–3.2 s either way; 32: +0.4 s).
+#: Tile edge of :func:`_transpose_into` (float32): 16 floats, one AVX-512 vector a row.
 TILE = 16
+
+
+if JIT_ENABLED:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _ROW = ir.VectorType(ir.FloatType(), 16)  # a tile's row
+    _MASK = ir.VectorType(ir.IntType(32), 16)
+
+    @intrinsic
+    def _tile_t(typingctx, dst, src, j0, i0):
+        """``dst[j0 + a, i0 + b] = src[i0 + b, j0 + a]`` for ``a, b < 16`` (both float32, 2-D, C-contiguous): the
+        tile's 16 rows loaded as vectors, transposed by 4 stages of two-vector shuffles (at each of the block sizes 8,
+        4, 2, 1, every pair of rows swaps its off-diagonal blocks), and stored as 16 rows. Bits moved only."""
+        if not all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32
+                   for a in (dst, src)):
+            return None
+        sig = types.void(dst, src, types.intp, types.intp)
+
+        def codegen(context, b, signature, args):
+            ad, asrc = (context.make_array(t)(context, b, a) for t, a in zip(signature.args[:2], args[:2]))
+            j0, i0 = args[2], args[3]
+            k = lambda n: ir.Constant(ir.IntType(64), n)  # noqa: E731
+
+            def row(arr, aty, r, c):  # a pointer to the 16 floats from [r, c]
+                return b.bitcast(cgutils.get_item_pointer(context, b, aty, arr, [r, c]), _ROW.as_pointer())
+
+            rows = [b.load(row(asrc, signature.args[1], b.add(i0, k(r)), j0), align=4) for r in range(16)]
+            for w in (8, 4, 2, 1):  # rows r, r + w of each 2w block swap their off-diagonal w × w blocks
+                new = list(rows)
+                for r in (r for r in range(16) if (r // w) % 2 == 0):
+                    top = [j if (j // w) % 2 == 0 else 16 + j - w for j in range(16)]
+                    bottom = [j + w if (j // w) % 2 == 0 else 16 + j for j in range(16)]
+                    new[r] = b.shuffle_vector(rows[r], rows[r + w], ir.Constant(_MASK, top))
+                    new[r + w] = b.shuffle_vector(rows[r], rows[r + w], ir.Constant(_MASK, bottom))
+                rows = new
+            for r in range(16):
+                b.store(rows[r], row(ad, signature.args[0], b.add(j0, k(r)), i0), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+else:
+
+    def _tile_t(dst, src, j0, i0):
+        for jj in range(TILE):
+            for ii in range(TILE):
+                dst[j0 + jj, i0 + ii] = src[i0 + ii, j0 + jj]
 
 
 @jit()
 def _transpose_into(dst, src):
-    """``dst[j, i] = src[i, j]`` for a square ``src``: whole :data:`TILE` × :data:`TILE` tiles with constant trip
-    counts (LLVM vectorizes them), then the edge rows and columns one by one. The state's copy in and out of
-    :func:`_head_t`, element by element down the columns, had cost more than the tokens: real2's 32 heads of 128, one
-    token, 1 thread (Zen 3, 2026-12-07), the whole kernel 1.46 → 0.57 ms (0.18 with no copy at all); bounds cut with
-    ``min`` instead of whole tiles: 1.26. A function of its own, not inlined: compiled once for both copies. Bits
-    moved only."""
+    """``dst[j, i] = src[i, j]`` for a square ``src``: whole :data:`TILE` × :data:`TILE` tiles in registers
+    (:func:`_tile_t`), then the edge rows and columns one by one. The state's copy in and out of :func:`_head_t`,
+    element by element down the columns, had cost more than the tokens: real2's 32 heads of 128, one token, 1 thread
+    (Zen 3, 2026-12-07), the whole kernel 1.46 → 0.57 ms with 16 × 16 tiles of scalar copies (0.18 with no copy at
+    all); in registers (*EPYC*, Zen 4, 2026-12-07) 32 heads' copy 0.177 → 0.085 ms, the kernel 0.50 → 0.32 ms (1 token),
+    1.47 → 1.06 (4 tokens, 4 snapshots). A function of its own, not inlined: compiled once for both copies. Bits moved
+    only."""
     n = src.shape[0]
     nt = n - n % TILE  # the rows and columns the whole tiles cover
     for j0 in range(0, nt, TILE):
         for i0 in range(0, nt, TILE):
-            for jj in range(TILE):
-                for ii in range(TILE):
-                    dst[j0 + jj, i0 + ii] = src[i0 + ii, j0 + jj]
+            _tile_t(dst, src, j0, i0)
     for j in range(n):  # the edges: columns nt … n-1 of every row, then rows nt … n-1
         for i in range(nt, n):
             dst[j, i] = src[i, j]

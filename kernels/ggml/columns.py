@@ -200,7 +200,6 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = Fal
                    sixbit=sixbit)
 
 
-
 # --------------------------------------------------------------------------------------------
 # The products, one tile of output columns at a time
 
@@ -285,12 +284,18 @@ def _any_of(flags, rows):
     return False
 
 
+@jit(inline=True)
+def _span(c0, c1, t):
+    """(first column, count) of ``[c0, c1)`` in tile ``t``."""
+    c = max(c0, TILE * t)
+    return c, min(c1, TILE * t + TILE) - c
+
+
 @jit()
 def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc):
     """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
     literally(kind)  # compiled per kind (_mul_mat_for)
-    c = max(c0, TILE * t)
-    nc = min(c1, TILE * t + TILE) - c
+    c, nc = _span(c0, c1, t)
     _tile(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out, c - c0,
           dots, acc)
 
@@ -394,9 +399,8 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, orde
     if 3 <= kind <= 5 or kind == SIXBIT_KIND:
         gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
     qe, de, dme, sce, mne = q[e], d[e], dmin[e], sc[e], mn[e]
-    for t in range(ta, tb):  # _chunk's steps
-        c = max(c0, TILE * t)
-        nc = min(c1, TILE * t + TILE) - c
+    for t in range(ta, tb):  # _chunk's steps on the expert's views
+        c, nc = _span(c0, c1, t)
         _tile(kind, qe[t], de[t], dme[t], sce[t], mne[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out,
               c - c0, dots, acc)
 

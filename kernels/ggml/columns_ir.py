@@ -233,6 +233,15 @@ if JIT_ENABLED:
                 for u, w, s in zip(_halves(b, codes, _B32), _halves(b, y4, _B32), _halves(b, pair, _W16))]
         return b.add(acc, _join(b, *dots))
 
+    def _sub_tiles(b, n, sub_rows, o, qr0, c, sub_tile):
+        """Emit ``sub_tile(o, qr0, c)`` for ``n`` consecutive sub-tiles from the first one's accumulator offset ``o``,
+        quad row ``qr0`` and column ``c`` on, each the next 16 accumulators, ``sub_rows`` quad rows and 16 columns (an
+        intrinsic taking a tile's whole sub-tiles in one call: :mod:`kernels.ggml.columns_q4k`,
+        :mod:`kernels.ggml.columns_k`)."""
+        with cgutils.for_range(b, n) as loop:
+            s16 = b.mul(loop.index, _k(16))
+            sub_tile(b.add(o, s16), b.add(qr0, b.mul(loop.index, sub_rows)), b.add(c, s16))
+
     @jit()
     def _sub_tile_row(q, c):
         """The first quad row of column ``c``'s sub-tile in a tile ``q`` (K, 64) (its rows of 64 bytes, as the IR

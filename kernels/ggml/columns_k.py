@@ -139,7 +139,7 @@ if JIT_ENABLED:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from kernels.ggml.columns_ir import _Args, _dot_scaled, _k, _lit, _scaled, _splat, _sub_tile_row
+    from kernels.ggml.columns_ir import _Args, _dot_scaled, _k, _lit, _scaled, _splat, _sub_tile_row, _sub_tiles
 
     _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     _V16, _F16 = ir.VectorType(_i32, 16), ir.VectorType(ir.FloatType(), 16)
@@ -234,9 +234,7 @@ if JIT_ENABLED:
 
             # a sub-tile's K/4 quad rows: a quarter of the tile's byte rows (K), a third of its six-bit rows (3K/4)
             sub_rows = b.udiv(cgutils.unpack_tuple(b, arr[2].shape, 2)[0], k(3 if six else 4))
-            with cgutils.for_range(b, args[13]) as sub_loop:
-                s16 = b.mul(sub_loop.index, k(16))
-                sub_tile(b.add(args[1], s16), b.add(args[3], b.mul(sub_loop.index, sub_rows)), b.add(args[4], s16))
+            _sub_tiles(b, args[13], sub_rows, args[1], args[3], args[4], sub_tile)  # ns sub-tiles from (o, qr0, c)
             return context.get_dummy_value()
 
         return sig, codegen

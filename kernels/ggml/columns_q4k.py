@@ -56,7 +56,7 @@ if JIT_ENABLED:
     from numba.extending import intrinsic
 
     from kernels.ggml.columns_ir import (_B32, _W16, _Args, _dpbusd, _halves, _join, _k, _lit, _madd, _splat,
-                                         _sub_tile_row, _x86)
+                                         _sub_tile_row, _sub_tiles, _x86)
     from kernels.lanes.ir import _prefetch
 
     _i8, _i32, _i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -176,11 +176,8 @@ if JIT_ENABLED:
                                 ii, mi = b.add(ii, s), b.add(mi, t)
                             fmas(blk, i, r, ii, mi)
 
-            o0, qr00, c0, n_sub = args[1], args[3], args[4], args[16]
             sub_rows = b.udiv(cgutils.unpack_tuple(b, arr[2].shape, 2)[0], k(4))  # a sub-tile's K/8 quad rows
-            with cgutils.for_range(b, n_sub) as sub_loop:
-                s16 = b.mul(sub_loop.index, k(16))
-                sub_tile(b.add(o0, s16), b.add(qr00, b.mul(sub_loop.index, sub_rows)), b.add(c0, s16))
+            _sub_tiles(b, args[16], sub_rows, args[1], args[3], args[4], sub_tile)  # ns sub-tiles from (o, qr0, c)
             return context.get_dummy_value()
 
         return sig, codegen

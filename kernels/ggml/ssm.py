@@ -244,7 +244,7 @@ if JIT_ENABLED:
         def codegen(context, b, signature, args):
             ad, asrc = (context.make_array(t)(context, b, a) for t, a in zip(signature.args[:2], args[:2]))
             j0, i0 = args[2], args[3]
-            k = lambda n: ir.Constant(ir.IntType(64), n)  # noqa: E731
+            k = functools.partial(context.get_constant, types.intp)  # an index constant
 
             def row(arr, aty, r, c):  # a pointer to the 16 floats from [r, c]
                 return b.bitcast(cgutils.get_item_pointer(context, b, aty, arr, [r, c]), _ROW.as_pointer())

@@ -45,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numba import get_num_threads, literally, prange
+import numba
+from numba import literally, prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
@@ -406,15 +407,18 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, orde
 
 
 @jit(parallel=True)
-def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out):
-    """Every expert group's tiles split between threads in one parallel region (not one region per group: each opens
-    and joins the threads), each group's tiles in as many runs as give every thread 4 work items or more (a decode's 8
-    groups: 1 run each from 2 threads; a prompt's 256: 1). Each output is one work item's, computed in one order."""
+def _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, threads,
+                     out):
+    """Every expert group's tiles split between ``threads`` threads in one parallel region (not one region per group:
+    each opens and joins the threads), each group's tiles in as many runs as give every thread 4 work items or more (a
+    decode's 8 groups: 1 run each from 2 threads; a prompt's 256: 1). Each output is one work item's, computed in one
+    order, whatever ``threads`` is. (The count comes from the caller: ``numba.get_num_threads()`` inside a kernel
+    embeds a ctypes pointer, and numba cannot cache such a kernel: every process would compile it again.)"""
     literally(kind)  # compiled per kind (_mul_mat_for)
     t0 = c0 // TILE
     nt = (c1 - 1) // TILE - t0 + 1
     G = experts.shape[0]
-    runs = min(nt, max(1, (4 * get_num_threads() + G - 1) // G))  # runs of each group's tiles
+    runs = min(nt, max(1, (4 * threads + G - 1) // G))  # runs of each group's tiles
     per = (nt + runs - 1) // runs
     for w in prange(G * runs):
         dots, acc = _scratch()
@@ -440,14 +444,16 @@ def _mul_mat_id_for(kind, parallel):
     every row through ``from_float``, the slots of ``ids`` (T, n_used) grouped by expert (:func:`slot_groups`, as
     ggml groups them), each group's rows against its expert's columns — a gemv per row (``forward_mul_mat_id``), or
     for kinds 3-5 vec_dot (the tiled kernel when the group has :data:`TILED_MIN_ROWS` rows); out (T·n_used, c1 -
-    c0). The (group, tile) items split between threads, or (``parallel`` False) run on the calling thread."""
+    c0). The (group, tile) items split between ``threads`` threads (numba's count: it sizes the items, no bit depends
+    on it), or (``parallel`` False) run on the calling thread."""
 
     @jit(variant=KIND_NAME[kind] + ("" if parallel else "_serial"))
-    def cols_mul_mat_id(q, d, dmin, sc, mn, c0, c1, x, ids, n_x, out):
+    def cols_mul_mat_id(q, d, dmin, sc, mn, c0, c1, x, ids, n_x, threads, out):
         y, yd, ys, m128, gemm = _inputs(kind, x, 0)
         order, bounds, experts, arow = slot_groups(ids, n_x)
         if parallel:
-            _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out)
+            _groups_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow,
+                             threads, out)
         else:
             _groups(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, order, bounds, experts, arow, out)
 
@@ -514,7 +520,7 @@ def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: 
     parallel = ids.size * cols.n_cols * K >= SERIAL_BELOW  # a decode step's 8 experts as much as a prompt's 256
     _mul_mat_id_for(_kind(cols, repacked), parallel)(cols.q, cols.d, cols.dmin, cols.sc, cols.mn, cols.c0,
                                                      cols.c0 + cols.n_cols, x.reshape(T * n_x, K), ids, n_x,
-                                                     out.reshape(T * ids.shape[1], -1))
+                                                     numba.get_num_threads(), out.reshape(T * ids.shape[1], -1))
     return out
 
 

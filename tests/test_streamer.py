@@ -514,10 +514,10 @@ def test_load_model_gives_auto_the_file_size(make_fixture, monkeypatch):
 
 
 def test_ggml_auto_maps_a_file_that_fits(make_fixture, monkeypatch):
-    """--emulate=ggml with --cache-mb auto: where the budget would be 0 (the file fits in memory) the routed experts
-    are pinned (memory-map views: ggml's kernels read the stored rows there), unless a routing hook asks for the
-    streamer; a budget above 0, a number, or the plain path keep the streamer. (Pinned experts' bits in the ggml
-    path: tests/test_ggml_e2e.py.)"""
+    """--emulate=ggml with --cache-mb auto: where the file fits in memory (auto's budget 0, or room left beside it)
+    the routed experts are pinned (memory-map views: ggml's kernels read the stored rows or the column layout),
+    unless a routing hook asks for the streamer; a file that does not fit, a number, or the plain path keep the
+    streamer. (Pinned experts' bits in the ggml path: tests/test_ggml_e2e.py.)"""
     import refimpl.model.load as M
 
     path = make_fixture("tiny", "q4_k_m")
@@ -528,7 +528,10 @@ def test_ggml_auto_maps_a_file_that_fits(make_fixture, monkeypatch):
     assert load_model(path, cache_mb="auto", ggml=ggml, pack=False, on_route=lambda r: None).streamer is not None
     assert load_model(path, cache_mb="0", ggml=ggml, pack=False).streamer is not None
     assert load_model(path, cache_mb="auto", pack=False).streamer is not None
-    monkeypatch.setattr(M, "cache_budget", lambda mb, **kw: 64 * MIB)
+    monkeypatch.setattr(M, "cache_budget", lambda mb, **kw: 64 * MIB)  # room beside the file: still pinned
+    assert load_model(path, cache_mb="auto", ggml=ggml, pack=False).streamer is None
+    assert load_model(path, cache_mb="auto", pack=False).streamer is not None
+    monkeypatch.setattr(M, "fits_in_memory", lambda *a: False)  # a file larger than the memory: streamed
     assert load_model(path, cache_mb="auto", ggml=ggml, pack=False).streamer is not None
 
 

@@ -92,7 +92,7 @@ def cmd_run(args) -> int:
     else:
         from refimpl.decode.speculative import speculative_generate
 
-        s = model.streamer  # None: the routed experts memory-mapped (--emulate=ggml, auto's budget 0)
+        s = model.streamer  # None: the routed experts memory-mapped (--emulate=ggml, auto, a file that fits in memory)
         out, stats = speculative_generate(model, prompt, args.n_predict, ctx, **spec, **kwargs,
                                           bytes_read=s.bytes_read if s else None, counters=s.counters.columns if s else None)
     bar.close()
@@ -117,8 +117,8 @@ def cmd_run(args) -> int:
         for line in model.streamer.summary_lines(len(out), mtp=args.mtp):
             print(line, file=sys.stderr)
     elif model.config.is_moe:
-        print("stream: none — the routed experts are read from the memory map (--emulate=ggml and --cache-mb auto, whose "
-              "budget came to 0: the file fills the memory; --cache-mb N streams them)", file=sys.stderr)
+        print("stream: none — the routed experts are read from the memory map (--emulate=ggml and --cache-mb auto: the "
+              "file fits in memory, whose page cache keeps it; --cache-mb N streams them)", file=sys.stderr)
     if trace is not None:
         print(f"wrote {trace.path}: {trace.n_rows} routing rows (one per position and layer)", file=sys.stderr)
     return 0

@@ -79,21 +79,23 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
     instead of the lane copies; ``"auto"`` lays out everything when it fits, else all but the pinned routed experts
     when that fits (they are then multiplied from the memory map's stored rows). With ``ggml``, ``cache_mb="auto"``
-    where its budget comes to 0 (the file fits in memory with no room left for a private cache) pins the routed
-    experts too, unless ``on_route``
-    asks for the streamer's routing: ggml's kernels read the stored rows where the map has them, where a budget-0
-    stream copies every token's experts first (the 40-layer full fixture, *EPYC*, 2026-12-05, 2 threads: 211 ms a
-    token mapped, 623 ms streamed, 314 ms of it waiting for the reads)."""
+    pins the routed experts where the file fits in memory (the page cache keeps it: a private cache would hold a
+    second copy of its pages), unless ``on_route`` asks for the streamer's routing: ggml's kernels read the column
+    layout or the stored rows where the map has them, where a stream copies every token's missing experts first
+    (the 40-layer full fixture, *EPYC*, 2026-12-05, 2 threads, budget 0: 211 ms a token mapped, 623 ms streamed,
+    314 ms of it waiting for the reads; real2 Q4_K_M, 2026-12-07, 1 thread, half of MemAvailable: 13.0 ms a token
+    pinned in the column layout, 16.1 streamed)."""
     if pack not in (True, False, "auto"):
         raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
     m = open_model(path)
     budget = None
     if cache_mb is not None:
         dense = sum(dense_tensors(m.gguf).values())
-        budget = cache_budget(cache_mb, file_bytes=os.path.getsize(m.gguf.path),
-                              resident_bytes=0 if pack is False else int(dense * _PACK_GROWTH))  # packed copies, at most
-        if budget == 0 and ggml is not None and on_route is None and is_auto(cache_mb):
-            budget = None  # the page cache holds the file: its map serves ggml's kernels without a copy
+        size, resident = os.path.getsize(m.gguf.path), 0 if pack is False else int(dense * _PACK_GROWTH)  # packed copies, at most
+        budget = cache_budget(cache_mb, file_bytes=size, resident_bytes=resident)
+        if (ggml is not None and on_route is None and is_auto(cache_mb)
+                and (budget == 0 or fits_in_memory(size, resident))):
+            budget = None  # the page cache holds the file: its map (or the column layout) serves ggml's kernels
     if budget is None:
         weights = load_weights(m)
         if m.config.is_moe and fits_in_memory(os.path.getsize(m.gguf.path)):

@@ -56,7 +56,7 @@ from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
-from kernels.ggml.columns_b32 import TYPES as B32_NIBBLE_TYPES, pack as pack_nibbles, tile_b32
+from kernels.ggml.columns_b32 import TYPES as B32_NIBBLE_TYPES, tile_b32
 from kernels.ggml.columns_q4k import tile_q4k
 from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
@@ -122,23 +122,40 @@ class Columns:
 
 
 @jit()
-def _lay_q4_b32(w, hdr, lut, tab, per, q, d):
+def _lay_q4_b32(w, hdr, lut, tab, nibbles, q, d):
     """Q4_0 / IQ4_NL / MXFP4 rows (per block: ``hdr`` scale bytes, 16 nibble bytes; value ``j`` the low nibble of byte
-    ``j``, value ``j + 16`` its high nibble) -> ``q``: ``per`` 2, (K/2, 2N) the LUT values in pairs (value ``k`` of
-    output ``c`` at ``[k // 2, 2c + k % 2]``); ``per`` 4, (K/4, 4N) the 4-bit codes in quads (``[k // 4, 4c + k %
-    4]``: :mod:`kernels.ggml.columns_b32`); ``d`` (K/32, N) the scale through ``tab`` (fp16 bits, or the E8M0 byte)."""
+    ``j``, value ``j + 16`` its high nibble) -> their tiles of :data:`TILE` outputs: ``d`` (nt, K/32, TILE) the scale
+    through ``tab`` (fp16 bits, or the E8M0 byte), column ``c`` at ``[c // TILE, b, c % TILE]``; ``q`` — ``nibbles``:
+    (nt, K/2, 64) the 4-bit codes (:mod:`kernels.ggml.columns_b32`), each sub-tile of 16 columns in one piece, per
+    block 4 rows whose byte ``4j + e`` of row ``v`` holds column ``j``'s values ``4v + e`` (low nibble) and ``16 + 4v +
+    e`` (high): the block's byte ``4v + e`` itself; else (nt, K/2, 2·TILE) the LUT values in pairs (value ``k`` of
+    column ``c`` at ``[c // TILE, k // 2, 2(c % TILE) + k % 2]``)."""
     bs = hdr + 16
+    R4 = q.shape[1] // 4  # a sub-tile's rows (nibbles)
     for c in range(w.shape[0]):
-        wc = w[c]
-        for b in range(d.shape[0]):
+        wc, qt, dt, cc = w[c], q[c // TILE], d[c // TILE], c % TILE
+        r0, j = R4 * (cc // 16), cc % 16  # the column's sub-tile and place in it
+        for b in range(dt.shape[0]):
             o = bs * b
-            d[b, c] = tab[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)] if hdr == 2 else tab[np.int64(wc[o])]
-            for j in range(16):
-                v = np.int64(wc[o + hdr + j])
-                for h in range(2):  # value 32b + j, then 32b + j + 16
-                    code = (v >> (4 * h)) & 15
-                    k = 32 * b + 16 * h + j
-                    q[k // per, per * c + k % per] = lut[code] if per == 2 else code
+            dt[b, cc] = tab[np.int64(wc[o]) | (np.int64(wc[o + 1]) << 8)] if hdr == 2 else tab[np.int64(wc[o])]
+            if nibbles:
+                for i in range(16):
+                    qt[r0 + 4 * b + i // 4, 4 * j + i % 4] = wc[o + hdr + i]
+                continue
+            for i in range(16):
+                v = np.int64(wc[o + hdr + i])
+                for h in range(2):  # value 32b + i, then 32b + i + 16
+                    k = 32 * b + 16 * h + i
+                    qt[k // 2, 2 * cc + k % 2] = lut[(v >> (4 * h)) & 15]
+
+
+def _in_tiles(a: np.ndarray, nt: int) -> np.ndarray:
+    """(N, R, p) -> (nt, R, TILE·p): column ``c``'s ``p`` values of row ``r`` at ``[c // TILE, r, p·(c % TILE) …]``,
+    the last tile's columns past N zero."""
+    N, R, p = a.shape
+    padded = np.zeros((nt * TILE, R, p), a.dtype)
+    padded[:N] = a
+    return np.ascontiguousarray(padded.reshape(nt, TILE, R, p).transpose(0, 2, 1, 3)).reshape(nt, R, TILE * p)
 
 
 def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = False) -> Columns:
@@ -160,45 +177,31 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = Fal
     nibbles = nibbles and qtype in NIBBLE_KIND
     if rb % per_block:
         raise ValueError(f"column layout: rows of {rb} bytes are not whole {qtype.name} blocks")
-    per = 4 if values == 256 or nibbles else 2  # values side by side: quads (the K-quants, codes), else pairs
-    q = np.empty((E, K // per, per * N), np.uint8 if nibbles else np.int8)
-    if values == 256:
+    nt = -(-N // TILE)  # tiles of TILE outputs, each stored in one piece (the last padded with zeros)
+    sixbit = sixbit and qtype == QT.Q6_K
+    if values == 256:  # the K-quants: laid out tile by tile in one compiled step (lay_k)
         nsub, nmin = (K // 16, 0) if qtype == QT.Q6_K else (K // 32, K // 32)
-        d, dmin = np.empty((E, K // 256, N), F32), np.empty((E, K // 256 if nmin else 0, N), F32)
-        sc, mn = np.empty((E, nsub, N), np.uint8), np.empty((E, nmin, N), np.uint8)
-    else:
-        d, dmin = np.empty((E, K // 32, N), F32), np.empty((E, 0, N), F32)
-        sc, mn = np.empty((E, 0, N), np.uint8), np.empty((E, 0, N), np.uint8)
+        q = np.empty((E, nt, K // 2 if qtype == QT.Q4_K else K, 64), np.int8)  # Q4_K: two codes a byte
+        d, dmin = np.empty((E, nt, K // 256, TILE), F32), np.empty((E, nt, K // 256 if nmin else 0, TILE), F32)
+        sc, mn = np.empty((E, nt, nsub, TILE), np.uint8), np.empty((E, nt, nmin, TILE), np.uint8)
+        for e in range(E):
+            we = read_only(np.ascontiguousarray(w3[e]))  # as a mapped file's rows: one compiled lay_k whoever calls
+            lay_k(PLAIN_KIND[qtype] - 3, we, q[e].view(np.uint8), d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
+        return Columns(qtype, pack6(q) if sixbit else q, d, dmin, sc, mn, N, sixbit=sixbit)
+    q = np.zeros((E, nt, K // 2, 64 if nibbles else 2 * TILE), np.uint8 if nibbles else np.int8)  # zeros: padding
+    d = np.zeros((E, nt, K // 32, TILE), F32)
     for e in range(E):
-        we = read_only(np.ascontiguousarray(w3[e]))  # as a mapped file's rows: one compiled lay_k whoever calls
-        if values == 256:
-            lay_k(PLAIN_KIND[qtype] - 3, we, q[e], d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
-        elif qtype == QT.Q8_0:  # value j of a block: byte 2 + j
+        we = read_only(np.ascontiguousarray(w3[e]))  # as a mapped file's rows: one compiled kernel whoever calls
+        if qtype == QT.Q8_0:  # value j of a block: byte 2 + j
             blocks = we.reshape(N, K // 32, 34)
-            q[e] = blocks[:, :, 2:].view(np.int8).reshape(N, K // 2, 2).transpose(1, 0, 2).reshape(K // 2, 2 * N)
-            d[e] = F16_TO_F32[blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)].T
+            q[e] = _in_tiles(blocks[:, :, 2:].view(np.int8).reshape(N, K // 2, 2), nt)
+            fp16 = blocks[:, :, 0].astype(np.int64) | (blocks[:, :, 1].astype(np.int64) << 8)  # (N, K/32)
+            d[e] = _in_tiles(F16_TO_F32[fp16][..., None], nt)
         else:
             lut, hdr, tab = _TYPES[qtype]
-            _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, per, q[e], d[e])
-    nt = -(-N // TILE)  # tiles of TILE outputs, each stored in one piece (the last padded with zeros)
-
-    def tiled(a, per):  # (E, rows, per·N) -> (E, nt, rows, per·TILE)
-        a = np.pad(a, ((0, 0), (0, 0), (0, per * (nt * TILE - N))))
-        return np.ascontiguousarray(a.reshape(E, a.shape[1], nt, per * TILE).transpose(0, 2, 1, 3))
-
-    def quads(a):  # (E, K/4, 4·N) -> (E, nt, K, 16·4): each sub-tile of 16 columns in one piece (columns_ir)
-        a = np.pad(a, ((0, 0), (0, 0), (0, 4 * (nt * TILE - N))))
-        a = a.reshape(E, a.shape[1], nt, TILE // 16, 64).transpose(0, 2, 3, 1, 4)
-        if qtype == QT.Q4_K:  # two quad rows to a row of bytes: the even one's codes in the low nibbles
-            a = a[..., 0::2, :] | (a[..., 1::2, :] << 4)
-        else:  # a super-block's quads lane by lane (columns_ir.quad_row): (…, K/256, 8 groups, 8 lanes, 64) swapped
-            a = a.reshape(*a.shape[:3], -1, 8, 8, 64).swapaxes(-3, -2)
-        return np.ascontiguousarray(a).reshape(E, nt, -1, 64)
-
-    sixbit = sixbit and qtype == QT.Q6_K
-    laid = pack_nibbles(tiled(q, 4)) if nibbles else pack6(quads(q)) if sixbit else quads(q) if per == 4 else tiled(q, 2)
-    return Columns(qtype, laid, tiled(d, 1), tiled(dmin, 1), tiled(sc, 1), tiled(mn, 1), N, nibbles=nibbles,
-                   sixbit=sixbit)
+            _lay_q4_b32(we, hdr, lut.astype(np.int8), tab, nibbles, q[e], d[e])
+    none, none8 = np.empty((E, nt, 0, TILE), F32), np.empty((E, nt, 0, TILE), np.uint8)
+    return Columns(qtype, q.view(np.int8) if nibbles else q, d, none, none8, none8, N, nibbles=nibbles)
 
 
 # --------------------------------------------------------------------------------------------

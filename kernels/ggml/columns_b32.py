@@ -10,8 +10,8 @@ for each activation byte -128 met by a weight ``w < 0`` (:func:`kernels.ggml.mul
 What this module changes is the bytes read: the layout keeps each value's 4-bit code, as the stored rows and
 llama.cpp's repacked ones do, not its LUT value (a byte: the pairs layout, twice the bytes, which kept a decode step
 of MXFP4 experts at ~20 GB/s of layout for half that of weights). Per block a sub-tile's codes are 4 rows of 64 bytes
-(:func:`pack`): byte ``4j + e`` of row ``v`` holds column ``j``'s code of value ``4v + e`` in its low nibble and of
-value ``16 + 4v + e`` in its high one. ``vpshufb`` turns codes into ``u = LUT value + OFF`` (0 … 255), ``vpdpbusd``
+(:func:`kernels.ggml.columns.layout`): byte ``4j + e`` of row ``v`` holds column ``j``'s code of value ``4v + e`` in
+its low nibble and of value ``16 + 4v + e`` in its high one (the stored block's byte ``4v + e``). ``vpshufb`` turns codes into ``u = LUT value + OFF`` (0 … 255), ``vpdpbusd``
 sums ``u·y`` over 4 values for 16 columns at once, and ``Σu·y − OFF·Σy`` is the exact dot (``Σy``: the row's sum of
 the block's 32 activations). A gemv row whose block holds a -128 (the Q8_0 quantizer's extreme: rare) takes the
 definition, :func:`b32_sub_tile_def`, which the tests hold the IR to.
@@ -47,15 +47,6 @@ VECTOR = np.array([LEVEL if JIT_ENABLED and (LEVEL == 2 or LEVEL == 1 and 2 * in
 def fast(qtype) -> bool:
     """Whether ``--emulate=ggml`` lays ``qtype`` out as codes here (its vector step runs on this host)."""
     return qtype in TYPES and bool(VECTOR[TYPES.index(qtype)])
-
-
-def pack(codes: np.ndarray) -> np.ndarray:
-    """Codes in quads, tile by tile — (E, nt, K/4, 4·TILE): value ``k`` of a tile's column ``c`` at ``[k // 4, 4c + k %
-    4]`` — -> (E, nt, K/2, 64) the nibble rows (module docstring): sub-tile by sub-tile, block by block, 4 rows each."""
-    E, nt, K4, w = codes.shape
-    a = codes.reshape(E, nt, K4 // 8, 8, w // 64, 64).transpose(0, 1, 4, 2, 3, 5)  # (E, nt, sub, blk, 8 quad rows, 64)
-    a = a[..., 0:4, :] | (a[..., 4:8, :] << 4)  # values 4v … of the block low, 16 + 4v … high
-    return np.ascontiguousarray(a).reshape(E, nt, K4 * 2, 64).view(np.int8)
 
 
 @jit()
@@ -221,5 +212,5 @@ def tile_b32(t, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc):
             out[orow[i], oc + j] = acc[i, j]
 
 
-__all__ = ["LUT", "OFF", "TYPES", "U_TAB", "VECTOR", "b32_sub_tile16", "b32_sub_tile_def", "fast", "pack",
+__all__ = ["LUT", "OFF", "TYPES", "U_TAB", "VECTOR", "b32_sub_tile16", "b32_sub_tile_def", "fast",
            "tile_b32"]

@@ -184,9 +184,8 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = Fal
         q = np.empty((E, nt, K // 2 if qtype == QT.Q4_K else K, 64), np.int8)  # Q4_K: two codes a byte
         d, dmin = np.empty((E, nt, K // 256, TILE), F32), np.empty((E, nt, K // 256 if nmin else 0, TILE), F32)
         sc, mn = np.empty((E, nt, nsub, TILE), np.uint8), np.empty((E, nt, nmin, TILE), np.uint8)
-        for e in range(E):
-            we = read_only(np.ascontiguousarray(w3[e]))  # as a mapped file's rows: one compiled lay_k whoever calls
-            lay_k(PLAIN_KIND[qtype] - 3, we, q[e].view(np.uint8), d[e], dmin[e], sc[e], mn[e], F16_TO_F32)
+        w3 = read_only(np.ascontiguousarray(w3))  # as a mapped file's rows: one compiled lay_k whoever calls
+        lay_k(PLAIN_KIND[qtype] - 3, w3, q.view(np.uint8), d, dmin, sc, mn, F16_TO_F32)
         return Columns(qtype, pack6(q) if sixbit else q, d, dmin, sc, mn, N, sixbit=sixbit)
     q = np.zeros((E, nt, K // 2, 64 if nibbles else 2 * TILE), np.uint8 if nibbles else np.int8)  # zeros: padding
     d = np.zeros((E, nt, K // 32, TILE), F32)

@@ -27,6 +27,7 @@ float operation matters; that is kept element by element.
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from kernels.base.flags import JIT_ENABLED, jit
 from kernels.ggml.columns_ir import LEVEL, kq, kq_def, kq_fma, lanes_fma_def
@@ -38,59 +39,67 @@ F32 = np.float32
 KQ_KIND = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
 
 
-@jit()
+@jit(parallel=True)
 def lay_k(kind, w, q, d, dmin, sc, mn, tab):
-    """Q4_K / Q5_K / Q6_K rows ``w`` (N, row bytes) of one matrix (``kind`` as ``mulmat_k.KIND``) -> its tiles of
-    :data:`kernels.ggml.columns.TILE` outputs, through :func:`kernels.ggml.mulmat_k.decode_row`: ``q`` (nt, R, 64)
+    """Q4_K / Q5_K / Q6_K rows ``w`` (E, N, row bytes) of E matrices (``kind`` as ``mulmat_k.KIND``) -> their tiles of
+    :data:`kernels.ggml.columns.TILE` outputs, through :func:`kernels.ggml.mulmat_k.decode_row`: ``q`` (E, nt, R, 64)
     uint8, each tile's 4 sub-tiles of 16 columns one after another, 4 consecutive codes of a column side by side
     (``[r, 4j + m]``) — Q4_K two quad rows to a row of bytes (quad row ``2r`` in the low nibbles: R = K/2), Q5_K and
     Q6_K a super-block's 64 quad rows lane by lane (row ``8l + g`` the quad row ``8g + l``: R = K,
-    :func:`kernels.ggml.columns_ir.quad_row`) —; ``d`` / ``dmin`` (nt, K/256, 64) float32, ``sc`` / ``mn`` (nt,
-    K/32 or K/16, 64) uint8 (Q6_K: its int8 scale's byte), column ``c`` at ``[c // 64, …, c % 64]``; the last tile's
-    columns past N zero. A sub-tile's 16 rows are decoded into a scratch and written out in order (each output byte
-    once, in sequence)."""
+    :func:`kernels.ggml.columns_ir.quad_row`) —; ``d`` / ``dmin`` (E, nt, K/256, 64) float32, ``sc`` / ``mn`` (E,
+    nt, K/32 or K/16, 64) uint8 (Q6_K: its int8 scale's byte), column ``c`` at ``[…, c // 64, …, c % 64]``; the
+    last tile's columns past N zero. The (matrix, tile) items split between threads (each byte is one item's copy)."""
+    nt = q.shape[1]
+    for i in prange(w.shape[0] * nt):
+        e, t = i // nt, i % nt
+        _lay_k_tile(kind, w[e], t, q[e, t], d[e, t], dmin[e, t], sc[e, t], mn[e, t], tab)
+
+
+@jit()
+def _lay_k_tile(kind, w, t, q, d, dmin, sc, mn, tab):
+    """Tile ``t`` of :func:`lay_k` for one matrix ``w`` (N, row bytes): ``q`` (R, 64), ``d`` … (…, 64). A sub-tile's
+    16 rows are decoded into a scratch, then written out in order."""
     N = w.shape[0]
-    nb = d.shape[1]
+    nb = d.shape[0]
     K = 256 * nb
-    R4 = q.shape[1] // 4  # rows of one sub-tile
-    qr, scr, mnr = np.empty(K, np.int32), np.empty(sc.shape[1], np.int32), np.zeros(sc.shape[1], np.int32)
+    R4 = q.shape[0] // 4  # rows of one sub-tile
+    qr, scr, mnr = np.empty(K, np.int32), np.empty(sc.shape[0], np.int32), np.zeros(sc.shape[0], np.int32)
     dr, dminr = np.empty(nb, F32), np.zeros(nb, F32)
     codes = np.empty((16, K), np.uint8)  # one sub-tile's columns, each its K codes
-    for t in range(q.shape[0]):
-        for s in range(4):
-            for j in range(16):
-                c, o = 64 * t + 16 * s + j, 16 * s + j
-                if c >= N:  # the last tile's padding
-                    codes[j] = 0
-                    dr[:] = 0
-                    dminr[:] = 0
-                    scr[:] = 0
-                    mnr[:] = 0
-                else:
-                    decode_row(kind, w[c], qr, scr, mnr, dr, dminr, tab)
-                    for k in range(K):
-                        codes[j, k] = qr[k]
-                for x in range(sc.shape[1]):
-                    sc[t, x, o] = np.uint8(scr[x] & 255)
-                for x in range(mn.shape[1]):
-                    mn[t, x, o] = mnr[x]
-                for b in range(nb):
-                    d[t, b, o] = dr[b]
-                for b in range(dmin.shape[1]):
-                    dmin[t, b, o] = dminr[b]
-            qs = q[t, R4 * s:R4 * (s + 1)]  # (R4, 64)
-            if kind == 0:  # Q4_K: quad rows 2r, 2r + 1 in one row of nibbles
-                for r in range(R4):
-                    for j in range(16):
-                        for m in range(4):
-                            qs[r, 4 * j + m] = codes[j, 8 * r + m] | (codes[j, 8 * r + 4 + m] << np.uint8(4))
-            else:  # row 64·sb + 8l + g: quad row 64·sb + 8g + l
-                for r in range(R4):
-                    sb, l, g = r // 64, (r // 8) % 8, r % 8
-                    k0 = 4 * (64 * sb + 8 * g + l)
-                    for j in range(16):
-                        for m in range(4):
-                            qs[r, 4 * j + m] = codes[j, k0 + m]
+    for s in range(4):
+        for j in range(16):
+            c, o = 64 * t + 16 * s + j, 16 * s + j
+            if c >= N:  # the last tile's padding
+                codes[j] = 0
+                dr[:] = 0
+                dminr[:] = 0
+                scr[:] = 0
+                mnr[:] = 0
+            else:
+                decode_row(kind, w[c], qr, scr, mnr, dr, dminr, tab)
+                for k in range(K):
+                    codes[j, k] = qr[k]
+            for x in range(sc.shape[0]):
+                sc[x, o] = np.uint8(scr[x] & 255)
+            for x in range(mn.shape[0]):
+                mn[x, o] = mnr[x]
+            for b in range(nb):
+                d[b, o] = dr[b]
+            for b in range(dmin.shape[0]):
+                dmin[b, o] = dminr[b]
+        qs = q[R4 * s:R4 * (s + 1)]  # (R4, 64)
+        if kind == 0:  # Q4_K: quad rows 2r, 2r + 1 in one row of nibbles
+            for r in range(R4):
+                for j in range(16):
+                    for m in range(4):
+                        qs[r, 4 * j + m] = codes[j, 8 * r + m] | (codes[j, 8 * r + 4 + m] << np.uint8(4))
+        else:  # row 64·sb + 8l + g: quad row 64·sb + 8g + l
+            for r in range(R4):
+                sb, l, g = r // 64, (r // 8) % 8, r % 8
+                k0 = 4 * (64 * sb + 8 * g + l)
+                for j in range(16):
+                    for m in range(4):
+                        qs[r, 4 * j + m] = codes[j, k0 + m]
 
 
 def pack6(q: np.ndarray) -> np.ndarray:

@@ -175,3 +175,47 @@ def test_closures_of_one_factory_compiled_by_two_processes_load_together(tmp_pat
     both = run("2,3")
     assert both.returncode == 0, both.stderr[-2000:]
     assert both.stdout == "[2.0, 2.0] float64\n[3.0, 3.0] int32\n"
+
+
+_SERIAL_OVER_PARALLEL = """import numba
+import numpy as np
+
+
+@numba.njit(parallel=True, cache=True)
+def inner(x):
+    out = np.empty_like(x)
+    for i in numba.prange(x.shape[0]):
+        out[i] = 2 * x[i]
+    return out
+
+
+@numba.njit(cache=True)
+def middle(x):
+    return inner(x) + 1
+
+
+@numba.njit(cache=True)
+def outer(x):  # serial, with the parallel callee compiled into it a level down
+    return middle(x)
+"""
+
+
+def test_a_cached_serial_kernel_with_a_parallel_callee_runs_first_in_a_process(tmp_path):
+    """A serial kernel whose callee's callee has a prange, compiled by a process that loaded that callee from the
+    cache, then loaded by a fresh process and called before any parallel kernel: numba launches its threading layer
+    (and hands LLVM its ``numba_parallel_for``) when it compiles a parallel kernel or loads one whose own code it
+    lowered, not here, so the loaded code called an unresolved symbol and the process died (repack_k.gemv_k_id, the
+    first kernel of a compile-ahead walk on a Q4_K_M file, after the suite's two workers had compiled it and its
+    callees). Fails (SIGSEGV) without kernels.base.cache._threads_launched."""
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "nested.py").write_text(_SERIAL_OVER_PARALLEL)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    script = ("import sys, numpy as np, kernels; sys.path.insert(0, sys.argv[1]); import nested; "
+              "print(getattr(nested, sys.argv[2])(np.arange(4.0)).tolist())")
+    # middle compiled and saved by one process, outer by the next (middle from the cache), then outer loaded
+    for name in ("middle", "outer", "outer"):
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "mod"), name], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout == "[1.0, 3.0, 5.0, 7.0]\n"
+    assert any(f.endswith(".nbi") and "outer" in f for _, _, files in os.walk(tmp_path / "cache") for f in files)

@@ -244,6 +244,17 @@ def compile_lock(index: str, key: tuple) -> str:
     return f"{index}.{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}.compiling"
 
 
+def _threads_launched() -> None:
+    """Launch numba's threading layer (once a process; then a no-op). A ``prange`` kernel's code calls the layer's
+    ``numba_parallel_for``, a symbol numba hands to LLVM only when it launches the layer: compiling a parallel kernel
+    launches it, a decorated ``parallel=True`` one too, but a serial kernel loaded from the cache with a parallel
+    callee compiled into it (``repack_k.gemv_k_id`` -> ``repacked_k_id_parallel``) does not, and its first call jumped
+    through an unresolved symbol: a segmentation fault in a process that had run no parallel kernel before."""
+    from numba.np.ufunc.parallel import _launch_threads
+
+    _launch_threads()
+
+
 def _lock_compiles() -> None:
     """Make numba's ``Dispatcher.compile`` (a kernel's new signature: loaded from the cache, or compiled and saved)
     hold an exclusive ``flock`` on the signature's :func:`compile_lock` while it looks in the cache, compiles and saves.
@@ -269,6 +280,7 @@ def _lock_compiles() -> None:
         key = tuple(sigutils.normalize_signature(sig)[0])
         if index is None or self.overloads.get(key) is not None:
             return compile_(self, sig)
+        _threads_launched()  # before its machine code may come from the cache
         lock = compile_lock(index, key)
         depth = getattr(_compiling, "depth", 0)
         if not depth and getattr(_compiling, "skip", False) and _busy(lock):

@@ -51,13 +51,13 @@ from numba import literally, prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
 from kernels.ggml.columns_ir import LEVEL
-from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, tile_k, tile_q6_sixbit, unpack6
+from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, sixbit_into, tile_k, tile_q6_sixbit, unpack6
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
 from kernels.ggml.columns_b32 import TYPES as B32_NIBBLE_TYPES, tile_b32
-from kernels.ggml.columns_q4k import tile_q4k
+from kernels.ggml.columns_q4k import tile_q4k, tiles_q4k
 from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -304,15 +304,53 @@ def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, oro
 
 
 @jit()
+def _run(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, rows, orow, out):
+    """Tiles ``ta … tb - 1`` of one matrix (``q[t]`` …), the outputs of ``[c0, c1)`` in them into ``out[orow[i], c -
+    c0]``, for the kinds of :data:`RUN_KINDS` in one call: the scratch made once for the run, each tile's step
+    inlined (per tile, the calls and their arrays had cost as much as a K = 512 expert's dots). Q4_K repacked:
+    :func:`kernels.ggml.columns_q4k.tiles_q4k`; Q6_K's six-bit codes: whole sub-tiles of vec_dot rows by
+    :func:`kernels.ggml.columns_k.sixbit_into`, the rest by :func:`_tile`."""
+    literally(kind)  # compiled per kind (_mul_mat_for)
+    if kind == 2:
+        tiles_q4k(q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, gemm, rows, orow, out)
+        return
+    acc = np.empty((rows.shape[0], 8, TILE), F32)
+    dots, acc1 = _scratch()
+    vec = not _any_of(gemm, rows)
+    for t in range(ta, tb):
+        c, nc = _span(c0, c1, t)
+        if vec and c % 16 == 0 and nc % 16 == 0:  # c - TILE·t too
+            acc[:] = 0
+            sixbit_into(acc, q[t], d[t], sc[t], c - TILE * t, nc, y, yd, ys, rows, orow, out, c - c0)
+        else:
+            _tile(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out,
+                  c - c0, dots, acc1)
+
+
+#: the kinds :func:`_run` takes a run of tiles of in one call
+RUN_KINDS = (2, SIXBIT_KIND)
+
+
+@jit()
 def _scratch():
     return np.empty(TILE, np.int32), np.empty(TILE, F32)
 
 
 @jit(parallel=True)
-def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out):
-    """Every tile of ``[c0, c1)``, split between threads (each output is one thread's, computed in one order)."""
+def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, threads, out):
+    """Every tile of ``[c0, c1)``, split between ``threads`` threads (each output is one work item's, computed in one
+    order, whatever ``threads`` is); the kinds of :data:`RUN_KINDS` in runs of tiles, 4 a thread, one call each
+    (:func:`_run`)."""
     literally(kind)  # compiled per kind (_mul_mat_for)
     t0 = c0 // TILE
+    if kind == 2 or kind == SIXBIT_KIND:  # RUN_KINDS
+        nt = (c1 - 1) // TILE - t0 + 1
+        runs = min(nt, 4 * threads)
+        per = (nt + runs - 1) // runs
+        for w in prange(runs):
+            ta = t0 + w * per
+            _run(kind, q, d, dmin, sc, mn, c0, c1, ta, min(ta + per, t0 + nt), y, yd, ys, m128, gemm, rows, orow, out)
+        return
     for i in prange((c1 - 1) // TILE - t0 + 1):
         dots, acc = _scratch()
         _chunk(kind, q, d, dmin, sc, mn, c0, c1, t0 + i, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
@@ -322,6 +360,9 @@ def _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, row
 def _tiles(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, orow, out):
     """:func:`_tiles_parallel` on the calling thread."""
     literally(kind)  # compiled per kind (_mul_mat_for)
+    if kind == 2 or kind == SIXBIT_KIND:  # RUN_KINDS
+        _run(kind, q, d, dmin, sc, mn, c0, c1, c0 // TILE, (c1 - 1) // TILE + 1, y, yd, ys, m128, gemm, rows, orow, out)
+        return
     dots, acc = _scratch()
     for t in range(c0 // TILE, (c1 - 1) // TILE + 1):
         _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc)
@@ -374,11 +415,11 @@ def _mul_mat_for(kind, parallel):
     per kind, it does not.)"""
 
     @jit(variant=KIND_NAME[kind] + ("" if parallel else "_serial"))
-    def cols_mul_mat(q, d, dmin, sc, mn, c0, c1, x, g, out):
+    def cols_mul_mat(q, d, dmin, sc, mn, c0, c1, x, g, threads, out):
         y, yd, ys, m128, gemm = _inputs(kind, x, g)
         rows = np.arange(x.shape[0])  # (T,)
         if parallel:
-            _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, out)
+            _tiles_parallel(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, threads, out)
         else:
             _tiles(kind, q, d, dmin, sc, mn, c0, c1, y, yd, ys, m128, gemm, rows, rows, out)
 
@@ -402,6 +443,9 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, orde
     if 3 <= kind <= 5 or kind == SIXBIT_KIND:
         gemm[:] = orow.shape[0] >= TILED_MIN_ROWS
     qe, de, dme, sce, mne = q[e], d[e], dmin[e], sc[e], mn[e]
+    if kind == 2 or kind == SIXBIT_KIND:  # RUN_KINDS: the run in one call
+        _run(kind, qe, de, dme, sce, mne, c0, c1, ta, tb, y, yd, ys, m128, gemm, rows, orow, out)
+        return
     for t in range(ta, tb):  # _chunk's steps on the expert's views
         c, nc = _span(c0, c1, t)
         _tile(kind, qe[t], de[t], dme[t], sce[t], mne[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out,
@@ -496,7 +540,7 @@ def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndar
     g = (T if T >= TILED_MIN_ROWS else 0) if kind in K_KINDS else T - T % 4  # the rows taking the tiled kernel / the gemm
     parallel = T * cols.n_cols * K >= SERIAL_BELOW  # small products on the calling thread
     _mul_mat_for(kind, parallel)(cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0,
-                                 cols.c0 + cols.n_cols, x, g, out)
+                                 cols.c0 + cols.n_cols, x, g, numba.get_num_threads(), out)
     return out
 
 

@@ -392,15 +392,19 @@ def hsum8(a, j):
 @jit()
 def tile_q6_sixbit(q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc):
     """:func:`tile_k` of Q6_K on a tile of its six-bit codes (``q`` (3K/4, 64) uint8, :func:`pack6`), every row by
-    vec_dot's formula, whole sub-tiles (``c``, ``nc`` multiples of 16): each lane's codes decoded once for all the rows
-    (:func:`lanes_rows16_six`, every sub-tile in one call), then ``hsum_float_8``."""
-    R = rows.shape[0]
-    acc = np.zeros((R, 8, 64), F32)  # TILE = 64 columns at most
+    vec_dot's formula, whole sub-tiles (``c``, ``nc`` multiples of 16): :func:`sixbit_into` on new accumulators."""
+    sixbit_into(np.zeros((rows.shape[0], 8, 64), F32), q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc)
+
+
+@jit(inline=True)
+def sixbit_into(acc, q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc):
+    """:func:`tile_q6_sixbit`'s steps on zeroed accumulators ``acc`` (R, 8, ≥ nc): each lane's codes decoded once for
+    all the rows (:func:`lanes_rows16_six`, every sub-tile in one call), then ``hsum_float_8``."""
     lanes_rows16_six(acc, 0, q, c, nc // 16, y, rows, sc, ys, d, yd, LEVEL)  # the sub-tiles in one call
-    for i in range(R):
+    for i in range(rows.shape[0]):
         for j in range(nc):
             out[orow[i], oc + j] = hsum8(acc[i], j)
 
 
-__all__ = ["KQ_KIND", "lanes_rows", "lanes_rows16", "lanes_rows_def", "lay_k", "pack6", "tile_k", "tile_q6_sixbit",
+__all__ = ["KQ_KIND", "lanes_rows", "lanes_rows16", "lanes_rows_def", "lay_k", "pack6", "sixbit_into", "tile_k", "tile_q6_sixbit",
            "unpack6"]

@@ -51,13 +51,13 @@ from numba import literally, prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
 from kernels.ggml.columns_ir import LEVEL
-from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, sixbit_into, tile_k, tile_q6_sixbit, unpack6
+from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, sixbit_into, tile_k, unpack6
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
 from kernels.ggml.columns_b32 import TYPES as B32_NIBBLE_TYPES, tile_b32
-from kernels.ggml.columns_q4k import tile_q4k, tiles_q4k
+from kernels.ggml.columns_q4k import tiles_q4k
 from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -241,27 +241,20 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     """Columns ``c … c + nc - 1`` of one tile (``q`` (K/2, 2·TILE), or (K/4, 4·TILE) for the K-quants, ``d`` (…,
     TILE) …) against activation rows ``rows`` (``y`` (R, K) int8, ``yd`` (R, K/32 or K/256) float32, ``ys`` (R,
     K/32) the Q8_K sums (Q4_K), ``m128`` (R, K/32) the blocks holding a -128, ``gemm`` (R,) the rows taking the
-    gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (2:
-    :func:`kernels.ggml.columns_q4k.tile_q4k`, 3-5: :func:`kernels.ggml.columns_k.tile_k`, 9: Q6_K's six-bit codes,
-    :func:`kernels.ggml.columns_k.tile_q6_sixbit`); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc)
-    float32."""
+    gemm (the tiled kernel: kinds 3-5)) into ``out[orow[i], oc + j]``; ``kind`` as :data:`KIND` (3-5:
+    :func:`kernels.ggml.columns_k.tile_k`; 9, Q6_K's six-bit codes: what :func:`_run` does not take in its vector
+    step; kind 2 is :func:`_run`'s alone); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc) float32."""
     literally(kind)  # compiled per kind (_mul_mat_for)
-    if kind == SIXBIT_KIND:  # Q6_K's formula on its six-bit codes
-        if c % 16 == 0 and nc % 16 == 0 and not _any_of(gemm, rows):  # decoded in the vector step
-            tile_q6_sixbit(q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc)
-        else:  # the tiled kernel's rows, or a part of a sub-tile: from the tile's byte codes
-            codes = np.empty((q.shape[0] * 4 // 3, q.shape[1]), np.int8)  # (K, 64)
-            unpack6(q, codes)
-            tile_k(5, codes, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
+    if kind == SIXBIT_KIND:  # the tiled kernel's rows, or a part of a sub-tile: from the tile's byte codes
+        codes = np.empty((q.shape[0] * 4 // 3, q.shape[1]), np.int8)  # (K, 64)
+        unpack6(q, codes)
+        tile_k(5, codes, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
     if kind >= 6:
         tile_b32(kind - 6, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc)
         return
     if kind >= 3:
         tile_k(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
-        return
-    if kind == 2:
-        tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
     for i in range(rows.shape[0]):
         r = rows[i]

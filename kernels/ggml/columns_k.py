@@ -11,7 +11,7 @@ Q6_K never are; Q4_K with llama.cpp's ``-nr``, or rows not a multiple of 8), thr
   byte codes lie lane by lane (:func:`kernels.ggml.columns_ir.quad_row`): per super-block and lane, its scales are
   loaded once for every activation row, its 8 code vectors (512 bytes in a row) by each row from the L1 cache
   (:func:`lanes_rows`). Q6_K's codes in 6 bits (:func:`pack6`: 384 bytes a lane) are decoded once a lane, in
-  registers, for every row (:func:`tile_q6_sixbit`); the tiled kernel's rows and a part of a sub-tile take the
+  registers, for every row (:func:`sixbit_into`); the tiled kernel's rows and a part of a sub-tile take the
   tile's bytes (:func:`unpack6`).
 * ``T >= 8`` rows (the tiled kernel): per super-block ``s1`` (the lanes' total: the same integer as
   ``Σ sc·(q - 32)·y`` for Q6_K) and ``s2 = Σ mn·Σy``, ``res = fma(-dmin, float(s2), d·float(s1))``,
@@ -389,22 +389,16 @@ def hsum8(a, j):
     return F32(F32(F32(a[0, j] + a[4, j]) + F32(a[2, j] + a[6, j])) + F32(F32(a[1, j] + a[5, j]) + F32(a[3, j] + a[7, j])))
 
 
-@jit()
-def tile_q6_sixbit(q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc):
-    """:func:`tile_k` of Q6_K on a tile of its six-bit codes (``q`` (3K/4, 64) uint8, :func:`pack6`), every row by
-    vec_dot's formula, whole sub-tiles (``c``, ``nc`` multiples of 16): :func:`sixbit_into` on new accumulators."""
-    sixbit_into(np.zeros((rows.shape[0], 8, 64), F32), q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc)
-
-
 @jit(inline=True)
 def sixbit_into(acc, q, d, sc, c, nc, y, yd, ys, rows, orow, out, oc):
-    """:func:`tile_q6_sixbit`'s steps on zeroed accumulators ``acc`` (R, 8, ≥ nc): each lane's codes decoded once for
-    all the rows (:func:`lanes_rows16_six`, every sub-tile in one call), then ``hsum_float_8``."""
+    """:func:`tile_k` of Q6_K on a tile of its six-bit codes (``q`` (3K/4, 64) uint8, :func:`pack6`), every row by
+    vec_dot's formula, whole sub-tiles (``c``, ``nc`` multiples of 16), on zeroed accumulators ``acc`` (R, 8, ≥ nc):
+    each lane's codes decoded once for all the rows (:func:`lanes_rows16_six`, every sub-tile in one call), then
+    ``hsum_float_8``."""
     lanes_rows16_six(acc, 0, q, c, nc // 16, y, rows, sc, ys, d, yd, LEVEL)  # the sub-tiles in one call
     for i in range(rows.shape[0]):
         for j in range(nc):
             out[orow[i], oc + j] = hsum8(acc[i], j)
 
 
-__all__ = ["KQ_KIND", "lanes_rows", "lanes_rows16", "lanes_rows_def", "lay_k", "pack6", "sixbit_into", "tile_k", "tile_q6_sixbit",
-           "unpack6"]
+__all__ = ["KQ_KIND", "lanes_rows", "lanes_rows16", "lanes_rows_def", "lay_k", "pack6", "sixbit_into", "tile_k", "unpack6"]

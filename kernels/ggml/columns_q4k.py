@@ -202,55 +202,40 @@ else:
 
 
 @jit()
-def tile_q4k(q, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc):
-    """Columns ``c … c + nc - 1`` of one tile of Q4_K repacked (``q`` (K/2, 16·4) its sub-tiles' nibble quads,
-    ``d`` / ``dmin`` (K/256, TILE), ``sc`` / ``mn`` (K/32, TILE)) against the Q8_K activation rows ``rows`` (``y``
-    (T, K) int8, ``yd`` (T, K/256), ``ys`` (T, K/32) the sums per 32 values, ``gemm`` (T,) the rows taking the
-    gemm's FMA per 64 values) into ``out[orow[i], oc + j]`` (:func:`_tile_into`)."""
-    order, n_gemm = first_rows(gemm[rows])  # the rows' indices: the gemm's (an FMA per 64 values) first, then the gemv's
-    _tile_into(np.zeros((rows.shape[0], 2, 64), F32), order, n_gemm, q, d, dmin, sc, mn, c, nc, y, yd, ys, rows, orow,
-               out, oc)
-
-
-@jit()
 def tiles_q4k(q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, gemm, rows, orow, out):
-    """:func:`tile_q4k` for the tiles ``ta … tb - 1`` of one matrix (``q`` (nt, K/2, 64), ``d`` (nt, K/256, TILE) …),
-    its columns ``[c0, c1)`` into ``out[orow[i], c - c0]``: the rows' order and the accumulators made once for the
-    run, the tiles' steps inlined (per tile, the calls and arrays had cost a K = 512 expert's tile more than its
-    dots)."""
-    order, n_gemm = first_rows(gemm[rows])
+    """Tiles ``ta … tb - 1`` of Q4_K repacked (``q`` (nt, K/2, 64) each tile's sub-tiles of nibble quads, ``d`` /
+    ``dmin`` (nt, K/256, TILE), ``sc`` / ``mn`` (nt, K/32, TILE)), their columns of ``[c0, c1)``, against the Q8_K
+    activation rows ``rows`` (``y`` (T, K) int8, ``yd`` (T, K/256), ``ys`` (T, K/32) the sums per 32 values, ``gemm``
+    (T,) the rows taking the gemm's FMA per 64 values) into ``out[orow[i], c - c0]``: per tile, the whole sub-tiles
+    as vector IR in one call per kind of row (:func:`q4k_sub_tiles16`), a partial one by the definition
+    (:func:`q4k_sub_tile_def`), then ``out = acc - accm``. The rows' order and the accumulators are made once for the
+    run (per tile, with the calls that reached it, they had cost a K = 512 expert's tile more than its dots)."""
+    order, n_gemm = first_rows(gemm[rows])  # the rows' indices: the gemm's (an FMA per 64 values) first, then the gemv's
     acc = np.empty((rows.shape[0], 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
     for t in range(ta, tb):
         c = max(c0, 64 * t)
+        nc, ct = min(c1, 64 * t + 64) - c, c - 64 * t  # the tile's columns from ct on
         acc[:] = 0
-        _tile_into(acc, order, n_gemm, q[t], d[t], dmin[t], sc[t], mn[t], c - 64 * t, min(c1, 64 * t + 64) - c, y, yd,
-                   ys, rows, orow, out, c - c0)
+        for h in range(2):
+            sel = order[:n_gemm] if h == 0 else order[n_gemm:]
+            step = 2 if h == 0 else 8
+            if sel.shape[0] == 0:
+                continue
+            w0 = ct - ct % 16
+            while w0 < ct + nc:  # sub-tiles of 16 columns, each streamed once by each kind of row
+                cs = max(ct, w0)
+                w = min(ct + nc, w0 + 16) - cs
+                if w == 16:  # the whole sub-tiles from here on, in one call
+                    ns = (ct + nc - w0) // 16
+                    q4k_sub_tiles16(acc, cs - ct, q[t], cs, ns, y, rows, sel, sc[t], ys, d[t], yd, mn[t], dmin[t], step,
+                                    LEVEL)
+                    w0 += 16 * ns
+                else:  # a partial sub-tile (the matrix's last, when its rows are not a multiple of 16; or a split's)
+                    q4k_sub_tile_def(acc, cs - ct, q[t], cs, w, y, rows, sel, sc[t], ys, d[t], yd, mn[t], dmin[t], step)
+                    w0 += 16
+        for i in range(rows.shape[0]):
+            for j in range(nc):
+                out[orow[i], c - c0 + j] = acc[i, 0, j] - acc[i, 1, j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
 
 
-@jit(inline=True)
-def _tile_into(acc, order, n_gemm, q, d, dmin, sc, mn, c, nc, y, yd, ys, rows, orow, out, oc):
-    """:func:`tile_q4k`'s steps on zeroed accumulators ``acc`` (R, 2, ≥ nc), the rows in ``order`` (the gemm's
-    ``n_gemm`` first): the whole sub-tiles as vector IR in one call per kind of row (:func:`q4k_sub_tiles16`), a
-    partial one by the definition (:func:`q4k_sub_tile_def`); ``out = acc - accm``."""
-    for h in range(2):
-        sel = order[:n_gemm] if h == 0 else order[n_gemm:]
-        step = 2 if h == 0 else 8
-        if sel.shape[0] == 0:
-            continue
-        w0 = c - c % 16
-        while w0 < c + nc:  # sub-tiles of 16 columns, each streamed once by each kind of row
-            cs = max(c, w0)
-            w = min(c + nc, w0 + 16) - cs
-            if w == 16:  # the whole sub-tiles from here on, in one call
-                ns = (c + nc - w0) // 16
-                q4k_sub_tiles16(acc, cs - c, q, cs, ns, y, rows, sel, sc, ys, d, yd, mn, dmin, step, LEVEL)
-                w0 += 16 * ns
-            else:  # a partial sub-tile (the matrix's last, when its rows are not a multiple of 16; or a split's)
-                q4k_sub_tile_def(acc, cs - c, q, cs, w, y, rows, sel, sc, ys, d, yd, mn, dmin, step)
-                w0 += 16
-    for i in range(rows.shape[0]):
-        for j in range(nc):
-            out[orow[i], oc + j] = acc[i, 0, j] - acc[i, 1, j]  # _mm*_sub_ps(acc_rows, acc_min_rows)
-
-
-__all__ = ["q4k_sub_tiles16", "q4k_sub_tile_def", "tile_q4k", "tiles_q4k"]
+__all__ = ["q4k_sub_tiles16", "q4k_sub_tile_def", "tiles_q4k"]

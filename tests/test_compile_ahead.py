@@ -166,6 +166,44 @@ def test_the_child_starts_only_for_a_first_run(monkeypatch, tmp_path):
     assert compile_ahead.wanted(plain) is None
 
 
+def test_an_emulate_ggml_first_run_lays_out_before_its_first_token(monkeypatch, tmp_path):
+    """``compile_ahead.first_run``: its numerics' cache empty, whatever the child's switch; ``run.defers_packing``:
+    plain greedy packs after its first token, except an ``--emulate=ggml`` first run (the stored rows' kernels would
+    be compiled for that token alone); ``main`` asks once and ``cmd_run`` loads accordingly."""
+    from types import SimpleNamespace
+
+    from refimpl.cli import main, run
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(compile_ahead.ENV, "0")
+    ggml = _args("run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2")
+    assert compile_ahead.first_run(ggml) and compile_ahead.wanted(ggml) is None  # first, with no child
+    assert not compile_ahead.first_run(_args("run", str(TRAINED_PATH), "--kernel", "numpy"))  # nothing compiles
+    ggml_dir = compile_ahead.kernel_cache_dir("ggml")
+    ggml_dir.mkdir(parents=True)
+    (ggml_dir / "mulmat_q8.q8_0_mul_mat-244.py311.nbi").write_bytes(b"")
+    assert not compile_ahead.first_run(ggml)
+    assert compile_ahead.first_run(_args("run", str(TRAINED_PATH), "--tokens", "1,2"))  # the plain numerics' own marker
+
+    on, off = SimpleNamespace(ggml="libggml"), SimpleNamespace(ggml=None)
+    for argv, ctx, first, defers in ((["--emulate=ggml"], on, True, False), (["--emulate=ggml"], on, False, True),
+                                     ([], off, True, True), (["--mtp"], on, True, False), (["--mtp"], on, False, False)):
+        args = _args("run", str(TRAINED_PATH), "--tokens", "1,2", *argv)
+        assert args.first_run is False  # the parser's default: main sets it
+        args.first_run = first
+        assert run.defers_packing(args, ctx) is defers, (argv, first)
+
+    require_llama_cpp()  # --emulate=ggml follows the installed libggml; CI=true: a failure
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    seen = []
+    load = run.load
+    monkeypatch.setattr(run, "load", lambda args, **kw: seen.append(kw["defer_pack"]) or load(args, **kw))
+    for first in (True, False):
+        monkeypatch.setattr(compile_ahead, "first_run", lambda args: first)
+        assert main(["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2", "-n", "2", "--json"]) == 0
+    assert seen == [False, True]
+
+
 def test_the_child_is_spawned_before_the_flags_are_parsed(monkeypatch, tmp_path):
     """compile_ahead.spawn starts the child from the command line's words alone (before the parser's imports), for a
     ``run`` on an empty cache of its numerics (ggml's when a word names it); start() then hands it the parsed flags,
@@ -242,31 +280,34 @@ def recorded(self, sig):
 
 
 Dispatcher.compile = recorded
-argv = json.loads(sys.argv[1])
+argv, first = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+compile_ahead.first_run = lambda args: first  # what main() asks before the run (run.defers_packing)
 fields = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if k != "func"}
-compile_ahead._child(io.BytesIO(pickle.dumps(fields) + b"5\\n"))
+compile_ahead._child(io.BytesIO(pickle.dumps(dict(fields, first_run=first)) + b"5\\n"))
 walked = len(met)
 assert main(argv) == 0
 print(json.dumps({"walked": walked, "then": met[walked:]}))
 '''
 
 
-@pytest.mark.parametrize("numerics, model", [(["--emulate=ggml"], "kjv"), (["--emulate=ggml"], "q4_k_m"), ([], "kjv"),
-                                             (["--emulate"], "kjv")], ids=["ggml", "ggml-q4_k_m", "plain", "emulate"])
-def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, make_fixture):
+@pytest.mark.parametrize("numerics, model, first", [
+    (["--emulate=ggml"], "kjv", False), (["--emulate=ggml"], "q4_k_m", False), (["--emulate=ggml"], "q4_k_m", True),
+    ([], "kjv", False), (["--emulate"], "kjv", False)], ids=["ggml", "ggml-q4_k_m", "ggml-q4_k_m-first", "plain", "emulate"])
+def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, first, make_fixture):
     """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
     prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the trunk or the
     graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's; the ggml
     graph also on a Q4_K_M file, whose decode takes the column layout's kernels (one per weight kind and threading:
-    kernels.ggml.columns) beside builtin:kjv's Q8_0 rows."""
+    kernels.ggml.columns) beside builtin:kjv's Q8_0 rows, and whose first run (``first``: both processes told so) lays
+    out before its prompt."""
     if numerics == ["--emulate=ggml"]:
         require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
     import json
 
     path = TRAINED_PATH if model == "kjv" else make_fixture("tiny", model)
     argv = ["run", str(path), *numerics, "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
-    done = subprocess.run([sys.executable, "-c", _WALK_THEN_RUN, json.dumps(argv)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", _WALK_THEN_RUN, json.dumps(argv), json.dumps(first)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["walked"] > 0 and result["then"] == []

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                         "--pack alone = on (docs/performance.md)")
     add_numerics(p)
     _add_speculative(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, first_run=False)  # refimpl.cli.main asks compile_ahead.first_run
 
 
 def _add_speculative(p) -> None:
@@ -45,6 +45,16 @@ def _add_speculative(p) -> None:
     p.add_argument("--csv", metavar="FILE", help="write per-token speculative telemetry (CSV)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; only 0 (greedy) is supported")
     p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.inject.faults
+
+
+def defers_packing(args, ctx) -> bool:
+    """Whether the run packs after its first token (:meth:`refimpl.model.load.Model.packed`: the copies pay off over
+    many tokens, and the first one need not wait for them): plain greedy, except an ``--emulate=ggml`` first run
+    (``args.first_run``, :func:`refimpl.cli.compile_ahead.first_run`), which lays out first — the stored rows'
+    kernels that its first token alone would call cost more to compile than the layout (real2 Q4_K_M: ~15 s of
+    compiling against a 1.5 s layout; docs/performance.md, "First run")."""
+    plain = not (args.mtp or args.ngram or args.csv)
+    return plain and not (ctx.ggml and args.first_run)
 
 
 def cmd_run(args) -> int:
@@ -63,11 +73,11 @@ def cmd_run(args) -> int:
             check_output(path, flag)
     args.faults = _injected(args)
     ctx = ctx_from_args(args)  # before loading: --emulate=ggml names (or refuses) the libggml it follows first
-    plain = not (args.mtp or args.ngram or args.csv)  # plain greedy: the matrices are packed after the first token
     ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
     # --route-trace: its writer reads the streamer's routing hook (set below), so the experts are streamed
     routed = _no_route if args.route_trace is not None else None
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml, on_route=routed)
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=defers_packing(args, ctx),
+                 ggml=ggml, on_route=routed)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:

@@ -166,13 +166,13 @@ def test_the_child_starts_only_for_a_first_run(monkeypatch, tmp_path):
     assert compile_ahead.wanted(plain) is None
 
 
-def test_an_emulate_ggml_first_run_lays_out_before_its_first_token(monkeypatch, tmp_path):
-    """``compile_ahead.first_run``: its numerics' cache empty, whatever the child's switch; ``run.defers_packing``:
-    plain greedy packs after its first token, except an ``--emulate=ggml`` first run (the stored rows' kernels would
-    be compiled for that token alone); ``main`` asks once and ``cmd_run`` loads accordingly."""
-    from types import SimpleNamespace
-
-    from refimpl.cli import main, run
+def test_a_first_run_packs_before_its_first_token(monkeypatch, tmp_path, make_fixture):
+    """``compile_ahead.first_run``: its numerics' cache empty, whatever the child's switch; ``run.load_for_run``:
+    plain greedy packs after its first token (``pack_pending``), except a first run, which packs at load (the unpacked
+    matrices' kernels would be compiled for that token alone) — a model too small to pack still is not packed, a
+    speculative run packs at load either way; ``main`` asks once and ``cmd_run`` loads accordingly."""
+    from refimpl.cli import common, main, run
+    from refimpl.model import load as model_load
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(compile_ahead.ENV, "0")
@@ -184,24 +184,31 @@ def test_an_emulate_ggml_first_run_lays_out_before_its_first_token(monkeypatch, 
     (ggml_dir / "mulmat_q8.q8_0_mul_mat-244.py311.nbi").write_bytes(b"")
     assert not compile_ahead.first_run(ggml)
     assert compile_ahead.first_run(_args("run", str(TRAINED_PATH), "--tokens", "1,2"))  # the plain numerics' own marker
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
 
-    on, off = SimpleNamespace(ggml="libggml"), SimpleNamespace(ggml=None)
-    for argv, ctx, first, defers in ((["--emulate=ggml"], on, True, False), (["--emulate=ggml"], on, False, True),
-                                     ([], off, True, True), (["--mtp"], on, True, False), (["--mtp"], on, False, False)):
-        args = _args("run", str(TRAINED_PATH), "--tokens", "1,2", *argv)
+    def loaded(*argv, first, path=TRAINED_PATH):
+        args = _args("run", str(path), "--tokens", "1,2", *argv)
         assert args.first_run is False  # the parser's default: main sets it
         args.first_run = first
-        assert run.defers_packing(args, ctx) is defers, (argv, first)
+        m = run.load_for_run(args, common.ctx_from_args(args))
+        return m.pack_pending, m.packed_bytes > 0
+
+    assert loaded(first=True) == loaded(first=False) == (False, False)  # builtin:kjv: too small to pack
+    monkeypatch.setattr(model_load, "PACK_DEFER_MIN_BYTES", 0)
+    assert loaded(first=True) == (False, True) and loaded(first=False) == (True, False)
+    assert loaded("--mtp", first=True) == loaded("--mtp", first=False) == (False, True)
 
     require_llama_cpp()  # --emulate=ggml follows the installed libggml; CI=true: a failure
-    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    q4_k_m = make_fixture("tiny", "q4_k_m")  # its Q4_K and Q6_K matrices laid out (builtin:kjv's Q8_0: no layout here)
+    assert loaded("--emulate=ggml", first=True, path=q4_k_m) == (False, True)
+    assert loaded("--emulate=ggml", first=False, path=q4_k_m) == (True, False)
     seen = []
-    load = run.load
-    monkeypatch.setattr(run, "load", lambda args, **kw: seen.append(kw["defer_pack"]) or load(args, **kw))
+    load_for_run = run.load_for_run
+    monkeypatch.setattr(run, "load_for_run", lambda *a, **kw: seen.append(load_for_run(*a, **kw)) or seen[-1])
     for first in (True, False):
         monkeypatch.setattr(compile_ahead, "first_run", lambda args: first)
         assert main(["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2", "-n", "2", "--json"]) == 0
-    assert seen == [False, True]
+    assert [m.pack_pending for m in seen] == [False, True]
 
 
 def test_the_child_is_spawned_before_the_flags_are_parsed(monkeypatch, tmp_path):

@@ -16,9 +16,9 @@ How: the child (``python -m refimpl.cli.compile_ahead``) is started first thing,
 them), when the words of the command line may make such a run; it imports what it needs, then reads the run's parsed
 flags from its stdin (:func:`start`: or the end of it, when the flags want no child, and exits), loads the model as
 the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), and walks
-the prompt's first ubatch and one decoded token. An ``--emulate=ggml`` first run (:func:`first_run`, with or
-without a child) lays out before its first token, and its child with it: no stored rows' kernel is compiled for
-that token alone (refimpl/cli/run.py ``defers_packing``). The run stops it when it ends (:meth:`Helper.close`):
+the prompt's first ubatch and one decoded token. A first run (:func:`first_run`, with or without a child) packs
+before its first token, and its child with it: no kernel of the unpacked matrices is compiled for that token alone
+(refimpl/cli/run.py ``load_for_run``). The run stops it when it ends (:meth:`Helper.close`):
 numba writes its cache files by rename, so a child stopped in a save leaves no torn file (at worst an index entry
 whose machine code it had not written yet: the next run compiles that kernel again).
 """
@@ -96,8 +96,8 @@ def _cold(numerics: str) -> bool:
 
 def first_run(args) -> bool:
     """Whether ``refimpl run`` with ``args`` compiles its numerics' kernels from nothing (:func:`_cold`), asked once
-    before the run starts (a kernel the child caches meanwhile does not change the answer): an ``--emulate=ggml`` first
-    run lays out before its first token (refimpl/cli/run.py), and its child walks what it lays out."""
+    before the run starts (a kernel the child caches meanwhile does not change the answer): a first run packs before
+    its first token (refimpl/cli/run.py ``load_for_run``), and its child walks what it packs."""
     numerics = _numerics(args)
     return numerics is not None and _cold(numerics)
 
@@ -199,10 +199,9 @@ def _child(stdin) -> None:
     import dataclasses
 
     from refimpl.cli import run
-    from refimpl.cli.common import ctx_from_args, load
+    from refimpl.cli.common import ctx_from_args
     from refimpl.graph.ahead import walk as ggml_walk
     from refimpl.model.ahead import walk as plain_walk
-    from refimpl.model.load import PACK_FLAGS
     from refimpl.model.state import SeqState
 
     try:
@@ -210,8 +209,7 @@ def _child(stdin) -> None:
     except EOFError:  # started by spawn() for flags that then wanted no child
         return
     ctx = dataclasses.replace(ctx_from_args(args), announce=None)
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=run.defers_packing(args, ctx),
-                 ggml=(ctx.ggml, ctx.repack) if ctx.ggml else None)  # as cmd_run loads it
+    model = run.load_for_run(args, ctx)  # as cmd_run loads it (a first run: packed now)
     line = stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
     if not line.strip():  # the run ended before its prompt
         return

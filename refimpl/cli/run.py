@@ -47,14 +47,20 @@ def _add_speculative(p) -> None:
     p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.inject.faults
 
 
-def defers_packing(args, ctx) -> bool:
-    """Whether the run packs after its first token (:meth:`refimpl.model.load.Model.packed`: the copies pay off over
-    many tokens, and the first one need not wait for them): plain greedy, except an ``--emulate=ggml`` first run
-    (``args.first_run``, :func:`refimpl.cli.compile_ahead.first_run`), which lays out first — the stored rows'
-    kernels that its first token alone would call cost more to compile than the layout (real2 Q4_K_M: ~15 s of
-    compiling against a 1.5 s layout; docs/performance.md, "First run")."""
+def load_for_run(args, ctx, on_route=None):
+    """The model as ``refimpl run`` with ``args`` and ``ctx`` loads it (its first run's second process too,
+    refimpl/cli/compile_ahead.py): a speculative run packs at load (``--pack``; with ``--emulate=ggml`` the column
+    layout of its kernels), plain greedy after its first token (:meth:`refimpl.model.load.Model.packed`: the copies
+    pay off over many tokens, and the first one need not wait for them) — but a first run (``args.first_run``,
+    :func:`refimpl.cli.compile_ahead.first_run`) before it: the kernels of the unpacked matrices would be compiled for
+    that one token (real2 Q4_K_M, ``--tokens 1,2,3,4 -n 32``, *EPYC*: plain 24 s instead of 40, ``--emulate=ggml`` 52
+    instead of 55–62; docs/performance.md, "First run")."""
+    from refimpl.model.load import PACK_FLAGS
+
     plain = not (args.mtp or args.ngram or args.csv)
-    return plain and not (ctx.ggml and args.first_run)
+    ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml, on_route=on_route)
+    return model.packed() if args.first_run else model
 
 
 def cmd_run(args) -> int:
@@ -63,7 +69,6 @@ def cmd_run(args) -> int:
     from tqdm import tqdm
 
     from refimpl.decode.greedy import greedy
-    from refimpl.model.load import PACK_FLAGS
     from refimpl.tokenizer import Tokenizer
 
     if args.n_predict < 0:
@@ -73,11 +78,8 @@ def cmd_run(args) -> int:
             check_output(path, flag)
     args.faults = _injected(args)
     ctx = ctx_from_args(args)  # before loading: --emulate=ggml names (or refuses) the libggml it follows first
-    ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
     # --route-trace: its writer reads the streamer's routing hook (set below), so the experts are streamed
-    routed = _no_route if args.route_trace is not None else None
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=defers_packing(args, ctx),
-                 ggml=ggml, on_route=routed)
+    model = load_for_run(args, ctx, on_route=_no_route if args.route_trace is not None else None)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:

@@ -73,9 +73,9 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     ``pack``: True / False / ``"auto"`` (default: True when the packed copies fit in
     ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`refimpl.io.packing.pack_weights`; never changes a number.
     ``defer_pack``: decide now, pack later — the model comes back unpacked with ``pack_pending`` set,
-    and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token: the copy
-    pays off only over many tokens, and the first token need not wait for it; with ``pack="auto"`` not at all for a
-    model under ``PACK_DEFER_MIN_BYTES``, where it never pays off). ``ggml``: (path, repack) of an
+    and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token, a first run before it:
+    the copy pays off only over many tokens, and the first token need not wait for it; with ``pack="auto"`` not at
+    all for a model under ``PACK_DEFER_MIN_BYTES``, where it never pays off). ``ggml``: (path, repack) of an
     ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
     instead of the lane copies; ``"auto"`` lays out everything when it fits, else all but the pinned routed experts
     when that fits (they are then multiplied from the memory map's stored rows). With ``ggml``, ``cache_mb="auto"``

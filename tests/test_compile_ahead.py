@@ -148,7 +148,7 @@ def test_the_child_starts_only_for_a_first_run(monkeypatch, tmp_path):
     assert compile_ahead.wanted(_args("run", str(tmp_path / "missing.gguf"), "--emulate=ggml")) is None  # the run says why
     import refimpl.io.meminfo as meminfo
 
-    monkeypatch.setattr(meminfo, "mem_available", lambda: 8 * os.path.getsize(TRAINED_PATH) - 1)
+    monkeypatch.setattr(meminfo, "mem_available", lambda: os.path.getsize(TRAINED_PATH) / compile_ahead.MAX_MEMORY_SHARE - 1)
     assert compile_ahead.wanted(ggml) is None  # the child's copy of the model would not fit
     monkeypatch.undo()
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))

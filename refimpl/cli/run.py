@@ -54,7 +54,7 @@ def load_for_run(args, ctx, on_route=None):
     pay off over many tokens, and the first one need not wait for them) — but a first run (``args.first_run``,
     :func:`refimpl.cli.compile_ahead.first_run`) before it: the kernels of the unpacked matrices would be compiled for
     that one token (real2 Q4_K_M, ``--tokens 1,2,3,4 -n 32``, *EPYC*: plain 24 s instead of 40, ``--emulate=ggml``
-    46 instead of 58; docs/performance.md, "First run")."""
+    49 instead of 59 (medians); docs/performance.md, "First run")."""
     from refimpl.model.load import PACK_FLAGS
 
     plain = not (args.mtp or args.ngram or args.csv)

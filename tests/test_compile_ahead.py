@@ -288,7 +288,7 @@ def recorded(self, sig):
 
 Dispatcher.compile = recorded
 argv, first = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-compile_ahead.first_run = lambda args: first  # what main() asks before the run (run.defers_packing)
+compile_ahead.first_run = lambda args: first  # what main() asks before the run (run.load_for_run)
 fields = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if k != "func"}
 compile_ahead._child(io.BytesIO(pickle.dumps(dict(fields, first_run=first)) + b"5\\n"))
 walked = len(met)

@@ -50,7 +50,7 @@ from numba import literally, prange
 
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
-from kernels.ggml.columns_ir import LEVEL
+from kernels.ggml.columns_ir import LEVEL, TILE, tile_span
 from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, sixbit_into, tile_k, unpack6
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
@@ -77,7 +77,6 @@ KIND_NAME = {1: "b32", 2: "q4_k_repacked", **{k: t.name.lower() for t, k in PLAI
 LAID_OUT = frozenset(KIND) | {QT.Q8_0}
 _BLOCK = {QT.Q8_0: (34, 32), QT.Q4_0: (18, 32), QT.IQ4_NL: (18, 32), QT.MXFP4: (17, 32), QT.Q4_K: (144, 256), QT.Q5_K: (176, 256),
           QT.Q6_K: (210, 256)}  # bytes and values per block
-TILE = 64  # output columns per work item (a multiple of 16; prange splits the tiles)
 
 
 @dataclass(frozen=True)
@@ -280,18 +279,11 @@ def _any_of(flags, rows):
     return False
 
 
-@jit(inline=True)
-def _span(c0, c1, t):
-    """(first column, count) of ``[c0, c1)`` in tile ``t``."""
-    c = max(c0, TILE * t)
-    return c, min(c1, TILE * t + TILE) - c
-
-
 @jit()
 def _chunk(kind, q, d, dmin, sc, mn, c0, c1, t, y, yd, ys, m128, gemm, rows, orow, out, dots, acc):
     """The outputs of ``[c0, c1)`` in tile ``t`` (``q[t]`` …) into ``out[orow[i], c - c0]``."""
     literally(kind)  # compiled per kind (_mul_mat_for)
-    c, nc = _span(c0, c1, t)
+    c, nc = tile_span(c0, c1, t)
     _tile(kind, q[t], d[t], dmin[t], sc[t], mn[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out, c - c0,
           dots, acc)
 
@@ -311,7 +303,7 @@ def _run(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, rows, 
     dots, acc1 = _scratch()
     vec = not _any_of(gemm, rows)
     for t in range(ta, tb):
-        c, nc = _span(c0, c1, t)
+        c, nc = tile_span(c0, c1, t)
         if vec and c % 16 == 0 and nc % 16 == 0:  # c - TILE·t too
             acc[:] = 0
             sixbit_into(acc, q[t], d[t], sc[t], c - TILE * t, nc, y, yd, ys, rows, orow, out, c - c0)
@@ -440,7 +432,7 @@ def _group(kind, q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, m128, gemm, orde
         _run(kind, qe, de, dme, sce, mne, c0, c1, ta, tb, y, yd, ys, m128, gemm, rows, orow, out)
         return
     for t in range(ta, tb):  # _chunk's steps on the expert's views
-        c, nc = _span(c0, c1, t)
+        c, nc = tile_span(c0, c1, t)
         _tile(kind, qe[t], de[t], dme[t], sce[t], mne[t], c - TILE * t, nc, y, yd, ys, m128, gemm, rows, orow, out,
               c - c0, dots, acc)
 

@@ -36,6 +36,14 @@ F32 = np.float32
 #: tests/test_ggml_columns.py) — the numba target's level (:data:`kernels.ggml.mulmat_q8_ir.LEVEL`), capped by
 #: flags.KERNEL_ISA.
 LEVEL = mulmat_q8_ir.LEVEL if JIT_ENABLED else 0
+TILE = 64  # output columns per tile, the work item the column kernels split (a multiple of 16: its sub-tiles)
+
+
+@jit(inline=True)
+def tile_span(c0, c1, t):
+    """(first column, count) of the columns ``[c0, c1)`` in tile ``t``."""
+    c = max(c0, TILE * t)
+    return c, min(c1, TILE * t + TILE) - c
 
 
 @jit()

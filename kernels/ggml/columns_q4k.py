@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.columns_ir import LEVEL, first_rows, q4k_fma_def
+from kernels.ggml.columns_ir import LEVEL, TILE, first_rows, q4k_fma_def, tile_span
 
 F32 = np.float32
 #: Software prefetch distance of the gemm's codes (bytes): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC,
@@ -211,10 +211,10 @@ def tiles_q4k(q, d, dmin, sc, mn, c0, c1, ta, tb, y, yd, ys, gemm, rows, orow, o
     (:func:`q4k_sub_tile_def`), then ``out = acc - accm``. The rows' order and the accumulators are made once for the
     run (per tile, with the calls that reached it, they had cost a K = 512 expert's tile more than its dots)."""
     order, n_gemm = first_rows(gemm[rows])  # the rows' indices: the gemm's (an FMA per 64 values) first, then the gemv's
-    acc = np.empty((rows.shape[0], 2, 64), F32)  # per row: acc, acc of the mins (TILE = 64 columns at most)
+    acc = np.empty((rows.shape[0], 2, TILE), F32)  # per row: acc, acc of the mins
     for t in range(ta, tb):
-        c = max(c0, 64 * t)
-        nc, ct = min(c1, 64 * t + 64) - c, c - 64 * t  # the tile's columns from ct on
+        c, nc = tile_span(c0, c1, t)
+        ct = c - TILE * t  # the tile's columns from ct on
         acc[:] = 0
         for h in range(2):
             sel = order[:n_gemm] if h == 0 else order[n_gemm:]

@@ -7,9 +7,11 @@ only ever adds machine code to the cache.
 
 When: ``refimpl run`` with numba's kernels (not ``--kernel numpy``); numba's cache on and holding no kernel of the
 run's numerics' marker folder (:data:`MARKER`: a fresh clone, a new ``NUMBA_CACHE_DIR``, a change to ``kernels/``);
-the model file at most :data:`MAX_MEMORY_SHARE` of MemAvailable (the child loads it too); ``REFIMPL_COMPILE_AHEAD``
-not ``0`` (the switch: ``0`` compiles in the run alone, as before). The run names the child in its compile report's
-summary line.
+``REFIMPL_COMPILE_AHEAD`` not ``0`` (the switch: ``0`` compiles in the run alone, as before). The run names the
+child in its compile report's summary line. A file of any size has one: the child loads the model's stand-in
+(:func:`refimpl.io.stand_in.stand_in`: the run's decisions made for the whole file, then one trunk layer of each
+kind kept and packed), its matrices mapped (their pages the run's in the page cache), so its copies are a part of the
+run's own — a 40-layer Q4_K_M file's are its LM head's and a few layers'.
 
 How: the child (``python -m refimpl.cli.compile_ahead``) is started first thing, before the run parses its flags
 (:func:`spawn`: the parser's imports, numba's among them, take ~0.4 s, and the child's own ~0.9 s then run beside
@@ -35,11 +37,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: The child loads the model file too (its matrices mapped, their pages the run's in the page cache; the ggml layout,
-#: or the plain path's packed copies, made again): only for a file that is at most this share of MemAvailable, so the
-#: two processes' copies take at most about half of it. The medium fixture (3.2 GB, Q4_K_M) on 23 GiB has one since
-#: this was 1/8: a first run 81-86 -> 58-63 s with --emulate=ggml, 50-52 -> 42 s plain (*EPYC*, Zen 4, 2026-12-07).
-MAX_MEMORY_SHARE = 0.25
 ENV = "REFIMPL_COMPILE_AHEAD"
 #: What the run's compile summary adds when a child ran (refimpl.cli.compile_report).
 NOTE = f" (a second process compiled others beside it: {ENV}=0 turns it off)"
@@ -116,18 +113,15 @@ def _numerics(args) -> str | None:
 
 def wanted(args) -> str | None:
     """The model path to hand a child, or None when a run with these arguments starts none (the module docstring)."""
-    from refimpl.io.meminfo import mem_available
-
     numerics = _numerics(args)
     if numerics is None or not _switched_on(numerics):
         return None
     try:
         path = _model_path(args)
-        size = os.path.getsize(path)
+        os.stat(path)
     except Exception:  # a bad MODEL: the run says so, in its own words
         return None
-    available = mem_available()
-    return path if available is not None and size <= MAX_MEMORY_SHARE * available else None
+    return path
 
 
 class Helper:
@@ -211,7 +205,7 @@ def _child(stdin) -> None:
     except EOFError:  # started by spawn() for flags that then wanted no child
         return
     ctx = dataclasses.replace(ctx_from_args(args), announce=None)
-    model = run.load_for_run(args, ctx)  # as cmd_run loads it (a first run: packed now)
+    model = run.load_for_run(args, ctx, stand_in=True)  # as cmd_run loads it, one layer of each kind (a first run: packed now)
     line = stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
     if not line.strip():  # the run ended before its prompt
         return

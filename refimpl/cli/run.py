@@ -47,11 +47,12 @@ def _add_speculative(p) -> None:
     p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.inject.faults
 
 
-def load_for_run(args, ctx, on_route=None):
-    """The model as ``refimpl run`` with ``args`` and ``ctx`` loads it (its first run's second process too,
-    refimpl/cli/compile_ahead.py): a speculative run packs at load (``--pack``; with ``--emulate=ggml`` the column
-    layout of its kernels), plain greedy after its first token (:meth:`refimpl.model.load.Model.packed`: the copies
-    pay off over many tokens, and the first one need not wait for them) — but a first run (``args.first_run``,
+def load_for_run(args, ctx, on_route=None, stand_in=False):
+    """The model as ``refimpl run`` with ``args`` and ``ctx`` loads it (its first run's second process too, with
+    ``stand_in``: one trunk layer of each kind, :func:`refimpl.io.stand_in.stand_in`; refimpl/cli/compile_ahead.py):
+    a speculative run packs at load (``--pack``; with ``--emulate=ggml`` the column layout of its kernels), plain
+    greedy after its first token (:meth:`refimpl.model.load.Model.packed`: the copies pay off over many tokens, and
+    the first one need not wait for them) — but a first run (``args.first_run``,
     :func:`refimpl.cli.compile_ahead.first_run`) before it: the kernels of the unpacked matrices would be compiled for
     that one token (real2 Q4_K_M, ``--tokens 1,2,3,4 -n 32``, *EPYC*: plain 24 s instead of 40, ``--emulate=ggml``
     49 instead of 59 (medians); docs/performance.md, "First run")."""
@@ -59,7 +60,8 @@ def load_for_run(args, ctx, on_route=None):
 
     plain = not (args.mtp or args.ngram or args.csv)
     ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml, on_route=on_route)
+    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml, on_route=on_route,
+                 stand_in=stand_in)
     return model.packed() if args.first_run else model
 
 

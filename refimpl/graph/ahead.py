@@ -20,8 +20,6 @@ the walk meets every kernel the run calls.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from kernels.base.cache import each_unless_busy
@@ -30,8 +28,7 @@ from refimpl.graph.attention import build_attn, build_layer_attn, rope
 from refimpl.graph.deltanet import build_layer_attn_linear, gated_delta_net, key_heads
 from refimpl.graph.moe import build_layer_ffn, shared_gate_logits
 from refimpl.graph.ops import F32, get_rows, mul_mat, output_rows, rms_norm_w, sigmoid, soft_max
-from refimpl.io.streamer import StreamedExperts
-from refimpl.io.weights import Matrix
+from refimpl.io.stand_in import kinds
 
 
 def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
@@ -93,23 +90,13 @@ def walk(model, state, n_tokens: int, ctx, outputs: str) -> None:
 
 def _distinct(layers, part: str, order) -> list[int]:
     """The layers of ``order`` whose ``part`` ("ffn", "mixer") differs from every earlier one's in what its kernels are
-    compiled for (:func:`_kinds`): a Q4_K_M file's ``ffn_down_exps`` is Q6_K in some layers, Q4_K in the others."""
+    compiled for (:func:`refimpl.io.stand_in.kinds`): a Q4_K_M file's ``ffn_down_exps`` is Q6_K in some layers, Q4_K
+    in the others."""
     seen, out = set(), []
     for il in order:
-        key = _kinds(getattr(layers[il], part))
+        key = kinds(getattr(layers[il], part))
         if key not in seen:
             seen.add(key)
             out.append(il)
     return out
 
-
-def _kinds(obj):
-    """What a block's weights make its kernels compiled for: each matrix's type, shape and layout (stored rows or
-    ``kernels.ggml.columns``), through the block's records and its streamed experts' tensors."""
-    if isinstance(obj, Matrix):
-        return obj.qtype, obj.shape, obj.cols is None
-    if isinstance(obj, StreamedExperts):
-        return tuple((t.kind, t.qtype, t.shape) for t in obj.streamer.tensors[obj.il])
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return type(obj).__name__, tuple(_kinds(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    return None

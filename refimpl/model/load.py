@@ -18,6 +18,7 @@ from refimpl.graph.layout import ggml_layout, layout_bytes
 from refimpl.io.config import Config
 from refimpl.io.load import ModelFile, open_model
 from refimpl.io.packing import pack_weights, packable_bytes, packed_nbytes
+from refimpl.io.stand_in import stand_in as stand_in_layers
 from refimpl.io.streamer import (ExpertStreamer, cache_budget, dense_tensors, fits_in_memory, is_auto, mem_available,
                                  pin_dense)
 from refimpl.io.weights import Weights, load_weights
@@ -65,7 +66,8 @@ _PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes
 
 
 def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
-               pack: bool | str = "auto", defer_pack: bool = False, ggml: tuple[str, bool] | None = None) -> Model:
+               pack: bool | str = "auto", defer_pack: bool = False, ggml: tuple[str, bool] | None = None,
+               stand_in: bool = False) -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
     a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
     (``--cache-mb``; refimpl.io.streamer.cache_budget), dense weights pinned now (a progress bar on
@@ -84,7 +86,9 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     layout or the stored rows where the map has them, where a stream copies every token's missing experts first
     (the 40-layer full fixture, *EPYC*, 2026-12-05, 2 threads, budget 0: 211 ms a token mapped, 623 ms streamed,
     314 ms of it waiting for the reads; real2 Q4_K_M, 2026-12-07, 1 thread, half of MemAvailable: 13.0 ms a token
-    pinned in the column layout, 16.1 streamed)."""
+    pinned in the column layout, 16.1 streamed). ``stand_in``: every decision above made for the whole file, then
+    only one trunk layer of each kind kept (:func:`refimpl.io.stand_in.stand_in`), and only those packed — what a
+    first run's second process walks to compile the run's kernels (refimpl/cli/compile_ahead.py)."""
     if pack not in (True, False, "auto"):
         raise ValueError(f"load_model: pack must be True, False or 'auto', got {pack!r}")
     m = open_model(path)
@@ -115,6 +119,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         else:  # pinned experts too large to lay out (full size: 2 × 20 GB): the rest still is (LM head, attention, …)
             experts = fits(layout_bytes(weights, *ggml))
             pack = experts or fits(layout_bytes(weights, *ggml, experts=False))
+    if stand_in:
+        m, weights = stand_in_layers(m, weights)
     if not pack or defer_pack:
         return Model(file=m, weights=weights, pack_pending=bool(pack), ggml=ggml, pack_experts=experts)
     packed = _pack(weights, ggml, experts)

@@ -166,49 +166,45 @@ def test_the_child_starts_only_for_a_first_run(monkeypatch, tmp_path):
     assert compile_ahead.wanted(plain) is None
 
 
-def test_a_first_run_packs_before_its_first_token(monkeypatch, tmp_path, make_fixture):
-    """``compile_ahead.first_run``: its numerics' cache empty, whatever the child's switch; ``run.load_for_run``:
-    plain greedy packs after its first token (``pack_pending``), except a first run, which packs at load (the unpacked
-    matrices' kernels would be compiled for that token alone) — a model too small to pack still is not packed, a
-    speculative run packs at load either way; ``main`` asks once and ``cmd_run`` loads accordingly."""
+def test_a_run_packs_at_load_whatever_the_cache_holds(monkeypatch, tmp_path, make_fixture):
+    """``run.load_for_run`` packs (lays out) at load, on an empty cache and a full one alike: which kernels a run takes
+    never depends on what is cached (a run that packed after its first token took the unpacked matrices' kernels for
+    that token, which a first run that packed first left to the second run); plain greedy of at most one token makes
+    no copies (the prompt's forward pass is its only one), nor does plain greedy on a model under ``PACK_MIN_BYTES``;
+    ``--pack on`` and a speculative run pack whatever the length; ``cmd_run`` decodes the model so loaded."""
     from refimpl.cli import common, main, run
     from refimpl.model import load as model_load
 
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(compile_ahead.ENV, "0")
-    ggml = _args("run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2")
-    assert compile_ahead.first_run(ggml) and compile_ahead.wanted(ggml) is None  # first, with no child
-    assert not compile_ahead.first_run(_args("run", str(TRAINED_PATH), "--kernel", "numpy"))  # nothing compiles
-    ggml_dir = compile_ahead.kernel_cache_dir("ggml")
-    ggml_dir.mkdir(parents=True)
-    (ggml_dir / "mulmat_q8.q8_0_mul_mat-244.py311.nbi").write_bytes(b"")
-    assert not compile_ahead.first_run(ggml)
-    assert compile_ahead.first_run(_args("run", str(TRAINED_PATH), "--tokens", "1,2"))  # the plain numerics' own marker
+    def loaded(*argv, path=TRAINED_PATH, n=2):
+        args = _args("run", str(path), "--tokens", "1,2", "-n", str(n), *argv)
+        return run.load_for_run(args, common.ctx_from_args(args)).packed_bytes > 0
+
+    for cache in ("empty", "full"):
+        monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / cache))
+        if cache == "full":
+            for numerics in ("ggml", "lanes"):
+                folder = compile_ahead.kernel_cache_dir(numerics)
+                folder.mkdir(parents=True)
+                (folder / "kernel-1.py311.nbi").write_bytes(b"")
+        assert not loaded()  # builtin:kjv: too small to pay off
+        with monkeypatch.context() as m:
+            m.setattr(model_load, "PACK_MIN_BYTES", 0)
+            assert loaded() and loaded("--mtp") and loaded("--mtp", n=1) and loaded("--pack", "on", n=1)
+            assert not loaded(n=1) and not loaded(n=0) and not loaded("--pack", "off")
     monkeypatch.delenv("NUMBA_CACHE_DIR")
-
-    def loaded(*argv, first, path=TRAINED_PATH):
-        args = _args("run", str(path), "--tokens", "1,2", *argv)
-        assert args.first_run is False  # the parser's default: main sets it
-        args.first_run = first
-        m = run.load_for_run(args, common.ctx_from_args(args))
-        return m.pack_pending, m.packed_bytes > 0
-
-    assert loaded(first=True) == loaded(first=False) == (False, False)  # builtin:kjv: too small to pack
-    monkeypatch.setattr(model_load, "PACK_DEFER_MIN_BYTES", 0)
-    assert loaded(first=True) == (False, True) and loaded(first=False) == (True, False)
-    assert loaded("--mtp", first=True) == loaded("--mtp", first=False) == (False, True)
 
     require_llama_cpp()  # --emulate=ggml follows the installed libggml; CI=true: a failure
     q4_k_m = make_fixture("tiny", "q4_k_m")  # its Q4_K and Q6_K matrices laid out (builtin:kjv's Q8_0: no layout here)
-    assert loaded("--emulate=ggml", first=True, path=q4_k_m) == (False, True)
-    assert loaded("--emulate=ggml", first=False, path=q4_k_m) == (True, False)
+    assert loaded("--emulate=ggml", path=q4_k_m) and not loaded("--emulate=ggml", path=q4_k_m, n=1)
     seen = []
     load_for_run = run.load_for_run
     monkeypatch.setattr(run, "load_for_run", lambda *a, **kw: seen.append(load_for_run(*a, **kw)) or seen[-1])
-    for first in (True, False):
-        monkeypatch.setattr(compile_ahead, "first_run", lambda args: first)
-        assert main(["run", str(TRAINED_PATH), "--emulate=ggml", "--tokens", "1,2", "-n", "2", "--json"]) == 0
-    assert [m.pack_pending for m in seen] == [False, True]
+    decoded = []
+    import refimpl.decode.greedy as greedy_module
+
+    monkeypatch.setattr(greedy_module, "greedy", lambda model, *a, **kw: decoded.append(model) or [1])
+    assert main(["run", str(q4_k_m), "--emulate=ggml", "--tokens", "1,2", "-n", "2", "--json"]) == 0
+    assert len(seen) == 1 and decoded == seen and seen[0].packed_bytes > 0
 
 
 def test_the_child_is_spawned_before_the_flags_are_parsed(monkeypatch, tmp_path):
@@ -287,33 +283,34 @@ def recorded(self, sig):
 
 
 Dispatcher.compile = recorded
-argv, first = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-compile_ahead.first_run = lambda args: first  # what main() asks before the run (run.load_for_run)
+argv = json.loads(sys.argv[1])
 fields = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if k != "func"}
-compile_ahead._child(io.BytesIO(pickle.dumps(dict(fields, first_run=first)) + b"5\\n"))
+compile_ahead._child(io.BytesIO(pickle.dumps(fields) + b"5\\n"))
 walked = len(met)
 assert main(argv) == 0
 print(json.dumps({"walked": walked, "then": met[walked:]}))
 '''
 
 
-@pytest.mark.parametrize("numerics, model, first", [
-    (["--emulate=ggml"], "kjv", False), (["--emulate=ggml"], "q4_k_m", False), (["--emulate=ggml"], "q4_k_m", True),
-    ([], "kjv", False), (["--emulate"], "kjv", False)], ids=["ggml", "ggml-q4_k_m", "ggml-q4_k_m-first", "plain", "emulate"])
-def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, first, make_fixture):
+@pytest.mark.parametrize("numerics, model, n", [
+    (["--emulate=ggml"], "kjv", 3), (["--emulate=ggml"], "q4_k_m", 3), (["--emulate=ggml"], "q4_k_m", 1),
+    ([], "kjv", 3), ([], "q4_k_m", 3), (["--emulate"], "kjv", 3)],
+    ids=["ggml", "ggml-q4_k_m", "ggml-q4_k_m-one", "plain", "plain-q4_k_m", "emulate"])
+def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, n, make_fixture):
     """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
     prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the trunk or the
-    graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's; the ggml
-    graph also on a Q4_K_M file, whose decode takes the column layout's kernels (one per weight kind and threading:
-    kernels.ggml.columns) beside builtin:kjv's Q8_0 rows, and whose first run (``first``: both processes told so) lays
-    out before its prompt."""
+    graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's; on a Q4_K_M
+    file too, whose four layers' stand-in is three (refimpl/io/stand_in.py) and whose ggml decode takes the column
+    layout's kernels (one per weight kind and threading: kernels.ggml.columns) beside builtin:kjv's Q8_0 rows, plain
+    packed (``PACK_MIN_BYTES`` lowered to 0 in both processes); with ``-n 1`` the prompt alone, not laid out."""
     if numerics == ["--emulate=ggml"]:
         require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
     import json
 
     path = TRAINED_PATH if model == "kjv" else make_fixture("tiny", model)
-    argv = ["run", str(path), *numerics, "--tokens", "1,2,3,4,5", "-n", "3", "--json"]
-    done = subprocess.run([sys.executable, "-c", _WALK_THEN_RUN, json.dumps(argv), json.dumps(first)], cwd=ROOT,
+    argv = ["run", str(path), *numerics, "--tokens", "1,2,3,4,5", "-n", str(n), "--json"]
+    script = _WALK_THEN_RUN if model == "kjv" else "import refimpl.model.load as M; M.PACK_MIN_BYTES = 0\n" + _WALK_THEN_RUN
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argv)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -207,11 +207,6 @@ def test_ggml_pack_auto_lays_out_all_but_pinned_experts_too_large(monkeypatch):
     assert 0 < part.packed_bytes < whole.packed_bytes
     monkeypatch.setattr(M, "mem_available", lambda: int(dense / M.PACK_AUTO_FRACTION) - 1)
     assert load_model(path, ggml=ggml).packed_bytes == 0
-    deferred = load_model(path, ggml=ggml, defer_pack=True)  # the choice kept for Model.packed (refimpl run)
-    assert deferred.pack_pending is False
-    monkeypatch.setattr(M, "mem_available", lambda: int((dense + (every - dense) // 2) / M.PACK_AUTO_FRACTION))
-    later = load_model(path, ggml=ggml, defer_pack=True).packed()
-    assert later.packed_bytes == part.packed_bytes and later.weights.layers[0].ffn.experts.down_exps.cols is None
     logits = [forward(m, SeqState.fresh(m.config), [1, 2, 3, 4], ctx)[0] for m in (bare, part)]  # (whole: test_ggml_columns)
     assert same_bits(*logits)
 
@@ -220,7 +215,7 @@ def test_cli_pack_flag(capsys, monkeypatch):
     import refimpl.model.load as M
     from refimpl.cli import main
 
-    monkeypatch.setattr(M, "PACK_DEFER_MIN_BYTES", 0)  # the tiny model packed as a large one is (below)
+    monkeypatch.setattr(M, "PACK_MIN_BYTES", 0)  # the tiny model packed as a large one is (below)
     sizes = {}
     for flag in ("off", "on", "auto"):
         assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", "3", "--json", "--pack", flag]) == 0
@@ -230,34 +225,32 @@ def test_cli_pack_flag(capsys, monkeypatch):
     assert sizes["off"][0] == sizes["on"][0]
 
 
-def test_plain_run_packs_after_the_first_token(capsys, monkeypatch):
-    """refimpl run (plain greedy) decides the packing at load and makes the copies after the first token:
-    a one-token run packs nothing; a longer one reports the packed bytes of an eager pack; the tokens
-    are those of an unpacked run; greedy hands the model to ``after_first`` once, after token 1. A model under
-    ``PACK_DEFER_MIN_BYTES`` (the tiny one, unless the limit is lowered) is not packed at all."""
+def test_plain_run_packs_at_load(capsys, monkeypatch):
+    """refimpl run (plain greedy) makes its packed copies at load: a one-token run (its only forward pass the
+    prompt's) packs nothing, a longer one reports the packed bytes of load_model's pack, with the tokens of an
+    unpacked run. A model under ``PACK_MIN_BYTES`` (the tiny one, unless the limit is lowered) is not packed at all
+    (``min_pack_bytes``; --emulate=ggml's column layout has no such limit)."""
     import refimpl.model.load as M
     from refimpl.cli import main
-    from refimpl.decode.greedy import greedy
+    from refimpl.model.ops import emulation_ctx
 
     path = fixture_path("tiny", "q4_k_m")
-    assert load_model(path, defer_pack=True).pack_pending is False  # too small to pay off
-    assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", "3", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["stats"]["packed_bytes"] == 0
-    monkeypatch.setattr(M, "PACK_DEFER_MIN_BYTES", 0)
-    deferred = load_model(path, defer_pack=True)
-    assert deferred.pack_pending and deferred.packed_bytes == 0
-    assert not isinstance(deferred.weights.output.raw, kernels.PackedRows)
-    later = deferred.packed()
-    assert not later.pack_pending and later.packed_bytes == load_model(path).packed_bytes > 0
-    assert later.packed() is later and load_model(path, pack=False, defer_pack=True).pack_pending is False
-
-    seen = []
-    out = greedy(deferred, [1, 2, 3], 4, after_first=lambda m: seen.append(len(seen)) or m.packed())
-    assert seen == [0] and out == greedy(load_model(path, pack=False), [1, 2, 3], 4)
+    assert load_model(path, min_pack_bytes=M.PACK_MIN_BYTES).packed_bytes == 0 < load_model(path).packed_bytes
+    ctx = emulation_ctx("ggml", ggml="avx2", n_threads=1)  # a named path: no library
+    assert load_model(path, ggml=(ctx.ggml, ctx.repack), min_pack_bytes=M.PACK_MIN_BYTES).packed_bytes > 0
+    tokens = {}
+    for n in ("1", "3"):
+        assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", n, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["stats"]["packed_bytes"] == 0  # too small to pay off
+        tokens[n] = out["tokens"]
+    monkeypatch.setattr(M, "PACK_MIN_BYTES", 0)
     sizes = {}
     for n in ("1", "3"):
         assert main(["run", "builtin:tiny/q4_k_m", "--tokens", "1,2,3", "-n", n, "--json"]) == 0
-        sizes[n] = json.loads(capsys.readouterr().out)["stats"]["packed_bytes"]
+        out = json.loads(capsys.readouterr().out)
+        sizes[n] = out["stats"]["packed_bytes"]
+        assert out["tokens"] == tokens[n]
     assert sizes == {"1": 0, "3": load_model(path, cache_mb="auto").packed_bytes}  # run streams its experts
 
 

@@ -88,8 +88,6 @@ def _main(argv: list[str], child) -> int:
             reuse_freed_memory()  # the same large arrays every token: from the heap, not fresh pages
             from refimpl.cli.compile_report import compile_report
 
-            if args.func is run.cmd_run:  # asked once, before the run and its child start (run.load_for_run)
-                args.first_run = compile_ahead.first_run(args)
             # run on an empty numba cache: a second process compiles the kernels the run meets last
             args.compile_ahead = compile_ahead.start(args, child) if args.func is run.cmd_run else None
             try:  # the first run's "compiling kernels …" lines

@@ -80,17 +80,16 @@ def model_given(args) -> str | None:
     return getattr(args, "m", None) or args.model
 
 
-def load(args, cache_mb=None, pack="auto", defer_pack=False, ggml=None, on_route=None, stand_in=False):
+def load(args, cache_mb=None, pack="auto", min_pack_bytes=0, ggml=None, on_route=None, stand_in=False):
     """The model named by MODEL or -m, or the built-in trained model when neither is given;
     ``cache_mb`` (run's --cache-mb) streams its routed experts (refimpl.io.streamer); ``pack`` (run's
     --pack) also keeps its matrices in the lane kernels' layout (refimpl.io.packing.pack_weights) or, with
     ``ggml`` = (path, repack) of an ``--emulate=ggml`` run (worked out from ``args`` when not given), in the column
-    layout of its kernels
-    (refimpl.graph.layout.ggml_layout), after the first token with ``defer_pack`` (refimpl.model.load.Model.packed);
-    ``on_route`` and ``stand_in`` as load_model's."""
+    layout of its kernels (refimpl.graph.layout.ggml_layout); ``min_pack_bytes``, ``on_route`` and ``stand_in`` as
+    load_model's."""
     if getattr(args, "m", None) is not None and args.model is not None:
         raise RefimplError(f"give MODEL or -m, not both (got {args.model} and -m {args.m})")
-    return load_named(default_model(model_given(args)), cache_mb, pack=pack, defer_pack=defer_pack,
+    return load_named(default_model(model_given(args)), cache_mb, pack=pack, min_pack_bytes=min_pack_bytes,
                       ggml=ggml if ggml is not None else ggml_layout(args), on_route=on_route, stand_in=stand_in)
 
 
@@ -102,7 +101,7 @@ def ggml_layout(args) -> tuple[str, bool] | None:
     return ggml_path(getattr(args, "ggml_version_ok", False), named_ggml(args))[0], not getattr(args, "no_repack", False)
 
 
-def load_named(spec, cache_mb=None, pack="auto", defer_pack=False, ggml=None, on_route=None, stand_in=False):
+def load_named(spec, cache_mb=None, pack="auto", min_pack_bytes=0, ggml=None, on_route=None, stand_in=False):
     """The model ``spec`` names (a GGUF path or ``builtin:NAME``, built on demand), opened once; the
     other arguments as :func:`load`'s."""
     from refimpl.cli.compile_report import name_types
@@ -112,7 +111,8 @@ def load_named(spec, cache_mb=None, pack="auto", defer_pack=False, ggml=None, on
 
     gf = GGUFFile(resolve_model(str(spec)))  # the one read of the file's header in this process
     name_types(gf)  # for the first run's "compiling kernels for …" line
-    return load_model(gf, cache_mb, pack=pack, defer_pack=defer_pack, ggml=ggml, on_route=on_route, stand_in=stand_in)
+    return load_model(gf, cache_mb, pack=pack, min_pack_bytes=min_pack_bytes, ggml=ggml, on_route=on_route,
+                      stand_in=stand_in)
 
 
 def add_threshold(p) -> None:

@@ -18,9 +18,8 @@ How: the child (``python -m refimpl.cli.compile_ahead``) is started first thing,
 them), when the words of the command line may make such a run; it imports what it needs, then reads the run's parsed
 flags from its stdin (:func:`start`: or the end of it, when the flags want no child, and exits), loads the model as
 the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), and walks
-the prompt's first ubatch and one decoded token. A first run (:func:`first_run`, with or without a child) packs
-before its first token, and its child with it: no kernel of the unpacked matrices is compiled for that token alone
-(refimpl/cli/run.py ``load_for_run``). The run stops it when it ends (:meth:`Helper.close`):
+the prompt's first ubatch and, when the run generates more than one token, one decoded token, on the model as the run
+loads it (packed at load: refimpl/cli/run.py ``load_for_run``). The run stops it when it ends (:meth:`Helper.close`):
 numba writes its cache files by rename, so a child stopped in a save leaves no torn file (at worst an index entry
 whose machine code it had not written yet: the next run compiles that kernel again).
 """
@@ -84,21 +83,10 @@ def _shared_key(package: Path) -> str:
 
 
 def _switched_on(numerics: str) -> bool:
-    """The switch is not ``0`` and this is a first run of ``numerics`` (:func:`_cold`)."""
-    return os.environ.get(ENV, "1") != "0" and _cold(numerics)
-
-
-def _cold(numerics: str) -> bool:
-    """numba compiles, and no kernel of ``numerics``' :data:`MARKER` folder is cached (a first run)."""
-    return os.environ.get("NUMBA_DISABLE_JIT") != "1" and not any(kernel_cache_dir(MARKER[numerics]).glob("*.nbi"))
-
-
-def first_run(args) -> bool:
-    """Whether ``refimpl run`` with ``args`` compiles its numerics' kernels from nothing (:func:`_cold`), asked once
-    before the run starts (a kernel the child caches meanwhile does not change the answer): a first run packs before
-    its first token (refimpl/cli/run.py ``load_for_run``), and its child walks what it packs."""
-    numerics = _numerics(args)
-    return numerics is not None and _cold(numerics)
+    """The switch is not ``0``, numba compiles, and no kernel of ``numerics``' :data:`MARKER` folder is cached (a first
+    run)."""
+    return (os.environ.get(ENV, "1") != "0" and os.environ.get("NUMBA_DISABLE_JIT") != "1"
+            and not any(kernel_cache_dir(MARKER[numerics]).glob("*.nbi")))
 
 
 def _numerics(args) -> str | None:
@@ -205,14 +193,15 @@ def _child(stdin) -> None:
     except EOFError:  # started by spawn() for flags that then wanted no child
         return
     ctx = dataclasses.replace(ctx_from_args(args), announce=None)
-    model = run.load_for_run(args, ctx, stand_in=True)  # as cmd_run loads it, one layer of each kind (a first run: packed now)
+    model = run.load_for_run(args, ctx, stand_in=True)  # as cmd_run loads it, one trunk layer of each kind
     line = stdin.readline()  # the run has its prompt by now, as a rule: it loads the model less than we do
     if not line.strip():  # the run ended before its prompt
         return
     state = SeqState.fresh(model.config)
     walk = ggml_walk if _numerics(args) == "ggml" else plain_walk
     walk(model, state, min(int(line), ctx.n_ubatch), ctx, "last")  # the prompt (its first ubatch, at most 512 tokens)
-    walk(model.packed(), state, 1, ctx, "all")  # a decoded token (after the first one: the deferred layout)
+    if args.n_predict > 1:
+        walk(model, state, 1, ctx, "all")  # a decoded token
 
 
 if __name__ == "__main__":

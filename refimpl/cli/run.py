@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                         "--pack alone = on (docs/performance.md)")
     add_numerics(p)
     _add_speculative(p)
-    p.set_defaults(func=cmd_run, first_run=False)  # refimpl.cli.main asks compile_ahead.first_run
+    p.set_defaults(func=cmd_run)
 
 
 def _add_speculative(p) -> None:
@@ -49,20 +49,24 @@ def _add_speculative(p) -> None:
 
 def load_for_run(args, ctx, on_route=None, stand_in=False):
     """The model as ``refimpl run`` with ``args`` and ``ctx`` loads it (its first run's second process too, with
-    ``stand_in``: one trunk layer of each kind, :func:`refimpl.io.stand_in.stand_in`; refimpl/cli/compile_ahead.py):
-    a speculative run packs at load (``--pack``; with ``--emulate=ggml`` the column layout of its kernels), plain
-    greedy after its first token (:meth:`refimpl.model.load.Model.packed`: the copies pay off over many tokens, and
-    the first one need not wait for them) — but a first run (``args.first_run``,
-    :func:`refimpl.cli.compile_ahead.first_run`) before it: the kernels of the unpacked matrices would be compiled for
-    that one token (real2 Q4_K_M, ``--tokens 1,2,3,4 -n 32``, *EPYC*: plain 24 s instead of 40, ``--emulate=ggml``
-    49 instead of 59 (medians); docs/performance.md, "First run")."""
-    from refimpl.model.load import PACK_FLAGS
+    ``stand_in``: one trunk layer of each kind, :func:`refimpl.io.stand_in.stand_in`; refimpl/cli/compile_ahead.py),
+    packed at load (``--pack``; with ``--emulate=ggml`` the column layout of its kernels) — except, with
+    ``--pack auto``, a plain greedy run of at most one token, whose only forward pass is the prompt's (the copies pay
+    off over many tokens), and plain greedy on a model of less than ``PACK_MIN_BYTES`` (refimpl.model.load).
+
+    Which kernels a run takes depends on its model, numerics and flags, never on what the cache holds: packing after
+    the first token would take the unpacked matrices' kernels for that token, and the first run on a machine would
+    have to compile both sets (or pack first, and leave the unpacked set to the second run: real2 Q4_K_M,
+    ``--tokens 1,2,3,4 -n 32``, *EPYC*, 20 s plain, 13 s ``--emulate=ggml``, where packing takes 0.4 s and 1.0 s)."""
+    from refimpl.model.load import PACK_FLAGS, PACK_MIN_BYTES
 
     plain = not (args.mtp or args.ngram or args.csv)
     ggml = (ctx.ggml, ctx.repack) if ctx.ggml else None  # --emulate=ggml: --pack lays out for its kernels, no lane copies
-    model = load(args, cache_mb=args.cache_mb, pack=PACK_FLAGS[args.pack], defer_pack=plain, ggml=ggml, on_route=on_route,
-                 stand_in=stand_in)
-    return model.packed() if args.first_run else model
+    pack = PACK_FLAGS[args.pack]
+    if plain and pack == "auto" and args.n_predict <= 1:  # the prompt's forward pass alone: no copies
+        pack = False
+    return load(args, cache_mb=args.cache_mb, pack=pack, min_pack_bytes=PACK_MIN_BYTES if plain else 0, ggml=ggml,
+                on_route=on_route, stand_in=stand_in)
 
 
 def cmd_run(args) -> int:
@@ -97,12 +101,7 @@ def cmd_run(args) -> int:
     bar = tqdm(total=args.n_predict, desc="generating", unit="tok", file=sys.stderr, disable=None, leave=False)
     kwargs = dict(eog_ids=frozenset(tok.eog_ids), on_token=stream.write if stream else None, progress=bar)
     if spec is None:
-        def packed(m):  # the first token is out: now the copies that speed up the rest (Model.packed)
-            nonlocal model
-            model = m.packed()
-            return model
-
-        out, stats = greedy(model, prompt, args.n_predict, ctx, **kwargs, after_first=packed), None
+        out, stats = greedy(model, prompt, args.n_predict, ctx, **kwargs), None
     else:
         from refimpl.decode.speculative import speculative_generate
 

@@ -24,12 +24,9 @@ def greedy(
     eog_ids: frozenset[int] = frozenset(),
     on_token: Callable[[int], None] | None = None,
     progress=None,
-    after_first: Callable[[Model], Model] | None = None,
 ) -> list[int]:
     """Generate up to ``n_predict`` tokens after ``prompt``; ``on_token(id)`` is called as each is
-    produced; ``progress`` (a tqdm bar or None) is advanced once per token. ``after_first(model)``,
-    called once after the first token, returns the model the rest is decoded with — the same numbers
-    in another layout (``refimpl run``'s deferred packing: :meth:`Model.packed`)."""
+    produced; ``progress`` (a tqdm bar or None) is advanced once per token."""
     prompt = list(prompt)
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
@@ -45,7 +42,5 @@ def greedy(
             progress.update(1)
         if tok in eog_ids or len(out) == n_predict:
             break
-        if after_first is not None and len(out) == 1:
-            model = after_first(model)
         logits, _, state = forward(model, state, [tok], ctx)  # [1, V]
     return out

@@ -10,7 +10,6 @@ of ggml-cpu's kernels (:func:`refimpl.graph.layout.ggml_layout`). Never a number
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -29,18 +28,8 @@ class Model:
     file: ModelFile
     weights: Weights
     packed_bytes: int = 0  # bytes of the packed copies: the lane kernels' or, with ``ggml``, the column layout's
-    pack_pending: bool = False  # load_model(defer_pack=True) decided to pack: :meth:`packed` does it
     ggml: tuple[str, bool] | None = None  # load_model's ggml: (path, repack) that packing lays the weights out for
     pack_experts: bool = True  # with ggml: the pinned routed experts laid out too (False: they did not fit, the rest did)
-
-    def packed(self) -> "Model":
-        """This model with its matrices also in the packed layout (:func:`refimpl.io.packing.pack_weights`, or
-        with ``ggml`` :func:`refimpl.graph.layout.ggml_layout`), when :func:`load_model` deferred the packing;
-        else the model itself. Never changes a number."""
-        if not self.pack_pending:
-            return self
-        weights = _pack(self.weights, self.ggml, self.pack_experts)
-        return dataclasses.replace(self, weights=weights, packed_bytes=packed_nbytes(weights), pack_pending=False)
 
     @property
     def config(self) -> Config:
@@ -57,16 +46,16 @@ class Model:
 
 
 PACK_AUTO_FRACTION = 0.25  # pack="auto": pack when the packed copies fit in this fraction of MemAvailable
-#: pack="auto" with defer_pack (``refimpl run``): no lane copies of a model with fewer packable bytes than this. The mapped
+#: ``refimpl run``'s ``min_pack_bytes``: no lane copies of a model with fewer packable bytes than this. The mapped
 #: kernels are as fast there (builtin:kjv, 7.5 MB: 200 tokens in 2.8 s mapped, 3.0 s packed; builtin:tiny, 42 MB: 2.0 s
 #: both; EPYC Zen 4, 2026-12-05), and a first run then compiles no packing kernels (docs/performance.md, "First run").
-PACK_DEFER_MIN_BYTES = 64 << 20
+PACK_MIN_BYTES = 64 << 20
 PACK_FLAGS = {"auto": "auto", "on": True, "off": False}  # --pack auto|on|off (cli run, bench/full.py) -> load_model's pack
 _PACK_GROWTH = 1.32  # packed bytes / raw bytes, at most (Q6_K's assembled codes: 276 / 210)
 
 
 def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on_route=None, progress: bool = True,
-               pack: bool | str = "auto", defer_pack: bool = False, ggml: tuple[str, bool] | None = None,
+               pack: bool | str = "auto", min_pack_bytes: int = 0, ggml: tuple[str, bool] | None = None,
                stand_in: bool = False) -> Model:
     """Open and check a GGUF. ``cache_mb`` None: routed experts pinned as memory-map views;
     a whole number of MiB or ``"auto"``: routed experts streamed through an LRU cache of that budget
@@ -74,10 +63,8 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     stderr for large models), ``on_route`` called with every MoE batch's routing (--route-trace).
     ``pack``: True / False / ``"auto"`` (default: True when the packed copies fit in
     ``PACK_AUTO_FRACTION`` of MemAvailable) — see :func:`refimpl.io.packing.pack_weights`; never changes a number.
-    ``defer_pack``: decide now, pack later — the model comes back unpacked with ``pack_pending`` set,
-    and :meth:`Model.packed` makes the copies (``refimpl run`` does it after the first token, a first run before it:
-    the copy pays off only over many tokens, and the first token need not wait for it; with ``pack="auto"`` not at
-    all for a model under ``PACK_DEFER_MIN_BYTES``, where it never pays off). ``ggml``: (path, repack) of an
+    ``min_pack_bytes``: with ``pack="auto"``, no lane copies of a model with fewer packable bytes (``refimpl run``:
+    ``PACK_MIN_BYTES``, where they never pay off). ``ggml``: (path, repack) of an
     ``--emulate=ggml`` run — packing then builds the column layout of :func:`refimpl.graph.layout.ggml_layout`
     instead of the lane copies; ``"auto"`` lays out everything when it fits, else all but the pinned routed experts
     when that fits (they are then multiplied from the memory map's stored rows). With ``ggml``, ``cache_mb="auto"``
@@ -108,7 +95,7 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
         streamer = ExpertStreamer.open(m, budget, on_route=on_route)
         streamer.dense_bytes = pin_dense(m.gguf, progress=progress)
         weights = load_weights(m, streamer)
-    if pack == "auto" and defer_pack and ggml is None and packable_bytes(weights) < PACK_DEFER_MIN_BYTES:
+    if pack == "auto" and ggml is None and packable_bytes(weights) < min_pack_bytes:
         pack = False
     experts = True
     if pack == "auto":
@@ -121,11 +108,7 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
             pack = experts or fits(layout_bytes(weights, *ggml, experts=False))
     if stand_in:
         m, weights = stand_in_layers(m, weights)
-    if not pack or defer_pack:
-        return Model(file=m, weights=weights, pack_pending=bool(pack), ggml=ggml, pack_experts=experts)
-    packed = _pack(weights, ggml, experts)
+    if not pack:
+        return Model(file=m, weights=weights, ggml=ggml, pack_experts=experts)
+    packed = pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml, experts)
     return Model(file=m, weights=packed, packed_bytes=packed_nbytes(packed), ggml=ggml, pack_experts=experts)
-
-
-def _pack(weights, ggml, experts: bool = True):
-    return pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml, experts)

@@ -294,16 +294,19 @@ print(json.dumps({"walked": walked, "then": met[walked:]}))
 
 @pytest.mark.parametrize("numerics, model, n", [
     (["--emulate=ggml"], "kjv", 3), (["--emulate=ggml"], "q4_k_m", 3), (["--emulate=ggml"], "q4_k_m", 1),
+    (["--emulate=ggml", "--route-trace", "{tmp}/routes.csv"], "q4_k_m", 3),
     ([], "kjv", 3), ([], "q4_k_m", 3), (["--emulate"], "kjv", 3)],
-    ids=["ggml", "ggml-q4_k_m", "ggml-q4_k_m-one", "plain", "plain-q4_k_m", "emulate"])
-def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, n, make_fixture):
+    ids=["ggml", "ggml-q4_k_m", "ggml-q4_k_m-one", "ggml-q4_k_m-route-trace", "plain", "plain-q4_k_m", "emulate"])
+def test_the_walk_compiles_every_kernel_of_the_run(numerics, model, n, make_fixture, tmp_path):
     """In one new process: the child's walk (the run's flags, a 5-token prompt) and then ``refimpl run`` with that
     prompt: the run meets no kernel signature the walk has not compiled or loaded (a kernel added to the trunk or the
     graph but not reached by its walk fails this) — for the ggml graph, the plain trunk and --emulate's; on a Q4_K_M
     file too, whose four layers' stand-in is three (refimpl/io/stand_in.py) and whose ggml decode takes the column
     layout's kernels (one per weight kind and threading: kernels.ggml.columns) beside builtin:kjv's Q8_0 rows, plain
-    packed (``PACK_MIN_BYTES`` lowered to 0 in both processes); with ``-n 1`` the prompt alone, not laid out."""
-    if numerics == ["--emulate=ggml"]:
+    packed (``PACK_MIN_BYTES`` lowered to 0 in both processes); with ``-n 1`` the prompt alone, not laid out; with
+    ``--route-trace`` the streamed experts' kernels (the run streams them to see their routing)."""
+    numerics = [word.format(tmp=tmp_path) for word in numerics]
+    if "--emulate=ggml" in numerics:
         require_llama_cpp()  # --emulate=ggml follows the installed libggml (refimpl.cli.common.ggml_path); CI=true: a failure
     import json
 

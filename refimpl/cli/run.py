@@ -47,7 +47,7 @@ def _add_speculative(p) -> None:
     p.add_argument("--inject", action="append", metavar="NAME", help=argparse.SUPPRESS)  # refimpl.inject.faults
 
 
-def load_for_run(args, ctx, on_route=None, stand_in=False):
+def load_for_run(args, ctx, stand_in=False):
     """The model as ``refimpl run`` with ``args`` and ``ctx`` loads it (its first run's second process too, with
     ``stand_in``: one trunk layer of each kind, :func:`refimpl.io.stand_in.stand_in`; refimpl/cli/compile_ahead.py),
     packed at load (``--pack``; with ``--emulate=ggml`` the column layout of its kernels) — except, with
@@ -65,6 +65,8 @@ def load_for_run(args, ctx, on_route=None, stand_in=False):
     pack = PACK_FLAGS[args.pack]
     if plain and pack == "auto" and args.n_predict <= 1:  # the prompt's forward pass alone: no copies
         pack = False
+    # --route-trace: its writer reads the streamer's routing hook (set by cmd_run), so the experts are streamed
+    on_route = _no_route if args.route_trace is not None else None
     return load(args, cache_mb=args.cache_mb, pack=pack, min_pack_bytes=PACK_MIN_BYTES if plain else 0, ggml=ggml,
                 on_route=on_route, stand_in=stand_in)
 
@@ -84,8 +86,7 @@ def cmd_run(args) -> int:
             check_output(path, flag)
     args.faults = _injected(args)
     ctx = ctx_from_args(args)  # before loading: --emulate=ggml names (or refuses) the libggml it follows first
-    # --route-trace: its writer reads the streamer's routing hook (set below), so the experts are streamed
-    model = load_for_run(args, ctx, on_route=_no_route if args.route_trace is not None else None)
+    model = load_for_run(args, ctx)
     trace = _route_trace(args, model)
     tok = Tokenizer.from_gguf(model.file.gguf)
     if args.tokens is not None:

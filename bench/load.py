@@ -16,8 +16,8 @@ Measured, alternately ``--rounds`` times, each in a fresh process (the page cach
 the file was just written or read):
 
 * **refimpl**: the wall time of ``python -m refimpl run FILE --tokens 1,2,3 -n 1 --json`` — Python's
-  start, imports, the header, the weights (memory-mapped; a plain run packs its matrices for the lane
-  kernels only after the first token: ``Model.packed``), the tokenizer (its BPE merges are read at the
+  start, imports, the header, the weights (memory-mapped; a plain greedy run of one token makes no packed
+  copies for the lane kernels: refimpl/cli/run.py ``load_for_run``), the tokenizer (its BPE merges are read at the
   first encode, so not at all for token ids), 3 prompt positions and 1 generated token. The same with
   a text prompt (``-p``, encoded with the merges) is the second row. The first run on a
   machine also compiles numba's kernels (cached on disk afterwards, docs/performance.md "First run"):
@@ -227,7 +227,7 @@ def _breakdown_child(path: str) -> int:
     tok.encode(PROMPT)
     t.append(time.perf_counter())
     steps = ("imports", "header", "config + tensor plan", "weights (mapped)", "tokenizer", "prompt + first token",
-             "after it: packing", "first encode (merges)")
+             "packing (a longer run's, at load)", "first encode (merges)")
     print(json.dumps(dict(zip(steps, (b - a for a, b in zip(t, t[1:]))))), flush=True)
     return 0
 

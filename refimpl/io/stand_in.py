@@ -32,7 +32,8 @@ def kinds(obj):
 def stand_in(m: ModelFile, weights: Weights) -> tuple[ModelFile, Weights]:
     """``m`` and ``weights`` with the first trunk layer of each kind (:func:`kinds`: its mixer and its FFN together)
     only, in the file's order; the config says so (``n_layer``, ``is_recurrent``), the MTP block's entries kept.
-    Each kept layer is the file's own record: its streamed experts are still read by the file's layer index."""
+    Each kept layer is the file's own record: its streamed experts are still read by the file's layer index. The
+    trunk only: the file's MTP block sits at the whole file's ``n_layer`` (refimpl.model.mtp), not the stand-in's."""
     c = m.config
     keep, seen = [], set()
     for il, lw in enumerate(weights.layers):

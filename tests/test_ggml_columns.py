@@ -185,6 +185,22 @@ def test_q4k_sub_tile_at_its_integer_bounds():
                 assert np.array_equal(bits(got), bits(want)), (level, step, c)
 
 
+def test_six_bit_layout_is_pack6_of_the_byte_layout():
+    """Q6_K laid out in 6 bits (``layout(…, sixbit=True)``: ``columns_k.lay_k`` writes them as it lays out) is
+    ``columns_k.pack6`` of its byte layout — one matrix of two tiles, the last padded, and a stack of experts — the
+    other arrays the same; ``unpack6`` gives the bytes back."""
+    rng = np.random.default_rng(41)
+    for w in (weight_bytes(QT.Q6_K, 96, 512, rng), np.stack([weight_bytes(QT.Q6_K, 64, 256, rng) for _ in range(3)])):
+        laid, six = columns.layout(w, QT.Q6_K), columns.layout(w, QT.Q6_K, sixbit=True)
+        assert six.sixbit and six.q.dtype == np.uint8 and six.q.shape[-2] == laid.q.shape[-2] * 3 // 4
+        assert np.array_equal(six.q, columns_k.pack6(laid.q))
+        for name in ("d", "dmin", "sc", "mn"):
+            assert np.array_equal(getattr(six, name), getattr(laid, name)), name
+        back = np.empty_like(laid.q[0, -1])
+        columns_k.unpack6(six.q[-1, -1], back)
+        assert np.array_equal(back, laid.q[-1, -1])
+
+
 @pytest.mark.parametrize("qtype", PLAIN, ids=[t.name for t in PLAIN])
 def test_plain_buffer_mul_mat_equals_stored_rows(qtype):
     """Not repacked (Q5_K and Q6_K never are; Q4_K with --no-repack): vec_dot's 8 lanes for T < 8, the tiled

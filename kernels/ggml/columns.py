@@ -51,7 +51,7 @@ from numba import literally, prange
 from kernels.base.block import QT
 from kernels.base.flags import SERIAL_BELOW, jit, per_type, read_only
 from kernels.ggml.columns_ir import LEVEL, TILE, tile_span
-from kernels.ggml.columns_k import KQ_KIND, lay_k, pack6, sixbit_into, tile_k, unpack6
+from kernels.ggml.columns_k import KQ_KIND, lay_k, sixbit_into, tile_k, unpack6
 from kernels.ggml.mulmat_k import TILED_MIN_ROWS, pair_sums, q8_k_inputs
 from kernels.ggml.mulmat_q8 import _q8_0_quantize, slot_groups
 from kernels.ggml.repack import _blocks_m128
@@ -180,12 +180,13 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = Fal
     sixbit = sixbit and qtype == QT.Q6_K
     if values == 256:  # the K-quants: laid out tile by tile in one compiled step (lay_k)
         nsub, nmin = (K // 16, 0) if qtype == QT.Q6_K else (K // 32, K // 32)
-        q = np.empty((E, nt, K // 2 if qtype == QT.Q4_K else K, 64), np.int8)  # Q4_K: two codes a byte
+        R = K // 2 if qtype == QT.Q4_K else 3 * K // 4 if sixbit else K  # Q4_K: two codes a byte; pack6's rows
+        q = np.empty((E, nt, R, 64), np.uint8 if sixbit else np.int8)
         d, dmin = np.empty((E, nt, K // 256, TILE), F32), np.empty((E, nt, K // 256 if nmin else 0, TILE), F32)
         sc, mn = np.empty((E, nt, nsub, TILE), np.uint8), np.empty((E, nt, nmin, TILE), np.uint8)
         w3 = read_only(np.ascontiguousarray(w3))  # as a mapped file's rows: one compiled lay_k whoever calls
-        lay_k(PLAIN_KIND[qtype] - 3, w3, q.view(np.uint8), d, dmin, sc, mn, F16_TO_F32)
-        return Columns(qtype, pack6(q) if sixbit else q, d, dmin, sc, mn, N, sixbit=sixbit)
+        lay_k(PLAIN_KIND[qtype] - 3, w3, q.view(np.uint8), d, dmin, sc, mn, F16_TO_F32, sixbit)
+        return Columns(qtype, q, d, dmin, sc, mn, N, sixbit=sixbit)
     q = np.zeros((E, nt, K // 2, 64 if nibbles else 2 * TILE), np.uint8 if nibbles else np.int8)  # zeros: padding
     d = np.zeros((E, nt, K // 32, TILE), F32)
     for e in range(E):

@@ -40,7 +40,7 @@ KQ_KIND = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
 
 
 @jit(parallel=True)
-def lay_k(kind, w, q, d, dmin, sc, mn, tab):
+def lay_k(kind, w, q, d, dmin, sc, mn, tab, six):
     """Q4_K / Q5_K / Q6_K rows ``w`` (E, N, row bytes) of E matrices (``kind`` as ``mulmat_k.KIND``) -> their tiles of
     :data:`kernels.ggml.columns.TILE` outputs, through :func:`kernels.ggml.mulmat_k.decode_row`: ``q`` (E, nt, R, 64)
     uint8, each tile's 4 sub-tiles of 16 columns one after another, 4 consecutive codes of a column side by side
@@ -48,21 +48,31 @@ def lay_k(kind, w, q, d, dmin, sc, mn, tab):
     Q6_K a super-block's 64 quad rows lane by lane (row ``8l + g`` the quad row ``8g + l``: R = K,
     :func:`kernels.ggml.columns_ir.quad_row`) —; ``d`` / ``dmin`` (E, nt, K/256, 64) float32, ``sc`` / ``mn`` (E,
     nt, K/32 or K/16, 64) uint8 (Q6_K: its int8 scale's byte), column ``c`` at ``[…, c // 64, …, c % 64]``; the
-    last tile's columns past N zero. The (matrix, tile) items split between threads (each byte is one item's copy)."""
+    last tile's columns past N zero. ``six`` (Q6_K): ``q`` (E, nt, 3K/4, 64) holds the codes in 6 bits, the bytes
+    :func:`pack6` makes of the tile's R = K rows, written as they are laid out (no tile of bytes first). The (matrix,
+    tile) items split between threads (each byte is one item's copy)."""
     nt = q.shape[1]
     for i in prange(w.shape[0] * nt):
         e, t = i // nt, i % nt
-        _lay_k_tile(kind, w[e], t, q[e, t], d[e, t], dmin[e, t], sc[e, t], mn[e, t], tab)
+        _lay_k_tile(kind, w[e], t, q[e, t], d[e, t], dmin[e, t], sc[e, t], mn[e, t], tab, six)
 
 
 @jit()
-def _lay_k_tile(kind, w, t, q, d, dmin, sc, mn, tab):
-    """Tile ``t`` of :func:`lay_k` for one matrix ``w`` (N, row bytes): ``q`` (R, 64), ``d`` … (…, 64). A sub-tile's
-    16 rows are decoded into a scratch, then written out in order."""
+def _quad_at(r):
+    """The first code of the quad row that row ``r`` = 64·sb + 8l + g of a Q5_K / Q6_K sub-tile holds: quad row
+    64·sb + 8g + l (:func:`kernels.ggml.columns_ir.quad_row`)."""
+    sb, l, g = r // 64, (r // 8) % 8, r % 8
+    return 4 * (64 * sb + 8 * g + l)
+
+
+@jit()
+def _lay_k_tile(kind, w, t, q, d, dmin, sc, mn, tab, six):
+    """Tile ``t`` of :func:`lay_k` for one matrix ``w`` (N, row bytes): ``q`` (R, 64) (``six``: 3K/4), ``d`` …
+    (…, 64). A sub-tile's 16 rows are decoded into a scratch, then written out in order."""
     N = w.shape[0]
     nb = d.shape[0]
     K = 256 * nb
-    R4 = q.shape[0] // 4  # rows of one sub-tile
+    R4 = (K // 2 if kind == 0 else K) // 4  # quad rows of one sub-tile, in rows of bytes (Q4_K: two to a row)
     qr, scr, mnr = np.empty(K, np.int32), np.empty(sc.shape[0], np.int32), np.zeros(sc.shape[0], np.int32)
     dr, dminr = np.empty(nb, F32), np.zeros(nb, F32)
     codes = np.empty((16, K), np.uint8)  # one sub-tile's columns, each its K codes
@@ -93,10 +103,21 @@ def _lay_k_tile(kind, w, t, q, d, dmin, sc, mn, tab):
                 for j in range(16):
                     for m in range(4):
                         qs[r, 4 * j + m] = codes[j, 8 * r + m] | (codes[j, 8 * r + 4 + m] << np.uint8(4))
+        elif six:  # rows 4g … 4g + 3 of the tile (quad rows as below) -> pack6's nibble rows 2g, 2g + 1, high row K/2 + g
+            lo4, two, four, sixb = np.uint8(15), np.uint8(2), np.uint8(4), np.uint8(6)
+            for r4 in range(R4 // 4):
+                g4 = R4 // 4 * s + r4  # the tile's group of 4 quad rows
+                k0, k1, k2, k3 = _quad_at(4 * r4), _quad_at(4 * r4 + 1), _quad_at(4 * r4 + 2), _quad_at(4 * r4 + 3)
+                for j in range(16):
+                    for m in range(4):
+                        v0, v1, v2, v3 = codes[j, k0 + m], codes[j, k1 + m], codes[j, k2 + m], codes[j, k3 + m]
+                        q[2 * g4, 4 * j + m] = (v0 & lo4) | ((v1 & lo4) << four)
+                        q[2 * g4 + 1, 4 * j + m] = (v2 & lo4) | ((v3 & lo4) << four)
+                        q[K // 2 + g4, 4 * j + m] = ((v0 >> four) | ((v1 >> four) << two) | ((v2 >> four) << four)
+                                                     | ((v3 >> four) << sixb))
         else:  # row 64·sb + 8l + g: quad row 64·sb + 8g + l
             for r in range(R4):
-                sb, l, g = r // 64, (r // 8) % 8, r % 8
-                k0 = 4 * (64 * sb + 8 * g + l)
+                k0 = _quad_at(r)
                 for j in range(16):
                     for m in range(4):
                         qs[r, 4 * j + m] = codes[j, k0 + m]

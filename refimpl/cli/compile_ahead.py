@@ -16,10 +16,10 @@ run's own — a 40-layer Q4_K_M file's are its LM head's and a few layers'.
 How: the child (``python -m refimpl.cli.compile_ahead``) is started first thing, before the run parses its flags
 (:func:`spawn`: the parser's imports, numba's among them, take ~0.4 s, and the child's own ~0.9 s then run beside
 them), when the words of the command line may make such a run; it imports what it needs, then reads the run's parsed
-flags from its stdin (:func:`start`: or the end of it, when the flags want no child, and exits), loads the model as
-the run does while the run loads it, waits on its stdin for the prompt's length (:meth:`Helper.begin`), and walks
-the prompt's first ubatch and, when the run generates more than one token, one decoded token, on the model as the run
-loads it (packed at load: refimpl/cli/run.py ``load_for_run``). The run stops it when it ends (:meth:`Helper.close`):
+flags from its stdin (:func:`start`: or the end of it, when the flags want no child, and exits), loads the model's
+stand-in while the run loads the model (both packed at load, as refimpl/cli/run.py ``load_for_run`` decides), waits
+on its stdin for the prompt's length (:meth:`Helper.begin`), and walks the prompt's first ubatch and, when the run
+generates more than one token, one decoded token. The run stops it when it ends (:meth:`Helper.close`):
 numba writes its cache files by rename, so a child stopped in a save leaves no torn file (at worst an index entry
 whose machine code it had not written yet: the next run compiles that kernel again).
 """

@@ -28,7 +28,6 @@ class Model:
     file: ModelFile
     weights: Weights
     packed_bytes: int = 0  # bytes of the packed copies: the lane kernels' or, with ``ggml``, the column layout's
-    ggml: tuple[str, bool] | None = None  # load_model's ggml: (path, repack) that packing lays the weights out for
     pack_experts: bool = True  # with ggml: the pinned routed experts laid out too (False: they did not fit, the rest did)
 
     @property
@@ -109,6 +108,6 @@ def load_model(path: str | os.PathLike, cache_mb: int | str | None = None, *, on
     if stand_in:
         m, weights = stand_in_layers(m, weights)
     if not pack:
-        return Model(file=m, weights=weights, ggml=ggml, pack_experts=experts)
+        return Model(file=m, weights=weights, pack_experts=experts)
     packed = pack_weights(weights) if ggml is None else ggml_layout(weights, *ggml, experts)
-    return Model(file=m, weights=packed, packed_bytes=packed_nbytes(packed), ggml=ggml, pack_experts=experts)
+    return Model(file=m, weights=packed, packed_bytes=packed_nbytes(packed), pack_experts=experts)

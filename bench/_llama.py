@@ -133,10 +133,10 @@ class LlamaDecoder:
     def run(self, prompt: list[int], n: int, cfg: str = "bench") -> dict:
         return self._ask({"cfg": cfg, "prompt": prompt, "n": n})
 
-    def verify(self, prompt: list[int], drafts: list[int], reps: int, cfg: str = "bench") -> list[float]:
-        """llama.cpp's per-repetition verify(1+N) / decode time ratios (N = len(drafts)), timed alternately."""
-        res = self._ask({"cfg": cfg, "verify": prompt, "drafts": drafts, "reps": reps})
-        return [v / d for d, v in zip(res["decode_s"], res["verify_s"])]
+    def verify_times(self, prompt: list[int], drafts: list[int], reps: int, cfg: str = "bench") -> dict:
+        """{"decode_s": [...], "verify_s": [...]}: llama.cpp's per-repetition times of a 1-token decode and a
+        verify(1+N) batch (N = len(drafts)), timed alternately after the prompt."""
+        return self._ask({"cfg": cfg, "verify": prompt, "drafts": drafts, "reps": reps})
 
     def prompt(self, tokens: list[int], cfg: str = "bench") -> float:
         """Prompt-processing tok/s of one batch of ``tokens`` from an empty context."""

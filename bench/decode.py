@@ -38,7 +38,9 @@ For every (model, mix), in one run:
   the medians divided. States are immutable, so every repetition starts from the same state. Beside it, llama.cpp's
   own ratio (``llama.cpp verify/decode``, the row's configuration): a ``llama_decode`` of 1 token and one of 4 (the
   last token and three of its greedy tokens, every position's logits), alternately ``--verify-reps`` times after
-  the prompt — one after the other, as its recurrent state cannot be rolled back (bench/_llama.py).
+  the prompt — one after the other, as its recurrent state cannot be rolled back (bench/_llama.py) —, right before
+  refimpl's repetitions and again right after them. ``verify ms``: the median time of one verify batch, refimpl's
+  and llama.cpp's (its 2 × ``--verify-reps``), side by side.
 
 * **``--emulate=ggml``** adds the ggml rows: the same greedy decode and prompt with ``Ctx.ggml`` (every op as the
   loaded libggml-cpu computes it, bit for bit; ``emulation_ctx("ggml")`` with ``n_threads`` = ``--threads``,
@@ -255,19 +257,30 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
                     llama.run(prompt, 2, cfg)
                 line += "\n    prompt " + _round_line(rows, pp_ours, pp_theirs, cfgs)
             print(f"  round {r + 1}: decode {line}", file=sys.stderr, flush=True)
-        # llama.cpp's own verify(1+3) / decode, the drafts its greedy tokens (as refimpl's below are its own)
-        llama_verify = {cfg: llama.verify(prompt, their_tokens[cfg][:3], args.verify_reps, cfg) for cfg in cfgs}
+        # each row's verify(1+3) / decode, between two runs of llama.cpp's own in the row's configuration (the drafts
+        # its greedy tokens, as refimpl's are its own): each side's pairs uninterrupted, the blocks side by side, so
+        # that refimpl's verify time can be set beside llama.cpp's (a pair right after a llama.cpp batch would meet its
+        # threads still spinning, or, after a pause, a core waking up)
+        verified = {}
+        for name, (model, rctx, cfg, _) in rows.items():
+            before = llama.verify_times(prompt, their_tokens[cfg][:3], args.verify_reps, cfg)
+            mine = verify_ratio(model, prompt, tokens[name][:3], args.verify_reps, rctx)
+            after = llama.verify_times(prompt, their_tokens[cfg][:3], args.verify_reps, cfg)
+            verified[name] = (mine, {key: before[key] + after[key] for key in before})
     finally:
         llama.__exit__()
     plain = [v for v in args.variants]
     assert all(tokens[v] == tokens[plain[0]] for v in plain), "refimpl variants generated different tokens"
     out = []
     for name, (model, rctx, cfg, _) in rows.items():
-        d, vs, _, vrs = verify_ratio(model, prompt, tokens[name][:3], args.verify_reps, rctx)
+        (d, vs, _, vrs), their = verified[name]
+        llama_vs = statistics.median(their["verify_s"])
         row = {"model": preset, "quant": quant, "variant": name, "mib": path.stat().st_size / MIB,
                "llama": label(cfg), "ours": ours[name], "theirs": theirs[cfg],
                "ratio": [a / b for a, b in zip(ours[name], theirs[cfg])], "verify": vrs, "decode_s": d, "verify_s": vs,
-               "llama_verify": llama_verify[cfg],
+               "llama_verify": [v / a for a, v in zip(their["decode_s"], their["verify_s"])],
+               "llama_decode_s": statistics.median(their["decode_s"]), "llama_verify_s": llama_vs,
+               "verify_vs_llama": vs / llama_vs,
                "same_tokens": tokens[name] == their_tokens[cfg],
                "pp": args.pp, "pp_logits": "all" if args.pp_all_logits else "last", "pp_llama": label(cfg, pp_extra),
                "pp_ours": pp_ours[name], "pp_theirs": pp_theirs[cfg],
@@ -277,6 +290,11 @@ def bench_one(preset: str, quant: str, args) -> list[dict]:
             row["vs_plain"] = {v: [a / b for a, b in zip(ours[name], ours[v])] for v in plain}
         out.append(row)
     return out
+
+
+def _ms_pair(r: dict) -> str:
+    """'refimpl / llama.cpp' median verify(1+3) times in ms."""
+    return f"{1e3 * r['verify_s']:.3g} / {1e3 * r['llama_verify_s']:.3g}"
 
 
 def _round_line(rows: dict, ours: dict, theirs: dict, cfgs: list[str]) -> str:
@@ -365,7 +383,9 @@ def main(argv=None) -> int:
     print_tables(rows, args)
     load1 = os.getloadavg()
     print(f"\n# median [min–max] over rounds of the per-round figures and ratios; verify/decode: per-repetition ratios "
-          f"({args.verify_reps}), decode and verify medians in the JSON. Load average {load0[0]:.2f} before, {load1[0]:.2f} after.")
+          f"({args.verify_reps}; llama.cpp's: {2 * args.verify_reps}, before and after refimpl's), decode and verify medians "
+          f"in the JSON; 'verify ms': the median time of one verify(1+3) batch, refimpl / llama.cpp. Load average "
+          f"{load0[0]:.2f} before, {load1[0]:.2f} after.")
     print("# 'same tokens': refimpl's greedy tokens equal those of llama.cpp in the row's configuration (plain numerics "
           "differ from llama.cpp's by its activation quantization, so a near-tie can legitimately differ; --emulate "
           "matches its rounding, the ggml rows every bit).")
@@ -379,13 +399,13 @@ def print_tables(rows: list[dict], args) -> None:
     print()
     hdr = (f"{'model':<7} {'mix':<7} {'MiB':>5} {'refimpl':<7} | {'refimpl tok/s':>18} | {'llama.cpp':<23} | "
            f"{'llama.cpp tok/s':>18} | {'refimpl / llama.cpp':>19} | {'verify(1+3)/decode':>18} | "
-           f"{'llama.cpp verify/decode':>23} | same tokens")
+           f"{'llama.cpp verify/decode':>23} | {'verify ms':>13} | same tokens")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['model']:<7} {r['quant']:<7} {r['mib']:5.0f} {r['variant']:<7} | {_range(r['ours']):>18} | "
               f"{r['llama']:<23} | {_range(r['theirs']):>18} | {_range(r['ratio']):>19} | {_range(r['verify']):>18} | "
-              f"{_range(r['llama_verify']):>23} | {'yes' if r['same_tokens'] else 'no'}")
+              f"{_range(r['llama_verify']):>23} | {_ms_pair(r):>13} | {'yes' if r['same_tokens'] else 'no'}")
     ggml = [r for r in rows if "vs_plain" in r]
     if ggml and args.variants:
         hdr = f"\n{'model':<7} {'mix':<7} {'row':<7} | {'ggml / plain ' + '(' + ', '.join(args.variants) + ')':>40} | ggml numerics"

@@ -30,9 +30,12 @@ from kernels.base.flags import JIT_ENABLED, jit
 from kernels.ggml.columns_ir import LEVEL, TILE, first_rows, q4k_fma_def, tile_span
 
 F32 = np.float32
-#: Software prefetch distance of the gemm's codes (bytes): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC,
-#: 0.8 -> 0.65 ms a product (the gemv's rows stream fast enough without; prefetching them cost the experts ~10 %).
-AHEAD = 2048
+#: Software prefetch of the gemm's codes, a chunk's 512 bytes ``AHEAD`` bytes (4 super-blocks) past them, into L2
+#: (``prefetcht1``): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC, none 0.8 -> 2048 bytes into L1 0.65 ms a
+#: product; 1 thread, Zen 4, out of the cache, 2026-12-07: 2048 into L1 1.02-1.05 -> 8192 into L2 0.76-0.80 ms. (The
+#: gemv's rows stream fast enough without: prefetching them cost the experts ~10 %.)
+AHEAD = 8192
+AHEAD_LOCALITY = 2
 
 
 @jit()
@@ -150,7 +153,8 @@ if JIT_ENABLED:
                 def chunk(blk, g1, ng, ahead=False):  # groups g1 … g1 + ng - 1: their code vectors, scales and mins
                     base = b.mul(blk, k(8))
                     if ahead:  # the gemm's rows take long enough per chunk for the hardware prefetcher to fall behind
-                        _prefetch(b, item(2, [b.add(qr0, b.add(b.mul(blk, k(32)), k(4 * g1))), k(0)]), AHEAD, 64 * 4 * ng)
+                        _prefetch(b, item(2, [b.add(qr0, b.add(b.mul(blk, k(32)), k(4 * g1))), k(0)]), AHEAD, 64 * 4 * ng,
+                                  AHEAD_LOCALITY)
                     cv = [[codes(blk, g, lane) for lane in range(8)] for g in range(g1, g1 + ng)]
                     rws = [b.add(base, k(g)) for g in range(g1, g1 + ng)]
                     return cv, [sub_block(8, rw) for rw in rws], [sub_block(12, rw) for rw in rws]

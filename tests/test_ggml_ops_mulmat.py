@@ -168,7 +168,7 @@ def test_float_bit_exact(build, qtype):
     # K: tails of every kind (leftover chunks of 16/8, 8/4 and scalar FMAs; < one step); N % 4 != 0: vec_dot
     for n, k in ((12, 7), (16, 64), (13, 100), (12, 171), (8, 296)):
         w = float_weights(qtype, hard_floats(rng, (n, k)))
-        for t in (1, 2, 5, 9):
+        for t in (1, 2, 4, 5, 8, 9):  # 4, 8: tinyBLAS's pairs of weight rows (mulmat_vec._tinyblas_block)
             x = hard_floats(rng, (t, k))
             if t >= 2:
                 x[1, 3] = np.inf
@@ -201,6 +201,23 @@ def test_float_tinyblas_threads(build):
                 assert np.array_equal(bits(mul_mat(w, QT(q), x, path)), bits(y)), (QT(q).name, nth)
     finally:
         numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("lanes", (16, 8))
+def test_tinyblas_pairs_of_rows_are_each_row_alone(lanes):
+    """tinyBLAS's pairs of weight rows (eight chains in registers, where the activations come in fours) give each
+    element the bits of its row computed alone — an odd row count too, whose last row takes the four chains."""
+    from kernels.ggml.mulmat_vec import tinyblas_rows
+
+    rng = np.random.default_rng(2715)
+    k = 4 * lanes
+    w, x = hard_floats(rng, (7, k)), hard_floats(rng, (8, k))
+    out = np.empty((8, 7), np.float32)
+    tinyblas_rows(w, x, out, lanes, lanes, False)
+    for r in range(7):
+        one = np.empty((8, 1), np.float32)
+        tinyblas_rows(w[r : r + 1], x, one, lanes, lanes, False)
+        assert np.array_equal(bits(out[:, r : r + 1]), bits(one)), r
 
 
 @pytest.mark.parametrize("build", BUILDS)

@@ -32,7 +32,7 @@ from numba import prange
 from numba.extending import overload
 
 from kernels.base.flags import ERROR_MODEL, FASTMATH, JIT_ENABLED, jit
-from kernels.ggml.simd import fma32, hsum_fold, vfma, vfma_rows4
+from kernels.ggml.simd import fma32, hsum_fold, vfma, vfma_rows4, vfma_rows4x2
 from kernels.ggml.vec import vec_dot_f16, vec_dot_f32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -149,10 +149,21 @@ F32_ROWS = float_rows(0)  # vec_dot_float_rows(…, 0, L) for compiled callers: 
 @jit()
 def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
     """Rows ``r0 … r1-1`` of ``w`` against every row of ``x`` (:func:`tinyblas_rows`), four activation rows at a time
-    (four independent accumulators: what changes is only when an element is computed). ``acc`` (4, ≥ L) scratch."""
+    (four independent accumulators: what changes is only when an element is computed), two weight rows at a time
+    where ``x`` has a multiple of four rows (eight accumulators). ``acc`` (8, ≥ L) scratch."""
     K, T = w.shape[1], x.shape[0]
     vec = not dpbf16 and (L == 16 or L == 8)  # one _mm*_fmadd_ps per step: vfma (rows contiguous)
-    for r in range(r0, r1):
+    r = r0
+    if vec and T % 4 == 0:  # pairs of weight rows, eight chains in registers (four alone wait on the FMA's latency)
+        while r + 1 < r1:
+            for t0 in range(0, T, 4):
+                acc[:, :L] = np.float32(0.0)
+                vfma_rows4x2(acc, w[r], w[r + 1], x[t0], x[t0 + 1], x[t0 + 2], x[t0 + 3], K, L)
+                for h in range(2):
+                    for j in range(4):
+                        out[t0 + j, r + h] = hsum_fold(acc[4 * h + j], np.int64(0), L)
+            r += 2
+    for r in range(r, r1):
         wr = w[r]
         for t0 in range(0, T, 4):
             nb = min(4, T - t0)
@@ -180,7 +191,7 @@ def _tinyblas_block(w, x, out, r0, r1, KN, L, dpbf16, acc):
 @jit()
 def _tinyblas_rows(w, x, out, KN, L, dpbf16):
     """:func:`tinyblas_rows` in compiled code (one block of every row, on the calling thread)."""
-    _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((4, 16), np.float32))
+    _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((8, 16), np.float32))
 
 
 TINYBLAS_ROWS = 16  # weight rows per work item of tinyblas_rows_parallel
@@ -193,12 +204,12 @@ def _tinyblas_for(KN: int, L: int, dpbf16: bool, parallel: bool):
 
     def tinyblas_rows(w, x, out):
         if not parallel:  # _tinyblas_rows' one block, called here directly: one level of compiled calls less
-            _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((4, 16), np.float32))
+            _tinyblas_block(w, x, out, 0, w.shape[0], KN, L, dpbf16, np.empty((8, 16), np.float32))
             return
         N = w.shape[0]
         for b in prange((N + TINYBLAS_ROWS - 1) // TINYBLAS_ROWS):
             r0 = b * TINYBLAS_ROWS
-            _tinyblas_block(w, x, out, r0, min(N, r0 + TINYBLAS_ROWS), KN, L, dpbf16, np.empty((4, 16), np.float32))
+            _tinyblas_block(w, x, out, r0, min(N, r0 + TINYBLAS_ROWS), KN, L, dpbf16, np.empty((8, 16), np.float32))
 
     return jit(parallel=parallel, variant="parallel" if parallel else "")(tinyblas_rows)  # twins named apart
 

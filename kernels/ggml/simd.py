@@ -158,6 +158,15 @@ def _vfma_rows4_def(acc, w, x0, x1, x2, x3, K, lanes):
         _vfma_def(acc, 3, w, x3, l0, lanes)
 
 
+def _vfma_rows4x2_def(acc, w0, w1, x0, x1, x2, x3, K, lanes):
+    """:func:`_vfma_rows4_def` of two weight rows side by side: ``acc[0:4]`` the chains of ``w0``, ``acc[4:8]``
+    those of ``w1`` (each chain's FMAs in the same order: only when an element is computed changes)."""
+    for l0 in range(0, K, lanes):
+        for j, xj in enumerate((x0, x1, x2, x3)):
+            _vfma_def(acc, j, w0, xj, l0, lanes)
+            _vfma_def(acc, 4 + j, w1, xj, l0, lanes)
+
+
 if JIT_ENABLED:
 
     def _vfma_rows4_ir(n):
@@ -196,7 +205,46 @@ if JIT_ENABLED:
 
         return vfma_rows4
 
+    def _vfma_rows4x2_ir(n):
+        @intrinsic
+        def vfma_rows4x2(typingctx, acc, w0, w1, x0, x1, x2, x3, K):
+            """:func:`_vfma_rows4x2_def` with ``n`` lanes: the eight chains in registers for the whole loop, written
+            back to ``acc[0:8, 0:n]`` at the end. Two weight rows' chains side by side: the four of one row alone
+            waited on the FMA's latency (real2's F32 router, 4 rows)."""
+            arrays = (acc, w0, w1, x0, x1, x2, x3)
+            if not all(isinstance(a, types.Array) and a.dtype == types.float32 for a in arrays):
+                return None
+            sig = types.void(acc, w0, w1, x0, x1, x2, x3, types.int64)
+
+            def codegen(context, b, signature, args):
+                vt = ir.VectorType(ir.FloatType(), n)
+                fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
+                zero = ir.Constant(ir.IntType(64), 0)
+
+                def ptr(i, idx):  # argument i's element idx as a vector pointer
+                    return _vec_ptr(context, b, signature.args[i], args[i], idx, vt)
+
+                rows = [ptr(0, [context.get_constant(types.int64, j), zero]) for j in range(8)]
+                slots = [cgutils.alloca_once(b, vt) for _ in range(8)]
+                for row, slot in zip(rows, slots):
+                    b.store(b.load(row, align=4), slot)
+                with cgutils.for_range_slice(b, zero, args[7], ir.Constant(ir.IntType(64), n)) as (l0, _):
+                    wv = [b.load(ptr(1 + h, [l0]), align=4) for h in (0, 1)]
+                    for j in range(4):
+                        xv = b.load(ptr(3 + j, [l0]), align=4)
+                        for h in (0, 1):
+                            slot = slots[4 * h + j]
+                            b.store(b.call(fma, [wv[h], xv, b.load(slot)]), slot)
+                for row, slot in zip(rows, slots):
+                    b.store(b.load(slot), row, align=4)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return vfma_rows4x2
+
     _vfma_rows4_16, _vfma_rows4_8 = _vfma_rows4_ir(16), _vfma_rows4_ir(8)
+    _vfma_rows4x2_16, _vfma_rows4x2_8 = _vfma_rows4x2_ir(16), _vfma_rows4x2_ir(8)
 
     @jit()
     def vfma_rows4(acc, w, x0, x1, x2, x3, K, lanes):
@@ -209,8 +257,20 @@ if JIT_ENABLED:
         else:
             raise ValueError("vfma_rows4: lanes must be 16 or 8")
 
+    @jit()
+    def vfma_rows4x2(acc, w0, w1, x0, x1, x2, x3, K, lanes):
+        """:func:`vfma_rows4` of two weight rows at once (:func:`_vfma_rows4x2_def`): ``acc[0:4, :lanes]`` the chains
+        of ``w0``, ``acc[4:8, :lanes]`` those of ``w1``."""
+        if lanes == 16:
+            _vfma_rows4x2_16(acc, w0, w1, x0, x1, x2, x3, np.int64(K))
+        elif lanes == 8:
+            _vfma_rows4x2_8(acc, w0, w1, x0, x1, x2, x3, np.int64(K))
+        else:
+            raise ValueError("vfma_rows4x2: lanes must be 16 or 8")
+
 else:
     vfma_rows4 = _vfma_rows4_def
+    vfma_rows4x2 = _vfma_rows4x2_def
 
 
 def _dot32_lanes_def(sumi, a, ao, b, bo, s0, s1):

@@ -169,82 +169,57 @@ def _vfma_rows4x2_def(acc, w0, w1, x0, x1, x2, x3, K, lanes):
 
 if JIT_ENABLED:
 
-    def _vfma_rows4_ir(n):
-        @intrinsic
-        def vfma_rows4(typingctx, acc, w, x0, x1, x2, x3, K):
-            """:func:`_vfma_rows4_def` with ``n`` lanes, its four accumulators held in registers for the whole loop
-            (stack slots LLVM promotes) and written back to ``acc[0:4, 0:n]`` at the end — as :func:`vfma` per step,
-            they went through memory: each FMA waited for the store of the one before (``w``, ``x_j`` contiguous,
-            ``K`` a multiple of ``n``)."""
-            arrays = (acc, w, x0, x1, x2, x3)
-            if not all(isinstance(a, types.Array) and a.dtype == types.float32 for a in arrays):
+    def _vfma_rows4_ir(n, nw=1):
+        """The intrinsic of :func:`_vfma_rows4_def` (``nw`` 1: acc, w, x0 … x3, K) or of :func:`_vfma_rows4x2_def`
+        (``nw`` 2: acc, w0, w1, x0 … x3, K) with ``n`` lanes. The ``4·nw`` chains are held in registers for the
+        whole loop (stack slots LLVM promotes) and written back to ``acc[0:4·nw, 0:n]`` at the end — as
+        :func:`vfma` per step, they went through memory: each FMA waited for the store of the one before; two weight
+        rows' chains side by side, as one row's four alone waited on the FMA's latency (real2's F32 router at 4
+        rows). ``w``, ``x_j`` contiguous, ``K`` a multiple of ``n``."""
+
+        def typed(acc, arrays, K):
+            if not all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (acc, *arrays)):
                 return None
-            sig = types.void(acc, w, x0, x1, x2, x3, types.int64)
+            return types.void(acc, *arrays, types.int64), codegen
 
-            def codegen(context, b, signature, args):
-                vt = ir.VectorType(ir.FloatType(), n)
-                fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
-                zero = ir.Constant(ir.IntType(64), 0)
+        def codegen(context, b, signature, args):
+            vt = ir.VectorType(ir.FloatType(), n)
+            fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
+            zero = ir.Constant(ir.IntType(64), 0)
 
-                def ptr(i, idx):  # argument i's element idx as a vector pointer
-                    return _vec_ptr(context, b, signature.args[i], args[i], idx, vt)
+            def ptr(i, idx):  # argument i's element idx as a vector pointer
+                return _vec_ptr(context, b, signature.args[i], args[i], idx, vt)
 
-                rows = [ptr(0, [context.get_constant(types.int64, j), zero]) for j in range(4)]
-                slots = [cgutils.alloca_once(b, vt) for _ in range(4)]
-                for row, slot in zip(rows, slots):
-                    b.store(b.load(row, align=4), slot)
-                with cgutils.for_range_slice(b, zero, args[6], ir.Constant(ir.IntType(64), n)) as (l0, _):
-                    wv = b.load(ptr(1, [l0]), align=4)
-                    for j, slot in enumerate(slots):
-                        b.store(b.call(fma, [wv, b.load(ptr(2 + j, [l0]), align=4), b.load(slot)]), slot)
-                for row, slot in zip(rows, slots):
-                    b.store(b.load(slot), row, align=4)
-                return context.get_dummy_value()
+            rows = [ptr(0, [context.get_constant(types.int64, j), zero]) for j in range(4 * nw)]
+            slots = [cgutils.alloca_once(b, vt) for _ in range(4 * nw)]  # weight row h's chain j: slot 4h + j
+            for row, slot in zip(rows, slots):
+                b.store(b.load(row, align=4), slot)
+            with cgutils.for_range_slice(b, zero, args[nw + 5], ir.Constant(ir.IntType(64), n)) as (l0, _):
+                wv = [b.load(ptr(1 + h, [l0]), align=4) for h in range(nw)]
+                for j in range(4):
+                    xv = b.load(ptr(1 + nw + j, [l0]), align=4)
+                    for h in range(nw):
+                        slot = slots[4 * h + j]
+                        b.store(b.call(fma, [wv[h], xv, b.load(slot)]), slot)
+            for row, slot in zip(rows, slots):
+                b.store(b.load(slot), row, align=4)
+            return context.get_dummy_value()
 
-            return sig, codegen
+        if nw == 1:
+            @intrinsic
+            def vfma_rows4(typingctx, acc, w, x0, x1, x2, x3, K):
+                return typed(acc, (w, x0, x1, x2, x3), K)
 
-        return vfma_rows4
+            return vfma_rows4
 
-    def _vfma_rows4x2_ir(n):
         @intrinsic
         def vfma_rows4x2(typingctx, acc, w0, w1, x0, x1, x2, x3, K):
-            """:func:`_vfma_rows4x2_def` with ``n`` lanes: the eight chains in registers for the whole loop, written
-            back to ``acc[0:8, 0:n]`` at the end. Two weight rows' chains side by side: the four of one row alone
-            waited on the FMA's latency (real2's F32 router, 4 rows)."""
-            arrays = (acc, w0, w1, x0, x1, x2, x3)
-            if not all(isinstance(a, types.Array) and a.dtype == types.float32 for a in arrays):
-                return None
-            sig = types.void(acc, w0, w1, x0, x1, x2, x3, types.int64)
-
-            def codegen(context, b, signature, args):
-                vt = ir.VectorType(ir.FloatType(), n)
-                fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{n}f32")
-                zero = ir.Constant(ir.IntType(64), 0)
-
-                def ptr(i, idx):  # argument i's element idx as a vector pointer
-                    return _vec_ptr(context, b, signature.args[i], args[i], idx, vt)
-
-                rows = [ptr(0, [context.get_constant(types.int64, j), zero]) for j in range(8)]
-                slots = [cgutils.alloca_once(b, vt) for _ in range(8)]
-                for row, slot in zip(rows, slots):
-                    b.store(b.load(row, align=4), slot)
-                with cgutils.for_range_slice(b, zero, args[7], ir.Constant(ir.IntType(64), n)) as (l0, _):
-                    wv = [b.load(ptr(1 + h, [l0]), align=4) for h in (0, 1)]
-                    for j in range(4):
-                        xv = b.load(ptr(3 + j, [l0]), align=4)
-                        for h in (0, 1):
-                            slot = slots[4 * h + j]
-                            b.store(b.call(fma, [wv[h], xv, b.load(slot)]), slot)
-                for row, slot in zip(rows, slots):
-                    b.store(b.load(slot), row, align=4)
-                return context.get_dummy_value()
-
-            return sig, codegen
+            return typed(acc, (w0, w1, x0, x1, x2, x3), K)
 
         return vfma_rows4x2
 
     _vfma_rows4_16, _vfma_rows4_8 = _vfma_rows4_ir(16), _vfma_rows4_ir(8)
-    _vfma_rows4x2_16, _vfma_rows4x2_8 = _vfma_rows4x2_ir(16), _vfma_rows4x2_ir(8)
+    _vfma_rows4x2_16, _vfma_rows4x2_8 = _vfma_rows4_ir(16, 2), _vfma_rows4_ir(8, 2)
 
     @jit()
     def vfma_rows4(acc, w, x0, x1, x2, x3, K, lanes):

@@ -30,18 +30,13 @@ import numpy as np
 from numba import prange
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.columns_ir import LEVEL, kq, kq_def, kq_fma, lanes_fma_def
+from kernels.ggml.columns_ir import AHEAD_BLOCKS, AHEAD_LOCALITY, LEVEL, kq, kq_def, kq_fma, lanes_fma_def
 from kernels.ggml.mulmat_k import decode_row
 from kernels.ggml.simd import fma32
 
 F32 = np.float32
 #: :mod:`kernels.ggml.columns` kind of the K-quant formulas here (``kind - 3`` is ``mulmat_k.KIND``'s type code)
 KQ_KIND = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5}
-#: Software prefetch of the codes, lane by lane, 4 super-blocks ahead into L2 (a sub-tile's super-block: 4096 bytes
-#: of byte codes; Q6_K's six bits 2048 of nibbles and 1024 of high bits): real2's head (32768 × 2048, six bits), 1
-#: thread, Zen 4, 2026-12-07, alternating: 1 row 3.0 -> 2.2-2.6 ms, 4 rows 5.7-6.6 -> 4.1-4.5 (the whole
-#: super-block's 48 lines at once, into L1: 1.5-2 × slower).
-AHEAD_BLOCKS = 4
 
 
 @jit(parallel=True)
@@ -295,11 +290,12 @@ if JIT_ENABLED:
                         scales = [scale(b.add(base, k(2 * g + lanes[0] // 4 if p16 else g))) for g in range(8)]
                         for lane in lanes:
                             if six:  # decoded once for all rows
-                                _prefetch(b, b.gep(lo0, [k(4 * lane)]), 2048 * AHEAD_BLOCKS, 256, 2)  # the lane's codes
-                                _prefetch(b, b.gep(hi0, [k(2 * lane)]), 1024 * AHEAD_BLOCKS, 128, 2)
+                                # the lane's codes (a sub-tile's super-block: 2048 bytes of nibbles, 1024 of high bits)
+                                _prefetch(b, b.gep(lo0, [k(4 * lane)]), 2048 * AHEAD_BLOCKS, 256, AHEAD_LOCALITY)
+                                _prefetch(b, b.gep(hi0, [k(2 * lane)]), 1024 * AHEAD_BLOCKS, 128, AHEAD_LOCALITY)
                                 codes = six_codes(lo0, hi0, lane)
                             else:
-                                _prefetch(b, b.gep(q0, [k(8 * lane)]), 4096 * AHEAD_BLOCKS, 512, 2)
+                                _prefetch(b, b.gep(q0, [k(8 * lane)]), 4096 * AHEAD_BLOCKS, 512, AHEAD_LOCALITY)  # 4096 a super-block
                                 codes = [b.gep(q0, [k(8 * lane + g)]) for g in range(8)]  # loaded per row (register pressure)
                             subs = [scale(b.add(base, k(2 * lane + h))) for h in (0, 1)] if p16 else []
                             with cgutils.for_range(b, n_rows) as row_loop:

@@ -27,15 +27,14 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.base.flags import JIT_ENABLED, jit
-from kernels.ggml.columns_ir import LEVEL, TILE, first_rows, q4k_fma_def, tile_span
+from kernels.ggml.columns_ir import AHEAD_BLOCKS, AHEAD_LOCALITY, LEVEL, TILE, first_rows, q4k_fma_def, tile_span
 
 F32 = np.float32
-#: Software prefetch of the gemm's codes, a chunk's 512 bytes ``AHEAD`` bytes (4 super-blocks) past them, into L2
-#: (``prefetcht1``): real2's 8192 × 2048 Q4_K at 4 rows, 2 threads, EPYC, none 0.8 -> 2048 bytes into L1 0.65 ms a
-#: product; 1 thread, Zen 4, out of the cache, 2026-12-07: 2048 into L1 1.02-1.05 -> 8192 into L2 0.76-0.80 ms. (The
-#: gemv's rows stream fast enough without: prefetching them cost the experts ~10 %.)
-AHEAD = 8192
-AHEAD_LOCALITY = 2
+#: Software prefetch distance of the gemm's codes, a chunk's 512 bytes at a time (bytes: a sub-tile's super-block of
+#: nibbles is 2048; :data:`kernels.ggml.columns_ir.AHEAD_BLOCKS`, into its ``AHEAD_LOCALITY``): real2's 8192 × 2048
+#: Q4_K at 4 rows, 2 threads, EPYC, none 0.8 -> 2048 bytes into L1 0.65 ms a product. (The gemv's rows stream fast
+#: enough without: prefetching them cost the experts ~10 %.)
+AHEAD = 2048 * AHEAD_BLOCKS
 
 
 @jit()

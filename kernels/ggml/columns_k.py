@@ -97,8 +97,8 @@ def _lay_k_tile(kind, w, t, q, d, dmin, sc, mn, tab, six):
                 d[b, o] = dr[b]
             for b in range(dmin.shape[0]):
                 dmin[b, o] = dminr[b]
-        qs = q[R4 * s:R4 * (s + 1)]  # (R4, 64)
         if kind == 0:  # Q4_K: quad rows 2r, 2r + 1 in one row of nibbles
+            qs = q[R4 * s:R4 * (s + 1)]  # (R4, 64): the sub-tile's rows
             for r in range(R4):
                 for j in range(16):
                     for m in range(4):
@@ -116,6 +116,7 @@ def _lay_k_tile(kind, w, t, q, d, dmin, sc, mn, tab, six):
                         q[K // 2 + g4, 4 * j + m] = ((v0 >> four) | ((v1 >> four) << two) | ((v2 >> four) << four)
                                                      | ((v3 >> four) << sixb))
         else:  # row 64·sb + 8l + g: quad row 64·sb + 8g + l
+            qs = q[R4 * s:R4 * (s + 1)]  # (R4, 64): the sub-tile's rows
             for r in range(R4):
                 k0 = _quad_at(r)
                 for j in range(16):

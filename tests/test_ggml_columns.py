@@ -247,6 +247,87 @@ def test_plain_buffer_mul_mat_id_equals_stored_rows(qtype):
             assert np.array_equal(bits(half), bits(want[..., 40:80])), (T, cols.sixbit)
 
 
+def q8_0_weights(rng, n, k):
+    """Q8_0 rows with the edge cases of the sign trick: -128 and ±127 weights, a zero block, d = +inf and NaN."""
+    w = weight_bytes(QT.Q8_0, n, k, rng)
+    blocks = w.reshape(n, k // 32, 34)
+    blocks[1, :, 2:] = np.array(-128, np.int8).view(np.uint8)  # |w| = 128 against every activation
+    blocks[2, :, 2::2] = np.array(-127, np.int8).view(np.uint8)
+    blocks[2, :, 3::2] = 127
+    blocks[4, 0, 2:] = 0
+    blocks[6, 0, :2] = np.array([0x7C00], np.uint16).view(np.uint8)  # d = +inf
+    blocks[7, 1, :2] = np.array([0x7E00], np.uint16).view(np.uint8)  # d = NaN
+    return w
+
+
+def test_q8_0_mul_mat_equals_stored_rows():
+    """Q8_0 in a plain buffer on x86 (vec_dot's 8 float lanes and hsum_float_8, kernels.ggml.columns_q8) from its
+    values in quads: the stored rows' bits (kernels.ggml.mulmat_q8, proven against libggml) for 1-3 rows (the column
+    kernel) and 4 or more (the stored rows' kernel takes them: columns.takes), whole tiles, a partial last one, column
+    ranges inside sub-tiles, the activations' special rows (a NaN quantizes to -128: the sign trick wraps)."""
+    rng = np.random.default_rng(800)
+    for N, K in ((64, 256), (136, 512)):
+        w = q8_0_weights(rng, N, K)
+        cols = columns.layout(w, QT.Q8_0, quads=True)
+        assert cols.quads and cols.n_cols == N and cols.K == K and cols.q.shape == (1, -(-N // 64), K, 64)
+        for T in (1, 2, 3, 4, 9):
+            x = acts(rng, T, K)
+            want = mulmat.mul_mat(w, QT.Q8_0, x, "avx512")
+            assert np.array_equal(bits(columns.mul_mat_cols(cols, x, repacked=False)), bits(want)), (N, K, T)
+            assert np.array_equal(bits(mulmat.mul_mat(w, QT.Q8_0, x, "avx512", cols=cols)), bits(want))
+            assert columns.takes(QT.Q8_0, T) == (T < columns.Q8_0_COLS_BELOW)
+            for start, stop in ((8, 24), (5, 60), (16, 48), (60, N)):  # inside sub-tiles, whole ones, across tiles
+                got = columns.mul_mat_cols(cols.columns(start, stop), x, repacked=False)
+                assert np.array_equal(bits(got), bits(want[:, start:stop])), (start, stop, T)
+
+
+def test_q8_0_mul_mat_id_equals_stored_rows():
+    """mul_mat_id of Q8_0 experts from the quads: each slot's row against its expert's columns, the fused gate_up's
+    halves, whatever the grouping; through mulmat.mul_mat_id while the experts meet fewer than 4 rows each."""
+    rng = np.random.default_rng(801)
+    E, N, K = 4, 80, 256
+    w = np.stack([q8_0_weights(rng, N, K) for _ in range(E)])
+    cols = columns.layout(w, QT.Q8_0, quads=True)
+    for T, n_x, n_used in ((1, 1, 2), (3, 2, 2), (9, 1, 2)):
+        x = acts(rng, T * n_x, K).reshape(T, n_x, K)
+        ids = np.stack([rng.permutation(E)[:n_used] for _ in range(T)]).astype(np.int32)
+        want = mulmat.mul_mat_id(w, QT.Q8_0, x, ids, "avx512")
+        assert np.array_equal(bits(columns.mul_mat_id_cols(cols, x, ids, repacked=False)), bits(want)), T
+        assert np.array_equal(bits(mulmat.mul_mat_id(w, QT.Q8_0, x, ids, "avx512", cols=cols)), bits(want)), T
+        half = columns.mul_mat_id_cols(cols.columns(40, 80), x, ids, repacked=False)  # a fused gate_up's up rows
+        assert np.array_equal(bits(half), bits(want[..., 40:80])), T
+
+
+def test_q8_0_sub_tiles_are_their_definition():
+    """The vector step of Q8_0's quads (kernels.ggml.columns_q8: ``vpdpbusd`` of ``|w|`` and the activation with its
+    signs flipped per column, or AVX2's ``vpsignb`` / ``vpmaddubsw`` / ``vpmaddwd``) gives the definition's outputs at
+    every instruction level this host runs — extreme weights and activations, the -128 whose product the sign trick
+    wraps — for one sub-tile and a tile's whole."""
+    from kernels.ggml import columns_q8
+
+    rng = np.random.default_rng(802)
+    N, K = 64, 256
+    cols = columns.layout(q8_0_weights(rng, N, K), QT.Q8_0, quads=True)
+    q, d = cols.q[0, 0], cols.d[0, 0]
+    y = rng.integers(-128, 128, (4, K)).astype(np.int8)
+    y[1, :] = 127
+    y[2, :] = -128
+    y[3, :] = -127
+    yd = rng.uniform(0.01, 2.0, (4, K // 32)).astype(np.float32)
+    rows, orow = np.array([3, 0, 1, 2]), np.array([2, 3, 0, 1])  # rows in any order, into any output rows
+    want = np.zeros((4, 64), np.float32)
+    columns_q8.q8_0_tile_def(q, d, 0, 64, y, yd, rows, orow, want, 0)
+    for level in [lv for lv in (2, 1) if lv <= columns_ir.LEVEL]:
+        for c, ns in ((0, 4), (16, 1), (48, 1)):
+            got = np.full((4, 64), np.nan, np.float32)
+            for i in range(4):
+                columns_q8.q8_0_sub_tiles16(got, orow[i], c, q, c, y, rows[i], yd, d, ns, level)
+            assert np.array_equal(bits(got[:, c:c + 16 * ns]), bits(want[:, c:c + 16 * ns])), (level, c)
+    got = np.full((4, 64), np.nan, np.float32)  # the tile's driver: a partial sub-tile, whole ones, a partial one
+    columns_q8.tile_q8_0(q, d, 5, 52, y, yd, rows, orow, got, 5)
+    assert np.array_equal(bits(got[:, 5:57]), bits(want[:, 5:57]))
+
+
 @pytest.mark.parametrize("qtype,nibbles", LAYOUTS, ids=LAYOUT_IDS)
 def test_mul_mat_id_equals_stored_rows(qtype, nibbles):
     rng = np.random.default_rng(100 + int(qtype))
@@ -305,7 +386,8 @@ def test_nibble_sub_tile_is_its_definition(qtype):
 
 def test_thread_count_changes_no_bit():
     """Tiles split between 1, 2 or 3 threads (each output one thread's, in one order): the same bits, for the
-    K-quants' quad kernels (vec_dot lanes, tiled totals, Q4_K repacked's gemv and gemm rows), a partial tile too;
+    K-quants' quad kernels (vec_dot lanes, tiled totals, Q4_K repacked's gemv and gemm rows) and Q8_0's, a partial
+    tile too;
     mul_mat_id's (expert group, tile) items likewise, groups of vec_dot and tiled rows in one call."""
     import numba
 
@@ -313,9 +395,9 @@ def test_thread_count_changes_no_bit():
     before = numba.get_num_threads()
     try:
         for qtype, repacked, six in ((QT.Q6_K, False, False), (QT.Q6_K, False, True), (QT.Q5_K, False, False),
-                                     (QT.Q4_K, True, False)):
+                                     (QT.Q4_K, True, False), (QT.Q8_0, False, False)):
             w = weight_bytes(qtype, 200, 1536, rng)  # 4 tiles, the last partial; parallel from one row
-            cols = columns.layout(w, qtype, sixbit=six)
+            cols = columns.layout(w, qtype, sixbit=six, quads=True)
             for T in (1, 4, 8):
                 x = acts(rng, T, 1536)
                 outs = []
@@ -324,7 +406,7 @@ def test_thread_count_changes_no_bit():
                     outs.append(bits(columns.mul_mat_cols(cols, x, repacked)))
                 assert all(np.array_equal(o, outs[0]) for o in outs[1:]), (qtype.name, T)
             stack = np.stack([w, weight_bytes(qtype, 200, 1536, rng), w])  # mul_mat_id: (group, tile) items
-            cols = columns.layout(stack, qtype, sixbit=six)
+            cols = columns.layout(stack, qtype, sixbit=six, quads=True)
             ids = np.array([[0, 1], [1, 2], [1, 0]] * 4, np.int32)  # 12 tokens: expert 1 in 12 rows (tiled), 0 and 2 not
             x = acts(rng, 12, 1536).reshape(12, 1, 1536)
             outs = []
@@ -345,7 +427,10 @@ def test_layout_is_refused_where_it_does_not_apply():
         mulmat.mul_mat(w[:16], QT.Q4_K, x, "avx512", repack=True, cols=cols)
     with pytest.raises(ValueError, match="Q4_1 has none"):
         columns.layout(weight_bytes(QT.Q4_1, 8, 64, rng), QT.Q4_1)
-    assert columns.kind_for(QT.Q8_0, True) is None and columns.kind_for(QT.Q8_0, False) is None  # laid out for ARM only
+    assert columns.kind_for(QT.Q8_0, True) is None and columns.kind_for(QT.Q8_0, False) == columns.Q8_0_KIND
+    q8 = weight_bytes(QT.Q8_0, 32, 256, rng)  # x86's Q8_0 kernel takes its values in quads, not in pairs (AArch64's)
+    with pytest.raises(ValueError, match="Q8_0 in a plain buffer in pairs has no kernel here"):
+        columns.mul_mat_cols(columns.layout(q8, QT.Q8_0), x, repacked=False)
     q4 = weight_bytes(QT.Q4_0, 32, 256, rng)
     with pytest.raises(ValueError, match="Q4_0 in a plain buffer has no kernel here"):
         columns.mul_mat_cols(columns.layout(q4, QT.Q4_0), x, repacked=False)
@@ -366,7 +451,8 @@ def test_the_model_is_laid_out_where_the_kernels_are():
     laid = load_model(path, pack=True, ggml=("avx512", True))
     ffn = laid.weights.layers[0].ffn
     assert laid.packed_bytes > 0 and ffn.experts.down_exps.cols is not None and ffn.ffn_up_shexp.cols is not None
-    assert laid.weights.layers[0].mixer.attn_qkv.cols is None  # Q8_0: its vec_dot reads the stored rows
+    qkv = laid.weights.layers[0].mixer.attn_qkv
+    assert qkv.qtype == QT.Q8_0 and qkv.cols.quads  # Q8_0's vec_dot: its values in quads (kernels.ggml.columns_q8)
     assert laid.weights.output.qtype == QT.Q6_K and laid.weights.output.cols is not None  # vec_dot, laid out
     assert laid.weights.output.cols.sixbit == columns.sixbit_fast()  # in 6 bits where that is the faster
     plain = load_model(path, pack=True, ggml=("avx512", False))
@@ -384,9 +470,12 @@ def test_interpreted_kernels_give_the_same_bits(tmp_path):
         cases[qtype.name] = (w, x, columns.mul_mat_cols(columns.layout(w, qtype), x, repacked))
     w, x = weight_bytes(QT.Q6_K, 40, 256, rng), acts(rng, 2, 256)  # Q6_K's six-bit codes: whole sub-tiles and a tail
     cases["six"] = (w, x, columns.mul_mat_cols(columns.layout(w, QT.Q6_K, sixbit=True), x, False))
+    w, x = weight_bytes(QT.Q8_0, 40, 256, rng), acts(rng, 2, 256)  # Q8_0's quads: x86's vec_dot
+    cases["q8"] = (w, x, columns.mul_mat_cols(columns.layout(w, QT.Q8_0, quads=True), x, False))
     assert_interpreted(tmp_path, cases, "from kernels.ggml import columns; "
                        "np.savez('out.npz', six=columns.mul_mat_cols(columns.layout(z['six_0'], QT.Q6_K, sixbit=True), "
-                       "z['six_1'], False), **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
+                       "z['six_1'], False), q8=columns.mul_mat_cols(columns.layout(z['q8_0'], QT.Q8_0, quads=True), "
+                       "z['q8_1'], False), **{n: columns.mul_mat_cols(columns.layout(z[n + '_0'], QT[n]), "
                        "z[n + '_1'], n in ('Q4_K', 'MXFP4')) for n in ('Q4_K', 'MXFP4', 'Q6_K', 'Q5_K')})", 600)
 
 

@@ -35,9 +35,9 @@ tile's weights are read in one stream). Q6_K's codes can be stored in 6 bits ins
 stored matrix (Q4_K, and the 32-value types as codes), ~1.0 × (Q6_K in 6 bits), ~1.3–1.6 × (Q5_K, Q6_K's bytes),
 ~2.1 × (the 32-value types as values).
 
-Q8_0 has no x86 kernel here: its ``vec_dot`` keeps 8 float lanes per output, and laid out by columns it ran slower
-in the model than the stored rows' kernel (:func:`kernels.ggml.mulmat_q8._q8_0_dot`, one vector step per block). Its
-layout (the values in pairs, as above) serves the AArch64 1-row ``vec_dot`` (:mod:`kernels.ggml.columns_arm`).
+* **Q8_0 in a plain buffer** (``vec_dot``, the same formula as ``tinyBLAS_Q0_AVX``): :mod:`kernels.ggml.columns_q8`,
+  its values in quads (``quads``: the K-quants' byte layout), 8 float lanes per output and ``hsum_float_8``. Its
+  values in pairs (as above) serve the AArch64 1-row ``vec_dot`` (:mod:`kernels.ggml.columns_arm`).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from kernels.ggml.repack import _blocks_m128
 from kernels.ggml.repack_k import q8_k_mat_inputs
 from kernels.ggml.columns_b32 import TYPES as B32_NIBBLE_TYPES, tile_b32
 from kernels.ggml.columns_q4k import tiles_q4k
+from kernels.ggml.columns_q8 import lay_q8_0, tile_q8_0
 from kernels.ggml.simd import cols_dot16, fma32
 from kernels.ggml.vecmath import F16_TO_F32
 
@@ -65,16 +66,24 @@ F32 = np.float32
 REPACKED_KIND = {QT.Q4_0: 1, QT.IQ4_NL: 1, QT.MXFP4: 1, QT.Q4_K: 2}  # the repacked kernels' formulas (above)
 #: kind 1's formula from the 4-bit codes (kernels.ggml.columns_b32), one kind per type (its LUT): 6 + its index there
 NIBBLE_KIND = {t: 6 + i for i, t in enumerate(B32_NIBBLE_TYPES)}
-PLAIN_KIND = {QT[name]: k for name, k in KQ_KIND.items()}  # vec_dot / tiled of a plain buffer (columns_k)
+NIBBLE_LAST = 5 + len(B32_NIBBLE_TYPES)  # the last of them
+Q8_0_KIND = 10  # Q8_0's vec_dot on its quads (kernels.ggml.columns_q8)
+#: Q8_0's column kernel takes a product while each weight meets fewer activation rows than this (a decoded token, a
+#: verify's routed experts); from it the stored rows' kernel, whose tiles share a weight block between 4 activation
+#: rows (an 8192 × 2048 matrix out of the cache, 1 thread, Zen 4, 2026-12-07: 1 / 2 / 3 / 4 rows 1.46 / 1.83 / 2.25 /
+#: 1.71 ms on the rows, 0.83 / 1.19 / 1.50 / 1.79 on the columns). The same bits either way.
+Q8_0_COLS_BELOW = 4
+#: vec_dot / tiled of a plain buffer: the K-quants (columns_k), Q8_0 (columns_q8)
+PLAIN_KIND = {**{QT[name]: k for name, k in KQ_KIND.items()}, QT.Q8_0: Q8_0_KIND}
 KIND = {**PLAIN_KIND, **REPACKED_KIND}  # the types with an x86 kernel on the column layout
 SIXBIT_KIND = 9  # Q6_K's formula (kind 5) on its codes in 6 bits (:func:`pack6`)
 K_KINDS = (3, 4, 5, SIXBIT_KIND)  # a plain buffer's K-quants: vec_dot, or the tiled kernel from TILED_MIN_ROWS rows
 #: each formula's name, the suffix of its kernels (``cols_mul_mat_q6_k``: the compile report, the cache's files)
 KIND_NAME = {1: "b32", 2: "q4_k_repacked", **{k: t.name.lower() for t, k in PLAIN_KIND.items()},
              **{k: f"{t.name.lower()}_codes" for t, k in NIBBLE_KIND.items()}, SIXBIT_KIND: "q6_k_sixbit"}
-#: the types with a column layout: :data:`KIND`'s, and Q8_0 (its values as they are: the AArch64 1-row vec_dot's lanes,
-#: :mod:`kernels.ggml.columns_arm`; no x86 kernel takes it)
-LAID_OUT = frozenset(KIND) | {QT.Q8_0}
+#: the types with a column layout: :data:`KIND`'s (Q8_0's values in pairs: the AArch64 1-row vec_dot's lanes,
+#: :mod:`kernels.ggml.columns_arm`; in quads: x86's, :mod:`kernels.ggml.columns_q8`)
+LAID_OUT = frozenset(KIND)
 _BLOCK = {QT.Q8_0: (34, 32), QT.Q4_0: (18, 32), QT.IQ4_NL: (18, 32), QT.MXFP4: (17, 32), QT.Q4_K: (144, 256), QT.Q5_K: (176, 256),
           QT.Q6_K: (210, 256)}  # bytes and values per block
 
@@ -96,6 +105,7 @@ class Columns:
     c1: int | None = None  # None: every column
     nibbles: bool = False  # Q4_0 / IQ4_NL / MXFP4: ``q`` (E, N/TILE, K/2, 64) their codes (kernels.ggml.columns_b32)
     sixbit: bool = False  # Q6_K: ``q`` (E, N/TILE, 3K/4, 64) uint8, its codes in 6 bits (:func:`pack6`)
+    quads: bool = False  # Q8_0: ``q`` (E, N/TILE, K, 64) its values in quads (kernels.ggml.columns_q8), not in pairs
 
     @property
     def n_cols(self) -> int:
@@ -157,12 +167,13 @@ def _in_tiles(a: np.ndarray, nt: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(nt, TILE, R, p).transpose(0, 2, 1, 3)).reshape(nt, R, TILE * p)
 
 
-def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = False) -> Columns:
+def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = False, quads: bool = False) -> Columns:
     """The column layout of ``w_bytes``: (N, row bytes) stored rows of one matrix, or (E, N, row bytes) a stack of
     expert matrices, of a type in :data:`KIND`. ``nibbles``: Q4_0, IQ4_NL and MXFP4 as their 4-bit codes (the x86
     kernels of :mod:`kernels.ggml.columns_b32`, half the bytes; ``columns_b32.fast`` says where they are fast),
     not their values in pairs (every path's kernels). ``sixbit``: Q6_K's codes in 6 bits, not a byte each
-    (:func:`pack6`; the x86 kernels, where :func:`sixbit_fast` says)."""
+    (:func:`pack6`; the x86 kernels, where :func:`sixbit_fast` says). ``quads``: Q8_0's values in quads (the x86
+    kernel, :mod:`kernels.ggml.columns_q8`), not in pairs (the AArch64 ones)."""
     from kernels.ggml.repack import _TYPES
 
     qtype = QT(qtype)
@@ -187,6 +198,10 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = Fal
         w3 = read_only(np.ascontiguousarray(w3))  # as a mapped file's rows: one compiled lay_k whoever calls
         lay_k(PLAIN_KIND[qtype] - 3, w3, q.view(np.uint8), d, dmin, sc, mn, F16_TO_F32, sixbit)
         return Columns(qtype, q, d, dmin, sc, mn, N, sixbit=sixbit)
+    if qtype == QT.Q8_0 and quads:  # x86's vec_dot: the values in quads (kernels.ggml.columns_q8)
+        q, d = lay_q8_0(w3, nt)
+        none, none8 = np.empty((E, nt, 0, TILE), F32), np.empty((E, nt, 0, TILE), np.uint8)
+        return Columns(qtype, q, d, none, none8, none8, N, quads=True)
     q = np.zeros((E, nt, K // 2, 64 if nibbles else 2 * TILE), np.uint8 if nibbles else np.int8)  # zeros: padding
     d = np.zeros((E, nt, K // 32, TILE), F32)
     for e in range(E):
@@ -245,12 +260,15 @@ def _tile(kind, q, d, dmin, sc, mn, c, nc, y, yd, ys, m128, gemm, rows, orow, ou
     :func:`kernels.ggml.columns_k.tile_k`; 9, Q6_K's six-bit codes: what :func:`_run` does not take in its vector
     step; kind 2 is :func:`_run`'s alone); scratch ``dots`` (≥ nc) int32, ``acc`` (≥ nc) float32."""
     literally(kind)  # compiled per kind (_mul_mat_for)
+    if kind == Q8_0_KIND:
+        tile_q8_0(q, d, c, nc, y, yd, rows, orow, out, oc)
+        return
     if kind == SIXBIT_KIND:  # the tiled kernel's rows, or a part of a sub-tile: from the tile's byte codes
         codes = np.empty((q.shape[0] * 4 // 3, q.shape[1]), np.int8)  # (K, 64)
         unpack6(q, codes)
         tile_k(5, codes, d, dmin, sc, mn, c, nc, y, yd, ys, gemm, rows, orow, out, oc)
         return
-    if kind >= 6:
+    if 6 <= kind <= NIBBLE_LAST:
         tile_b32(kind - 6, q, d, c, nc, y, yd, ys, m128, gemm, rows, orow, out, oc)
         return
     if kind >= 3:
@@ -373,7 +391,7 @@ def _inputs(kind, x, g):
         yq, yd, bs = q8_k_mat_inputs(x, g)
         return yq, yd, pair_sums(bs), np.zeros((T, 0), np.bool_), gemm
     xq, xd = _q8_0_quantize(x)
-    if kind >= 6:  # the codes' kernel: each block's activation sum (columns_b32)
+    if 6 <= kind <= NIBBLE_LAST:  # the codes' kernel: each block's activation sum (columns_b32)
         return xq, xd, _block_sums(xq), _blocks_m128(xq), gemm
     return xq, xd, np.zeros((T, 0), np.int64), _blocks_m128(xq), gemm
 
@@ -506,10 +524,18 @@ def kind_for(qtype, repacked: bool):
     return (REPACKED_KIND if repacked else PLAIN_KIND).get(QT(qtype))
 
 
+def takes(qtype, rows: float) -> bool:
+    """Whether a product of ``qtype`` weights whose each weight meets ``rows`` activation rows (on average: a
+    ``mul_mat_id``'s slots per expert) runs from the column layout: every type's, Q8_0's below
+    :data:`Q8_0_COLS_BELOW`."""
+    return QT(qtype) != QT.Q8_0 or rows < Q8_0_COLS_BELOW
+
+
 def _kind(cols: Columns, repacked: bool) -> int:
     kind = kind_for(cols.qtype, repacked)
-    if kind is None:
-        raise ValueError(f"column layout: {cols.qtype.name} {'repacked' if repacked else 'in a plain buffer'} has no kernel here")
+    if kind is None or (kind == Q8_0_KIND) != cols.quads:
+        raise ValueError(f"column layout: {cols.qtype.name} {'repacked' if repacked else 'in a plain buffer'}"
+                         f"{' in pairs' if kind == Q8_0_KIND else ''} has no kernel here")
     return NIBBLE_KIND[cols.qtype] if cols.nibbles else SIXBIT_KIND if cols.sixbit else kind
 
 
@@ -523,7 +549,8 @@ def mul_mat_cols(cols: Columns, x: np.ndarray, repacked: bool = True) -> np.ndar
     if cols.q.shape[0] != 1 or cols.K != K:
         raise ValueError(f"column layout of (E={cols.q.shape[0]}, K={cols.K}): not one matrix of K={K}")
     out = np.empty((T, cols.n_cols), F32)
-    g = (T if T >= TILED_MIN_ROWS else 0) if kind in K_KINDS else T - T % 4  # the rows taking the tiled kernel / the gemm
+    g = (T if T >= TILED_MIN_ROWS else 0) if kind in K_KINDS else 0 if kind == Q8_0_KIND else T - T % 4  # the rows
+    # taking the tiled kernel / the gemm (Q8_0: vec_dot every row)
     parallel = T * cols.n_cols * K >= SERIAL_BELOW  # small products on the calling thread
     _mul_mat_for(kind, parallel)(cols.q[0], cols.d[0], cols.dmin[0], cols.sc[0], cols.mn[0], cols.c0,
                                  cols.c0 + cols.n_cols, x, g, numba.get_num_threads(), out)
@@ -556,4 +583,4 @@ def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: 
     return out
 
 
-__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols", "sixbit_fast"]
+__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols", "sixbit_fast", "takes"]

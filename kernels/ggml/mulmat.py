@@ -179,7 +179,8 @@ def mul_mat(w_bytes: np.ndarray, qtype, x: np.ndarray, path: str, n_threads: int
         if _columns_apply(cols, qtype, w_bytes.shape[0]):
             return columns.mul_mat_cols(cols, x)
         return _repack_kernels(qtype, path)[0](w_bytes, qtype, x, path)
-    if qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, w_bytes.shape[0]):
+    plain_cols = qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, w_bytes.shape[0])
+    if plain_cols and columns.takes(qtype, x.shape[0]):
         return columns.mul_mat_cols(cols, x, repacked=False)
     return _compute(w_bytes, qtype, x, path, kernel_for(qtype, path, x.shape[0], w_bytes.shape[0], x.shape[1]))
 
@@ -285,7 +286,8 @@ def mul_mat_id(w_bytes: np.ndarray, qtype, x: np.ndarray, ids: np.ndarray, path:
         if _columns_apply(cols, qtype, N):
             return columns.mul_mat_id_checked(cols, x, ids)
         return _repack_kernels(qtype, path)[1](w_bytes, qtype, x, ids, path)
-    if qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, N):
+    plain_cols = qtype in columns.PLAIN_KIND and _columns_apply(cols, qtype, N)
+    if plain_cols and columns.takes(qtype, ids.size / len(np.unique(ids))):  # slots per expert
         return columns.mul_mat_id_checked(cols, x, ids, repacked=False)
     if qtype in mulmat_k.KQUANT_TYPES:  # vec_dot of every small group in one compiled call, split between threads
         return mulmat_k.mul_mat_id_k(w_bytes, qtype, x, ids, path)

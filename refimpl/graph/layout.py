@@ -26,8 +26,8 @@ from refimpl.io.weights import Matrix
 
 def layout_target(w: Matrix, path: str, repack: bool) -> bool:
     """Whether ``--emulate=ggml`` multiplies ``w`` by a kernel that has a column layout (kernels.ggml.columns): on
-    x86, Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K when it does not; on an
-    AArch64 path, the K-quants, Q4_0, IQ4_NL and MXFP4 when it repacks them, the K-quants, MXFP4 and IQ4_NL when it
+    x86, Q4_0 / IQ4_NL / MXFP4 / Q4_K when llama.cpp repacks the tensor, Q4_K / Q5_K / Q6_K / Q8_0 when it does not;
+    on an AArch64 path, the K-quants, Q4_0, IQ4_NL and MXFP4 when it repacks them, the K-quants, MXFP4 and IQ4_NL when it
     does not (kernels.ggml.columns_arm)."""
     is_repacked = repack and repacked(w.qtype, w.stored_rows or w.shape[-2], path)
     if is_arm64(path):  # arch/arm's repacked kernels, or its plain buffer's 1-row vec_dots, from the layout
@@ -49,10 +49,12 @@ def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once.
     On x86, Q4_0 / IQ4_NL / MXFP4 are laid out as their 4-bit codes where their vector step runs (``columns_b32.fast``:
     AVX-512 VNNI; AVX2 for Q4_0 and MXFP4), Q6_K as its six-bit codes with AVX-512 VNNI (``columns.sixbit_fast``); the
-    AArch64 kernels (kernels.ggml.columns_arm) read the values in pairs and the bytes."""
+    Q8_0 as its values in quads (``columns_q8``); the AArch64 kernels (kernels.ggml.columns_arm) read the values in
+    pairs and the bytes."""
     def laid(m):
         x86 = not is_arm64(path)
-        return dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, codes_fast(m.qtype) and x86, sixbit_fast() and x86))
+        cols = layout(m.row_bytes, m.qtype, codes_fast(m.qtype) and x86, sixbit_fast() and x86, quads=x86)
+        return dataclasses.replace(m, cols=cols)
 
     return map_matrices(obj, lambda m: laid(m) if layout_target(m, path, repack) else m, experts)
 

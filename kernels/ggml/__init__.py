@@ -44,9 +44,9 @@ tested byte for byte against the four x86 libggml builds, and the AArch64 paths 
   ``mulmat_arm_q`` — the plain-buffer weights on the AArch64 paths (every type; the i8mm 2-row kernels); ``mulmat`` — ``ggml_mul_mat``/``_id``:
   the dispatch among them, with the formulas; ``mulmat_generic`` — the generic path's (the ``_ref`` activation
   quantizers, then ``actdots``' generic dots);
-* ``columns``, ``columns_k``, ``columns_q4k``, ``columns_b32`` — the column layout ``--pack`` builds for the SIMD paths'
-  kernels (same bits, faster; Q4_K repacked a whole sub-tile per step; Q4_0, IQ4_NL and MXFP4 from their 4-bit codes
-  on AVX-512 VNNI);
+* ``columns``, ``columns_k``, ``columns_q4k``, ``columns_b32``, ``columns_q8`` — the column layout ``--pack`` builds for
+  the SIMD paths' kernels (same bits, faster; Q4_K repacked a whole sub-tile per step; Q4_0, IQ4_NL and MXFP4 from
+  their 4-bit codes on AVX-512 VNNI; Q8_0's ``vec_dot`` from its values in quads);
   ``columns_ir`` — its K-quant integer steps, 16 columns at a time, as vector IR; ``columns_arm`` — the AArch64
   paths' kernels (the CPU_REPACK ones and a plain buffer's 1-row ``vec_dot``) on the same layout, with
   ``columns_arm_lanes`` — Q8_0's and Q4_0's ``ggml_vdotq_s32`` lanes.

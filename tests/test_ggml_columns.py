@@ -260,6 +260,20 @@ def q8_0_weights(rng, n, k):
     return w
 
 
+def test_layout_nbytes_are_the_layouts():
+    """columns.layout_nbytes (what a load's memory budget weighs) is the bytes columns.layout makes, in every form,
+    for a matrix and a stack, a partial last tile included."""
+    rng = np.random.default_rng(803)
+    forms = [(QT.Q8_0, {}), (QT.Q8_0, {"quads": True}), (QT.Q4_0, {}), (QT.IQ4_NL, {"nibbles": True}),
+             (QT.MXFP4, {"nibbles": True}), (QT.Q4_K, {}), (QT.Q5_K, {}), (QT.Q6_K, {}), (QT.Q6_K, {"sixbit": True})]
+    for qtype, flags in forms:
+        for E, N, K in ((0, 100, 512), (3, 70, 256)):
+            w = np.stack([weight_bytes(qtype, N, K, rng) for _ in range(max(E, 1))])
+            w = w if E else w[0]
+            want = columns.layout(w, qtype, **flags).nbytes
+            assert columns.layout_nbytes(qtype, w.shape, **flags) == want, (qtype, flags, E)
+
+
 def test_q8_0_mul_mat_equals_stored_rows():
     """Q8_0 in a plain buffer on x86 (vec_dot's 8 float lanes and hsum_float_8, kernels.ggml.columns_q8) from its
     values in quads: the stored rows' bits (kernels.ggml.mulmat_q8, proven against libggml) for 1-3 rows (the column
@@ -455,6 +469,9 @@ def test_the_model_is_laid_out_where_the_kernels_are():
     assert qkv.qtype == QT.Q8_0 and qkv.cols.quads  # Q8_0's vec_dot: its values in quads (kernels.ggml.columns_q8)
     assert laid.weights.output.qtype == QT.Q6_K and laid.weights.output.cols is not None  # vec_dot, laid out
     assert laid.weights.output.cols.sixbit == columns.sixbit_fast()  # in 6 bits where that is the faster
+    from refimpl.graph.layout import layout_bytes
+
+    assert layout_bytes(load_model(path, pack=False).weights, "avx512", True) == laid.packed_bytes  # what it weighs
     plain = load_model(path, pack=True, ggml=("avx512", False))
     assert 0 < plain.packed_bytes and plain.weights.layers[0].ffn.experts.down_exps.cols.qtype == QT.Q4_K
 

@@ -218,6 +218,26 @@ def layout(w_bytes: np.ndarray, qtype, nibbles: bool = False, sixbit: bool = Fal
     return Columns(qtype, q.view(np.int8) if nibbles else q, d, none, none8, none8, N, nibbles=nibbles)
 
 
+def layout_nbytes(qtype, rows_shape: tuple, nibbles: bool = False, sixbit: bool = False, quads: bool = False) -> int:
+    """The bytes :func:`layout` makes of stored rows of ``rows_shape`` ((N, row bytes) or (E, N, row bytes)) of
+    ``qtype``, with its flags (as :func:`layout` takes them), without making them: what a load's memory budget
+    weighs."""
+    qtype = QT(qtype)
+    *lead, N, rb = rows_shape
+    per_block, values = _BLOCK[qtype]
+    K = rb // per_block * values
+    E, nt = int(np.prod(lead, dtype=np.int64)), -(-N // TILE)
+    if values == 256:  # the K-quants: codes (lay_k's rows of 64 bytes), d and dmin, scales and mins a byte each
+        nsub, nmin = (K // 16, 0) if qtype == QT.Q6_K else (K // 32, K // 32)
+        R = K // 2 if qtype == QT.Q4_K else 3 * K // 4 if sixbit and qtype == QT.Q6_K else K
+        tile = 64 * R + TILE * 4 * (K // 256) * (2 if nmin else 1) + TILE * (nsub + nmin)
+    elif qtype == QT.Q8_0 and quads:
+        tile = 64 * K + TILE * 4 * (K // 32)
+    else:  # the values in pairs (2·TILE bytes a row of K/2), or 4-bit codes (64 bytes a row), and d
+        tile = (K // 2) * (64 if nibbles and qtype in NIBBLE_KIND else 2 * TILE) + TILE * 4 * (K // 32)
+    return E * nt * tile
+
+
 # --------------------------------------------------------------------------------------------
 # The products, one tile of output columns at a time
 
@@ -583,4 +603,5 @@ def mul_mat_id_checked(cols: Columns, x: np.ndarray, ids: np.ndarray, repacked: 
     return out
 
 
-__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "mul_mat_cols", "mul_mat_id_cols", "sixbit_fast", "takes"]
+__all__ = ["Columns", "KIND", "LAID_OUT", "kind_for", "layout", "layout_nbytes", "mul_mat_cols", "mul_mat_id_cols",
+           "sixbit_fast", "takes"]

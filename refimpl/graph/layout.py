@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-import numpy as np
 
 from kernels.ggml.build import X86_SIMD_PATHS, is_arm64
-from kernels.ggml.columns import kind_for, layout, sixbit_fast
+from kernels.ggml.columns import kind_for, layout, layout_nbytes, sixbit_fast
 from kernels.ggml.columns_b32 import fast as codes_fast
 from kernels.ggml.columns_arm import covers
 from kernels.ggml.mulmat import mul_mat_emulated, repack_emulated, repacked
@@ -38,8 +37,19 @@ def layout_target(w: Matrix, path: str, repack: bool) -> bool:
 
 
 def layout_bytes(weights, path: str, repack: bool, experts: bool = True) -> int:
-    """Bytes :func:`ggml_layout` would add (~1.1–2.1 × a 4-bit matrix, 1.3–1.6 × a Q6_K or Q5_K one, rounded up to 2 ×)."""
-    return sum(2 * int(np.asarray(w.raw).nbytes) for w in pack_targets(weights, experts) if layout_target(w, path, repack))
+    """Bytes :func:`ggml_layout` would add, each matrix's in the form it would take (``kernels.ggml.columns.
+    layout_nbytes``: ~1.0–1.2 × the stored bytes as 4-bit or 6-bit codes, Q4_K, Q8_0's quads; 1.3–1.6 × Q5_K's and
+    Q6_K's bytes; 2.1 × the 32-value types' values in pairs), which :func:`refimpl.model.load.load_model` weighs
+    against its budget. (Each had been counted 2 × its stored bytes: with Q8_0's matrices laid out too, that kept
+    pinned experts out of the layout at sizes where they fit.)"""
+    return sum(layout_nbytes(w.qtype, w.row_bytes.shape, *_forms(w.qtype, path))
+               for w in pack_targets(weights, experts) if layout_target(w, path, repack))
+
+
+def _forms(qtype, path: str) -> tuple[bool, bool, bool]:
+    """(nibbles, sixbit, quads): the form :func:`ggml_layout` lays ``qtype`` out in on ``path``."""
+    x86 = not is_arm64(path)
+    return codes_fast(qtype) and x86, sixbit_fast() and x86, x86
 
 
 def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
@@ -52,9 +62,7 @@ def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     Q8_0 as its values in quads (``columns_q8``); the AArch64 kernels (kernels.ggml.columns_arm) read the values in
     pairs and the bytes."""
     def laid(m):
-        x86 = not is_arm64(path)
-        cols = layout(m.row_bytes, m.qtype, codes_fast(m.qtype) and x86, sixbit_fast() and x86, quads=x86)
-        return dataclasses.replace(m, cols=cols)
+        return dataclasses.replace(m, cols=layout(m.row_bytes, m.qtype, *_forms(m.qtype, path)))
 
     return map_matrices(obj, lambda m: laid(m) if layout_target(m, path, repack) else m, experts)
 

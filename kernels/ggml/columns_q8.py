@@ -13,7 +13,7 @@ The layout (:func:`lay_q8_0`) is the K-quants' byte quads (:mod:`kernels.ggml.co
 block for 16 columns, and one ``vpdpbusd`` (AVX512-VNNI: ``|w|`` against the activation's 4 bytes, their signs
 flipped per column by a byte mask) or ggml's own AVX2 pair (``vpsignb``, ``vpmaddubsw``, ``vpmaddwd`` with ones)
 forms the 16 columns' lane dots. The 8 lane accumulators of a sub-tile stay in registers over all its blocks. On
-the stored rows a block's 34 bytes took ~11 vector instructions for one output; here ~3 per output and block.
+the stored rows a block's 34 bytes took ~11 vector instructions for one output; here ~4 per output and block.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def lay_q8_0(w: np.ndarray, nt: int) -> tuple[np.ndarray, np.ndarray]:
     :data:`TILE` columns, its 4 sub-tiles of 16 columns one after the other, each K/4 quad rows of 64 bytes (value
     ``k`` of the sub-tile's column ``j`` at ``[k // 4, 4j + k % 4]``); ``d`` the blocks' fp16 scales as float32
     (``GGML_CPU_FP16_TO_FP32``), column ``c`` at ``[c // TILE, b, c % TILE]``. Columns past N are zero. In numpy,
-    a quad an int32 (~1 GB/s, a third of it with the bytes moved one by one): nothing to compile on a first run."""
+    a quad an int32 (~1 GB/s; half that with the bytes moved one by one): nothing to compile on a first run."""
     E, N, rb = w.shape
     nb = rb // 34
     blocks = w.reshape(E, N, nb, 34)

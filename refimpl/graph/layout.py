@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-
 from kernels.ggml.build import X86_SIMD_PATHS, is_arm64
 from kernels.ggml.columns import kind_for, layout, layout_nbytes, sixbit_fast
 from kernels.ggml.columns_b32 import fast as codes_fast
@@ -58,7 +57,7 @@ def ggml_layout(obj, path: str, repack: bool, experts: bool = True):
     layout (``Matrix.cols``: routed experts included when pinned and ``experts``, as a stack; the embedding table left
     alone). Every product gives the same bits; a decoded token runs the exact integer dots of many outputs at once.
     On x86, Q4_0 / IQ4_NL / MXFP4 are laid out as their 4-bit codes where their vector step runs (``columns_b32.fast``:
-    AVX-512 VNNI; AVX2 for Q4_0 and MXFP4), Q6_K as its six-bit codes with AVX-512 VNNI (``columns.sixbit_fast``); the
+    AVX-512 VNNI; AVX2 for Q4_0 and MXFP4), Q6_K as its six-bit codes with AVX-512 VNNI (``columns.sixbit_fast``),
     Q8_0 as its values in quads (``columns_q8``); the AArch64 kernels (kernels.ggml.columns_arm) read the values in
     pairs and the bytes."""
     def laid(m):
